@@ -1,0 +1,47 @@
+# One entry point for developers and CI. `make test` creates .venv when it is
+# missing (or pyproject.toml changed), installs the project with its dev
+# extras, and runs the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help install test test-fast lint typecheck proto demo clean
+
+help:
+	@echo "make demo       run the main job: local cluster + transactional workload + leader kills + audit"
+	@echo "make test       create .venv if needed, install, run the whole test suite"
+	@echo "make test-fast  only the fast layer (no multi-process tests)"
+	@echo "make lint       ruff + mypy --strict on the pure core"
+	@echo "make proto      regenerate raftcoord/v1 from proto/"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy --strict fsm pid_allocator
+
+typecheck: $(STAMP)
+	$(PY) -m mypy --strict fsm pid_allocator
+
+proto: $(STAMP)
+	$(PY) proto/generate.py
+
+demo: $(STAMP)
+	$(VENV)/bin/raftcoord demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

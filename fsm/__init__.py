@@ -1,0 +1,74 @@
+"""The pure transaction state machine of one coordinator shard.
+
+No I/O, no clock, no randomness, no threads: commands (with the time and any
+new producer id stamped in by the leader) go in; the new state, a result and
+effects (markers to write, transitions to log) come out.
+"""
+
+from fsm.commands import (
+    AbortTimedOut,
+    AddOffsets,
+    AddPartitions,
+    AllocatePidBlock,
+    Command,
+    EndTxn,
+    ExpireTransactionalIds,
+    GroupMarker,
+    InitProducerId,
+    MarkersWritten,
+    OffsetCommit,
+    OffsetEntry,
+    TxnOffsetCommit,
+    decode_command,
+    decode_entry,
+    encode_command,
+    encode_entry,
+)
+from fsm.config import FsmConfig
+from fsm.effects import Effect, Outcome, ProducerFenced, Transition, WriteMarkers
+from fsm.errors import CommandError, ErrorCode, IllegalTransition, InvariantViolation
+from fsm.machine import ShardState, TransactionListing, TransactionStateMachine
+from fsm.metadata import TransactionMetadata, transition
+from fsm.offsets import FetchedOffset, GroupOffsets
+from fsm.routing import shard_for
+from fsm.states import VALID_PREVIOUS, TxnState
+
+__all__ = [
+    "VALID_PREVIOUS",
+    "AbortTimedOut",
+    "AddOffsets",
+    "AddPartitions",
+    "AllocatePidBlock",
+    "Command",
+    "CommandError",
+    "Effect",
+    "EndTxn",
+    "ErrorCode",
+    "ExpireTransactionalIds",
+    "FetchedOffset",
+    "FsmConfig",
+    "GroupMarker",
+    "GroupOffsets",
+    "IllegalTransition",
+    "InitProducerId",
+    "InvariantViolation",
+    "MarkersWritten",
+    "OffsetCommit",
+    "OffsetEntry",
+    "Outcome",
+    "ProducerFenced",
+    "ShardState",
+    "TransactionListing",
+    "TransactionMetadata",
+    "TransactionStateMachine",
+    "Transition",
+    "TxnOffsetCommit",
+    "TxnState",
+    "WriteMarkers",
+    "decode_command",
+    "decode_entry",
+    "encode_command",
+    "encode_entry",
+    "shard_for",
+    "transition",
+]

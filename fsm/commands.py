@@ -1,0 +1,353 @@
+"""Commands: the only inputs that change a shard's state.
+
+A command is a frozen dataclass. On the wire (a Raft entry) it is a msgpack
+map ``{"v": COMMAND_VERSION, "t": <type id>, <field>: <value>, ...}`` with
+exactly the fields of its class. A Raft entry is a msgpack map
+``{"v": ENTRY_VERSION, "cmds": [<command>, ...]}`` so that several commands
+proposed together (group commit) travel in one entry. Decoding checks the
+version, the type id, the field set and every field's type; anything else is
+a :class:`CommandError`, never a guess.
+
+Everything that is not deterministic (the time, newly allocated producer ids,
+the leader's term as coordinator epoch) is stamped into the command by the
+leader before it is proposed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, get_type_hints
+
+import msgpack
+
+from fsm.errors import CommandError
+from fsm.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
+
+COMMAND_VERSION = 1
+ENTRY_VERSION = 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class OffsetEntry(NamedTuple):
+    """One partition's offset in an offset commit."""
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str
+
+
+@dataclass(frozen=True)
+class Command:
+    """Base class; subclasses set ``TYPE`` to a stable integer id."""
+
+    TYPE: ClassVar[int] = 0
+
+
+@dataclass(frozen=True)
+class InitProducerId(Command):
+    """InitProducerId for a transactional.id (idempotent producers never reach the log).
+
+    ``new_producer_id`` is a fresh id stamped by the leader when the handler
+    will need one (see :func:`fsm.machine.TransactionStateMachine.needs_new_producer_id`),
+    else -1. ``expected_*`` are the KIP-360 expected id/epoch, -1 when absent.
+    """
+
+    TYPE: ClassVar[int] = 1
+    transactional_id: str
+    timeout_ms: int
+    now_ms: int
+    coordinator_epoch: int
+    new_producer_id: int = NO_PRODUCER_ID
+    expected_producer_id: int = NO_PRODUCER_ID
+    expected_producer_epoch: int = NO_PRODUCER_EPOCH
+
+
+@dataclass(frozen=True)
+class AddPartitions(Command):
+    """AddPartitionsToTxn."""
+
+    TYPE: ClassVar[int] = 2
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[TopicPartition, ...]
+    now_ms: int
+    coordinator_epoch: int
+
+
+@dataclass(frozen=True)
+class AddOffsets(Command):
+    """AddOffsetsToTxn: the group's offsets shard becomes a participant."""
+
+    TYPE: ClassVar[int] = 3
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+    now_ms: int
+    coordinator_epoch: int
+
+
+@dataclass(frozen=True)
+class EndTxn(Command):
+    """EndTxn(commit|abort). ``new_producer_id`` is stamped only when the
+    epoch is exhausted and the producer id must rotate, else -1."""
+
+    TYPE: ClassVar[int] = 4
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    now_ms: int
+    coordinator_epoch: int
+    new_producer_id: int = NO_PRODUCER_ID
+
+
+@dataclass(frozen=True)
+class MarkersWritten(Command):
+    """Participants that acknowledged the markers of a Prepare* transaction.
+
+    ``producer_id``/``producer_epoch`` are the identity the markers carried.
+    """
+
+    TYPE: ClassVar[int] = 5
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    partitions: tuple[TopicPartition, ...]
+    groups: tuple[str, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class AbortTimedOut(Command):
+    """The leader's sweeper found this transaction past its timeout."""
+
+    TYPE: ClassVar[int] = 6
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    now_ms: int
+    coordinator_epoch: int
+
+
+@dataclass(frozen=True)
+class ExpireTransactionalIds(Command):
+    """The leader's sweeper found these ids idle for transactional.id.expiration.ms."""
+
+    TYPE: ClassVar[int] = 7
+    transactional_ids: tuple[str, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class TxnOffsetCommit(Command):
+    """Offsets committed inside a transaction; pending until its marker."""
+
+    TYPE: ClassVar[int] = 8
+    group_id: str
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    offsets: tuple[OffsetEntry, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class GroupMarker(Command):
+    """A transaction marker for the group offsets this shard holds."""
+
+    TYPE: ClassVar[int] = 9
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class OffsetCommit(Command):
+    """A plain (non-transactional) consumer offset commit."""
+
+    TYPE: ClassVar[int] = 10
+    group_id: str
+    offsets: tuple[OffsetEntry, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class AllocatePidBlock(Command):
+    """Grant the shard's next producer-id block."""
+
+    TYPE: ClassVar[int] = 11
+    shard: int
+    shard_count: int
+    block_size: int
+
+
+COMMAND_TYPES: dict[int, type[Command]] = {
+    cls.TYPE: cls
+    for cls in (
+        InitProducerId,
+        AddPartitions,
+        AddOffsets,
+        EndTxn,
+        MarkersWritten,
+        AbortTimedOut,
+        ExpireTransactionalIds,
+        TxnOffsetCommit,
+        GroupMarker,
+        OffsetCommit,
+        AllocatePidBlock,
+    )
+}
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
+        raise CommandError(f"expected a 64-bit integer, got {value!r}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise CommandError(f"expected a boolean, got {value!r}")
+    return value
+
+
+def _str(value: Any) -> str:
+    if type(value) is not str:
+        raise CommandError(f"expected a string, got {value!r}")
+    return value
+
+
+def _seq(value: Any, arity: int | None) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise CommandError(f"expected a list, got {value!r}")
+    if arity is not None:
+        for item in value:
+            if not isinstance(item, list | tuple) or len(item) != arity:
+                raise CommandError(f"expected {arity}-element items, got {item!r}")
+    return list(value)
+
+
+def _partitions(value: Any) -> tuple[TopicPartition, ...]:
+    return tuple((_str(t), _int(p)) for t, p in _seq(value, 2))
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(_str(v) for v in _seq(value, None))
+
+
+def _offsets(value: Any) -> tuple[OffsetEntry, ...]:
+    return tuple(
+        OffsetEntry(_str(t), _int(p), _int(o), _str(m)) for t, p, o, m in _seq(value, 4)
+    )
+
+
+_DECODERS: dict[Any, Any] = {
+    int: _int,
+    bool: _bool,
+    str: _str,
+    tuple[TopicPartition, ...]: _partitions,
+    tuple[str, ...]: _strs,
+    tuple[OffsetEntry, ...]: _offsets,
+}
+
+
+def _schema(cls: type[Command]) -> dict[str, Any]:
+    hints = get_type_hints(cls)
+    return {f.name: _DECODERS[hints[f.name]] for f in dataclasses.fields(cls)}
+
+
+_SCHEMAS = {type_id: _schema(cls) for type_id, cls in COMMAND_TYPES.items()}
+
+
+def command_to_wire(command: Command) -> dict[str, Any]:
+    """The msgpack-ready map of one command."""
+    wire: dict[str, Any] = {"v": COMMAND_VERSION, "t": command.TYPE}
+    for f in dataclasses.fields(command):
+        value = getattr(command, f.name)
+        if isinstance(value, tuple):
+            value = [list(v) if isinstance(v, tuple) else v for v in value]
+        wire[f.name] = value
+    return wire
+
+
+def command_from_wire(wire: Any) -> Command:
+    """Decode and validate one command map.
+
+    Raises:
+        CommandError: unknown version or type, missing or extra fields, or a
+            field of the wrong type.
+    """
+    if not isinstance(wire, dict):
+        raise CommandError(f"a command must be a map, got {type(wire).__name__}")
+    if wire.get("v") != COMMAND_VERSION:
+        raise CommandError(f"unknown command version {wire.get('v')!r}")
+    type_id = wire.get("t")
+    cls = COMMAND_TYPES.get(type_id) if type(type_id) is int else None
+    if cls is None:
+        raise CommandError(f"unknown command type {type_id!r}")
+    schema = _SCHEMAS[cls.TYPE]
+    names = set(wire) - {"v", "t"}
+    if names != set(schema):
+        missing, extra = sorted(set(schema) - names), sorted(names - set(schema))
+        raise CommandError(f"{cls.__name__}: missing fields {missing}, unknown fields {extra}")
+    try:
+        return cls(**{name: decode(wire[name]) for name, decode in schema.items()})
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, CommandError):
+            raise
+        raise CommandError(f"{cls.__name__}: {exc}") from exc
+
+
+def encode_command(command: Command) -> bytes:
+    """One command as msgpack bytes."""
+    return bytes(msgpack.packb(command_to_wire(command), use_bin_type=True))
+
+
+def decode_command(data: bytes) -> Command:
+    """Decode :func:`encode_command` output.
+
+    Raises:
+        CommandError: the bytes are not a valid command.
+    """
+    return command_from_wire(_unpack(data))
+
+
+def encode_entry(commands: list[Command]) -> bytes:
+    """Several commands as one Raft entry (group commit)."""
+    payload = {"v": ENTRY_VERSION, "cmds": [command_to_wire(c) for c in commands]}
+    return bytes(msgpack.packb(payload, use_bin_type=True))
+
+
+def decode_entry(data: bytes) -> list[Command | CommandError]:
+    """Decode a Raft entry; a command that does not decode is returned as its error.
+
+    Raises:
+        CommandError: the entry itself is malformed or of an unknown version.
+    """
+    payload = _unpack(data)
+    if not isinstance(payload, dict) or set(payload) != {"v", "cmds"}:
+        raise CommandError("an entry must be a map with the keys 'v' and 'cmds'")
+    if payload["v"] != ENTRY_VERSION:
+        raise CommandError(f"unknown entry version {payload['v']!r}")
+    if not isinstance(payload["cmds"], list):
+        raise CommandError("an entry's 'cmds' must be a list")
+    decoded: list[Command | CommandError] = []
+    for wire in payload["cmds"]:
+        try:
+            decoded.append(command_from_wire(wire))
+        except CommandError as exc:
+            decoded.append(exc)
+    return decoded
+
+
+def _unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CommandError(f"not valid msgpack: {exc}") from exc

@@ -1,0 +1,39 @@
+"""Settings the state machine checks. Every replica of a shard must use the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Kafka's producer epoch is a 16-bit signed integer.
+KAFKA_MAX_PRODUCER_EPOCH = 32767
+
+
+@dataclass(frozen=True)
+class FsmConfig:
+    """Coordinator settings the pure core needs (Kafka names in the field docs).
+
+    ``max_producer_epoch``: the largest epoch; an epoch at ``max - 1`` or above
+    is exhausted and the producer id rotates (tests lower it to reach
+    exhaustion quickly). ``transaction_max_timeout_ms``:
+    transaction.max.timeout.ms. ``transactional_id_expiration_ms``:
+    transactional.id.expiration.ms. ``max_partitions_per_request``: bound on
+    the partitions (or offsets) one request may carry.
+    """
+
+    max_producer_epoch: int = KAFKA_MAX_PRODUCER_EPOCH
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 604_800_000
+    max_partitions_per_request: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.max_producer_epoch < 2:
+            raise ValueError("max_producer_epoch must be at least 2")
+        if self.transaction_max_timeout_ms < 1 or self.transactional_id_expiration_ms < 1:
+            raise ValueError("timeouts must be positive")
+        if self.max_partitions_per_request < 1:
+            raise ValueError("max_partitions_per_request must be positive")
+
+    def epoch_exhausted(self, epoch: int) -> bool:
+        """Whether a producer at ``epoch`` can no longer start a transaction
+        and still have a larger epoch left for its markers."""
+        return epoch >= self.max_producer_epoch - 1

@@ -1,0 +1,353 @@
+"""One shard's replicated state and its single apply entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from fsm import offsets as group_offsets
+from fsm import transactions as txn
+from fsm.commands import (
+    AbortTimedOut,
+    AddOffsets,
+    AddPartitions,
+    AllocatePidBlock,
+    Command,
+    EndTxn,
+    ExpireTransactionalIds,
+    GroupMarker,
+    InitProducerId,
+    MarkersWritten,
+    OffsetCommit,
+    TxnOffsetCommit,
+    decode_entry,
+)
+from fsm.config import FsmConfig
+from fsm.effects import Effect, Outcome, WriteMarkers, fail
+from fsm.errors import CommandError, ErrorCode, IllegalTransition
+from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
+from fsm.offsets import FetchedOffset, GroupOffsets
+from fsm.states import PREPARE_STATES, TxnState
+from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
+
+SNAPSHOT_VERSION = 1
+E = ErrorCode
+
+
+@dataclass
+class ShardState:
+    """Everything one shard replicates. Equal states snapshot to equal bytes."""
+
+    pids: PidBlockRecord
+    last_assigned_pid: int = NO_PRODUCER_ID
+    transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
+    groups: dict[str, GroupOffsets] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TransactionListing:
+    """One row of ListTransactions."""
+
+    transactional_id: str
+    producer_id: int
+    state: TxnState
+    duration_ms: int
+
+
+class TransactionStateMachine:
+    """The deterministic state machine of one shard (transaction-log partition).
+
+    Every replica applies the same commands in the same order and reaches the
+    same state. :meth:`apply` never raises for a bad command: it answers an
+    error and changes nothing. Queries read the applied state; the shell must
+    make sure it is still leader before serving them as current.
+    """
+
+    def __init__(
+        self,
+        shard: int,
+        shard_count: int,
+        config: FsmConfig | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
+        self.config = config or FsmConfig()
+        self.state = ShardState(PidBlockRecord(PidLayout(shard, shard_count, block_size)))
+
+    # --- applying commands ---------------------------------------------------------
+
+    def apply(self, command: Command) -> Outcome:
+        """Apply one command; returns the result and the effects to perform."""
+        handler = self._HANDLERS.get(type(command))
+        if handler is None:
+            return fail(E.INVALID_REQUEST, f"unknown command {type(command).__name__}")
+        try:
+            outcome: Outcome = handler(self, command)
+        except IllegalTransition as exc:
+            return fail(E.INVALID_TXN_STATE, str(exc))
+        return outcome
+
+    def apply_entry(self, data: bytes) -> list[Outcome]:
+        """Apply a Raft entry (one or more commands, see :mod:`fsm.commands`).
+
+        A command that does not decode is answered INVALID_REQUEST; the
+        others still apply. An entry that does not decode at all applies
+        nothing and yields one INVALID_REQUEST outcome.
+        """
+        try:
+            commands = decode_entry(data)
+        except CommandError as exc:
+            return [fail(E.INVALID_REQUEST, str(exc))]
+        return [
+            fail(E.INVALID_REQUEST, str(c)) if isinstance(c, CommandError) else self.apply(c)
+            for c in commands
+        ]
+
+    def _transaction_step(
+        self,
+        transactional_id: str,
+        step: Callable[[TransactionMetadata | None], txn.Step],
+        new_producer_id: int = NO_PRODUCER_ID,
+    ) -> Outcome:
+        if new_producer_id != NO_PRODUCER_ID and not self._fresh_producer_id(new_producer_id):
+            return fail(
+                E.INVALID_REQUEST,
+                f"producer id {new_producer_id} is not a fresh id of a block granted to this shard",
+            )
+        before = self.state.transactions.get(transactional_id)
+        result = step(before)
+        after = result.meta
+        if after is not before:
+            if after is None:
+                self.state.transactions.pop(transactional_id, None)
+            else:
+                self.state.transactions[transactional_id] = after
+                if new_producer_id in (after.producer_id, after.next_producer_id):
+                    self.state.last_assigned_pid = new_producer_id
+        return result.outcome
+
+    def _fresh_producer_id(self, producer_id: int) -> bool:
+        return self.state.pids.granted(producer_id) and producer_id > self.state.last_assigned_pid
+
+    def _init(self, cmd: InitProducerId) -> Outcome:
+        return self._transaction_step(
+            cmd.transactional_id,
+            lambda meta: txn.init_producer_id(meta, cmd, self.config),
+            cmd.new_producer_id,
+        )
+
+    def _add_partitions(self, cmd: AddPartitions) -> Outcome:
+        return self._transaction_step(
+            cmd.transactional_id, lambda meta: txn.add_partitions(meta, cmd, self.config)
+        )
+
+    def _add_offsets(self, cmd: AddOffsets) -> Outcome:
+        return self._transaction_step(
+            cmd.transactional_id, lambda meta: txn.add_offsets(meta, cmd, self.config)
+        )
+
+    def _end_txn(self, cmd: EndTxn) -> Outcome:
+        return self._transaction_step(
+            cmd.transactional_id,
+            lambda meta: txn.end_txn(meta, cmd, self.config),
+            cmd.new_producer_id,
+        )
+
+    def _markers_written(self, cmd: MarkersWritten) -> Outcome:
+        return self._transaction_step(
+            cmd.transactional_id, lambda meta: txn.markers_written(meta, cmd)
+        )
+
+    def _abort_timed_out(self, cmd: AbortTimedOut) -> Outcome:
+        return self._transaction_step(
+            cmd.transactional_id, lambda meta: txn.abort_timed_out(meta, cmd, self.config)
+        )
+
+    def _expire(self, cmd: ExpireTransactionalIds) -> Outcome:
+        expired: list[str] = []
+        effects: list[Effect] = []
+        for transactional_id in dict.fromkeys(cmd.transactional_ids):
+            meta = self.state.transactions.get(transactional_id)
+            if meta is None or not txn.expirable(meta, cmd.now_ms, self.config):
+                continue
+            dead = txn.expire(meta, cmd.now_ms)
+            del self.state.transactions[transactional_id]
+            expired.append(transactional_id)
+            effects.append(txn.moved(meta, dead, cmd.now_ms))
+        return Outcome(expired=tuple(expired), effects=tuple(effects))
+
+    def _group_step(
+        self,
+        group_id: str,
+        step: Callable[[GroupOffsets | None], tuple[GroupOffsets | None, Outcome]],
+    ) -> Outcome:
+        before = self.state.groups.get(group_id)
+        after, outcome = step(before)
+        if after is not before and after is not None:
+            self.state.groups[group_id] = after
+        return outcome
+
+    def _txn_offset_commit(self, cmd: TxnOffsetCommit) -> Outcome:
+        return self._group_step(
+            cmd.group_id, lambda g: group_offsets.txn_offset_commit(g, cmd, self.config)
+        )
+
+    def _group_marker(self, cmd: GroupMarker) -> Outcome:
+        return self._group_step(cmd.group_id, lambda g: group_offsets.group_marker(g, cmd))
+
+    def _offset_commit(self, cmd: OffsetCommit) -> Outcome:
+        return self._group_step(
+            cmd.group_id, lambda g: group_offsets.offset_commit(g, cmd, self.config)
+        )
+
+    def _allocate_pid_block(self, cmd: AllocatePidBlock) -> Outcome:
+        layout = self.state.pids.layout
+        if (cmd.shard, cmd.shard_count, cmd.block_size) != (
+            layout.shard, layout.shard_count, layout.block_size
+        ):
+            return fail(
+                E.INVALID_REQUEST,
+                f"block request for layout {(cmd.shard, cmd.shard_count, cmd.block_size)} "
+                f"does not match this shard's {(layout.shard, layout.shard_count, layout.block_size)}",
+            )
+        try:
+            block = self.state.pids.allocate()
+        except PidExhausted as exc:
+            return fail(E.UNKNOWN_SERVER_ERROR, str(exc))
+        return Outcome(block_first=block.first, block_end=block.end)
+
+    _HANDLERS: dict[type[Command], Callable[[Any, Any], Outcome]] = {
+        InitProducerId: _init,
+        AddPartitions: _add_partitions,
+        AddOffsets: _add_offsets,
+        EndTxn: _end_txn,
+        MarkersWritten: _markers_written,
+        AbortTimedOut: _abort_timed_out,
+        ExpireTransactionalIds: _expire,
+        TxnOffsetCommit: _txn_offset_commit,
+        GroupMarker: _group_marker,
+        OffsetCommit: _offset_commit,
+        AllocatePidBlock: _allocate_pid_block,
+    }
+
+    # --- what the leader asks before proposing -------------------------------------
+
+    def needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:
+        """Whether the leader must stamp a fresh producer id into ``command``.
+
+        If the state changes between this answer and the apply, the handler
+        answers CONCURRENT_TRANSACTIONS and the client retries.
+        """
+        meta = self.state.transactions.get(command.transactional_id)
+        if isinstance(command, EndTxn):
+            return txn.end_txn_needs_producer_id(meta, self.config)
+        return meta is None or self.config.epoch_exhausted(meta.producer_epoch)
+
+    def timed_out(self, now_ms: int) -> list[AbortTimedOut]:
+        """Abort commands for every Ongoing transaction past its timeout
+        (``coordinator_epoch`` left 0 for the leader to stamp)."""
+        return [
+            AbortTimedOut(m.transactional_id, m.producer_id, m.producer_epoch, now_ms, 0)
+            for m in self.state.transactions.values()
+            if txn.has_timed_out(m, now_ms)
+        ]
+
+    def expirable_ids(self, now_ms: int) -> list[str]:
+        """Transactional ids idle for longer than transactional.id.expiration.ms."""
+        return sorted(
+            m.transactional_id
+            for m in self.state.transactions.values()
+            if txn.expirable(m, now_ms, self.config)
+        )
+
+    def pending_markers(self) -> list[WriteMarkers]:
+        """The markers every Prepare* transaction still owes (a new leader resends them)."""
+        return [
+            txn.markers_for(m)
+            for _, m in sorted(self.state.transactions.items())
+            if m.state in PREPARE_STATES
+        ]
+
+    # --- queries -------------------------------------------------------------------
+
+    def describe(self, transactional_id: str) -> TransactionMetadata | None:
+        """The metadata of one id, or None (TRANSACTIONAL_ID_NOT_FOUND)."""
+        return self.state.transactions.get(transactional_id)
+
+    def list_transactions(
+        self,
+        now_ms: int,
+        states: Iterable[TxnState] = (),
+        producer_ids: Iterable[int] = (),
+        min_duration_ms: int = -1,
+    ) -> list[TransactionListing]:
+        """ListTransactions: empty filters match everything; ``min_duration_ms``
+        keeps only open transactions running longer than it (-1: no filter)."""
+        wanted_states, wanted_pids = frozenset(states), frozenset(producer_ids)
+        rows = []
+        for tid, meta in sorted(self.state.transactions.items()):
+            open_ = meta.txn_start_ms >= 0 and meta.state not in (
+                TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT
+            )
+            duration = now_ms - meta.txn_start_ms if open_ else -1
+            if wanted_states and meta.state not in wanted_states:
+                continue
+            if wanted_pids and meta.producer_id not in wanted_pids:
+                continue
+            if min_duration_ms >= 0 and duration <= min_duration_ms:
+                continue
+            rows.append(TransactionListing(tid, meta.producer_id, meta.state, duration))
+        return rows
+
+    def offset_fetch(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition] | None = None,
+        require_stable: bool = True,
+    ) -> list[FetchedOffset]:
+        """OffsetFetch for one group (see :func:`fsm.offsets.offset_fetch`)."""
+        return group_offsets.offset_fetch(self.state.groups.get(group_id), partitions, require_stable)
+
+    # --- snapshots -----------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The whole state as msgpack bytes (deterministic: equal states, equal bytes)."""
+        s = self.state
+        payload = {
+            "v": SNAPSHOT_VERSION,
+            "pids": s.pids.to_wire(),
+            "last_assigned_pid": s.last_assigned_pid,
+            "transactions": [m.to_wire() for _, m in sorted(s.transactions.items())],
+            "groups": [[gid, g.to_wire()] for gid, g in sorted(s.groups.items())],
+        }
+        return bytes(msgpack.packb(payload, use_bin_type=True))
+
+    @classmethod
+    def restore(cls, data: bytes, config: FsmConfig | None = None) -> TransactionStateMachine:
+        """A machine whose state is the snapshot ``data``.
+
+        Raises:
+            CommandError: the snapshot is malformed or of an unknown version.
+        """
+        try:
+            payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            if not isinstance(payload, dict) or payload.get("v") != SNAPSHOT_VERSION:
+                raise CommandError("unknown snapshot version")
+            pids = PidBlockRecord.from_wire(payload["pids"])
+            machine = cls(pids.layout.shard, pids.layout.shard_count, config, pids.layout.block_size)
+            machine.state = ShardState(
+                pids=pids,
+                last_assigned_pid=int(payload["last_assigned_pid"]),
+                transactions={
+                    m.transactional_id: m
+                    for m in (TransactionMetadata.from_wire(w) for w in payload["transactions"])
+                },
+                groups={gid: GroupOffsets.from_wire(w) for gid, w in payload["groups"]},
+            )
+        except CommandError:
+            raise
+        except Exception as exc:  # any malformed field surfaces as one error type
+            raise CommandError(f"malformed snapshot: {exc}") from exc
+        return machine

@@ -1,0 +1,118 @@
+"""Per-transactional.id metadata and the one transition function."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fsm.errors import IllegalTransition
+from fsm.states import COMPLETION_OF, TxnState, is_legal
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_TIMESTAMP = -1
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TransactionMetadata:
+    """What a shard knows about one transactional.id.
+
+    ``producer_id``/``producer_epoch`` are what the producer must use now. In a
+    Prepare* state they are also the identity the markers carry: the epoch
+    was bumped past the transaction's data epoch when the transaction ended,
+    so markers are always strictly newer than the data they close.
+    ``last_producer_id``/``last_producer_epoch`` are the identity before the
+    last bump made on the producer's behalf (EndTxn or InitProducerId); they
+    let an idempotent retry be recognised. A fence made by the coordinator
+    (timeout, or InitProducerId from another instance) clears
+    ``last_producer_epoch`` so a fenced epoch is never taken for a retry.
+    ``next_producer_id`` is set while a Prepare* state waits to rotate to a
+    new producer id because the epoch is exhausted.
+    ``pending_state`` is the state the in-flight two-phase transition will
+    end in (the Complete* state of a Prepare* state), None when idle.
+    """
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: TxnState
+    timeout_ms: int
+    last_update_ms: int
+    last_producer_id: int = NO_PRODUCER_ID
+    last_producer_epoch: int = NO_PRODUCER_EPOCH
+    next_producer_id: int = NO_PRODUCER_ID
+    pending_state: TxnState | None = None
+    txn_start_ms: int = NO_TIMESTAMP
+    partitions: frozenset[TopicPartition] = field(default_factory=frozenset)
+    groups: frozenset[str] = field(default_factory=frozenset)
+    coordinator_epoch: int = 0
+
+    @property
+    def has_participants(self) -> bool:
+        return bool(self.partitions or self.groups)
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.transactional_id,
+            self.producer_id,
+            self.producer_epoch,
+            int(self.state),
+            self.timeout_ms,
+            self.last_update_ms,
+            self.last_producer_id,
+            self.last_producer_epoch,
+            self.next_producer_id,
+            -1 if self.pending_state is None else int(self.pending_state),
+            self.txn_start_ms,
+            sorted([t, p] for t, p in self.partitions),
+            sorted(self.groups),
+            self.coordinator_epoch,
+        ]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> TransactionMetadata:
+        """Rebuild metadata from :meth:`to_wire` output.
+
+        Raises:
+            ValueError: malformed data or an unknown state id.
+        """
+        if not isinstance(data, list) or len(data) != 14:
+            raise ValueError(f"malformed transaction metadata: {data!r}")
+        (txn_id, pid, epoch, state, timeout, updated, last_pid, last_epoch,
+         next_pid, pending, start, partitions, groups, coord_epoch) = data
+        return cls(
+            transactional_id=txn_id,
+            producer_id=pid,
+            producer_epoch=epoch,
+            state=TxnState(state),
+            timeout_ms=timeout,
+            last_update_ms=updated,
+            last_producer_id=last_pid,
+            last_producer_epoch=last_epoch,
+            next_producer_id=next_pid,
+            pending_state=None if pending == -1 else TxnState(pending),
+            txn_start_ms=start,
+            partitions=frozenset((t, p) for t, p in partitions),
+            groups=frozenset(groups),
+            coordinator_epoch=coord_epoch,
+        )
+
+
+def transition(meta: TransactionMetadata, target: TxnState, **changes: Any) -> TransactionMetadata:
+    """Move ``meta`` to ``target`` with the given field changes.
+
+    The only way a handler changes a transaction's state. Entering a Prepare*
+    state sets ``pending_state`` to its Complete* state; any other target
+    clears it.
+
+    Raises:
+        IllegalTransition: the state table does not allow the move (nothing
+            changes: metadata is immutable).
+    """
+    if not is_legal(meta.state, target):
+        raise IllegalTransition(
+            f"{meta.transactional_id!r}: {meta.state.name} -> {target.name} is not a legal transition"
+        )
+    return replace(meta, state=target, pending_state=COMPLETION_OF.get(target), **changes)

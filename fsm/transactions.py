@@ -1,0 +1,512 @@
+"""Handlers for the transaction commands: pure functions of (metadata, command).
+
+Each handler returns a :class:`Step`: the metadata after the command (the
+same object when nothing changed, None when the id does not exist or was
+removed) and the :class:`Outcome`. Error checks come before any change, in
+the order Kafka's TransactionCoordinator makes them, so a refused command
+changes nothing.
+
+Epochs (KIP-890 "transactions v2"): ending a transaction bumps the epoch, so
+a (producer id, epoch) pair names exactly one transaction and the markers of
+a transaction carry an epoch strictly greater than its data. A participant
+closes an open transaction only with a marker whose epoch is greater than
+the transaction's data epoch; a late duplicate marker therefore never closes
+the next transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fsm.commands import (
+    AbortTimedOut,
+    AddOffsets,
+    AddPartitions,
+    EndTxn,
+    InitProducerId,
+    MarkersWritten,
+)
+from fsm.config import FsmConfig
+from fsm.effects import Effect, Outcome, ProducerFenced, Transition, WriteMarkers, fail
+from fsm.errors import ErrorCode, InvariantViolation
+from fsm.metadata import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_TIMESTAMP,
+    TopicPartition,
+    TransactionMetadata,
+    transition,
+)
+from fsm.states import COMPLETION_OF, IDLE_STATES, PREPARE_STATES, TxnState
+
+S = TxnState
+E = ErrorCode
+INT32_MAX = 2**31 - 1
+#: States that never outlive one command; found in a snapshot they mean "busy".
+TRANSIENT_STATES = frozenset({S.DEAD, S.PREPARE_EPOCH_FENCE})
+
+
+@dataclass(frozen=True)
+class Step:
+    """Metadata after a handler ran, and what to answer."""
+
+    meta: TransactionMetadata | None
+    outcome: Outcome
+
+
+def refuse(meta: TransactionMetadata | None, error: ErrorCode, message: str = "") -> Step:
+    """A step that changes nothing."""
+    return Step(meta, fail(error, message))
+
+
+def moved(
+    old: TransactionMetadata | None, new: TransactionMetadata, now_ms: int
+) -> Transition:
+    """The applied-transitions record of ``old`` becoming ``new``."""
+    return Transition(
+        transactional_id=new.transactional_id,
+        producer_id=new.producer_id,
+        producer_epoch=new.producer_epoch,
+        from_state=None if old is None else old.state,
+        to_state=new.state,
+        partitions=tuple(sorted(new.partitions)),
+        groups=tuple(sorted(new.groups)),
+        now_ms=now_ms,
+    )
+
+
+def markers_for(meta: TransactionMetadata) -> WriteMarkers:
+    """The markers a Prepare* transaction still owes its participants."""
+    return WriteMarkers(
+        transactional_id=meta.transactional_id,
+        producer_id=meta.producer_id,
+        producer_epoch=meta.producer_epoch,
+        coordinator_epoch=meta.coordinator_epoch,
+        commit=meta.state is S.PREPARE_COMMIT,
+        partitions=tuple(sorted(meta.partitions)),
+        groups=tuple(sorted(meta.groups)),
+    )
+
+
+# --- InitProducerId -----------------------------------------------------------------
+
+
+def init_producer_id(
+    meta: TransactionMetadata | None, cmd: InitProducerId, config: FsmConfig
+) -> Step:
+    """InitProducerId: create the id, bump the epoch, or fence and abort.
+
+    An open transaction is fenced (epoch bump) and aborted first; the answer
+    is then CONCURRENT_TRANSACTIONS and the producer retries once the abort
+    completes. An exhausted epoch rotates to ``cmd.new_producer_id``.
+    """
+    if not cmd.transactional_id:
+        return refuse(meta, E.INVALID_REQUEST, "transactional.id must not be empty")
+    if not 0 < cmd.timeout_ms <= config.transaction_max_timeout_ms:
+        return refuse(
+            meta,
+            E.INVALID_TRANSACTION_TIMEOUT,
+            f"transaction timeout {cmd.timeout_ms} ms is not in "
+            f"(0, {config.transaction_max_timeout_ms}] (transaction.max.timeout.ms)",
+        )
+    expected = cmd.expected_producer_id != NO_PRODUCER_ID
+    if expected != (cmd.expected_producer_epoch != NO_PRODUCER_EPOCH):
+        return refuse(meta, E.INVALID_REQUEST, "expected producer id and epoch go together")
+    if meta is None:
+        if cmd.new_producer_id == NO_PRODUCER_ID:
+            return refuse(meta, E.CONCURRENT_TRANSACTIONS, "no producer id was stamped")
+        created = TransactionMetadata(
+            transactional_id=cmd.transactional_id,
+            producer_id=cmd.new_producer_id,
+            producer_epoch=0,
+            state=S.EMPTY,
+            timeout_ms=cmd.timeout_ms,
+            last_update_ms=cmd.now_ms,
+            coordinator_epoch=cmd.coordinator_epoch,
+        )
+        return Step(created, _answer(created, (moved(None, created, cmd.now_ms),)))
+    if meta.pending_state is not None or meta.state in PREPARE_STATES | TRANSIENT_STATES:
+        return refuse(meta, E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}")
+    if expected and not _expected_id_valid(meta, cmd, config):
+        return refuse(meta, E.PRODUCER_FENCED, "expected producer id does not match")
+    if meta.state is S.ONGOING:
+        fenced = fence_and_abort(
+            meta, cmd.now_ms, cmd.coordinator_epoch, "init_producer_id", config
+        )
+        return Step(
+            fenced.meta,
+            replace(
+                fenced.outcome,
+                error=E.CONCURRENT_TRANSACTIONS,
+                message="an open transaction was fenced and is being aborted; retry",
+            ),
+        )
+    return _bump_idle(meta, cmd, config)
+
+
+def _expected_id_valid(
+    meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
+) -> bool:
+    # KIP-360: the caller proves it is the current producer, or a retry of
+    # the producer whose exhausted epoch made the id rotate.
+    return cmd.expected_producer_id == meta.producer_id or (
+        cmd.expected_producer_id == meta.last_producer_id
+        and config.epoch_exhausted(cmd.expected_producer_epoch)
+    )
+
+
+def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig) -> Step:
+    common = {
+        "timeout_ms": cmd.timeout_ms,
+        "last_update_ms": cmd.now_ms,
+        "txn_start_ms": NO_TIMESTAMP,
+        "coordinator_epoch": cmd.coordinator_epoch,
+    }
+    is_retry = (
+        cmd.expected_producer_epoch != NO_PRODUCER_EPOCH
+        and meta.last_producer_epoch != NO_PRODUCER_EPOCH
+        and (cmd.expected_producer_id, cmd.expected_producer_epoch)
+        == (meta.last_producer_id, meta.last_producer_epoch)
+    )
+    if is_retry:
+        # The previous InitProducerId (or EndTxn) already bumped on this
+        # producer's behalf; answer what it answered.
+        return Step(meta, _answer(meta))
+    if cmd.expected_producer_epoch not in (NO_PRODUCER_EPOCH, meta.producer_epoch) or (
+        cmd.expected_producer_id not in (NO_PRODUCER_ID, meta.producer_id)
+    ):
+        return refuse(meta, E.PRODUCER_FENCED, "expected epoch is not the current one")
+    if config.epoch_exhausted(meta.producer_epoch):
+        if cmd.new_producer_id == NO_PRODUCER_ID:
+            return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
+        new = transition(
+            meta,
+            S.EMPTY,
+            producer_id=cmd.new_producer_id,
+            producer_epoch=0,
+            last_producer_id=meta.producer_id,
+            last_producer_epoch=meta.producer_epoch,
+            **common,
+        )
+    else:
+        new = transition(
+            meta,
+            S.EMPTY,
+            producer_epoch=meta.producer_epoch + 1,
+            last_producer_id=meta.producer_id,
+            last_producer_epoch=(
+                NO_PRODUCER_EPOCH if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
+                else meta.producer_epoch
+            ),
+            **common,
+        )
+    fenced = ProducerFenced(
+        meta.transactional_id, meta.producer_id, meta.producer_epoch, new.producer_epoch,
+        "init_producer_id",
+    )
+    return Step(new, _answer(new, (fenced, moved(meta, new, cmd.now_ms))))
+
+
+def fence_and_abort(
+    meta: TransactionMetadata, now_ms: int, coordinator_epoch: int, reason: str,
+    config: FsmConfig,
+) -> Step:
+    """Ongoing → PrepareEpochFence → PrepareAbort: bump the epoch, abort.
+
+    The bumped epoch fences the producer and is the epoch of the abort
+    markers. ``last_producer_epoch`` is cleared so the fenced epoch is never
+    mistaken for a retry.
+    """
+    # An Ongoing epoch is at most max - 1: an exhausted epoch rotates the
+    # producer id before a transaction can start with it.
+    if meta.producer_epoch >= config.max_producer_epoch:
+        raise InvariantViolation(f"{meta.transactional_id!r}: Ongoing at the largest epoch")
+    fence = transition(
+        meta,
+        S.PREPARE_EPOCH_FENCE,
+        producer_epoch=meta.producer_epoch + 1,
+        last_producer_epoch=NO_PRODUCER_EPOCH,
+        last_update_ms=now_ms,
+        coordinator_epoch=coordinator_epoch,
+    )
+    aborting = transition(fence, S.PREPARE_ABORT, last_update_ms=now_ms)
+    effects: tuple[Effect, ...] = (
+        ProducerFenced(
+            meta.transactional_id, meta.producer_id, meta.producer_epoch,
+            fence.producer_epoch, reason,
+        ),
+        moved(meta, fence, now_ms),
+        moved(fence, aborting, now_ms),
+        markers_for(aborting),
+    )
+    return Step(aborting, _answer(aborting, effects))
+
+
+def _answer(meta: TransactionMetadata, effects: tuple[Effect, ...] = ()) -> Outcome:
+    """Success, answering with the producer id/epoch the producer must use next."""
+    if meta.next_producer_id != NO_PRODUCER_ID:
+        return Outcome(producer_id=meta.next_producer_id, producer_epoch=0, effects=effects)
+    return Outcome(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch, effects=effects)
+
+
+# --- AddPartitionsToTxn / AddOffsetsToTxn --------------------------------------------
+
+
+def check_producer(
+    meta: TransactionMetadata | None, producer_id: int, producer_epoch: int
+) -> ErrorCode:
+    """Kafka's checks of a producer's id and epoch against the metadata, in order."""
+    if meta is None:
+        return E.INVALID_PRODUCER_ID_MAPPING
+    if meta.state in TRANSIENT_STATES:
+        return E.CONCURRENT_TRANSACTIONS
+    if producer_id != meta.producer_id:
+        rotating_to = meta.pending_state is not None and producer_id == meta.next_producer_id
+        return E.CONCURRENT_TRANSACTIONS if rotating_to else E.INVALID_PRODUCER_ID_MAPPING
+    if producer_epoch != meta.producer_epoch:
+        return E.PRODUCER_FENCED
+    if meta.pending_state is not None:
+        return E.CONCURRENT_TRANSACTIONS
+    return E.NONE
+
+
+def validate_partitions(
+    partitions: tuple[TopicPartition, ...], config: FsmConfig
+) -> str | None:
+    """Why a partition list is malformed, or None."""
+    if not partitions:
+        return "no partitions given"
+    if len(partitions) > config.max_partitions_per_request:
+        return f"{len(partitions)} partitions exceed the limit of {config.max_partitions_per_request}"
+    for topic, partition in partitions:
+        if not topic or not 0 <= partition <= INT32_MAX:
+            return f"invalid topic-partition {topic!r}-{partition}"
+    return None
+
+
+def add_partitions(
+    meta: TransactionMetadata | None, cmd: AddPartitions, config: FsmConfig
+) -> Step:
+    """AddPartitionsToTxn: start or extend the transaction; idempotent."""
+    problem = validate_partitions(cmd.partitions, config)
+    if problem is not None:
+        return refuse(meta, E.INVALID_REQUEST, problem)
+    return _add_participants(
+        meta, cmd.producer_id, cmd.producer_epoch, frozenset(cmd.partitions), frozenset(),
+        cmd.now_ms, cmd.coordinator_epoch,
+    )
+
+
+def add_offsets(meta: TransactionMetadata | None, cmd: AddOffsets, config: FsmConfig) -> Step:
+    """AddOffsetsToTxn: the group's offsets shard joins the transaction."""
+    if not cmd.group_id:
+        return refuse(meta, E.INVALID_REQUEST, "group id must not be empty")
+    return _add_participants(
+        meta, cmd.producer_id, cmd.producer_epoch, frozenset(), frozenset({cmd.group_id}),
+        cmd.now_ms, cmd.coordinator_epoch,
+    )
+
+
+def _add_participants(
+    meta: TransactionMetadata | None,
+    producer_id: int,
+    producer_epoch: int,
+    partitions: frozenset[TopicPartition],
+    groups: frozenset[str],
+    now_ms: int,
+    coordinator_epoch: int,
+) -> Step:
+    error = check_producer(meta, producer_id, producer_epoch)
+    if error is not E.NONE or meta is None:
+        return refuse(meta, error)
+    if meta.state in PREPARE_STATES:
+        return refuse(meta, E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}")
+    ongoing = meta.state is S.ONGOING
+    if ongoing and partitions <= meta.partitions and groups <= meta.groups:
+        return Step(meta, _answer(meta))
+    new = transition(
+        meta,
+        S.ONGOING,
+        partitions=(meta.partitions | partitions) if ongoing else partitions,
+        groups=(meta.groups | groups) if ongoing else groups,
+        txn_start_ms=meta.txn_start_ms if ongoing else now_ms,
+        last_update_ms=now_ms,
+        coordinator_epoch=coordinator_epoch,
+    )
+    return Step(new, _answer(new, (moved(meta, new, now_ms),)))
+
+
+# --- EndTxn -------------------------------------------------------------------------
+
+
+def end_txn_needs_producer_id(meta: TransactionMetadata | None, config: FsmConfig) -> bool:
+    """Whether an EndTxn now would rotate the producer id (epoch exhausted)."""
+    return (
+        meta is not None
+        and meta.state in IDLE_STATES | {S.ONGOING}
+        and config.epoch_exhausted(meta.producer_epoch + 1)
+    )
+
+
+def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) -> Step:
+    """EndTxn: Ongoing → PrepareCommit|PrepareAbort with an epoch bump.
+
+    Retries are written out: a retry (the id/epoch of the transaction that
+    was ended) of the same decision answers CONCURRENT_TRANSACTIONS while
+    the markers are written and success once complete; the other decision
+    is INVALID_TXN_STATE. An abort with the current epoch and no open
+    transaction aborts an empty transaction (bumping the epoch).
+    """
+    if meta is None:
+        return refuse(meta, E.INVALID_PRODUCER_ID_MAPPING)
+    is_retry = (
+        meta.last_producer_epoch != NO_PRODUCER_EPOCH
+        and (cmd.producer_id, cmd.producer_epoch)
+        == (meta.last_producer_id, meta.last_producer_epoch)
+        and meta.state in PREPARE_STATES | {S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
+    )
+    if not is_retry:
+        error = check_producer(meta, cmd.producer_id, cmd.producer_epoch)
+        if error is not E.NONE and not (
+            error is E.CONCURRENT_TRANSACTIONS and meta.state in PREPARE_STATES
+        ):
+            return refuse(meta, error)
+    same_decision = {
+        S.PREPARE_COMMIT: cmd.commit,
+        S.COMPLETE_COMMIT: cmd.commit,
+        S.PREPARE_ABORT: not cmd.commit,
+        S.COMPLETE_ABORT: not cmd.commit,
+    }
+    state = meta.state
+    if state is S.ONGOING:
+        return _end_ongoing(meta, cmd, config)
+    if state in PREPARE_STATES:
+        if same_decision[state]:
+            return refuse(meta, E.CONCURRENT_TRANSACTIONS, "markers are being written")
+        return refuse(meta, E.INVALID_TXN_STATE, f"transaction is {state.name}")
+    if is_retry:
+        if same_decision[state]:
+            return Step(meta, _answer(meta))
+        return refuse(meta, E.INVALID_TXN_STATE, f"transaction is {state.name}")
+    if not cmd.commit:
+        return _abort_empty(meta, cmd, config)
+    return refuse(meta, E.INVALID_TXN_STATE, f"no transaction to commit ({state.name})")
+
+
+def _end_ongoing(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
+    rotate = config.epoch_exhausted(meta.producer_epoch + 1)
+    if rotate and cmd.new_producer_id == NO_PRODUCER_ID:
+        return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
+    prepared = transition(
+        meta,
+        S.PREPARE_COMMIT if cmd.commit else S.PREPARE_ABORT,
+        producer_epoch=meta.producer_epoch + 1,
+        last_producer_id=meta.producer_id,
+        last_producer_epoch=meta.producer_epoch,
+        next_producer_id=cmd.new_producer_id if rotate else NO_PRODUCER_ID,
+        last_update_ms=cmd.now_ms,
+        coordinator_epoch=cmd.coordinator_epoch,
+    )
+    return Step(
+        prepared,
+        _answer(prepared, (moved(meta, prepared, cmd.now_ms), markers_for(prepared))),
+    )
+
+
+def _abort_empty(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
+    # Nothing was added: PrepareAbort (bumping the epoch) completes at once.
+    rotate = config.epoch_exhausted(meta.producer_epoch + 1)
+    if rotate and cmd.new_producer_id == NO_PRODUCER_ID:
+        return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
+    prepared = transition(
+        meta,
+        S.PREPARE_ABORT,
+        producer_epoch=meta.producer_epoch + 1,
+        last_producer_id=meta.producer_id,
+        last_producer_epoch=meta.producer_epoch,
+        next_producer_id=cmd.new_producer_id if rotate else NO_PRODUCER_ID,
+        last_update_ms=cmd.now_ms,
+        coordinator_epoch=cmd.coordinator_epoch,
+    )
+    done = complete(prepared, cmd.now_ms)
+    return Step(
+        done,
+        _answer(done, (moved(meta, prepared, cmd.now_ms), moved(prepared, done, cmd.now_ms))),
+    )
+
+
+def complete(meta: TransactionMetadata, now_ms: int) -> TransactionMetadata:
+    """Prepare* → Complete*: participants cleared, a pending rotation applied."""
+    changes: dict[str, object] = {
+        "partitions": frozenset(),
+        "groups": frozenset(),
+        "last_update_ms": now_ms,
+    }
+    if meta.next_producer_id != NO_PRODUCER_ID:
+        changes.update(
+            producer_id=meta.next_producer_id, producer_epoch=0, next_producer_id=NO_PRODUCER_ID
+        )
+    return transition(meta, COMPLETION_OF[meta.state], **changes)
+
+
+# --- marker completion and timeouts -------------------------------------------------
+
+
+def markers_written(meta: TransactionMetadata | None, cmd: MarkersWritten) -> Step:
+    """Participants acknowledged their markers; Complete* once none is left.
+
+    Acknowledgements for a transaction that is not (or no longer) in a
+    Prepare* state with the markers' identity are stale and refused; an
+    acknowledgement repeated for a participant already removed is a no-op.
+    """
+    if (
+        meta is None
+        or meta.state not in PREPARE_STATES
+        or (cmd.producer_id, cmd.producer_epoch) != (meta.producer_id, meta.producer_epoch)
+    ):
+        return refuse(meta, E.INVALID_TXN_STATE, "no Prepare* transaction with these markers")
+    partitions = meta.partitions - frozenset(cmd.partitions)
+    groups = meta.groups - frozenset(cmd.groups)
+    if partitions == meta.partitions and groups == meta.groups:
+        return Step(meta, Outcome())
+    remaining = replace(meta, partitions=partitions, groups=groups, last_update_ms=cmd.now_ms)
+    if remaining.has_participants:
+        return Step(remaining, Outcome())
+    done = complete(remaining, cmd.now_ms)
+    return Step(done, Outcome(effects=(moved(meta, done, cmd.now_ms),)))
+
+
+def has_timed_out(meta: TransactionMetadata, now_ms: int) -> bool:
+    """Whether an Ongoing transaction has outlived its timeout at ``now_ms``."""
+    return (
+        meta.state is S.ONGOING
+        and meta.pending_state is None
+        and meta.txn_start_ms + meta.timeout_ms < now_ms
+    )
+
+
+def abort_timed_out(
+    meta: TransactionMetadata | None, cmd: AbortTimedOut, config: FsmConfig
+) -> Step:
+    """The sweeper's abort: fence the epoch, then abort (same as Kafka)."""
+    if meta is None:
+        return refuse(meta, E.INVALID_PRODUCER_ID_MAPPING)
+    if (cmd.producer_id, cmd.producer_epoch) != (meta.producer_id, meta.producer_epoch):
+        return refuse(meta, E.PRODUCER_FENCED, "the transaction moved on since it was seen")
+    if not has_timed_out(meta, cmd.now_ms):
+        return refuse(meta, E.INVALID_TXN_STATE, "transaction has not timed out")
+    return fence_and_abort(meta, cmd.now_ms, cmd.coordinator_epoch, "timeout", config)
+
+
+def expirable(meta: TransactionMetadata, now_ms: int, config: FsmConfig) -> bool:
+    """Whether the id has been idle for transactional.id.expiration.ms."""
+    return (
+        meta.state in IDLE_STATES
+        and meta.pending_state is None
+        and meta.last_update_ms + config.transactional_id_expiration_ms <= now_ms
+    )
+
+
+def expire(meta: TransactionMetadata, now_ms: int) -> TransactionMetadata:
+    """Move an expirable id to Dead (the caller then removes it)."""
+    return transition(meta, S.DEAD, last_update_ms=now_ms)

@@ -1,0 +1,1 @@
+"""Marker writer: delivers COMMIT/ABORT markers to transaction participants (not built yet)."""

@@ -1,0 +1,1 @@
+"""Partition-log node: durable topic-partition logs (not built yet)."""

@@ -1,0 +1,1 @@
+"""Spark audit jobs over the replicated logs (not built yet)."""

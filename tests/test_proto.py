@@ -1,0 +1,179 @@
+"""The protocol contract: generated code is fresh, and enums, services and
+field presence are what DESIGN.md and Kafka users expect."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf.descriptor import FileDescriptor
+
+from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GENERATED_DIR = REPO_ROOT / "raftcoord" / "v1"
+DESIGN_MD = Path(__file__).resolve().parents[2] / "shared" / "DESIGN.md"
+
+# DESIGN.md section 4: Kafka's error codes, name -> number.
+ERROR_CODES: dict[str, int] = {
+    "NONE": 0,
+    "UNKNOWN_SERVER_ERROR": -1,
+    "CORRUPT_MESSAGE": 2,
+    "UNKNOWN_TOPIC_OR_PARTITION": 3,
+    "NOT_LEADER_OR_FOLLOWER": 6,
+    "REQUEST_TIMED_OUT": 7,
+    "COORDINATOR_LOAD_IN_PROGRESS": 14,
+    "COORDINATOR_NOT_AVAILABLE": 15,
+    "NOT_COORDINATOR": 16,
+    "INVALID_REQUEST": 42,
+    "OUT_OF_ORDER_SEQUENCE_NUMBER": 45,
+    "DUPLICATE_SEQUENCE_NUMBER": 46,
+    "INVALID_PRODUCER_EPOCH": 47,
+    "INVALID_TXN_STATE": 48,
+    "INVALID_PRODUCER_ID_MAPPING": 49,
+    "INVALID_TRANSACTION_TIMEOUT": 50,
+    "CONCURRENT_TRANSACTIONS": 51,
+    "TRANSACTION_COORDINATOR_FENCED": 52,
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
+    "UNKNOWN_PRODUCER_ID": 59,
+    "UNSTABLE_OFFSET_COMMIT": 88,
+    "PRODUCER_FENCED": 90,
+    "TRANSACTIONAL_ID_NOT_FOUND": 105,
+    "TRANSACTION_ABORTABLE": 120,
+}
+
+COORDINATOR_RPCS = {
+    "FindCoordinator",
+    "InitProducerId",
+    "AddPartitionsToTxn",
+    "AddOffsetsToTxn",
+    "EndTxn",
+    "TxnOffsetCommit",
+    "OffsetCommit",
+    "OffsetFetch",
+    "DescribeTransactions",
+    "ListTransactions",
+    "Metadata",
+    "CreateTopics",
+}
+PARTITION_LOG_RPCS = {"Produce", "Fetch", "ListOffsets", "WriteTxnMarkers"}
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "proto" / "generate.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"proto/generate.py failed:\n{result.stdout}{result.stderr}"
+    fresh = _files(tmp_path / "raftcoord" / "v1")
+    checked_in = _files(GENERATED_DIR)
+    hint = "raftcoord/v1 is stale: run `make proto` and commit the result"
+    assert sorted(checked_in) == sorted(fresh), hint
+    stale = [name for name in fresh if fresh[name] != checked_in[name]]
+    assert not stale, f"{hint} (differs: {', '.join(stale)})"
+
+
+def test_error_codes_match_kafka() -> None:
+    assert dict(common_pb2.ErrorCode.items()) == ERROR_CODES
+
+
+def _design_error_codes(text: str) -> dict[str, int]:
+    """The (code, name) pairs of the table in section 4 of DESIGN.md."""
+    match = re.search(r"^## 4\..*?(?=^## )", text, re.MULTILINE | re.DOTALL)
+    assert match, "DESIGN.md has no section 4"
+    codes: dict[str, int] = {}
+    for line in match.group(0).splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for code, name in zip(cells[::2], cells[1::2], strict=True):
+            if re.fullmatch(r"-?\d+", code):
+                assert name not in codes, f"{name} listed twice in DESIGN.md"
+                codes[name] = int(code)
+    return codes
+
+
+def test_error_code_literal_matches_design() -> None:
+    if not DESIGN_MD.is_file():
+        pytest.skip(f"{DESIGN_MD} not present")
+    assert _design_error_codes(DESIGN_MD.read_text(encoding="utf-8")) == ERROR_CODES
+
+
+def test_transaction_state_ids() -> None:
+    expected = [
+        "EMPTY",
+        "ONGOING",
+        "PREPARE_COMMIT",
+        "PREPARE_ABORT",
+        "COMPLETE_COMMIT",
+        "COMPLETE_ABORT",
+        "DEAD",
+        "PREPARE_EPOCH_FENCE",
+    ]
+    assert common_pb2.TransactionState.items() == [
+        (f"TRANSACTION_STATE_{name}", number) for number, name in enumerate(expected)
+    ]
+
+
+def test_kafka_enum_numbers() -> None:
+    assert dict(coordinator_pb2.KeyType.items()) == {"GROUP": 0, "TRANSACTION": 1}
+    assert dict(common_pb2.IsolationLevel.items()) == {"READ_UNCOMMITTED": 0, "READ_COMMITTED": 1}
+    assert dict(common_pb2.TransactionResult.items()) == {"ABORT": 0, "COMMIT": 1}
+
+
+@pytest.mark.parametrize(
+    ("file", "service", "rpcs"),
+    [
+        (coordinator_pb2.DESCRIPTOR, "TransactionCoordinator", COORDINATOR_RPCS),
+        (partition_log_pb2.DESCRIPTOR, "PartitionLog", PARTITION_LOG_RPCS),
+    ],
+)
+def test_service_methods(file: FileDescriptor, service: str, rpcs: set[str]) -> None:
+    descriptor = file.services_by_name[service]
+    assert set(descriptor.methods_by_name) == rpcs
+    for name, method in descriptor.methods_by_name.items():
+        assert not method.client_streaming and not method.server_streaming, name
+        assert method.input_type.name == f"{name}Request"
+        assert method.output_type.name == f"{name}Response"
+
+
+def test_produce_request_preserves_key_presence() -> None:
+    request = partition_log_pb2.ProduceRequest(
+        partitions=[
+            partition_log_pb2.PartitionProduceData(
+                topic="t",
+                partition=3,
+                batch=partition_log_pb2.RecordBatch(
+                    producer_id=-1,
+                    producer_epoch=-1,
+                    base_sequence=-1,
+                    records=[
+                        partition_log_pb2.Record(value=b"v"),
+                        partition_log_pb2.Record(key=b"", value=b""),
+                    ],
+                ),
+            )
+        ]
+    )
+    absent, empty = request.partitions[0].batch.records
+    assert absent.SerializeToString() != empty.SerializeToString()
+
+    decoded = partition_log_pb2.ProduceRequest.FromString(request.SerializeToString())
+    assert decoded == request
+    assert not decoded.HasField("transactional_id")
+    batch = decoded.partitions[0].batch
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (-1, -1, -1)
+    absent, empty = batch.records
+    assert not absent.HasField("key")
+    assert absent.HasField("value") and absent.value == b"v"
+    assert empty.HasField("key") and empty.key == b""
+    assert empty.HasField("value") and empty.value == b""
