@@ -242,7 +242,7 @@ class TransactionStateMachine:
         """
         meta = self.state.transactions.get(command.transactional_id)
         if isinstance(command, EndTxn):
-            return txn.end_txn_needs_producer_id(meta, self.config)
+            return txn.end_txn_needs_producer_id(meta, command, self.config)
         return meta is None or self.config.epoch_exhausted(meta.producer_epoch)
 
     def timed_out(self, now_ms: int) -> list[AbortTimedOut]:

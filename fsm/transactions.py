@@ -339,10 +339,13 @@ def _add_participants(
 # --- EndTxn -------------------------------------------------------------------------
 
 
-def end_txn_needs_producer_id(meta: TransactionMetadata | None, config: FsmConfig) -> bool:
-    """Whether an EndTxn now would rotate the producer id (epoch exhausted)."""
+def end_txn_needs_producer_id(
+    meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig
+) -> bool:
+    """Whether ``cmd`` applied now would rotate the producer id (epoch exhausted)."""
     return (
         meta is not None
+        and (cmd.producer_id, cmd.producer_epoch) == (meta.producer_id, meta.producer_epoch)
         and meta.state in IDLE_STATES | {S.ONGOING}
         and config.epoch_exhausted(meta.producer_epoch + 1)
     )

@@ -1,0 +1,312 @@
+"""Scenario tests of the transaction handlers (Kafka semantics, KIP-360, KIP-890)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsm import (
+    AddPartitions,
+    EndTxn,
+    FsmConfig,
+    GroupMarker,
+    InitProducerId,
+    MarkersWritten,
+    OffsetCommit,
+    OffsetEntry,
+    ProducerFenced,
+    TxnState,
+    WriteMarkers,
+)
+from fsm.errors import ErrorCode
+
+from tests.fsm_driver import Leader
+
+S = TxnState
+E = ErrorCode
+
+
+def markers_of(outcome_effects: tuple[object, ...]) -> WriteMarkers:
+    (markers,) = [e for e in outcome_effects if isinstance(e, WriteMarkers)]
+    return markers
+
+
+def test_commit_across_partitions_and_group_offsets() -> None:
+    leader = Leader.new()
+    init = leader.init("tx")
+    assert init.ok and init.producer_epoch == 0
+    pid = init.producer_id
+    assert leader.add("tx", pid, 0, ("a", 0), ("b", 1)).ok
+    assert leader.add("tx", pid, 0, ("a", 0)).ok  # idempotent
+    assert leader.add_offsets("tx", pid, 0, "g").ok
+    assert leader.offsets("g", "tx", pid, 0, ("in", 0, 42)).ok
+    [unstable] = leader.machine.offset_fetch("g", [("in", 0)])
+    assert unstable.error is E.UNSTABLE_OFFSET_COMMIT
+    [plain] = leader.machine.offset_fetch("g", [("in", 0)], require_stable=False)
+    assert (plain.error, plain.offset) == (E.NONE, -1)
+
+    end = leader.end("tx", pid, 0, commit=True)
+    assert end.ok and (end.producer_id, end.producer_epoch) == (pid, 1)
+    markers = markers_of(end.effects)
+    assert markers.commit and markers.producer_epoch == 1  # strictly above the data epoch 0
+    assert markers.partitions == (("a", 0), ("b", 1)) and markers.groups == ("g",)
+    assert leader.machine.pending_markers() == [markers]
+    assert leader.machine.describe("tx").state is S.PREPARE_COMMIT  # type: ignore[union-attr]
+
+    for outcome in leader.deliver(markers):
+        assert outcome.ok
+    meta = leader.machine.describe("tx")
+    assert meta is not None and meta.state is S.COMPLETE_COMMIT and not meta.has_participants
+    [stable] = leader.machine.offset_fetch("g", [("in", 0)])
+    assert (stable.error, stable.offset) == (E.NONE, 42)
+    assert leader.machine.pending_markers() == []
+    # The next transaction uses the bumped epoch.
+    assert leader.add("tx", pid, 1, ("a", 0)).ok
+    assert leader.add("tx", pid, 0, ("a", 0)).error is E.PRODUCER_FENCED
+
+
+def test_markers_acknowledged_in_parts() -> None:
+    leader = Leader.new()
+    pid = leader.init("tx").producer_id
+    leader.add("tx", pid, 0, ("a", 0), ("b", 0))
+    markers = markers_of(leader.end("tx", pid, 0, commit=False).effects)
+    assert not markers.commit
+    half = leader.apply(MarkersWritten("tx", pid, 1, (("a", 0),), (), leader.now_ms))
+    assert half.ok and leader.machine.describe("tx").state is S.PREPARE_ABORT  # type: ignore[union-attr]
+    # A repeated acknowledgement is a no-op; a stale identity is refused.
+    assert leader.apply(MarkersWritten("tx", pid, 1, (("a", 0),), (), leader.now_ms)).ok
+    stale = leader.apply(MarkersWritten("tx", pid, 0, (("b", 0),), (), leader.now_ms))
+    assert stale.error is E.INVALID_TXN_STATE
+    done = leader.apply(MarkersWritten("tx", pid, 1, (("b", 0),), (), leader.now_ms))
+    assert done.ok and leader.machine.describe("tx").state is S.COMPLETE_ABORT  # type: ignore[union-attr]
+
+
+def test_zombie_is_fenced_and_its_open_transaction_aborted() -> None:
+    leader = Leader.new()
+    old = leader.init("tx")
+    pid = old.producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    leader.tick()
+    second = leader.init("tx")  # a new instance with the same transactional.id
+    assert second.error is E.CONCURRENT_TRANSACTIONS
+    fenced = [e for e in second.effects if isinstance(e, ProducerFenced)]
+    assert fenced and (fenced[0].old_epoch, fenced[0].new_epoch) == (0, 1)
+    markers = markers_of(second.effects)
+    assert not markers.commit and markers.producer_epoch == 1
+    # The zombie can neither commit nor add.
+    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
+    assert leader.add("tx", pid, 0, ("b", 0)).error is E.PRODUCER_FENCED
+    leader.deliver_all()
+    assert leader.add("tx", pid, 0, ("b", 0)).error is E.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
+    retry = leader.init("tx")
+    assert retry.ok and (retry.producer_id, retry.producer_epoch) == (pid, 2)
+
+
+def test_kip360_recovery_with_expected_id_and_epoch() -> None:
+    leader = Leader.new()
+    first = leader.init("tx")
+    pid = first.producer_id
+    bumped = leader.init("tx", expected=(pid, 0))
+    assert bumped.ok and bumped.producer_epoch == 1
+    # A retry of that same request (response lost) gets the same answer, no second bump.
+    again = leader.init("tx", expected=(pid, 0))
+    assert again.ok and again.producer_epoch == 1
+    assert leader.machine.describe("tx").producer_epoch == 1  # type: ignore[union-attr]
+    assert leader.init("tx", expected=(pid, 5)).error is E.PRODUCER_FENCED
+    assert leader.init("tx", expected=(pid + 77, 1)).error is E.PRODUCER_FENCED
+    before = leader.machine.snapshot()
+    half = leader.apply(InitProducerId("tx", 1000, leader.now_ms, 1, -1, pid, -1))
+    assert half.error is E.INVALID_REQUEST and leader.machine.snapshot() == before
+
+
+def test_epoch_exhaustion_rotates_on_init() -> None:
+    leader = Leader.new(FsmConfig(max_producer_epoch=4))
+    pid = leader.init("tx").producer_id
+    epochs = [leader.init("tx").producer_epoch for _ in range(3)]
+    assert epochs == [1, 2, 3]  # 3 = max - 1 is exhausted
+    rotated = leader.init("tx")
+    assert rotated.ok and rotated.producer_id != pid and rotated.producer_epoch == 0
+    meta = leader.machine.describe("tx")
+    assert meta is not None and (meta.last_producer_id, meta.last_producer_epoch) == (pid, 3)
+    # KIP-360: the old producer retrying with its exhausted epoch gets the new id.
+    retry = leader.init("tx", expected=(pid, 3))
+    assert retry.ok and (retry.producer_id, retry.producer_epoch) == (rotated.producer_id, 0)
+
+
+def test_epoch_exhaustion_rotates_on_end_txn() -> None:
+    leader = Leader.new(FsmConfig(max_producer_epoch=4))
+    pid = leader.init("tx").producer_id
+    leader.init("tx")  # epoch 1
+    leader.add("tx", pid, 1, ("a", 0))
+    end = leader.end("tx", pid, 1, commit=True)  # marker epoch 2 = max - 2: no rotation
+    assert end.ok and (end.producer_id, end.producer_epoch) == (pid, 2)
+    leader.deliver_all()
+    leader.add("tx", pid, 2, ("a", 0))
+    end = leader.end("tx", pid, 2, commit=True)  # next epoch 3 is exhausted: rotate
+    new_pid = end.producer_id
+    assert end.ok and new_pid != pid and end.producer_epoch == 0
+    markers = markers_of(end.effects)
+    assert (markers.producer_id, markers.producer_epoch) == (pid, 3)
+    # While the markers are written, the new identity is told to wait.
+    assert leader.add("tx", new_pid, 0, ("a", 0)).error is E.CONCURRENT_TRANSACTIONS
+    leader.deliver_all()
+    retry = leader.end("tx", pid, 2, commit=True)
+    assert retry.ok and (retry.producer_id, retry.producer_epoch) == (new_pid, 0)
+    assert leader.add("tx", new_pid, 0, ("a", 0)).ok
+
+
+def test_end_txn_without_a_stamped_id_when_rotation_is_due() -> None:
+    leader = Leader.new(FsmConfig(max_producer_epoch=2))
+    pid = leader.init("tx").producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    assert leader.machine.needs_new_producer_id(EndTxn("tx", pid, 0, True, 0, 1))
+    before = leader.machine.snapshot()
+    outcome = leader.apply(EndTxn("tx", pid, 0, True, leader.now_ms, 1))
+    assert outcome.error is E.CONCURRENT_TRANSACTIONS and leader.machine.snapshot() == before
+
+
+def test_timeout_abort_fences_the_producer() -> None:
+    leader = Leader.new()
+    pid = leader.init("tx", timeout_ms=5_000).producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    leader.tick(5_000)
+    assert leader.sweep_timeouts() == []  # exactly at the timeout: not yet
+    leader.tick(1)
+    [aborted] = leader.sweep_timeouts()
+    assert aborted.ok
+    assert [e.reason for e in aborted.effects if isinstance(e, ProducerFenced)] == ["timeout"]
+    assert markers_of(aborted.effects).producer_epoch == 1
+    leader.deliver_all()
+    assert leader.machine.describe("tx").state is S.COMPLETE_ABORT  # type: ignore[union-attr]
+    # The zombie learns it was fenced, not that its retry succeeded.
+    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=False).error is E.PRODUCER_FENCED
+    assert leader.add("tx", pid, 0, ("a", 0)).error is E.PRODUCER_FENCED
+
+
+def test_stale_timeout_abort_changes_nothing() -> None:
+    leader = Leader.new()
+    pid = leader.init("tx", timeout_ms=5_000).producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    leader.tick(10_000)
+    [candidate] = leader.machine.timed_out(leader.now_ms)
+    leader.end("tx", pid, 0, commit=True)  # the producer won the race
+    before = leader.machine.snapshot()
+    late = leader.apply(candidate)
+    assert late.error is E.PRODUCER_FENCED and leader.machine.snapshot() == before
+
+
+def test_transactional_id_expiration() -> None:
+    leader = Leader.new(FsmConfig(transactional_id_expiration_ms=1_000))
+    idle_pid = leader.init("idle").producer_id
+    busy_pid = leader.init("busy").producer_id
+    leader.add("busy", busy_pid, 0, ("a", 0))
+    leader.tick(999)
+    assert leader.machine.expirable_ids(leader.now_ms) == []
+    leader.tick(1)
+    assert leader.machine.expirable_ids(leader.now_ms) == ["idle"]
+    outcome = leader.expire()
+    assert outcome.expired == ("idle",)
+    assert [(e.from_state, e.to_state) for e in outcome.effects] == [(S.EMPTY, S.DEAD)]
+    assert leader.machine.describe("idle") is None and leader.machine.describe("busy")
+    # The id starts over with a fresh producer id; the old one is never reused.
+    again = leader.init("idle")
+    assert again.ok and again.producer_id > busy_pid > idle_pid
+
+
+def test_duplicate_marker_never_closes_the_next_transactions_offsets() -> None:
+    leader = Leader.new()
+    pid = leader.init("tx").producer_id
+    leader.add_offsets("tx", pid, 0, "g")
+    leader.offsets("g", "tx", pid, 0, ("in", 0, 10))
+    first = markers_of(leader.end("tx", pid, 0, commit=True).effects)
+    leader.deliver(first)
+    # Next transaction (epoch 1) commits offsets, then aborts; a late copy of
+    # the first transaction's COMMIT marker (epoch 1) arrives in between.
+    leader.add_offsets("tx", pid, 1, "g")
+    leader.offsets("g", "tx", pid, 1, ("in", 0, 20))
+    assert leader.apply(GroupMarker("g", pid, 1, True, leader.now_ms)).ok
+    [pending] = leader.machine.offset_fetch("g", [("in", 0)])
+    assert pending.error is E.UNSTABLE_OFFSET_COMMIT
+    second = markers_of(leader.end("tx", pid, 1, commit=False).effects)
+    leader.deliver(second)
+    [fetched] = leader.machine.offset_fetch("g", [("in", 0)])
+    assert (fetched.error, fetched.offset) == (E.NONE, 10)  # the aborted 20 was dropped
+    # A zombie offset commit with an old epoch is fenced.
+    assert leader.offsets("g", "tx", pid, 1, ("in", 0, 99)).error is E.PRODUCER_FENCED
+
+
+def test_plain_offset_commit_and_fetch_all() -> None:
+    leader = Leader.new()
+    commit = OffsetCommit("g", (OffsetEntry("in", 0, 5, "m"), OffsetEntry("in", 1, 7, "")), 1)
+    assert leader.apply(commit).ok
+    fetched = leader.machine.offset_fetch("g")
+    assert [(f.topic, f.partition, f.offset, f.metadata) for f in fetched] == [
+        ("in", 0, 5, "m"), ("in", 1, 7, ""),
+    ]
+    assert [f.offset for f in leader.machine.offset_fetch("other", [("in", 0)])] == [-1]
+
+
+@pytest.mark.parametrize(
+    ("command", "error"),
+    [
+        (InitProducerId("", 1000, 1, 1, 0), E.INVALID_REQUEST),
+        (InitProducerId("tx", 0, 1, 1, 0), E.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("tx", -5, 1, 1, 0), E.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("tx", 900_001, 1, 1, 0), E.INVALID_TRANSACTION_TIMEOUT),
+        (AddPartitions("tx", 0, 0, (), 1, 1), E.INVALID_REQUEST),
+        (AddPartitions("tx", 0, 0, (("", 0),), 1, 1), E.INVALID_REQUEST),
+        (AddPartitions("tx", 0, 0, (("a", -1),), 1, 1), E.INVALID_REQUEST),
+        (AddPartitions("tx", 0, 0, tuple(("a", i) for i in range(10_001)), 1, 1), E.INVALID_REQUEST),
+        (AddPartitions("unknown", 0, 0, (("a", 0),), 1, 1), E.INVALID_PRODUCER_ID_MAPPING),
+        (EndTxn("unknown", 0, 0, True, 1, 1), E.INVALID_PRODUCER_ID_MAPPING),
+        (OffsetCommit("g", (OffsetEntry("in", 0, -1, ""),), 1), E.INVALID_REQUEST),
+        (OffsetCommit("", (OffsetEntry("in", 0, 1, ""),), 1), E.INVALID_REQUEST),
+        (GroupMarker("g", -1, 0, True, 1), E.INVALID_REQUEST),
+    ],
+)
+def test_bad_input_is_refused_and_changes_nothing(command: object, error: ErrorCode) -> None:
+    leader = Leader.new()
+    pid = leader.init("tx").producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    before = leader.machine.snapshot()
+    outcome = leader.machine.apply(command)  # type: ignore[arg-type]
+    assert outcome.error is error
+    assert outcome.message
+    assert leader.machine.snapshot() == before
+
+
+def test_list_and_describe() -> None:
+    leader = Leader.new()
+    a = leader.init("a").producer_id
+    b = leader.init("b").producer_id
+    leader.add("a", a, 0, ("t", 0))
+    leader.tick(500)
+    rows = leader.machine.list_transactions(leader.now_ms)
+    assert [(r.transactional_id, r.state, r.duration_ms) for r in rows] == [
+        ("a", S.ONGOING, 500), ("b", S.EMPTY, -1),
+    ]
+    assert [r.transactional_id for r in leader.machine.list_transactions(
+        leader.now_ms, states=[S.EMPTY])] == ["b"]
+    assert [r.transactional_id for r in leader.machine.list_transactions(
+        leader.now_ms, producer_ids=[b])] == ["b"]
+    assert [r.transactional_id for r in leader.machine.list_transactions(
+        leader.now_ms, min_duration_ms=499)] == ["a"]
+    assert leader.machine.list_transactions(leader.now_ms, min_duration_ms=500) == []
+    assert leader.machine.describe("nope") is None
+
+
+def test_fenced_epoch_is_never_taken_for_a_retry() -> None:
+    leader = Leader.new()
+    pid = leader.init("tx", timeout_ms=1_000).producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    leader.end("tx", pid, 0, commit=True)  # epoch 0 ended: (pid, 0) is the retry identity
+    leader.deliver_all()
+    leader.add("tx", pid, 1, ("a", 0))
+    leader.tick(2_000)
+    [aborted] = leader.sweep_timeouts()
+    assert aborted.ok
+    leader.deliver_all()
+    # A late retry of the first transaction's EndTxn no longer passes for a retry.
+    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
+    assert leader.end("tx", pid, 1, commit=True).error is E.PRODUCER_FENCED

@@ -1,0 +1,236 @@
+"""The state table, pair by pair, and every (state, event) pair of the handlers.
+
+Expected outcomes are written out here from Kafka's TransactionCoordinator
+semantics (DESIGN.md sections 2-3), independently of the handler code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from fsm import (
+    AbortTimedOut,
+    AddOffsets,
+    AddPartitions,
+    Command,
+    EndTxn,
+    ExpireTransactionalIds,
+    FsmConfig,
+    IllegalTransition,
+    InitProducerId,
+    MarkersWritten,
+    TransactionMetadata,
+    TransactionStateMachine,
+    Transition,
+    TxnState,
+    VALID_PREVIOUS,
+    transition,
+)
+from fsm.errors import ErrorCode
+from fsm.states import COMPLETION_OF
+
+S = TxnState
+E = ErrorCode
+
+# DESIGN.md section 3, "may be entered from", copied as data.
+DESIGN_TABLE = {
+    S.EMPTY: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
+    S.ONGOING: {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
+    S.PREPARE_COMMIT: {S.ONGOING},
+    S.PREPARE_ABORT: {S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
+    S.COMPLETE_COMMIT: {S.PREPARE_COMMIT},
+    S.COMPLETE_ABORT: {S.PREPARE_ABORT},
+    S.DEAD: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
+    S.PREPARE_EPOCH_FENCE: {S.ONGOING},
+}
+
+
+def test_table_is_the_design_table() -> None:
+    assert {k: set(v) for k, v in VALID_PREVIOUS.items()} == DESIGN_TABLE
+    assert [int(s) for s in S] == list(range(8))
+
+
+def meta_in(state: TxnState) -> TransactionMetadata:
+    return TransactionMetadata(
+        transactional_id="t", producer_id=5, producer_epoch=3, state=state,
+        timeout_ms=60_000, last_update_ms=1_000,
+    )
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(S, S)))
+def test_transition_pair(source: TxnState, target: TxnState) -> None:
+    before = meta_in(source)
+    if source in DESIGN_TABLE[target]:
+        after = transition(before, target, last_update_ms=2_000)
+        assert after.state is target
+        assert after.last_update_ms == 2_000
+        assert after.pending_state == COMPLETION_OF.get(target)
+    else:
+        with pytest.raises(IllegalTransition):
+            transition(before, target, last_update_ms=2_000)
+    assert before == meta_in(source)  # never mutated
+
+
+# --- every (state, event) pair through the machine ------------------------------------
+
+PID, EPOCH, NOW = 5, 3, 10_000_000
+FRESH_PID = 6  # granted and above the last assigned id
+
+
+def machine_with(state: TxnState) -> TransactionStateMachine:
+    """A shard holding transactional.id "t" in ``state`` with producer (5, 3).
+
+    Prepare* and Complete* look as after an EndTxn from epoch 2 (so (5, 2)
+    is the retry identity); Ongoing and Prepare* have one partition.
+    """
+    machine = TransactionStateMachine(0, 1, FsmConfig(transactional_id_expiration_ms=1_000))
+    machine.state.pids.allocate()  # ids 0..999 granted
+    machine.state.last_assigned_pid = PID
+    meta = replace(meta_in(state), txn_start_ms=1_000)
+    if state in (S.ONGOING, S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
+        meta = replace(meta, partitions=frozenset({("a", 0)}))
+    if state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
+        meta = replace(meta, last_producer_id=PID, last_producer_epoch=EPOCH - 1)
+    meta = replace(meta, pending_state=COMPLETION_OF.get(state))
+    machine.state.transactions["t"] = meta
+    return machine
+
+
+def events(pid: int = PID, epoch: int = EPOCH) -> dict[str, Command]:
+    return {
+        "init": InitProducerId("t", 30_000, NOW, 2, FRESH_PID),
+        "add_partitions": AddPartitions("t", pid, epoch, (("b", 1),), NOW, 2),
+        "add_offsets": AddOffsets("t", pid, epoch, "g", NOW, 2),
+        "end_commit": EndTxn("t", pid, epoch, True, NOW, 2),
+        "end_abort": EndTxn("t", pid, epoch, False, NOW, 2),
+        "markers": MarkersWritten("t", pid, epoch, (("a", 0),), (), NOW),
+        "timeout": AbortTimedOut("t", pid, epoch, NOW, 2),
+        "expire": ExpireTransactionalIds(("t",), NOW),
+    }
+
+
+OK, UNCHANGED, GONE = E.NONE, None, "gone"
+C, I, F = E.CONCURRENT_TRANSACTIONS, E.INVALID_TXN_STATE, E.PRODUCER_FENCED
+
+# (state, event) -> (error, state afterwards: a TxnState, UNCHANGED or GONE)
+EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
+    S.EMPTY: {
+        "init": (OK, S.EMPTY), "add_partitions": (OK, S.ONGOING), "add_offsets": (OK, S.ONGOING),
+        "end_commit": (I, UNCHANGED), "end_abort": (OK, S.COMPLETE_ABORT),
+        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, GONE),
+    },
+    S.ONGOING: {
+        # InitProducerId fences and aborts the open transaction, then says "retry".
+        "init": (C, S.PREPARE_ABORT), "add_partitions": (OK, S.ONGOING),
+        "add_offsets": (OK, S.ONGOING), "end_commit": (OK, S.PREPARE_COMMIT),
+        "end_abort": (OK, S.PREPARE_ABORT), "markers": (I, UNCHANGED),
+        "timeout": (OK, S.PREPARE_ABORT), "expire": (OK, UNCHANGED),
+    },
+    S.PREPARE_COMMIT: {
+        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
+        "end_commit": (C, UNCHANGED), "end_abort": (I, UNCHANGED),
+        "markers": (OK, S.COMPLETE_COMMIT), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+    },
+    S.PREPARE_ABORT: {
+        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
+        "end_commit": (I, UNCHANGED), "end_abort": (C, UNCHANGED),
+        "markers": (OK, S.COMPLETE_ABORT), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+    },
+    S.COMPLETE_COMMIT: {
+        "init": (OK, S.EMPTY), "add_partitions": (OK, S.ONGOING), "add_offsets": (OK, S.ONGOING),
+        "end_commit": (I, UNCHANGED), "end_abort": (OK, S.COMPLETE_ABORT),
+        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, GONE),
+    },
+    S.COMPLETE_ABORT: {
+        "init": (OK, S.EMPTY), "add_partitions": (OK, S.ONGOING), "add_offsets": (OK, S.ONGOING),
+        "end_commit": (I, UNCHANGED), "end_abort": (OK, S.COMPLETE_ABORT),
+        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, GONE),
+    },
+    # Dead and PrepareEpochFence never outlive one command; found anyway, they are busy.
+    S.DEAD: {
+        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
+        "end_commit": (C, UNCHANGED), "end_abort": (C, UNCHANGED),
+        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+    },
+    S.PREPARE_EPOCH_FENCE: {
+        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
+        "end_commit": (C, UNCHANGED), "end_abort": (C, UNCHANGED),
+        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+    },
+}
+
+# The same events carrying the retry identity (5, 2) of the transaction that ended.
+EXPECTED_RETRY: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
+    S.PREPARE_COMMIT: {"end_commit": (C, UNCHANGED), "end_abort": (I, UNCHANGED),
+                       "add_partitions": (F, UNCHANGED)},
+    S.PREPARE_ABORT: {"end_commit": (I, UNCHANGED), "end_abort": (C, UNCHANGED),
+                      "add_partitions": (F, UNCHANGED)},
+    S.COMPLETE_COMMIT: {"end_commit": (OK, UNCHANGED), "end_abort": (I, UNCHANGED),
+                        "add_partitions": (F, UNCHANGED)},
+    S.COMPLETE_ABORT: {"end_commit": (I, UNCHANGED), "end_abort": (OK, UNCHANGED),
+                       "add_partitions": (F, UNCHANGED)},
+    S.ONGOING: {"end_commit": (F, UNCHANGED), "add_partitions": (F, UNCHANGED),
+                "timeout": (F, UNCHANGED), "markers": (I, UNCHANGED)},
+    S.EMPTY: {"end_abort": (F, UNCHANGED), "add_offsets": (F, UNCHANGED)},
+}
+
+# A producer id the shard never gave to "t".
+EXPECTED_WRONG_PID: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
+    state: {
+        "add_partitions": (E.INVALID_PRODUCER_ID_MAPPING, UNCHANGED),
+        "end_commit": (E.INVALID_PRODUCER_ID_MAPPING, UNCHANGED),
+    }
+    for state in (S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
+}
+
+
+def _cases(
+    table: dict[TxnState, dict[str, tuple[ErrorCode, object]]], pid: int, epoch: int
+) -> list[tuple[TxnState, str, int, int, ErrorCode, object]]:
+    return [
+        (state, event, pid, epoch, error, after)
+        for state, row in table.items()
+        for event, (error, after) in row.items()
+    ]
+
+
+CASES = (
+    _cases(EXPECTED, PID, EPOCH)
+    + _cases(EXPECTED_RETRY, PID, EPOCH - 1)
+    + _cases(EXPECTED_WRONG_PID, 9, EPOCH)
+)
+
+
+def test_every_state_event_pair_is_covered() -> None:
+    assert set(EXPECTED) == set(S)
+    for row in EXPECTED.values():
+        assert set(row) == set(events())
+
+
+@pytest.mark.parametrize(
+    ("state", "event", "pid", "epoch", "error", "after"),
+    CASES,
+    ids=[f"{s.name}-{e}-{p}.{ep}" for s, e, p, ep, _, _ in CASES],
+)
+def test_state_event(
+    state: TxnState, event: str, pid: int, epoch: int, error: ErrorCode, after: object
+) -> None:
+    machine = machine_with(state)
+    before = machine.snapshot()
+    outcome = machine.apply(events(pid, epoch)[event])
+    assert outcome.error is error, outcome
+    meta = machine.describe("t")
+    if after is UNCHANGED:
+        assert machine.snapshot() == before, "a refused or idempotent event changed the state"
+        assert not [e for e in outcome.effects if isinstance(e, Transition)]
+    elif after is GONE:
+        assert meta is None
+        assert outcome.expired == ("t",)
+    else:
+        assert meta is not None and meta.state is after
+    for effect in outcome.effects:
+        if isinstance(effect, Transition) and effect.from_state is not None:
+            assert effect.from_state in DESIGN_TABLE[effect.to_state]
