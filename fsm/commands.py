@@ -23,10 +23,10 @@ import msgpack
 
 from fsm.errors import CommandError
 from fsm.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
+from fsm.wire import as_bool, as_int, as_list, as_str, check_version
 
 COMMAND_VERSION = 1
 ENTRY_VERSION = 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class OffsetEntry(NamedTuple):
@@ -205,52 +205,24 @@ COMMAND_TYPES: dict[int, type[Command]] = {
 }
 
 
-def _int(value: Any) -> int:
-    if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
-        raise CommandError(f"expected a 64-bit integer, got {value!r}")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if type(value) is not bool:
-        raise CommandError(f"expected a boolean, got {value!r}")
-    return value
-
-
-def _str(value: Any) -> str:
-    if type(value) is not str:
-        raise CommandError(f"expected a string, got {value!r}")
-    return value
-
-
-def _seq(value: Any, arity: int | None) -> list[Any]:
-    if not isinstance(value, list | tuple):
-        raise CommandError(f"expected a list, got {value!r}")
-    if arity is not None:
-        for item in value:
-            if not isinstance(item, list | tuple) or len(item) != arity:
-                raise CommandError(f"expected {arity}-element items, got {item!r}")
-    return list(value)
-
-
 def _partitions(value: Any) -> tuple[TopicPartition, ...]:
-    return tuple((_str(t), _int(p)) for t, p in _seq(value, 2))
+    return tuple((as_str(t), as_int(p)) for t, p in as_list(value, 2))
 
 
 def _strs(value: Any) -> tuple[str, ...]:
-    return tuple(_str(v) for v in _seq(value, None))
+    return tuple(as_str(v) for v in as_list(value))
 
 
 def _offsets(value: Any) -> tuple[OffsetEntry, ...]:
     return tuple(
-        OffsetEntry(_str(t), _int(p), _int(o), _str(m)) for t, p, o, m in _seq(value, 4)
+        OffsetEntry(as_str(t), as_int(p), as_int(o), as_str(m)) for t, p, o, m in as_list(value, 4)
     )
 
 
 _DECODERS: dict[Any, Any] = {
-    int: _int,
-    bool: _bool,
-    str: _str,
+    int: as_int,
+    bool: as_bool,
+    str: as_str,
     tuple[TopicPartition, ...]: _partitions,
     tuple[str, ...]: _strs,
     tuple[OffsetEntry, ...]: _offsets,
@@ -285,8 +257,7 @@ def command_from_wire(wire: Any) -> Command:
     """
     if not isinstance(wire, dict):
         raise CommandError(f"a command must be a map, got {type(wire).__name__}")
-    if wire.get("v") != COMMAND_VERSION:
-        raise CommandError(f"unknown command version {wire.get('v')!r}")
+    check_version(wire.get("v"), COMMAND_VERSION, "command")
     type_id = wire.get("t")
     cls = COMMAND_TYPES.get(type_id) if type(type_id) is int else None
     if cls is None:
@@ -296,12 +267,13 @@ def command_from_wire(wire: Any) -> Command:
     if names != set(schema):
         missing, extra = sorted(set(schema) - names), sorted(names - set(schema))
         raise CommandError(f"{cls.__name__}: missing fields {missing}, unknown fields {extra}")
-    try:
-        return cls(**{name: decode(wire[name]) for name, decode in schema.items()})
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, CommandError):
-            raise
-        raise CommandError(f"{cls.__name__}: {exc}") from exc
+    fields = {}
+    for name, decode in schema.items():
+        try:
+            fields[name] = decode(wire[name])
+        except CommandError as exc:
+            raise CommandError(f"{cls.__name__}.{name}: {exc}") from exc
+    return cls(**fields)
 
 
 def encode_command(command: Command) -> bytes:
@@ -333,8 +305,7 @@ def decode_entry(data: bytes) -> list[Command | CommandError]:
     payload = _unpack(data)
     if not isinstance(payload, dict) or set(payload) != {"v", "cmds"}:
         raise CommandError("an entry must be a map with the keys 'v' and 'cmds'")
-    if payload["v"] != ENTRY_VERSION:
-        raise CommandError(f"unknown entry version {payload['v']!r}")
+    check_version(payload["v"], ENTRY_VERSION, "entry")
     if not isinstance(payload["cmds"], list):
         raise CommandError("an entry's 'cmds' must be a list")
     decoded: list[Command | CommandError] = []

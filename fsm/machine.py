@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 
@@ -31,6 +31,7 @@ from fsm.errors import CommandError, ErrorCode, IllegalTransition
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import PREPARE_STATES, TxnState
+from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
 SNAPSHOT_VERSION = 1
@@ -124,7 +125,10 @@ class TransactionStateMachine:
                 self.state.transactions.pop(transactional_id, None)
             else:
                 self.state.transactions[transactional_id] = after
-                if new_producer_id in (after.producer_id, after.next_producer_id):
+                if new_producer_id != NO_PRODUCER_ID and new_producer_id in (
+                    after.producer_id,
+                    after.next_producer_id,
+                ):
                     self.state.last_assigned_pid = new_producer_id
         return result.outcome
 
@@ -205,12 +209,15 @@ class TransactionStateMachine:
     def _allocate_pid_block(self, cmd: AllocatePidBlock) -> Outcome:
         layout = self.state.pids.layout
         if (cmd.shard, cmd.shard_count, cmd.block_size) != (
-            layout.shard, layout.shard_count, layout.block_size
+            layout.shard,
+            layout.shard_count,
+            layout.block_size,
         ):
             return fail(
                 E.INVALID_REQUEST,
-                f"block request for layout {(cmd.shard, cmd.shard_count, cmd.block_size)} "
-                f"does not match this shard's {(layout.shard, layout.shard_count, layout.block_size)}",
+                f"block request for shard {cmd.shard}/{cmd.shard_count} (block size "
+                f"{cmd.block_size}) does not match shard {layout.shard}/{layout.shard_count} "
+                f"(block size {layout.block_size})",
             )
         try:
             block = self.state.pids.allocate()
@@ -218,7 +225,7 @@ class TransactionStateMachine:
             return fail(E.UNKNOWN_SERVER_ERROR, str(exc))
         return Outcome(block_first=block.first, block_end=block.end)
 
-    _HANDLERS: dict[type[Command], Callable[[Any, Any], Outcome]] = {
+    _HANDLERS: ClassVar[dict[type[Command], Callable[[Any, Any], Outcome]]] = {
         InitProducerId: _init,
         AddPartitions: _add_partitions,
         AddOffsets: _add_offsets,
@@ -289,7 +296,9 @@ class TransactionStateMachine:
         rows = []
         for tid, meta in sorted(self.state.transactions.items()):
             open_ = meta.txn_start_ms >= 0 and meta.state not in (
-                TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT
+                TxnState.EMPTY,
+                TxnState.COMPLETE_COMMIT,
+                TxnState.COMPLETE_ABORT,
             )
             duration = now_ms - meta.txn_start_ms if open_ else -1
             if wanted_states and meta.state not in wanted_states:
@@ -308,7 +317,9 @@ class TransactionStateMachine:
         require_stable: bool = True,
     ) -> list[FetchedOffset]:
         """OffsetFetch for one group (see :func:`fsm.offsets.offset_fetch`)."""
-        return group_offsets.offset_fetch(self.state.groups.get(group_id), partitions, require_stable)
+        return group_offsets.offset_fetch(
+            self.state.groups.get(group_id), partitions, require_stable
+        )
 
     # --- snapshots -----------------------------------------------------------------
 
@@ -333,21 +344,25 @@ class TransactionStateMachine:
         """
         try:
             payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
-            if not isinstance(payload, dict) or payload.get("v") != SNAPSHOT_VERSION:
-                raise CommandError("unknown snapshot version")
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise CommandError(f"snapshot is not valid msgpack: {exc}") from exc
+        keys = {"v", "pids", "last_assigned_pid", "transactions", "groups"}
+        if not isinstance(payload, dict) or set(payload) != keys:
+            raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
+        check_version(payload["v"], SNAPSHOT_VERSION, "snapshot")
+        try:
             pids = PidBlockRecord.from_wire(payload["pids"])
-            machine = cls(pids.layout.shard, pids.layout.shard_count, config, pids.layout.block_size)
-            machine.state = ShardState(
-                pids=pids,
-                last_assigned_pid=int(payload["last_assigned_pid"]),
-                transactions={
-                    m.transactional_id: m
-                    for m in (TransactionMetadata.from_wire(w) for w in payload["transactions"])
-                },
-                groups={gid: GroupOffsets.from_wire(w) for gid, w in payload["groups"]},
-            )
-        except CommandError:
-            raise
-        except Exception as exc:  # any malformed field surfaces as one error type
-            raise CommandError(f"malformed snapshot: {exc}") from exc
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        transactions = [TransactionMetadata.from_wire(w) for w in as_list(payload["transactions"])]
+        groups = [
+            (as_str(gid), GroupOffsets.from_wire(w)) for gid, w in as_list(payload["groups"], 2)
+        ]
+        machine = cls(pids.layout.shard, pids.layout.shard_count, config, pids.layout.block_size)
+        machine.state = ShardState(
+            pids=pids,
+            last_assigned_pid=as_int(payload["last_assigned_pid"]),
+            transactions={m.transactional_id: m for m in transactions},
+            groups=dict(groups),
+        )
         return machine

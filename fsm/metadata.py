@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fsm.errors import IllegalTransition
+from fsm.errors import CommandError, IllegalTransition
 from fsm.states import COMPLETION_OF, TxnState, is_legal
+from fsm.wire import as_int, as_list, as_str
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -76,28 +77,45 @@ class TransactionMetadata:
         """Rebuild metadata from :meth:`to_wire` output.
 
         Raises:
-            ValueError: malformed data or an unknown state id.
+            CommandError: malformed data or an unknown state id.
         """
         if not isinstance(data, list) or len(data) != 14:
-            raise ValueError(f"malformed transaction metadata: {data!r}")
-        (txn_id, pid, epoch, state, timeout, updated, last_pid, last_epoch,
-         next_pid, pending, start, partitions, groups, coord_epoch) = data
-        return cls(
-            transactional_id=txn_id,
-            producer_id=pid,
-            producer_epoch=epoch,
-            state=TxnState(state),
-            timeout_ms=timeout,
-            last_update_ms=updated,
-            last_producer_id=last_pid,
-            last_producer_epoch=last_epoch,
-            next_producer_id=next_pid,
-            pending_state=None if pending == -1 else TxnState(pending),
-            txn_start_ms=start,
-            partitions=frozenset((t, p) for t, p in partitions),
-            groups=frozenset(groups),
-            coordinator_epoch=coord_epoch,
-        )
+            raise CommandError(f"malformed transaction metadata: {data!r}")
+        (
+            txn_id,
+            pid,
+            epoch,
+            state,
+            timeout,
+            updated,
+            last_pid,
+            last_epoch,
+            next_pid,
+            pending,
+            start,
+            partitions,
+            groups,
+            coord_epoch,
+        ) = data
+        try:
+            return cls(
+                transactional_id=as_str(txn_id),
+                producer_id=as_int(pid),
+                producer_epoch=as_int(epoch),
+                state=TxnState(as_int(state)),
+                timeout_ms=as_int(timeout),
+                last_update_ms=as_int(updated),
+                last_producer_id=as_int(last_pid),
+                last_producer_epoch=as_int(last_epoch),
+                next_producer_id=as_int(next_pid),
+                pending_state=None if as_int(pending) == -1 else TxnState(pending),
+                txn_start_ms=as_int(start),
+                partitions=frozenset((as_str(t), as_int(p)) for t, p in as_list(partitions, 2)),
+                groups=frozenset(as_str(g) for g in as_list(groups)),
+                coordinator_epoch=as_int(coord_epoch),
+            )
+        except ValueError as exc:  # an unknown state id
+            raise CommandError(f"malformed transaction metadata {data!r}: {exc}") from exc
 
 
 def transition(meta: TransactionMetadata, target: TxnState, **changes: Any) -> TransactionMetadata:
@@ -113,6 +131,6 @@ def transition(meta: TransactionMetadata, target: TxnState, **changes: Any) -> T
     """
     if not is_legal(meta.state, target):
         raise IllegalTransition(
-            f"{meta.transactional_id!r}: {meta.state.name} -> {target.name} is not a legal transition"
+            f"{meta.transactional_id!r}: {meta.state.name} -> {target.name} is not legal"
         )
     return replace(meta, state=target, pending_state=COMPLETION_OF.get(target), **changes)

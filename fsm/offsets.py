@@ -21,8 +21,9 @@ from typing import Any
 from fsm.commands import GroupMarker, OffsetCommit, OffsetEntry, TxnOffsetCommit
 from fsm.config import FsmConfig
 from fsm.effects import Outcome, fail
-from fsm.errors import ErrorCode
+from fsm.errors import CommandError, ErrorCode
 from fsm.metadata import TopicPartition
+from fsm.wire import as_int, as_list, as_str
 
 E = ErrorCode
 NO_OFFSET = -1
@@ -56,10 +57,20 @@ class GroupOffsets:
 
     def to_wire(self) -> list[Any]:
         return [
-            [[t, p, o.offset, o.metadata, o.commit_ms] for (t, p), o in sorted(self.committed.items())],
             [
-                [pid, po.producer_epoch, po.transactional_id,
-                 [[t, p, o.offset, o.metadata, o.commit_ms] for (t, p), o in sorted(po.offsets.items())]]
+                [t, p, o.offset, o.metadata, o.commit_ms]
+                for (t, p), o in sorted(self.committed.items())
+            ],
+            [
+                [
+                    pid,
+                    po.producer_epoch,
+                    po.transactional_id,
+                    [
+                        [t, p, o.offset, o.metadata, o.commit_ms]
+                        for (t, p), o in sorted(po.offsets.items())
+                    ],
+                ]
                 for pid, po in sorted(self.pending.items())
             ],
             sorted([pid, epoch] for pid, epoch in self.producer_epochs.items()),
@@ -70,23 +81,26 @@ class GroupOffsets:
         """Rebuild from :meth:`to_wire` output.
 
         Raises:
-            ValueError: malformed data.
+            CommandError: malformed data.
         """
-        if not isinstance(data, list) or len(data) != 3:
-            raise ValueError(f"malformed group offsets: {data!r}")
-        committed, pending, epochs = data
+        committed, pending, epochs = as_list(data) if len(as_list(data)) == 3 else ([], None, [])
+        if pending is None:
+            raise CommandError(f"malformed group offsets: {data!r}")
         return cls(
             committed=_offsets_from_wire(committed),
             pending={
-                pid: PendingOffsets(epoch, txn_id, _offsets_from_wire(offsets))
-                for pid, epoch, txn_id, offsets in pending
+                as_int(pid): PendingOffsets(as_int(epoch), as_str(txn_id), _offsets_from_wire(rows))
+                for pid, epoch, txn_id, rows in as_list(pending, 4)
             },
-            producer_epochs={pid: epoch for pid, epoch in epochs},
+            producer_epochs={as_int(pid): as_int(epoch) for pid, epoch in as_list(epochs, 2)},
         )
 
 
 def _offsets_from_wire(rows: Any) -> dict[TopicPartition, CommittedOffset]:
-    return {(t, p): CommittedOffset(o, m, ms) for t, p, o, m, ms in rows}
+    return {
+        (as_str(t), as_int(p)): CommittedOffset(as_int(o), as_str(m), as_int(ms))
+        for t, p, o, m, ms in as_list(rows, 5)
+    }
 
 
 def _validate(group_id: str, offsets: tuple[OffsetEntry, ...], config: FsmConfig) -> str | None:
@@ -200,7 +214,8 @@ def offset_fetch(
         found = current.committed.get((topic, partition))
         answers.append(
             FetchedOffset(
-                topic, partition,
+                topic,
+                partition,
                 NO_OFFSET if found is None else found.offset,
                 "" if found is None else found.metadata,
                 E.NONE,

@@ -59,9 +59,7 @@ def refuse(meta: TransactionMetadata | None, error: ErrorCode, message: str = ""
     return Step(meta, fail(error, message))
 
 
-def moved(
-    old: TransactionMetadata | None, new: TransactionMetadata, now_ms: int
-) -> Transition:
+def moved(old: TransactionMetadata | None, new: TransactionMetadata, now_ms: int) -> Transition:
     """The applied-transitions record of ``old`` becoming ``new``."""
     return Transition(
         transactional_id=new.transactional_id,
@@ -144,9 +142,7 @@ def init_producer_id(
     return _bump_idle(meta, cmd, config)
 
 
-def _expected_id_valid(
-    meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
-) -> bool:
+def _expected_id_valid(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig) -> bool:
     # KIP-360: the caller proves it is the current producer, or a retry of
     # the producer whose exhausted epoch made the id rotate.
     return cmd.expected_producer_id == meta.producer_id or (
@@ -178,7 +174,9 @@ def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
         return refuse(meta, E.PRODUCER_FENCED, "expected epoch is not the current one")
     if config.epoch_exhausted(meta.producer_epoch):
         if cmd.new_producer_id == NO_PRODUCER_ID:
-            return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
+            return refuse(
+                meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped"
+            )
         new = transition(
             meta,
             S.EMPTY,
@@ -195,20 +193,27 @@ def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
             producer_epoch=meta.producer_epoch + 1,
             last_producer_id=meta.producer_id,
             last_producer_epoch=(
-                NO_PRODUCER_EPOCH if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
+                NO_PRODUCER_EPOCH
+                if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
                 else meta.producer_epoch
             ),
             **common,
         )
     fenced = ProducerFenced(
-        meta.transactional_id, meta.producer_id, meta.producer_epoch, new.producer_epoch,
+        meta.transactional_id,
+        meta.producer_id,
+        meta.producer_epoch,
+        new.producer_epoch,
         "init_producer_id",
     )
     return Step(new, _answer(new, (fenced, moved(meta, new, cmd.now_ms))))
 
 
 def fence_and_abort(
-    meta: TransactionMetadata, now_ms: int, coordinator_epoch: int, reason: str,
+    meta: TransactionMetadata,
+    now_ms: int,
+    coordinator_epoch: int,
+    reason: str,
     config: FsmConfig,
 ) -> Step:
     """Ongoing → PrepareEpochFence → PrepareAbort: bump the epoch, abort.
@@ -232,8 +237,11 @@ def fence_and_abort(
     aborting = transition(fence, S.PREPARE_ABORT, last_update_ms=now_ms)
     effects: tuple[Effect, ...] = (
         ProducerFenced(
-            meta.transactional_id, meta.producer_id, meta.producer_epoch,
-            fence.producer_epoch, reason,
+            meta.transactional_id,
+            meta.producer_id,
+            meta.producer_epoch,
+            fence.producer_epoch,
+            reason,
         ),
         moved(meta, fence, now_ms),
         moved(fence, aborting, now_ms),
@@ -246,7 +254,9 @@ def _answer(meta: TransactionMetadata, effects: tuple[Effect, ...] = ()) -> Outc
     """Success, answering with the producer id/epoch the producer must use next."""
     if meta.next_producer_id != NO_PRODUCER_ID:
         return Outcome(producer_id=meta.next_producer_id, producer_epoch=0, effects=effects)
-    return Outcome(producer_id=meta.producer_id, producer_epoch=meta.producer_epoch, effects=effects)
+    return Outcome(
+        producer_id=meta.producer_id, producer_epoch=meta.producer_epoch, effects=effects
+    )
 
 
 # --- AddPartitionsToTxn / AddOffsetsToTxn --------------------------------------------
@@ -270,30 +280,33 @@ def check_producer(
     return E.NONE
 
 
-def validate_partitions(
-    partitions: tuple[TopicPartition, ...], config: FsmConfig
-) -> str | None:
+def validate_partitions(partitions: tuple[TopicPartition, ...], config: FsmConfig) -> str | None:
     """Why a partition list is malformed, or None."""
     if not partitions:
         return "no partitions given"
     if len(partitions) > config.max_partitions_per_request:
-        return f"{len(partitions)} partitions exceed the limit of {config.max_partitions_per_request}"
+        return (
+            f"{len(partitions)} partitions exceed the limit of {config.max_partitions_per_request}"
+        )
     for topic, partition in partitions:
         if not topic or not 0 <= partition <= INT32_MAX:
             return f"invalid topic-partition {topic!r}-{partition}"
     return None
 
 
-def add_partitions(
-    meta: TransactionMetadata | None, cmd: AddPartitions, config: FsmConfig
-) -> Step:
+def add_partitions(meta: TransactionMetadata | None, cmd: AddPartitions, config: FsmConfig) -> Step:
     """AddPartitionsToTxn: start or extend the transaction; idempotent."""
     problem = validate_partitions(cmd.partitions, config)
     if problem is not None:
         return refuse(meta, E.INVALID_REQUEST, problem)
     return _add_participants(
-        meta, cmd.producer_id, cmd.producer_epoch, frozenset(cmd.partitions), frozenset(),
-        cmd.now_ms, cmd.coordinator_epoch,
+        meta,
+        cmd.producer_id,
+        cmd.producer_epoch,
+        frozenset(cmd.partitions),
+        frozenset(),
+        cmd.now_ms,
+        cmd.coordinator_epoch,
     )
 
 
@@ -302,8 +315,13 @@ def add_offsets(meta: TransactionMetadata | None, cmd: AddOffsets, config: FsmCo
     if not cmd.group_id:
         return refuse(meta, E.INVALID_REQUEST, "group id must not be empty")
     return _add_participants(
-        meta, cmd.producer_id, cmd.producer_epoch, frozenset(), frozenset({cmd.group_id}),
-        cmd.now_ms, cmd.coordinator_epoch,
+        meta,
+        cmd.producer_id,
+        cmd.producer_epoch,
+        frozenset(),
+        frozenset({cmd.group_id}),
+        cmd.now_ms,
+        cmd.coordinator_epoch,
     )
 
 

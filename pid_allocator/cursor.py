@@ -82,4 +82,5 @@ class PidCursor:
         if not self._blocks:
             return True
         block_size = self._blocks[-1].size
-        return self.remaining() <= (1.0 - self._refill_ratio) * block_size
+        # Integer threshold: (1 - 0.9) * 10 is 0.999... in floating point.
+        return self.remaining() <= block_size - round(self._refill_ratio * block_size)

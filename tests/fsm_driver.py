@@ -41,7 +41,10 @@ class Leader:
 
     @classmethod
     def new(
-        cls, config: FsmConfig | None = None, shard: int = 0, shard_count: int = 1,
+        cls,
+        config: FsmConfig | None = None,
+        shard: int = 0,
+        shard_count: int = 1,
         block_size: int = 1000,
     ) -> Leader:
         return cls(TransactionStateMachine(shard, shard_count, config, block_size))
@@ -87,7 +90,9 @@ class Leader:
         pid = self.fresh_pid() if self.machine.needs_new_producer_id(probe) else -1
         exp_pid, exp_epoch = expected if expected is not None else (-1, -1)
         return self.apply(
-            InitProducerId(tid, timeout_ms, self.now_ms, self.coordinator_epoch, pid, exp_pid, exp_epoch)
+            InitProducerId(
+                tid, timeout_ms, self.now_ms, self.coordinator_epoch, pid, exp_pid, exp_epoch
+            )
         )
 
     def add(self, tid: str, pid: int, epoch: int, *partitions: tuple[str, int]) -> Outcome:
@@ -110,8 +115,12 @@ class Leader:
     ) -> Outcome:
         return self.apply(
             TxnOffsetCommit(
-                group, tid, pid, epoch,
-                tuple(OffsetEntry(t, p, o, "") for t, p, o in entries), self.now_ms,
+                group,
+                tid,
+                pid,
+                epoch,
+                tuple(OffsetEntry(t, p, o, "") for t, p, o in entries),
+                self.now_ms,
             )
         )
 
@@ -119,15 +128,21 @@ class Leader:
         """Deliver markers: group markers first, then the acknowledgement."""
         results = [
             self.apply(
-                GroupMarker(g, markers.producer_id, markers.producer_epoch, markers.commit, self.now_ms)
+                GroupMarker(
+                    g, markers.producer_id, markers.producer_epoch, markers.commit, self.now_ms
+                )
             )
             for g in markers.groups
         ]
         results.append(
             self.apply(
                 MarkersWritten(
-                    markers.transactional_id, markers.producer_id, markers.producer_epoch,
-                    markers.partitions, markers.groups, self.now_ms,
+                    markers.transactional_id,
+                    markers.producer_id,
+                    markers.producer_epoch,
+                    markers.partitions,
+                    markers.groups,
+                    self.now_ms,
                 )
             )
         )
@@ -142,7 +157,10 @@ class Leader:
         return [
             self.apply(
                 AbortTimedOut(
-                    c.transactional_id, c.producer_id, c.producer_epoch, c.now_ms,
+                    c.transactional_id,
+                    c.producer_id,
+                    c.producer_epoch,
+                    c.now_ms,
                     self.coordinator_epoch,
                 )
             )

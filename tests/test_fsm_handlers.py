@@ -18,7 +18,6 @@ from fsm import (
     WriteMarkers,
 )
 from fsm.errors import ErrorCode
-
 from tests.fsm_driver import Leader
 
 S = TxnState
@@ -242,7 +241,8 @@ def test_plain_offset_commit_and_fetch_all() -> None:
     assert leader.apply(commit).ok
     fetched = leader.machine.offset_fetch("g")
     assert [(f.topic, f.partition, f.offset, f.metadata) for f in fetched] == [
-        ("in", 0, 5, "m"), ("in", 1, 7, ""),
+        ("in", 0, 5, "m"),
+        ("in", 1, 7, ""),
     ]
     assert [f.offset for f in leader.machine.offset_fetch("other", [("in", 0)])] == [-1]
 
@@ -250,14 +250,17 @@ def test_plain_offset_commit_and_fetch_all() -> None:
 @pytest.mark.parametrize(
     ("command", "error"),
     [
-        (InitProducerId("", 1000, 1, 1, 0), E.INVALID_REQUEST),
-        (InitProducerId("tx", 0, 1, 1, 0), E.INVALID_TRANSACTION_TIMEOUT),
-        (InitProducerId("tx", -5, 1, 1, 0), E.INVALID_TRANSACTION_TIMEOUT),
-        (InitProducerId("tx", 900_001, 1, 1, 0), E.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("", 1000, 1, 1), E.INVALID_REQUEST),
+        (InitProducerId("tx", 0, 1, 1), E.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("tx", -5, 1, 1), E.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("tx", 900_001, 1, 1), E.INVALID_TRANSACTION_TIMEOUT),
         (AddPartitions("tx", 0, 0, (), 1, 1), E.INVALID_REQUEST),
         (AddPartitions("tx", 0, 0, (("", 0),), 1, 1), E.INVALID_REQUEST),
         (AddPartitions("tx", 0, 0, (("a", -1),), 1, 1), E.INVALID_REQUEST),
-        (AddPartitions("tx", 0, 0, tuple(("a", i) for i in range(10_001)), 1, 1), E.INVALID_REQUEST),
+        (
+            AddPartitions("tx", 0, 0, tuple(("a", i) for i in range(10_001)), 1, 1),
+            E.INVALID_REQUEST,
+        ),
         (AddPartitions("unknown", 0, 0, (("a", 0),), 1, 1), E.INVALID_PRODUCER_ID_MAPPING),
         (EndTxn("unknown", 0, 0, True, 1, 1), E.INVALID_PRODUCER_ID_MAPPING),
         (OffsetCommit("g", (OffsetEntry("in", 0, -1, ""),), 1), E.INVALID_REQUEST),
@@ -284,14 +287,21 @@ def test_list_and_describe() -> None:
     leader.tick(500)
     rows = leader.machine.list_transactions(leader.now_ms)
     assert [(r.transactional_id, r.state, r.duration_ms) for r in rows] == [
-        ("a", S.ONGOING, 500), ("b", S.EMPTY, -1),
+        ("a", S.ONGOING, 500),
+        ("b", S.EMPTY, -1),
     ]
-    assert [r.transactional_id for r in leader.machine.list_transactions(
-        leader.now_ms, states=[S.EMPTY])] == ["b"]
-    assert [r.transactional_id for r in leader.machine.list_transactions(
-        leader.now_ms, producer_ids=[b])] == ["b"]
-    assert [r.transactional_id for r in leader.machine.list_transactions(
-        leader.now_ms, min_duration_ms=499)] == ["a"]
+    assert [
+        r.transactional_id
+        for r in leader.machine.list_transactions(leader.now_ms, states=[S.EMPTY])
+    ] == ["b"]
+    assert [
+        r.transactional_id
+        for r in leader.machine.list_transactions(leader.now_ms, producer_ids=[b])
+    ] == ["b"]
+    assert [
+        r.transactional_id
+        for r in leader.machine.list_transactions(leader.now_ms, min_duration_ms=499)
+    ] == ["a"]
     assert leader.machine.list_transactions(leader.now_ms, min_duration_ms=500) == []
     assert leader.machine.describe("nope") is None
 

@@ -32,7 +32,6 @@ from fsm import (
 )
 from fsm.errors import ErrorCode
 from fsm.states import COMPLETION_OF, PREPARE_STATES
-
 from tests.fsm_driver import Leader
 
 IDS = ["t0", "t1", "t2"]
@@ -69,7 +68,9 @@ class ShardMachine(RuleBasedStateMachine):
         if stale:
             assert self.leader.machine.snapshot() == before, self.leader.outcomes[-1]
 
-    def _identity(self, tid: str, zombie: bool, pick: Callable[[list[tuple[int, int]]], tuple[int, int]]) -> tuple[int, int]:
+    def _identity(
+        self, tid: str, zombie: bool, pick: Callable[[list[tuple[int, int]]], tuple[int, int]]
+    ) -> tuple[int, int]:
         known = self.identities[tid]
         if not known:
             return (0, 0)
@@ -77,22 +78,33 @@ class ShardMachine(RuleBasedStateMachine):
 
     def _remember(self, tid: str, outcome: Outcome) -> None:
         event(f"answer {outcome.error.name}")
-        if outcome.ok and self.identities[tid] and outcome.producer_id != self.identities[tid][-1][0]:
+        if (
+            outcome.ok
+            and self.identities[tid]
+            and outcome.producer_id != self.identities[tid][-1][0]
+        ):
             event("producer id rotated")
         if outcome.ok and outcome.producer_id >= 0:
             self.identities[tid].append((outcome.producer_id, outcome.producer_epoch))
 
     # --- client requests -----------------------------------------------------------
 
-    @rule(tid=st.sampled_from(IDS), timeout=st.sampled_from([1_000, 5_000, 60_000]),
-          kip360=st.booleans())
+    @rule(
+        tid=st.sampled_from(IDS),
+        timeout=st.sampled_from([1_000, 5_000, 60_000]),
+        kip360=st.booleans(),
+    )
     def init(self, tid: str, timeout: int, kip360: bool) -> None:
         known = self.identities[tid]
         expected = known[-1] if kip360 and known else None
         self._remember(tid, self.leader.init(tid, timeout, expected))
 
-    @rule(tid=st.sampled_from(IDS), zombie=st.booleans(), data=st.data(),
-          parts=st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=3, unique=True))
+    @rule(
+        tid=st.sampled_from(IDS),
+        zombie=st.booleans(),
+        data=st.data(),
+        parts=st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=3, unique=True),
+    )
     def add_partitions(
         self, tid: str, zombie: bool, data: st.DataObject, parts: list[tuple[str, int]]
     ) -> None:
@@ -100,15 +112,24 @@ class ShardMachine(RuleBasedStateMachine):
         with self.fencing_checked(tid, pid, epoch):
             self.leader.add(tid, pid, epoch, *parts)
 
-    @rule(tid=st.sampled_from(IDS), group=st.sampled_from(GROUPS), zombie=st.booleans(),
-          data=st.data())
+    @rule(
+        tid=st.sampled_from(IDS),
+        group=st.sampled_from(GROUPS),
+        zombie=st.booleans(),
+        data=st.data(),
+    )
     def add_offsets(self, tid: str, group: str, zombie: bool, data: st.DataObject) -> None:
         pid, epoch = self._identity(tid, zombie, lambda k: data.draw(st.sampled_from(k)))
         with self.fencing_checked(tid, pid, epoch):
             self.leader.add_offsets(tid, pid, epoch, group)
 
-    @rule(tid=st.sampled_from(IDS), group=st.sampled_from(GROUPS), zombie=st.booleans(),
-          offset=st.integers(0, 1000), data=st.data())
+    @rule(
+        tid=st.sampled_from(IDS),
+        group=st.sampled_from(GROUPS),
+        zombie=st.booleans(),
+        offset=st.integers(0, 1000),
+        data=st.data(),
+    )
     def txn_offset_commit(
         self, tid: str, group: str, zombie: bool, offset: int, data: st.DataObject
     ) -> None:
@@ -132,10 +153,16 @@ class ShardMachine(RuleBasedStateMachine):
     def deliver_markers(self, data: st.DataObject) -> None:
         """Some participants of one Prepare* transaction acknowledge."""
         markers = data.draw(st.sampled_from(self.leader.machine.pending_markers()))
-        parts = data.draw(st.lists(st.sampled_from(markers.partitions), unique=True)
-                          if markers.partitions else st.just([]))
-        groups = data.draw(st.lists(st.sampled_from(markers.groups), unique=True)
-                           if markers.groups else st.just([]))
+        parts = data.draw(
+            st.lists(st.sampled_from(markers.partitions), unique=True)
+            if markers.partitions
+            else st.just([])
+        )
+        groups = data.draw(
+            st.lists(st.sampled_from(markers.groups), unique=True)
+            if markers.groups
+            else st.just([])
+        )
         self._deliver(markers, tuple(parts), tuple(groups))
         self.delivered.append(markers)
 
@@ -151,12 +178,21 @@ class ShardMachine(RuleBasedStateMachine):
     ) -> None:
         now = self.leader.now_ms
         for group in groups:
-            self.leader.apply(GroupMarker(group, markers.producer_id, markers.producer_epoch,
-                                          markers.commit, now))
+            self.leader.apply(
+                GroupMarker(group, markers.producer_id, markers.producer_epoch, markers.commit, now)
+            )
             key = (group, markers.producer_id)
             self.group_epochs[key] = max(self.group_epochs.get(key, -1), markers.producer_epoch)
-        self.leader.apply(MarkersWritten(markers.transactional_id, markers.producer_id,
-                                         markers.producer_epoch, parts, groups, now))
+        self.leader.apply(
+            MarkersWritten(
+                markers.transactional_id,
+                markers.producer_id,
+                markers.producer_epoch,
+                parts,
+                groups,
+                now,
+            )
+        )
 
     @rule(ms=st.sampled_from([1, 100, 2_000, 30_000]))
     def advance_time(self, ms: int) -> None:
@@ -189,7 +225,7 @@ class ShardMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_decision_per_transaction(self) -> None:
-        for outcome in self.leader.outcomes[self.checked:]:
+        for outcome in self.leader.outcomes[self.checked :]:
             for effect in outcome.effects:
                 if isinstance(effect, WriteMarkers):
                     event("COMMIT decided" if effect.commit else "ABORT decided")

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from fsm import (
+    VALID_PREVIOUS,
     AbortTimedOut,
     AddOffsets,
     AddPartitions,
@@ -26,7 +27,6 @@ from fsm import (
     TransactionStateMachine,
     Transition,
     TxnState,
-    VALID_PREVIOUS,
     transition,
 )
 from fsm.errors import ErrorCode
@@ -40,7 +40,13 @@ DESIGN_TABLE = {
     S.EMPTY: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
     S.ONGOING: {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
     S.PREPARE_COMMIT: {S.ONGOING},
-    S.PREPARE_ABORT: {S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
+    S.PREPARE_ABORT: {
+        S.ONGOING,
+        S.PREPARE_EPOCH_FENCE,
+        S.EMPTY,
+        S.COMPLETE_COMMIT,
+        S.COMPLETE_ABORT,
+    },
     S.COMPLETE_COMMIT: {S.PREPARE_COMMIT},
     S.COMPLETE_ABORT: {S.PREPARE_ABORT},
     S.DEAD: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
@@ -55,8 +61,12 @@ def test_table_is_the_design_table() -> None:
 
 def meta_in(state: TxnState) -> TransactionMetadata:
     return TransactionMetadata(
-        transactional_id="t", producer_id=5, producer_epoch=3, state=state,
-        timeout_ms=60_000, last_update_ms=1_000,
+        transactional_id="t",
+        producer_id=5,
+        producer_epoch=3,
+        state=state,
+        timeout_ms=60_000,
+        last_update_ms=1_000,
     )
 
 
@@ -113,67 +123,122 @@ def events(pid: int = PID, epoch: int = EPOCH) -> dict[str, Command]:
 
 
 OK, UNCHANGED, GONE = E.NONE, None, "gone"
-C, I, F = E.CONCURRENT_TRANSACTIONS, E.INVALID_TXN_STATE, E.PRODUCER_FENCED
+C, INV, F = E.CONCURRENT_TRANSACTIONS, E.INVALID_TXN_STATE, E.PRODUCER_FENCED
 
 # (state, event) -> (error, state afterwards: a TxnState, UNCHANGED or GONE)
 EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     S.EMPTY: {
-        "init": (OK, S.EMPTY), "add_partitions": (OK, S.ONGOING), "add_offsets": (OK, S.ONGOING),
-        "end_commit": (I, UNCHANGED), "end_abort": (OK, S.COMPLETE_ABORT),
-        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, GONE),
+        "init": (OK, S.EMPTY),
+        "add_partitions": (OK, S.ONGOING),
+        "add_offsets": (OK, S.ONGOING),
+        "end_commit": (INV, UNCHANGED),
+        "end_abort": (OK, S.COMPLETE_ABORT),
+        "markers": (INV, UNCHANGED),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, GONE),
     },
     S.ONGOING: {
         # InitProducerId fences and aborts the open transaction, then says "retry".
-        "init": (C, S.PREPARE_ABORT), "add_partitions": (OK, S.ONGOING),
-        "add_offsets": (OK, S.ONGOING), "end_commit": (OK, S.PREPARE_COMMIT),
-        "end_abort": (OK, S.PREPARE_ABORT), "markers": (I, UNCHANGED),
-        "timeout": (OK, S.PREPARE_ABORT), "expire": (OK, UNCHANGED),
+        "init": (C, S.PREPARE_ABORT),
+        "add_partitions": (OK, S.ONGOING),
+        "add_offsets": (OK, S.ONGOING),
+        "end_commit": (OK, S.PREPARE_COMMIT),
+        "end_abort": (OK, S.PREPARE_ABORT),
+        "markers": (INV, UNCHANGED),
+        "timeout": (OK, S.PREPARE_ABORT),
+        "expire": (OK, UNCHANGED),
     },
     S.PREPARE_COMMIT: {
-        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
-        "end_commit": (C, UNCHANGED), "end_abort": (I, UNCHANGED),
-        "markers": (OK, S.COMPLETE_COMMIT), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+        "init": (C, UNCHANGED),
+        "add_partitions": (C, UNCHANGED),
+        "add_offsets": (C, UNCHANGED),
+        "end_commit": (C, UNCHANGED),
+        "end_abort": (INV, UNCHANGED),
+        "markers": (OK, S.COMPLETE_COMMIT),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, UNCHANGED),
     },
     S.PREPARE_ABORT: {
-        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
-        "end_commit": (I, UNCHANGED), "end_abort": (C, UNCHANGED),
-        "markers": (OK, S.COMPLETE_ABORT), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+        "init": (C, UNCHANGED),
+        "add_partitions": (C, UNCHANGED),
+        "add_offsets": (C, UNCHANGED),
+        "end_commit": (INV, UNCHANGED),
+        "end_abort": (C, UNCHANGED),
+        "markers": (OK, S.COMPLETE_ABORT),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, UNCHANGED),
     },
     S.COMPLETE_COMMIT: {
-        "init": (OK, S.EMPTY), "add_partitions": (OK, S.ONGOING), "add_offsets": (OK, S.ONGOING),
-        "end_commit": (I, UNCHANGED), "end_abort": (OK, S.COMPLETE_ABORT),
-        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, GONE),
+        "init": (OK, S.EMPTY),
+        "add_partitions": (OK, S.ONGOING),
+        "add_offsets": (OK, S.ONGOING),
+        "end_commit": (INV, UNCHANGED),
+        "end_abort": (OK, S.COMPLETE_ABORT),
+        "markers": (INV, UNCHANGED),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, GONE),
     },
     S.COMPLETE_ABORT: {
-        "init": (OK, S.EMPTY), "add_partitions": (OK, S.ONGOING), "add_offsets": (OK, S.ONGOING),
-        "end_commit": (I, UNCHANGED), "end_abort": (OK, S.COMPLETE_ABORT),
-        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, GONE),
+        "init": (OK, S.EMPTY),
+        "add_partitions": (OK, S.ONGOING),
+        "add_offsets": (OK, S.ONGOING),
+        "end_commit": (INV, UNCHANGED),
+        "end_abort": (OK, S.COMPLETE_ABORT),
+        "markers": (INV, UNCHANGED),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, GONE),
     },
     # Dead and PrepareEpochFence never outlive one command; found anyway, they are busy.
     S.DEAD: {
-        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
-        "end_commit": (C, UNCHANGED), "end_abort": (C, UNCHANGED),
-        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+        "init": (C, UNCHANGED),
+        "add_partitions": (C, UNCHANGED),
+        "add_offsets": (C, UNCHANGED),
+        "end_commit": (C, UNCHANGED),
+        "end_abort": (C, UNCHANGED),
+        "markers": (INV, UNCHANGED),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, UNCHANGED),
     },
     S.PREPARE_EPOCH_FENCE: {
-        "init": (C, UNCHANGED), "add_partitions": (C, UNCHANGED), "add_offsets": (C, UNCHANGED),
-        "end_commit": (C, UNCHANGED), "end_abort": (C, UNCHANGED),
-        "markers": (I, UNCHANGED), "timeout": (I, UNCHANGED), "expire": (OK, UNCHANGED),
+        "init": (C, UNCHANGED),
+        "add_partitions": (C, UNCHANGED),
+        "add_offsets": (C, UNCHANGED),
+        "end_commit": (C, UNCHANGED),
+        "end_abort": (C, UNCHANGED),
+        "markers": (INV, UNCHANGED),
+        "timeout": (INV, UNCHANGED),
+        "expire": (OK, UNCHANGED),
     },
 }
 
 # The same events carrying the retry identity (5, 2) of the transaction that ended.
 EXPECTED_RETRY: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
-    S.PREPARE_COMMIT: {"end_commit": (C, UNCHANGED), "end_abort": (I, UNCHANGED),
-                       "add_partitions": (F, UNCHANGED)},
-    S.PREPARE_ABORT: {"end_commit": (I, UNCHANGED), "end_abort": (C, UNCHANGED),
-                      "add_partitions": (F, UNCHANGED)},
-    S.COMPLETE_COMMIT: {"end_commit": (OK, UNCHANGED), "end_abort": (I, UNCHANGED),
-                        "add_partitions": (F, UNCHANGED)},
-    S.COMPLETE_ABORT: {"end_commit": (I, UNCHANGED), "end_abort": (OK, UNCHANGED),
-                       "add_partitions": (F, UNCHANGED)},
-    S.ONGOING: {"end_commit": (F, UNCHANGED), "add_partitions": (F, UNCHANGED),
-                "timeout": (F, UNCHANGED), "markers": (I, UNCHANGED)},
+    S.PREPARE_COMMIT: {
+        "end_commit": (C, UNCHANGED),
+        "end_abort": (INV, UNCHANGED),
+        "add_partitions": (F, UNCHANGED),
+    },
+    S.PREPARE_ABORT: {
+        "end_commit": (INV, UNCHANGED),
+        "end_abort": (C, UNCHANGED),
+        "add_partitions": (F, UNCHANGED),
+    },
+    S.COMPLETE_COMMIT: {
+        "end_commit": (OK, UNCHANGED),
+        "end_abort": (INV, UNCHANGED),
+        "add_partitions": (F, UNCHANGED),
+    },
+    S.COMPLETE_ABORT: {
+        "end_commit": (INV, UNCHANGED),
+        "end_abort": (OK, UNCHANGED),
+        "add_partitions": (F, UNCHANGED),
+    },
+    S.ONGOING: {
+        "end_commit": (F, UNCHANGED),
+        "add_partitions": (F, UNCHANGED),
+        "timeout": (F, UNCHANGED),
+        "markers": (INV, UNCHANGED),
+    },
     S.EMPTY: {"end_abort": (F, UNCHANGED), "add_offsets": (F, UNCHANGED)},
 }
 
