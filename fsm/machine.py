@@ -30,7 +30,7 @@ from fsm.effects import Effect, Outcome, WriteMarkers, fail
 from fsm.errors import CommandError, ErrorCode, IllegalTransition
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
-from fsm.states import PREPARE_STATES, TxnState
+from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
@@ -295,12 +295,8 @@ class TransactionStateMachine:
         wanted_states, wanted_pids = frozenset(states), frozenset(producer_ids)
         rows = []
         for tid, meta in sorted(self.state.transactions.items()):
-            open_ = meta.txn_start_ms >= 0 and meta.state not in (
-                TxnState.EMPTY,
-                TxnState.COMPLETE_COMMIT,
-                TxnState.COMPLETE_ABORT,
-            )
-            duration = now_ms - meta.txn_start_ms if open_ else -1
+            is_open = meta.state not in IDLE_STATES and meta.txn_start_ms >= 0
+            duration = now_ms - meta.txn_start_ms if is_open else -1
             if wanted_states and meta.state not in wanted_states:
                 continue
             if wanted_pids and meta.producer_id not in wanted_pids:

@@ -400,7 +400,7 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
     }
     state = meta.state
     if state is S.ONGOING:
-        return _end_ongoing(meta, cmd, config)
+        return _end(meta, cmd, config)
     if state in PREPARE_STATES:
         if same_decision[state]:
             return refuse(meta, E.CONCURRENT_TRANSACTIONS, "markers are being written")
@@ -410,11 +410,13 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
             return Step(meta, _answer(meta))
         return refuse(meta, E.INVALID_TXN_STATE, f"transaction is {state.name}")
     if not cmd.commit:
-        return _abort_empty(meta, cmd, config)
+        return _end(meta, cmd, config)
     return refuse(meta, E.INVALID_TXN_STATE, f"no transaction to commit ({state.name})")
 
 
-def _end_ongoing(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
+def _end(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
+    """Prepare* with an epoch bump; with no participants (an abort of an
+    empty transaction) the Complete* state follows at once."""
     rotate = config.epoch_exhausted(meta.producer_epoch + 1)
     if rotate and cmd.new_producer_id == NO_PRODUCER_ID:
         return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
@@ -428,32 +430,11 @@ def _end_ongoing(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> S
         last_update_ms=cmd.now_ms,
         coordinator_epoch=cmd.coordinator_epoch,
     )
-    return Step(
-        prepared,
-        _answer(prepared, (moved(meta, prepared, cmd.now_ms), markers_for(prepared))),
-    )
-
-
-def _abort_empty(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
-    # Nothing was added: PrepareAbort (bumping the epoch) completes at once.
-    rotate = config.epoch_exhausted(meta.producer_epoch + 1)
-    if rotate and cmd.new_producer_id == NO_PRODUCER_ID:
-        return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
-    prepared = transition(
-        meta,
-        S.PREPARE_ABORT,
-        producer_epoch=meta.producer_epoch + 1,
-        last_producer_id=meta.producer_id,
-        last_producer_epoch=meta.producer_epoch,
-        next_producer_id=cmd.new_producer_id if rotate else NO_PRODUCER_ID,
-        last_update_ms=cmd.now_ms,
-        coordinator_epoch=cmd.coordinator_epoch,
-    )
+    first = moved(meta, prepared, cmd.now_ms)
+    if prepared.has_participants:
+        return Step(prepared, _answer(prepared, (first, markers_for(prepared))))
     done = complete(prepared, cmd.now_ms)
-    return Step(
-        done,
-        _answer(done, (moved(meta, prepared, cmd.now_ms), moved(prepared, done, cmd.now_ms))),
-    )
+    return Step(done, _answer(done, (first, moved(prepared, done, cmd.now_ms))))
 
 
 def complete(meta: TransactionMetadata, now_ms: int) -> TransactionMetadata:
