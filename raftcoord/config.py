@@ -1,0 +1,232 @@
+"""Cluster configuration (TOML): coordinator nodes, partition-log nodes, settings.
+
+Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
+
+    shard_count = 3                      # transaction.state.log.num.partitions
+
+    [settings]                           # Kafka names where Kafka has the setting
+    "transaction.max.timeout.ms" = 900000
+    "transactional.id.expiration.ms" = 604800000
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms" = 1000
+    "raft.fsync" = "always"              # always | batch | never
+
+    [[coordinators]]
+    id = 1
+    grpc = "127.0.0.1:7101"
+    raft = ["127.0.0.1:7201", "127.0.0.1:7202", "127.0.0.1:7203"]   # one port per shard
+
+    [[partition_nodes]]
+    id = 1
+    grpc = "127.0.0.1:7301"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsm import FsmConfig
+from pid_allocator import DEFAULT_BLOCK_SIZE
+
+FSYNC_POLICIES = ("always", "batch", "never")
+
+
+class ConfigError(Exception):
+    """The configuration is missing or invalid; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """One node: its id, gRPC address and (coordinators) one Raft address per shard."""
+
+    node_id: int
+    grpc: str
+    raft: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Coordinator settings, Kafka names in comments."""
+
+    transaction_max_timeout_ms: int = 900_000  # transaction.max.timeout.ms
+    transactional_id_expiration_ms: int = 604_800_000  # transactional.id.expiration.ms
+    # transaction.abort.timed.out.transaction.cleanup.interval.ms
+    abort_timed_out_cleanup_interval_ms: int = 10_000
+    # transactional.id.expiration check interval (Kafka:
+    # transaction.remove.expired.transaction.cleanup.interval.ms)
+    remove_expired_cleanup_interval_ms: int = 3_600_000
+    fsync: str = "always"  # raft.fsync
+    pid_block_size: int = DEFAULT_BLOCK_SIZE  # pid.block.size
+    raft_tick_ms: float = 1.0  # raft.tick.ms
+    raft_append_entries_ms: float = 2.0  # raft.append.entries.ms
+    raft_election_timeout_ms: tuple[float, float] = (300.0, 600.0)  # raft.election.timeout.ms
+
+    def fsm_config(self) -> FsmConfig:
+        return FsmConfig(
+            transaction_max_timeout_ms=self.transaction_max_timeout_ms,
+            transactional_id_expiration_ms=self.transactional_id_expiration_ms,
+        )
+
+
+_SETTING_NAMES = {
+    "transaction.max.timeout.ms": "transaction_max_timeout_ms",
+    "transactional.id.expiration.ms": "transactional_id_expiration_ms",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
+        "abort_timed_out_cleanup_interval_ms"
+    ),
+    "transaction.remove.expired.transaction.cleanup.interval.ms": (
+        "remove_expired_cleanup_interval_ms"
+    ),
+    "raft.fsync": "fsync",
+    "pid.block.size": "pid_block_size",
+    "raft.tick.ms": "raft_tick_ms",
+    "raft.append.entries.ms": "raft_append_entries_ms",
+    "raft.election.timeout.ms": "raft_election_timeout_ms",
+}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The whole cluster as every node sees it."""
+
+    shard_count: int
+    coordinators: tuple[NodeAddress, ...]
+    partition_nodes: tuple[NodeAddress, ...] = ()
+    settings: Settings = field(default_factory=Settings)
+
+    def coordinator(self, node_id: int) -> NodeAddress:
+        """The coordinator with ``node_id``.
+
+        Raises:
+            ConfigError: no such coordinator.
+        """
+        for node in self.coordinators:
+            if node.node_id == node_id:
+                return node
+        known = ", ".join(str(n.node_id) for n in self.coordinators)
+        raise ConfigError(f"no coordinator with id {node_id} (known: {known})")
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a cluster config file.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or invalid.
+    """
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def parse_config(raw: dict[str, Any]) -> ClusterConfig:
+    """Validate an already parsed TOML document.
+
+    Raises:
+        ConfigError: what is wrong, naming the key.
+    """
+    unknown = set(raw) - {"shard_count", "settings", "coordinators", "partition_nodes"}
+    if unknown:
+        raise ConfigError(f"unknown top-level keys: {sorted(unknown)}")
+    shard_count = raw.get("shard_count", 3)
+    if type(shard_count) is not int or not 1 <= shard_count <= 64:
+        raise ConfigError(f"shard_count must be an integer in 1..64, got {shard_count!r}")
+    coordinators = _nodes(raw.get("coordinators"), "coordinators", shard_count)
+    if not coordinators:
+        raise ConfigError("at least one [[coordinators]] entry is required")
+    partition_nodes = _nodes(raw.get("partition_nodes", []), "partition_nodes", None)
+    settings = _settings(raw.get("settings", {}))
+    addresses = [n.grpc for n in coordinators + partition_nodes]
+    addresses += [a for n in coordinators for a in n.raft]
+    duplicated = sorted({a for a in addresses if addresses.count(a) > 1})
+    if duplicated:
+        raise ConfigError(f"addresses used twice: {duplicated}")
+    return ClusterConfig(shard_count, coordinators, partition_nodes, settings)
+
+
+def _address(value: Any, where: str) -> str:
+    if not isinstance(value, str) or value.count(":") != 1:
+        raise ConfigError(f"{where} must be 'host:port', got {value!r}")
+    host, port = value.split(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where} must be 'host:port' with a port in 1..65535, got {value!r}")
+    return value
+
+
+def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"[[{key}]] must be an array of tables")
+    nodes = []
+    for i, entry in enumerate(raw):
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table")
+        allowed = {"id", "grpc", "raft"} if shard_count is not None else {"id", "grpc"}
+        if set(entry) - allowed:
+            raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - allowed)}")
+        node_id = entry.get("id")
+        if type(node_id) is not int or node_id < 1:
+            raise ConfigError(f"{where}.id must be a positive integer, got {node_id!r}")
+        grpc = _address(entry.get("grpc"), f"{where}.grpc")
+        raft: tuple[str, ...] = ()
+        if shard_count is not None:
+            ports = entry.get("raft")
+            if not isinstance(ports, list) or len(ports) != shard_count:
+                raise ConfigError(
+                    f"{where}.raft must list {shard_count} addresses (one per shard), got {ports!r}"
+                )
+            raft = tuple(_address(a, f"{where}.raft[{j}]") for j, a in enumerate(ports))
+        nodes.append(NodeAddress(node_id, grpc, raft))
+    ids = [n.node_id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"[[{key}]] ids must be unique, got {ids}")
+    return tuple(nodes)
+
+
+def _settings(raw: Any) -> Settings:
+    if not isinstance(raw, dict):
+        raise ConfigError("[settings] must be a table")
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        attr = _SETTING_NAMES.get(name)
+        if attr is None:
+            raise ConfigError(f"unknown setting {name!r} (known: {sorted(_SETTING_NAMES)})")
+        values[attr] = value
+    defaults = Settings()
+    for attr, value in values.items():
+        default = getattr(defaults, attr)
+        if isinstance(default, tuple):
+            ok = (
+                isinstance(value, list)
+                and len(value) == 2
+                and all(isinstance(v, int | float) and v > 0 for v in value)
+            )
+            if not ok:
+                raise ConfigError(f"setting for {attr} must be [low, high] milliseconds")
+            values[attr] = (float(value[0]), float(value[1]))
+        elif isinstance(default, str):
+            if value not in FSYNC_POLICIES:
+                raise ConfigError(f"raft.fsync must be one of {FSYNC_POLICIES}, got {value!r}")
+        elif isinstance(default, float):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"setting for {attr} must be a positive number, got {value!r}")
+            values[attr] = float(value)
+        elif type(value) is not int or value < 1:
+            raise ConfigError(f"setting for {attr} must be a positive integer, got {value!r}")
+    settings = Settings(**values)
+    if settings.transaction_max_timeout_ms > 2**31 - 1:
+        raise ConfigError("transaction.max.timeout.ms must fit in 32 bits")
+    return settings
