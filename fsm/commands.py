@@ -187,6 +187,17 @@ class AllocatePidBlock(Command):
     block_size: int
 
 
+@dataclass(frozen=True)
+class CreateTopic(Command):
+    """Create a topic; ``partition_nodes[i]`` is the partition-log node owning
+    partition ``i`` (the leader chose the placement)."""
+
+    TYPE: ClassVar[int] = 12
+    name: str
+    partition_nodes: tuple[int, ...]
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -201,6 +212,7 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         GroupMarker,
         OffsetCommit,
         AllocatePidBlock,
+        CreateTopic,
     )
 }
 
@@ -211,6 +223,10 @@ def _partitions(value: Any) -> tuple[TopicPartition, ...]:
 
 def _strs(value: Any) -> tuple[str, ...]:
     return tuple(as_str(v) for v in as_list(value))
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(as_int(v) for v in as_list(value))
 
 
 def _offsets(value: Any) -> tuple[OffsetEntry, ...]:
@@ -225,6 +241,7 @@ _DECODERS: dict[Any, Any] = {
     str: as_str,
     tuple[TopicPartition, ...]: _partitions,
     tuple[str, ...]: _strs,
+    tuple[int, ...]: _ints,
     tuple[OffsetEntry, ...]: _offsets,
 }
 

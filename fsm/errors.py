@@ -6,7 +6,8 @@ from enum import IntEnum
 
 
 class ErrorCode(IntEnum):
-    """Kafka's error codes with Kafka's numbers (DESIGN.md section 4).
+    """Kafka's error codes with Kafka's numbers (DESIGN.md section 4, plus
+    Kafka's codes for topic creation).
 
     The same numbers are the ``raftcoord.v1.ErrorCode`` protobuf enum; a test
     proves the two agree.
@@ -18,6 +19,9 @@ class ErrorCode(IntEnum):
     UNKNOWN_TOPIC_OR_PARTITION = 3
     NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
+    INVALID_TOPIC_EXCEPTION = 17
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
     COORDINATOR_LOAD_IN_PROGRESS = 14
     COORDINATOR_NOT_AVAILABLE = 15
     NOT_COORDINATOR = 16

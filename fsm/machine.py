@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -16,6 +17,7 @@ from fsm.commands import (
     AddPartitions,
     AllocatePidBlock,
     Command,
+    CreateTopic,
     EndTxn,
     ExpireTransactionalIds,
     GroupMarker,
@@ -35,6 +37,7 @@ from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
 SNAPSHOT_VERSION = 1
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 E = ErrorCode
 
 
@@ -46,6 +49,8 @@ class ShardState:
     last_assigned_pid: int = NO_PRODUCER_ID
     transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
     groups: dict[str, GroupOffsets] = field(default_factory=dict)
+    #: Topic name -> the partition-log node owning each partition (shard 0 only).
+    topics: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,25 @@ class TransactionStateMachine:
             return fail(E.UNKNOWN_SERVER_ERROR, str(exc))
         return Outcome(block_first=block.first, block_end=block.end)
 
+    def _create_topic(self, cmd: CreateTopic) -> Outcome:
+        if not TOPIC_NAME.fullmatch(cmd.name) or cmd.name in (".", ".."):
+            return fail(
+                E.INVALID_TOPIC_EXCEPTION,
+                f"topic name {cmd.name!r} must be 1-249 characters of [a-zA-Z0-9._-]",
+            )
+        if not 1 <= len(cmd.partition_nodes) <= self.config.max_partitions_per_request:
+            return fail(
+                E.INVALID_PARTITIONS,
+                f"a topic needs 1..{self.config.max_partitions_per_request} partitions, "
+                f"got {len(cmd.partition_nodes)}",
+            )
+        if any(node < 0 for node in cmd.partition_nodes):
+            return fail(E.INVALID_REQUEST, "partition-log node ids must not be negative")
+        if cmd.name in self.state.topics:
+            return fail(E.TOPIC_ALREADY_EXISTS, f"topic {cmd.name!r} already exists")
+        self.state.topics[cmd.name] = cmd.partition_nodes
+        return Outcome()
+
     _HANDLERS: ClassVar[dict[type[Command], Callable[[Any, Any], Outcome]]] = {
         InitProducerId: _init,
         AddPartitions: _add_partitions,
@@ -237,6 +261,7 @@ class TransactionStateMachine:
         GroupMarker: _group_marker,
         OffsetCommit: _offset_commit,
         AllocatePidBlock: _allocate_pid_block,
+        CreateTopic: _create_topic,
     }
 
     # --- what the leader asks before proposing -------------------------------------
@@ -328,6 +353,7 @@ class TransactionStateMachine:
             "last_assigned_pid": s.last_assigned_pid,
             "transactions": [m.to_wire() for _, m in sorted(s.transactions.items())],
             "groups": [[gid, g.to_wire()] for gid, g in sorted(s.groups.items())],
+            "topics": [[name, list(nodes)] for name, nodes in sorted(s.topics.items())],
         }
         return bytes(msgpack.packb(payload, use_bin_type=True))
 
@@ -342,7 +368,7 @@ class TransactionStateMachine:
             payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
         except Exception as exc:  # msgpack raises several unrelated types
             raise CommandError(f"snapshot is not valid msgpack: {exc}") from exc
-        keys = {"v", "pids", "last_assigned_pid", "transactions", "groups"}
+        keys = {"v", "pids", "last_assigned_pid", "transactions", "groups", "topics"}
         if not isinstance(payload, dict) or set(payload) != keys:
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
         check_version(payload["v"], SNAPSHOT_VERSION, "snapshot")
@@ -360,5 +386,9 @@ class TransactionStateMachine:
             last_assigned_pid=as_int(payload["last_assigned_pid"]),
             transactions={m.transactional_id: m for m in transactions},
             groups=dict(groups),
+            topics={
+                as_str(name): tuple(as_int(n) for n in as_list(nodes))
+                for name, nodes in as_list(payload["topics"], 2)
+            },
         )
         return machine

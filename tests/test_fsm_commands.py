@@ -15,6 +15,7 @@ from fsm import (
     AllocatePidBlock,
     Command,
     CommandError,
+    CreateTopic,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -100,6 +101,7 @@ SAMPLES: list[Command] = [
         offsets=(OffsetEntry("clicks", 3, 17, "m"), OffsetEntry("views", 0, 1, "x" * 300)),
         now_ms=12,
     ),
+    CreateTopic(name="orders", partition_nodes=(1, 2, 3, 1), now_ms=13),
     AllocatePidBlock(shard=2, shard_count=3, block_size=1000),
 ]
 
@@ -204,7 +206,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 12, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 13, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message
@@ -498,7 +500,7 @@ def test_restore_rejects_truncated_bytes() -> None:
         _restore_error(data[:cut])
 
 
-@pytest.mark.parametrize("key", ["pids", "last_assigned_pid", "transactions", "groups"])
+@pytest.mark.parametrize("key", ["pids", "last_assigned_pid", "transactions", "groups", "topics"])
 def test_restore_rejects_a_missing_key(key: str) -> None:
     payload = _payload()
     del payload[key]

@@ -6,6 +6,7 @@ import pytest
 
 from fsm import (
     AddPartitions,
+    CreateTopic,
     EndTxn,
     FsmConfig,
     GroupMarker,
@@ -320,3 +321,20 @@ def test_fenced_epoch_is_never_taken_for_a_retry() -> None:
     # A late retry of the first transaction's EndTxn no longer passes for a retry.
     assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
     assert leader.end("tx", pid, 1, commit=True).error is E.PRODUCER_FENCED
+
+
+def test_create_topic() -> None:
+    leader = Leader.new()
+    assert leader.apply(CreateTopic("orders", (1, 2, 3), leader.now_ms)).ok
+    assert leader.machine.state.topics == {"orders": (1, 2, 3)}
+    before = leader.machine.snapshot()
+    for command, error in [
+        (CreateTopic("orders", (1,), 0), E.TOPIC_ALREADY_EXISTS),
+        (CreateTopic("", (1,), 0), E.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("bad/name", (1,), 0), E.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("..", (1,), 0), E.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("x" * 250, (1,), 0), E.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("empty", (), 0), E.INVALID_PARTITIONS),
+    ]:
+        assert leader.apply(command).error is error, command
+    assert leader.machine.snapshot() == before

@@ -15,6 +15,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
     NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
     REQUEST_TIMED_OUT: _ClassVar[ErrorCode]
+    INVALID_TOPIC_EXCEPTION: _ClassVar[ErrorCode]
+    TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
+    INVALID_PARTITIONS: _ClassVar[ErrorCode]
     COORDINATOR_LOAD_IN_PROGRESS: _ClassVar[ErrorCode]
     COORDINATOR_NOT_AVAILABLE: _ClassVar[ErrorCode]
     NOT_COORDINATOR: _ClassVar[ErrorCode]
@@ -60,6 +63,9 @@ CORRUPT_MESSAGE: ErrorCode
 UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
 NOT_LEADER_OR_FOLLOWER: ErrorCode
 REQUEST_TIMED_OUT: ErrorCode
+INVALID_TOPIC_EXCEPTION: ErrorCode
+TOPIC_ALREADY_EXISTS: ErrorCode
+INVALID_PARTITIONS: ErrorCode
 COORDINATOR_LOAD_IN_PROGRESS: ErrorCode
 COORDINATOR_NOT_AVAILABLE: ErrorCode
 NOT_COORDINATOR: ErrorCode
