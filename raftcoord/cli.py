@@ -4,19 +4,34 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _demo(_: argparse.Namespace) -> int:
     print(
         "raftcoord demo: not available yet.\n"
         "The main job (local coordinator cluster + partition-log nodes, a transactional\n"
-        "workload with leader kills, and the Spark audit) needs the coordinator node,\n"
-        "which is not built yet. What exists today: the protocol contract (proto/),\n"
-        "the pure transaction state machine (fsm/) and the producer-id allocator\n"
-        "(pid_allocator/); run `make test` to exercise them.",
+        "workload with leader kills, and the Spark audit) needs the partition-log nodes,\n"
+        "the marker writer and the audit, which are not built yet. What exists today:\n"
+        "the protocol (proto/), the state machine (fsm/), the producer-id allocator and\n"
+        "the replicated coordinator node (`raftcoord cluster up`); run `make test`.",
         file=sys.stderr,
     )
     return 2
+
+
+def _node(args: argparse.Namespace) -> int:
+    from raftcoord.config import ConfigError, load_config
+    from raftcoord.node import run_node
+
+    try:
+        config = load_config(args.config)
+        config.coordinator(args.id)
+    except ConfigError as exc:
+        print(f"raftcoord node: {exc}", file=sys.stderr)
+        return 2
+    data_dir = Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
+    return run_node(config, args.id, data_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the main job (cluster, workload, faults, audit)")
     demo.set_defaults(func=_demo)
+    node = commands.add_parser("node", help="run one coordinator node")
+    node.add_argument("--config", required=True, help="cluster config (TOML)")
+    node.add_argument("--id", required=True, type=int, help="this node's id in the config")
+    node.add_argument("--data-dir", help="journal, snapshots, logs (default: CONFIG_DIR/node-ID)")
+    node.set_defaults(func=_node)
+    from raftcoord import cluster
+
+    cluster.add_parser(commands)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

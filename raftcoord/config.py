@@ -13,7 +13,7 @@ Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
     [[coordinators]]
     id = 1
     grpc = "127.0.0.1:7101"
-    raft = ["127.0.0.1:7201", "127.0.0.1:7202", "127.0.0.1:7203"]   # one port per shard
+    raft = ["127.0.0.1:7201", "127.0.0.1:7202", "127.0.0.1:7203"]   # one per shard
 
     [[partition_nodes]]
     id = 1
@@ -59,8 +59,13 @@ class Settings:
     remove_expired_cleanup_interval_ms: int = 3_600_000
     fsync: str = "always"  # raft.fsync
     pid_block_size: int = DEFAULT_BLOCK_SIZE  # pid.block.size
-    raft_tick_ms: float = 1.0  # raft.tick.ms
-    raft_append_entries_ms: float = 2.0  # raft.append.entries.ms
+    # raft.tick.ms: the longest a shard's tick thread sleeps waiting for I/O;
+    # new requests and Raft messages wake it at once, so this only paces
+    # timers (heartbeats, sweeps) and the idle CPU cost.
+    raft_tick_ms: float = 10.0
+    # raft.heartbeat.ms: the leader's empty AppendEntries period. Entries are
+    # sent as soon as they are proposed, not on this period.
+    raft_heartbeat_ms: float = 50.0
     raft_election_timeout_ms: tuple[float, float] = (300.0, 600.0)  # raft.election.timeout.ms
 
     def fsm_config(self) -> FsmConfig:
@@ -82,7 +87,7 @@ _SETTING_NAMES = {
     "raft.fsync": "fsync",
     "pid.block.size": "pid_block_size",
     "raft.tick.ms": "raft_tick_ms",
-    "raft.append.entries.ms": "raft_append_entries_ms",
+    "raft.heartbeat.ms": "raft_heartbeat_ms",
     "raft.election.timeout.ms": "raft_election_timeout_ms",
 }
 

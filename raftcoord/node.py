@@ -1,0 +1,213 @@
+"""The coordinator node process: S shard replicas, their tick threads, gRPC.
+
+``raftcoord node --config FILE --id N`` runs one. Every node hosts a replica
+of every shard; each shard is its own pysyncobj Raft group on its own port.
+Each shard has one thread that runs the leader's duties and pysyncobj's tick;
+it sleeps in pysyncobj's poller until a Raft message or a new request wakes
+it (or ``raft.tick.ms`` passes), so an idle node costs little CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from pysyncobj import SyncObjConf
+from pysyncobj.pipe_notifier import PipeNotifier
+
+from fsm import TransactionStateMachine, WriteMarkers
+from raftcoord import raft_journal
+from raftcoord.config import ClusterConfig, NodeAddress
+from raftcoord.replica import ShardReplica
+from raftcoord.shard import Shard, ShardTimers, TransitionsLog
+from raftcoord.v1 import admin_pb2_grpc, coordinator_pb2_grpc
+
+log = logging.getLogger("raftcoord.node")
+
+
+class CoordinatorNode:
+    """One coordinator process. :meth:`start`, then :meth:`wait` or :meth:`stop`."""
+
+    def __init__(self, config: ClusterConfig, node_id: int, data_dir: Path) -> None:
+        self.config = config
+        self.me: NodeAddress = config.coordinator(node_id)
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.shards: list[Shard] = []
+        self._notifiers: list[PipeNotifier] = []
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._server: grpc.Server | None = None
+        self.markers_handed_off = 0
+
+    # --- addresses -------------------------------------------------------------------
+
+    def coordinator_for_raft(self, shard: int, raft_address: str) -> NodeAddress | None:
+        """The coordinator whose Raft address for ``shard`` is ``raft_address``."""
+        for node in self.config.coordinators:
+            if node.raft[shard] == raft_address:
+                return node
+        return None
+
+    def leader_of(self, shard: int) -> NodeAddress | None:
+        """The coordinator this node believes leads ``shard``, or None."""
+        replica = self.shards[shard].replica
+        if replica._isLeader():
+            return self.me
+        leader = replica._getLeader()
+        return None if leader is None else self.coordinator_for_raft(shard, leader.address)
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        raft_journal.install()
+        settings = self.config.settings
+        for shard in range(self.config.shard_count):
+            self.shards.append(self._make_shard(shard))
+        for shard in self.shards:
+            notifier = PipeNotifier(shard.replica._poller)
+            shard.wake = notifier.notify
+            self._notifiers.append(notifier)
+            thread = threading.Thread(
+                target=self._run_shard,
+                args=(shard, settings.raft_tick_ms / 1000.0),
+                name=f"shard-{shard.shard}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+        self._server = self._make_server()
+        self._server.start()
+        log.info(
+            "node=%d event=started grpc=%s shards=%d data_dir=%s",
+            self.node_id,
+            self.me.grpc,
+            len(self.shards),
+            self.data_dir,
+        )
+
+    def _make_shard(self, shard: int) -> Shard:
+        settings = self.config.settings
+        shard_dir = self.data_dir / f"shard-{shard}"
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        journal = str(shard_dir / "journal")
+        raft_journal.register_journal(journal, settings.fsync)
+        low, high = settings.raft_election_timeout_ms
+        conf = SyncObjConf(
+            autoTick=False,
+            appendEntriesUseBatch=False,  # we batch: one entry per tick per shard
+            appendEntriesPeriod=settings.raft_heartbeat_ms / 1000.0,
+            raftMinTimeout=low / 1000.0,
+            raftMaxTimeout=high / 1000.0,
+            journalFile=journal,
+            fullDumpFile=str(shard_dir / "snapshot"),
+            useFork=False,  # gRPC's threads make fork unsafe
+            dynamicMembershipChange=False,
+            commandsWaitLeader=False,
+            logCompactionMinEntries=20_000,
+            logCompactionMinTime=60,
+            connectionRetryTime=0.2,
+            connectionTimeout=1.0,
+            leaderFallbackTimeout=max(2.0, 4 * high / 1000.0),
+        )
+        me = self.me.raft[shard]
+        partners = [n.raft[shard] for n in self.config.coordinators if n.node_id != self.node_id]
+        machine = TransactionStateMachine(
+            shard, self.config.shard_count, settings.fsm_config(), settings.pid_block_size
+        )
+        timers = ShardTimers(
+            settings.abort_timed_out_cleanup_interval_ms,
+            settings.remove_expired_cleanup_interval_ms,
+        )
+
+        def replica_factory(on_applied: object) -> ShardReplica:
+            return ShardReplica(me, partners, conf, machine, on_applied)  # type: ignore[arg-type]
+
+        transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
+        return Shard(shard, self.node_id, replica_factory, transitions, timers, self._hand_off)
+
+    def _hand_off(self, shard: int, markers: WriteMarkers) -> None:
+        # The marker writer takes over from here; until it exists, the
+        # transaction stays in its Prepare* state and this line says so.
+        self.markers_handed_off += 1
+        log.info(
+            "node=%d shard=%d event=markers_due transactional_id=%s producer_id=%d "
+            "epoch=%d result=%s partitions=%d groups=%d",
+            self.node_id,
+            shard,
+            markers.transactional_id,
+            markers.producer_id,
+            markers.producer_epoch,
+            "COMMIT" if markers.commit else "ABORT",
+            len(markers.partitions),
+            len(markers.groups),
+        )
+
+    def _run_shard(self, shard: Shard, tick_s: float) -> None:
+        while not self._stopping.is_set():
+            try:
+                shard.tick(tick_s)
+            except Exception:
+                log.exception("node=%d shard=%d event=tick_failed", self.node_id, shard.shard)
+                self._stopping.wait(tick_s)
+
+    def _make_server(self) -> grpc.Server:
+        from raftcoord.service import AdminService, CoordinatorService
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
+            CoordinatorService(self), server
+        )
+        admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(AdminService(self), server)
+        if server.add_insecure_port(self.me.grpc) == 0:
+            raise OSError(f"cannot listen on {self.me.grpc}")
+        return server
+
+    def stop(self) -> None:
+        """Stop serving, stop ticking, close journals (SIGTERM path)."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(2.0)
+        for shard in self.shards:
+            shard.wake()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        for shard in self.shards:
+            shard.replica.destroy()
+            shard.transitions.close()
+        log.info("node=%d event=stopped", self.node_id)
+
+    def wait(self) -> None:
+        self._stopping.wait()
+
+
+def run_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:
+    """Run a node until SIGTERM/SIGINT; returns the exit status."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("pysyncobj").setLevel(logging.WARNING)
+    node = CoordinatorNode(config, node_id, data_dir)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("node=%d event=signal signal=%s", node_id, signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    node.start()
+    (data_dir / "pid").write_text(str(os.getpid()))
+    stop.wait()
+    node.stop()
+    return 0

@@ -1,0 +1,547 @@
+"""gRPC services of a coordinator node: TransactionCoordinator and CoordinatorAdmin.
+
+Requests are translated into :mod:`fsm` commands for the shard that owns the
+key (``crc32(key) % S``); a node that does not lead that shard answers
+NOT_COORDINATOR naming the leader it knows, a leader that has not applied
+its log yet answers COORDINATOR_LOAD_IN_PROGRESS, and every answer comes after
+the command is committed by Raft and applied. Reads go through a log barrier
+so a deposed leader never serves stale state as current.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fsm import (
+    AddOffsets,
+    AddPartitions,
+    Command,
+    CreateTopic,
+    EndTxn,
+    ErrorCode,
+    InitProducerId,
+    OffsetCommit,
+    OffsetEntry,
+    Outcome,
+    TransactionStateMachine,
+    TxnOffsetCommit,
+    TxnState,
+    shard_for,
+)
+from fsm.metadata import TopicPartition
+from raftcoord.shard import now_ms
+from raftcoord.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+)
+
+if TYPE_CHECKING:
+    from raftcoord.node import CoordinatorNode
+
+E = ErrorCode
+pb = coordinator_pb2
+REQUEST_TIMEOUT_S = 10.0
+T = TypeVar("T")
+
+
+class _Refused(Exception):
+    """The shard cannot serve the request here; carries the answer."""
+
+    def __init__(self, error: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
+    def __init__(self, node: CoordinatorNode) -> None:
+        self.node = node
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _shard_of(self, key: str) -> int:
+        return shard_for(key, self.node.config.shard_count)
+
+    def _check(self, shard: int) -> None:
+        error = self.node.shards[shard].availability()
+        if error is E.NONE:
+            return
+        if error is E.NOT_COORDINATOR:
+            leader = self.node.leader_of(shard)
+            where = "unknown" if leader is None else f"node {leader.node_id} at {leader.grpc}"
+            raise _Refused(error, f"not the coordinator of shard {shard}; leader: {where}")
+        raise _Refused(error, f"shard {shard} is loading its state")
+
+    def _run(self, shard: int, command: Command) -> Outcome:
+        self._check(shard)
+        result: Outcome = _wait(self.node.shards[shard].submit(command))
+        return result
+
+    def _read(self, shard: int, reader: Any) -> Any:
+        self._check(shard)
+        result = _wait(self.node.shards[shard].read(reader))
+        if isinstance(result, Outcome):  # refused or timed out
+            raise _Refused(result.error, result.message)
+        return result
+
+    # --- discovery -----------------------------------------------------------------
+
+    def FindCoordinator(self, request: Any, context: Any) -> Any:
+        if not request.key:
+            return pb.FindCoordinatorResponse(
+                error_code=E.INVALID_REQUEST, error_message="key must not be empty", node_id=-1
+            )
+        shard = self._shard_of(request.key)
+        leader = self.node.leader_of(shard)
+        if leader is None:
+            return pb.FindCoordinatorResponse(
+                error_code=E.COORDINATOR_NOT_AVAILABLE,
+                error_message=f"shard {shard} has no leader",
+                node_id=-1,
+                shard=shard,
+            )
+        return pb.FindCoordinatorResponse(
+            error_code=E.NONE, node_id=leader.node_id, address=leader.grpc, shard=shard
+        )
+
+    # --- transactions --------------------------------------------------------------
+
+    def InitProducerId(self, request: Any, context: Any) -> Any:
+        if not request.HasField("transactional_id"):
+            return self._idempotent_producer_id()
+        has_pid, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
+        command = InitProducerId(
+            transactional_id=request.transactional_id,
+            timeout_ms=request.transaction_timeout_ms,
+            now_ms=0,
+            coordinator_epoch=0,
+            expected_producer_id=request.producer_id if has_pid else -1,
+            expected_producer_epoch=request.producer_epoch if has_epoch else -1,
+        )
+        if has_pid != has_epoch or (
+            has_pid and (request.producer_id < 0 or request.producer_epoch < 0)
+        ):
+            return pb.InitProducerIdResponse(
+                error_code=E.INVALID_REQUEST,
+                error_message="expected producer id and epoch go together and are >= 0",
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        try:
+            outcome = self._run(self._shard_of(request.transactional_id), command)
+        except _Refused as refused:
+            return pb.InitProducerIdResponse(
+                error_code=refused.error,
+                error_message=refused.message,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        return pb.InitProducerIdResponse(
+            error_code=outcome.error,
+            error_message=outcome.message,
+            producer_id=outcome.producer_id,
+            producer_epoch=outcome.producer_epoch,
+        )
+
+    def _idempotent_producer_id(self) -> Any:
+        # Any shard this node leads can hand out an id from its cursor: the
+        # stripes of all shards share one id space without overlapping.
+        for shard in self.node.shards:
+            pid = shard.take_producer_id()
+            if pid is not None:
+                return pb.InitProducerIdResponse(
+                    error_code=E.NONE, producer_id=pid, producer_epoch=0
+                )
+        leader = self.node.leader_of(0)
+        where = "unknown" if leader is None else f"node {leader.node_id} at {leader.grpc}"
+        return pb.InitProducerIdResponse(
+            error_code=E.NOT_COORDINATOR,
+            error_message=f"this node leads no shard with producer ids ready; try {where}",
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+
+    def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:
+        partitions = tuple((t.topic, p) for t in request.topics for p in t.partitions)
+        shard = self._shard_of(request.transactional_id)
+        try:
+            if request.verify_only:
+                errors = self._read(
+                    shard,
+                    lambda m: _verify(
+                        m,
+                        request.transactional_id,
+                        request.producer_id,
+                        request.producer_epoch,
+                        partitions,
+                    ),
+                )
+                return pb.AddPartitionsToTxnResponse(
+                    error_code=E.NONE, results=[_partition_result(tp, e) for tp, e in errors]
+                )
+            outcome = self._run(
+                shard,
+                AddPartitions(
+                    request.transactional_id,
+                    request.producer_id,
+                    request.producer_epoch,
+                    partitions,
+                    0,
+                    0,
+                ),
+            )
+        except _Refused as refused:
+            return pb.AddPartitionsToTxnResponse(
+                error_code=refused.error,
+                error_message=refused.message,
+                results=[_partition_result(tp, refused.error) for tp in partitions],
+            )
+        return pb.AddPartitionsToTxnResponse(
+            error_code=outcome.error,
+            error_message=outcome.message,
+            results=[_partition_result(tp, outcome.error) for tp in partitions],
+        )
+
+    def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
+        command = AddOffsets(
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            request.group_id,
+            0,
+            0,
+        )
+        try:
+            outcome = self._run(self._shard_of(request.transactional_id), command)
+        except _Refused as refused:
+            return pb.AddOffsetsToTxnResponse(
+                error_code=refused.error, error_message=refused.message
+            )
+        return pb.AddOffsetsToTxnResponse(error_code=outcome.error, error_message=outcome.message)
+
+    def EndTxn(self, request: Any, context: Any) -> Any:
+        command = EndTxn(
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            request.committed,
+            0,
+            0,
+        )
+        try:
+            outcome = self._run(self._shard_of(request.transactional_id), command)
+        except _Refused as refused:
+            return pb.EndTxnResponse(
+                error_code=refused.error,
+                error_message=refused.message,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        return pb.EndTxnResponse(
+            error_code=outcome.error,
+            error_message=outcome.message,
+            producer_id=outcome.producer_id,
+            producer_epoch=outcome.producer_epoch,
+        )
+
+    # --- group offsets -------------------------------------------------------------
+
+    def TxnOffsetCommit(self, request: Any, context: Any) -> Any:
+        offsets = _offset_entries(request.topics)
+        command = TxnOffsetCommit(
+            request.group_id,
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            offsets,
+            0,
+        )
+        error, message = self._group_command(request.group_id, command)
+        return pb.TxnOffsetCommitResponse(
+            error_code=error,
+            error_message=message,
+            results=[_partition_result((o.topic, o.partition), error) for o in offsets],
+        )
+
+    def OffsetCommit(self, request: Any, context: Any) -> Any:
+        offsets = _offset_entries(request.topics)
+        error, message = self._group_command(
+            request.group_id, OffsetCommit(request.group_id, offsets, 0)
+        )
+        return pb.OffsetCommitResponse(
+            error_code=error,
+            error_message=message,
+            results=[_partition_result((o.topic, o.partition), error) for o in offsets],
+        )
+
+    def _group_command(self, group_id: str, command: Command) -> tuple[ErrorCode, str]:
+        if not group_id:
+            return E.INVALID_REQUEST, "group id must not be empty"
+        try:
+            outcome = self._run(self._shard_of(group_id), command)
+        except _Refused as refused:
+            return refused.error, refused.message
+        return outcome.error, outcome.message
+
+    def OffsetFetch(self, request: Any, context: Any) -> Any:
+        if not request.group_id:
+            return pb.OffsetFetchResponse(
+                error_code=E.INVALID_REQUEST, error_message="group id must not be empty"
+            )
+        wanted = [(t.topic, p) for t in request.topics for p in t.partitions] or None
+        try:
+            fetched = self._read(
+                self._shard_of(request.group_id),
+                lambda m: m.offset_fetch(request.group_id, wanted, request.require_stable),
+            )
+        except _Refused as refused:
+            return pb.OffsetFetchResponse(error_code=refused.error, error_message=refused.message)
+        return pb.OffsetFetchResponse(
+            error_code=E.NONE,
+            partitions=[
+                pb.OffsetFetchPartition(
+                    topic=f.topic,
+                    partition=f.partition,
+                    offset=f.offset,
+                    metadata=f.metadata,
+                    error_code=f.error,
+                )
+                for f in fetched
+            ],
+        )
+
+    # --- operator queries ----------------------------------------------------------
+
+    def DescribeTransactions(self, request: Any, context: Any) -> Any:
+        descriptions = []
+        for tid in request.transactional_ids:
+            try:
+                meta = self._read(self._shard_of(tid), lambda m, tid=tid: m.describe(tid))
+            except _Refused as refused:
+                descriptions.append(
+                    pb.TransactionDescription(
+                        error_code=refused.error,
+                        transactional_id=tid,
+                        producer_id=-1,
+                        producer_epoch=-1,
+                        transaction_start_time_ms=-1,
+                    )
+                )
+                continue
+            if meta is None:
+                descriptions.append(
+                    pb.TransactionDescription(
+                        error_code=E.TRANSACTIONAL_ID_NOT_FOUND,
+                        transactional_id=tid,
+                        producer_id=-1,
+                        producer_epoch=-1,
+                        transaction_start_time_ms=-1,
+                    )
+                )
+                continue
+            topics: dict[str, list[int]] = {}
+            for topic, partition in sorted(meta.partitions):
+                topics.setdefault(topic, []).append(partition)
+            descriptions.append(
+                pb.TransactionDescription(
+                    error_code=E.NONE,
+                    transactional_id=tid,
+                    state=int(meta.state),
+                    producer_id=meta.producer_id,
+                    producer_epoch=meta.producer_epoch,
+                    transaction_timeout_ms=meta.timeout_ms,
+                    transaction_start_time_ms=meta.txn_start_ms,
+                    last_update_time_ms=meta.last_update_ms,
+                    topics=[
+                        common_pb2.TopicPartitions(topic=t, partitions=ps)
+                        for t, ps in topics.items()
+                    ],
+                    groups=sorted(meta.groups),
+                    coordinator_epoch=meta.coordinator_epoch,
+                )
+            )
+        return pb.DescribeTransactionsResponse(transactions=descriptions)
+
+    def ListTransactions(self, request: Any, context: Any) -> Any:
+        """Transactions of the shards this node leads (ask every node for all)."""
+        states = [TxnState(s) for s in request.state_filters if s in TxnState._value2member_map_]
+        listings = []
+        for shard in self.node.shards:
+            if shard.availability() is not E.NONE:
+                continue
+            try:
+                rows = self._read(
+                    shard.shard,
+                    lambda m: m.list_transactions(
+                        now_ms(), states, request.producer_id_filters, request.duration_filter_ms
+                    ),
+                )
+            except _Refused:
+                continue
+            listings.extend(
+                pb.TransactionListing(
+                    transactional_id=r.transactional_id,
+                    producer_id=r.producer_id,
+                    state=int(r.state),
+                    duration_ms=r.duration_ms,
+                )
+                for r in rows
+            )
+        return pb.ListTransactionsResponse(error_code=E.NONE, transactions=listings)
+
+    # --- cluster metadata ----------------------------------------------------------
+
+    def Metadata(self, request: Any, context: Any) -> Any:
+        replica = self.node.shards[0].replica
+        with replica.lock:
+            topics = dict(replica.machine.state.topics)
+        wanted = list(request.topics) or sorted(topics)
+        return pb.MetadataResponse(
+            coordinators=[
+                pb.NodeInfo(node_id=n.node_id, address=n.grpc)
+                for n in self.node.config.coordinators
+            ],
+            partition_nodes=[
+                pb.NodeInfo(node_id=n.node_id, address=n.grpc)
+                for n in self.node.config.partition_nodes
+            ],
+            shard_count=self.node.config.shard_count,
+            topics=[_topic_metadata(name, topics.get(name)) for name in wanted],
+        )
+
+    def CreateTopics(self, request: Any, context: Any) -> Any:
+        nodes = [n.node_id for n in self.node.config.partition_nodes]
+        results = []
+        for topic in request.topics:
+            if not nodes:
+                results.append(
+                    pb.CreateTopicResult(
+                        name=topic.name,
+                        error_code=E.INVALID_REQUEST,
+                        error_message="the cluster has no partition-log nodes",
+                    )
+                )
+                continue
+            if not 1 <= topic.num_partitions <= 10_000:
+                results.append(
+                    pb.CreateTopicResult(
+                        name=topic.name,
+                        error_code=E.INVALID_PARTITIONS,
+                        error_message=f"num_partitions {topic.num_partitions} not in 1..10000",
+                    )
+                )
+                continue
+            start = zlib.crc32(topic.name.encode()) % len(nodes)
+            placement = tuple(nodes[(start + i) % len(nodes)] for i in range(topic.num_partitions))
+            if request.validate_only:
+                results.append(pb.CreateTopicResult(name=topic.name, error_code=E.NONE))
+                continue
+            try:
+                outcome = self._run(0, CreateTopic(topic.name, placement, 0))
+            except _Refused as refused:
+                results.append(
+                    pb.CreateTopicResult(
+                        name=topic.name, error_code=refused.error, error_message=refused.message
+                    )
+                )
+                continue
+            results.append(
+                pb.CreateTopicResult(
+                    name=topic.name,
+                    error_code=outcome.error,
+                    error_message="" if outcome.ok else outcome.message,
+                )
+            )
+        return pb.CreateTopicsResponse(results=results)
+
+
+class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):  # type: ignore[misc]
+    def __init__(self, node: CoordinatorNode) -> None:
+        self.node = node
+
+    def NodeStatus(self, request: Any, context: Any) -> Any:
+        shards = []
+        for shard in self.node.shards:
+            replica = shard.replica
+            leader = self.node.leader_of(shard.shard)
+            with replica.lock:
+                digest = hashlib.sha256(replica.machine.snapshot()).hexdigest()
+                ids = len(replica.machine.state.transactions)
+                applied = replica.raftLastApplied
+            shards.append(
+                admin_pb2.ShardStatus(
+                    shard=shard.shard,
+                    is_leader=shard.is_leader and shard.ready,
+                    term=replica.raftCurrentTerm,
+                    leader_node_id=-1 if leader is None else leader.node_id,
+                    leader_address="" if leader is None else leader.grpc,
+                    commit_index=replica.raftCommitIndex,
+                    applied_index=applied,
+                    state_digest=digest,
+                    transactional_ids=ids,
+                )
+            )
+        return admin_pb2.NodeStatusResponse(
+            node_id=self.node.node_id, address=self.node.me.grpc, pid=os.getpid(), shards=shards
+        )
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _wait(future: Future[T]) -> T | Outcome:
+    try:
+        return future.result(timeout=REQUEST_TIMEOUT_S)
+    except FutureTimeout:
+        return Outcome(error=E.REQUEST_TIMED_OUT, message="not committed in time; retry")
+
+
+def _verify(
+    machine: TransactionStateMachine,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    partitions: tuple[TopicPartition, ...],
+) -> list[tuple[TopicPartition, ErrorCode]]:
+    """KIP-890 verification: is each partition in this producer's ongoing transaction?"""
+    meta = machine.describe(transactional_id)
+    if meta is None or meta.producer_id != producer_id:
+        return [(tp, E.INVALID_PRODUCER_ID_MAPPING) for tp in partitions]
+    if meta.producer_epoch != producer_epoch:
+        return [(tp, E.PRODUCER_FENCED) for tp in partitions]
+    if meta.state is not TxnState.ONGOING:
+        return [(tp, E.INVALID_TXN_STATE) for tp in partitions]
+    return [(tp, E.NONE if tp in meta.partitions else E.INVALID_TXN_STATE) for tp in partitions]
+
+
+def _partition_result(tp: TopicPartition, error: ErrorCode) -> Any:
+    return common_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=error)
+
+
+def _offset_entries(topics: Any) -> tuple[OffsetEntry, ...]:
+    return tuple(
+        OffsetEntry(t.topic, p.partition, p.offset, p.metadata)
+        for t in topics
+        for p in t.partitions
+    )
+
+
+def _topic_metadata(name: str, nodes: tuple[int, ...] | None) -> Any:
+    if nodes is None:
+        return pb.TopicMetadata(name=name, error_code=E.UNKNOWN_TOPIC_OR_PARTITION)
+    return pb.TopicMetadata(
+        name=name,
+        error_code=E.NONE,
+        partitions=[
+            pb.PartitionMetadata(partition=i, node_id=n, error_code=E.NONE)
+            for i, n in enumerate(nodes)
+        ],
+    )

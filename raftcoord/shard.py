@@ -1,0 +1,381 @@
+"""A shard's leader-side work around its replica: group commit, stamping,
+leadership changes, the producer-id cursor and the periodic sweepers.
+
+Everything here runs on the node's tick thread except :meth:`Shard.submit`
+and :meth:`Shard.read`, which gRPC threads call. Requests queue up between
+ticks; each tick the leader stamps them (time, term, fresh producer ids) in
+arrival order and proposes them together as one Raft entry (group commit),
+so Raft entries per second do not cap requests per second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pysyncobj import FAIL_REASON
+
+from fsm import (
+    AllocatePidBlock,
+    Command,
+    EndTxn,
+    ErrorCode,
+    ExpireTransactionalIds,
+    InitProducerId,
+    Outcome,
+    ProducerFenced,
+    TransactionStateMachine,
+    Transition,
+    WriteMarkers,
+    encode_entry,
+)
+from pid_allocator import PidBlock, PidCursor
+from raftcoord.replica import ShardReplica
+
+log = logging.getLogger("raftcoord.shard")
+
+Reader = Callable[[TransactionStateMachine], Any]
+MarkerSink = Callable[[int, WriteMarkers], None]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Request:
+    """A command to replicate, or (``reader`` set) a read behind a log barrier."""
+
+    command: Command | None
+    future: Future[Any] = field(default_factory=Future)
+    reader: Reader | None = None
+
+
+@dataclass
+class ShardTimers:
+    """Leader duties' periods, in milliseconds."""
+
+    abort_timed_out_interval_ms: int
+    expire_interval_ms: int
+
+
+class TransitionsLog:
+    """The applied-transitions log of one replica (one JSON object per line).
+
+    Keys: ``index`` and ``term`` of the Raft entry, ``shard``,
+    ``transactional_id``, ``producer_id``, ``producer_epoch``, ``from`` (state
+    name, null when the id was created), ``to``, ``partitions`` (list of
+    [topic, partition]), ``groups``, ``time_ms`` (the leader-stamped time).
+    pysyncobj re-applies its journal after a restart; entries at or below the
+    last index already in the file are not written again.
+    """
+
+    def __init__(self, path: Path, shard: int) -> None:
+        self.path = path
+        self.shard = shard
+        self.last_index = self._last_index(path)
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+
+    @staticmethod
+    def _last_index(path: Path) -> int:
+        last = 0
+        if path.exists():
+            with path.open(encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        last = max(last, int(json.loads(line)["index"]))
+                    except (ValueError, KeyError):
+                        continue  # a torn last line after kill -9
+        return last
+
+    def write(self, index: int, term: int, transitions: list[Transition]) -> None:
+        if index <= self.last_index or not transitions:
+            return
+        for t in transitions:
+            record = {
+                "index": index,
+                "term": term,
+                "shard": self.shard,
+                "transactional_id": t.transactional_id,
+                "producer_id": t.producer_id,
+                "producer_epoch": t.producer_epoch,
+                "from": None if t.from_state is None else t.from_state.name,
+                "to": t.to_state.name,
+                "partitions": [list(p) for p in t.partitions],
+                "groups": list(t.groups),
+                "time_ms": t.now_ms,
+            }
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+        self.last_index = index
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Shard:
+    """One shard on one node: its replica plus the leader's duties."""
+
+    def __init__(
+        self,
+        shard: int,
+        node_id: int,
+        replica_factory: Callable[[Callable[[int, int, list[Outcome]], None]], ShardReplica],
+        transitions: TransitionsLog,
+        timers: ShardTimers,
+        marker_sink: MarkerSink,
+    ) -> None:
+        self.shard = shard
+        self.node_id = node_id
+        self.transitions = transitions
+        self.timers = timers
+        self.marker_sink = marker_sink
+        self.cursor = PidCursor()
+        self.is_leader = False
+        self.ready = False
+        self.leader_term = -1
+        self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._waiting: list[Request] = []
+        self._next_abort_sweep = 0
+        self._next_expire_sweep = 0
+        #: Wakes the tick thread from its poll; the node installs it.
+        self.wake: Callable[[], None] = lambda: None
+        self.replica = replica_factory(self._on_applied)
+
+    # --- called from gRPC threads --------------------------------------------------
+
+    def submit(self, command: Command) -> Future[Any]:
+        """Queue ``command``; the future resolves to its :class:`Outcome`."""
+        request = Request(command)
+        self._enqueue(request)
+        return request.future
+
+    def read(self, reader: Reader) -> Future[Any]:
+        """Run ``reader`` on the state once a log barrier proposed after this
+        call is applied (a linearizable read); the future holds its result."""
+        request = Request(None, reader=reader)
+        self._enqueue(request)
+        return request.future
+
+    def availability(self) -> ErrorCode:
+        """NONE when this replica leads and has applied its log, else why not."""
+        if not self.is_leader:
+            return ErrorCode.NOT_COORDINATOR
+        if not self.ready:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def _enqueue(self, request: Request) -> None:
+        error = self.availability()
+        if error is not ErrorCode.NONE:
+            request.future.set_result(Outcome(error=error, message=error.name))
+            return
+        self._queue.put(request)
+        self.wake()
+
+    # --- the tick thread -----------------------------------------------------------
+
+    def tick(self, wait_s: float) -> None:
+        """One round of leader duties, then one pysyncobj tick that waits up
+        to ``wait_s`` for I/O (a new request wakes it through :attr:`wake`)."""
+        self._track_leadership()
+        if self.is_leader and self.ready:
+            now = now_ms()
+            self._sweep(now)
+            self._propose_batch(now)
+        self.replica.doTick(wait_s)
+
+    def _track_leadership(self) -> None:
+        leading = bool(self.replica._isLeader())
+        term = int(self.replica.raftCurrentTerm)
+        if leading and (not self.is_leader or term != self.leader_term):
+            if self.is_leader:
+                self._lose_leadership("term changed")
+            self.is_leader, self.ready, self.leader_term = True, False, term
+            self.cursor.reset()
+            log.info(
+                "node=%d shard=%d event=leader_elected term=%d", self.node_id, self.shard, term
+            )
+            # The first own entry: once it is applied, so is everything before
+            # it, and the shard can answer as current.
+            self._request_block(term, first=True)
+        elif not leading and self.is_leader:
+            self._lose_leadership("stepped down")
+
+    def _lose_leadership(self, why: str) -> None:
+        log.info(
+            "node=%d shard=%d event=leadership_lost term=%d reason=%s",
+            self.node_id,
+            self.shard,
+            self.leader_term,
+            why,
+        )
+        self.is_leader = self.ready = False
+        self.cursor.reset()
+        for request in self._drain():
+            _fail(request, ErrorCode.NOT_COORDINATOR)
+
+    def _request_block(self, term: int, first: bool = False) -> None:
+        layout = self.replica.machine.state.pids.layout
+        token = self.cursor.mark_requested()
+        command = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
+
+        def granted(result: Any, error: Any) -> None:
+            if error != FAIL_REASON.SUCCESS or term != self.leader_term or not self.is_leader:
+                return  # a new leadership will ask again
+            outcome = result[0]
+            if outcome.ok:
+                self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
+            else:
+                log.error(
+                    "node=%d shard=%d event=pid_block_failed %s",
+                    self.node_id,
+                    self.shard,
+                    outcome.message,
+                )
+            if first:
+                self.ready = True
+                log.info(
+                    "node=%d shard=%d event=leader_ready term=%d", self.node_id, self.shard, term
+                )
+                with self.replica.lock:
+                    pending = self.replica.machine.pending_markers()
+                for markers in pending:
+                    self.marker_sink(self.shard, markers)
+
+        self.replica.apply_entry(term, encode_entry([command]), callback=granted)
+
+    def _drain(self) -> list[Request]:
+        drained, self._waiting = self._waiting, []
+        while True:
+            try:
+                drained.append(self._queue.get_nowait())
+            except queue.Empty:
+                return drained
+
+    def _propose_batch(self, now: int) -> None:
+        if self.cursor.needs_block():
+            self._request_block(self.leader_term)
+        requests = self._drain()
+        if not requests:
+            return
+        batch: list[Request] = []
+        commands: list[Command] = []
+        for i, request in enumerate(requests):
+            if request.command is None:
+                batch.append(request)
+                continue
+            stamped = self._stamp(request.command, now)
+            if stamped is None:  # waiting for a producer-id block; keep the order
+                self._waiting = requests[i:]
+                break
+            batch.append(request)
+            commands.append(stamped)
+        if not batch:
+            return
+        term = self.leader_term
+
+        def applied(result: Any, error: Any) -> None:
+            if error != FAIL_REASON.SUCCESS:
+                code = (
+                    ErrorCode.NOT_COORDINATOR
+                    if error != FAIL_REASON.QUEUE_FULL
+                    else ErrorCode.REQUEST_TIMED_OUT
+                )
+                for request in batch:
+                    _fail(request, code)
+                return
+            outcomes = iter(result)
+            for request in batch:
+                if request.command is not None:
+                    request.future.set_result(next(outcomes))
+                else:
+                    assert request.reader is not None
+                    with self.replica.lock:
+                        try:
+                            request.future.set_result(request.reader(self.replica.machine))
+                        except Exception as exc:  # a reader bug must not kill the tick
+                            request.future.set_exception(exc)
+
+        self.replica.apply_entry(term, encode_entry(commands), callback=applied)
+
+    def _stamp(self, command: Command, now: int) -> Command | None:
+        names = {f.name for f in dataclasses.fields(command)}
+        changes: dict[str, Any] = {}
+        if "now_ms" in names:
+            changes["now_ms"] = now
+        if "coordinator_epoch" in names:
+            changes["coordinator_epoch"] = self.leader_term
+        if isinstance(command, InitProducerId | EndTxn):
+            with self.replica.lock:
+                needs = self.replica.machine.needs_new_producer_id(command)
+            if needs:
+                pid = self.cursor.take()
+                if pid is None:
+                    return None
+                changes["new_producer_id"] = pid
+        return dataclasses.replace(command, **changes)
+
+    def take_producer_id(self) -> int | None:
+        """An id for an idempotent producer (tick thread or under the GIL: the
+        cursor's single take is atomic enough, and ids only need uniqueness)."""
+        return self.cursor.take() if self.is_leader and self.ready else None
+
+    def _sweep(self, now: int) -> None:
+        if now >= self._next_abort_sweep:
+            self._next_abort_sweep = now + self.timers.abort_timed_out_interval_ms
+            with self.replica.lock:
+                candidates = self.replica.machine.timed_out(now)
+            for candidate in candidates:
+                self._queue.put(Request(candidate))
+        if now >= self._next_expire_sweep:
+            self._next_expire_sweep = now + self.timers.expire_interval_ms
+            with self.replica.lock:
+                ids = self.replica.machine.expirable_ids(now)
+            if ids:
+                self._queue.put(Request(ExpireTransactionalIds(tuple(ids), now)))
+
+    # --- every replica, after an entry is applied ----------------------------------
+
+    def _on_applied(self, index: int, term: int, outcomes: list[Outcome]) -> None:
+        effects = [e for o in outcomes for e in o.effects]
+        self.transitions.write(index, term, [e for e in effects if isinstance(e, Transition)])
+        if not self.replica._isLeader():
+            return
+        for effect in effects:
+            if isinstance(effect, ProducerFenced):
+                event = "timeout_abort" if effect.reason == "timeout" else "producer_fenced"
+                log.info(
+                    "node=%d shard=%d event=%s transactional_id=%s producer_id=%d "
+                    "old_epoch=%d new_epoch=%d",
+                    self.node_id,
+                    self.shard,
+                    event,
+                    effect.transactional_id,
+                    effect.producer_id,
+                    effect.old_epoch,
+                    effect.new_epoch,
+                )
+            elif isinstance(effect, WriteMarkers):
+                self.marker_sink(self.shard, effect)
+        for outcome in outcomes:
+            if outcome.expired:
+                log.info(
+                    "node=%d shard=%d event=expired transactional_ids=%s",
+                    self.node_id,
+                    self.shard,
+                    ",".join(outcome.expired),
+                )
+
+
+def _fail(request: Request, code: ErrorCode) -> None:
+    if not request.future.done():
+        request.future.set_result(Outcome(error=code, message=code.name))

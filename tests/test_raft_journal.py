@@ -1,0 +1,600 @@
+"""raftcoord.raft_journal: a durable pysyncobj journal with an fsync policy."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import journal as pj
+from pysyncobj import syncobj as ps
+
+from raftcoord import raft_journal as rj
+from raftcoord.raft_journal import DurableFileJournal
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = pj.FIRST_RECORD_OFFSET
+
+
+def cmd(i: int) -> bytes:
+    return b"command-%d-" % i + bytes([i % 256]) * (i % 7)
+
+
+def record_size(command: bytes) -> int:
+    return 4 + 16 + len(command) + 4
+
+
+def read_with_pysyncobj(path: Path) -> tuple[list[Any], int, Any, int]:
+    """Open the journal with pysyncobj's own FileJournal (format compatibility)."""
+    with warnings.catch_warnings():
+        # MetaStorer.getMeta leaves a file object to the garbage collector.
+        warnings.simplefilter("ignore", ResourceWarning)
+        j = pj.FileJournal(str(path))
+        try:
+            entries = [(bytes(c), i, t) for c, i, t in j[:]]
+            return entries, j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()
+        finally:
+            j._destroy()
+
+
+def last_record_offset(path: Path) -> int:
+    with open(path, "rb") as f:
+        f.seek(pj.LAST_RECORD_OFFSET_OFFSET)
+        value: int = struct.unpack("<I", f.read(4))[0]
+        return value
+
+
+def fill(j: Any, n: int, first_idx: int = 1, term: int = 1) -> list[tuple[bytes, int, int]]:
+    entries = [(cmd(i), first_idx + i, term) for i in range(n)]
+    for e in entries:
+        j.add(*e)
+    return entries
+
+
+# ------------------------------------------------------------ round trips
+
+
+def test_entries_term_vote_and_commit_index_survive_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = DurableFileJournal(str(path))
+    assert len(j) == 0 and j.getCurrentTerm() == 0 and j.getVotedForNodeId() is None
+    entries = fill(j, 50)
+    j.setCurrentTerm(3, "127.0.0.1:4321")
+    j.setRaftCommitIndex(40)
+    j.onOneSecondTimer()
+    j._destroy()
+
+    again = DurableFileJournal(str(path))
+    try:
+        assert again[:] == entries
+        assert again[0] == entries[0] and again[-1] == entries[-1]
+        assert len(again) == 50
+        assert again.getCurrentTerm() == 3
+        assert again.getVotedForNodeId() == "127.0.0.1:4321"
+        assert again.getRaftCommitIndex() == 40
+    finally:
+        again._destroy()
+
+    assert read_with_pysyncobj(path) == (entries, 3, "127.0.0.1:4321", 40)
+
+
+def test_commit_index_is_stored_on_close_even_without_timer(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = DurableFileJournal(str(path))
+    fill(j, 5)
+    j.setRaftCommitIndex(4)
+    j._destroy()
+    j._destroy()  # idempotent
+    again = DurableFileJournal(str(path))
+    assert again.getRaftCommitIndex() == 4
+    again._destroy()
+
+
+def _apply(op: str, arg: int, journals: list[Any]) -> None:
+    for j in journals:
+        if op == "add":
+            j.add(cmd(arg), arg, 2)
+        elif op == "from":
+            j.deleteEntriesFrom(arg)
+        elif op == "to":
+            j.deleteEntriesTo(arg)
+        elif op == "clear":
+            j.clear()
+
+
+@pytest.mark.parametrize("policy", rj.POLICIES)
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [("from", 7)],
+        [("from", 0)],
+        [("from", 99)],
+        [("to", 4)],
+        [("to", 0)],
+        [("to", 10)],
+        [("clear", 0)],
+        [("from", 6), ("add", 7), ("add", 8), ("to", 3), ("add", 9)],
+        [("to", 5), ("from", 2), ("add", 8), ("clear", 0), ("add", 1), ("add", 2)],
+    ],
+    ids=repr,
+)
+def test_deletions_and_clear_match_memory_journal_and_pysyncobj(
+    tmp_path: Path, policy: str, ops: list[tuple[str, int]]
+) -> None:
+    path = tmp_path / "journal"
+    model = pj.MemoryJournal()
+    j = DurableFileJournal(str(path), policy)
+    for e in fill(j, 10):
+        model.add(*e)
+    for op, arg in ops:
+        _apply(op, arg, [j, model])
+        assert j[:] == model[:]
+    j.setCurrentTerm(5, None)
+    j._destroy()
+
+    expected = list(model[:])
+    again = DurableFileJournal(str(path), policy)
+    try:
+        assert again[:] == expected
+        assert again.getCurrentTerm() == 5 and again.getVotedForNodeId() is None
+        assert again.dropped_tail_bytes == 0
+    finally:
+        again._destroy()
+    entries, term, voted, _ = read_with_pysyncobj(path)
+    assert entries == expected and term == 5 and voted is None
+
+
+def test_reads_journal_written_by_pysyncobj(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        old = pj.FileJournal(str(path))
+        entries = fill(old, 30)
+        old.deleteEntriesFrom(25)
+        old.setCurrentTerm(9, "a:1")
+        old._destroy()
+    j = DurableFileJournal(str(path))
+    try:
+        assert j[:] == entries[:25]
+        assert j.getCurrentTerm() == 9 and j.getVotedForNodeId() == "a:1"
+        j.add(b"more", 26, 9)  # continues the pysyncobj-written file
+    finally:
+        j._destroy()
+    assert read_with_pysyncobj(path)[0] == [*entries[:25], (b"more", 26, 9)]
+
+
+def test_str_commands_are_stored_as_utf8_like_pysyncobj(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    j = DurableFileJournal(str(path))
+    j.add("héllo", 1, 1)
+    j._destroy()
+    again = DurableFileJournal(str(path))
+    assert again[0] == ("héllo".encode(), 1, 1)
+    again._destroy()
+
+
+def test_rejects_foreign_file_and_bad_policy(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    path.write_bytes(b"definitely not a journal, but long enough for a header")
+    with pytest.raises(rj.JournalCorruptError):
+        DurableFileJournal(str(path))
+    with pytest.raises(ValueError):
+        DurableFileJournal(str(tmp_path / "other"), "sometimes")
+
+
+def test_unreadable_meta_refuses_to_forget_the_vote(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    DurableFileJournal(str(path))._destroy()
+    Path(str(path) + ".meta").write_bytes(b"")  # e.g. an unsynced rename after power loss
+    with pytest.raises(rj.JournalCorruptError):
+        DurableFileJournal(str(path))
+    never = DurableFileJournal(str(path), "never")  # pysyncobj's behaviour: start blank
+    assert never.getCurrentTerm() == 0
+    never._destroy()
+
+
+# --------------------------------------------------------------- policies
+
+
+def test_policy_always_syncs_every_change(tmp_path: Path) -> None:
+    j = DurableFileJournal(str(tmp_path / "journal"), "always")
+    try:
+        total0, fs0 = rj.fsync_total(), j.fsync_count
+        for i in range(1, 21):
+            j.add(cmd(i), i, 1)
+            assert j.entry_sync_count == i
+        assert j.fsync_count - fs0 == 20
+        assert rj.fsync_total() - total0 == 20
+
+        before = j.fsync_count
+        j.setCurrentTerm(2, "x")  # meta file + its directory
+        assert j.fsync_count - before == 2 and j.meta_sync_count == 1
+
+        ops: list[Callable[[], None]] = [
+            lambda: j.deleteEntriesFrom(15),
+            lambda: j.deleteEntriesTo(3),
+            j.clear,
+        ]
+        for op in ops:
+            syncs = j.entry_sync_count
+            op()
+            assert j.entry_sync_count == syncs + 1
+
+        before = j.fsync_count
+        j.onOneSecondTimer()  # nothing pending
+        assert j.fsync_count == before
+    finally:
+        j._destroy()
+
+
+def test_policy_never_does_not_fsync(tmp_path: Path) -> None:
+    total0 = rj.fsync_total()
+    j = DurableFileJournal(str(tmp_path / "journal"), "never")
+    fill(j, 20)
+    j.setCurrentTerm(2, "x")
+    j.deleteEntriesFrom(15)
+    j.deleteEntriesTo(3)
+    j.setRaftCommitIndex(5)
+    j.onOneSecondTimer()
+    j.clear()
+    j._destroy()
+    assert j.fsync_count == 0 and j.entry_sync_count == 0 and j.meta_sync_count == 0
+    assert rj.fsync_total() == total0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_policy_batch_syncs_at_most_once_per_interval(tmp_path: Path) -> None:
+    clock = FakeClock()
+    j = DurableFileJournal(str(tmp_path / "journal"), "batch", batch_interval_s=60.0, clock=clock)
+    try:
+        fill(j, 100)
+        assert j.entry_sync_count == 0  # a burst inside one interval: no sync yet
+        assert j.sync_if_due() is False
+
+        clock.now += 60.0
+        assert j.sync_if_due() is True
+        assert j.entry_sync_count == 1
+        assert j.sync_if_due() is False  # nothing dirty
+
+        clock.now += 60.0
+        fill(j, 100, first_idx=101)  # the first add after the interval syncs, the rest wait
+        assert j.entry_sync_count == 2
+
+        clock.now += 60.0
+        j.onOneSecondTimer()  # pysyncobj's timer is a sync trigger too
+        assert j.entry_sync_count == 3
+
+        # Term and vote are synced before returning, whatever the entry policy.
+        before = j.meta_sync_count
+        j.setCurrentTerm(4, "y")
+        assert j.meta_sync_count == before + 1
+
+        j.add(cmd(0), 201, 4)
+        syncs = j.entry_sync_count
+        j.flush()  # explicit sync
+        assert j.entry_sync_count == syncs + 1
+    finally:
+        j._destroy()
+    again = DurableFileJournal(str(tmp_path / "journal"), "never")
+    assert len(again) == 201
+    again._destroy()
+
+
+def test_batch_meta_store_syncs_pending_entries_first(tmp_path: Path) -> None:
+    clock = FakeClock()
+    j = DurableFileJournal(str(tmp_path / "journal"), "batch", batch_interval_s=60.0, clock=clock)
+    try:
+        fill(j, 10)
+        j.setRaftCommitIndex(10)
+        j.onOneSecondTimer()  # interval not over, but the commit index must not outrun the log
+        assert j.entry_sync_count == 1 and j.meta_sync_count == 1
+    finally:
+        j._destroy()
+
+
+def test_snapshot_file_is_fsynced_before_compaction(tmp_path: Path) -> None:
+    snap = tmp_path / "dump"
+    snap.write_bytes(b"snapshot")
+    j = DurableFileJournal(str(tmp_path / "journal"), snapshot_file=str(snap))
+    try:
+        fill(j, 10)
+        before = j.fsync_count
+        j.deleteEntriesTo(5)
+        # tmp journal + snapshot + snapshot dir + journal dir
+        assert j.fsync_count - before == 4
+        assert [e[1] for e in j[:]] == [6, 7, 8, 9, 10]
+    finally:
+        j._destroy()
+
+
+# ------------------------------------------------------------- kill -9
+
+
+@pytest.mark.parametrize("policy", rj.POLICIES)
+def test_kill_minus_nine_loses_nothing(tmp_path: Path, policy: str) -> None:
+    path = tmp_path / "journal"
+    n = 300
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from raftcoord.raft_journal import DurableFileJournal
+        j = DurableFileJournal({str(path)!r}, {policy!r}, batch_interval_s=3600.0)
+        for i in range(1, {n} + 1):
+            j.add(b"entry-%d" % i, i, 1 + i // 100)
+        j.deleteEntriesFrom({n} - 10)
+        for i in range({n} - 9, {n} + 1):
+            j.add(b"again-%d" % i, i, 7)
+        j.setCurrentTerm(7, "me:1")
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+
+    j = DurableFileJournal(str(path))
+    try:
+        assert len(j) == n
+        assert j[0] == (b"entry-1", 1, 1)
+        assert j[n - 11] == (b"entry-%d" % (n - 10), n - 10, 1 + (n - 10) // 100)
+        assert j[n - 1] == (b"again-%d" % n, n, 7)
+        assert j.getCurrentTerm() == 7 and j.getVotedForNodeId() == "me:1"
+        assert j.dropped_tail_bytes == 0
+    finally:
+        j._destroy()
+
+
+# ------------------------------------------------------------ torn tails
+
+
+def _write_five(path: Path) -> list[tuple[bytes, int, int]]:
+    j = DurableFileJournal(str(path))
+    entries = fill(j, 5)
+    j.setCurrentTerm(1, None)
+    j._destroy()
+    return entries
+
+
+def test_file_truncated_inside_last_record_drops_only_that_record(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    last_start = HEADER + sum(record_size(c) for c, _, _ in entries[:4])
+    assert last_record_offset(path) == last_start + record_size(entries[4][0])
+    os.truncate(path, last_start + 10)  # the header still points past the end
+
+    j = DurableFileJournal(str(path))
+    try:
+        assert j[:] == entries[:4]
+        assert j.dropped_tail_bytes == record_size(entries[4][0])
+        assert last_record_offset(path) == last_start  # header repaired on open
+        j.add(b"replacement", 5, 2)
+    finally:
+        j._destroy()
+    assert read_with_pysyncobj(path)[0] == [*entries[:4], (b"replacement", 5, 2)]
+
+
+def test_garbage_after_last_record_offset_is_ignored_and_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    end = last_record_offset(path)
+    with open(path, "r+b") as f:
+        f.seek(end)
+        f.write(b"\xff" * 500)
+
+    j = DurableFileJournal(str(path))
+    try:
+        assert j[:] == entries and j.dropped_tail_bytes == 0
+        j.add(b"six", 6, 1)
+    finally:
+        j._destroy()
+    again = DurableFileJournal(str(path))
+    assert again[:] == [*entries, (b"six", 6, 1)]
+    again._destroy()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["zeroed", "bad-trailer", "stale-index", "length-past-offset"],
+)
+def test_header_pointing_at_a_torn_record_ends_the_log_there(tmp_path: Path, damage: str) -> None:
+    # What a power loss can leave when the header page reached the disk but the
+    # record's pages did not (or only partly).
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    last_start = HEADER + sum(record_size(c) for c, _, _ in entries[:4])
+    size = record_size(entries[4][0])
+    with open(path, "r+b") as f:
+        if damage == "zeroed":
+            f.seek(last_start)
+            f.write(bytes(size))
+        elif damage == "bad-trailer":
+            f.seek(last_start + size - 4)
+            f.write(struct.pack("<I", 12345))
+        elif damage == "stale-index":
+            f.seek(last_start + 4)
+            f.write(struct.pack("<Q", 77))
+        else:
+            f.seek(last_start)
+            f.write(struct.pack("<I", 10_000))
+    j = DurableFileJournal(str(path))
+    try:
+        assert j[:] == entries[:4]
+        assert j.dropped_tail_bytes == size
+    finally:
+        j._destroy()
+
+
+def test_empty_or_zero_header_file_opens_as_empty_journal(tmp_path: Path) -> None:
+    for content in (b"", bytes(100), pj.APP_NAME[:5]):
+        path = tmp_path / f"journal-{len(content)}"
+        path.write_bytes(content)
+        j = DurableFileJournal(str(path))
+        assert len(j) == 0
+        j.add(b"x", 1, 1)
+        j._destroy()
+        assert read_with_pysyncobj(path)[0] == [(b"x", 1, 1)]
+
+
+# -------------------------------------------------------------- install
+
+
+@pytest.fixture
+def installed() -> Iterator[None]:
+    original = ps.createJournal
+    rj.install()
+    try:
+        yield
+    finally:
+        rj.uninstall()
+        rj._registry.clear()
+        assert ps.createJournal is original
+
+
+def test_install_is_idempotent_and_routes_policies(installed: None, tmp_path: Path) -> None:
+    rj.install()  # again: still one wrapper, original kept for uninstall
+    assert rj.is_installed()
+    assert isinstance(ps.createJournal(None), pj.MemoryJournal)
+
+    rj.register_journal(str(tmp_path / "a"), "batch", batch_interval_s=0.5)
+    a = ps.createJournal(str(tmp_path / "a"))
+    b = ps.createJournal(str(tmp_path / "b"))
+    try:
+        assert isinstance(a, DurableFileJournal) and a.policy == "batch"
+        assert a.batch_interval_s == 0.5
+        assert isinstance(b, DurableFileJournal) and b.policy == "always"
+        assert rj.journal_for(str(tmp_path / "a")) is a
+    finally:
+        a._destroy()
+        b._destroy()
+
+    rj.install(lambda p: "never" if p.endswith("c") else None)
+    c = ps.createJournal(str(tmp_path / "c"))
+    d = ps.createJournal(str(tmp_path / "d"))
+    try:
+        assert c.policy == "never" and d.policy == "always"
+    finally:
+        c._destroy()
+        d._destroy()
+
+
+# ------------------------------------------------------------ real Raft
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Counter(SyncObj):  # type: ignore[misc]
+    def __init__(self, self_addr: str, others: list[str], conf: Any) -> None:
+        super().__init__(self_addr, others, conf)
+        self._value = 0
+
+    @replicated  # type: ignore[untyped-decorator]
+    def add(self, n: int) -> int:
+        self._value += n
+        return self._value
+
+    def value(self) -> int:
+        return self._value
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def start_cluster(tmp_path: Path, addrs: list[str]) -> list[Counter]:
+    nodes: list[Counter] = []
+    for i, addr in enumerate(addrs):
+        conf = SyncObjConf(
+            journalFile=str(tmp_path / f"node{i}.journal"),
+            fullDumpFile=str(tmp_path / f"node{i}.dump"),
+            dynamicMembershipChange=False,
+            useFork=False,
+            appendEntriesUseBatch=True,
+            autoTick=True,
+            autoTickPeriod=0.002,
+            appendEntriesPeriod=0.005,
+            raftMinTimeout=0.3,
+            raftMaxTimeout=0.6,
+            bindRetryTime=0.05,
+            connectionRetryTime=0.05,
+        )
+        nodes.append(Counter(addr, [a for a in addrs if a != addr], conf))
+    return nodes
+
+
+def stop_cluster(nodes: list[Counter]) -> None:
+    for node in nodes:
+        node.destroy()
+    for node in nodes:
+        node.destroy_synchronous()
+
+
+@pytest.mark.slow
+def test_pysyncobj_cluster_recovers_counter_from_durable_journals(
+    installed: None, tmp_path: Path
+) -> None:
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    for i in range(3):
+        rj.register_journal(
+            str(tmp_path / f"node{i}.journal"),
+            "always",
+            snapshot_file=str(tmp_path / f"node{i}.dump"),
+        )
+
+    nodes = start_cluster(tmp_path, addrs)
+    try:
+        wait_until(lambda: all(n._getLeader() is not None for n in nodes), 8, "a leader")
+        for i in range(1, 21):
+            assert nodes[i % 3].add(i, sync=True, timeout=5) is not None
+        expected = sum(range(1, 21))
+        wait_until(lambda: all(n.value() == expected for n in nodes), 5, "replication")
+        journals = [rj.journal_for(str(tmp_path / f"node{i}.journal")) for i in range(3)]
+        assert all(isinstance(j, DurableFileJournal) for j in journals)
+        assert all(j is not None and j.entry_sync_count >= 20 for j in journals)
+        assert all(j is not None and j.meta_sync_count >= 1 for j in journals)
+    finally:
+        stop_cluster(nodes)
+
+    # No snapshot was taken (no compaction yet): the state can only come from the journals.
+    assert not any((tmp_path / f"node{i}.dump").exists() for i in range(3))
+    nodes = start_cluster(tmp_path, addrs)
+    try:
+        wait_until(lambda: all(n.value() == expected for n in nodes), 8, "the counter restored")
+        assert nodes[0].add(1, sync=True, timeout=5) == expected + 1
+    finally:
+        stop_cluster(nodes)
