@@ -30,7 +30,9 @@ def _node(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"raftcoord node: {exc}", file=sys.stderr)
         return 2
-    data_dir = Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
+    data_dir = (
+        Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
+    )
     return run_node(config, args.id, data_dir)
 
 
