@@ -210,6 +210,8 @@ class LocalCluster:
         record = self._require().node(node_id)
         if sig not in SIGNALS:
             raise ClusterError(f"unknown signal {sig!r}; use one of {sorted(SIGNALS)}")
+        if record.pid <= 0:
+            raise ClusterError(f"node {node_id} was never started")
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.pid, SIGNALS[sig])
         if sig in ("KILL", "TERM"):
@@ -219,6 +221,8 @@ class LocalCluster:
         """SIGTERM every node, SIGKILL what is left after ``grace_s``."""
         state = self._require()
         for record in state.nodes:
+            if record.pid <= 0:  # never started (pid 0 would signal our own group)
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.pid, signal.SIGCONT)
                 os.kill(record.pid, signal.SIGTERM)
@@ -226,7 +230,7 @@ class LocalCluster:
         for record in state.nodes:
             self._reap(record.node_id, max(0.0, deadline - time.monotonic()))
         for record in state.nodes:
-            if self.alive(record.node_id):
+            if record.pid > 0 and self.alive(record.node_id):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(record.pid, signal.SIGKILL)
                 self._reap(record.node_id, 5.0)
@@ -247,11 +251,13 @@ class LocalCluster:
         if proc is not None:
             return proc.poll() is None
         record = self._require().node(node_id)
+        if record.pid <= 0:
+            return False
         try:
             stat = Path(f"/proc/{record.pid}/stat").read_text()
         except OSError:
             return False
-        return stat.rsplit(")", 1)[1].split()[0] != "Z" and record.pid > 0
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
     def node_status(self, node_id: int, timeout_s: float = 1.0) -> Any | None:
         """The node's NodeStatus, or None when it does not answer."""

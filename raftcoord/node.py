@@ -71,6 +71,9 @@ class CoordinatorNode:
         for shard in range(self.config.shard_count):
             self.shards.append(self._make_shard(shard))
         for shard in self.shards:
+            raft_journal.attach_tick_sync(
+                shard.replica, str(self.data_dir / f"shard-{shard.shard}" / "journal")
+            )
             notifier = PipeNotifier(shard.replica._poller)
             shard.wake = notifier.notify
             self._notifiers.append(notifier)
@@ -97,7 +100,8 @@ class CoordinatorNode:
         shard_dir = self.data_dir / f"shard-{shard}"
         shard_dir.mkdir(parents=True, exist_ok=True)
         journal = str(shard_dir / "journal")
-        raft_journal.register_journal(journal, settings.fsync)
+        snapshot = str(shard_dir / "snapshot")
+        raft_journal.register_journal(journal, settings.fsync, snapshot_file=snapshot)
         low, high = settings.raft_election_timeout_ms
         conf = SyncObjConf(
             autoTick=False,
@@ -106,7 +110,7 @@ class CoordinatorNode:
             raftMinTimeout=low / 1000.0,
             raftMaxTimeout=high / 1000.0,
             journalFile=journal,
-            fullDumpFile=str(shard_dir / "snapshot"),
+            fullDumpFile=snapshot,
             useFork=False,  # gRPC's threads make fork unsafe
             dynamicMembershipChange=False,
             commandsWaitLeader=False,

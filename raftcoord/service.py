@@ -81,6 +81,10 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         raise _Refused(error, f"shard {shard} is loading its state")
 
     def _run(self, shard: int, command: Command) -> Outcome:
+        # An empty id is refused by any node, before routing to a leader.
+        for name in ("transactional_id", "group_id"):
+            if getattr(command, name, None) == "":
+                raise _Refused(E.INVALID_REQUEST, f"{name} must not be empty")
         self._check(shard)
         result: Outcome = _wait(self.node.shards[shard].submit(command))
         return result

@@ -1,0 +1,90 @@
+"""A small retrying gRPC caller for the coordinator tests: finds the shard
+leader, follows NOT_COORDINATOR and retries retriable answers with backoff."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from fsm import ErrorCode
+from raftcoord.v1 import coordinator_pb2 as pb
+from raftcoord.v1 import coordinator_pb2_grpc
+
+RETRIABLE = {
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.REQUEST_TIMED_OUT,
+}
+
+
+class Coordinators:
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+        self._channels = {a: grpc.insecure_channel(a) for a in addresses}
+        self.stubs = {
+            a: coordinator_pb2_grpc.TransactionCoordinatorStub(c) for a, c in self._channels.items()
+        }
+        self._leader: dict[str, str] = {}
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+    def find(self, key: str, deadline: float) -> str:
+        """The gRPC address of the leader for ``key``, asking every node in turn."""
+        while True:
+            for stub in self.stubs.values():
+                try:
+                    answer = stub.FindCoordinator(
+                        pb.FindCoordinatorRequest(key=key, key_type=pb.TRANSACTION), timeout=1.0
+                    )
+                except grpc.RpcError:
+                    continue
+                if answer.error_code == ErrorCode.NONE:
+                    return str(answer.address)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no coordinator for {key!r}")
+            time.sleep(0.05)
+
+    def call(self, key: str, method: str, request: Any, timeout_s: float = 20.0) -> Any:
+        """Call ``method`` on the leader for ``key`` until a non-retriable answer."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while True:
+            address = self._leader.get(key) or self.find(key, deadline)
+            try:
+                answer = getattr(self.stubs[address], method)(request, timeout=5.0)
+            except grpc.RpcError:
+                answer = None
+            if answer is not None and _error_of(answer) not in RETRIABLE:
+                self._leader[key] = address
+                return answer
+            self._leader.pop(key, None)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{method} for {key!r} kept failing: {answer}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.3)
+
+    def until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(what)
+            time.sleep(0.05)
+
+
+def _error_of(answer: Any) -> ErrorCode:
+    """The answer's error code (DescribeTransactions: its first description's)."""
+    if "error_code" in answer.DESCRIPTOR.fields_by_name:
+        return ErrorCode(answer.error_code)
+    return ErrorCode(answer.transactions[0].error_code)
+
+
+def partitions(topic: str, *numbers: int) -> list[Any]:
+    from raftcoord.v1 import common_pb2
+
+    return [common_pb2.TopicPartitions(topic=topic, partitions=list(numbers))]

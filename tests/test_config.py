@@ -1,0 +1,102 @@
+"""Cluster config parsing: valid files load, invalid ones say what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftcoord.cluster import write_config
+from raftcoord.config import ConfigError, load_config, parse_config
+
+
+def minimal(**changes: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "shard_count": 2,
+        "coordinators": [
+            {"id": 1, "grpc": "127.0.0.1:7001", "raft": ["127.0.0.1:7101", "127.0.0.1:7102"]},
+            {"id": 2, "grpc": "127.0.0.1:7002", "raft": ["127.0.0.1:7201", "127.0.0.1:7202"]},
+        ],
+    }
+    raw.update(changes)
+    return raw
+
+
+def test_minimal_config_and_defaults() -> None:
+    config = parse_config(minimal())
+    assert config.shard_count == 2
+    assert [n.node_id for n in config.coordinators] == [1, 2]
+    assert config.settings.fsync == "always"
+    assert config.settings.transaction_max_timeout_ms == 900_000
+    assert config.coordinator(2).raft == ("127.0.0.1:7201", "127.0.0.1:7202")
+    with pytest.raises(ConfigError, match="no coordinator with id 9"):
+        config.coordinator(9)
+
+
+def test_kafka_named_settings() -> None:
+    config = parse_config(
+        minimal(
+            settings={
+                "transaction.max.timeout.ms": 1000,
+                "transactional.id.expiration.ms": 5000,
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms": 250,
+                "raft.fsync": "batch",
+                "raft.election.timeout.ms": [100, 200],
+            }
+        )
+    )
+    s = config.settings
+    assert (s.transaction_max_timeout_ms, s.transactional_id_expiration_ms) == (1000, 5000)
+    assert s.abort_timed_out_cleanup_interval_ms == 250 and s.fsync == "batch"
+    assert s.raft_election_timeout_ms == (100.0, 200.0)
+    assert s.fsm_config().transaction_max_timeout_ms == 1000
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"shard_count": 0}, "shard_count"),
+        ({"shard_count": "3"}, "shard_count"),
+        ({"coordinators": []}, "at least one"),
+        ({"coordinators": [{"id": 1, "grpc": "nohost", "raft": ["a:1", "b:2"]}]}, "host:port"),
+        (
+            {"coordinators": [{"id": 1, "grpc": "127.0.0.1:1", "raft": ["127.0.0.1:2"]}]},
+            "2 addresses",
+        ),
+        ({"coordinators": [{"id": 0, "grpc": "127.0.0.1:1", "raft": ["h:2", "h:3"]}]}, "id"),
+        ({"settings": {"raft.fsync": "sometimes"}}, "raft.fsync"),
+        ({"settings": {"no.such.setting": 1}}, "unknown setting"),
+        ({"settings": {"transaction.max.timeout.ms": -1}}, "positive integer"),
+        ({"extra": 1}, "unknown top-level"),
+    ],
+)
+def test_invalid_configs_are_clear_errors(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(minimal(**changes))
+
+
+def test_duplicate_ids_and_addresses() -> None:
+    raw = minimal()
+    raw["coordinators"][1]["id"] = 1
+    with pytest.raises(ConfigError, match="unique"):
+        parse_config(raw)
+    raw = minimal()
+    raw["coordinators"][1]["grpc"] = "127.0.0.1:7001"
+    with pytest.raises(ConfigError, match="used twice"):
+        parse_config(raw)
+
+
+def test_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("shard_count = = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+    written = tmp_path / "cluster.toml"
+    write_config(written, coordinators=3, shards=4, fsync="batch")
+    config = load_config(written)
+    assert config.shard_count == 4 and len(config.coordinators) == 3
+    assert all(len(n.raft) == 4 for n in config.coordinators)
+    assert config.settings.fsync == "batch"

@@ -1,0 +1,441 @@
+"""Real coordinator processes on loopback: elections, the transaction flow,
+fencing, leader kill -9 under traffic, restarts, timeouts and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fsm import ErrorCode, shard_for
+from raftcoord.cluster import LocalCluster
+from raftcoord.v1 import common_pb2
+from raftcoord.v1 import coordinator_pb2 as pb
+from tests.coord_client import Coordinators, partitions
+
+pytestmark = pytest.mark.slow
+E = ErrorCode
+ABORT_SWEEP_MS = 100
+
+
+def start_cluster(path: Path) -> LocalCluster:
+    cluster = LocalCluster(path)
+    cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One cluster for the tests that do not fault it."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("shared") / "cluster")
+    try:
+        cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
+        yield cluster
+    finally:
+        cluster.down(grace_s=3)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster of its own, for tests that kill or restart nodes."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
+        yield cluster
+    finally:
+        cluster.down(grace_s=3)
+
+
+def client_for(cluster: LocalCluster) -> Coordinators:
+    assert cluster.state is not None
+    return Coordinators([n.grpc for n in cluster.state.nodes])
+
+
+def describe(client: Coordinators, tid: str) -> pb.TransactionDescription:
+    answer = client.call(
+        tid, "DescribeTransactions", pb.DescribeTransactionsRequest(transactional_ids=[tid])
+    )
+    return answer.transactions[0]
+
+
+def digests(cluster: LocalCluster, node_id: int) -> list[str] | None:
+    status = cluster.node_status(node_id)
+    return None if status is None else [s.state_digest for s in status.shards]
+
+
+def agreed_digests(cluster: LocalCluster) -> list[str]:
+    """The per-shard digests once every replica has applied the same entries."""
+    found: list[list[str] | None] = []
+
+    def agree() -> bool:
+        found[:] = [digests(cluster, n) for n in (1, 2, 3)]
+        return found[0] is not None and found[0] == found[1] == found[2]
+
+    cluster.wait_until(agree, 15, "replicas did not converge")
+    assert found[0] is not None
+    return found[0]
+
+
+def run_transaction(client: Coordinators, tid: str, topic: str = "orders") -> tuple[int, int]:
+    """init → add → commit; returns (producer id, epoch of the committed transaction)."""
+    init = client.call(
+        tid,
+        "InitProducerId",
+        pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+    )
+    assert init.error_code == E.NONE, init
+    added = client.call(
+        tid,
+        "AddPartitionsToTxn",
+        pb.AddPartitionsToTxnRequest(
+            transactional_id=tid,
+            producer_id=init.producer_id,
+            producer_epoch=init.producer_epoch,
+            topics=partitions(topic, 0, 1),
+        ),
+    )
+    assert added.error_code == E.NONE, added
+    end = client.call(
+        tid,
+        "EndTxn",
+        pb.EndTxnRequest(
+            transactional_id=tid,
+            producer_id=init.producer_id,
+            producer_epoch=init.producer_epoch,
+            committed=True,
+        ),
+    )
+    assert end.error_code == E.NONE, end
+    return init.producer_id, init.producer_epoch
+
+
+# --- a healthy cluster -----------------------------------------------------------------
+
+
+def test_every_shard_elects_a_leader_and_all_nodes_agree(shared_cluster: LocalCluster) -> None:
+    leaders = shared_cluster.wait_for_leaders()
+    assert sorted(leaders) == [0, 1, 2]
+    client = client_for(shared_cluster)
+    try:
+        assert shared_cluster.state is not None
+        address_of = {n.node_id: n.grpc for n in shared_cluster.state.nodes}
+        for key in [f"key-{i}" for i in range(12)]:
+            answers = {
+                stub.FindCoordinator(
+                    pb.FindCoordinatorRequest(key=key, key_type=pb.TRANSACTION)
+                ).address
+                for stub in client.stubs.values()
+            }
+            assert answers == {address_of[leaders[shard_for(key, 3)]]}, key
+    finally:
+        client.close()
+
+
+def test_transaction_flow_through_grpc(shared_cluster: LocalCluster) -> None:
+    client = client_for(shared_cluster)
+    try:
+        pid, epoch = run_transaction(client, "flow-1")
+        meta = describe(client, "flow-1")
+        assert meta.error_code == E.NONE
+        # The marker writer completes the transaction; until then it waits in PrepareCommit.
+        assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT
+        assert (meta.producer_id, meta.producer_epoch) == (pid, epoch + 1)
+        assert [(t.topic, list(t.partitions)) for t in meta.topics] == [("orders", [0, 1])]
+        # A non-leader answers NOT_COORDINATOR and names the leader.
+        leader = client.find("flow-1", deadline=float("inf"))
+        other = next(a for a in client.addresses if a != leader)
+        answer = client.stubs[other].InitProducerId(
+            pb.InitProducerIdRequest(transactional_id="flow-1", transaction_timeout_ms=1000)
+        )
+        assert answer.error_code == E.NOT_COORDINATOR and leader in answer.error_message
+    finally:
+        client.close()
+
+
+def test_fencing_bumps_the_epoch_and_aborts_the_open_transaction(
+    shared_cluster: LocalCluster,
+) -> None:
+    client = client_for(shared_cluster)
+    try:
+        tid = "fence-1"
+        first = client.call(
+            tid,
+            "InitProducerId",
+            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+        )
+        ok = client.call(
+            tid,
+            "AddPartitionsToTxn",
+            pb.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                producer_id=first.producer_id,
+                producer_epoch=first.producer_epoch,
+                topics=partitions("orders", 3),
+            ),
+        )
+        assert ok.error_code == E.NONE
+        second = client.call(
+            tid,
+            "InitProducerId",
+            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+        )
+        assert second.error_code == E.CONCURRENT_TRANSACTIONS  # fenced, abort under way
+        meta = describe(client, tid)
+        assert (
+            meta.state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT
+            and meta.producer_epoch == first.producer_epoch + 1
+        )  # PrepareAbort
+        zombie_add = client.call(
+            tid,
+            "AddPartitionsToTxn",
+            pb.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                producer_id=first.producer_id,
+                producer_epoch=first.producer_epoch,
+                topics=partitions("orders", 4),
+            ),
+        )
+        assert zombie_add.error_code == E.PRODUCER_FENCED
+        assert all(r.error_code == E.PRODUCER_FENCED for r in zombie_add.results)
+        zombie_end = client.call(
+            tid,
+            "EndTxn",
+            pb.EndTxnRequest(
+                transactional_id=tid,
+                producer_id=first.producer_id,
+                producer_epoch=first.producer_epoch,
+                committed=True,
+            ),
+        )
+        assert zombie_end.error_code == E.PRODUCER_FENCED
+    finally:
+        client.close()
+
+
+def test_bad_input_gets_error_codes_and_changes_nothing(shared_cluster: LocalCluster) -> None:
+    client = client_for(shared_cluster)
+    try:
+        run_transaction(client, "bad-input-anchor")
+        before = agreed_digests(shared_cluster)
+        cases = [
+            (
+                "",
+                "InitProducerId",
+                pb.InitProducerIdRequest(transactional_id="", transaction_timeout_ms=1000),
+                E.INVALID_REQUEST,
+            ),
+            (
+                "bad-1",
+                "InitProducerId",
+                pb.InitProducerIdRequest(transactional_id="bad-1", transaction_timeout_ms=-5),
+                E.INVALID_TRANSACTION_TIMEOUT,
+            ),
+            (
+                "bad-1",
+                "InitProducerId",
+                pb.InitProducerIdRequest(transactional_id="bad-1", transaction_timeout_ms=900_001),
+                E.INVALID_TRANSACTION_TIMEOUT,
+            ),
+            (
+                "bad-1",
+                "AddPartitionsToTxn",
+                pb.AddPartitionsToTxnRequest(
+                    transactional_id="bad-1",
+                    producer_id=987654,
+                    producer_epoch=0,
+                    topics=partitions("orders", 0),
+                ),
+                E.INVALID_PRODUCER_ID_MAPPING,
+            ),
+            (
+                "bad-input-anchor",
+                "AddPartitionsToTxn",
+                pb.AddPartitionsToTxnRequest(
+                    transactional_id="bad-input-anchor",
+                    producer_id=0,
+                    producer_epoch=0,
+                    topics=partitions("orders", *range(10_001)),
+                ),
+                E.INVALID_REQUEST,
+            ),
+            (
+                "bad-1",
+                "EndTxn",
+                pb.EndTxnRequest(
+                    transactional_id="bad-1", producer_id=5, producer_epoch=0, committed=True
+                ),
+                E.INVALID_PRODUCER_ID_MAPPING,
+            ),
+        ]
+        for key, method, request, expected in cases:
+            if key:
+                answer = client.call(key, method, request)
+            else:  # refused by any node before routing
+                answer = getattr(client.stubs[client.addresses[0]], method)(request)
+            assert answer.error_code == expected, (method, answer)
+            assert answer.error_message
+        for node in (1, 2, 3):
+            assert shared_cluster.alive(node)
+        assert agreed_digests(shared_cluster) == before, "bad input changed the replicated state"
+    finally:
+        client.close()
+
+
+# --- faults ----------------------------------------------------------------------------
+
+
+def test_leader_kill_during_traffic_loses_no_acknowledged_transaction(
+    cluster: LocalCluster,
+) -> None:
+    seed = random.randrange(2**32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    client = client_for(cluster)
+    acknowledged: dict[str, tuple[int, int]] = {}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def traffic(worker: int) -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                tid = f"w{worker}-{i}"
+                acknowledged[tid] = run_transaction(client, tid)
+                i += 1
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=traffic, args=(w,)) for w in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        client.until(lambda: len(acknowledged) >= 20, 30, "no traffic before the kill")
+        victim_shard = rng.randrange(3)
+        victim = cluster.leaders()[victim_shard]
+        cluster.kill(victim, "KILL")
+        count_at_kill = len(acknowledged)
+        client.until(
+            lambda: len(acknowledged) >= count_at_kill + 30,
+            60,
+            "traffic did not resume after the leader was killed",
+        )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        client.close()
+    assert not errors, errors
+    leaders = cluster.wait_for_leaders()
+    assert leaders[victim_shard] != victim
+    client = client_for(cluster)
+    try:
+        owners: dict[int, str] = {}
+        for tid, (pid, epoch) in acknowledged.items():
+            meta = describe(client, tid)
+            assert meta.error_code == E.NONE, (tid, meta)
+            assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT and (
+                meta.producer_id,
+                meta.producer_epoch,
+            ) == (pid, epoch + 1)
+            assert owners.setdefault(pid, tid) == tid, f"producer id {pid} reused"
+    finally:
+        client.close()
+
+
+def test_restarted_node_catches_up_and_agrees(cluster: LocalCluster) -> None:
+    client = client_for(cluster)
+    try:
+        run_transaction(client, "before-restart")
+        cluster.kill(2, "KILL")
+        for i in range(15):
+            run_transaction(client, f"while-down-{i}")
+        cluster.start(2)
+
+        agreed_digests(cluster)
+        status = cluster.node_status(2)
+        assert status is not None and sum(s.transactional_ids for s in status.shards) == 16
+    finally:
+        client.close()
+
+
+def test_whole_cluster_restart_loses_no_committed_transaction(cluster: LocalCluster) -> None:
+    client = client_for(cluster)
+    try:
+        committed = {f"durable-{i}": run_transaction(client, f"durable-{i}") for i in range(10)}
+    finally:
+        client.close()
+    for node in (1, 2, 3):
+        cluster.kill(node, "KILL")
+    for node in (1, 2, 3):
+        cluster.start(node)
+    cluster.wait_for_leaders()
+    client = client_for(cluster)
+    try:
+        for tid, (pid, epoch) in committed.items():
+            meta = describe(client, tid)
+            assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT and (
+                meta.producer_id,
+                meta.producer_epoch,
+            ) == (pid, epoch + 1)
+        # New producer ids never repeat the old ones.
+        fresh = client.call(
+            "after-restart",
+            "InitProducerId",
+            pb.InitProducerIdRequest(transactional_id="after-restart", transaction_timeout_ms=1000),
+        )
+        assert fresh.producer_id not in {pid for pid, _ in committed.values()}
+    finally:
+        client.close()
+
+
+def test_timed_out_transaction_is_aborted_and_its_producer_fenced(
+    shared_cluster: LocalCluster,
+) -> None:
+    client = client_for(shared_cluster)
+    try:
+        tid = "slow-producer"
+        init = client.call(
+            tid,
+            "InitProducerId",
+            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=300),
+        )
+        client.call(
+            tid,
+            "AddPartitionsToTxn",
+            pb.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                producer_id=init.producer_id,
+                producer_epoch=init.producer_epoch,
+                topics=partitions("orders", 7),
+            ),
+        )
+        client.until(
+            lambda: describe(client, tid).state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT,
+            10,
+            "the coordinator did not abort the timed-out transaction",
+        )
+        meta = describe(client, tid)
+        assert meta.producer_epoch == init.producer_epoch + 1
+        late = client.call(
+            tid,
+            "EndTxn",
+            pb.EndTxnRequest(
+                transactional_id=tid,
+                producer_id=init.producer_id,
+                producer_epoch=init.producer_epoch,
+                committed=True,
+            ),
+        )
+        assert late.error_code == E.PRODUCER_FENCED
+    finally:
+        client.close()
+
+
+def test_digest_is_sha256_of_the_state(shared_cluster: LocalCluster) -> None:
+    status = shared_cluster.node_status(1)
+    assert status is not None
+    assert all(len(s.state_digest) == len(hashlib.sha256().hexdigest()) for s in status.shards)
