@@ -4,6 +4,7 @@ fencing, leader kill -9 under traffic, restarts, timeouts and bad input."""
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import threading
 from collections.abc import Iterator
@@ -439,3 +440,117 @@ def test_digest_is_sha256_of_the_state(shared_cluster: LocalCluster) -> None:
     status = shared_cluster.node_status(1)
     assert status is not None
     assert all(len(s.state_digest) == len(hashlib.sha256().hexdigest()) for s in status.shards)
+
+
+def test_group_offsets_listing_and_topics_through_grpc(shared_cluster: LocalCluster) -> None:
+    client = client_for(shared_cluster)
+    try:
+        tid, group = "ctp-1", "group-ctp"
+        init = client.call(
+            tid,
+            "InitProducerId",
+            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+        )
+        ident = {
+            "transactional_id": tid,
+            "producer_id": init.producer_id,
+            "producer_epoch": init.producer_epoch,
+        }
+        assert (
+            client.call(
+                tid, "AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(group_id=group, **ident)
+            ).error_code
+            == E.NONE
+        )
+        offsets = [
+            pb.OffsetCommitTopic(
+                topic="in",
+                partitions=[pb.OffsetCommitPartition(partition=0, offset=42, metadata="m")],
+            )
+        ]
+        committed = client.call(
+            group,
+            "TxnOffsetCommit",
+            pb.TxnOffsetCommitRequest(group_id=group, topics=offsets, **ident),
+        )
+        assert committed.error_code == E.NONE
+        assert [(r.topic, r.partition, r.error_code) for r in committed.results] == [("in", 0, 0)]
+        fetch = pb.OffsetFetchRequest(
+            group_id=group, topics=partitions("in", 0), require_stable=True
+        )
+        [pending] = client.call(group, "OffsetFetch", fetch).partitions
+        assert pending.error_code == E.UNSTABLE_OFFSET_COMMIT
+        plain = pb.OffsetCommitRequest(group_id="plain-group", topics=offsets)
+        assert client.call("plain-group", "OffsetCommit", plain).error_code == E.NONE
+        [stable] = client.call(
+            "plain-group",
+            "OffsetFetch",
+            pb.OffsetFetchRequest(
+                group_id="plain-group", topics=partitions("in", 0), require_stable=True
+            ),
+        ).partitions
+        assert (stable.error_code, stable.offset, stable.metadata) == (E.NONE, 42, "m")
+
+        # ListTransactions: each node lists the shards it leads; together they list all.
+        listed = {}
+        for stub in client.stubs.values():
+            answer = stub.ListTransactions(
+                pb.ListTransactionsRequest(
+                    state_filters=[common_pb2.TRANSACTION_STATE_ONGOING], duration_filter_ms=-1
+                )
+            )
+            listed.update({t.transactional_id: t for t in answer.transactions})
+        assert tid in listed and listed[tid].producer_id == init.producer_id
+        assert all(t.state == common_pb2.TRANSACTION_STATE_ONGOING for t in listed.values())
+
+        # Topics: created on shard 0's leader, seen by every node.
+        shard0 = shared_cluster.leaders()[0]
+        leader_stub = client.stubs[shared_cluster.state.node(shard0).grpc]  # type: ignore[union-attr]
+        created = leader_stub.CreateTopics(
+            pb.CreateTopicsRequest(
+                topics=[
+                    pb.CreatableTopic(name="orders-topic", num_partitions=3),
+                    pb.CreatableTopic(name="bad/name", num_partitions=1),
+                    pb.CreatableTopic(name="zero", num_partitions=0),
+                ]
+            )
+        )
+        assert [r.error_code for r in created.results] == [
+            E.INVALID_REQUEST,
+            E.INVALID_REQUEST,
+            E.INVALID_REQUEST,
+        ]  # no partition-log nodes yet
+        for stub in client.stubs.values():
+            meta = stub.Metadata(pb.MetadataRequest())
+            assert meta.shard_count == 3 and len(meta.coordinators) == 3
+    finally:
+        client.close()
+
+
+def test_replicas_log_the_same_transitions(cluster: LocalCluster) -> None:
+    client = client_for(cluster)
+    try:
+        for i in range(10):
+            run_transaction(client, f"audit-{i}")
+        agreed_digests(cluster)
+    finally:
+        client.close()
+    logs = {
+        node: [
+            (
+                Path(cluster.data_dir) / f"node-{node}" / f"shard-{s}" / "transitions.jsonl"
+            ).read_text()
+            for s in range(3)
+        ]
+        for node in (1, 2, 3)
+    }
+    assert logs[1] == logs[2] == logs[3]
+    lines = [json.loads(line) for text in logs[1] for line in text.splitlines()]
+    assert len(lines) == 30  # created, Ongoing, PrepareCommit per transaction
+    assert {(r["from"], r["to"]) for r in lines} == {
+        (None, "EMPTY"),
+        ("EMPTY", "ONGOING"),
+        ("ONGOING", "PREPARE_COMMIT"),
+    }
+    indexes = [r["index"] for r in lines if r["shard"] == lines[0]["shard"]]
+    assert indexes == sorted(indexes)

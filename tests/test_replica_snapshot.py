@@ -1,0 +1,87 @@
+"""A shard replica compacts its log into the state machine's msgpack snapshot
+and a restarted replica rebuilds the same state from snapshot + journal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
+import pytest
+from pysyncobj import FAIL_REASON, SyncObjConf
+
+from fsm import AllocatePidBlock, InitProducerId, Outcome, TransactionStateMachine, encode_entry
+from raftcoord import raft_journal
+from raftcoord.cluster import free_ports
+from raftcoord.replica import ShardReplica
+
+
+def make_replica(tmp_path: Path, address: str, applied: list[int]) -> ShardReplica:
+    journal, dump = str(tmp_path / "journal"), str(tmp_path / "snapshot")
+    raft_journal.install()
+    raft_journal.register_journal(journal, "always", snapshot_file=dump)
+    conf = SyncObjConf(
+        autoTick=False,
+        appendEntriesUseBatch=False,
+        journalFile=journal,
+        fullDumpFile=dump,
+        useFork=False,
+        dynamicMembershipChange=False,
+        raftMinTimeout=0.05,
+        raftMaxTimeout=0.1,
+        appendEntriesPeriod=0.01,
+    )
+    machine = TransactionStateMachine(0, 1)
+    return ShardReplica(
+        address, [], conf, machine, lambda index, term, outcomes: applied.append(index)
+    )
+
+
+def tick_until(replica: ShardReplica, condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        replica.doTick(0.005)
+
+
+def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    applied: list[int] = []
+    replica = make_replica(tmp_path, address, applied)
+    results: list[list[Outcome]] = []
+    try:
+        tick_until(replica, replica._isLeader)
+        term = replica.raftCurrentTerm
+
+        def done(result: list[Outcome], error: int) -> None:
+            assert error == FAIL_REASON.SUCCESS
+            results.append(result)
+
+        replica.apply_entry(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), callback=done)
+        for i in range(20):
+            command = InitProducerId(f"t{i}", 1000, 1, term, new_producer_id=i)
+            replica.apply_entry(term, encode_entry([command]), callback=done)
+        tick_until(replica, lambda: len(results) == 21)
+        assert all(o.ok for r in results for o in r)
+        expected = replica.machine.snapshot()
+        replica.forceLogCompaction()
+        tick_until(replica, lambda: (tmp_path / "snapshot").exists())
+        payload = msgpack.unpackb((tmp_path / "snapshot").read_bytes(), raw=False)
+        assert set(payload) == {"v", "fsm", "last", "previous"}
+        assert TransactionStateMachine.restore(payload["fsm"]).snapshot() == expected
+    finally:
+        replica.destroy()
+    applied.clear()
+    again = make_replica(tmp_path, address, applied)
+    try:
+        tick_until(again, lambda: again.machine.snapshot() == expected)
+        assert len(again.machine.state.transactions) == 20
+    finally:
+        again.destroy()
+
+
+@pytest.fixture(autouse=True)
+def _restore_pysyncobj() -> object:
+    yield
+    raft_journal.uninstall()
