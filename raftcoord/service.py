@@ -17,6 +17,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import grpc
+
 from fsm import (
     AddOffsets,
     AddPartitions,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 E = ErrorCode
 pb = coordinator_pb2
 REQUEST_TIMEOUT_S = 10.0
+FORWARDED_HEADER = "x-raftcoord-forwarded-by"
 T = TypeVar("T")
 
 
@@ -120,7 +123,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
 
     def InitProducerId(self, request: Any, context: Any) -> Any:
         if not request.HasField("transactional_id"):
-            return self._idempotent_producer_id()
+            return self._idempotent_producer_id(context)
         has_pid, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
         command = InitProducerId(
             transactional_id=request.transactional_id,
@@ -155,20 +158,38 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             producer_epoch=outcome.producer_epoch,
         )
 
-    def _idempotent_producer_id(self) -> Any:
+    def _idempotent_producer_id(self, context: Any) -> Any:
         # Any shard this node leads can hand out an id from its cursor: the
-        # stripes of all shards share one id space without overlapping.
+        # stripes of all shards share one id space without overlapping. A
+        # node that leads none asks a node that does (once: no forwarding loops).
         for shard in self.node.shards:
             pid = shard.take_producer_id()
             if pid is not None:
                 return pb.InitProducerIdResponse(
                     error_code=E.NONE, producer_id=pid, producer_epoch=0
                 )
-        leader = self.node.leader_of(0)
-        where = "unknown" if leader is None else f"node {leader.node_id} at {leader.grpc}"
+        forwarded = dict(context.invocation_metadata()).get(FORWARDED_HEADER)
+        if not forwarded:
+            for shard in range(self.node.config.shard_count):
+                leader = self.node.leader_of(shard)
+                if leader is None or leader.node_id == self.node.node_id:
+                    continue
+                try:
+                    with grpc.insecure_channel(leader.grpc) as channel:
+                        answer = coordinator_pb2_grpc.TransactionCoordinatorStub(
+                            channel
+                        ).InitProducerId(
+                            pb.InitProducerIdRequest(),
+                            timeout=2.0,
+                            metadata=[(FORWARDED_HEADER, str(self.node.node_id))],
+                        )
+                except grpc.RpcError:
+                    continue
+                if answer.error_code == E.NONE:
+                    return answer
         return pb.InitProducerIdResponse(
-            error_code=E.NOT_COORDINATOR,
-            error_message=f"this node leads no shard with producer ids ready; try {where}",
+            error_code=E.COORDINATOR_NOT_AVAILABLE,
+            error_message="no shard leader has producer ids ready; retry",
             producer_id=-1,
             producer_epoch=-1,
         )

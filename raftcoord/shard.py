@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -139,6 +140,8 @@ class Shard:
         self.timers = timers
         self.marker_sink = marker_sink
         self.cursor = PidCursor()
+        # The shard thread stamps ids; gRPC threads take ids for idempotent producers.
+        self._cursor_lock = threading.Lock()
         self.is_leader = False
         self.ready = False
         self.leader_term = -1
@@ -200,7 +203,8 @@ class Shard:
             if self.is_leader:
                 self._lose_leadership("term changed")
             self.is_leader, self.ready, self.leader_term = True, False, term
-            self.cursor.reset()
+            with self._cursor_lock:
+                self.cursor.reset()
             log.info(
                 "node=%d shard=%d event=leader_elected term=%d", self.node_id, self.shard, term
             )
@@ -219,13 +223,15 @@ class Shard:
             why,
         )
         self.is_leader = self.ready = False
-        self.cursor.reset()
+        with self._cursor_lock:
+            self.cursor.reset()
         for request in self._drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
 
     def _request_block(self, term: int, first: bool = False) -> None:
         layout = self.replica.machine.state.pids.layout
-        token = self.cursor.mark_requested()
+        with self._cursor_lock:
+            token = self.cursor.mark_requested()
         command = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
 
         def granted(result: Any, error: Any) -> None:
@@ -233,7 +239,8 @@ class Shard:
                 return  # a new leadership will ask again
             outcome = result[0]
             if outcome.ok:
-                self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
+                with self._cursor_lock:
+                    self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
             else:
                 log.error(
                     "node=%d shard=%d event=pid_block_failed %s",
@@ -262,7 +269,9 @@ class Shard:
                 return drained
 
     def _propose_batch(self, now: int) -> None:
-        if self.cursor.needs_block():
+        with self._cursor_lock:
+            needs_block = self.cursor.needs_block()
+        if needs_block:
             self._request_block(self.leader_term)
         requests = self._drain()
         if not requests:
@@ -318,16 +327,23 @@ class Shard:
             with self.replica.lock:
                 needs = self.replica.machine.needs_new_producer_id(command)
             if needs:
-                pid = self.cursor.take()
+                with self._cursor_lock:
+                    pid = self.cursor.take()
                 if pid is None:
                     return None
                 changes["new_producer_id"] = pid
         return dataclasses.replace(command, **changes)
 
     def take_producer_id(self) -> int | None:
-        """An id for an idempotent producer (tick thread or under the GIL: the
-        cursor's single take is atomic enough, and ids only need uniqueness)."""
-        return self.cursor.take() if self.is_leader and self.ready else None
+        """An id for an idempotent producer, or None when this replica cannot
+        serve one now (not a ready leader, or waiting for its next block)."""
+        if not (self.is_leader and self.ready):
+            return None
+        with self._cursor_lock:
+            pid = self.cursor.take()
+        if pid is not None:
+            self.wake()  # the shard thread asks for the next block at 90% use
+        return pid
 
     def _sweep(self, now: int) -> None:
         if now >= self._next_abort_sweep:

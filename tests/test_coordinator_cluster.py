@@ -110,7 +110,14 @@ def run_transaction(client: Coordinators, tid: str, topic: str = "orders") -> tu
             committed=True,
         ),
     )
-    assert end.error_code == E.NONE, end
+    if end.error_code == E.CONCURRENT_TRANSACTIONS:
+        # The first EndTxn was applied but its answer was lost with a leader;
+        # the retry is told the commit is in progress (Kafka's answer until
+        # the markers complete). The decision is durable either way.
+        meta = describe(client, tid)
+        assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT, meta
+    else:
+        assert end.error_code == E.NONE, end
     return init.producer_id, init.producer_epoch
 
 
@@ -554,3 +561,18 @@ def test_replicas_log_the_same_transitions(cluster: LocalCluster) -> None:
     }
     indexes = [r["index"] for r in lines if r["shard"] == lines[0]["shard"]]
     assert indexes == sorted(indexes)
+
+
+def test_idempotent_producer_ids_from_any_node_are_unique(shared_cluster: LocalCluster) -> None:
+    client = client_for(shared_cluster)
+    try:
+        seen: list[int] = []
+        for _ in range(5):
+            for stub in client.stubs.values():
+                answer = stub.InitProducerId(pb.InitProducerIdRequest())
+                assert answer.error_code == E.NONE and answer.producer_epoch == 0
+                seen.append(answer.producer_id)
+        transactional = [run_transaction(client, f"idem-mix-{i}")[0] for i in range(3)]
+        assert len(set(seen + transactional)) == len(seen) + len(transactional)
+    finally:
+        client.close()
