@@ -1,7 +1,7 @@
 """Latency, throughput, group commit and idle CPU of a local raftcoord cluster.
 
-Run: ``.venv/bin/python bench/coordinator.py`` (about 1.5 minutes; ``--quick``
-about 30 s). For each fsync policy (``--fsync always,never`` by default,
+Run: ``.venv/bin/python bench/coordinator.py`` (about 50 s; ``--quick`` about
+15 s). For each fsync policy (``--fsync always,never`` by default,
 ``always`` with ``--quick``) it starts a 3-coordinator, 3-shard
 :class:`raftcoord.cluster.LocalCluster` in a temporary directory (on the disk
 given by ``--dir``) and measures, in one run so the numbers compare:
