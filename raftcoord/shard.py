@@ -43,6 +43,11 @@ from raftcoord.replica import ShardReplica
 
 log = logging.getLogger("raftcoord.shard")
 
+#: Group commit: a leader keeps at most this many entries of requests in
+#: flight; requests arriving meanwhile wait and go out together in the next
+#: entry, so under load one Raft entry (and one fsync) carries many requests.
+MAX_ENTRIES_IN_FLIGHT = 1
+
 Reader = Callable[[TransactionStateMachine], Any]
 MarkerSink = Callable[[int, WriteMarkers], None]
 
@@ -147,6 +152,7 @@ class Shard:
         self.leader_term = -1
         self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._waiting: list[Request] = []
+        self._in_flight = 0  # proposed entries of this leadership not yet applied
         self._next_abort_sweep = 0
         self._next_expire_sweep = 0
         #: Wakes the tick thread from its poll; the node installs it.
@@ -203,6 +209,7 @@ class Shard:
             if self.is_leader:
                 self._lose_leadership("term changed")
             self.is_leader, self.ready, self.leader_term = True, False, term
+            self._in_flight = 0
             with self._cursor_lock:
                 self.cursor.reset()
             log.info(
@@ -273,6 +280,8 @@ class Shard:
             needs_block = self.cursor.needs_block()
         if needs_block:
             self._request_block(self.leader_term)
+        if self._in_flight >= MAX_ENTRIES_IN_FLIGHT:
+            return  # requests gather in the queue and go out together next
         requests = self._drain()
         if not requests:
             return
@@ -291,8 +300,11 @@ class Shard:
         if not batch:
             return
         term = self.leader_term
+        self._in_flight += 1
 
         def applied(result: Any, error: Any) -> None:
+            if term == self.leader_term:
+                self._in_flight -= 1
             if error != FAIL_REASON.SUCCESS:
                 code = (
                     ErrorCode.NOT_COORDINATOR
