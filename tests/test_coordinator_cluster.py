@@ -3,12 +3,13 @@ fencing, leader kill -9 under traffic, restarts, timeouts and bad input."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,32 +24,28 @@ E = ErrorCode
 ABORT_SWEEP_MS = 100
 
 
-def start_cluster(path: Path) -> LocalCluster:
+@contextmanager
+def running_cluster(path: Path) -> Iterator[LocalCluster]:
     cluster = LocalCluster(path)
-    cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
-    return cluster
+    try:
+        cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
+        yield cluster
+    finally:
+        cluster.down(grace_s=3)
 
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One cluster for the tests that do not fault it."""
-    cluster = LocalCluster(tmp_path_factory.mktemp("shared") / "cluster")
-    try:
-        cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
+    with running_cluster(tmp_path_factory.mktemp("shared") / "cluster") as cluster:
         yield cluster
-    finally:
-        cluster.down(grace_s=3)
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster of its own, for tests that kill or restart nodes."""
-    cluster = LocalCluster(tmp_path / "cluster")
-    try:
-        cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
+    with running_cluster(tmp_path / "cluster") as cluster:
         yield cluster
-    finally:
-        cluster.down(grace_s=3)
 
 
 def client_for(cluster: LocalCluster) -> Coordinators:
@@ -81,35 +78,39 @@ def agreed_digests(cluster: LocalCluster) -> list[str]:
     return found[0]
 
 
-def run_transaction(client: Coordinators, tid: str, topic: str = "orders") -> tuple[int, int]:
+def init_producer(client: Coordinators, tid: str, timeout_ms: int = 60_000) -> Any:
+    request = pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=timeout_ms)
+    return client.call(tid, "InitProducerId", request)
+
+
+def add_partitions(client: Coordinators, tid: str, ident: Any, *numbers: int) -> Any:
+    """AddPartitionsToTxn of topic "orders" with ``ident``'s producer id and epoch."""
+    request = pb.AddPartitionsToTxnRequest(
+        transactional_id=tid,
+        producer_id=ident.producer_id,
+        producer_epoch=ident.producer_epoch,
+        topics=partitions("orders", *numbers),
+    )
+    return client.call(tid, "AddPartitionsToTxn", request)
+
+
+def end_txn(client: Coordinators, tid: str, ident: Any, commit: bool = True) -> Any:
+    request = pb.EndTxnRequest(
+        transactional_id=tid,
+        producer_id=ident.producer_id,
+        producer_epoch=ident.producer_epoch,
+        committed=commit,
+    )
+    return client.call(tid, "EndTxn", request)
+
+
+def run_transaction(client: Coordinators, tid: str) -> tuple[int, int]:
     """init → add → commit; returns (producer id, epoch of the committed transaction)."""
-    init = client.call(
-        tid,
-        "InitProducerId",
-        pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
-    )
+    init = init_producer(client, tid)
     assert init.error_code == E.NONE, init
-    added = client.call(
-        tid,
-        "AddPartitionsToTxn",
-        pb.AddPartitionsToTxnRequest(
-            transactional_id=tid,
-            producer_id=init.producer_id,
-            producer_epoch=init.producer_epoch,
-            topics=partitions(topic, 0, 1),
-        ),
-    )
+    added = add_partitions(client, tid, init, 0, 1)
     assert added.error_code == E.NONE, added
-    end = client.call(
-        tid,
-        "EndTxn",
-        pb.EndTxnRequest(
-            transactional_id=tid,
-            producer_id=init.producer_id,
-            producer_epoch=init.producer_epoch,
-            committed=True,
-        ),
-    )
+    end = end_txn(client, tid, init)
     if end.error_code == E.CONCURRENT_TRANSACTIONS:
         # The first EndTxn was applied but its answer was lost with a leader;
         # the retry is told the commit is in progress (Kafka's answer until
@@ -170,56 +171,17 @@ def test_fencing_bumps_the_epoch_and_aborts_the_open_transaction(
     client = client_for(shared_cluster)
     try:
         tid = "fence-1"
-        first = client.call(
-            tid,
-            "InitProducerId",
-            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
-        )
-        ok = client.call(
-            tid,
-            "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(
-                transactional_id=tid,
-                producer_id=first.producer_id,
-                producer_epoch=first.producer_epoch,
-                topics=partitions("orders", 3),
-            ),
-        )
-        assert ok.error_code == E.NONE
-        second = client.call(
-            tid,
-            "InitProducerId",
-            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
-        )
+        first = init_producer(client, tid)
+        assert add_partitions(client, tid, first, 3).error_code == E.NONE
+        second = init_producer(client, tid)
         assert second.error_code == E.CONCURRENT_TRANSACTIONS  # fenced, abort under way
         meta = describe(client, tid)
-        assert (
-            meta.state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT
-            and meta.producer_epoch == first.producer_epoch + 1
-        )  # PrepareAbort
-        zombie_add = client.call(
-            tid,
-            "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(
-                transactional_id=tid,
-                producer_id=first.producer_id,
-                producer_epoch=first.producer_epoch,
-                topics=partitions("orders", 4),
-            ),
-        )
+        assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT
+        assert meta.producer_epoch == first.producer_epoch + 1
+        zombie_add = add_partitions(client, tid, first, 4)
         assert zombie_add.error_code == E.PRODUCER_FENCED
         assert all(r.error_code == E.PRODUCER_FENCED for r in zombie_add.results)
-        zombie_end = client.call(
-            tid,
-            "EndTxn",
-            pb.EndTxnRequest(
-                transactional_id=tid,
-                producer_id=first.producer_id,
-                producer_epoch=first.producer_epoch,
-                committed=True,
-            ),
-        )
-        assert zombie_end.error_code == E.PRODUCER_FENCED
+        assert end_txn(client, tid, first).error_code == E.PRODUCER_FENCED
     finally:
         client.close()
 
@@ -390,11 +352,8 @@ def test_whole_cluster_restart_loses_no_committed_transaction(cluster: LocalClus
                 meta.producer_epoch,
             ) == (pid, epoch + 1)
         # New producer ids never repeat the old ones.
-        fresh = client.call(
-            "after-restart",
-            "InitProducerId",
-            pb.InitProducerIdRequest(transactional_id="after-restart", transaction_timeout_ms=1000),
-        )
+        fresh = init_producer(client, "after-restart")
+        assert fresh.error_code == E.NONE
         assert fresh.producer_id not in {pid for pid, _ in committed.values()}
     finally:
         client.close()
@@ -406,58 +365,24 @@ def test_timed_out_transaction_is_aborted_and_its_producer_fenced(
     client = client_for(shared_cluster)
     try:
         tid = "slow-producer"
-        init = client.call(
-            tid,
-            "InitProducerId",
-            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=300),
-        )
-        client.call(
-            tid,
-            "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(
-                transactional_id=tid,
-                producer_id=init.producer_id,
-                producer_epoch=init.producer_epoch,
-                topics=partitions("orders", 7),
-            ),
-        )
+        init = init_producer(client, tid, timeout_ms=300)
+        assert add_partitions(client, tid, init, 7).error_code == E.NONE
         client.until(
             lambda: describe(client, tid).state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT,
             10,
             "the coordinator did not abort the timed-out transaction",
         )
-        meta = describe(client, tid)
-        assert meta.producer_epoch == init.producer_epoch + 1
-        late = client.call(
-            tid,
-            "EndTxn",
-            pb.EndTxnRequest(
-                transactional_id=tid,
-                producer_id=init.producer_id,
-                producer_epoch=init.producer_epoch,
-                committed=True,
-            ),
-        )
-        assert late.error_code == E.PRODUCER_FENCED
+        assert describe(client, tid).producer_epoch == init.producer_epoch + 1
+        assert end_txn(client, tid, init).error_code == E.PRODUCER_FENCED
     finally:
         client.close()
-
-
-def test_digest_is_sha256_of_the_state(shared_cluster: LocalCluster) -> None:
-    status = shared_cluster.node_status(1)
-    assert status is not None
-    assert all(len(s.state_digest) == len(hashlib.sha256().hexdigest()) for s in status.shards)
 
 
 def test_group_offsets_listing_and_topics_through_grpc(shared_cluster: LocalCluster) -> None:
     client = client_for(shared_cluster)
     try:
         tid, group = "ctp-1", "group-ctp"
-        init = client.call(
-            tid,
-            "InitProducerId",
-            pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
-        )
+        init = init_producer(client, tid)
         ident = {
             "transactional_id": tid,
             "producer_id": init.producer_id,

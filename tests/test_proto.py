@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FileDescriptor
 
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.v1 import admin_pb2, common_pb2, coordinator_pb2, partition_log_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GENERATED_DIR = REPO_ROOT / "raftcoord" / "v1"
@@ -142,6 +142,7 @@ def test_kafka_enum_numbers() -> None:
     [
         (coordinator_pb2.DESCRIPTOR, "TransactionCoordinator", COORDINATOR_RPCS),
         (partition_log_pb2.DESCRIPTOR, "PartitionLog", PARTITION_LOG_RPCS),
+        (admin_pb2.DESCRIPTOR, "CoordinatorAdmin", {"NodeStatus"}),
     ],
 )
 def test_service_methods(file: FileDescriptor, service: str, rpcs: set[str]) -> None:
