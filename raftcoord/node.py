@@ -68,12 +68,8 @@ class CoordinatorNode:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         raft_journal.install()
         settings = self.config.settings
-        for shard in range(self.config.shard_count):
-            self.shards.append(self._make_shard(shard))
+        self.shards = [self._make_shard(number) for number in range(self.config.shard_count)]
         for shard in self.shards:
-            raft_journal.attach_tick_sync(
-                shard.replica, str(self.data_dir / f"shard-{shard.shard}" / "journal")
-            )
             notifier = PipeNotifier(shard.replica._poller)
             shard.wake = notifier.notify
             self._notifiers.append(notifier)
@@ -134,7 +130,9 @@ class CoordinatorNode:
             return ShardReplica(me, partners, conf, machine, on_applied)  # type: ignore[arg-type]
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
-        return Shard(shard, self.node_id, replica_factory, transitions, timers, self._hand_off)
+        made = Shard(shard, self.node_id, replica_factory, transitions, timers, self._hand_off)
+        raft_journal.attach_tick_sync(made.replica, journal)
+        return made
 
     def _hand_off(self, shard: int, markers: WriteMarkers) -> None:
         # The marker writer takes over from here; until it exists, the
