@@ -41,6 +41,11 @@ class PidCursor:
         self._requested = True
         return self._generation
 
+    def request_failed(self, token: int) -> None:
+        """The request identified by ``token`` was not granted; allow a new one."""
+        if token == self._generation:
+            self._requested = False
+
     def add_block(self, block: PidBlock, token: int) -> bool:
         """Accept a block granted to the request identified by ``token``.
 

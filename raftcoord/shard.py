@@ -242,8 +242,14 @@ class Shard:
         command = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
 
         def granted(result: Any, error: Any) -> None:
-            if error != FAIL_REASON.SUCCESS or term != self.leader_term or not self.is_leader:
-                return  # a new leadership will ask again
+            if term != self.leader_term or not self.is_leader:
+                return  # a new leadership asks again
+            if error != FAIL_REASON.SUCCESS:
+                with self._cursor_lock:
+                    self.cursor.request_failed(token)
+                if first:
+                    self._request_block(term, first=True)
+                return
             outcome = result[0]
             if outcome.ok:
                 with self._cursor_lock:

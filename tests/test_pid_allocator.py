@@ -557,3 +557,15 @@ def test_last_assigned_id_survives_other_commands() -> None:
     outcome = machine.apply(_init("txn-b", 12))
     assert outcome.error is ErrorCode.INVALID_REQUEST
     assert machine.snapshot() == before
+
+
+def test_a_failed_request_allows_a_new_one() -> None:
+    cursor = PidCursor()
+    stale = cursor.mark_requested()
+    assert not cursor.needs_block()
+    cursor.reset()
+    current = cursor.mark_requested()
+    cursor.request_failed(stale)  # an answer from before the reset changes nothing
+    assert not cursor.needs_block()
+    cursor.request_failed(current)
+    assert cursor.needs_block()
