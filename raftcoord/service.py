@@ -84,11 +84,15 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         raise _Refused(error, f"shard {shard} is loading its state")
 
     def _run(self, shard: int, command: Command) -> Outcome:
+        """Replicate ``command`` on ``shard``; a refusal comes back as an error outcome."""
         # An empty id is refused by any node, before routing to a leader.
         for name in ("transactional_id", "group_id"):
             if getattr(command, name, None) == "":
-                raise _Refused(E.INVALID_REQUEST, f"{name} must not be empty")
-        self._check(shard)
+                return Outcome(error=E.INVALID_REQUEST, message=f"{name} must not be empty")
+        try:
+            self._check(shard)
+        except _Refused as refused:
+            return Outcome(error=refused.error, message=refused.message)
         result: Outcome = _wait(self.node.shards[shard].submit(command))
         return result
 
@@ -142,15 +146,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 producer_id=-1,
                 producer_epoch=-1,
             )
-        try:
-            outcome = self._run(self._shard_of(request.transactional_id), command)
-        except _Refused as refused:
-            return pb.InitProducerIdResponse(
-                error_code=refused.error,
-                error_message=refused.message,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
+        outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.InitProducerIdResponse(
             error_code=outcome.error,
             error_message=outcome.message,
@@ -197,8 +193,8 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:
         partitions = tuple((t.topic, p) for t in request.topics for p in t.partitions)
         shard = self._shard_of(request.transactional_id)
-        try:
-            if request.verify_only:
+        if request.verify_only:
+            try:
                 errors = self._read(
                     shard,
                     lambda m: _verify(
@@ -209,26 +205,22 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                         partitions,
                     ),
                 )
+            except _Refused as refused:
+                outcome = Outcome(error=refused.error, message=refused.message)
+            else:
                 return pb.AddPartitionsToTxnResponse(
                     error_code=E.NONE, results=[_partition_result(tp, e) for tp, e in errors]
                 )
-            outcome = self._run(
-                shard,
-                AddPartitions(
-                    request.transactional_id,
-                    request.producer_id,
-                    request.producer_epoch,
-                    partitions,
-                    0,
-                    0,
-                ),
+        else:
+            command = AddPartitions(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                partitions,
+                0,
+                0,
             )
-        except _Refused as refused:
-            return pb.AddPartitionsToTxnResponse(
-                error_code=refused.error,
-                error_message=refused.message,
-                results=[_partition_result(tp, refused.error) for tp in partitions],
-            )
+            outcome = self._run(shard, command)
         return pb.AddPartitionsToTxnResponse(
             error_code=outcome.error,
             error_message=outcome.message,
@@ -244,12 +236,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             0,
             0,
         )
-        try:
-            outcome = self._run(self._shard_of(request.transactional_id), command)
-        except _Refused as refused:
-            return pb.AddOffsetsToTxnResponse(
-                error_code=refused.error, error_message=refused.message
-            )
+        outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.AddOffsetsToTxnResponse(error_code=outcome.error, error_message=outcome.message)
 
     def EndTxn(self, request: Any, context: Any) -> Any:
@@ -261,15 +248,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             0,
             0,
         )
-        try:
-            outcome = self._run(self._shard_of(request.transactional_id), command)
-        except _Refused as refused:
-            return pb.EndTxnResponse(
-                error_code=refused.error,
-                error_message=refused.message,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
+        outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.EndTxnResponse(
             error_code=outcome.error,
             error_message=outcome.message,
@@ -310,10 +289,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     def _group_command(self, group_id: str, command: Command) -> tuple[ErrorCode, str]:
         if not group_id:
             return E.INVALID_REQUEST, "group id must not be empty"
-        try:
-            outcome = self._run(self._shard_of(group_id), command)
-        except _Refused as refused:
-            return refused.error, refused.message
+        outcome = self._run(self._shard_of(group_id), command)
         return outcome.error, outcome.message
 
     def OffsetFetch(self, request: Any, context: Any) -> Any:
@@ -469,15 +445,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             if request.validate_only:
                 results.append(pb.CreateTopicResult(name=topic.name, error_code=E.NONE))
                 continue
-            try:
-                outcome = self._run(0, CreateTopic(topic.name, placement, 0))
-            except _Refused as refused:
-                results.append(
-                    pb.CreateTopicResult(
-                        name=topic.name, error_code=refused.error, error_message=refused.message
-                    )
-                )
-                continue
+            outcome = self._run(0, CreateTopic(topic.name, placement, 0))
             results.append(
                 pb.CreateTopicResult(
                     name=topic.name,

@@ -501,3 +501,42 @@ def test_idempotent_producer_ids_from_any_node_are_unique(shared_cluster: LocalC
         assert len(set(seen + transactional)) == len(seen) + len(transactional)
     finally:
         client.close()
+
+
+def test_verify_only_asks_without_changing_anything(shared_cluster: LocalCluster) -> None:
+    client = client_for(shared_cluster)
+    try:
+        tid = "verify-1"
+        init = init_producer(client, tid)
+        assert add_partitions(client, tid, init, 0).error_code == E.NONE
+        before = agreed_digests(shared_cluster)
+        answer = client.call(
+            tid,
+            "AddPartitionsToTxn",
+            pb.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                producer_id=init.producer_id,
+                producer_epoch=init.producer_epoch,
+                topics=partitions("orders", 0, 5),
+                verify_only=True,
+            ),
+        )
+        assert [(r.partition, r.error_code) for r in answer.results] == [
+            (0, E.NONE),
+            (5, E.INVALID_TXN_STATE),
+        ]
+        stale = client.call(
+            tid,
+            "AddPartitionsToTxn",
+            pb.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                producer_id=init.producer_id,
+                producer_epoch=init.producer_epoch + 1,
+                topics=partitions("orders", 0),
+                verify_only=True,
+            ),
+        )
+        assert [r.error_code for r in stale.results] == [E.PRODUCER_FENCED]
+        assert agreed_digests(shared_cluster) == before
+    finally:
+        client.close()
