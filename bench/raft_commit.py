@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftcoord import raft_journal as rj
+from raftcoord.cluster import free_ports
 
 TICKS: dict[str, tuple[float, float]] = {
     "default 0.05/0.1": (0.05, 0.1),
@@ -62,17 +62,6 @@ class Counter(SyncObj):  # type: ignore[misc]
     def add(self, n: int) -> int:
         self._value += n
         return self._value
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:

@@ -327,26 +327,10 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             try:
                 meta = self._read(self._shard_of(tid), lambda m, tid=tid: m.describe(tid))
             except _Refused as refused:
-                descriptions.append(
-                    pb.TransactionDescription(
-                        error_code=refused.error,
-                        transactional_id=tid,
-                        producer_id=-1,
-                        producer_epoch=-1,
-                        transaction_start_time_ms=-1,
-                    )
-                )
+                descriptions.append(_no_description(tid, refused.error))
                 continue
             if meta is None:
-                descriptions.append(
-                    pb.TransactionDescription(
-                        error_code=E.TRANSACTIONAL_ID_NOT_FOUND,
-                        transactional_id=tid,
-                        producer_id=-1,
-                        producer_epoch=-1,
-                        transaction_start_time_ms=-1,
-                    )
-                )
+                descriptions.append(_no_description(tid, E.TRANSACTIONAL_ID_NOT_FOUND))
                 continue
             topics: dict[str, list[int]] = {}
             for topic, partition in sorted(meta.partitions):
@@ -513,6 +497,17 @@ def _verify(
     if meta.state is not TxnState.ONGOING:
         return [(tp, E.INVALID_TXN_STATE) for tp in partitions]
     return [(tp, E.NONE if tp in meta.partitions else E.INVALID_TXN_STATE) for tp in partitions]
+
+
+def _no_description(transactional_id: str, error: ErrorCode) -> Any:
+    """A DescribeTransactions entry for an id that cannot be described."""
+    return pb.TransactionDescription(
+        error_code=error,
+        transactional_id=transactional_id,
+        producer_id=-1,
+        producer_epoch=-1,
+        transaction_start_time_ms=-1,
+    )
 
 
 def _partition_result(tp: TopicPartition, error: ErrorCode) -> Any:

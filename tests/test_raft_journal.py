@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pysyncobj import journal as pj
 from pysyncobj import syncobj as ps
 
 from raftcoord import raft_journal as rj
+from raftcoord.cluster import free_ports
 from raftcoord.raft_journal import DurableFileJournal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -501,17 +501,6 @@ def test_install_is_idempotent_and_routes_policies(installed: None, tmp_path: Pa
 
 
 # ------------------------------------------------------------ real Raft
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Counter(SyncObj):  # type: ignore[misc]
