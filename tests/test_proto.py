@@ -65,6 +65,7 @@ COORDINATOR_RPCS = {
     "ListTransactions",
     "Metadata",
     "CreateTopics",
+    "WriteTxnMarkers",
 }
 PARTITION_LOG_RPCS = {"Produce", "Fetch", "ListOffsets", "WriteTxnMarkers"}
 

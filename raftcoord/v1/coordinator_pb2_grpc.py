@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from raftcoord.v1 import coordinator_pb2 as raftcoord_dot_v1_dot_coordinator__pb2
+from raftcoord.v1 import partition_log_pb2 as raftcoord_dot_v1_dot_partition__log__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -94,6 +95,11 @@ class TransactionCoordinatorStub:
                 '/raftcoord.v1.TransactionCoordinator/CreateTopics',
                 request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.FromString,
+                _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/WriteTxnMarkers',
+                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
 
 
@@ -187,6 +193,15 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkers(self, request, context):
+        """Transaction markers for consumer groups (sent by marker writers to the
+        leader of each group's shard): COMMIT makes the producer's pending
+        offsets committed, ABORT drops them. Markers must list groups only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +264,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.CreateTopics,
                     request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.FromString,
                     response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -576,6 +596,33 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/CreateTopics',
             raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.SerializeToString,
             raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/WriteTxnMarkers',
+            raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
+            raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

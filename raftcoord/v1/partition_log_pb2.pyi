@@ -200,20 +200,22 @@ class ListOffsetsResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[ListOffsetsPartitionResponse, _Mapping]]] = ...) -> None: ...
 
 class TxnMarker(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "coordinator_epoch", "result", "topics", "transactional_id")
+    __slots__ = ("producer_id", "producer_epoch", "coordinator_epoch", "result", "topics", "transactional_id", "groups")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     coordinator_epoch: int
     result: _common_pb2.TransactionResult
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
     transactional_id: str
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., result: _Optional[_Union[_common_pb2.TransactionResult, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., transactional_id: _Optional[str] = ...) -> None: ...
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., result: _Optional[_Union[_common_pb2.TransactionResult, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WriteTxnMarkersRequest(_message.Message):
     __slots__ = ("markers",)
@@ -222,14 +224,24 @@ class WriteTxnMarkersRequest(_message.Message):
     def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarker, _Mapping]]] = ...) -> None: ...
 
 class TxnMarkerResult(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "partitions")
+    __slots__ = ("producer_id", "producer_epoch", "partitions", "groups")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionResult]
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupResult]
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupResult, _Mapping]]] = ...) -> None: ...
+
+class GroupResult(_message.Message):
+    __slots__ = ("group_id", "error_code")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    error_code: _common_pb2.ErrorCode
+    def __init__(self, group_id: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ...) -> None: ...
 
 class WriteTxnMarkersResponse(_message.Message):
     __slots__ = ("markers",)
