@@ -9,6 +9,7 @@ Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
     "transactional.id.expiration.ms" = 604800000
     "transaction.abort.timed.out.transaction.cleanup.interval.ms" = 1000
     "raft.fsync" = "always"              # always | batch | never
+    "log.flush.policy" = "always"        # partition logs: always | interval | never
 
     [[coordinators]]
     id = 1
@@ -31,6 +32,7 @@ from fsm import FsmConfig
 from pid_allocator import DEFAULT_BLOCK_SIZE
 
 FSYNC_POLICIES = ("always", "batch", "never")
+LOG_FLUSH_POLICIES = ("always", "interval", "never")
 
 
 class ConfigError(Exception):
@@ -67,6 +69,12 @@ class Settings:
     # sent as soon as they are proposed, not on this period.
     raft_heartbeat_ms: float = 50.0
     raft_election_timeout_ms: tuple[float, float] = (300.0, 600.0)  # raft.election.timeout.ms
+    # Partition-log nodes (docs/partition-log.md).
+    log_segment_bytes: int = 64 << 20  # log.segment.bytes
+    log_index_interval_bytes: int = 4096  # log.index.interval.bytes
+    log_flush_policy: str = "always"  # log.flush.policy: always | interval | never
+    log_flush_interval_ms: int = 1000  # log.flush.interval.ms (policy "interval")
+    message_max_bytes: int = 1 << 20  # message.max.bytes: largest accepted batch
 
     def fsm_config(self) -> FsmConfig:
         return FsmConfig(
@@ -89,7 +97,13 @@ _SETTING_NAMES = {
     "raft.tick.ms": "raft_tick_ms",
     "raft.heartbeat.ms": "raft_heartbeat_ms",
     "raft.election.timeout.ms": "raft_election_timeout_ms",
+    "log.segment.bytes": "log_segment_bytes",
+    "log.index.interval.bytes": "log_index_interval_bytes",
+    "log.flush.policy": "log_flush_policy",
+    "log.flush.interval.ms": "log_flush_interval_ms",
+    "message.max.bytes": "message_max_bytes",
 }
+_CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,18 @@ class ClusterConfig:
                 return node
         known = ", ".join(str(n.node_id) for n in self.coordinators)
         raise ConfigError(f"no coordinator with id {node_id} (known: {known})")
+
+    def partition_node(self, node_id: int) -> NodeAddress:
+        """The partition-log node with ``node_id``.
+
+        Raises:
+            ConfigError: no such partition-log node.
+        """
+        for node in self.partition_nodes:
+            if node.node_id == node_id:
+                return node
+        known = ", ".join(str(n.node_id) for n in self.partition_nodes)
+        raise ConfigError(f"no partition-log node with id {node_id} (known: {known})")
 
 
 def load_config(path: str | Path) -> ClusterConfig:
@@ -223,8 +249,9 @@ def _settings(raw: Any) -> Settings:
                 raise ConfigError(f"setting for {attr} must be [low, high] milliseconds")
             values[attr] = (float(value[0]), float(value[1]))
         elif isinstance(default, str):
-            if value not in FSYNC_POLICIES:
-                raise ConfigError(f"raft.fsync must be one of {FSYNC_POLICIES}, got {value!r}")
+            if value not in _CHOICES[attr]:
+                name = next(k for k, v in _SETTING_NAMES.items() if v == attr)
+                raise ConfigError(f"{name} must be one of {_CHOICES[attr]}, got {value!r}")
         elif isinstance(default, float):
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"setting for {attr} must be a positive number, got {value!r}")

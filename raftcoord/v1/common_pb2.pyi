@@ -15,6 +15,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
     NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
     REQUEST_TIMED_OUT: _ClassVar[ErrorCode]
+    MESSAGE_TOO_LARGE: _ClassVar[ErrorCode]
     INVALID_TOPIC_EXCEPTION: _ClassVar[ErrorCode]
     TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
     INVALID_PARTITIONS: _ClassVar[ErrorCode]
@@ -63,6 +64,7 @@ CORRUPT_MESSAGE: ErrorCode
 UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
 NOT_LEADER_OR_FOLLOWER: ErrorCode
 REQUEST_TIMED_OUT: ErrorCode
+MESSAGE_TOO_LARGE: ErrorCode
 INVALID_TOPIC_EXCEPTION: ErrorCode
 TOPIC_ALREADY_EXISTS: ErrorCode
 INVALID_PARTITIONS: ErrorCode
