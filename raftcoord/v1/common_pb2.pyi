@@ -11,6 +11,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     NONE: _ClassVar[ErrorCode]
     UNKNOWN_SERVER_ERROR: _ClassVar[ErrorCode]
+    OFFSET_OUT_OF_RANGE: _ClassVar[ErrorCode]
     CORRUPT_MESSAGE: _ClassVar[ErrorCode]
     UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
     NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
@@ -60,6 +61,7 @@ class IsolationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     READ_COMMITTED: _ClassVar[IsolationLevel]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
+OFFSET_OUT_OF_RANGE: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
 UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
 NOT_LEADER_OR_FOLLOWER: ErrorCode
