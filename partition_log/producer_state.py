@@ -1,0 +1,266 @@
+"""Producer and transaction state of one partition (pure: no I/O, no clock).
+
+What Kafka's ProducerStateManager keeps, rebuilt from the log on start:
+
+* per producer id: the epoch, the coordinator epoch of its last marker, the
+  last five appended batches (sequence range and offsets) for deduplication,
+  and the first offset of its open transaction on this partition;
+* the open transactions, whose smallest first offset is the last stable
+  offset (LSO);
+* the aborted transactions (producer id, first offset, marker offset) that a
+  read_committed reader must skip.
+
+Every decision is a pure function of this state and the request, so the same
+rules run when a batch is appended and when the log is replayed at start.
+The epoch rules follow KIP-890: a transaction's markers carry an epoch
+strictly greater than its data's, so a marker closes the producer's open
+transaction only if that transaction's epoch is lower.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from fsm.errors import ErrorCode as E
+
+#: Batches remembered per producer for deduplication (Kafka's constant).
+DEDUP_WINDOW = 5
+#: Sequences are int32 and wrap to 0 after this (Kafka's DefaultRecordBatch).
+MAX_SEQUENCE = 2**31 - 1
+#: The largest producer epoch (Kafka's Short.MAX_VALUE).
+MAX_EPOCH = 2**15 - 1
+
+
+def next_sequence(sequence: int, increment: int = 1) -> int:
+    """``sequence + increment`` with Kafka's int32 wrap-around to 0."""
+    return (sequence + increment) % (MAX_SEQUENCE + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What deduplication needs about one appended batch."""
+
+    first_sequence: int
+    last_sequence: int
+    base_offset: int
+    last_offset: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    """One producer id's state on this partition."""
+
+    producer_id: int
+    epoch: int
+    coordinator_epoch: int = -1
+    batches: deque[BatchInfo] = field(default_factory=lambda: deque(maxlen=DEDUP_WINDOW))
+    #: First offset of the producer's open transaction here, or None.
+    txn_first_offset: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """A new epoch restarts sequences: forget the old epoch's batches."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.batches.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    """An aborted transaction: its records lie in [first_offset, last_offset]
+    (``last_offset`` is the ABORT marker's offset)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
+class Verdict(Enum):
+    """How an append is to be handled when it is not an error."""
+
+    APPEND = "append"
+    #: The same batch was appended before: answer with its original offsets.
+    DUPLICATE = "duplicate"
+    #: The first transactional batch of this (producer id, epoch) here: ask
+    #: the coordinator that the partition is in the ongoing transaction first.
+    VERIFY = "verify"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendCheck:
+    """The answer of :meth:`ProducerStates.check_append`."""
+
+    verdict: Verdict | None
+    error: E = E.NONE
+    message: str = ""
+    #: For DUPLICATE: the original batch's base offset.
+    base_offset: int = -1
+
+    @property
+    def ok(self) -> bool:
+        return self.error is E.NONE
+
+
+class MarkerAction(Enum):
+    """What a transaction marker does on this partition."""
+
+    #: Append the control record (closing the open transaction, if any).
+    WRITE = "write"
+    #: Already applied (a retried marker of a closed transaction): acknowledge only.
+    NOOP = "noop"
+    #: A coordinator with a newer epoch has written markers for this producer.
+    FENCED = "fenced"
+
+
+def _fail(error: E, message: str) -> AppendCheck:
+    return AppendCheck(None, error, message)
+
+
+class ProducerStates:
+    """The producer/transaction state of one partition."""
+
+    def __init__(self) -> None:
+        self.producers: dict[int, ProducerEntry] = {}
+        #: producer id -> first offset of its open transaction.
+        self.open_txns: dict[int, int] = {}
+        #: Aborted transactions in marker order (so sorted by last_offset).
+        self.aborted: list[AbortedTxn] = []
+        self._aborted_last: list[int] = []
+
+    # --- appends -------------------------------------------------------------------
+
+    def check_append(
+        self,
+        producer_id: int,
+        epoch: int,
+        first_sequence: int,
+        record_count: int,
+        transactional: bool,
+        verified: bool = False,
+    ) -> AppendCheck:
+        """Decide a producer batch: append, duplicate, verify first, or an error.
+
+        ``verified`` says the coordinator already confirmed that this
+        partition is in the producer's ongoing transaction at ``epoch``.
+        Batches without a producer id are always appended.
+        """
+        if producer_id < 0:
+            return AppendCheck(Verdict.APPEND)
+        last_sequence = next_sequence(first_sequence, record_count - 1)
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            if first_sequence != 0:
+                return _fail(
+                    E.UNKNOWN_PRODUCER_ID,
+                    f"producer {producer_id} has no state here; its first batch must have "
+                    f"sequence 0, got {first_sequence}",
+                )
+            return self._transaction_check(None, epoch, transactional, verified)
+        if epoch < entry.epoch:
+            return _fail(
+                E.INVALID_PRODUCER_EPOCH,
+                f"producer {producer_id} epoch {epoch} is older than {entry.epoch}",
+            )
+        if epoch == entry.epoch:
+            for batch in entry.batches:
+                if (batch.first_sequence, batch.last_sequence) == (first_sequence, last_sequence):
+                    return AppendCheck(Verdict.DUPLICATE, base_offset=batch.base_offset)
+            expected = next_sequence(entry.batches[-1].last_sequence) if entry.batches else 0
+        else:
+            expected = 0
+        if first_sequence != expected:
+            return _fail(
+                E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                f"producer {producer_id} epoch {epoch}: expected sequence {expected}, "
+                f"got {first_sequence}",
+            )
+        return self._transaction_check(entry, epoch, transactional, verified)
+
+    def _transaction_check(
+        self, entry: ProducerEntry | None, epoch: int, transactional: bool, verified: bool
+    ) -> AppendCheck:
+        open_txn = entry is not None and entry.txn_first_offset is not None
+        if not transactional:
+            if open_txn:
+                return _fail(
+                    E.INVALID_TXN_STATE,
+                    "a non-transactional batch from a producer with an open transaction here",
+                )
+            return AppendCheck(Verdict.APPEND)
+        if open_txn:
+            assert entry is not None
+            if entry.epoch != epoch:
+                return _fail(
+                    E.INVALID_TXN_STATE,
+                    f"the producer's transaction at epoch {entry.epoch} is still open here",
+                )
+            return AppendCheck(Verdict.APPEND)
+        return AppendCheck(Verdict.APPEND if verified else Verdict.VERIFY)
+
+    def on_append(
+        self,
+        producer_id: int,
+        epoch: int,
+        first_sequence: int,
+        base_offset: int,
+        last_offset: int,
+        transactional: bool,
+    ) -> None:
+        """Record an appended producer batch (also used when replaying the log)."""
+        if producer_id < 0:
+            return
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        entry.set_epoch(epoch)
+        if first_sequence >= 0:
+            last_sequence = next_sequence(first_sequence, last_offset - base_offset)
+            entry.batches.append(BatchInfo(first_sequence, last_sequence, base_offset, last_offset))
+        if transactional and entry.txn_first_offset is None:
+            entry.txn_first_offset = base_offset
+            self.open_txns[producer_id] = base_offset
+
+    # --- markers -------------------------------------------------------------------
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> MarkerAction:
+        """Decide a COMMIT/ABORT marker for ``producer_id`` at marker ``epoch``."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return MarkerAction.WRITE
+        if coordinator_epoch < entry.coordinator_epoch:
+            return MarkerAction.FENCED
+        if entry.txn_first_offset is not None and entry.epoch < epoch:
+            return MarkerAction.WRITE  # closes the open transaction
+        if epoch > entry.epoch:
+            return MarkerAction.WRITE  # nothing open here, but the epoch moves on
+        return MarkerAction.NOOP
+
+    def on_marker(
+        self, producer_id: int, epoch: int, coordinator_epoch: int, commit: bool, offset: int
+    ) -> None:
+        """Record a marker appended at ``offset`` (also used when replaying the log)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        first = entry.txn_first_offset
+        if first is not None and entry.epoch < epoch:
+            entry.txn_first_offset = None
+            del self.open_txns[producer_id]
+            if not commit:
+                self.aborted.append(AbortedTxn(producer_id, first, offset))
+                self._aborted_last.append(offset)
+        entry.set_epoch(max(entry.epoch, epoch))
+        entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
+
+    # --- reads ---------------------------------------------------------------------
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """The first offset of the oldest open transaction, else the high watermark."""
+        return min(self.open_txns.values(), default=high_watermark)
+
+    def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in [start, end)."""
+        i = bisect.bisect_left(self._aborted_last, start)
+        return [t for t in self.aborted[i:] if t.first_offset < end]
