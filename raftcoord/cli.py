@@ -36,6 +36,24 @@ def _node(args: argparse.Namespace) -> int:
     return run_node(config, args.id, data_dir)
 
 
+def _partition_node(args: argparse.Namespace) -> int:
+    from partition_log.node import run_partition_node
+    from raftcoord.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+        config.partition_node(args.id)
+    except ConfigError as exc:
+        print(f"raftcoord partition-node: {exc}", file=sys.stderr)
+        return 2
+    data_dir = (
+        Path(args.data_dir)
+        if args.data_dir
+        else Path(args.config).parent / f"partition-node-{args.id}"
+    )
+    return run_partition_node(config, args.id, data_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
@@ -47,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--id", required=True, type=int, help="this node's id in the config")
     node.add_argument("--data-dir", help="journal, snapshots, logs (default: CONFIG_DIR/node-ID)")
     node.set_defaults(func=_node)
+    pnode = commands.add_parser("partition-node", help="run one partition-log node")
+    pnode.add_argument("--config", required=True, help="cluster config (TOML)")
+    pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")
+    pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
+    pnode.set_defaults(func=_partition_node)
     from raftcoord import cluster
 
     cluster.add_parser(commands)

@@ -25,11 +25,13 @@ from typing import Any
 import grpc
 
 from raftcoord.config import load_config
-from raftcoord.v1 import admin_pb2, admin_pb2_grpc
+from raftcoord.v1 import admin_pb2, admin_pb2_grpc, partition_log_pb2, partition_log_pb2_grpc
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "cluster.toml.template"
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
+#: Partition-log node ids start here, so that they never collide with coordinator ids.
+PARTITION_NODE_BASE_ID = 101
 SIGNALS = {
     "KILL": signal.SIGKILL,
     "STOP": signal.SIGSTOP,
@@ -47,7 +49,7 @@ class NodeRecord:
     """One process the launcher manages."""
 
     node_id: int
-    kind: str  # "coordinator"
+    kind: str  # "coordinator" or "partition-log"
     grpc: str
     pid: int = 0
     log: str = ""
@@ -89,9 +91,11 @@ def write_config(
     shards: int,
     fsync: str = "always",
     abort_interval_ms: int = 1000,
+    partition_nodes: int = 3,
+    log_flush: str = "always",
 ) -> None:
     """Write a cluster config for a local cluster with free ports."""
-    ports = iter(free_ports(coordinators * (1 + shards)))
+    ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes))
     blocks = []
     for node_id in range(1, coordinators + 1):
         grpc_port = next(ports)
@@ -99,12 +103,17 @@ def write_config(
         blocks.append(
             f'[[coordinators]]\nid = {node_id}\ngrpc = "127.0.0.1:{grpc_port}"\nraft = [{raft}]\n'
         )
+    partition_blocks = [
+        f"[[partition_nodes]]\nid = {node_id}\ngrpc = \"127.0.0.1:{next(ports)}\"\n"
+        for node_id in range(PARTITION_NODE_BASE_ID, PARTITION_NODE_BASE_ID + partition_nodes)
+    ]
     text = TEMPLATE.read_text().format(
         shard_count=shards,
         fsync=fsync,
         abort_interval_ms=abort_interval_ms,
+        log_flush=log_flush,
         coordinators="\n".join(blocks),
-        partition_nodes="",
+        partition_nodes="\n".join(partition_blocks),
     )
     path.write_text(text)
 
@@ -131,8 +140,11 @@ class LocalCluster:
         fsync: str = "always",
         abort_interval_ms: int = 1000,
         timeout_s: float = 30.0,
+        partition_nodes: int = 3,
+        log_flush: str = "always",
     ) -> ClusterState:
-        """Write the config, start every node, wait until every shard has a leader."""
+        """Write the config, start every node, wait until every shard has a leader
+        and every partition-log node answers."""
         if self.state is not None and any(self.alive(n.node_id) for n in self.state.nodes):
             raise ClusterError(
                 f"a cluster is already running in {self.data_dir}; "
@@ -140,34 +152,50 @@ class LocalCluster:
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.data_dir / CONFIG_FILE
-        write_config(config_path, coordinators, shards, fsync, abort_interval_ms)
+        write_config(
+            config_path, coordinators, shards, fsync, abort_interval_ms, partition_nodes, log_flush
+        )
         config = load_config(config_path)
         self.state = ClusterState(
             str(self.data_dir),
             str(config_path),
             config.shard_count,
-            [NodeRecord(n.node_id, "coordinator", n.grpc) for n in config.coordinators],
+            [NodeRecord(n.node_id, "coordinator", n.grpc) for n in config.coordinators]
+            + [NodeRecord(n.node_id, "partition-log", n.grpc) for n in config.partition_nodes],
         )
         for record in self.state.nodes:
             self._spawn(record)
         self._save()
         self.wait_for_leaders(timeout_s)
+        for record in self.partition_nodes():
+            self.wait_until(
+                lambda r=record: self.node_status(r.node_id) is not None,
+                timeout_s,
+                f"partition-log node {record.node_id} did not answer",
+            )
         return self.state
+
+    def coordinators(self) -> list[NodeRecord]:
+        return [n for n in self._require().nodes if n.kind == "coordinator"]
+
+    def partition_nodes(self) -> list[NodeRecord]:
+        return [n for n in self._require().nodes if n.kind == "partition-log"]
 
     def _spawn(self, record: NodeRecord) -> None:
         assert self.state is not None
-        log_path = self.data_dir / f"node-{record.node_id}.log"
+        name = "node" if record.kind == "coordinator" else "partition-node"
+        log_path = self.data_dir / f"{name}-{record.node_id}.log"
         command = [
             sys.executable,
             "-m",
             "raftcoord.cli",
-            "node",
+            name,
             "--config",
             self.state.config,
             "--id",
             str(record.node_id),
             "--data-dir",
-            str(self.data_dir / f"node-{record.node_id}"),
+            str(self.data_dir / f"{name}-{record.node_id}"),
         ]
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
@@ -260,10 +288,15 @@ class LocalCluster:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
     def node_status(self, node_id: int, timeout_s: float = 1.0) -> Any | None:
-        """The node's NodeStatus, or None when it does not answer."""
+        """A coordinator's NodeStatus (a partition-log node: an empty ListOffsets
+        answer), or None when the node does not answer."""
         record = self._require().node(node_id)
         with grpc.insecure_channel(record.grpc) as channel:
             try:
+                if record.kind == "partition-log":
+                    return partition_log_pb2_grpc.PartitionLogStub(channel).ListOffsets(
+                        partition_log_pb2.ListOffsetsRequest(), timeout=timeout_s
+                    )
                 return admin_pb2_grpc.CoordinatorAdminStub(channel).NodeStatus(
                     admin_pb2.NodeStatusRequest(), timeout=timeout_s
                 )
@@ -273,7 +306,7 @@ class LocalCluster:
     def leaders(self) -> dict[int, int]:
         """shard -> node id of the ready leader, for shards with one."""
         found: dict[int, int] = {}
-        for record in self._require().nodes:
+        for record in self.coordinators():
             status = self.node_status(record.node_id, timeout_s=0.5)
             if status is None:
                 continue
@@ -320,6 +353,12 @@ class LocalCluster:
             alive = self.alive(record.node_id)
             status = self.node_status(record.node_id, 0.5) if alive else None
             cells = [str(record.node_id), record.grpc, str(record.pid), "yes" if alive else "no"]
+            if record.kind == "partition-log":
+                answer = "no answer" if status is None else "serving"
+                cells += [f"partition-log, {answer}" if alive else "-"]
+                cells += [""] * (state.shard_count - 1)
+                rows.append(cells)
+                continue
             for s in range(state.shard_count):
                 if status is None:
                     cells.append("-" if not alive else "no answer")
@@ -345,7 +384,14 @@ def add_parser(commands: Any) -> None:
     up = sub.add_parser("up", help="write the config, start all nodes, wait for leaders")
     up.add_argument("--coordinators", type=int, default=3)
     up.add_argument("--shards", type=int, default=3)
+    up.add_argument("--partition-nodes", type=int, default=3)
     up.add_argument("--fsync", choices=["always", "batch", "never"], default="always")
+    up.add_argument(
+        "--log-flush",
+        choices=["always", "interval", "never"],
+        default="always",
+        help="partition logs' fsync policy (log.flush.policy)",
+    )
     up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for leaders")
     for p in (
         up,
@@ -369,12 +415,21 @@ def _run(args: argparse.Namespace) -> int:
         if args.cluster_command == "up":
             if not 1 <= args.coordinators <= 9 or not 1 <= args.shards <= 64:
                 raise ClusterError("use 1..9 coordinators and 1..64 shards")
+            if not 0 <= args.partition_nodes <= 50:
+                raise ClusterError("use 0..50 partition-log nodes")
             print(
-                f"starting {args.coordinators} coordinators, {args.shards} shards "
-                f"in {cluster.data_dir} ...",
+                f"starting {args.coordinators} coordinators, {args.shards} shards, "
+                f"{args.partition_nodes} partition-log nodes in {cluster.data_dir} ...",
                 flush=True,
             )
-            cluster.up(args.coordinators, args.shards, args.fsync, timeout_s=args.timeout)
+            cluster.up(
+                args.coordinators,
+                args.shards,
+                args.fsync,
+                timeout_s=args.timeout,
+                partition_nodes=args.partition_nodes,
+                log_flush=args.log_flush,
+            )
             print(cluster.status_table())
         elif args.cluster_command == "status":
             print(cluster.status_table())

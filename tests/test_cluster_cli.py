@@ -40,6 +40,8 @@ def test_node_with_an_invalid_config_or_id(tmp_path: Path) -> None:
     )
     result = raftcoord("node", "--config", str(good), "--id", "7")
     assert result.returncode == 2 and "no coordinator with id 7" in result.stderr
+    result = raftcoord("partition-node", "--config", str(good), "--id", "7")
+    assert result.returncode == 2 and "no partition-log node with id 7" in result.stderr
 
 
 @pytest.mark.slow
@@ -51,8 +53,14 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         assert up.returncode == 0, up.stderr
         state = json.loads((Path(data) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
-        assert len(pids) == 3 and all(Path(n["log"]).exists() for n in state["nodes"])
+        assert len(pids) == 6 and all(Path(n["log"]).exists() for n in state["nodes"])
+        assert [n["kind"] for n in state["nodes"]] == ["coordinator"] * 3 + ["partition-log"] * 3
         assert up.stdout.count("leader") == 2  # one leader per shard in the table
+        assert up.stdout.count("partition-log, serving") == 3
+        killed = raftcoord("cluster", "kill", "102", "--data-dir", data)
+        assert killed.returncode == 0
+        started = raftcoord("cluster", "start", "102", "--data-dir", data)
+        assert started.returncode == 0, started.stderr
         killed = raftcoord("cluster", "kill", "2", "--data-dir", data)
         assert killed.returncode == 0
         status = raftcoord("cluster", "status", "--data-dir", data)
@@ -67,4 +75,4 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
-    assert raftcoord("cluster", "status", "--data-dir", data).stdout.count(" no ") >= 3
+    assert raftcoord("cluster", "status", "--data-dir", data).stdout.count(" no ") >= 6

@@ -50,7 +50,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 def client_for(cluster: LocalCluster) -> Coordinators:
     assert cluster.state is not None
-    return Coordinators([n.grpc for n in cluster.state.nodes])
+    return Coordinators([n.grpc for n in cluster.coordinators()])
 
 
 def describe(client: Coordinators, tid: str) -> pb.TransactionDescription:
@@ -448,13 +448,20 @@ def test_group_offsets_listing_and_topics_through_grpc(shared_cluster: LocalClus
             )
         )
         assert [r.error_code for r in created.results] == [
-            E.INVALID_REQUEST,
-            E.INVALID_REQUEST,
-            E.INVALID_REQUEST,
-        ]  # no partition-log nodes yet
+            E.NONE,
+            E.INVALID_TOPIC_EXCEPTION,
+            E.INVALID_PARTITIONS,
+        ]
+        again = leader_stub.CreateTopics(
+            pb.CreateTopicsRequest(
+                topics=[pb.CreatableTopic(name="orders-topic", num_partitions=1)]
+            )
+        )
+        assert again.results[0].error_code == E.TOPIC_ALREADY_EXISTS
         for stub in client.stubs.values():
             meta = stub.Metadata(pb.MetadataRequest())
             assert meta.shard_count == 3 and len(meta.coordinators) == 3
+            assert len(meta.partition_nodes) == 3
     finally:
         client.close()
 

@@ -1,0 +1,272 @@
+"""What a partition-log node learns from the coordinators.
+
+* :class:`ClusterView`: topic placement from the coordinators' Metadata RPC
+  (which partitions this node owns), refreshed periodically and on a miss.
+* :class:`TxnVerifier`: KIP-890 verification. Before a partition accepts
+  the first transactional batch of a (producer id, epoch), it asks the
+  coordinator of the transactional id, with AddPartitionsToTxn in
+  verify-only mode, whether the partition is in the producer's ongoing
+  transaction. The partitions of one Produce request are asked in one call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from fsm.errors import ErrorCode as E
+from fsm.routing import shard_for
+from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+log = logging.getLogger("raftcoord.partition_log")
+
+#: Deadline of every call to a coordinator.
+CALL_TIMEOUT_S = 3.0
+#: A miss of one topic refreshes the metadata at most this often.
+MIN_REFRESH_INTERVAL_S = 0.1
+
+TopicPartition = tuple[str, int]
+
+
+class CoordinatorChannels:
+    """Cached channels to the coordinator nodes."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = list(addresses)
+        self._stubs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def stub(self, address: str) -> Any:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address)
+                stub = self._stubs[address] = coordinator_pb2_grpc.TransactionCoordinatorStub(
+                    channel
+                )
+            return stub
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a topic-partition lives, as this node knows it."""
+
+    error: E  # NONE (owned here), NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION
+    message: str = ""
+
+
+class ClusterView:
+    """Topic placement, from any coordinator's Metadata answer."""
+
+    def __init__(self, coordinators: CoordinatorChannels, node_id: int) -> None:
+        self._coordinators = coordinators
+        self.node_id = node_id
+        self._lock = threading.Lock()
+        self._topics: dict[str, tuple[int, ...]] = {}
+        self.shard_count = 0
+        self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
+        self._next = 0
+
+    def refresh(self, wanted: str | None = None) -> bool:
+        """Ask the coordinators (in turn until one answers); True on success.
+
+        Coordinators answer from their own replica, which can lag a moment
+        behind a topic's creation; with ``wanted``, the others are asked
+        too until one knows that topic.
+        """
+        addresses = self._coordinators.addresses
+        best: Any = None
+        for i in range(len(addresses)):
+            address = addresses[(self._next + i) % len(addresses)]
+            try:
+                answer = self._coordinators.stub(address).Metadata(
+                    coordinator_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S
+                )
+            except grpc.RpcError:
+                continue
+            if best is None or len(answer.topics) > len(best.topics):
+                best = answer
+            if wanted is None or any(t.name == wanted for t in answer.topics):
+                self._next = (self._next + i) % len(addresses)
+                break
+        else:
+            self._next += 1
+        if best is None:
+            return False
+        topics = {
+            t.name: tuple(p.node_id for p in sorted(t.partitions, key=lambda p: p.partition))
+            for t in best.topics
+            if t.error_code == E.NONE
+        }
+        with self._lock:
+            self._topics = topics
+            self.shard_count = best.shard_count
+        return True
+
+    def owned(self) -> list[TopicPartition]:
+        """The topic-partitions this node owns."""
+        with self._lock:
+            return [
+                (topic, i)
+                for topic, nodes in self._topics.items()
+                for i, node in enumerate(nodes)
+                if node == self.node_id
+            ]
+
+    def locate(self, topic: str, partition: int) -> Placement:
+        """Whether this node owns ``topic``/``partition``; refreshes once on a miss."""
+        placement = self._locate(topic, partition)
+        if placement.error is E.NONE:
+            return placement
+        now = time.monotonic()
+        with self._lock:
+            stale = now - self._missed.get(topic, 0.0) >= MIN_REFRESH_INTERVAL_S
+            if stale:
+                if len(self._missed) > 1000:
+                    self._missed.clear()
+                self._missed[topic] = now
+        if stale and self.refresh(wanted=topic):
+            placement = self._locate(topic, partition)
+        return placement
+
+    def _locate(self, topic: str, partition: int) -> Placement:
+        with self._lock:
+            nodes = self._topics.get(topic)
+        if nodes is None:
+            return Placement(E.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
+        if not 0 <= partition < len(nodes):
+            return Placement(
+                E.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}",
+            )
+        if nodes[partition] != self.node_id:
+            return Placement(
+                E.NOT_LEADER_OR_FOLLOWER,
+                f"{topic}-{partition} is on partition-log node {nodes[partition]}",
+            )
+        return Placement(E.NONE)
+
+
+#: Answers of the coordinator that reject the batch as they are.
+_FINAL = {
+    E.INVALID_TXN_STATE,
+    E.PRODUCER_FENCED,
+    E.INVALID_PRODUCER_ID_MAPPING,
+    E.INVALID_PRODUCER_EPOCH,
+    E.TRANSACTION_ABORTABLE,
+}
+
+
+class TxnVerifier:
+    """Asks transaction coordinators whether partitions are in a transaction."""
+
+    def __init__(self, coordinators: CoordinatorChannels, view: ClusterView) -> None:
+        self._coordinators = coordinators
+        self._view = view
+        self._leaders: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self.calls = 0
+
+    def verify(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[TopicPartition],
+    ) -> dict[TopicPartition, tuple[E, str]]:
+        """Per partition: NONE (in the ongoing transaction) or why not.
+
+        Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
+        which the producer retries.
+        """
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in partitions:
+            by_topic.setdefault(topic, []).append(partition)
+        request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            topics=[common_pb2.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+            verify_only=True,
+        )
+        problem = "no coordinator answered"
+        for _ in range(3):
+            address = self._leader(transactional_id)
+            if address is None:
+                problem = "no coordinator known for the transactional id"
+                break
+            try:
+                self.calls += 1
+                answer = self._coordinators.stub(address).AddPartitionsToTxn(
+                    request, timeout=CALL_TIMEOUT_S
+                )
+            except grpc.RpcError as exc:
+                self._forget(transactional_id)
+                problem = f"coordinator {address}: {exc.code().name}"
+                continue
+            if answer.error_code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE):
+                self._forget(transactional_id)
+                problem = f"coordinator {address}: {E(answer.error_code).name}"
+                continue
+            if answer.error_code != E.NONE:
+                code = E(answer.error_code)
+                final = code if code in _FINAL else E.REQUEST_TIMED_OUT
+                return {tp: (final, f"verification: {answer.error_message}") for tp in partitions}
+            results: dict[TopicPartition, tuple[E, str]] = {}
+            for r in answer.results:
+                code = E(r.error_code)
+                message = "" if code is E.NONE else _not_in_transaction(transactional_id, code)
+                results[(r.topic, r.partition)] = (
+                    code if code in _FINAL or code is E.NONE else E.REQUEST_TIMED_OUT,
+                    message,
+                )
+            missing = "the coordinator did not answer for this partition"
+            return {tp: results.get(tp, (E.REQUEST_TIMED_OUT, missing)) for tp in partitions}
+        message = f"cannot verify the transaction: {problem}"
+        return {tp: (E.REQUEST_TIMED_OUT, message) for tp in partitions}
+
+    def _leader(self, transactional_id: str) -> str | None:
+        if self._view.shard_count == 0:
+            self._view.refresh()
+        if self._view.shard_count == 0:
+            return None
+        shard = shard_for(transactional_id, self._view.shard_count)
+        with self._lock:
+            known = self._leaders.get(shard)
+        if known is not None:
+            return known
+        for address in self._coordinators.addresses:
+            try:
+                answer = self._coordinators.stub(address).FindCoordinator(
+                    coordinator_pb2.FindCoordinatorRequest(
+                        key=transactional_id, key_type=coordinator_pb2.TRANSACTION
+                    ),
+                    timeout=CALL_TIMEOUT_S,
+                )
+            except grpc.RpcError:
+                continue
+            if answer.error_code == E.NONE and answer.address:
+                with self._lock:
+                    self._leaders[shard] = answer.address
+                return str(answer.address)
+        return None
+
+    def _forget(self, transactional_id: str) -> None:
+        if self._view.shard_count:
+            with self._lock:
+                self._leaders.pop(shard_for(transactional_id, self._view.shard_count), None)
+
+
+def _not_in_transaction(transactional_id: str, code: E) -> str:
+    if code is E.INVALID_TXN_STATE:
+        return (
+            f"the partition is not in the ongoing transaction of {transactional_id!r} "
+            "(AddPartitionsToTxn first)"
+        )
+    return f"verification with the coordinator of {transactional_id!r}: {code.name}"

@@ -1,0 +1,387 @@
+"""Kafka RecordBatch v2 (magic 2) encoding, through kafka-python's codec.
+
+A partition log stores batches exactly as Kafka lays them out on disk, so the
+records, the per-batch CRC-32C and the control batches that carry transaction
+markers are Kafka's own format::
+
+    offset  size  field
+         0     8  base offset            (assigned by the log; outside the CRC)
+         8     4  length                 (bytes after this field)
+        12     4  partition leader epoch (outside the CRC)
+        16     1  magic = 2
+        17     4  CRC-32C of bytes 21..end
+        21     2  attributes             (bit 4 transactional, bit 5 control,
+                                          bit 3 timestamp type, bits 0-2 codec)
+        23     4  last offset delta
+        27     8  first timestamp
+        35     8  max timestamp
+        43     8  producer id
+        51     2  producer epoch
+        53     4  base sequence
+        57     4  records count
+        61     -  records
+
+This module only builds and reads batches; kafka-python's
+``DefaultRecordBatchBuilder`` / ``DefaultRecordBatch`` do the record-level
+work (varints, headers). Only uncompressed batches are written, and
+:func:`parse_header` rejects any other compression type.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+with warnings.catch_warnings():
+    # Importing kafka-python 3 loads its protocol schemas through importlib.resources'
+    # legacy read_text/open_text, which warn (an error under the test suite's filters).
+    warnings.filterwarnings(
+        "ignore", message=r"(read|open)_text is deprecated", category=DeprecationWarning
+    )
+    from kafka.errors import CorruptRecordError
+    from kafka.record.default_records import (
+        ControlRecord,
+        DefaultRecordBatch,
+        DefaultRecordBatchBuilder,
+    )
+    from kafka.record.util import calc_crc32c
+
+__all__ = [
+    "HEADER_SIZE",
+    "BatchHeader",
+    "ControlMarker",
+    "CorruptBatch",
+    "RecordData",
+    "StoredRecord",
+    "control_is_commit",
+    "crc_ok",
+    "decode_records",
+    "encode_batch",
+    "encode_control_batch",
+    "parse_header",
+    "read_marker",
+    "set_base_offset",
+]
+
+Buffer = bytes | bytearray | memoryview
+
+_HEADER: struct.Struct = DefaultRecordBatch.HEADER_STRUCT
+HEADER_SIZE: int = _HEADER.size
+"""Size of the v2 batch header, records count included (61 bytes)."""
+
+LOG_OVERHEAD = 12
+"""The base offset and length fields in front of what the length counts."""
+
+_MAGIC = 2
+_CRC_POS: int = DefaultRecordBatch.CRC_OFFSET
+_ATTRIBUTES_POS: int = DefaultRecordBatch.ATTRIBUTES_OFFSET
+_CODEC_MASK: int = DefaultRecordBatch.CODEC_MASK
+_TRANSACTIONAL: int = DefaultRecordBatch.TRANSACTIONAL_MASK
+_CONTROL: int = DefaultRecordBatch.CONTROL_MASK
+_INT32_MAX = 2**31 - 1
+_NO_SEQUENCE = -1
+
+# Kafka's control record key (version, type) and end-transaction-marker value
+# (version, coordinator epoch).
+_CONTROL_KEY = struct.Struct(">hh")
+_MARKER_VALUE = struct.Struct(">hi")
+_ABORT, _COMMIT = 0, 1
+
+_BASE_OFFSET = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+
+
+class CorruptBatch(ValueError):
+    """A batch is not a readable uncompressed v2 batch (bad magic, length, CRC or records)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fixed header of one v2 batch.
+
+    ``size`` counts every byte of the batch, the 12-byte base offset and
+    length prefix included, so the next batch in a segment starts at
+    ``position + size``.
+    """
+
+    base_offset: int
+    size: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    is_transactional: bool
+    is_control: bool
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the batch's last record."""
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        """Offset right after the batch (the next batch's base offset)."""
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence number of the last record, wrapping past int32 max as Kafka does.
+
+        -1 when the batch carries no sequence (``base_sequence == -1``).
+        """
+        if self.base_sequence == _NO_SEQUENCE:
+            return _NO_SEQUENCE
+        if self.base_sequence > _INT32_MAX - self.last_offset_delta:
+            return self.last_offset_delta - (_INT32_MAX - self.base_sequence) - 1
+        return self.base_sequence + self.last_offset_delta
+
+
+@dataclass(frozen=True, slots=True)
+class RecordData:
+    """One record as a producer sends it.
+
+    ``None`` and ``b""`` are different keys (and values): ``None`` is Kafka's
+    null, a ``None`` value is a tombstone.
+    """
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One record of a data batch as read back from the log."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+class ControlMarker(NamedTuple):
+    """The transaction marker in a control batch: COMMIT (``commit``) or ABORT."""
+
+    commit: bool
+    coordinator_epoch: int
+
+
+class _ControlBatchBuilder(DefaultRecordBatchBuilder):  # type: ignore[misc]
+    """kafka-python's builder with the control bit set (it only ever sets transactional)."""
+
+    __slots__ = ()
+
+    def _get_attributes(self, include_compression_type: bool = True) -> int:
+        attributes: int = super()._get_attributes(include_compression_type)
+        return attributes | _CONTROL
+
+
+def encode_batch(
+    records: Sequence[RecordData],
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    transactional: bool,
+) -> bytearray:
+    """Build an uncompressed data batch with base offset 0 and offset deltas 0..n-1.
+
+    Returns:
+        The batch bytes, CRC included; the log assigns the base offset on append
+        (:func:`set_base_offset`).
+
+    Raises:
+        ValueError: ``records`` is empty, or a transactional batch has no producer id.
+    """
+    if not records:
+        raise ValueError("a batch needs at least one record")
+    if transactional and producer_id < 0:
+        raise ValueError("a transactional batch needs a producer id")
+    builder = DefaultRecordBatchBuilder(
+        magic=_MAGIC,
+        compression_type=0,
+        is_transactional=transactional,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        batch_size=_INT32_MAX,
+    )
+    for delta, record in enumerate(records):
+        builder.append(delta, record.timestamp_ms, record.key, record.value, list(record.headers))
+    batch: bytearray = builder.build()
+    return batch
+
+
+def encode_control_batch(
+    *,
+    commit: bool,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+    timestamp_ms: int,
+) -> bytearray:
+    """Build Kafka's end-transaction control batch (a COMMIT or ABORT marker).
+
+    Attributes are transactional | control; the batch has no sequence (-1) and
+    one record whose key is ``(version 0, type)`` (type 0 abort, 1 commit) and
+    whose value is ``(version 0, coordinator_epoch)``.
+
+    Returns:
+        The batch bytes with base offset 0.
+    """
+    builder = _ControlBatchBuilder(
+        magic=_MAGIC,
+        compression_type=0,
+        is_transactional=True,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=_NO_SEQUENCE,
+        batch_size=_INT32_MAX,
+    )
+    key = _CONTROL_KEY.pack(0, _COMMIT if commit else _ABORT)
+    value = _MARKER_VALUE.pack(0, coordinator_epoch)
+    builder.append(0, timestamp_ms, key, value, [])
+    batch: bytearray = builder.build()
+    return batch
+
+
+def set_base_offset(batch: bytearray, base_offset: int) -> None:
+    """Stamp ``base_offset`` into ``batch`` in place (it is outside the CRC)."""
+    _BASE_OFFSET.pack_into(batch, 0, base_offset)
+
+
+def parse_header(buf: Buffer, pos: int = 0) -> BatchHeader:
+    """Read the header of the batch that starts at ``buf[pos]``.
+
+    Only the 61 header bytes need to be present; the body is not checked (see
+    :func:`crc_ok`).
+
+    Raises:
+        CorruptBatch: fewer than 61 bytes, magic other than 2, a length too
+            small for the header, a negative offset delta or record count, or a
+            compressed batch.
+    """
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptBatch(f"incomplete batch header: {len(buf) - pos} of {HEADER_SIZE} bytes")
+    (
+        base_offset,
+        length,
+        _leader_epoch,
+        magic,
+        _crc,
+        attributes,
+        last_offset_delta,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    ) = _HEADER.unpack_from(buf, pos)
+    if magic != _MAGIC:
+        raise CorruptBatch(f"unsupported magic {magic} (only v2 batches)")
+    if length < HEADER_SIZE - LOG_OVERHEAD:
+        raise CorruptBatch(f"batch length {length} is shorter than its header")
+    if last_offset_delta < 0 or record_count < 0:
+        raise CorruptBatch(
+            f"negative last offset delta ({last_offset_delta}) or record count ({record_count})"
+        )
+    if attributes & _CODEC_MASK:
+        raise CorruptBatch(f"compressed batch (codec {attributes & _CODEC_MASK}) not supported")
+    return BatchHeader(
+        base_offset=base_offset,
+        size=length + LOG_OVERHEAD,
+        last_offset_delta=last_offset_delta,
+        first_timestamp=first_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        is_transactional=bool(attributes & _TRANSACTIONAL),
+        is_control=bool(attributes & _CONTROL),
+        record_count=record_count,
+    )
+
+
+def crc_ok(buf: Buffer) -> bool:
+    """Whether the batch at the start of ``buf`` is whole and matches its CRC-32C.
+
+    The batch's own length field bounds the checked bytes; a buffer shorter
+    than that length, or than a header, is not OK.
+    """
+    if len(buf) < HEADER_SIZE:
+        return False
+    size = int.from_bytes(buf[8:12], "big", signed=True) + LOG_OVERHEAD
+    if size < HEADER_SIZE or len(buf) < size:
+        return False
+    stored: int = _CRC.unpack_from(buf, _CRC_POS)[0]
+    with memoryview(buf) as view:
+        actual: int = calc_crc32c(view[_ATTRIBUTES_POS:size])
+    return stored == actual
+
+
+def decode_records(batch: Buffer) -> list[StoredRecord]:
+    """Decode the records of a data batch.
+
+    Raises:
+        CorruptBatch: the header is invalid, the batch is a control batch, or
+            its records cannot be decoded (the CRC is not checked here).
+    """
+    header = parse_header(batch)
+    if header.is_control:
+        raise CorruptBatch("decode_records() on a control batch")
+    out: list[StoredRecord] = []
+    try:
+        for record in DefaultRecordBatch(batch[: header.size]):
+            headers = tuple((k, b"" if v is None else v) for k, v in record.headers)
+            out.append(
+                StoredRecord(record.offset, record.timestamp, record.key, record.value, headers)
+            )
+    except (CorruptRecordError, ValueError, IndexError, UnicodeDecodeError) as err:
+        raise CorruptBatch(f"undecodable records: {err}") from err
+    return out
+
+
+def read_marker(batch: Buffer) -> ControlMarker:
+    """Read the COMMIT/ABORT marker of a control batch.
+
+    Raises:
+        CorruptBatch: not a control batch, not exactly one record, or an
+            unknown key version, marker type or value version.
+    """
+    header = parse_header(batch)
+    if not header.is_control:
+        raise CorruptBatch("not a control batch")
+    try:
+        records = list(DefaultRecordBatch(batch[: header.size]))
+    except (CorruptRecordError, ValueError, IndexError, struct.error) as err:
+        raise CorruptBatch(f"undecodable control batch: {err}") from err
+    if len(records) != 1 or not isinstance(records[0], ControlRecord):
+        raise CorruptBatch(f"a control batch holds one record, found {len(records)}")
+    record = records[0]
+    if record.version != 0 or record.type not in (_ABORT, _COMMIT):
+        raise CorruptBatch(f"unknown control record version {record.version} type {record.type}")
+    value = record.value
+    if value is None or len(value) < _MARKER_VALUE.size:
+        raise CorruptBatch("control record without an end-transaction-marker value")
+    version, coordinator_epoch = _MARKER_VALUE.unpack_from(value)
+    if version != 0:
+        raise CorruptBatch(f"unknown end-transaction-marker version {version}")
+    return ControlMarker(commit=record.type == _COMMIT, coordinator_epoch=coordinator_epoch)
+
+
+def control_is_commit(batch: Buffer) -> bool:
+    """True for a COMMIT marker batch, False for ABORT.
+
+    Raises:
+        CorruptBatch: as :func:`read_marker`.
+    """
+    return read_marker(batch).commit

@@ -1,0 +1,799 @@
+"""One topic-partition's append-only log: segment files, a sparse offset index, recovery.
+
+Layout of a partition directory (docs/partition-log.md has the details)::
+
+    00000000000000000000.log     batches (Kafka RecordBatch v2), back to back
+    00000000000000000000.index   sparse index: (relative offset u32, position u32) pairs
+    00000000000000004711.log     the next segment, starting at offset 4711
+    00000000000000004711.index
+
+The newest segment is the *active* one; appends go to it through an
+``O_APPEND`` file descriptor with ``os.write`` (no userspace buffer), so once
+:meth:`PartitionLogStore.append` returns, the batch is in the kernel's page
+cache and survives the death of the process. The :class:`FsyncPolicy` decides
+when it reaches the disk, i.e. what a machine crash can lose.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+from partition_log.codec import (
+    HEADER_SIZE,
+    BatchHeader,
+    CorruptBatch,
+    crc_ok,
+    parse_header,
+    set_base_offset,
+)
+
+__all__ = [
+    "CorruptLog",
+    "Flushable",
+    "FsyncPolicy",
+    "LogFlusher",
+    "OffsetOutOfRange",
+    "PartitionLogStore",
+    "RecoveryReport",
+    "StoreFailed",
+]
+
+logger = logging.getLogger(__name__)
+
+_INDEX_ENTRY = struct.Struct(">II")
+_MAX_RELATIVE_OFFSET = 0xFFFFFFFF
+_MAX_SEGMENT_BYTES = 2**31 - 1
+_READAHEAD = 64 << 10
+_RECOVERY_READAHEAD = 1 << 20
+_NAME_DIGITS = 20
+
+
+class FsyncPolicy(enum.Enum):
+    """When appended batches are fsynced (``log.flush.policy``)."""
+
+    ALWAYS = "always"
+    """Every append is fsynced before it returns."""
+    INTERVAL = "interval"
+    """Appends return after write(); :meth:`PartitionLogStore.flush` runs periodically."""
+    NEVER = "never"
+    """The operating system writes the page cache back when it chooses."""
+
+
+class CorruptLog(RuntimeError):
+    """The log is damaged where recovery may not repair it.
+
+    Raised when a closed segment (fsynced when it rolled, so trusted) fails to
+    parse, or when segments are not contiguous. Cutting such a log would drop
+    acknowledged batches, so the store refuses to open instead.
+    """
+
+
+class OffsetOutOfRange(ValueError):
+    """A read started below the log start offset or above the log end offset."""
+
+
+class StoreFailed(RuntimeError):
+    """An earlier write or fsync failed; the store must be closed and reopened."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What opening the log found and did."""
+
+    segments: int
+    """Segments in the log after recovery."""
+    batches_scanned: int
+    """Batches whose header was read (every batch of the active segment, CRC checked)."""
+    bytes_truncated: int
+    """Bytes cut from the end of the active segment (torn or corrupt tail)."""
+    indexes_rebuilt: int
+    """Index files rewritten because they were missing, damaged or stale."""
+    seconds: float
+    """Wall time recovery took."""
+
+
+@dataclass(slots=True)
+class _Segment:
+    base_offset: int
+    log_fd: int
+    size: int
+    next_offset: int
+    index_offsets: list[int]  # absolute offsets, increasing (for bisect)
+    index_positions: list[int]
+    index_fd: int | None  # open for appends only while the segment is active
+
+    @property
+    def last_indexed_position(self) -> int:
+        return self.index_positions[-1] if self.index_positions else 0
+
+
+@dataclass(slots=True)
+class _Scan:
+    end: int  # position after the last good batch
+    next_offset: int
+    batches: int
+    index_offsets: list[int]
+    index_positions: list[int]
+    problem: str | None  # why the scan stopped before ``file_size``
+
+
+class _SegmentReader:
+    """Positional reads of one segment file through a read-ahead buffer."""
+
+    __slots__ = ("_buf", "_fd", "_readahead", "_start")
+
+    def __init__(self, fd: int, readahead: int) -> None:
+        self._fd = fd
+        self._readahead = readahead
+        self._buf = b""
+        self._start = 0
+
+    def window(self, pos: int, n: int) -> tuple[bytes, int]:
+        """A buffer holding file bytes ``[pos, pos + n)`` (fewer at end of file), and where
+        ``pos`` is in it."""
+        rel = pos - self._start
+        if rel >= 0 and rel + n <= len(self._buf):
+            return self._buf, rel
+        self._buf = _pread_full(self._fd, max(n, self._readahead), pos)
+        self._start = pos
+        return self._buf, 0
+
+
+class PartitionLogStore:
+    """The segments of one partition in one directory.
+
+    Opening the store recovers it (see :attr:`recovered`). Offsets are dense:
+    each appended batch gets ``log_end_offset`` as its base offset.
+
+    Not thread-safe: the caller serialises every call (appends, reads, flushes,
+    iteration of :meth:`batches`) with its own lock.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int = 64 << 20,
+        index_interval_bytes: int = 4096,
+        fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+    ) -> None:
+        """Open the log in ``directory`` (created if missing) and recover it.
+
+        Raises:
+            ValueError: ``segment_bytes`` outside [61, 2**31 - 1] or a negative
+                ``index_interval_bytes``.
+            CorruptLog: a closed segment is damaged or segments have gaps.
+            OSError: the directory or its files cannot be used.
+        """
+        if not HEADER_SIZE <= segment_bytes <= _MAX_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be in [{HEADER_SIZE}, {_MAX_SEGMENT_BYTES}]")
+        if index_interval_bytes < 0:
+            raise ValueError("index_interval_bytes must not be negative")
+        self.directory = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.index_interval_bytes = index_interval_bytes
+        self.fsync = fsync
+        self.headers_scanned = 0
+        """Batch headers parsed so far (recovery, reads, :meth:`batches`); for tests and
+        diagnostics."""
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._dirty = False
+        self._index_dirty = False
+        self._failure: BaseException | None = None
+        self._closed = False
+        try:
+            self.recovered = self._recover()
+        except BaseException:
+            self._close_fds()
+            raise
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        """Base offset of the first segment."""
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets (the high watermark: one replica)."""
+        return self._segments[-1].next_offset
+
+    @property
+    def dirty(self) -> bool:
+        """Whether log bytes were written since the last fsync of the active segment."""
+        return self._dirty
+
+    @property
+    def segment_base_offsets(self) -> tuple[int, ...]:
+        """Base offsets of the segments, oldest first."""
+        return tuple(self._bases)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(self, batch: bytearray) -> int:
+        """Append one batch, stamping ``log_end_offset`` into it as its base offset.
+
+        Rolls to a new segment first when the active one is not empty and the
+        batch would take it past ``segment_bytes``. Under
+        :attr:`FsyncPolicy.ALWAYS` the segment is fsynced before returning;
+        under every policy the batch is in the page cache once this returns.
+
+        Returns:
+            The batch's base offset.
+
+        Raises:
+            CorruptBatch: ``batch`` has no valid v2 header.
+            ValueError: ``len(batch)`` differs from the size its header declares.
+            StoreFailed: an earlier write or fsync failed.
+            OSError: writing failed (nothing was appended) or fsync failed (the
+                store is failed from then on).
+        """
+        self._check_usable()
+        header = parse_header(batch)
+        if header.size != len(batch):
+            raise ValueError(f"batch declares {header.size} bytes but has {len(batch)}")
+        base_offset = self.log_end_offset
+        active = self._segments[-1]
+        too_big = active.size + len(batch) > self.segment_bytes
+        last_relative = base_offset + header.last_offset_delta - active.base_offset
+        if active.size > 0 and (too_big or last_relative > _MAX_RELATIVE_OFFSET):
+            self._roll()
+            active = self._segments[-1]
+        set_base_offset(batch, base_offset)
+        position = active.size
+        self._write_log(active, batch)
+        active.size += len(batch)
+        active.next_offset = base_offset + header.last_offset_delta + 1
+        self._dirty = True
+        try:
+            if position - active.last_indexed_position >= self.index_interval_bytes:
+                self._add_index_entry(active, base_offset, position)
+            if self.fsync is FsyncPolicy.ALWAYS:
+                os.fsync(active.log_fd)
+                self._dirty = False
+        except OSError as err:
+            self._failure = err
+            raise
+        return base_offset
+
+    def flush(self) -> None:
+        """Fsync the active segment (and its index) if anything was written since the last
+        flush.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            OSError: fsync failed (the store is failed from then on).
+        """
+        self._check_usable()
+        active = self._segments[-1]
+        try:
+            if self._dirty:
+                os.fsync(active.log_fd)
+                self._dirty = False
+            if self._index_dirty and active.index_fd is not None:
+                os.fsync(active.index_fd)
+                self._index_dirty = False
+        except OSError as err:
+            self._failure = err
+            raise
+
+    def close(self) -> None:
+        """Fsync the active segment and index (under every policy) and close the files.
+
+        Closing twice is harmless. After a failure the files are closed without syncing.
+        """
+        if self._closed:
+            return
+        try:
+            if self._failure is None and self._segments:
+                active = self._segments[-1]
+                os.fsync(active.log_fd)
+                if active.index_fd is not None:
+                    os.fsync(active.index_fd)
+                self._dirty = self._index_dirty = False
+        finally:
+            self._closed = True
+            self._close_fds()
+
+    def __enter__(self) -> PartitionLogStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, from_offset: int, max_bytes: int, upto_offset: int) -> list[bytes]:
+        """Whole batches in offset order, starting with the one that contains ``from_offset``.
+
+        Only batches that end at or below ``upto_offset`` (``next_offset <=
+        upto_offset``) are returned. ``max_bytes`` is a soft limit as in Kafka:
+        the first qualifying batch is returned whatever its size, later ones only
+        while the total stays within ``max_bytes``.
+
+        The segment is found by bisection on base offsets, the start position by
+        the sparse offset index; the scan forward from there reads headers only
+        until it reaches ``from_offset``.
+
+        Raises:
+            OffsetOutOfRange: ``from_offset`` is below :attr:`log_start_offset`
+                or above :attr:`log_end_offset`.
+            StoreFailed: an earlier write or fsync failed.
+            CorruptLog: the index or a batch header does not match the log.
+        """
+        self._check_usable()
+        if not self.log_start_offset <= from_offset <= self.log_end_offset:
+            raise OffsetOutOfRange(
+                f"offset {from_offset} outside [{self.log_start_offset}, {self.log_end_offset}]"
+            )
+        upto = min(upto_offset, self.log_end_offset)
+        out: list[bytes] = []
+        if from_offset >= upto:
+            return out
+        total = 0
+        first = bisect.bisect_right(self._bases, from_offset) - 1
+        for segment in self._segments[first:]:
+            reader = _SegmentReader(segment.log_fd, _READAHEAD)
+            for pos, header in self._headers_from(segment, reader, from_offset):
+                if header.next_offset > upto:
+                    return out
+                if out and total + header.size > max_bytes:
+                    return out
+                buf, rel = reader.window(pos, header.size)
+                out.append(buf[rel : rel + header.size])
+                total += header.size
+                if total >= max_bytes:
+                    return out
+        return out
+
+    def batches(self, from_offset: int = 0) -> Iterator[tuple[BatchHeader, bytes | None]]:
+        """Every batch from the one containing ``from_offset`` to the end of the log, in order.
+
+        Data batches come as ``(header, None)``: only their header is read.
+        Control batches come as ``(header, batch_bytes)`` so the caller can read
+        the marker (:func:`partition_log.codec.control_is_commit`). Used at
+        start-up to rebuild producer and transaction state. Offsets below
+        :attr:`log_start_offset` start at the first batch.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            CorruptLog: the index or a batch header does not match the log.
+        """
+        self._check_usable()
+        from_offset = max(from_offset, self.log_start_offset)
+        i = max(bisect.bisect_right(self._bases, from_offset) - 1, 0)
+        while i < len(self._segments):
+            segment = self._segments[i]
+            reader = _SegmentReader(segment.log_fd, _READAHEAD)
+            for pos, header in self._headers_from(segment, reader, from_offset):
+                if header.is_control:
+                    buf, rel = reader.window(pos, header.size)
+                    yield header, buf[rel : rel + header.size]
+                else:
+                    yield header, None
+            i += 1
+
+    def _headers_from(
+        self, segment: _Segment, reader: _SegmentReader, from_offset: int
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch of ``segment`` that ends past ``from_offset``,
+        starting the scan at the closest index entry at or below ``from_offset``."""
+        entry = bisect.bisect_right(segment.index_offsets, from_offset) - 1
+        pos = segment.index_positions[entry] if entry >= 0 else 0
+        expected: int | None = segment.index_offsets[entry] if entry >= 0 else segment.base_offset
+        while pos < segment.size:
+            header = self._header_at(reader, pos)
+            if expected is not None:
+                if header.base_offset != expected:
+                    raise CorruptLog(
+                        f"segment {segment.base_offset}: batch at position {pos} has base "
+                        f"offset {header.base_offset}, the index says {expected}"
+                    )
+                expected = None
+            if header.next_offset > from_offset:
+                yield pos, header
+            pos += header.size
+
+    def _header_at(self, reader: _SegmentReader, pos: int) -> BatchHeader:
+        buf, rel = reader.window(pos, HEADER_SIZE)
+        try:
+            header = parse_header(buf, rel)
+        except CorruptBatch as err:
+            raise CorruptLog(f"unreadable batch header at position {pos}: {err}") from err
+        self.headers_scanned += 1
+        return header
+
+    # -- segments and index -------------------------------------------------------------------
+
+    def _log_path(self, base_offset: int) -> Path:
+        return self.directory / f"{base_offset:0{_NAME_DIGITS}d}.log"
+
+    def _index_path(self, base_offset: int) -> Path:
+        return self.directory / f"{base_offset:0{_NAME_DIGITS}d}.index"
+
+    def _write_log(self, segment: _Segment, batch: bytearray) -> None:
+        written = 0
+        try:
+            with memoryview(batch) as view:
+                while written < len(batch):
+                    n = os.write(segment.log_fd, view[written:])
+                    if n <= 0:
+                        raise OSError(f"write to segment {segment.base_offset} made no progress")
+                    written += n
+        except OSError:
+            if written:
+                # A partial batch would be cut by recovery, but later appends would land
+                # after it; take it back now or stop using the store.
+                try:
+                    os.ftruncate(segment.log_fd, segment.size)
+                except OSError as err:
+                    self._failure = err
+            raise
+
+    def _add_index_entry(self, segment: _Segment, offset: int, position: int) -> None:
+        assert segment.index_fd is not None
+        entry = _INDEX_ENTRY.pack(offset - segment.base_offset, position)
+        if os.write(segment.index_fd, entry) != len(entry):
+            raise OSError(f"short write to the index of segment {segment.base_offset}")
+        segment.index_offsets.append(offset)
+        segment.index_positions.append(position)
+        self._index_dirty = True
+
+    def _roll(self) -> None:
+        old = self._segments[-1]
+        try:
+            # A closed segment is trusted by recovery, so it is made durable whatever the
+            # policy, before the next segment exists.
+            os.fsync(old.log_fd)
+            assert old.index_fd is not None
+            os.fsync(old.index_fd)
+            os.close(old.index_fd)
+            old.index_fd = None
+            self._dirty = self._index_dirty = False
+            self._add_segment(self._create_segment(old.next_offset))
+        except OSError as err:
+            self._failure = err
+            raise
+
+    def _create_segment(self, base_offset: int) -> _Segment:
+        index_fd = os.open(
+            self._index_path(base_offset),
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+            0o644,
+        )
+        try:
+            log_fd = os.open(
+                self._log_path(base_offset), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644
+            )
+        except OSError:
+            os.close(index_fd)
+            raise
+        _fsync_dir(self.directory)
+        return _Segment(base_offset, log_fd, 0, base_offset, [], [], index_fd)
+
+    def _add_segment(self, segment: _Segment) -> None:
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def _recover(self) -> RecoveryReport:
+        started = time.monotonic()
+        if not self.directory.is_dir():
+            self.directory.mkdir(parents=True)
+            _fsync_dir(self.directory.parent)
+        for leftover in self.directory.glob("*.index.tmp"):
+            leftover.unlink()
+        bases = sorted(
+            int(path.stem)
+            for path in self.directory.glob("*.log")
+            if len(path.stem) == _NAME_DIGITS and path.stem.isdigit()
+        )
+        if not bases:
+            self._add_segment(self._create_segment(0))
+            return RecoveryReport(1, 0, 0, 0, time.monotonic() - started)
+        scanned = truncated = rebuilt = 0
+        expected = bases[0]
+        for i, base in enumerate(bases):
+            if base != expected:
+                raise CorruptLog(
+                    f"{self.directory}: segment {base} does not follow the previous segment, "
+                    f"which ends at offset {expected}"
+                )
+            if i < len(bases) - 1:
+                segment, n, fixed = self._open_closed_segment(base)
+                cut = 0
+            else:
+                segment, n, fixed, cut = self._open_active_segment(base)
+            self._add_segment(segment)
+            scanned += n
+            rebuilt += fixed
+            truncated += cut
+            expected = segment.next_offset
+        return RecoveryReport(len(bases), scanned, truncated, rebuilt, time.monotonic() - started)
+
+    def _open_closed_segment(self, base: int) -> tuple[_Segment, int, int]:
+        """Open a closed segment, trusting its contents; returns (segment, headers read,
+        indexes rebuilt)."""
+        fd = os.open(self._log_path(base), os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            scanned = 0
+            index = self._load_index(base, size)
+            if index is not None:
+                offsets, positions = index
+                # Reading from the last entry to the end both checks that entry and finds
+                # where the segment ends.
+                start_offset, start_pos = (offsets[-1], positions[-1]) if offsets else (base, 0)
+                tail = self._scan(fd, start_pos, start_offset, size, verify_crc=False)
+                scanned += tail.batches
+                if tail.problem is None:
+                    segment = _Segment(base, fd, size, tail.next_offset, offsets, positions, None)
+                    return segment, scanned, 0
+            scan = self._scan(fd, 0, base, size, verify_crc=False)
+            scanned += scan.batches
+            if scan.problem is not None:
+                raise CorruptLog(
+                    f"{self._log_path(base)} is a closed segment but is damaged at position "
+                    f"{scan.end}: {scan.problem}"
+                )
+            logger.warning("%s: offset index missing or damaged; rebuilt", self._index_path(base))
+            self._write_index_file(base, scan.index_offsets, scan.index_positions)
+            segment = _Segment(
+                base, fd, size, scan.next_offset, scan.index_offsets, scan.index_positions, None
+            )
+            return segment, scanned, 1
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _open_active_segment(self, base: int) -> tuple[_Segment, int, int, int]:
+        """Open the newest segment, validating every batch and cutting a bad tail; returns
+        (segment, batches read, indexes rebuilt, bytes cut)."""
+        path = self._log_path(base)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        index_fd: int | None = None
+        try:
+            size = os.fstat(fd).st_size
+            scan = self._scan(fd, 0, base, size, verify_crc=True)
+            cut = size - scan.end
+            if cut:
+                logger.warning(
+                    "%s: cut %d bytes at position %d (%s); kept %d batches, log end offset %d",
+                    path,
+                    cut,
+                    scan.end,
+                    scan.problem,
+                    scan.batches,
+                    scan.next_offset,
+                )
+                os.ftruncate(fd, scan.end)
+                os.fsync(fd)
+            # The active index is always derived from the scan: its file may lag the log
+            # (it is fsynced only at roll) or point past a cut tail.
+            wanted = _pack_index(base, scan.index_offsets, scan.index_positions)
+            index_path = self._index_path(base)
+            try:
+                on_disk: bytes | None = index_path.read_bytes()
+            except FileNotFoundError:
+                on_disk = None
+            rebuilt = 0
+            if on_disk != wanted:
+                if on_disk is not None:
+                    logger.warning("%s: offset index did not match the log; rebuilt", index_path)
+                    rebuilt = 1
+                self._write_index_file(base, scan.index_offsets, scan.index_positions)
+            index_fd = os.open(index_path, os.O_WRONLY | os.O_APPEND)
+            segment = _Segment(
+                base,
+                fd,
+                scan.end,
+                scan.next_offset,
+                scan.index_offsets,
+                scan.index_positions,
+                index_fd,
+            )
+            return segment, scan.batches, rebuilt, cut
+        except BaseException:
+            os.close(fd)
+            if index_fd is not None:
+                os.close(index_fd)
+            raise
+
+    def _load_index(self, base: int, log_size: int) -> tuple[list[int], list[int]] | None:
+        """The index file's entries, or None if it is missing or not plausible (torn
+        entry, entries not increasing, a position outside the log)."""
+        try:
+            data = self._index_path(base).read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(data) % _INDEX_ENTRY.size:
+            return None
+        offsets: list[int] = []
+        positions: list[int] = []
+        for relative, position in _INDEX_ENTRY.iter_unpack(data):
+            if position >= log_size or (
+                positions and (relative <= offsets[-1] - base or position <= positions[-1])
+            ):
+                return None
+            offsets.append(base + relative)
+            positions.append(position)
+        return offsets, positions
+
+    def _scan(
+        self, fd: int, start_pos: int, start_offset: int, file_size: int, *, verify_crc: bool
+    ) -> _Scan:
+        """Walk the batches of a segment file from ``start_pos``, stopping at the first one
+        that is incomplete, unparsable, out of offset sequence or (``verify_crc``) fails its
+        CRC. Index entries are derived as appends make them (valid when ``start_pos`` is 0)."""
+        reader = _SegmentReader(fd, _RECOVERY_READAHEAD)
+        pos, expected, batches = start_pos, start_offset, 0
+        offsets: list[int] = []
+        positions: list[int] = []
+        last_indexed = 0
+        problem: str | None = None
+        while pos < file_size:
+            buf, rel = reader.window(pos, HEADER_SIZE)
+            try:
+                header = parse_header(buf, rel)
+            except CorruptBatch as err:
+                problem = str(err)
+                break
+            self.headers_scanned += 1
+            if pos + header.size > file_size:
+                problem = f"incomplete batch: {file_size - pos} of {header.size} bytes"
+                break
+            if header.base_offset != expected:
+                problem = f"base offset {header.base_offset}, expected {expected}"
+                break
+            if verify_crc:
+                buf, rel = reader.window(pos, header.size)
+                if not crc_ok(memoryview(buf)[rel : rel + header.size]):
+                    problem = f"CRC mismatch in the batch at offset {header.base_offset}"
+                    break
+            if pos - last_indexed >= self.index_interval_bytes:
+                offsets.append(header.base_offset)
+                positions.append(pos)
+                last_indexed = pos
+            batches += 1
+            expected = header.next_offset
+            pos += header.size
+        return _Scan(pos, expected, batches, offsets, positions, problem)
+
+    def _write_index_file(self, base: int, offsets: list[int], positions: list[int]) -> None:
+        path = self._index_path(base)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            data = _pack_index(base, offsets, positions)
+            with memoryview(data) as view:
+                written = 0
+                while written < len(data):
+                    written += os.write(fd, view[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StoreFailed(f"{self.directory}: the store is closed")
+        if self._failure is not None:
+            raise StoreFailed(f"{self.directory}: an earlier write or fsync failed") from (
+                self._failure
+            )
+
+    def _close_fds(self) -> None:
+        for segment in self._segments:
+            for fd in (segment.log_fd, segment.index_fd):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        logger.exception("closing a segment file of %s", self.directory)
+            segment.index_fd = None
+
+
+class Flushable(Protocol):
+    """Anything with a ``flush()``: a store, or an object that locks and flushes one."""
+
+    def flush(self) -> None: ...
+
+
+class LogFlusher(threading.Thread):
+    """Flushes stores every ``interval_s`` seconds (``log.flush.interval.ms``) until stopped.
+
+    Each period it calls ``targets()`` and then ``flush()`` on every object it
+    returns. The stores are not thread-safe, so a target is typically the owner
+    of a store, whose ``flush()`` takes the store's lock and calls
+    :meth:`PartitionLogStore.flush`. An exception from one target is logged
+    and the others are still flushed; the thread keeps running.
+    """
+
+    def __init__(
+        self,
+        targets: Callable[[], Iterable[Flushable]],
+        interval_s: float,
+        *,
+        name: str = "log-flusher",
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        super().__init__(name=name, daemon=True)
+        self._targets = targets
+        self._interval_s = interval_s
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.wait(self._interval_s):
+            self.flush_now()
+
+    def flush_now(self) -> None:
+        """Flush every target once, on the calling thread."""
+        try:
+            targets = list(self._targets())
+        except Exception:
+            logger.exception("periodic log flush: listing the stores failed")
+            return
+        for target in targets:
+            try:
+                target.flush()
+            except Exception:
+                logger.exception("periodic log flush failed for %r", target)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread and wait for it; it exits as soon as a flush in progress ends."""
+        self._stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+
+def _pack_index(base: int, offsets: list[int], positions: list[int]) -> bytes:
+    return b"".join(
+        _INDEX_ENTRY.pack(offset - base, position)
+        for offset, position in zip(offsets, positions, strict=True)
+    )
+
+
+def _pread_full(fd: int, n: int, pos: int) -> bytes:
+    data = os.pread(fd, n, pos)
+    if len(data) == n or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = os.pread(fd, n - got, pos + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

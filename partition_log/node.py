@@ -1,0 +1,176 @@
+"""The partition-log node process: ``raftcoord partition-node --config FILE --id N``.
+
+Serves the topic-partitions the cluster metadata assigns to this node. Each
+partition lives in ``<data-dir>/<topic>-<partition>/``; partitions found on
+disk are opened (and recovered) at start, new ones when the metadata names
+them. A metadata thread refreshes the placement from the coordinators, and
+under ``log.flush.policy = "interval"`` a flusher fsyncs every
+``log.flush.interval.ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from fsm.errors import ErrorCode as E
+from partition_log.cluster_view import ClusterView, CoordinatorChannels, TxnVerifier
+from partition_log.log import FsyncPolicy, LogFlusher
+from partition_log.partition import Partition
+from partition_log.service import PartitionLogService
+from raftcoord.config import ClusterConfig, NodeAddress
+from raftcoord.v1 import partition_log_pb2_grpc
+
+log = logging.getLogger("raftcoord.partition_log")
+
+#: How often the placement is refreshed in the background.
+METADATA_REFRESH_S = 1.0
+_PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
+
+
+class PartitionNode:
+    """One partition-log process. :meth:`start`, then :meth:`stop`."""
+
+    def __init__(self, config: ClusterConfig, node_id: int, data_dir: Path) -> None:
+        self.config = config
+        self.me: NodeAddress = config.partition_node(node_id)
+        self.node_id = node_id
+        self.data_dir = data_dir
+        settings = config.settings
+        self._fsync = FsyncPolicy(settings.log_flush_policy)
+        coordinators = CoordinatorChannels([n.grpc for n in config.coordinators])
+        self.view = ClusterView(coordinators, node_id)
+        self.verifier = TxnVerifier(coordinators, self.view)
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._flusher: LogFlusher | None = None
+        self._server: grpc.Server | None = None
+
+    # --- partitions ----------------------------------------------------------------
+
+    def _open(self, topic: str, index: int) -> Partition:
+        with self._lock:
+            partition = self.partitions.get((topic, index))
+            if partition is None:
+                settings = self.config.settings
+                partition = Partition(
+                    topic,
+                    index,
+                    self.data_dir / f"{topic}-{index}",
+                    segment_bytes=settings.log_segment_bytes,
+                    index_interval_bytes=settings.log_index_interval_bytes,
+                    fsync=self._fsync,
+                )
+                self.partitions[(topic, index)] = partition
+                log.info(
+                    "node=%d event=partition_opened partition=%s-%d end_offset=%d",
+                    self.node_id,
+                    topic,
+                    index,
+                    partition.store.log_end_offset,
+                )
+            return partition
+
+    def lookup(self, topic: str, index: int) -> Partition | tuple[E, str]:
+        """The partition if this node owns it, else the error code and message."""
+        partition = self.partitions.get((topic, index))
+        if partition is not None:
+            return partition
+        placement = self.view.locate(topic, index)
+        if placement.error is not E.NONE:
+            return placement.error, placement.message
+        return self._open(topic, index)
+
+    def _open_from_disk(self) -> None:
+        for path in sorted(self.data_dir.iterdir()):
+            match = _PARTITION_DIR.fullmatch(path.name)
+            if path.is_dir() and match:
+                self._open(match["topic"], int(match["partition"]))
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._open_from_disk()
+        self.view.refresh()
+        for topic, index in self.view.owned():
+            self._open(topic, index)
+        metadata = threading.Thread(target=self._refresh_loop, name="metadata", daemon=True)
+        self._threads.append(metadata)
+        metadata.start()
+        if self._fsync is FsyncPolicy.INTERVAL:
+            self._flusher = LogFlusher(
+                lambda: list(self.partitions.values()),
+                self.config.settings.log_flush_interval_ms / 1000.0,
+            )
+            self._flusher.start()
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        service = PartitionLogService(
+            self.lookup, self.verifier, self.config.settings.message_max_bytes
+        )
+        partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
+        if self._server.add_insecure_port(self.me.grpc) == 0:
+            raise OSError(f"cannot listen on {self.me.grpc}")
+        self._server.start()
+        log.info(
+            "node=%d event=started kind=partition-log grpc=%s partitions=%d fsync=%s data_dir=%s",
+            self.node_id,
+            self.me.grpc,
+            len(self.partitions),
+            self._fsync.value,
+            self.data_dir,
+        )
+
+    def _refresh_loop(self) -> None:
+        while not self._stopping.wait(METADATA_REFRESH_S):
+            if self.view.refresh():
+                for topic, index in self.view.owned():
+                    if (topic, index) not in self.partitions:
+                        self._open(topic, index)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(2.0)
+        if self._flusher is not None:
+            self._flusher.stop()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        for partition in list(self.partitions.values()):
+            partition.flush()
+            partition.close()
+        log.info("node=%d event=stopped", self.node_id)
+
+
+def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:
+    """Run a partition-log node until SIGTERM/SIGINT; returns the exit status."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    node = PartitionNode(config, node_id, data_dir)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("node=%d event=signal signal=%s", node_id, signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    node.start()
+    (data_dir / "pid").write_text(str(os.getpid()))
+    stop.wait()
+    node.stop()
+    return 0

@@ -1,0 +1,225 @@
+"""One topic-partition: its segment log plus its producer/transaction state.
+
+Every append and marker takes the partition's lock, checks the request
+against :class:`ProducerStates`, appends to the log, then updates the state,
+so the LSO and the aborted index change atomically with the append that
+moves them. The state is rebuilt by replaying the log's batch headers (and
+control records) when the partition is opened.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsm.errors import ErrorCode as E
+from partition_log import codec
+from partition_log.log import FsyncPolicy, PartitionLogStore
+from partition_log.producer_state import AppendCheck, MarkerAction, ProducerStates, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """The producer fields of a batch to append."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+    transactional: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatch:
+    """Records of one stored data batch, as a reader receives them."""
+
+    producer_id: int
+    producer_epoch: int
+    transactional: bool
+    records: list[codec.StoredRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    error: E
+    message: str
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    next_fetch_offset: int
+    batches: list[FetchedBatch]
+
+
+class Partition:
+    """A topic-partition owned by this node. Thread-safe."""
+
+    def __init__(
+        self,
+        topic: str,
+        index: int,
+        directory: Path,
+        *,
+        segment_bytes: int,
+        index_interval_bytes: int,
+        fsync: FsyncPolicy,
+    ) -> None:
+        self.topic = topic
+        self.index = index
+        self.lock = threading.Lock()
+        self.store = PartitionLogStore(
+            directory,
+            segment_bytes=segment_bytes,
+            index_interval_bytes=index_interval_bytes,
+            fsync=fsync,
+        )
+        self.states = ProducerStates()
+        for header, body in self.store.batches():
+            self._replay(header, body)
+
+    def _replay(self, header: codec.BatchHeader, body: bytes | None) -> None:
+        if header.is_control:
+            assert body is not None
+            commit, coordinator_epoch = codec.read_marker(body)
+            self.states.on_marker(
+                header.producer_id,
+                header.producer_epoch,
+                coordinator_epoch,
+                commit,
+                header.base_offset,
+            )
+        else:
+            self.states.on_append(
+                header.producer_id,
+                header.producer_epoch,
+                header.base_sequence,
+                header.base_offset,
+                header.last_offset,
+                header.is_transactional,
+            )
+
+    # --- writes --------------------------------------------------------------------
+
+    def check(self, spec: BatchSpec) -> AppendCheck:
+        """What :meth:`append` would decide now, without appending."""
+        with self.lock:
+            return self._check(spec, verified=False)
+
+    def _check(self, spec: BatchSpec, verified: bool) -> AppendCheck:
+        return self.states.check_append(
+            spec.producer_id,
+            spec.producer_epoch,
+            spec.base_sequence,
+            spec.record_count,
+            spec.transactional,
+            verified,
+        )
+
+    def append(self, spec: BatchSpec, batch: bytearray, verified: bool) -> AppendCheck:
+        """Append ``batch`` (encoded from ``spec``) unless the state refuses it.
+
+        Returns the check; on APPEND and DUPLICATE ``base_offset`` is set. A
+        VERIFY verdict means the transaction was not verified yet: nothing
+        was appended.
+        """
+        with self.lock:
+            check = self._check(spec, verified)
+            if not check.ok or check.verdict is not Verdict.APPEND:
+                return check
+            base = self.store.append(batch)
+            self.states.on_append(
+                spec.producer_id,
+                spec.producer_epoch,
+                spec.base_sequence,
+                base,
+                base + spec.record_count - 1,
+                spec.transactional,
+            )
+            return AppendCheck(Verdict.APPEND, base_offset=base)
+
+    def write_marker(
+        self,
+        producer_id: int,
+        epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        timestamp_ms: int,
+    ) -> tuple[E, str]:
+        """Append a COMMIT/ABORT control record for ``producer_id`` (if it is due)."""
+        with self.lock:
+            action = self.states.check_marker(producer_id, epoch, coordinator_epoch)
+            if action is MarkerAction.FENCED:
+                seen = self.states.producers[producer_id].coordinator_epoch
+                return (
+                    E.TRANSACTION_COORDINATOR_FENCED,
+                    f"coordinator epoch {coordinator_epoch} is older than {seen}",
+                )
+            if action is MarkerAction.WRITE:
+                batch = codec.encode_control_batch(
+                    commit=commit,
+                    producer_id=producer_id,
+                    producer_epoch=epoch,
+                    coordinator_epoch=coordinator_epoch,
+                    timestamp_ms=timestamp_ms,
+                )
+                offset = self.store.append(batch)
+                self.states.on_marker(producer_id, epoch, coordinator_epoch, commit, offset)
+            return E.NONE, ""
+
+    # --- reads ---------------------------------------------------------------------
+
+    def offsets(self) -> tuple[int, int, int]:
+        """(log start offset, last stable offset, high watermark)."""
+        with self.lock:
+            end = self.store.log_end_offset
+            return self.store.log_start_offset, self.states.last_stable_offset(end), end
+
+    def fetch(self, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
+        """Records from ``offset``: up to the high watermark, or under
+        read_committed up to the LSO and without aborted transactions.
+        Control records are never returned."""
+        with self.lock:
+            start = self.store.log_start_offset
+            end = self.store.log_end_offset
+            lso = self.states.last_stable_offset(end)
+            if not start <= offset <= end:
+                return FetchResult(
+                    E.OFFSET_OUT_OF_RANGE,
+                    f"offset {offset} is outside [{start}, {end}]",
+                    end,
+                    lso,
+                    start,
+                    offset,
+                    [],
+                )
+            upto = lso if read_committed else end
+            raw = self.store.read(offset, max_bytes, upto)
+            aborted = self.states.aborted_between(offset, upto) if read_committed else []
+        batches = []
+        next_offset = offset
+        for data in raw:
+            header = codec.parse_header(data)
+            next_offset = header.next_offset
+            if header.is_control:
+                continue
+            if header.is_transactional and any(
+                t.producer_id == header.producer_id
+                and t.first_offset <= header.base_offset <= t.last_offset
+                for t in aborted
+            ):
+                continue
+            records = [r for r in codec.decode_records(data) if r.offset >= offset]
+            batches.append(
+                FetchedBatch(
+                    header.producer_id, header.producer_epoch, header.is_transactional, records
+                )
+            )
+        return FetchResult(E.NONE, "", end, lso, start, next_offset, batches)
+
+    def flush(self) -> None:
+        with self.lock:
+            self.store.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            self.store.close()

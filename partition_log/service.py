@@ -1,0 +1,282 @@
+"""The PartitionLog gRPC service: Produce, Fetch, ListOffsets, WriteTxnMarkers.
+
+Every request is validated before anything is appended; a bad partition
+entry gets an error code and changes nothing, and never fails the other
+entries of the request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fsm.errors import ErrorCode as E
+from partition_log import codec
+from partition_log.cluster_view import TopicPartition, TxnVerifier
+from partition_log.partition import BatchSpec, Partition
+from partition_log.producer_state import MAX_EPOCH, MAX_SEQUENCE, AppendCheck, Verdict
+from raftcoord.v1 import common_pb2, partition_log_pb2_grpc
+from raftcoord.v1 import partition_log_pb2 as pb
+
+log = logging.getLogger("raftcoord.partition_log")
+
+#: Fetch limits when the request leaves them 0.
+DEFAULT_FETCH_MAX_BYTES = 1 << 20
+#: A partition lookup: the partition, or the error code and message.
+Lookup = Callable[[str, int], "Partition | tuple[E, str]"]
+
+
+@dataclass
+class _Pending:
+    """A Produce entry that passed validation."""
+
+    index: int
+    tp: TopicPartition
+    partition: Partition
+    spec: BatchSpec
+    batch: bytearray
+
+
+class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type: ignore[misc]
+    def __init__(self, lookup: Lookup, verifier: TxnVerifier, message_max_bytes: int) -> None:
+        self.lookup = lookup
+        self.verifier = verifier
+        self.message_max_bytes = message_max_bytes
+
+    # --- Produce -------------------------------------------------------------------
+
+    def Produce(self, request: Any, context: Any) -> Any:
+        transactional_id = (
+            request.transactional_id if request.HasField("transactional_id") else None
+        )
+        results: list[Any] = [None] * len(request.partitions)
+        pending: list[_Pending] = []
+        seen: set[TopicPartition] = set()
+        for i, entry in enumerate(request.partitions):
+            tp = (entry.topic, entry.partition)
+            prepared = self._prepare(i, entry, transactional_id, tp in seen)
+            seen.add(tp)
+            if isinstance(prepared, tuple):
+                results[i] = _produce_result(tp, *prepared)
+            else:
+                pending.append(prepared)
+
+        to_verify: list[_Pending] = []
+        for p in pending:
+            check = p.partition.append(p.spec, p.batch, verified=False)
+            if check.verdict is Verdict.VERIFY:
+                to_verify.append(p)
+            else:
+                results[p.index] = _appended(p.tp, check)
+        if to_verify:
+            assert transactional_id is not None  # _prepare refused transactional batches without
+            groups: dict[tuple[int, int], list[_Pending]] = {}
+            for p in to_verify:
+                groups.setdefault((p.spec.producer_id, p.spec.producer_epoch), []).append(p)
+            for (producer_id, epoch), group in groups.items():
+                answers = self.verifier.verify(
+                    transactional_id, producer_id, epoch, [p.tp for p in group]
+                )
+                for p in group:
+                    code, message = answers[p.tp]
+                    if code is not E.NONE:
+                        results[p.index] = _produce_result(p.tp, code, message)
+                        continue
+                    check = p.partition.append(p.spec, p.batch, verified=True)
+                    results[p.index] = _appended(p.tp, check)
+        return pb.ProduceResponse(partitions=results)
+
+    def _prepare(
+        self, index: int, entry: Any, transactional_id: str | None, duplicate: bool
+    ) -> _Pending | tuple[E, str]:
+        if duplicate:
+            return E.INVALID_REQUEST, "the partition appears twice in the request"
+        found = self.lookup(entry.topic, entry.partition)
+        if isinstance(found, tuple):
+            return found
+        batch = entry.batch
+        records = batch.records
+        if not records:
+            return E.INVALID_REQUEST, "a batch needs at least one record"
+        pid, epoch, sequence = batch.producer_id, batch.producer_epoch, batch.base_sequence
+        if pid < -1:
+            return E.INVALID_REQUEST, f"producer_id must be >= -1, got {pid}"
+        if pid == -1:
+            if batch.is_transactional:
+                return E.INVALID_REQUEST, "a transactional batch needs a producer id"
+            epoch, sequence = -1, -1
+        else:
+            if not 0 <= epoch <= MAX_EPOCH:
+                return E.INVALID_REQUEST, f"producer_epoch must be in 0..{MAX_EPOCH}, got {epoch}"
+            if not 0 <= sequence <= MAX_SEQUENCE:
+                return E.INVALID_REQUEST, f"base_sequence must be in 0..{MAX_SEQUENCE}"
+            if len(records) > MAX_SEQUENCE:
+                return E.INVALID_REQUEST, "too many records in one batch"
+        if batch.is_transactional and not transactional_id:
+            return E.INVALID_REQUEST, "a transactional batch needs the request's transactional_id"
+        data = []
+        for record in records:
+            if record.timestamp_ms < -1:
+                return E.CORRUPT_MESSAGE, f"invalid timestamp {record.timestamp_ms}"
+            data.append(
+                codec.RecordData(
+                    key=record.key if record.HasField("key") else None,
+                    value=record.value if record.HasField("value") else None,
+                    headers=tuple((h.key, h.value) for h in record.headers),
+                    timestamp_ms=record.timestamp_ms,
+                )
+            )
+        try:
+            encoded = codec.encode_batch(
+                data,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=sequence,
+                transactional=batch.is_transactional,
+            )
+        except (TypeError, ValueError, OverflowError) as exc:
+            return E.CORRUPT_MESSAGE, f"cannot encode the batch: {exc}"
+        if len(encoded) > self.message_max_bytes:
+            return (
+                E.MESSAGE_TOO_LARGE,
+                f"batch of {len(encoded)} bytes exceeds message.max.bytes={self.message_max_bytes}",
+            )
+        spec = BatchSpec(pid, epoch, sequence, len(records), batch.is_transactional)
+        return _Pending(index, (entry.topic, entry.partition), found, spec, encoded)
+
+    # --- Fetch ---------------------------------------------------------------------
+
+    def Fetch(self, request: Any, context: Any) -> Any:
+        read_committed = request.isolation_level == common_pb2.READ_COMMITTED
+        budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        answers = []
+        for entry in request.partitions:
+            answer = pb.FetchPartitionResponse(
+                topic=entry.topic,
+                partition=entry.partition,
+                next_fetch_offset=entry.fetch_offset,
+                high_watermark=-1,
+                last_stable_offset=-1,
+                log_start_offset=-1,
+            )
+            answers.append(answer)
+            found = self.lookup(entry.topic, entry.partition)
+            if isinstance(found, tuple):
+                answer.error_code, answer.error_message = found
+                continue
+            limit = entry.partition_max_bytes or DEFAULT_FETCH_MAX_BYTES
+            result = found.fetch(entry.fetch_offset, min(limit, max(budget, 0)), read_committed)
+            answer.error_code = result.error
+            answer.error_message = result.message
+            answer.high_watermark = result.high_watermark
+            answer.last_stable_offset = result.last_stable_offset
+            answer.log_start_offset = result.log_start_offset
+            if budget <= 0:  # the response is full: tell the offsets, return no records
+                continue
+            answer.next_fetch_offset = result.next_fetch_offset
+            for batch in result.batches:
+                for r in batch.records:
+                    record = answer.records.add(
+                        offset=r.offset,
+                        timestamp_ms=r.timestamp_ms,
+                        headers=[pb.RecordHeader(key=k, value=v) for k, v in r.headers],
+                        producer_id=batch.producer_id,
+                        producer_epoch=batch.producer_epoch,
+                        is_transactional=batch.transactional,
+                    )
+                    if r.key is not None:
+                        record.key = r.key
+                    if r.value is not None:
+                        record.value = r.value
+                    budget -= len(r.key or b"") + len(r.value or b"")
+        return pb.FetchResponse(partitions=answers)
+
+    # --- ListOffsets ---------------------------------------------------------------
+
+    def ListOffsets(self, request: Any, context: Any) -> Any:
+        read_committed = request.isolation_level == common_pb2.READ_COMMITTED
+        answers = []
+        for entry in request.partitions:
+            answer = pb.ListOffsetsPartitionResponse(
+                topic=entry.topic, partition=entry.partition, offset=-1
+            )
+            answers.append(answer)
+            found = self.lookup(entry.topic, entry.partition)
+            if isinstance(found, tuple):
+                answer.error_code, answer.error_message = found
+                continue
+            start, lso, end = found.offsets()
+            if entry.spec == pb.OFFSET_SPEC_EARLIEST:
+                answer.offset = start
+            elif entry.spec == pb.OFFSET_SPEC_LAST_STABLE or read_committed:
+                answer.offset = lso
+            else:
+                answer.offset = end
+        return pb.ListOffsetsResponse(partitions=answers)
+
+    # --- WriteTxnMarkers -----------------------------------------------------------
+
+    def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
+        now_ms = int(time.time() * 1000)
+        answers = []
+        for marker in request.markers:
+            answer = pb.TxnMarkerResult(
+                producer_id=marker.producer_id, producer_epoch=marker.producer_epoch
+            )
+            answers.append(answer)
+            problem = _marker_problem(marker)
+            for group in marker.groups:
+                answer.groups.add(group_id=group, error_code=E.INVALID_REQUEST)
+            for topic in marker.topics:
+                for index in topic.partitions:
+                    result = answer.partitions.add(topic=topic.topic, partition=index)
+                    if problem is not None:
+                        result.error_code, result.error_message = E.INVALID_REQUEST, problem
+                        continue
+                    found = self.lookup(topic.topic, index)
+                    if isinstance(found, tuple):
+                        result.error_code, result.error_message = found
+                        continue
+                    code, message = found.write_marker(
+                        marker.producer_id,
+                        marker.producer_epoch,
+                        marker.coordinator_epoch,
+                        marker.result == common_pb2.COMMIT,
+                        now_ms,
+                    )
+                    result.error_code, result.error_message = code, message
+        return pb.WriteTxnMarkersResponse(markers=answers)
+
+
+def _marker_problem(marker: Any) -> str | None:
+    if marker.producer_id < 0:
+        return f"producer_id must be >= 0, got {marker.producer_id}"
+    if not 0 <= marker.producer_epoch <= MAX_EPOCH:
+        return f"producer_epoch must be in 0..{MAX_EPOCH}, got {marker.producer_epoch}"
+    if marker.coordinator_epoch < 0:
+        return f"coordinator_epoch must be >= 0, got {marker.coordinator_epoch}"
+    if marker.groups:
+        return "markers for consumer groups go to the group's coordinator"
+    return None
+
+
+def _produce_result(tp: TopicPartition, code: E, message: str, base_offset: int = -1) -> Any:
+    return pb.PartitionProduceResponse(
+        topic=tp[0],
+        partition=tp[1],
+        error_code=code,
+        error_message=message,
+        base_offset=base_offset,
+        log_start_offset=-1,
+    )
+
+
+def _appended(tp: TopicPartition, check: AppendCheck) -> Any:
+    if not check.ok:
+        return _produce_result(tp, check.error, check.message)
+    if check.verdict is Verdict.VERIFY:  # only when verification raced a marker
+        return _produce_result(tp, E.REQUEST_TIMED_OUT, "the transaction changed; retry")
+    return _produce_result(tp, E.NONE, "", check.base_offset)

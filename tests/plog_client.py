@@ -1,0 +1,137 @@
+"""Raw gRPC helpers for the partition-log tests: produce one batch, read a
+whole partition, write a marker, find the node that owns a partition."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from raftcoord.cluster import LocalCluster
+from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2_grpc
+from raftcoord.v1 import partition_log_pb2 as pb
+
+
+def stub(address: str) -> Any:
+    return partition_log_pb2_grpc.PartitionLogStub(grpc.insecure_channel(address))
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int) -> dict[int, str]:
+    """Create ``name`` and return partition -> owning node's address."""
+    shard0 = cluster.leaders()[0]
+    coordinator = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster._require().node(shard0).grpc)
+    )
+    created = coordinator.CreateTopics(
+        coordinator_pb2.CreateTopicsRequest(
+            topics=[coordinator_pb2.CreatableTopic(name=name, num_partitions=partitions)]
+        ),
+        timeout=10,
+    )
+    assert created.results[0].error_code == 0, created
+    meta = coordinator.Metadata(coordinator_pb2.MetadataRequest(topics=[name]), timeout=5)
+    nodes = {n.node_id: n.address for n in meta.partition_nodes}
+    return {p.partition: nodes[p.node_id] for p in meta.topics[0].partitions}
+
+
+def records(*values: bytes, key: bytes | None = b"k") -> list[Any]:
+    made = []
+    for i, value in enumerate(values):
+        record = pb.Record(value=value, timestamp_ms=1_700_000_000_000 + i)
+        if key is not None:
+            record.key = key
+        made.append(record)
+    return made
+
+
+def produce(
+    node: Any,
+    topic: str,
+    partition: int,
+    values: list[bytes],
+    producer_id: int = -1,
+    epoch: int = -1,
+    sequence: int = -1,
+    transactional: bool = False,
+    transactional_id: str | None = None,
+) -> Any:
+    """Produce one batch; returns the partition's PartitionProduceResponse."""
+    request = pb.ProduceRequest(
+        partitions=[
+            pb.PartitionProduceData(
+                topic=topic,
+                partition=partition,
+                batch=pb.RecordBatch(
+                    producer_id=producer_id,
+                    producer_epoch=epoch,
+                    base_sequence=sequence,
+                    is_transactional=transactional,
+                    records=records(*values),
+                ),
+            )
+        ]
+    )
+    if transactional_id is not None:
+        request.transactional_id = transactional_id
+    return node.Produce(request, timeout=10).partitions[0]
+
+
+def read_all(
+    node: Any, topic: str, partition: int, committed: bool, start: int = 0
+) -> tuple[list[tuple[int, bytes]], Any]:
+    """Every (offset, value) from ``start`` on; also the last partition answer."""
+    isolation = common_pb2.READ_COMMITTED if committed else common_pb2.READ_UNCOMMITTED
+    position, seen = start, []
+    while True:
+        answer = node.Fetch(
+            pb.FetchRequest(
+                isolation_level=isolation,
+                partitions=[
+                    pb.FetchPartition(topic=topic, partition=partition, fetch_offset=position)
+                ],
+            ),
+            timeout=10,
+        ).partitions[0]
+        assert answer.error_code == 0, answer
+        seen += [(r.offset, r.value) for r in answer.records]
+        if answer.next_fetch_offset == position:
+            return seen, answer
+        position = answer.next_fetch_offset
+
+
+def write_marker(
+    node: Any,
+    topic: str,
+    partition: int,
+    producer_id: int,
+    epoch: int,
+    commit: bool,
+    coordinator_epoch: int = 1,
+) -> Any:
+    """One marker for one partition; returns its PartitionResult."""
+    answer = node.WriteTxnMarkers(
+        pb.WriteTxnMarkersRequest(
+            markers=[
+                pb.TxnMarker(
+                    producer_id=producer_id,
+                    producer_epoch=epoch,
+                    coordinator_epoch=coordinator_epoch,
+                    result=common_pb2.COMMIT if commit else common_pb2.ABORT,
+                    topics=[common_pb2.TopicPartitions(topic=topic, partitions=[partition])],
+                )
+            ]
+        ),
+        timeout=10,
+    )
+    return answer.markers[0].partitions[0]
+
+
+def list_offset(node: Any, topic: str, partition: int, spec: int) -> int:
+    answer = node.ListOffsets(
+        pb.ListOffsetsRequest(
+            partitions=[pb.ListOffsetsPartition(topic=topic, partition=partition, spec=spec)]
+        ),
+        timeout=5,
+    ).partitions[0]
+    assert answer.error_code == 0, answer
+    return int(answer.offset)

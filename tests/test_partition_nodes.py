@@ -1,0 +1,256 @@
+"""Partition-log nodes as real processes beside a real coordinator cluster."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fsm import ErrorCode
+from raftcoord.cluster import LocalCluster
+from raftcoord.v1 import coordinator_pb2 as cpb
+from raftcoord.v1 import partition_log_pb2 as pb
+from tests.coord_client import Coordinators, partitions
+from tests.plog_client import (
+    create_topic,
+    list_offset,
+    produce,
+    read_all,
+    stub,
+    write_marker,
+)
+
+pytestmark = pytest.mark.slow
+E = ErrorCode
+
+
+@contextmanager
+def running_cluster(path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(path)
+    try:
+        cluster.up(coordinators=3, shards=3, partition_nodes=3, timeout_s=30)
+        yield cluster
+    finally:
+        cluster.down(grace_s=3)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("plog") / "cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path / "cluster") as cluster:
+        yield cluster
+
+
+def node_id_of(cluster: LocalCluster, address: str) -> int:
+    return next(n.node_id for n in cluster.partition_nodes() if n.grpc == address)
+
+
+def test_cluster_up_starts_partition_nodes(shared_cluster: LocalCluster) -> None:
+    nodes = shared_cluster.partition_nodes()
+    assert [n.node_id for n in nodes] == [101, 102, 103]
+    table = shared_cluster.status_table()
+    assert table.count("partition-log, serving") == 3, table
+
+
+def test_produce_fetch_round_trip_and_bad_input(shared_cluster: LocalCluster) -> None:
+    owners = create_topic(shared_cluster, "roundtrip", 3)
+    assert len(set(owners.values())) == 3  # one partition per node
+    for partition, address in owners.items():
+        node = stub(address)
+        values = [b"p%d-%d" % (partition, i) for i in range(5)]
+        first = produce(node, "roundtrip", partition, values[:2])
+        second = produce(node, "roundtrip", partition, values[2:])
+        assert (first.error_code, first.base_offset) == (E.NONE, 0)
+        assert (second.error_code, second.base_offset) == (E.NONE, 2)
+        for committed in (False, True):
+            seen, answer = read_all(node, "roundtrip", partition, committed)
+            assert seen == list(enumerate(values))
+            assert answer.high_watermark == answer.last_stable_offset == 5
+        assert list_offset(node, "roundtrip", partition, pb.OFFSET_SPEC_EARLIEST) == 0
+        assert list_offset(node, "roundtrip", partition, pb.OFFSET_SPEC_LATEST) == 5
+        assert list_offset(node, "roundtrip", partition, pb.OFFSET_SPEC_LAST_STABLE) == 5
+
+    node = stub(owners[0])
+    wrong = stub(owners[1])
+    bad: list[tuple[Any, ErrorCode]] = [
+        (produce(node, "no-such-topic", 0, [b"x"]), E.UNKNOWN_TOPIC_OR_PARTITION),
+        (produce(node, "roundtrip", 7, [b"x"]), E.UNKNOWN_TOPIC_OR_PARTITION),
+        (produce(wrong, "roundtrip", 0, [b"x"]), E.NOT_LEADER_OR_FOLLOWER),
+        (produce(node, "roundtrip", 0, [b"x" * (1 << 20)]), E.MESSAGE_TOO_LARGE),
+        (produce(node, "roundtrip", 0, []), E.INVALID_REQUEST),
+        (produce(node, "roundtrip", 0, [b"x"], 5, 70000, 0), E.INVALID_REQUEST),
+        (produce(node, "roundtrip", 0, [b"x"], 5, 0, 0, transactional=True), E.INVALID_REQUEST),
+        (produce(node, "roundtrip", 0, [b"x"], -5, 0, 0), E.INVALID_REQUEST),
+        (produce(node, "roundtrip", 0, [b"x"], 9, 0, 3), E.UNKNOWN_PRODUCER_ID),
+    ]
+    for answer, code in bad:
+        assert (answer.error_code, answer.base_offset) == (code, -1), answer
+        assert answer.error_message
+    assert list_offset(node, "roundtrip", 0, pb.OFFSET_SPEC_LATEST) == 5  # nothing appended
+    beyond = node.Fetch(
+        pb.FetchRequest(
+            partitions=[pb.FetchPartition(topic="roundtrip", partition=0, fetch_offset=99)]
+        ),
+        timeout=5,
+    ).partitions[0]
+    assert beyond.error_code == E.OFFSET_OUT_OF_RANGE
+    marker = node.WriteTxnMarkers(
+        pb.WriteTxnMarkersRequest(markers=[pb.TxnMarker(producer_id=-3, groups=["g"])]), timeout=5
+    ).markers[0]
+    assert [g.error_code for g in marker.groups] == [E.INVALID_REQUEST]
+    assert list_offset(node, "roundtrip", 0, pb.OFFSET_SPEC_LATEST) == 5
+
+
+def test_transactional_batches_are_verified_with_the_coordinator(
+    shared_cluster: LocalCluster,
+) -> None:
+    owners = create_topic(shared_cluster, "verified", 2)
+    node = stub(owners[0])
+    coordinators = Coordinators([n.grpc for n in shared_cluster.coordinators()])
+    tid = "verify-tx"
+    try:
+        init = coordinators.call(
+            tid,
+            "InitProducerId",
+            cpb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+        )
+        pid, epoch = init.producer_id, init.producer_epoch
+        txn = {"transactional": True, "transactional_id": tid}
+
+        # Partition 0 was never added to a transaction: refused, never readable.
+        refused = produce(node, "verified", 0, [b"ghost"], pid, epoch, 0, **txn)
+        assert refused.error_code == E.INVALID_TXN_STATE, refused
+        assert read_all(node, "verified", 0, committed=False)[0] == []
+
+        added = coordinators.call(
+            tid,
+            "AddPartitionsToTxn",
+            cpb.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                producer_id=pid,
+                producer_epoch=epoch,
+                topics=partitions("verified", 0),
+            ),
+        )
+        assert added.error_code == E.NONE
+        ok = produce(node, "verified", 0, [b"a", b"b"], pid, epoch, 0, **txn)
+        assert (ok.error_code, ok.base_offset) == (E.NONE, 0)
+        more = produce(node, "verified", 0, [b"c"], pid, epoch, 2, **txn)
+        assert (more.error_code, more.base_offset) == (E.NONE, 2)
+        retried = produce(node, "verified", 0, [b"c"], pid, epoch, 2, **txn)
+        assert (retried.error_code, retried.base_offset) == (E.NONE, 2)
+        # The same producer may not write outside its open transaction here.
+        plain = produce(node, "verified", 0, [b"z"], pid, epoch, 3)
+        assert plain.error_code == E.INVALID_TXN_STATE
+        other = produce(node, "verified", 0, [b"plain"])  # someone else's plain record
+        assert (other.error_code, other.base_offset) == (E.NONE, 3)
+
+        seen, answer = read_all(node, "verified", 0, committed=True)
+        assert seen == [] and answer.last_stable_offset == 0 and answer.high_watermark == 4
+        assert len(read_all(node, "verified", 0, committed=False)[0]) == 4
+
+        end = coordinators.call(
+            tid,
+            "EndTxn",
+            cpb.EndTxnRequest(
+                transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True
+            ),
+        )
+        assert end.error_code == E.NONE and end.producer_epoch == epoch + 1
+        # The marker as the coordinator sends it (it may already have arrived).
+        marker = write_marker(node, "verified", 0, pid, end.producer_epoch, commit=True)
+        assert marker.error_code == E.NONE
+        seen, answer = read_all(node, "verified", 0, committed=True)
+        assert seen == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"plain")]
+        assert answer.last_stable_offset == answer.high_watermark == 5  # + the COMMIT record
+        # A late batch of the finished transaction is refused.
+        late = produce(node, "verified", 0, [b"late"], pid, epoch, 3, **txn)
+        assert late.error_code == E.INVALID_PRODUCER_EPOCH
+    finally:
+        coordinators.close()
+
+
+def test_idempotent_retry_is_deduplicated_across_a_restart(cluster: LocalCluster) -> None:
+    owners = create_topic(cluster, "dedupe", 1)
+    address = owners[0]
+    node = stub(address)
+    first = produce(node, "dedupe", 0, [b"a", b"b"], 42, 0, 0)
+    second = produce(node, "dedupe", 0, [b"c"], 42, 0, 2)
+    assert (first.base_offset, second.base_offset) == (0, 2)
+    assert produce(node, "dedupe", 0, [b"c"], 42, 0, 2).base_offset == 2
+    gap = produce(node, "dedupe", 0, [b"d"], 42, 0, 5)
+    assert gap.error_code == E.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+    node_id = node_id_of(cluster, address)
+    cluster.kill(node_id)
+    cluster.start(node_id)
+    node = stub(address)
+    again = produce(node, "dedupe", 0, [b"c"], 42, 0, 2)
+    assert (again.error_code, again.base_offset) == (E.NONE, 2)
+    assert produce(node, "dedupe", 0, [b"d"], 42, 0, 3).base_offset == 3
+    assert produce(node, "dedupe", 0, [b"e"], 42, 1, 0).base_offset == 4  # new epoch
+    assert produce(node, "dedupe", 0, [b"f"], 42, 0, 4).error_code == E.INVALID_PRODUCER_EPOCH
+    assert [v for _, v in read_all(node, "dedupe", 0, committed=True)[0]] == [
+        b"a",
+        b"b",
+        b"c",
+        b"d",
+        b"e",
+    ]
+
+
+def test_kill_9_mid_append_and_torn_tail_lose_nothing_acknowledged(
+    cluster: LocalCluster,
+) -> None:
+    seed = int(os.environ.get("PLOG_SEED", random.randrange(1 << 30)))
+    print(f"PLOG_SEED={seed}")
+    rng = random.Random(seed)
+    owners = create_topic(cluster, "durable", 1)
+    address = owners[0]
+    node_id = node_id_of(cluster, address)
+    acked: dict[int, bytes] = {}
+    stop = threading.Event()
+
+    def produce_until_failure() -> None:
+        node = stub(address)
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            value = b"v%d-" % i + rng.randbytes(rng.randrange(1, 200))
+            try:
+                answer = produce(node, "durable", 0, [value])
+            except Exception:
+                return  # the node died under us
+            if answer.error_code == E.NONE:
+                acked[answer.base_offset] = value
+
+    writer = threading.Thread(target=produce_until_failure)
+    writer.start()
+    try:
+        cluster.wait_until(lambda: len(acked) >= 50, 20, "no appends acknowledged")
+        cluster.kill(node_id)
+    finally:
+        stop.set()
+        writer.join(timeout=20)
+    # Tear the tail as a crash in the middle of a write would.
+    data_dir = Path(cluster.data_dir) / f"partition-node-{node_id}" / "durable-0"
+    segment = sorted(data_dir.glob("*.log"))[-1]
+    with segment.open("ab") as f:
+        f.write(b"\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00\x01\x00torn")
+    cluster.start(node_id)
+    node = stub(address)
+    seen = dict(read_all(node, "durable", 0, committed=False)[0])
+    assert {o: seen.get(o) for o in acked} == acked
+    after = produce(node, "durable", 0, [b"after-restart"])
+    assert after.error_code == E.NONE and after.base_offset == max(seen) + 1
