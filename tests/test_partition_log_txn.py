@@ -1,0 +1,193 @@
+"""Transactions on one partition, in process: visibility, LSO, markers, and
+the Produce service's verification batching (coordinator answers faked;
+the real coordinator is exercised in tests/test_partition_nodes.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from fsm.errors import ErrorCode as E
+from partition_log import codec
+from partition_log.log import FsyncPolicy
+from partition_log.partition import BatchSpec, Partition
+from partition_log.service import PartitionLogService
+from raftcoord.v1 import partition_log_pb2 as pb
+
+
+def open_partition(path: Path) -> Partition:
+    return Partition(
+        "t", 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+    )
+
+
+@pytest.fixture
+def partition(tmp_path: Path) -> Iterator[Partition]:
+    made = open_partition(tmp_path / "t-0")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def send(part: Partition, pid: int, seq: int, *values: bytes, txn: bool, epoch: int = 0) -> int:
+    records = [codec.RecordData(key=None, value=v, headers=(), timestamp_ms=1) for v in values]
+    batch = codec.encode_batch(
+        records,
+        producer_id=pid,
+        producer_epoch=epoch if pid >= 0 else -1,
+        base_sequence=seq,
+        transactional=txn,
+    )
+    spec = BatchSpec(pid, epoch if pid >= 0 else -1, seq, len(values), txn)
+    check = part.append(spec, batch, verified=True)
+    assert check.ok, check
+    return check.base_offset
+
+
+def visible(part: Partition, committed: bool) -> list[bytes]:
+    result = part.fetch(0, 1 << 20, committed)
+    assert result.error is E.NONE
+    return [r.value or b"" for b in result.batches for r in b.records]
+
+
+def test_interleaved_transactions_read_committed_sees_exactly_the_committed(
+    partition: Partition,
+) -> None:
+    send(partition, -1, -1, b"plain-0", txn=False)
+    send(partition, 1, 0, b"commit-a", txn=True)  # offset 1
+    send(partition, 2, 0, b"abort-a", txn=True)  # offset 2
+    send(partition, 1, 1, b"commit-b", txn=True)
+    send(partition, -1, -1, b"plain-1", txn=False)
+    send(partition, 2, 1, b"abort-b", txn=True)
+    assert partition.offsets() == (0, 1, 6)
+    assert visible(partition, committed=True) == [b"plain-0"]  # stops at the LSO
+
+    assert partition.write_marker(2, 1, 0, False, 0) == (E.NONE, "")  # ABORT at offset 6
+    assert partition.offsets() == (0, 1, 7)  # producer 1 still open at offset 1
+    send(partition, 3, 0, b"open", txn=True)  # offset 7, stays open
+    assert partition.write_marker(1, 1, 0, True, 0) == (E.NONE, "")  # COMMIT at offset 8
+    assert partition.offsets() == (0, 7, 9)  # the LSO moves to the open transaction
+    send(partition, -1, -1, b"plain-2", txn=False)
+
+    assert visible(partition, committed=True) == [b"plain-0", b"commit-a", b"commit-b", b"plain-1"]
+    assert visible(partition, committed=False) == [
+        b"plain-0",
+        b"commit-a",
+        b"abort-a",
+        b"commit-b",
+        b"plain-1",
+        b"abort-b",
+        b"open",
+        b"plain-2",
+    ]
+    assert partition.write_marker(3, 1, 0, True, 0) == (E.NONE, "")
+    assert visible(partition, committed=True)[-2:] == [b"open", b"plain-2"]
+    assert partition.offsets() == (0, 11, 11)
+
+    # Offsets stay dense: a consumer continuing from next_fetch_offset moves
+    # past the control records it never sees.
+    position, offsets = 0, []
+    while True:
+        result = partition.fetch(position, 1, read_committed=True)
+        offsets += [r.offset for b in result.batches for r in b.records]
+        if result.next_fetch_offset == position:
+            break
+        position = result.next_fetch_offset
+    assert offsets == [0, 1, 3, 4, 7, 9]
+    assert position == 11
+
+
+def test_state_is_rebuilt_from_the_log(tmp_path: Path) -> None:
+    part = open_partition(tmp_path / "t-0")
+    send(part, 1, 0, b"a", txn=True)
+    send(part, 2, 0, b"b", txn=True)
+    part.write_marker(2, 1, 4, False, 0)
+    send(part, 5, 0, b"x", b"y", txn=False)
+    part.close()
+    again = open_partition(tmp_path / "t-0")
+    try:
+        assert again.offsets() == (0, 0, 5)
+        assert [(t.producer_id, t.first_offset, t.last_offset) for t in again.states.aborted] == [
+            (2, 1, 2)
+        ]
+        assert again.states.producers[2].coordinator_epoch == 4
+        assert again.write_marker(2, 2, 3, True, 0)[0] is E.TRANSACTION_COORDINATOR_FENCED
+        retry = again.append(
+            BatchSpec(5, 0, 0, 2, False),
+            codec.encode_batch(
+                [codec.RecordData(None, b"x", (), 1), codec.RecordData(None, b"y", (), 1)],
+                producer_id=5,
+                producer_epoch=0,
+                base_sequence=0,
+                transactional=False,
+            ),
+            verified=False,
+        )
+        assert retry.base_offset == 3  # still deduplicated after the restart
+    finally:
+        again.close()
+
+
+class CountingVerifier:
+    """Answers verification questions like a coordinator that added ``allowed``."""
+
+    def __init__(self, allowed: set[tuple[str, int]]) -> None:
+        self.allowed = allowed
+        self.calls: list[tuple[str, int, int, list[tuple[str, int]]]] = []
+
+    def verify(
+        self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[E, str]]:
+        self.calls.append((tid, pid, epoch, list(partitions)))
+        return {
+            tp: (E.NONE, "") if tp in self.allowed else (E.INVALID_TXN_STATE, "not added")
+            for tp in partitions
+        }
+
+
+def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> None:
+    parts = {("t", i): open_partition(tmp_path / f"t-{i}") for i in range(3)}
+    verifier = CountingVerifier({("t", 0), ("t", 1)})
+    service = PartitionLogService(
+        lambda topic, i: parts.get((topic, i)) or (E.UNKNOWN_TOPIC_OR_PARTITION, "no"),
+        verifier,  # type: ignore[arg-type]
+        1 << 20,
+    )
+
+    def request(sequence: int) -> pb.ProduceRequest:
+        return pb.ProduceRequest(
+            transactional_id="tx",
+            partitions=[
+                pb.PartitionProduceData(
+                    topic="t",
+                    partition=i,
+                    batch=pb.RecordBatch(
+                        producer_id=9,
+                        producer_epoch=0,
+                        base_sequence=sequence,
+                        is_transactional=True,
+                        records=[pb.Record(value=b"v")],
+                    ),
+                )
+                for i in range(3)
+            ],
+        )
+
+    try:
+        first = service.Produce(request(0), None)
+        assert [p.error_code for p in first.partitions] == [E.NONE, E.NONE, E.INVALID_TXN_STATE]
+        assert verifier.calls == [("tx", 9, 0, [("t", 0), ("t", 1), ("t", 2)])]
+        assert parts[("t", 2)].offsets() == (0, 0, 0)  # refused: nothing appended
+        second = service.Produce(request(1), None)
+        assert [p.error_code for p in second.partitions] == [
+            E.NONE,
+            E.NONE,
+            E.UNKNOWN_PRODUCER_ID,  # its first batch was refused, so sequence 1 is unknown
+        ]
+        assert len(verifier.calls) == 1  # the open transactions need no second question
+    finally:
+        for part in parts.values():
+            part.close()
