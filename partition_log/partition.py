@@ -9,14 +9,17 @@ control records) when the partition is opened.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from fsm.errors import ErrorCode as E
 from partition_log import codec
-from partition_log.log import FsyncPolicy, PartitionLogStore
+from partition_log.log import FsyncPolicy, PartitionLogStore, StoreFailed
 from partition_log.producer_state import AppendCheck, MarkerAction, ProducerStates, Verdict
+
+log = logging.getLogger("raftcoord.partition_log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,13 @@ class Partition:
             check = self._check(spec, verified)
             if not check.ok or check.verdict is not Verdict.APPEND:
                 return check
-            base = self.store.append(batch)
+            try:
+                base = self.store.append(batch)
+            except (OSError, StoreFailed) as exc:
+                log.error(
+                    "partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc
+                )
+                return AppendCheck(None, E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
             self.states.on_append(
                 spec.producer_id,
                 spec.producer_epoch,
@@ -162,7 +171,13 @@ class Partition:
                     coordinator_epoch=coordinator_epoch,
                     timestamp_ms=timestamp_ms,
                 )
-                offset = self.store.append(batch)
+                try:
+                    offset = self.store.append(batch)
+                except (OSError, StoreFailed) as exc:
+                    log.error(
+                        "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
+                    )
+                    return E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}"
                 self.states.on_marker(producer_id, epoch, coordinator_epoch, commit, offset)
             return E.NONE, ""
 
