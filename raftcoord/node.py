@@ -4,7 +4,9 @@
 of every shard; each shard is its own pysyncobj Raft group on its own port.
 Each shard has one thread that runs the leader's duties and pysyncobj's tick;
 it sleeps in pysyncobj's poller until a Raft message or a new request wakes
-it (or ``raft.tick.ms`` passes), so an idle node costs little CPU.
+it (or ``raft.tick.ms`` passes), so an idle node costs little CPU. Each shard
+this node leads (ready) has a marker writer (:mod:`raftcoord.markers`) that
+completes its Prepare* transactions.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pysyncobj.pipe_notifier import PipeNotifier
 from fsm import TransactionStateMachine, WriteMarkers
 from raftcoord import raft_journal
 from raftcoord.config import ClusterConfig, NodeAddress
+from raftcoord.markers import MarkerWriters
 from raftcoord.replica import ShardReplica
 from raftcoord.shard import Shard, ShardTimers, TransitionsLog
 from raftcoord.v1 import admin_pb2_grpc, coordinator_pb2_grpc
@@ -44,6 +47,7 @@ class CoordinatorNode:
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
         self.markers_handed_off = 0
+        self.markers = MarkerWriters(self)
 
     # --- addresses -------------------------------------------------------------------
 
@@ -135,26 +139,14 @@ class CoordinatorNode:
         return made
 
     def _hand_off(self, shard: int, markers: WriteMarkers) -> None:
-        # The marker writer takes over from here; until it exists, the
-        # transaction stays in its Prepare* state and this line says so.
         self.markers_handed_off += 1
-        log.info(
-            "node=%d shard=%d event=markers_due transactional_id=%s producer_id=%d "
-            "epoch=%d result=%s partitions=%d groups=%d",
-            self.node_id,
-            shard,
-            markers.transactional_id,
-            markers.producer_id,
-            markers.producer_epoch,
-            "COMMIT" if markers.commit else "ABORT",
-            len(markers.partitions),
-            len(markers.groups),
-        )
+        self.markers.hand_off(shard, markers)
 
     def _run_shard(self, shard: Shard, tick_s: float) -> None:
         while not self._stopping.is_set():
             try:
                 shard.tick(tick_s)
+                self.markers.sync(shard)
             except Exception:
                 log.exception("node=%d shard=%d event=tick_failed", self.node_id, shard.shard)
                 self._stopping.wait(tick_s)
@@ -177,6 +169,7 @@ class CoordinatorNode:
     def stop(self) -> None:
         """Stop serving, stop ticking, close journals (SIGTERM path)."""
         self._stopping.set()
+        self.markers.stop()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
         for shard in self.shards:

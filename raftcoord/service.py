@@ -26,6 +26,7 @@ from fsm import (
     CreateTopic,
     EndTxn,
     ErrorCode,
+    GroupMarker,
     InitProducerId,
     OffsetCommit,
     OffsetEntry,
@@ -43,6 +44,7 @@ from raftcoord.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
+    partition_log_pb2,
 )
 
 if TYPE_CHECKING:
@@ -318,6 +320,56 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 for f in fetched
             ],
         )
+
+    def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
+        """Group markers from marker writers: close each group's pending offsets
+        (COMMIT makes them committed, ABORT drops them) on this node's shard
+        for the group. Coordinators hold no data partitions: a marker that
+        lists some gets INVALID_REQUEST for each."""
+        answers = []
+        waiting: list[tuple[Any, Future[Any]]] = []
+        for marker in request.markers:
+            answer = partition_log_pb2.TxnMarkerResult(
+                producer_id=marker.producer_id, producer_epoch=marker.producer_epoch
+            )
+            answers.append(answer)
+            for topic in marker.topics:
+                for partition in topic.partitions:
+                    answer.partitions.add(
+                        topic=topic.topic,
+                        partition=partition,
+                        error_code=E.INVALID_REQUEST,
+                        error_message="coordinators hold no data partitions",
+                    )
+            for group_id in marker.groups:
+                result = answer.groups.add(group_id=group_id)
+                error = self._group_marker_refusal(marker, group_id)
+                if error is not E.NONE:
+                    result.error_code = error
+                    continue
+                command = GroupMarker(
+                    group_id,
+                    marker.producer_id,
+                    marker.producer_epoch,
+                    marker.result == common_pb2.COMMIT,
+                    0,
+                )
+                # Submitted together, the markers share one Raft entry per shard.
+                future = self.node.shards[self._shard_of(group_id)].submit(command)
+                waiting.append((result, future))
+        for result, future in waiting:
+            outcome = _wait(future)
+            result.error_code = (
+                outcome.error if isinstance(outcome, Outcome) else E.UNKNOWN_SERVER_ERROR
+            )
+        return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)
+
+    def _group_marker_refusal(self, marker: Any, group_id: str) -> ErrorCode:
+        if not group_id or marker.producer_id < 0 or marker.producer_epoch < 0:
+            return E.INVALID_REQUEST
+        if marker.result not in (common_pb2.COMMIT, common_pb2.ABORT):
+            return E.INVALID_REQUEST
+        return self.node.shards[self._shard_of(group_id)].availability()
 
     # --- operator queries ----------------------------------------------------------
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_mypy_strict_on_the_pure_core() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "fsm", "pid_allocator"],
+        [sys.executable, "-m", "mypy", "--strict", "fsm", "pid_allocator", "marker_writer"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,0 +1,302 @@
+"""Marker delivery on a coordinator node: the gRPC/Raft side of :mod:`marker_writer`.
+
+:class:`MarkerWriters` keeps one :class:`marker_writer.MarkerWriter` per shard
+this node leads, created when the shard becomes a ready leader and stopped
+when that leadership ends (or the node stops). Each writer talks to the
+world through a :class:`GrpcMarkerTransport`:
+
+* a data partition's marker goes to the partition-log node that owns it
+  (cluster topics replicated by shard 0: topic -> node id per partition;
+  node id -> address from the config), with ``PartitionLog.WriteTxnMarkers``;
+* a consumer group's marker goes to the coordinator leading the group's
+  shard, with ``TransactionCoordinator.WriteTxnMarkers`` (groups only);
+* completion proposes ``MarkersWritten`` on the writer's own shard, only
+  while that shard is still the ready leader of the writer's term.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from fsm import ErrorCode, MarkersWritten, Outcome, WriteMarkers, shard_for
+from marker_writer import (
+    Completion,
+    ConsumerGroup,
+    DataPartition,
+    Destination,
+    DestinationKind,
+    MarkerRequest,
+    MarkerResponse,
+    MarkerWriter,
+    Participant,
+    TransportError,
+)
+from raftcoord.v1 import (
+    common_pb2,
+    coordinator_pb2_grpc,
+    partition_log_pb2,
+    partition_log_pb2_grpc,
+)
+
+if TYPE_CHECKING:
+    from raftcoord.node import CoordinatorNode
+    from raftcoord.shard import Shard
+
+log = logging.getLogger("raftcoord.markers")
+
+#: Deadline of one WriteTxnMarkers call.
+CALL_TIMEOUT_S = 5.0
+#: How long completing a batch of transactions may wait for Raft.
+COMPLETE_TIMEOUT_S = 10.0
+#: Shard whose replicated state holds the cluster's topics.
+METADATA_SHARD = 0
+#: How often a completion waiting for Raft checks whether the node is stopping.
+_STOP_CHECK_S = 0.1
+
+
+class ChannelCache:
+    """One gRPC channel per address, shared by every writer of the node."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._closed = False
+
+    def get(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise TransportError("the node is stopping")
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(address)
+            return channel
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+
+class GrpcMarkerTransport:
+    """:class:`marker_writer.MarkerTransport` for one shard leadership (shard, term)."""
+
+    def __init__(
+        self,
+        node: CoordinatorNode,
+        shard: Shard,
+        term: int,
+        channels: ChannelCache,
+        stopping: threading.Event,
+    ) -> None:
+        self.node = node
+        self.shard = shard
+        self.term = term
+        self.channels = channels
+        self.stopping = stopping
+        self._partition_nodes = {n.node_id: n.grpc for n in node.config.partition_nodes}
+
+    # --- where markers go ----------------------------------------------------------
+
+    def resolve(self, participant: Participant) -> Destination | None:
+        if isinstance(participant, DataPartition):
+            return self._partition_destination(participant)
+        leader = self.node.leader_of(shard_for(participant.group_id, self.node.config.shard_count))
+        if leader is None:
+            return None
+        return Destination(DestinationKind.COORDINATOR, leader.node_id, leader.grpc)
+
+    def _partition_destination(self, partition: DataPartition) -> Destination | None:
+        replica = self.node.shards[METADATA_SHARD].replica
+        with replica.lock:
+            placement = replica.machine.state.topics.get(partition.topic)
+        # Unknown here may only mean this replica of shard 0 lags: ask again later.
+        if placement is None or not 0 <= partition.partition < len(placement):
+            return None
+        node_id = placement[partition.partition]
+        address = self._partition_nodes.get(node_id)
+        if address is None:
+            return None
+        return Destination(DestinationKind.PARTITION_LOG, node_id, address)
+
+    # --- sending -------------------------------------------------------------------
+
+    def send(
+        self, destination: Destination, markers: Sequence[MarkerRequest]
+    ) -> Sequence[MarkerResponse]:
+        request = partition_log_pb2.WriteTxnMarkersRequest(
+            markers=[_txn_marker(m) for m in markers]
+        )
+        channel = self.channels.get(destination.address)
+        stub: Any
+        if destination.kind is DestinationKind.PARTITION_LOG:
+            stub = partition_log_pb2_grpc.PartitionLogStub(channel)  # type: ignore[no-untyped-call]
+        else:
+            stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            response = stub.WriteTxnMarkers(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            name = code.name if isinstance(code, grpc.StatusCode) else "RPC_ERROR"
+            raise TransportError(name) from exc
+        if len(response.markers) != len(markers):
+            raise TransportError(f"{len(response.markers)} results for {len(markers)} markers")
+        answers = []
+        for sent, result in zip(markers, response.markers, strict=True):
+            if (result.producer_id, result.producer_epoch) != (
+                sent.producer_id,
+                sent.producer_epoch,
+            ):
+                raise TransportError("results out of order")
+            errors: dict[Participant, int] = {
+                DataPartition(p.topic, p.partition): int(p.error_code) for p in result.partitions
+            }
+            errors.update({ConsumerGroup(g.group_id): int(g.error_code) for g in result.groups})
+            answers.append(MarkerResponse(errors))
+        return answers
+
+    # --- completion ----------------------------------------------------------------
+
+    def complete(self, completions: Sequence[Completion]) -> Sequence[int]:
+        if not self._still_leading():
+            return [int(ErrorCode.NOT_COORDINATOR)] * len(completions)
+        # Submitted together, they go out in one Raft entry (group commit).
+        futures: list[Future[Any]] = [
+            self.shard.submit(
+                MarkersWritten(
+                    c.transactional_id,
+                    c.producer_id,
+                    c.producer_epoch,
+                    tuple((p.topic, p.partition) for p in c.partitions),
+                    tuple(g.group_id for g in c.groups),
+                    0,
+                )
+            )
+            for c in completions
+        ]
+        deadline = time.monotonic() + COMPLETE_TIMEOUT_S
+        return [self._outcome_code(future, deadline) for future in futures]
+
+    def _outcome_code(self, future: Future[Any], deadline: float) -> int:
+        # Waits in slices so that a stopping node does not wait out the deadline.
+        while not self.stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return int(ErrorCode.REQUEST_TIMED_OUT)
+            try:
+                outcome = future.result(timeout=min(_STOP_CHECK_S, remaining))
+            except FutureTimeout:
+                continue
+            return int(outcome.error) if isinstance(outcome, Outcome) else -1
+        return int(ErrorCode.NOT_COORDINATOR)
+
+    def _still_leading(self) -> bool:
+        shard = self.shard
+        return shard.is_leader and shard.ready and shard.leader_term == self.term
+
+
+def _txn_marker(marker: MarkerRequest) -> Any:
+    topics: dict[str, list[int]] = {}
+    for partition in marker.partitions:
+        topics.setdefault(partition.topic, []).append(partition.partition)
+    return partition_log_pb2.TxnMarker(
+        producer_id=marker.producer_id,
+        producer_epoch=marker.producer_epoch,
+        coordinator_epoch=marker.coordinator_epoch,
+        result=common_pb2.COMMIT if marker.commit else common_pb2.ABORT,
+        topics=[common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in topics.items()],
+        transactional_id=marker.transactional_id,
+        groups=[g.group_id for g in marker.groups],
+    )
+
+
+class MarkerWriters:
+    """The node's marker writers: one per shard it leads (ready), per term."""
+
+    def __init__(self, node: CoordinatorNode) -> None:
+        self.node = node
+        self.channels = ChannelCache()
+        self._lock = threading.Lock()
+        self._writers: dict[int, MarkerWriter] = {}
+        self._stopping = threading.Event()
+
+    def sync(self, shard: Shard) -> MarkerWriter | None:
+        """Match the writer of ``shard`` to its leadership: stop a writer whose
+        leadership ended, start one for a ready leadership without one.
+        Called on the shard's tick thread after every tick and on hand-off."""
+        leading = shard.is_leader and shard.ready
+        term = shard.leader_term
+        stale: MarkerWriter | None = None
+        with self._lock:
+            writer = self._writers.get(shard.shard)
+            if writer is not None and (not leading or writer.term != term or writer.stopped):
+                stale = self._writers.pop(shard.shard)
+                writer = None
+            created = writer is None and leading and not self._stopping.is_set()
+            if created:
+                writer = self._writers[shard.shard] = MarkerWriter(
+                    shard.shard,
+                    term,
+                    GrpcMarkerTransport(self.node, shard, term, self.channels, self._stopping),
+                    logger=log,
+                    label=f"node={self.node.node_id}",
+                )
+        if stale is not None:
+            stale.stop(timeout_s=0)
+        if created and writer is not None:
+            # Seeded from the applied state, a new writer owes every Prepare*
+            # transaction's markers even if a hand-off came before it existed
+            # (or its predecessor of the same term stopped itself).
+            with shard.replica.lock:
+                pending = shard.replica.machine.pending_markers()
+            for markers in pending:
+                writer.add(markers, term)
+            writer.start()
+            log.info(
+                "node=%d shard=%d term=%d event=marker_writer_started pending=%d",
+                self.node.node_id,
+                shard.shard,
+                term,
+                len(pending),
+            )
+        return writer
+
+    def hand_off(self, shard_number: int, markers: WriteMarkers) -> None:
+        """The shard applied a Prepare* transition (or its new leader found
+        one): queue its markers on this leadership's writer. Before the
+        leadership is ready there is no writer; the ready leader resends
+        every Prepare* transaction's markers itself."""
+        shard = self.node.shards[shard_number]
+        writer = self.sync(shard)
+        if writer is None:
+            log.debug(
+                "node=%d shard=%d event=markers_deferred transactional_id=%s",
+                self.node.node_id,
+                shard_number,
+                markers.transactional_id,
+            )
+            return
+        writer.add(markers, shard.leader_term)
+
+    def stop(self) -> None:
+        """Stop every writer and close the channels (the node is stopping)."""
+        with self._lock:
+            self._stopping.set()
+            writers, self._writers = list(self._writers.values()), {}
+        for writer in writers:
+            writer.stop(timeout_s=1.0)
+        self.channels.close()
+
+    def metrics(self) -> dict[int, dict[str, Any]]:
+        with self._lock:
+            writers = dict(self._writers)
+        return {shard: writer.metrics() for shard, writer in sorted(writers.items())}
