@@ -5,7 +5,6 @@ the leader that prepared the transaction is killed before delivering."""
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,11 +29,9 @@ COMPLETE_ABORT = common_pb2.TRANSACTION_STATE_COMPLETE_ABORT
 @contextmanager
 def coordinator_cluster(path: Path) -> Iterator[LocalCluster]:
     cluster = LocalCluster(path)
-    options: dict[str, Any] = {}
-    if "partition_nodes" in inspect.signature(cluster.up).parameters:
-        options["partition_nodes"] = 0  # group markers need coordinators only
     try:
-        cluster.up(coordinators=3, shards=SHARDS, timeout_s=30, **options)
+        # Group markers need coordinators only.
+        cluster.up(coordinators=3, shards=SHARDS, timeout_s=30, partition_nodes=0)
         yield cluster
     finally:
         cluster.down(grace_s=3)
