@@ -7,13 +7,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
+TYPED = fsm pid_allocator marker_writer partition_log/producer_state.py partition_log/codec.py partition_log/log.py
+
 .PHONY: help install test test-fast lint typecheck proto demo clean
 
 help:
-	@echo "make demo       run the main job: local cluster + transactional workload + leader kills + audit"
+	@echo "make demo       the main job (interim): local cluster, both examples with a leader kill -9, verdict"
 	@echo "make test       create .venv if needed, install, run the whole test suite"
 	@echo "make test-fast  only the fast layer (no multi-process tests)"
-	@echo "make lint       ruff + mypy --strict on the pure core"
+	@echo "make lint       ruff + mypy --strict on the typed packages"
 	@echo "make proto      regenerate raftcoord/v1 from proto/"
 
 $(STAMP): pyproject.toml
@@ -32,10 +34,10 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m mypy --strict fsm pid_allocator
+	$(PY) -m mypy --strict $(TYPED)
 
 typecheck: $(STAMP)
-	$(PY) -m mypy --strict fsm pid_allocator
+	$(PY) -m mypy --strict $(TYPED)
 
 proto: $(STAMP)
 	$(PY) proto/generate.py

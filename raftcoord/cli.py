@@ -7,17 +7,10 @@ import sys
 from pathlib import Path
 
 
-def _demo(_: argparse.Namespace) -> int:
-    print(
-        "raftcoord demo: not available yet.\n"
-        "The main job (local coordinator cluster + partition-log nodes, a transactional\n"
-        "workload with leader kills, and the Spark audit) needs the partition-log nodes,\n"
-        "the marker writer and the audit, which are not built yet. What exists today:\n"
-        "the protocol (proto/), the state machine (fsm/), the producer-id allocator and\n"
-        "the replicated coordinator node (`raftcoord cluster up`); run `make test`.",
-        file=sys.stderr,
-    )
-    return 2
+def _demo(args: argparse.Namespace) -> int:
+    from raftcoord.demo import run_demo
+
+    return run_demo(Path(args.data_dir) if args.data_dir else None, args.records)
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -59,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the main job (cluster, workload, faults, audit)")
+    demo.add_argument("--records", type=int, default=300, help="input records to copy")
+    demo.add_argument("--data-dir", help="keep the cluster's files here (default: a temp dir)")
     demo.set_defaults(func=_demo)
     node = commands.add_parser("node", help="run one coordinator node")
     node.add_argument("--config", required=True, help="cluster config (TOML)")

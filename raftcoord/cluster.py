@@ -104,7 +104,7 @@ def write_config(
             f'[[coordinators]]\nid = {node_id}\ngrpc = "127.0.0.1:{grpc_port}"\nraft = [{raft}]\n'
         )
     partition_blocks = [
-        f"[[partition_nodes]]\nid = {node_id}\ngrpc = \"127.0.0.1:{next(ports)}\"\n"
+        f'[[partition_nodes]]\nid = {node_id}\ngrpc = "127.0.0.1:{next(ports)}"\n'
         for node_id in range(PARTITION_NODE_BASE_ID, PARTITION_NODE_BASE_ID + partition_nodes)
     ]
     text = TEMPLATE.read_text().format(
@@ -180,6 +180,10 @@ class LocalCluster:
 
     def partition_nodes(self) -> list[NodeRecord]:
         return [n for n in self._require().nodes if n.kind == "partition-log"]
+
+    def bootstrap(self) -> list[str]:
+        """The coordinators' gRPC addresses: what a client is given to start from."""
+        return [n.grpc for n in self.coordinators()]
 
     def _spawn(self, record: NodeRecord) -> None:
         assert self.state is not None

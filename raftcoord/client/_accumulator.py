@@ -1,0 +1,360 @@
+"""Record batching and sequence bookkeeping for the producers (no I/O).
+
+Records are appended to a queue of batches per partition. A partition has
+at most one batch in flight, always the head of its queue, so sequence
+numbers are simple: a batch gets ``base_sequence`` = the partition's next
+sequence when it is first sent, keeps it for every retry (the partition-log
+node deduplicates a retried batch and answers with the original offsets),
+and the partition's next sequence advances only when the batch is
+acknowledged. A batch that fails for good leaves the sequence where it was,
+so the next batch reuses it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from enum import Enum
+
+from raftcoord.client.errors import KafkaError
+from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
+from raftcoord.v1 import common_pb2
+
+__all__ = [
+    "MAX_SEQUENCE",
+    "PendingRecord",
+    "ProduceAction",
+    "ProducerBatch",
+    "RecordAccumulator",
+    "SequenceNumbers",
+    "produce_action",
+]
+
+E = common_pb2.ErrorCode
+#: Sequences are int32 and wrap to 0 after this, as in Kafka's record batches.
+MAX_SEQUENCE = 2**31 - 1
+#: Bytes counted per record on top of its key, value and headers.
+RECORD_OVERHEAD = 16
+
+
+@dataclass
+class PendingRecord:
+    """A record waiting in a batch, with the future its sender holds."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp_ms: int
+    future: Future[RecordMetadata] = field(default_factory=Future)
+
+    def size(self) -> int:
+        return (
+            len(self.key or b"")
+            + len(self.value or b"")
+            + sum(len(k) + len(v) for k, v in self.headers)
+            + RECORD_OVERHEAD
+        )
+
+
+class ProducerBatch:
+    """Records for one partition, sent and acknowledged together."""
+
+    def __init__(self, tp: TopicPartition, created_s: float) -> None:
+        self.tp = tp
+        self.created_s = created_s
+        self.records: list[PendingRecord] = []
+        self.size_bytes = 0
+        #: Fixed when the batch is first sent; kept for every retry.
+        self.base_sequence: int | None = None
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.attempts = 0
+        #: Monotonic time before which a retry is not sent.
+        self.retry_at_s = 0.0
+        self.last_error: KafkaError | None = None
+        self.done = threading.Event()
+
+    def __repr__(self) -> str:
+        return (
+            f"ProducerBatch({self.tp.topic}-{self.tp.partition}, records={len(self.records)}, "
+            f"base_sequence={self.base_sequence}, attempts={self.attempts})"
+        )
+
+    def append(self, record: PendingRecord) -> None:
+        self.records.append(record)
+        self.size_bytes += record.size()
+
+    @property
+    def sent(self) -> bool:
+        """Whether the batch was ever handed to the network (its outcome may be unknown)."""
+        return self.attempts > 0
+
+    def complete(self, base_offset: int) -> None:
+        """Resolve every record's future with its offset."""
+        for i, record in enumerate(self.records):
+            offset = base_offset + i if base_offset >= 0 else -1
+            _settle(record.future, RecordMetadata(self.tp.topic, self.tp.partition, offset))
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Fail every record's future with ``error``."""
+        for record in self.records:
+            _settle(record.future, None, error)
+        self.done.set()
+
+
+def _settle(
+    future: Future[RecordMetadata],
+    result: RecordMetadata | None,
+    error: BaseException | None = None,
+) -> None:
+    try:
+        if error is not None:
+            future.set_exception(error)
+        elif result is not None:
+            future.set_result(result)
+    except InvalidStateError:  # already settled: a batch is settled once
+        pass
+
+
+class SequenceNumbers:
+    """The next sequence number per partition, for one producer id and epoch."""
+
+    def __init__(self) -> None:
+        self._next: dict[TopicPartition, int] = {}
+
+    def next(self, tp: TopicPartition) -> int:
+        return self._next.get(tp, 0)
+
+    def advance(self, tp: TopicPartition, count: int) -> None:
+        """An acknowledged batch of ``count`` records: move past it (wrapping)."""
+        self._next[tp] = (self.next(tp) + count) % (MAX_SEQUENCE + 1)
+
+    def reset(self) -> None:
+        """A new producer id or epoch: every partition starts at 0 again."""
+        self._next.clear()
+
+    def snapshot(self) -> dict[TopicPartition, int]:
+        return dict(self._next)
+
+
+class RecordAccumulator:
+    """Per-partition queues of batches. Not thread-safe: the producer guards it
+    with its lock."""
+
+    def __init__(self, batch_size: int = 16384, linger_s: float = 0.005) -> None:
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+        self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._in_flight: dict[TopicPartition, ProducerBatch] = {}
+
+    # --- appending -----------------------------------------------------------------
+
+    def append(self, tp: TopicPartition, record: PendingRecord, now_s: float) -> bool:
+        """Add ``record`` to the partition's last batch, or to a new batch when the
+        last one is full or already sent.
+
+        Returns:
+            Whether the sender should look at the queues now: a batch is full,
+            or a new batch started (its linger time begins).
+        """
+        queue = self._queues.setdefault(tp, deque())
+        last = queue[-1] if queue else None
+        # A batch that was sent (in flight or waiting to be retried) is frozen:
+        # its retries must carry exactly the records of the first attempt.
+        if (
+            last is None
+            or last.sent
+            or (last.records and last.size_bytes + record.size() > self.batch_size)
+        ):
+            last = ProducerBatch(tp, now_s)
+            queue.append(last)
+            last.append(record)
+            return True
+        last.append(record)
+        return last.size_bytes >= self.batch_size
+
+    # --- sending -------------------------------------------------------------------
+
+    def _head_ready(self, batch: ProducerBatch, now_s: float, flush: bool, more: bool) -> bool:
+        if batch.attempts:
+            return now_s >= batch.retry_at_s
+        return (
+            flush
+            or more
+            or batch.size_bytes >= self.batch_size
+            or now_s - batch.created_s >= self.linger_s
+        )
+
+    def ready(self, now_s: float, flush: bool = False) -> list[TopicPartition]:
+        """Partitions whose head batch may be sent now (full, lingered long enough,
+        flushing, or a retry whose backoff passed) and that have nothing in flight."""
+        return [
+            tp
+            for tp, queue in self._queues.items()
+            if queue
+            and tp not in self._in_flight
+            and self._head_ready(queue[0], now_s, flush, len(queue) > 1)
+        ]
+
+    def next_ready_s(self, now_s: float) -> float | None:
+        """When the next head batch not in flight becomes ready (None: none waits)."""
+        times = []
+        for tp, queue in self._queues.items():
+            if not queue or tp in self._in_flight:
+                continue
+            head = queue[0]
+            times.append(head.retry_at_s if head.attempts else head.created_s + self.linger_s)
+        return min(times, default=None)
+
+    def drain(self, tps: Iterable[TopicPartition]) -> list[ProducerBatch]:
+        """Mark the head batches of ``tps`` in flight and return them."""
+        batches = []
+        for tp in tps:
+            queue = self._queues.get(tp)
+            if not queue or tp in self._in_flight:
+                continue
+            self._in_flight[tp] = queue[0]
+            batches.append(queue[0])
+        return batches
+
+    def retry(self, batch: ProducerBatch, at_s: float) -> None:
+        """The in-flight ``batch`` failed retriably: send it again at ``at_s``
+        (same sequence, still at the head of its queue)."""
+        if self._in_flight.get(batch.tp) is batch:
+            del self._in_flight[batch.tp]
+        batch.retry_at_s = at_s
+
+    def remove(self, batch: ProducerBatch) -> None:
+        """``batch`` is settled (acknowledged or failed): drop it from its queue."""
+        if self._in_flight.get(batch.tp) is batch:
+            del self._in_flight[batch.tp]
+        queue = self._queues.get(batch.tp)
+        if queue is not None:
+            try:
+                queue.remove(batch)
+            except ValueError:
+                pass
+            if not queue:
+                del self._queues[batch.tp]
+
+    # --- bulk changes --------------------------------------------------------------
+
+    def undrained(self) -> list[ProducerBatch]:
+        """Every batch not in flight."""
+        return [
+            b
+            for tp, queue in self._queues.items()
+            for i, b in enumerate(queue)
+            if i > 0 or tp not in self._in_flight
+        ]
+
+    def take_undrained(self) -> list[ProducerBatch]:
+        """Remove and return every batch not in flight (to fail them)."""
+        taken = self.undrained()
+        for batch in taken:
+            self.remove(batch)
+        return taken
+
+    def expired(self, now_s: float, delivery_timeout_s: float) -> list[ProducerBatch]:
+        """Remove and return batches not in flight created more than
+        ``delivery_timeout_s`` ago."""
+        taken = [b for b in self.undrained() if now_s - b.created_s >= delivery_timeout_s]
+        for batch in taken:
+            self.remove(batch)
+        return taken
+
+    def clear_sequences(self) -> None:
+        """Forget the sequences of unsent batches (a new producer id follows)."""
+        for batch in self.undrained():
+            batch.base_sequence = None
+
+    def partitions(self) -> set[TopicPartition]:
+        """Partitions with queued batches."""
+        return {tp for tp, queue in self._queues.items() if queue}
+
+    def incomplete(self) -> list[ProducerBatch]:
+        """Every batch not yet settled, in flight or not."""
+        return [b for queue in self._queues.values() for b in queue]
+
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+
+class ProduceAction(Enum):
+    """What the producer does with a batch after a Produce answer."""
+
+    #: Acknowledged: resolve the futures, advance the sequence.
+    COMPLETE = "complete"
+    #: Send the batch again with the same sequence after a backoff.
+    RETRY = "retry"
+    #: As RETRY, but refresh the metadata first (the node does not own it).
+    RETRY_REFRESH = "retry-refresh"
+    #: The partition lost the producer's state: an idempotent producer gets a
+    #: new producer id and sends the batch again from sequence 0.
+    RETRY_NEW_PRODUCER_ID = "retry-new-producer-id"
+    #: Fail the batch; it was not written.
+    FAIL = "fail"
+    #: Fail the batch; the producer's sequence state is out of step with the
+    #: partition: an idempotent producer gets a new producer id.
+    FAIL_NEW_PRODUCER_ID = "fail-new-producer-id"
+    #: Fail the batch and the producer: it has been fenced.
+    FATAL = "fatal"
+
+
+_RETRIABLE_PRODUCE = frozenset(
+    {
+        E.REQUEST_TIMED_OUT,
+        E.NOT_COORDINATOR,
+        E.COORDINATOR_NOT_AVAILABLE,
+        E.COORDINATOR_LOAD_IN_PROGRESS,
+        E.CONCURRENT_TRANSACTIONS,
+    }
+)
+_FATAL_TRANSACTIONAL = frozenset(
+    {
+        E.PRODUCER_FENCED,
+        E.INVALID_PRODUCER_EPOCH,
+        E.INVALID_TXN_STATE,
+        E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+_OUT_OF_STEP = frozenset(
+    {
+        E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        E.INVALID_PRODUCER_EPOCH,
+        E.PRODUCER_FENCED,
+        E.UNKNOWN_SERVER_ERROR,
+    }
+)
+
+
+def produce_action(code: int | None, transactional: bool) -> ProduceAction:
+    """The producer's reaction to a per-partition Produce answer.
+
+    Args:
+        code: the partition's error code; None for a transport failure of the
+            whole request (the batch may or may not have been written).
+        transactional: whether the producer is transactional. For it every
+            failure that is not retried also makes the transaction abortable
+            (or the producer fatal); the caller does that.
+    """
+    if code in (E.NONE, E.DUPLICATE_SEQUENCE_NUMBER):
+        return ProduceAction.COMPLETE
+    if code is None or code in _RETRIABLE_PRODUCE:
+        return ProduceAction.RETRY
+    if code in (E.NOT_LEADER_OR_FOLLOWER, E.UNKNOWN_TOPIC_OR_PARTITION):
+        return ProduceAction.RETRY_REFRESH
+    if transactional:
+        return ProduceAction.FATAL if code in _FATAL_TRANSACTIONAL else ProduceAction.FAIL
+    if code == E.UNKNOWN_PRODUCER_ID:
+        return ProduceAction.RETRY_NEW_PRODUCER_ID
+    if code in _OUT_OF_STEP:
+        return ProduceAction.FAIL_NEW_PRODUCER_ID
+    return ProduceAction.FAIL

@@ -1,0 +1,445 @@
+"""Networking shared by the producers, the consumer and the admin client:
+gRPC channels, deadlines and backoff, coordinator discovery with retries,
+and the cluster metadata cache (topic placement and node addresses).
+
+Every gRPC call made here has a deadline. Retries happen inside a
+:class:`Deadline`; when it passes, :class:`KafkaTimeoutError` is raised with
+the last failure as its cause.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from raftcoord.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, error_for
+from raftcoord.client.records import TopicPartition
+from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2_grpc
+
+E = common_pb2.ErrorCode
+
+#: Longest single attempt of a coordinator call (the server gives up on a
+#: Raft commit after 10 s and answers REQUEST_TIMED_OUT).
+ATTEMPT_TIMEOUT_S = 12.0
+#: Longest single FindCoordinator / Metadata attempt against one node.
+LOOKUP_TIMEOUT_S = 2.0
+
+#: Backoff (first, longest) between retries of CONCURRENT_TRANSACTIONS answers.
+CONCURRENT_BACKOFF_S = (0.005, 0.05)
+#: Answers that mean "ask FindCoordinator again, then retry".
+REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUEST_TIMED_OUT})
+#: Answers that mean "same coordinator, retry after a backoff".
+BACK_OFF = frozenset({E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS})
+
+_CHANNEL_OPTIONS = [
+    # A restarted node is found again within a second, not after gRPC's
+    # default reconnect backoff of up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+
+class Deadline:
+    """A point in (monotonic) time by which an operation must be done."""
+
+    def __init__(self, timeout_s: float, what: str, clock: Callable[[], float] = time.monotonic):
+        self.what = what
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self.at = clock() + timeout_s
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - self._clock())
+
+    def expired(self) -> bool:
+        return self._clock() >= self.at
+
+    def attempt(self, cap_s: float) -> float:
+        """The timeout for one attempt: what is left, at most ``cap_s``, at least 1 ms."""
+        return max(0.001, min(cap_s, self.remaining()))
+
+    def timeout_error(self, last: BaseException | None = None) -> KafkaTimeoutError:
+        detail = f": last error: {last}" if last is not None else ""
+        error = KafkaTimeoutError(f"{self.what} did not complete in {self.timeout_s:.3g} s{detail}")
+        error.__cause__ = last
+        return error
+
+
+class Backoff:
+    """Exponential backoff with jitter: ``initial_s`` doubling up to ``max_s``."""
+
+    def __init__(
+        self, initial_s: float = 0.02, max_s: float = 1.0, rng: random.Random | None = None
+    ) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self._rng = rng or random.Random()
+        self._attempts = 0
+
+    def next_delay(self) -> float:
+        """The next delay (up to 20% less than the nominal one, so clients spread out)."""
+        nominal = min(self.max_s, self.initial_s * 2.0 ** min(self._attempts, 30))
+        self._attempts += 1
+        return nominal * (0.8 + 0.2 * self._rng.random())
+
+    def reset(self) -> None:
+        self._attempts = 0
+
+    def sleep(self, deadline: Deadline, last: BaseException | None = None) -> None:
+        """Sleep the next delay, but never past ``deadline``.
+
+        Raises:
+            KafkaTimeoutError: the deadline has passed (``last`` is its cause).
+        """
+        if deadline.expired():
+            raise deadline.timeout_error(last)
+        time.sleep(min(self.next_delay(), deadline.remaining()))
+        if deadline.expired():
+            raise deadline.timeout_error(last)
+
+
+def transport_error(exc: grpc.RpcError, address: str) -> KafkaConnectionError:
+    """A gRPC failure as a :class:`KafkaConnectionError` naming the node."""
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    name = code.name if code is not None else "ERROR"
+    return KafkaConnectionError(f"{address}: {name}: {details}")
+
+
+class Channels:
+    """One gRPC channel per address, shared by all stubs; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._coordinators: dict[str, Any] = {}
+        self._partition_logs: dict[str, Any] = {}
+        self._closed = False
+
+    def _channel(self, address: str) -> grpc.Channel:
+        if self._closed:
+            raise KafkaConnectionError("the client is closed")
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    def coordinator(self, address: str) -> Any:
+        """A TransactionCoordinator stub for ``address``."""
+        with self._lock:
+            stub = self._coordinators.get(address)
+            if stub is None:
+                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(self._channel(address))  # type: ignore[no-untyped-call]
+                self._coordinators[address] = stub
+            return stub
+
+    def partition_log(self, address: str) -> Any:
+        """A PartitionLog stub for ``address``."""
+        with self._lock:
+            stub = self._partition_logs.get(address)
+            if stub is None:
+                stub = partition_log_pb2_grpc.PartitionLogStub(self._channel(address))  # type: ignore[no-untyped-call]
+                self._partition_logs[address] = stub
+            return stub
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._coordinators.clear()
+            self._partition_logs.clear()
+        for channel in channels:
+            channel.close()
+
+
+def _top_level_error(response: Any) -> int:
+    return int(response.error_code)
+
+
+class CoordinatorClient:
+    """Calls to coordinator nodes: any node (metadata, idempotent producer
+    ids) or the shard leader owning a key (FindCoordinator, then the call).
+
+    Discovered coordinators are cached per (key type, key) and forgotten on
+    NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, REQUEST_TIMED_OUT and
+    transport failures. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        channels: Channels,
+        backoff_initial_s: float = 0.02,
+        backoff_max_s: float = 1.0,
+    ) -> None:
+        if isinstance(bootstrap, str):
+            bootstrap = [bootstrap]
+        addresses = [a.strip() for a in bootstrap if a.strip()]
+        if not addresses:
+            raise ValueError("bootstrap must name at least one coordinator address")
+        self.bootstrap = list(dict.fromkeys(addresses))
+        self.channels = channels
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._lock = threading.Lock()
+        self._known: list[str] = list(self.bootstrap)
+        self._coordinators: dict[tuple[int, str], str] = {}
+        self._rotation = itertools.count(random.randrange(len(self.bootstrap)))
+
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_initial_s, self.backoff_max_s)
+
+    # --- nodes ---------------------------------------------------------------------
+
+    def addresses(self) -> list[str]:
+        """Every coordinator address known: the bootstrap list plus those learned
+        from Metadata."""
+        with self._lock:
+            return list(self._known)
+
+    def learn(self, addresses: Iterable[str]) -> None:
+        """Remember coordinator addresses from a Metadata answer."""
+        with self._lock:
+            for address in addresses:
+                if address and address not in self._known:
+                    self._known.append(address)
+
+    def _next_address(self) -> str:
+        with self._lock:
+            return self._known[next(self._rotation) % len(self._known)]
+
+    def call_any(self, method: str, request: Any, deadline: Deadline) -> Any:
+        """``method`` on any coordinator node, moving on to the next node after a
+        transport failure.
+
+        Raises:
+            KafkaTimeoutError: no node answered before the deadline.
+        """
+        backoff = self.backoff()
+        failures = 0
+        while True:
+            address = self._next_address()
+            try:
+                return getattr(self.channels.coordinator(address), method)(
+                    request, timeout=deadline.attempt(LOOKUP_TIMEOUT_S)
+                )
+            except grpc.RpcError as exc:
+                last = transport_error(exc, address)
+            failures += 1
+            if failures % len(self.addresses()) == 0:
+                backoff.sleep(deadline, last)  # every node failed once: pause
+            elif deadline.expired():
+                raise deadline.timeout_error(last)
+
+    # --- coordinators --------------------------------------------------------------
+
+    def forget(self, key_type: int, key: str) -> None:
+        with self._lock:
+            self._coordinators.pop((key_type, key), None)
+
+    def find_coordinator(self, key_type: int, key: str, deadline: Deadline) -> str:
+        """The address of the shard leader owning ``key`` (cached).
+
+        Raises:
+            KafkaTimeoutError: no node named a leader before the deadline.
+            KafkaError: the lookup was refused (for example an empty key).
+        """
+        with self._lock:
+            cached = self._coordinators.get((key_type, key))
+        if cached is not None:
+            return cached
+        request = coordinator_pb2.FindCoordinatorRequest(key=key, key_type=key_type)  # type: ignore[arg-type]
+        backoff = self.backoff()
+        while True:
+            answer = self.call_any("FindCoordinator", request, deadline)
+            if answer.error_code == E.NONE and answer.address:
+                with self._lock:
+                    self._coordinators[(key_type, key)] = answer.address
+                    if answer.address not in self._known:
+                        self._known.append(answer.address)
+                return str(answer.address)
+            if answer.error_code not in (E.COORDINATOR_NOT_AVAILABLE, E.NONE):
+                raise error_for(answer.error_code, answer.error_message)
+            backoff.sleep(deadline, error_for(E.COORDINATOR_NOT_AVAILABLE, answer.error_message))
+
+    def call(
+        self,
+        key_type: int,
+        key: str,
+        method: str,
+        request: Any,
+        deadline: Deadline,
+        error_of: Callable[[Any], int] = _top_level_error,
+        retry: frozenset[int] = BACK_OFF,
+    ) -> Any:
+        """``method`` on the coordinator of ``key``, until an answer that is not
+        retriable (success or a final error, which the caller interprets).
+
+        Rediscovers the coordinator on REDISCOVER answers and transport
+        failures; backs off and retries on ``retry`` answers.
+
+        Raises:
+            KafkaTimeoutError: the deadline passed (the last failure is its cause).
+        """
+        backoff = self.backoff()
+        # CONCURRENT_TRANSACTIONS usually means "the previous transaction's
+        # markers are being written" (milliseconds): look again soon.
+        concurrent = Backoff(
+            min(self.backoff_initial_s, CONCURRENT_BACKOFF_S[0]),
+            min(self.backoff_max_s, CONCURRENT_BACKOFF_S[1]),
+        )
+        while True:
+            address = self.find_coordinator(key_type, key, deadline)
+            last: KafkaError
+            try:
+                answer = getattr(self.channels.coordinator(address), method)(
+                    request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
+                )
+            except grpc.RpcError as exc:
+                last = transport_error(exc, address)
+                self.forget(key_type, key)
+            else:
+                code = error_of(answer)
+                if code in REDISCOVER:
+                    self.forget(key_type, key)
+                elif code not in retry:
+                    return answer
+                last = error_for(code, answer.error_message)
+                if code == E.CONCURRENT_TRANSACTIONS:
+                    concurrent.sleep(deadline, last)
+                    continue
+            backoff.sleep(deadline, last)
+
+
+class MetadataCache:
+    """Topic placement (partition -> partition-log node) and node addresses,
+    from the coordinators' Metadata RPC. Thread-safe.
+
+    Only topics the client asked about are fetched; a refresh asks for all of
+    them at once. Refreshes are rate-limited to one per ``min_refresh_s``.
+    """
+
+    def __init__(self, coordinators: CoordinatorClient, min_refresh_s: float = 0.05) -> None:
+        self._coordinators = coordinators
+        self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._topics: dict[str, list[int]] = {}
+        self._nodes: dict[int, str] = {}
+        self._wanted: set[str] = set()
+        self._stale = False
+        self._last_refresh = -1e9
+        self.min_refresh_s = min_refresh_s
+
+    def refresh(self, deadline: Deadline, topics: Iterable[str] = ()) -> None:
+        """Fetch the placement of every wanted topic (plus ``topics``) now.
+
+        Raises:
+            KafkaTimeoutError: no coordinator answered in time.
+        """
+        with self._lock:
+            self._wanted.update(topics)
+            wanted = sorted(self._wanted)
+        with self._refresh_lock:
+            # With nothing wanted yet, the empty list asks for every topic.
+            request = coordinator_pb2.MetadataRequest(topics=wanted)
+            answer = self._coordinators.call_any("Metadata", request, deadline)
+            self._apply(answer)
+
+    def _apply(self, answer: Any) -> None:
+        self._coordinators.learn(n.address for n in answer.coordinators)
+        with self._lock:
+            self._nodes = {n.node_id: n.address for n in answer.partition_nodes}
+            for topic in answer.topics:
+                if topic.error_code == E.NONE:
+                    placement = [-1] * len(topic.partitions)
+                    for p in topic.partitions:
+                        if 0 <= p.partition < len(placement):
+                            placement[p.partition] = p.node_id if p.error_code == E.NONE else -1
+                    self._topics[topic.name] = placement
+                else:
+                    self._topics.pop(topic.name, None)
+            self._stale = False
+            self._last_refresh = time.monotonic()
+
+    def request_update(self) -> None:
+        """Mark the cache stale (a node said it does not own a partition, or failed)."""
+        with self._lock:
+            self._stale = True
+
+    def maybe_refresh(self, deadline: Deadline) -> bool:
+        """Refresh if stale and the last refresh is older than ``min_refresh_s``.
+
+        Returns:
+            Whether a refresh happened (failures are swallowed: a stale cache
+            is retried on the next call).
+        """
+        with self._lock:
+            due = self._stale and time.monotonic() - self._last_refresh >= self.min_refresh_s
+        if not due:
+            return False
+        try:
+            self.refresh(deadline)
+        except KafkaError:
+            with self._lock:
+                self._last_refresh = time.monotonic()
+            return False
+        return True
+
+    def partition_count(self, topic: str) -> int | None:
+        """The number of partitions of ``topic``, or None when it is not known."""
+        with self._lock:
+            placement = self._topics.get(topic)
+            return None if placement is None else len(placement)
+
+    def wait_for_topic(self, topic: str, deadline: Deadline) -> int:
+        """The partition count of ``topic``, fetching metadata until it is known.
+
+        Raises:
+            KafkaTimeoutError: the topic did not appear before the deadline.
+        """
+        with self._lock:
+            self._wanted.add(topic)
+        count = self.partition_count(topic)
+        backoff = Backoff(0.05, 1.0)
+        while count is None:
+            self.refresh(deadline)
+            count = self.partition_count(topic)
+            if count is None:
+                if deadline.expired():
+                    raise KafkaTimeoutError(
+                        f"topic {topic!r} not present in metadata after {deadline.timeout_s:.3g} s"
+                    )
+                time.sleep(min(backoff.next_delay(), deadline.remaining()))
+        return count
+
+    def leader(self, tp: TopicPartition) -> str | None:
+        """The address of the node owning ``tp``, or None (unknown: refresh)."""
+        with self._lock:
+            placement = self._topics.get(tp.topic)
+            if placement is None:
+                self._wanted.add(tp.topic)
+                self._stale = True
+                return None
+            if not 0 <= tp.partition < len(placement):
+                self._stale = True
+                return None
+            address = self._nodes.get(placement[tp.partition])
+            if address is None:
+                self._stale = True
+            return address
+
+    def topics(self) -> dict[str, int]:
+        """Known topic -> partition count."""
+        with self._lock:
+            return {name: len(p) for name, p in sorted(self._topics.items())}

@@ -1,0 +1,314 @@
+"""The admin client: topics and transactions (as Kafka's Admin and
+kafka-transactions.sh list/describe)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from raftcoord.client._net import (
+    ATTEMPT_TIMEOUT_S,
+    BACK_OFF,
+    REDISCOVER,
+    Channels,
+    CoordinatorClient,
+    Deadline,
+    MetadataCache,
+    transport_error,
+)
+from raftcoord.client.errors import IllegalStateError, KafkaError, error_for
+from raftcoord.client.records import TopicPartition, TransactionDescription, TransactionListing
+from raftcoord.v1 import common_pb2, coordinator_pb2
+
+__all__ = ["TRANSACTION_STATES", "Admin"]
+
+log = logging.getLogger("raftcoord.client.admin")
+E = common_pb2.ErrorCode
+
+#: Kafka's names of the transaction states, by protocol value.
+TRANSACTION_STATES: dict[int, str] = {
+    common_pb2.TRANSACTION_STATE_EMPTY: "Empty",
+    common_pb2.TRANSACTION_STATE_ONGOING: "Ongoing",
+    common_pb2.TRANSACTION_STATE_PREPARE_COMMIT: "PrepareCommit",
+    common_pb2.TRANSACTION_STATE_PREPARE_ABORT: "PrepareAbort",
+    common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT: "CompleteCommit",
+    common_pb2.TRANSACTION_STATE_COMPLETE_ABORT: "CompleteAbort",
+    common_pb2.TRANSACTION_STATE_DEAD: "Dead",
+    common_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE: "PrepareEpochFence",
+}
+_STATE_VALUES = {name: value for value, name in TRANSACTION_STATES.items()}
+
+
+def _state_name(value: int) -> str:
+    return TRANSACTION_STATES.get(value, f"Unknown({value})")
+
+
+class Admin:
+    """Creates and lists topics; lists and describes transactions.
+
+    Args:
+        bootstrap: coordinator gRPC addresses ("host:port").
+        request_timeout_ms: deadline of one operation (all its retries).
+        channels: where gRPC stubs come from (one channel per address by
+            default); tests pass one whose stubs inject faults.
+    """
+
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        *,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 20,
+        retry_backoff_max_ms: int = 1_000,
+        channels: Channels | None = None,
+    ) -> None:
+        self._request_timeout_s = request_timeout_ms / 1000
+        backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
+        self._channels = channels or Channels()
+        self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
+        self._metadata = MetadataCache(self._coordinators)
+        #: The node that last created topics (it leads the shard holding topics).
+        self._topic_leader: str | None = None
+        self._closed = False
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections. Closing twice is a no-op."""
+        if not self._closed:
+            self._closed = True
+            self._channels.close()
+
+    def _deadline(self, what: str, timeout_ms: int | None) -> Deadline:
+        if self._closed:
+            raise IllegalStateError("the admin client is closed")
+        timeout_s = self._request_timeout_s if timeout_ms is None else timeout_ms / 1000
+        return Deadline(timeout_s, what)
+
+    # --- topics --------------------------------------------------------------------
+
+    def create_topics(
+        self,
+        topics: Mapping[str, int],
+        *,
+        exist_ok: bool = False,
+        validate_only: bool = False,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Create topics with the given partition counts (placed on the
+        partition-log nodes by the coordinators).
+
+        Raises:
+            TopicAlreadyExistsError: a topic exists (unless ``exist_ok``).
+            InvalidPartitionsError, InvalidTopicError, InvalidRequestError:
+                a refused topic (the first one; the others were still tried).
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("create_topics", timeout_ms)
+        pending = dict(topics)
+        failures: list[KafkaError] = []
+        backoff = self._coordinators.backoff()
+        tried: set[str] = set()
+        last: KafkaError | None = None
+        while pending:
+            address = self._topic_leader or self._untried(tried)
+            request = coordinator_pb2.CreateTopicsRequest(
+                topics=[
+                    coordinator_pb2.CreatableTopic(name=name, num_partitions=count)
+                    for name, count in pending.items()
+                ],
+                validate_only=validate_only,
+            )
+            try:
+                answer = self._coordinators.channels.coordinator(address).CreateTopics(
+                    request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
+                )
+            except grpc.RpcError as exc:
+                last = transport_error(exc, address)
+                answer = None
+            moved = answer is None
+            for result in answer.results if answer is not None else ():
+                code = result.error_code
+                if code in REDISCOVER or code in BACK_OFF:
+                    moved = moved or code in REDISCOVER
+                    last = error_for(code, result.error_message)
+                    continue
+                pending.pop(result.name, None)
+                if code == E.NONE or (code == E.TOPIC_ALREADY_EXISTS and exist_ok):
+                    self._topic_leader = address
+                    continue
+                failures.append(error_for(code, f"{result.name}: {result.error_message}"))
+            if not pending:
+                break
+            if moved:
+                # Topics live in one shard: try the next node for its leader.
+                self._topic_leader = None
+                tried.add(address)
+                if len(tried) < len(self._coordinators.addresses()):
+                    continue
+                tried.clear()
+            backoff.sleep(deadline, last)
+        if failures:
+            raise failures[0]
+        self._metadata.request_update()
+
+    def _untried(self, tried: set[str]) -> str:
+        for address in self._coordinators.addresses():
+            if address not in tried:
+                return address
+        return self._coordinators.addresses()[0]
+
+    def list_topics(self, timeout_ms: int | None = None) -> dict[str, int]:
+        """Every topic with its partition count.
+
+        Raises:
+            KafkaTimeoutError: no coordinator answered in time.
+        """
+        deadline = self._deadline("list_topics", timeout_ms)
+        answer = self._coordinators.call_any(
+            "Metadata", coordinator_pb2.MetadataRequest(), deadline
+        )
+        self._coordinators.learn(n.address for n in answer.coordinators)
+        return {
+            t.name: len(t.partitions)
+            for t in sorted(answer.topics, key=lambda t: t.name)
+            if t.error_code == E.NONE
+        }
+
+    def describe_cluster(self, timeout_ms: int | None = None) -> dict[str, dict[int, str]]:
+        """Node addresses: {"coordinators": {id: address}, "partition_nodes": {...}}."""
+        deadline = self._deadline("describe_cluster", timeout_ms)
+        answer = self._coordinators.call_any(
+            "Metadata", coordinator_pb2.MetadataRequest(), deadline
+        )
+        return {
+            "coordinators": {n.node_id: n.address for n in answer.coordinators},
+            "partition_nodes": {n.node_id: n.address for n in answer.partition_nodes},
+        }
+
+    # --- transactions --------------------------------------------------------------
+
+    def list_transactions(
+        self,
+        states: Iterable[str] = (),
+        producer_ids: Iterable[int] = (),
+        min_duration_ms: int = -1,
+        timeout_ms: int | None = None,
+    ) -> list[TransactionListing]:
+        """Transactional ids known to the coordinators, sorted by id.
+
+        Every coordinator node is asked (each answers for the shards it
+        leads) and the answers are merged. A node that cannot be reached is
+        skipped: the shards it led have other leaders once it is gone.
+
+        Args:
+            states: only these states (Kafka's names, e.g. "Ongoing"); empty: any.
+            producer_ids: only these producer ids; empty: any.
+            min_duration_ms: only transactions open longer than this; -1: any.
+
+        Raises:
+            ValueError: an unknown state name.
+        """
+        deadline = self._deadline("list_transactions", timeout_ms)
+        try:
+            filters = [_STATE_VALUES[s] for s in states]
+        except KeyError as exc:
+            known = sorted(_STATE_VALUES)
+            raise ValueError(f"unknown transaction state {exc}; use {known}") from None
+        request = coordinator_pb2.ListTransactionsRequest(
+            state_filters=filters,  # type: ignore[arg-type]
+            producer_id_filters=list(producer_ids),
+            duration_filter_ms=min_duration_ms,
+        )
+        try:
+            self._metadata.refresh(deadline)  # learn every coordinator node
+        except KafkaError as exc:
+            log.debug("metadata not refreshed: %s", exc)
+        found: dict[str, TransactionListing] = {}
+        for address in self._coordinators.addresses():
+            try:
+                answer = self._coordinators.channels.coordinator(address).ListTransactions(
+                    request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
+                )
+            except grpc.RpcError as exc:
+                log.info("list_transactions skips %s", transport_error(exc, address))
+                continue
+            if answer.error_code != E.NONE:
+                log.info("list_transactions: %s answered %s", address, answer.error_code)
+                continue
+            for t in answer.transactions:
+                found.setdefault(
+                    t.transactional_id,
+                    TransactionListing(
+                        transactional_id=t.transactional_id,
+                        producer_id=int(t.producer_id),
+                        state=_state_name(t.state),
+                        duration_ms=int(t.duration_ms),
+                    ),
+                )
+        return [found[tid] for tid in sorted(found)]
+
+    def describe_transactions(
+        self, transactional_ids: Iterable[str], timeout_ms: int | None = None
+    ) -> dict[str, TransactionDescription]:
+        """The coordinator's state of each transactional id (asked of the
+        id's coordinator).
+
+        Raises:
+            TransactionalIdNotFoundError: an id is unknown (the first such).
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("describe_transactions", timeout_ms)
+        described: dict[str, TransactionDescription] = {}
+        failures: list[KafkaError] = []
+        for tid in dict.fromkeys(transactional_ids):
+            answer = self._coordinators.call(
+                coordinator_pb2.TRANSACTION,
+                tid,
+                "DescribeTransactions",
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]),
+                deadline,
+                error_of=_first_description_error,
+            )
+            description = answer.transactions[0]
+            if description.error_code != E.NONE:
+                failures.append(error_for(description.error_code, f"transactional id {tid!r}"))
+                continue
+            described[tid] = _description(description)
+        if failures:
+            raise failures[0]
+        return described
+
+
+def _first_description_error(answer: Any) -> int:
+    if not answer.transactions:
+        return int(E.UNKNOWN_SERVER_ERROR)
+    return int(answer.transactions[0].error_code)
+
+
+def _description(d: Any) -> TransactionDescription:
+    return TransactionDescription(
+        transactional_id=d.transactional_id,
+        state=_state_name(d.state),
+        producer_id=int(d.producer_id),
+        producer_epoch=int(d.producer_epoch),
+        transaction_timeout_ms=int(d.transaction_timeout_ms),
+        transaction_start_time_ms=int(d.transaction_start_time_ms),
+        last_update_time_ms=int(d.last_update_time_ms),
+        partitions=frozenset(TopicPartition(t.topic, p) for t in d.topics for p in t.partitions),
+        groups=frozenset(d.groups),
+        coordinator_epoch=int(d.coordinator_epoch),
+    )

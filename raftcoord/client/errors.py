@@ -1,0 +1,377 @@
+"""The client's exceptions: one class per protocol error code, plus a few the
+client raises on its own (deadlines, lost connections, API misuse).
+
+The tree mirrors the Kafka clients' exceptions::
+
+    KafkaError                              every error the client raises
+    ├── RetriableError                      may succeed if tried again
+    │   ├── NotCoordinatorError                  16  rediscover the coordinator
+    │   ├── CoordinatorNotAvailableError         15  rediscover the coordinator
+    │   ├── CoordinatorLoadInProgressError       14  back off, retry
+    │   ├── ConcurrentTransactionsError          51  back off, retry
+    │   ├── RequestTimedOutError                  7  back off, retry
+    │   ├── NotLeaderOrFollowerError              6  refresh metadata, retry
+    │   ├── UnknownTopicOrPartitionError          3  refresh metadata, retry
+    │   ├── UnstableOffsetCommitError            88  a transactional offset commit is pending
+    │   ├── KafkaConnectionError                     a gRPC call failed in transport
+    │   └── KafkaTimeoutError                        a client-side deadline passed
+    ├── FatalError                          the producer can only be closed
+    │   ├── ProducerFencedError                  90  a newer producer has the same id
+    │   ├── InvalidProducerEpochError            47
+    │   ├── InvalidTxnStateError                 48
+    │   └── TransactionalIdAuthorizationFailedError 53
+    ├── TransactionAbortableError           120  abort the transaction, then go on
+    │   ├── UnknownProducerIdError               59
+    │   └── InvalidProducerIdMappingError        49
+    ├── OutOfOrderSequenceError                  45
+    ├── DuplicateSequenceError                   46
+    ├── ... one class per remaining code (see ``CODE_CLASSES``)
+    ├── TransactionAbortedError                  a pending send dropped by abort_transaction
+    └── IllegalStateError                        a call the producer's state does not allow
+
+Every code of ``raftcoord.v1.ErrorCode`` except NONE maps to exactly one
+class (:func:`error_for`); the classes a code maps to carry it in ``code``.
+Whether an error is fatal or abortable can depend on who answered it: the
+producer turns INVALID_PRODUCER_EPOCH on a transactional Produce into
+:class:`ProducerFencedError`, as Kafka's producer does.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from raftcoord.v1 import common_pb2
+
+__all__ = [
+    "CODE_CLASSES",
+    "ConcurrentTransactionsError",
+    "CoordinatorLoadInProgressError",
+    "CoordinatorNotAvailableError",
+    "CorruptMessageError",
+    "DuplicateSequenceError",
+    "FatalError",
+    "IllegalStateError",
+    "InvalidPartitionsError",
+    "InvalidProducerEpochError",
+    "InvalidProducerIdMappingError",
+    "InvalidRequestError",
+    "InvalidTopicError",
+    "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
+    "KafkaConnectionError",
+    "KafkaError",
+    "KafkaTimeoutError",
+    "MessageTooLargeError",
+    "NotCoordinatorError",
+    "NotLeaderOrFollowerError",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "ProducerFencedError",
+    "RequestTimedOutError",
+    "RetriableError",
+    "TopicAlreadyExistsError",
+    "TransactionAbortableError",
+    "TransactionAbortedError",
+    "TransactionCoordinatorFencedError",
+    "TransactionalIdAuthorizationFailedError",
+    "TransactionalIdNotFoundError",
+    "UnknownProducerIdError",
+    "UnknownServerError",
+    "UnknownTopicOrPartitionError",
+    "UnstableOffsetCommitError",
+    "error_for",
+]
+
+_codes = common_pb2.ErrorCode
+
+
+class KafkaError(Exception):
+    """Base of every error the client raises.
+
+    Attributes:
+        code: the protocol error code this class stands for (None for errors
+            the client raises on its own).
+        message: the human-readable detail (the server's, when it gave one).
+    """
+
+    code: ClassVar[int | None] = None
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message or self.__class__.__name__
+
+    def again(self) -> KafkaError:
+        """A fresh error of the same class and message (to raise once more
+        without growing the original's traceback)."""
+        return type(self)(self.message)
+
+
+# --- the three reaction classes ------------------------------------------------------
+
+
+class RetriableError(KafkaError):
+    """The operation may succeed if it is tried again (the client retries these
+    itself within its deadlines)."""
+
+    retriable = True
+
+
+class FatalError(KafkaError):
+    """The producer cannot go on; close it (and create a new one)."""
+
+
+class TransactionAbortableError(KafkaError):
+    """The current transaction cannot commit: call ``abort_transaction`` and go on."""
+
+    code = _codes.TRANSACTION_ABORTABLE
+
+
+# --- retriable -----------------------------------------------------------------------
+
+
+class NotCoordinatorError(RetriableError):
+    """The node does not lead the shard that owns the key."""
+
+    code = _codes.NOT_COORDINATOR
+
+
+class CoordinatorNotAvailableError(RetriableError):
+    """The shard that owns the key has no leader right now."""
+
+    code = _codes.COORDINATOR_NOT_AVAILABLE
+
+
+class CoordinatorLoadInProgressError(RetriableError):
+    """The shard leader is still loading its state."""
+
+    code = _codes.COORDINATOR_LOAD_IN_PROGRESS
+
+
+class ConcurrentTransactionsError(RetriableError):
+    """Another state change of this transactional id is in flight (for example
+    the previous transaction's markers are still being written)."""
+
+    code = _codes.CONCURRENT_TRANSACTIONS
+
+
+class RequestTimedOutError(RetriableError):
+    """The server did not complete the request in time."""
+
+    code = _codes.REQUEST_TIMED_OUT
+
+
+class NotLeaderOrFollowerError(RetriableError):
+    """The partition-log node does not own the partition (metadata is stale)."""
+
+    code = _codes.NOT_LEADER_OR_FOLLOWER
+
+
+class UnknownTopicOrPartitionError(RetriableError):
+    """The topic or partition does not exist (or the metadata is stale)."""
+
+    code = _codes.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class UnstableOffsetCommitError(RetriableError):
+    """A transactional offset commit for the partition is still pending."""
+
+    code = _codes.UNSTABLE_OFFSET_COMMIT
+
+
+class KafkaConnectionError(RetriableError):
+    """A gRPC call failed in transport (node down, connection refused, deadline)."""
+
+
+class KafkaTimeoutError(RetriableError):
+    """A client-side deadline passed before the operation completed. The
+    operation may still complete on the server; calling it again is safe."""
+
+
+# --- fatal ---------------------------------------------------------------------------
+
+
+class ProducerFencedError(FatalError):
+    """A newer producer with the same transactional id exists."""
+
+    code = _codes.PRODUCER_FENCED
+
+
+class InvalidProducerEpochError(FatalError):
+    """The producer's epoch is older than the current one."""
+
+    code = _codes.INVALID_PRODUCER_EPOCH
+
+
+class InvalidTxnStateError(FatalError):
+    """The request is not allowed in the transaction's current state."""
+
+    code = _codes.INVALID_TXN_STATE
+
+
+class TransactionalIdAuthorizationFailedError(FatalError):
+    """The client may not use this transactional id."""
+
+    code = _codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+# --- abortable -----------------------------------------------------------------------
+
+
+class UnknownProducerIdError(TransactionAbortableError):
+    """The partition or coordinator has no state for the producer id."""
+
+    code = _codes.UNKNOWN_PRODUCER_ID
+
+
+class InvalidProducerIdMappingError(TransactionAbortableError):
+    """The producer id is not the transactional id's current producer id."""
+
+    code = _codes.INVALID_PRODUCER_ID_MAPPING
+
+
+# --- everything else -----------------------------------------------------------------
+
+
+class UnknownServerError(KafkaError):
+    """An unexpected server-side failure."""
+
+    code = _codes.UNKNOWN_SERVER_ERROR
+
+
+class OffsetOutOfRangeError(KafkaError):
+    """The fetch offset is outside the partition's log."""
+
+    code = _codes.OFFSET_OUT_OF_RANGE
+
+
+class CorruptMessageError(KafkaError):
+    """A record batch failed its checksum or could not be encoded or decoded.
+
+    Not retriable here (Kafka retries it): the client builds batches as
+    protobuf messages, so a batch the server calls corrupt stays corrupt."""
+
+    code = _codes.CORRUPT_MESSAGE
+
+
+class MessageTooLargeError(KafkaError):
+    """The batch is larger than the partition-log node accepts."""
+
+    code = _codes.MESSAGE_TOO_LARGE
+
+
+class InvalidTopicError(KafkaError):
+    """The topic name is empty, too long or has characters outside [a-zA-Z0-9._-]."""
+
+    code = _codes.INVALID_TOPIC_EXCEPTION
+
+
+class TopicAlreadyExistsError(KafkaError):
+    """CreateTopics: the topic exists already."""
+
+    code = _codes.TOPIC_ALREADY_EXISTS
+
+
+class InvalidPartitionsError(KafkaError):
+    """CreateTopics: the partition count is out of range."""
+
+    code = _codes.INVALID_PARTITIONS
+
+
+class InvalidRequestError(KafkaError):
+    """The request is malformed."""
+
+    code = _codes.INVALID_REQUEST
+
+
+class OutOfOrderSequenceError(KafkaError):
+    """A produce batch's sequence number is not the next one the partition expects."""
+
+    code = _codes.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class DuplicateSequenceError(KafkaError):
+    """A produce batch was written already."""
+
+    code = _codes.DUPLICATE_SEQUENCE_NUMBER
+
+
+class InvalidTransactionTimeoutError(KafkaError):
+    """The transaction timeout is outside the range the coordinator allows."""
+
+    code = _codes.INVALID_TRANSACTION_TIMEOUT
+
+
+class TransactionCoordinatorFencedError(KafkaError):
+    """A marker carried an older coordinator epoch than the partition has seen."""
+
+    code = _codes.TRANSACTION_COORDINATOR_FENCED
+
+
+class TransactionalIdNotFoundError(KafkaError):
+    """The coordinator does not know the transactional id."""
+
+    code = _codes.TRANSACTIONAL_ID_NOT_FOUND
+
+
+# --- raised by the client on its own -------------------------------------------------
+
+
+class TransactionAbortedError(KafkaError):
+    """A send that was still pending when its transaction was aborted."""
+
+
+class IllegalStateError(KafkaError):
+    """A call the object's current state does not allow (API misuse), such as
+    ``send`` before ``begin_transaction``."""
+
+
+def _code_classes() -> dict[int, type[KafkaError]]:
+    found: dict[int, type[KafkaError]] = {}
+    pending: list[type[KafkaError]] = [KafkaError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        # A subclass inherits ``code``; only the class that sets it stands for it.
+        if "code" in cls.__dict__ and cls.code is not None:
+            if cls.code in found:
+                raise TypeError(f"{cls.__name__} and {found[cls.code].__name__} share a code")
+            found[cls.code] = cls
+    return dict(sorted(found.items()))
+
+
+#: Protocol error code -> the class that stands for it (every code but NONE).
+CODE_CLASSES: dict[int, type[KafkaError]] = _code_classes()
+
+
+def error_for(code: int, message: str = "") -> KafkaError:
+    """The exception for a protocol error code.
+
+    Args:
+        code: a ``raftcoord.v1.ErrorCode`` value other than NONE.
+        message: the server's detail, kept as the exception's message.
+
+    Returns:
+        An instance of the class that stands for ``code``; an
+        :class:`UnknownServerError` naming the number for a code this client
+        does not know (a newer server).
+
+    Raises:
+        ValueError: ``code`` is NONE (success is not an error).
+    """
+    if code == _codes.NONE:
+        raise ValueError("error code NONE is success, not an error")
+    cls = CODE_CLASSES.get(code)
+    if cls is None:
+        return UnknownServerError(f"unknown error code {code}: {message}" if message else str(code))
+    return cls(message or _name_of(code))
+
+
+def _name_of(code: int) -> str:
+    try:
+        return str(_codes.Name(code))
+    except ValueError:
+        return str(code)

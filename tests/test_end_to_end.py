@@ -1,0 +1,295 @@
+"""Exactly-once transactions end to end: the client library against real
+coordinator and partition-log processes, with the marker writer closing
+transactions, and faults in the middle."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from raftcoord.client import (
+    Admin,
+    Consumer,
+    Producer,
+    ProducerFencedError,
+    TopicPartition,
+    TransactionalProducer,
+)
+from raftcoord.cluster import LocalCluster
+from raftcoord.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def running_cluster(path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(path)
+    try:
+        cluster.up(coordinators=3, shards=3, partition_nodes=3, abort_interval_ms=100)
+        yield cluster
+    finally:
+        cluster.down(grace_s=3)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("e2e") / "cluster") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path / "cluster") as cluster:
+        yield cluster
+
+
+def create(cluster: LocalCluster, name: str, partitions: int = 3) -> list[TopicPartition]:
+    with Admin(cluster.bootstrap()) as admin:
+        admin.create_topics({name: partitions})
+    return [TopicPartition(name, p) for p in range(partitions)]
+
+
+def read(cluster: LocalCluster, partitions: list[TopicPartition], committed: bool) -> list[bytes]:
+    """Every value in ``partitions``, once no transaction is open on them
+    (markers land just after a commit returns); bounded wait."""
+    bootstrap = cluster.bootstrap()
+    isolation = "read_committed" if committed else "read_uncommitted"
+    with (
+        Consumer(bootstrap, isolation_level=isolation) as consumer,
+        Consumer(bootstrap, isolation_level="read_uncommitted") as latest,
+    ):
+        if committed:
+            wait_for(
+                lambda: consumer.end_offsets(partitions) == latest.end_offsets(partitions),
+                20,
+                "a transaction stayed open",
+            )
+        ends = consumer.end_offsets(partitions)
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(partitions)
+        values: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            assert time.monotonic() < deadline, "reading did not reach the end offsets"
+            values += [r.value or b"" for r in consumer.poll(timeout_ms=200)]
+        return values
+
+
+def wait_for(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
+
+
+def state_of(cluster: LocalCluster, transactional_id: str) -> str:
+    with Admin(cluster.bootstrap()) as admin:
+        return admin.describe_transactions([transactional_id])[transactional_id].state
+
+
+def metadata(cluster: LocalCluster) -> Any:
+    stub = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster.bootstrap()[0])
+    )
+    return stub, coordinator_pb2
+
+
+def owner_of(cluster: LocalCluster, topic: str) -> int:
+    """The id of the partition-log node that owns partition 0 of ``topic``."""
+    stub, pb = metadata(cluster)
+    answer = stub.Metadata(pb.MetadataRequest(topics=[topic]), timeout=5)
+    return int(answer.topics[0].partitions[0].node_id)
+
+
+def coordinator_of(cluster: LocalCluster, transactional_id: str) -> int:
+    """The id of the coordinator node leading ``transactional_id``'s shard."""
+    stub, pb = metadata(cluster)
+    answer = stub.FindCoordinator(
+        pb.FindCoordinatorRequest(key=transactional_id, key_type=pb.TRANSACTION), timeout=5
+    )
+    assert answer.error_code == 0, answer
+    return int(answer.node_id)
+
+
+# --- a healthy cluster -----------------------------------------------------------------
+
+
+def test_commit_is_all_or_nothing_across_nodes(shared_cluster: LocalCluster) -> None:
+    partitions = create(shared_cluster, "e2e-orders")
+    bootstrap = shared_cluster.bootstrap()
+    with TransactionalProducer(bootstrap, transactional_id="e2e-all") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for tp in partitions:
+            producer.send(tp.topic, value=b"commit-%d" % tp.partition, partition=tp.partition)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        for tp in partitions:
+            producer.send(tp.topic, value=b"abort-%d" % tp.partition, partition=tp.partition)
+        producer.flush()
+        producer.abort_transaction()
+    committed = sorted(read(shared_cluster, partitions, committed=True))
+    assert committed == [b"commit-0", b"commit-1", b"commit-2"]
+    everything = sorted(read(shared_cluster, partitions, committed=False))
+    assert everything == sorted(
+        [b"commit-%d" % p for p in range(3)] + [b"abort-%d" % p for p in range(3)]
+    )
+    assert state_of(shared_cluster, "e2e-all") == "CompleteAbort"
+
+
+def test_zombie_producer_is_fenced(shared_cluster: LocalCluster) -> None:
+    partitions = create(shared_cluster, "e2e-zombie", 2)
+    bootstrap = shared_cluster.bootstrap()
+    with (
+        TransactionalProducer(bootstrap, transactional_id="e2e-zombie") as zombie,
+        TransactionalProducer(bootstrap, transactional_id="e2e-zombie") as successor,
+    ):
+        zombie.init_transactions()
+        zombie.begin_transaction()
+        zombie.send("e2e-zombie", value=b"zombie-1", partition=0)
+        zombie.flush()
+        successor.init_transactions()  # fences the zombie, aborts its transaction
+        zombie.send("e2e-zombie", value=b"zombie-2", partition=1)
+        with pytest.raises(ProducerFencedError):
+            zombie.flush()
+            zombie.commit_transaction()
+        with pytest.raises(ProducerFencedError):
+            zombie.commit_transaction()
+        successor.begin_transaction()
+        successor.send("e2e-zombie", value=b"successor", partition=1)
+        successor.commit_transaction()
+    assert read(shared_cluster, partitions, committed=True) == [b"successor"]
+
+
+def test_abandoned_transaction_times_out_and_unblocks_the_lso(
+    shared_cluster: LocalCluster,
+) -> None:
+    partitions = create(shared_cluster, "e2e-timeout", 1)
+    bootstrap = shared_cluster.bootstrap()
+    producer = TransactionalProducer(
+        bootstrap, transactional_id="e2e-timeout", transaction_timeout_ms=1000
+    )
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("e2e-timeout", value=b"abandoned", partition=0)
+        producer.flush()
+        wait_for(
+            lambda: state_of(shared_cluster, "e2e-timeout") == "CompleteAbort",
+            20,
+            "the coordinator did not abort the abandoned transaction",
+        )
+    finally:
+        producer.close()
+    with Producer(bootstrap) as plain:
+        plain.send("e2e-timeout", value=b"after", partition=0).result(timeout=20)
+    assert read(shared_cluster, partitions, committed=True) == [b"after"]
+
+
+def test_consume_transform_produce_survives_a_killed_worker(
+    shared_cluster: LocalCluster,
+) -> None:
+    inputs = create(shared_cluster, "e2e-in")
+    outputs = create(shared_cluster, "e2e-out")
+    bootstrap = shared_cluster.bootstrap()
+    values = [b"record-%03d" % i for i in range(120)]
+    with Producer(bootstrap) as producer:
+        for value in values:
+            producer.send("e2e-in", key=value, value=value)
+        producer.flush()
+
+    def worker(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "consume_transform_produce.py"),
+                "--cluster-dir",
+                str(shared_cluster.data_dir),
+                "--input",
+                "e2e-in",
+                "--output",
+                "e2e-out",
+                "--group",
+                "e2e-copier",
+                "--transactional-id",
+                "e2e-copier",
+                "--records-per-transaction",
+                "15",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    killed = worker("--die-in-transaction", "3")
+    assert killed.returncode == -9, killed.stderr
+    finished = worker()
+    assert finished.returncode == 0, finished.stderr
+    copied = read(shared_cluster, outputs, committed=True)
+    assert sorted(copied) == sorted(b"copied:" + v for v in values)  # each exactly once
+    with Consumer(bootstrap, group_id="e2e-copier", isolation_level="read_committed") as consumer:
+        ends = consumer.end_offsets(inputs)
+        assert {tp: consumer.committed(tp) for tp in inputs} == ends
+
+
+# --- faults between PrepareCommit and CompleteCommit -----------------------------------
+
+
+def _prepared_commit(
+    cluster: LocalCluster, topic: str, tid: str
+) -> tuple[list[TopicPartition], int]:
+    """A committed transaction whose markers cannot be delivered yet: the
+    partition's node is stopped after the records were written. Returns the
+    partitions and the stopped partition node's id."""
+    partitions = create(cluster, topic, 1)
+    bootstrap = cluster.bootstrap()
+    owner = owner_of(cluster, topic)
+    with TransactionalProducer(bootstrap, transactional_id=tid) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(5):
+            producer.send(topic, value=b"v%d" % i, partition=0)
+        producer.flush()
+        cluster.kill(owner, "STOP")
+        producer.commit_transaction()  # answered once PrepareCommit is replicated
+    assert state_of(cluster, tid) == "PrepareCommit"
+    return partitions, owner
+
+
+def test_new_leader_finishes_the_markers_after_a_leader_kill(cluster: LocalCluster) -> None:
+    partitions, owner = _prepared_commit(cluster, "e2e-failover", "e2e-failover")
+    cluster.kill(coordinator_of(cluster, "e2e-failover"))  # kill -9 the transaction's coordinator
+    cluster.kill(owner, "CONT")
+    wait_for(
+        lambda: state_of(cluster, "e2e-failover") == "CompleteCommit",
+        30,
+        "the new leader did not complete the transaction",
+    )
+    assert read(cluster, partitions, committed=True) == [b"v%d" % i for i in range(5)]
+
+
+def test_markers_reach_a_restarted_partition_node(cluster: LocalCluster) -> None:
+    partitions, owner = _prepared_commit(cluster, "e2e-restart", "e2e-restart")
+    cluster.kill(owner)  # kill -9 the stopped partition node
+    cluster.start(owner)
+    wait_for(
+        lambda: state_of(cluster, "e2e-restart") == "CompleteCommit",
+        30,
+        "the markers were not delivered after the restart",
+    )
+    assert read(cluster, partitions, committed=True) == [b"v%d" % i for i in range(5)]
+    with Consumer(cluster.bootstrap()) as consumer:
+        assert consumer.end_offsets(partitions) == {partitions[0]: 6}  # 5 records + 1 marker
