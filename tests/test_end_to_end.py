@@ -293,3 +293,16 @@ def test_markers_reach_a_restarted_partition_node(cluster: LocalCluster) -> None
     assert read(cluster, partitions, committed=True) == [b"v%d" % i for i in range(5)]
     with Consumer(cluster.bootstrap()) as consumer:
         assert consumer.end_offsets(partitions) == {partitions[0]: 6}  # 5 records + 1 marker
+
+
+def test_readme_python_example_runs(
+    shared_cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = readme.split("```python\n")[1:]
+    example = next(b.split("```")[0] for b in blocks if "TransactionalProducer" in b)
+    assert 'LocalCluster(".raftcoord")' in example
+    code = example.replace('".raftcoord"', repr(str(shared_cluster.data_dir)))
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == "42", printed
