@@ -436,10 +436,44 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
 
     # --- cluster metadata ----------------------------------------------------------
 
-    def Metadata(self, request: Any, context: Any) -> Any:
+    def _topics(self, context: Any) -> dict[str, tuple[int, ...]]:
+        """Topic placement as shard 0's leader has it (topics live in shard 0).
+
+        The leader reads through its log; another node asks the leader once,
+        so that a node that is behind (just restarted, cut off) does not
+        answer with a stale list, and falls back to its own replica only
+        when no leader answers.
+        """
+        try:
+            topics: dict[str, tuple[int, ...]] = self._read(
+                0, lambda machine: dict(machine.state.topics)
+            )
+            return topics
+        except _Refused:
+            pass
+        leader = self.node.leader_of(0)
+        forwarded = dict(context.invocation_metadata()).get(FORWARDED_HEADER)
+        if not forwarded and leader is not None and leader.node_id != self.node.node_id:
+            try:
+                with grpc.insecure_channel(leader.grpc) as channel:
+                    answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
+                        pb.MetadataRequest(),
+                        timeout=2.0,
+                        metadata=[(FORWARDED_HEADER, str(self.node.node_id))],
+                    )
+                return {
+                    t.name: tuple(p.node_id for p in t.partitions)
+                    for t in answer.topics
+                    if t.error_code == E.NONE
+                }
+            except grpc.RpcError:
+                pass
         replica = self.node.shards[0].replica
         with replica.lock:
-            topics = dict(replica.machine.state.topics)
+            return dict(replica.machine.state.topics)
+
+    def Metadata(self, request: Any, context: Any) -> Any:
+        topics = self._topics(context)
         wanted = list(request.topics) or sorted(topics)
         return pb.MetadataResponse(
             coordinators=[
