@@ -11,9 +11,7 @@ under ``log.flush.policy = "interval"`` a flusher fsyncs every
 from __future__ import annotations
 
 import logging
-import os
 import re
-import signal
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -26,6 +24,7 @@ from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
 from raftcoord.config import ClusterConfig, NodeAddress
+from raftcoord.process import serve
 from raftcoord.v1 import partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -156,21 +155,4 @@ class PartitionNode:
 
 def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:
     """Run a partition-log node until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    node = PartitionNode(config, node_id, data_dir)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("node=%d event=signal signal=%s", node_id, signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    node.start()
-    (data_dir / "pid").write_text(str(os.getpid()))
-    stop.wait()
-    node.stop()
-    return 0
+    return serve(PartitionNode(config, node_id, data_dir), node_id, data_dir, log)

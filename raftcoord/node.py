@@ -12,8 +12,6 @@ completes its Prepare* transactions.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -26,6 +24,7 @@ from fsm import TransactionStateMachine, WriteMarkers
 from raftcoord import raft_journal
 from raftcoord.config import ClusterConfig, NodeAddress
 from raftcoord.markers import MarkerWriters
+from raftcoord.process import serve
 from raftcoord.replica import ShardReplica
 from raftcoord.shard import Shard, ShardTimers, TransitionsLog
 from raftcoord.v1 import admin_pb2_grpc, coordinator_pb2_grpc
@@ -187,22 +186,5 @@ class CoordinatorNode:
 
 def run_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:
     """Run a node until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
-    node = CoordinatorNode(config, node_id, data_dir)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("node=%d event=signal signal=%s", node_id, signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    node.start()
-    (data_dir / "pid").write_text(str(os.getpid()))
-    stop.wait()
-    node.stop()
-    return 0
+    return serve(CoordinatorNode(config, node_id, data_dir), node_id, data_dir, log)
