@@ -15,7 +15,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,26 +46,17 @@ from raftcoord.client.errors import (
 from raftcoord.client.partitioner import murmur2
 from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2
+from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
 E = common_pb2.ErrorCode
-
-
-@contextmanager
-def running_cluster(path: Path, partition_nodes: int) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(path)
-    try:
-        cluster.up(coordinators=3, shards=3, partition_nodes=partition_nodes, timeout_s=30)
-        yield cluster
-    finally:
-        cluster.down(grace_s=3)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One cluster (3 coordinators, 3 shards, 3 partition-log nodes) for the
     tests that do not fault it; every test uses its own ids and topics."""
-    with running_cluster(tmp_path_factory.mktemp("client") / "cluster", 3) as running:
+    with running_cluster(tmp_path_factory.mktemp("client") / "cluster") as running:
         yield running
 
 

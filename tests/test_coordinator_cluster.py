@@ -7,7 +7,6 @@ import json
 import random
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,33 +17,26 @@ from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import common_pb2
 from raftcoord.v1 import coordinator_pb2 as pb
 from tests.coord_client import Coordinators, partitions
+from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
 E = ErrorCode
 ABORT_SWEEP_MS = 100
 
 
-@contextmanager
-def running_cluster(path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(path)
-    try:
-        cluster.up(coordinators=3, shards=3, abort_interval_ms=ABORT_SWEEP_MS, timeout_s=30)
-        yield cluster
-    finally:
-        cluster.down(grace_s=3)
-
-
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One cluster for the tests that do not fault it."""
-    with running_cluster(tmp_path_factory.mktemp("shared") / "cluster") as cluster:
+    with running_cluster(
+        tmp_path_factory.mktemp("shared") / "cluster", abort_interval_ms=ABORT_SWEEP_MS
+    ) as cluster:
         yield cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster of its own, for tests that kill or restart nodes."""
-    with running_cluster(tmp_path / "cluster") as cluster:
+    with running_cluster(tmp_path / "cluster", abort_interval_ms=ABORT_SWEEP_MS) as cluster:
         yield cluster
 
 

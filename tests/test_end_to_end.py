@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,30 +24,23 @@ from raftcoord.client import (
 )
 from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import coordinator_pb2, coordinator_pb2_grpc
+from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@contextmanager
-def running_cluster(path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(path)
-    try:
-        cluster.up(coordinators=3, shards=3, partition_nodes=3, abort_interval_ms=100)
-        yield cluster
-    finally:
-        cluster.down(grace_s=3)
-
-
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with running_cluster(tmp_path_factory.mktemp("e2e") / "cluster") as cluster:
+    with running_cluster(
+        tmp_path_factory.mktemp("e2e") / "cluster", abort_interval_ms=100
+    ) as cluster:
         yield cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    with running_cluster(tmp_path / "cluster") as cluster:
+    with running_cluster(tmp_path / "cluster", abort_interval_ms=100) as cluster:
         yield cluster
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import common_pb2, partition_log_pb2
 from raftcoord.v1 import coordinator_pb2 as pb
 from tests.coord_client import Coordinators, partitions
+from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
 E = ErrorCode
@@ -26,26 +26,18 @@ COMPLETE_COMMIT = common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
 COMPLETE_ABORT = common_pb2.TRANSACTION_STATE_COMPLETE_ABORT
 
 
-@contextmanager
-def coordinator_cluster(path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(path)
-    try:
-        # Group markers need coordinators only.
-        cluster.up(coordinators=3, shards=SHARDS, timeout_s=30, partition_nodes=0)
-        yield cluster
-    finally:
-        cluster.down(grace_s=3)
-
-
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with coordinator_cluster(tmp_path_factory.mktemp("group-markers") / "cluster") as cluster:
+    with running_cluster(
+        tmp_path_factory.mktemp("group-markers") / "cluster",
+        partition_nodes=0,  # coordinators only
+    ) as cluster:
         yield cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    with coordinator_cluster(tmp_path / "cluster") as cluster:
+    with running_cluster(tmp_path / "cluster", partition_nodes=0) as cluster:
         yield cluster
 
 

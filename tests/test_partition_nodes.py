@@ -6,7 +6,6 @@ import os
 import random
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import coordinator_pb2 as cpb
 from raftcoord.v1 import partition_log_pb2 as pb
 from tests.coord_client import Coordinators, partitions
+from tests.local_cluster import running_cluster
 from tests.plog_client import (
     create_topic,
     list_offset,
@@ -28,16 +28,6 @@ from tests.plog_client import (
 
 pytestmark = pytest.mark.slow
 E = ErrorCode
-
-
-@contextmanager
-def running_cluster(path: Path) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(path)
-    try:
-        cluster.up(coordinators=3, shards=3, partition_nodes=3, timeout_s=30)
-        yield cluster
-    finally:
-        cluster.down(grace_s=3)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,23 @@
+"""The one way the multi-process tests start a local cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from raftcoord.cluster import LocalCluster
+
+
+@contextmanager
+def running_cluster(path: Path, **options: Any) -> Iterator[LocalCluster]:
+    """A cluster of 3 coordinators x 3 shards (and 3 partition-log nodes)
+    unless ``options`` (LocalCluster.up's) say otherwise; stopped even when
+    the test fails."""
+    cluster = LocalCluster(path)
+    try:
+        cluster.up(**{"coordinators": 3, "shards": 3, "timeout_s": 30, **options})
+        yield cluster
+    finally:
+        cluster.down(grace_s=3)
