@@ -167,15 +167,18 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
             if isinstance(found, tuple):
                 answer.error_code, answer.error_message = found
                 continue
+            if budget <= 0:  # the response is full: tell the offsets, read nothing
+                start, lso, end = found.offsets()
+                answer.log_start_offset, answer.last_stable_offset = start, lso
+                answer.high_watermark = end
+                continue
             limit = entry.partition_max_bytes or DEFAULT_FETCH_MAX_BYTES
-            result = found.fetch(entry.fetch_offset, min(limit, max(budget, 0)), read_committed)
+            result = found.fetch(entry.fetch_offset, min(limit, budget), read_committed)
             answer.error_code = result.error
             answer.error_message = result.message
             answer.high_watermark = result.high_watermark
             answer.last_stable_offset = result.last_stable_offset
             answer.log_start_offset = result.log_start_offset
-            if budget <= 0:  # the response is full: tell the offsets, return no records
-                continue
             answer.next_fetch_offset = result.next_fetch_offset
             for batch in result.batches:
                 for r in batch.records:
