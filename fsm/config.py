@@ -13,8 +13,9 @@ class FsmConfig:
     """Coordinator settings the pure core needs (Kafka names in the field docs).
 
     ``max_producer_epoch``: the largest epoch; an epoch at ``max - 1`` or above
-    is exhausted and the producer id rotates (tests lower it to reach
-    exhaustion quickly). ``transaction_max_timeout_ms``:
+    is exhausted: it is never handed out to a producer nor accepted from one,
+    and the producer id rotates before a bump would reach it (tests lower it
+    to reach exhaustion quickly). ``transaction_max_timeout_ms``:
     transaction.max.timeout.ms. ``transactional_id_expiration_ms``:
     transactional.id.expiration.ms. ``max_partitions_per_request``: bound on
     the partitions (or offsets) one request may carry.
@@ -37,3 +38,8 @@ class FsmConfig:
         """Whether a producer at ``epoch`` can no longer start a transaction
         and still have a larger epoch left for its markers."""
         return epoch >= self.max_producer_epoch - 1
+
+    def bump_exhausts(self, epoch: int) -> bool:
+        """Whether bumping ``epoch`` reaches an exhausted epoch, so that the
+        producer must move to a new producer id (epoch 0) instead."""
+        return self.epoch_exhausted(epoch + 1)

@@ -29,7 +29,7 @@ from fsm.commands import (
 )
 from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, WriteMarkers, fail
-from fsm.errors import CommandError, ErrorCode, IllegalTransition
+from fsm.errors import CommandError, ErrorCode
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
@@ -67,9 +67,15 @@ class TransactionStateMachine:
     """The deterministic state machine of one shard (transaction-log partition).
 
     Every replica applies the same commands in the same order and reaches the
-    same state. :meth:`apply` never raises for a bad command: it answers an
-    error and changes nothing. Queries read the applied state; the shell must
-    make sure it is still leader before serving them as current.
+    same state. :meth:`apply` is total: it never raises for a command, it
+    answers an error and changes nothing. The leader validates requests
+    before proposing them, but whatever reaches the log must apply on every
+    replica alike, so a command that would break one of the core's
+    invariants is refused too (UNKNOWN_SERVER_ERROR), deterministically,
+    never raised. Handlers compute the new state before storing any of it,
+    so a refusal leaves the state untouched. Queries read the applied state;
+    the shell must make sure it is still leader before serving them as
+    current.
     """
 
     def __init__(
@@ -91,8 +97,14 @@ class TransactionStateMachine:
             return fail(E.INVALID_REQUEST, f"unknown command {type(command).__name__}")
         try:
             outcome: Outcome = handler(self, command)
-        except IllegalTransition as exc:
-            return fail(E.INVALID_TXN_STATE, str(exc))
+        except (MemoryError, RecursionError):
+            raise  # a property of this process, not of the command: not deterministic
+        except Exception as exc:  # a bug or a hostile entry; every replica refuses alike
+            return fail(
+                E.UNKNOWN_SERVER_ERROR,
+                f"{type(command).__name__} refused, it breaks an invariant: "
+                f"{type(exc).__name__}: {exc}",
+            )
         return outcome
 
     def apply_entry(self, data: bytes) -> list[Outcome]:
@@ -182,9 +194,10 @@ class TransactionStateMachine:
             if meta is None or not txn.expirable(meta, cmd.now_ms, self.config):
                 continue
             dead = txn.expire(meta, cmd.now_ms)
-            del self.state.transactions[transactional_id]
             expired.append(transactional_id)
             effects.append(txn.moved(meta, dead, cmd.now_ms))
+        for transactional_id in expired:  # all or nothing (see the class docstring)
+            del self.state.transactions[transactional_id]
         return Outcome(expired=tuple(expired), effects=tuple(effects))
 
     def _group_step(
@@ -275,7 +288,7 @@ class TransactionStateMachine:
         meta = self.state.transactions.get(command.transactional_id)
         if isinstance(command, EndTxn):
             return txn.end_txn_needs_producer_id(meta, command, self.config)
-        return meta is None or self.config.epoch_exhausted(meta.producer_epoch)
+        return meta is None or self.config.bump_exhausts(meta.producer_epoch)
 
     def timed_out(self, now_ms: int) -> list[AbortTimedOut]:
         """Abort commands for every Ongoing transaction past its timeout

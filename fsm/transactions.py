@@ -147,7 +147,7 @@ def _expected_id_valid(meta: TransactionMetadata, cmd: InitProducerId, config: F
     # the producer whose exhausted epoch made the id rotate.
     return cmd.expected_producer_id == meta.producer_id or (
         cmd.expected_producer_id == meta.last_producer_id
-        and config.epoch_exhausted(cmd.expected_producer_epoch)
+        and config.bump_exhausts(cmd.expected_producer_epoch)
     )
 
 
@@ -172,7 +172,8 @@ def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
         cmd.expected_producer_id not in (NO_PRODUCER_ID, meta.producer_id)
     ):
         return refuse(meta, E.PRODUCER_FENCED, "expected epoch is not the current one")
-    if config.epoch_exhausted(meta.producer_epoch):
+    if config.bump_exhausts(meta.producer_epoch):
+        # An exhausted epoch is never handed out: rotate to a new producer id.
         if cmd.new_producer_id == NO_PRODUCER_ID:
             return refuse(
                 meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped"
@@ -222,8 +223,8 @@ def fence_and_abort(
     markers. ``last_producer_epoch`` is cleared so the fenced epoch is never
     mistaken for a retry.
     """
-    # An Ongoing epoch is at most max - 1: an exhausted epoch rotates the
-    # producer id before a transaction can start with it.
+    # An Ongoing epoch is never exhausted (check_producer refuses exhausted
+    # epochs and InitProducerId never hands one out), so the bump fits.
     if meta.producer_epoch >= config.max_producer_epoch:
         raise InvariantViolation(f"{meta.transactional_id!r}: Ongoing at the largest epoch")
     fence = transition(
@@ -263,21 +264,28 @@ def _answer(meta: TransactionMetadata, effects: tuple[Effect, ...] = ()) -> Outc
 
 
 def check_producer(
-    meta: TransactionMetadata | None, producer_id: int, producer_epoch: int
-) -> ErrorCode:
-    """Kafka's checks of a producer's id and epoch against the metadata, in order."""
+    meta: TransactionMetadata | None, producer_id: int, producer_epoch: int, config: FsmConfig
+) -> tuple[ErrorCode, str]:
+    """Kafka's checks of a producer's id and epoch against the metadata, in
+    order; the error and why. An exhausted epoch is refused even when it is
+    the current one (a coordinator fence can leave the id there): it has no
+    larger epoch left for a transaction's markers, and the next
+    InitProducerId rotates the producer id."""
     if meta is None:
-        return E.INVALID_PRODUCER_ID_MAPPING
+        return E.INVALID_PRODUCER_ID_MAPPING, ""
     if meta.state in TRANSIENT_STATES:
-        return E.CONCURRENT_TRANSACTIONS
+        return E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}"
     if producer_id != meta.producer_id:
-        rotating_to = meta.pending_state is not None and producer_id == meta.next_producer_id
-        return E.CONCURRENT_TRANSACTIONS if rotating_to else E.INVALID_PRODUCER_ID_MAPPING
+        if meta.pending_state is not None and producer_id == meta.next_producer_id:
+            return E.CONCURRENT_TRANSACTIONS, "the producer id is rotating; retry"
+        return E.INVALID_PRODUCER_ID_MAPPING, ""
     if producer_epoch != meta.producer_epoch:
-        return E.PRODUCER_FENCED
+        return E.PRODUCER_FENCED, ""
+    if config.epoch_exhausted(producer_epoch):
+        return E.PRODUCER_FENCED, f"epoch {producer_epoch} is exhausted; InitProducerId rotates"
     if meta.pending_state is not None:
-        return E.CONCURRENT_TRANSACTIONS
-    return E.NONE
+        return E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}"
+    return E.NONE, ""
 
 
 def validate_partitions(partitions: tuple[TopicPartition, ...], config: FsmConfig) -> str | None:
@@ -307,6 +315,7 @@ def add_partitions(meta: TransactionMetadata | None, cmd: AddPartitions, config:
         frozenset(),
         cmd.now_ms,
         cmd.coordinator_epoch,
+        config,
     )
 
 
@@ -322,6 +331,7 @@ def add_offsets(meta: TransactionMetadata | None, cmd: AddOffsets, config: FsmCo
         frozenset({cmd.group_id}),
         cmd.now_ms,
         cmd.coordinator_epoch,
+        config,
     )
 
 
@@ -333,10 +343,11 @@ def _add_participants(
     groups: frozenset[str],
     now_ms: int,
     coordinator_epoch: int,
+    config: FsmConfig,
 ) -> Step:
-    error = check_producer(meta, producer_id, producer_epoch)
+    error, why = check_producer(meta, producer_id, producer_epoch, config)
     if error is not E.NONE or meta is None:
-        return refuse(meta, error)
+        return refuse(meta, error, why)
     if meta.state in PREPARE_STATES:
         return refuse(meta, E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}")
     ongoing = meta.state is S.ONGOING
@@ -365,7 +376,8 @@ def end_txn_needs_producer_id(
         meta is not None
         and (cmd.producer_id, cmd.producer_epoch) == (meta.producer_id, meta.producer_epoch)
         and meta.state in IDLE_STATES | {S.ONGOING}
-        and config.epoch_exhausted(meta.producer_epoch + 1)
+        and config.bump_exhausts(meta.producer_epoch)
+        and not config.epoch_exhausted(meta.producer_epoch)
     )
 
 
@@ -375,8 +387,11 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
     Retries are written out: a retry (the id/epoch of the transaction that
     was ended) of the same decision answers CONCURRENT_TRANSACTIONS while
     the markers are written and success once complete; the other decision
-    is INVALID_TXN_STATE. An abort with the current epoch and no open
-    transaction aborts an empty transaction (bumping the epoch).
+    is INVALID_TXN_STATE. A request with the current identity while markers
+    are written belongs to the next transaction, whatever its decision:
+    CONCURRENT_TRANSACTIONS, retried once the previous one is complete. An
+    abort with the current epoch and no open transaction aborts an empty
+    transaction (bumping the epoch).
     """
     if meta is None:
         return refuse(meta, E.INVALID_PRODUCER_ID_MAPPING)
@@ -387,11 +402,9 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
         and meta.state in PREPARE_STATES | {S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
     )
     if not is_retry:
-        error = check_producer(meta, cmd.producer_id, cmd.producer_epoch)
-        if error is not E.NONE and not (
-            error is E.CONCURRENT_TRANSACTIONS and meta.state in PREPARE_STATES
-        ):
-            return refuse(meta, error)
+        error, why = check_producer(meta, cmd.producer_id, cmd.producer_epoch, config)
+        if error is not E.NONE:
+            return refuse(meta, error, why)
     same_decision = {
         S.PREPARE_COMMIT: cmd.commit,
         S.COMPLETE_COMMIT: cmd.commit,
@@ -401,7 +414,7 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
     state = meta.state
     if state is S.ONGOING:
         return _end(meta, cmd, config)
-    if state in PREPARE_STATES:
+    if state in PREPARE_STATES:  # only a retry gets here (check_producer)
         if same_decision[state]:
             return refuse(meta, E.CONCURRENT_TRANSACTIONS, "markers are being written")
         return refuse(meta, E.INVALID_TXN_STATE, f"transaction is {state.name}")

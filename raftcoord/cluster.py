@@ -93,8 +93,10 @@ def write_config(
     abort_interval_ms: int = 1000,
     partition_nodes: int = 3,
     log_flush: str = "always",
+    settings: dict[str, Any] | None = None,
 ) -> None:
-    """Write a cluster config for a local cluster with free ports."""
+    """Write a cluster config for a local cluster with free ports; ``settings``
+    adds entries to its ``[settings]`` table (Kafka-style names)."""
     ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes))
     blocks = []
     for node_id in range(1, coordinators + 1):
@@ -112,6 +114,9 @@ def write_config(
         fsync=fsync,
         abort_interval_ms=abort_interval_ms,
         log_flush=log_flush,
+        extra_settings="".join(
+            f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in (settings or {}).items()
+        ),
         coordinators="\n".join(blocks),
         partition_nodes="\n".join(partition_blocks),
     )
@@ -142,6 +147,7 @@ class LocalCluster:
         timeout_s: float = 30.0,
         partition_nodes: int = 3,
         log_flush: str = "always",
+        settings: dict[str, Any] | None = None,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         and every partition-log node answers."""
@@ -153,7 +159,14 @@ class LocalCluster:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.data_dir / CONFIG_FILE
         write_config(
-            config_path, coordinators, shards, fsync, abort_interval_ms, partition_nodes, log_flush
+            config_path,
+            coordinators,
+            shards,
+            fsync,
+            abort_interval_ms,
+            partition_nodes,
+            log_flush,
+            settings,
         )
         config = load_config(config_path)
         self.state = ClusterState(

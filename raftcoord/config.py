@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fsm import FsmConfig
+from fsm.config import KAFKA_MAX_PRODUCER_EPOCH
 from pid_allocator import DEFAULT_BLOCK_SIZE
 
 FSYNC_POLICIES = ("always", "batch", "never")
@@ -75,9 +76,13 @@ class Settings:
     log_flush_policy: str = "always"  # log.flush.policy: always | interval | never
     log_flush_interval_ms: int = 1000  # log.flush.interval.ms (policy "interval")
     message_max_bytes: int = 1 << 20  # message.max.bytes: largest accepted batch
+    # producer.epoch.max: the largest producer epoch (Kafka's is fixed at
+    # 32767, a 16-bit field). Lower it only to test epoch exhaustion quickly.
+    max_producer_epoch: int = KAFKA_MAX_PRODUCER_EPOCH
 
     def fsm_config(self) -> FsmConfig:
         return FsmConfig(
+            max_producer_epoch=self.max_producer_epoch,
             transaction_max_timeout_ms=self.transaction_max_timeout_ms,
             transactional_id_expiration_ms=self.transactional_id_expiration_ms,
         )
@@ -102,6 +107,7 @@ _SETTING_NAMES = {
     "log.flush.policy": "log_flush_policy",
     "log.flush.interval.ms": "log_flush_interval_ms",
     "message.max.bytes": "message_max_bytes",
+    "producer.epoch.max": "max_producer_epoch",
 }
 _CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
 
@@ -261,4 +267,6 @@ def _settings(raw: Any) -> Settings:
     settings = Settings(**values)
     if settings.transaction_max_timeout_ms > 2**31 - 1:
         raise ConfigError("transaction.max.timeout.ms must fit in 32 bits")
+    if not 2 <= settings.max_producer_epoch <= KAFKA_MAX_PRODUCER_EPOCH:
+        raise ConfigError(f"producer.epoch.max must be in 2..{KAFKA_MAX_PRODUCER_EPOCH}")
     return settings

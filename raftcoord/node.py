@@ -12,6 +12,7 @@ completes its Prepare* transactions.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -25,11 +26,15 @@ from raftcoord import raft_journal
 from raftcoord.config import ClusterConfig, NodeAddress
 from raftcoord.markers import MarkerWriters
 from raftcoord.process import serve
-from raftcoord.replica import ShardReplica
+from raftcoord.replica import EntryNotApplied, ShardReplica
 from raftcoord.shard import Shard, ShardTimers, TransitionsLog
 from raftcoord.v1 import admin_pb2_grpc, coordinator_pb2_grpc
 
 log = logging.getLogger("raftcoord.node")
+
+#: The exit status of a node that met a committed entry it cannot apply
+#: (EX_SOFTWARE): restarting it replays the same entry, so it needs a fix.
+EXIT_APPLY_FAILED = 70
 
 
 class CoordinatorNode:
@@ -146,6 +151,19 @@ class CoordinatorNode:
             try:
                 shard.tick(tick_s)
                 self.markers.sync(shard)
+            except EntryNotApplied as exc:
+                # Retrying would apply the entry again; going on would skip it.
+                log.critical(
+                    "node=%d shard=%d event=apply_failed index=%d: a committed entry "
+                    "cannot be applied; the node stops (exit status %d)",
+                    self.node_id,
+                    shard.shard,
+                    exc.index,
+                    EXIT_APPLY_FAILED,
+                    exc_info=exc,
+                )
+                logging.shutdown()
+                os._exit(EXIT_APPLY_FAILED)
             except Exception:
                 log.exception("node=%d shard=%d event=tick_failed", self.node_id, shard.shard)
                 self._stopping.wait(tick_s)

@@ -10,6 +10,7 @@ serializer, never a pickle of Python objects.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -23,8 +24,24 @@ from fsm import Outcome, TransactionStateMachine
 
 SNAPSHOT_FILE_VERSION = 1
 
+log = logging.getLogger("raftcoord.replica")
+
 #: Called on every replica after an entry is applied: (index, term, outcomes).
 AppliedListener = Callable[[int, int, list[Outcome]], None]
+
+
+class EntryNotApplied(Exception):
+    """A committed entry could not be applied (or its effects not recorded).
+
+    The state machine's ``apply_entry`` is total, so this is a bug or a
+    broken host (a full disk under the applied-transitions log). pysyncobj
+    would apply the same entry again on the next tick, forever, and a
+    partly recorded entry twice; the replica must stop instead.
+    """
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"committed entry {index} could not be applied")
+        self.index = index
 
 
 class ShardReplica(SyncObj):  # type: ignore[misc]
@@ -45,11 +62,26 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
         # Attributes set before SyncObj.__init__ are treated by pysyncobj as
         # its own and never serialized; our serializer writes the machine.
         self.machine = machine
+        self._address = self_address
         self.lock = threading.RLock()
         self._on_applied = on_applied
         conf.serializer = self._write_snapshot
         conf.deserializer = self._read_snapshot
         super().__init__(self_address, partner_addresses, conf)
+
+    def propose(self, term: int, entry: bytes, callback: Callable[[Any, Any], None]) -> None:
+        """Propose ``entry``; ``callback(outcomes, FAIL_REASON)`` runs once it
+        is applied (or dropped). pysyncobj calls it before it counts the entry
+        as applied, so an exception escaping it would make the entry apply
+        again: it is logged and swallowed here."""
+
+        def guarded(result: Any, error: Any) -> None:
+            try:
+                callback(result, error)
+            except Exception:
+                log.exception("replica=%s event=apply_callback_failed term=%d", self._address, term)
+
+        self.apply_entry(term, entry, callback=guarded)
 
     @replicated  # type: ignore[misc]
     def apply_entry(self, term: int, entry: bytes) -> list[Outcome]:
@@ -59,9 +91,12 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
         transitions. Runs on the tick thread of every replica.
         """
         index = self.raftLastApplied + 1
-        with self.lock:
-            outcomes = self.machine.apply_entry(entry)
-        self._on_applied(index, term, outcomes)
+        try:
+            with self.lock:
+                outcomes = self.machine.apply_entry(entry)
+            self._on_applied(index, term, outcomes)
+        except Exception as exc:
+            raise EntryNotApplied(index) from exc
         return outcomes
 
     def _write_snapshot(self, path: str, raft_data: Any) -> None:

@@ -271,7 +271,7 @@ class Shard:
                 for markers in pending:
                     self.marker_sink(self.shard, markers)
 
-        self.replica.apply_entry(term, encode_entry([command]), callback=granted)
+        self.replica.propose(term, encode_entry([command]), granted)
 
     def _drain(self) -> list[Request]:
         drained, self._waiting = self._waiting, []
@@ -332,7 +332,7 @@ class Shard:
                         except Exception as exc:  # a reader bug must not kill the tick
                             request.future.set_exception(exc)
 
-        self.replica.apply_entry(term, encode_entry(commands), callback=applied)
+        self.replica.propose(term, encode_entry(commands), applied)
 
     def _stamp(self, command: Command, now: int) -> Command | None:
         names = {f.name for f in dataclasses.fields(command)}
@@ -382,6 +382,15 @@ class Shard:
     def _on_applied(self, index: int, term: int, outcomes: list[Outcome]) -> None:
         effects = [e for o in outcomes for e in o.effects]
         self.transitions.write(index, term, [e for e in effects if isinstance(e, Transition)])
+        for outcome in outcomes:
+            if outcome.error is ErrorCode.UNKNOWN_SERVER_ERROR:
+                log.error(
+                    "node=%d shard=%d event=command_refused index=%d %s",
+                    self.node_id,
+                    self.shard,
+                    index,
+                    outcome.message,
+                )
         if not self.replica._isLeader():
             return
         for effect in effects:

@@ -432,12 +432,18 @@ class FakeCluster:
         #: an ErrorCode for every partition, "lost" (appended, answer lost)
         #: or "down" (transport failure, nothing appended).
         self.script: list[Any] = []
+        #: Coordinator methods answered with an ErrorCode, or failed with a
+        #: transport error ("down"), while listed.
+        self.coordinator_faults: dict[str, Any] = {}
 
     # coordinator --------------------------------------------------------------------
 
     def coordinator_call(self, method: str, request: Any) -> Any:
         with self.lock:
             self.calls.append((method, request))
+            fault = self.coordinator_faults.get(method)
+        if fault == "down":
+            raise InjectedTransportError()
         pb = coordinator_pb2
         if method == "FindCoordinator":
             return pb.FindCoordinatorResponse(address="fake-coordinator", node_id=1)
@@ -470,7 +476,7 @@ class FakeCluster:
             "AddOffsetsToTxn": pb.AddOffsetsToTxnResponse,
             "TxnOffsetCommit": pb.TxnOffsetCommitResponse,
         }
-        return answers[method]()
+        return answers[method](error_code=fault or E.NONE)
 
     # partition log ------------------------------------------------------------------
 
@@ -673,6 +679,50 @@ def test_an_abortable_send_error_blocks_the_commit_until_aborted() -> None:
         producer.begin_transaction()
         producer.send("t", b"again", partition=0).result(5)
         producer.commit_transaction()
+
+
+@pytest.mark.parametrize("add", ["AddPartitionsToTxn", "AddOffsetsToTxn"])
+def test_abort_skips_end_txn_when_the_coordinator_refused_every_add(add: str) -> None:
+    """As Kafka's client: a transaction the coordinator never opened is ended
+    locally. An EndTxn would carry the identity of the previous transaction's
+    answer and be judged against it while its markers are still written."""
+    fake = FakeCluster()
+    with TransactionalProducer(
+        ["fake-coordinator"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        fake.coordinator_faults[add] = E.CONCURRENT_TRANSACTIONS
+        with pytest.raises(TransactionAbortableError):
+            if add == "AddOffsetsToTxn":
+                producer.send_offsets_to_transaction({TopicPartition("in", 0): 1}, "g")
+            else:
+                producer.send("t", b"v", partition=0)
+                producer.commit_transaction()
+        producer.abort_transaction()
+        assert "EndTxn" not in fake.methods() and producer.state == "ready"
+        fake.coordinator_faults.clear()
+        producer.begin_transaction()
+        producer.send("t", b"next", partition=0).result(5)
+        producer.commit_transaction()
+        assert fake.methods()[-1] == "EndTxn"
+
+
+def test_abort_ends_the_transaction_when_an_add_may_have_been_applied() -> None:
+    fake = FakeCluster()
+    with TransactionalProducer(
+        ["fake-coordinator"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        fake.coordinator_faults["AddPartitionsToTxn"] = "down"  # answers lost
+        producer.send("t", b"v", partition=0)
+        with pytest.raises(TransactionAbortableError):
+            producer.commit_transaction()
+        fake.coordinator_faults.clear()
+        producer.abort_transaction()
+        [end] = [r for m, r in fake.calls if m == "EndTxn"]
+        assert end.committed is False
 
 
 def test_delivery_timeout_fails_the_batch_and_the_transaction() -> None:

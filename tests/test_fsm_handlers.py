@@ -122,14 +122,14 @@ def test_kip360_recovery_with_expected_id_and_epoch() -> None:
 def test_epoch_exhaustion_rotates_on_init() -> None:
     leader = Leader.new(FsmConfig(max_producer_epoch=4))
     pid = leader.init("tx").producer_id
-    epochs = [leader.init("tx").producer_epoch for _ in range(3)]
-    assert epochs == [1, 2, 3]  # 3 = max - 1 is exhausted
+    epochs = [leader.init("tx").producer_epoch for _ in range(2)]
+    assert epochs == [1, 2]  # 3 = max - 1 is exhausted: never handed out
     rotated = leader.init("tx")
     assert rotated.ok and rotated.producer_id != pid and rotated.producer_epoch == 0
     meta = leader.machine.describe("tx")
-    assert meta is not None and (meta.last_producer_id, meta.last_producer_epoch) == (pid, 3)
-    # KIP-360: the old producer retrying with its exhausted epoch gets the new id.
-    retry = leader.init("tx", expected=(pid, 3))
+    assert meta is not None and (meta.last_producer_id, meta.last_producer_epoch) == (pid, 2)
+    # KIP-360: the old producer retrying with its last epoch gets the new id.
+    retry = leader.init("tx", expected=(pid, 2))
     assert retry.ok and (retry.producer_id, retry.producer_epoch) == (rotated.producer_id, 0)
 
 
@@ -153,6 +153,66 @@ def test_epoch_exhaustion_rotates_on_end_txn() -> None:
     retry = leader.end("tx", pid, 2, commit=True)
     assert retry.ok and (retry.producer_id, retry.producer_epoch) == (new_pid, 0)
     assert leader.add("tx", new_pid, 0, ("a", 0)).ok
+
+
+def test_an_exhausted_epoch_is_never_handed_out_nor_accepted() -> None:
+    """A timeout fence can leave an id at an exhausted epoch (max - 1): a raw
+    request with that epoch must not open a transaction there, because the
+    next fence would need an epoch beyond the largest."""
+    config = FsmConfig(max_producer_epoch=6)
+    leader = Leader.new(config)
+    pid = leader.init("tx", timeout_ms=1_000).producer_id
+    handed_out = [leader.init("tx", timeout_ms=1_000) for _ in range(5)]
+    assert all(not config.epoch_exhausted(o.producer_epoch) for o in handed_out)
+    assert [o.producer_epoch for o in handed_out] == [1, 2, 3, 4, 0]  # 5 would be exhausted
+    pid = handed_out[-1].producer_id
+    for _ in range(4):
+        leader.init("tx", timeout_ms=1_000)
+    assert leader.machine.describe("tx").producer_epoch == 4  # type: ignore[union-attr]
+    assert leader.add("tx", pid, 4, ("a", 0)).ok
+    leader.tick(1_001)
+    [aborted] = leader.sweep_timeouts()
+    assert aborted.ok and markers_of(aborted.effects).producer_epoch == 5
+    leader.deliver_all()
+    meta = leader.machine.describe("tx")
+    assert meta is not None and (meta.state, meta.producer_epoch) == (S.COMPLETE_ABORT, 5)
+    before = leader.machine.snapshot()
+    for refused in (
+        leader.add("tx", pid, 5, ("a", 0)),
+        leader.add_offsets("tx", pid, 5, "g"),
+        leader.end("tx", pid, 5, commit=True),
+        leader.end("tx", pid, 5, commit=False),
+    ):
+        assert refused.error is E.PRODUCER_FENCED and "exhausted" in refused.message
+    assert leader.machine.snapshot() == before
+    # The fenced producer cannot recover its epoch; a new instance can, on a new id.
+    assert leader.init("tx", timeout_ms=1_000, expected=(pid, 4)).error is E.PRODUCER_FENCED
+    fresh = leader.init("tx", timeout_ms=1_000)
+    assert fresh.ok and fresh.producer_id != pid and fresh.producer_epoch == 0
+    assert leader.add("tx", fresh.producer_id, 0, ("a", 0)).ok
+    assert leader.end("tx", fresh.producer_id, 0, commit=True).ok
+
+
+def test_next_transaction_waits_while_the_previous_markers_are_written() -> None:
+    """EndTxn with the identity the last EndTxn answered belongs to the next
+    transaction: while the previous one is in PrepareCommit it must wait
+    (CONCURRENT_TRANSACTIONS), not be judged against the previous decision."""
+    leader = Leader.new()
+    pid = leader.init("tx").producer_id
+    leader.add("tx", pid, 0, ("a", 0))
+    assert leader.end("tx", pid, 0, commit=True).producer_epoch == 1  # N: PrepareCommit
+    before = leader.machine.snapshot()
+    assert leader.add("tx", pid, 1, ("b", 0)).error is E.CONCURRENT_TRANSACTIONS  # N + 1
+    assert leader.end("tx", pid, 1, commit=False).error is E.CONCURRENT_TRANSACTIONS
+    assert leader.end("tx", pid, 1, commit=True).error is E.CONCURRENT_TRANSACTIONS
+    # A retry of N's own EndTxn with the other decision is a real conflict.
+    assert leader.end("tx", pid, 0, commit=False).error is E.INVALID_TXN_STATE
+    assert leader.machine.snapshot() == before
+    leader.deliver_all()
+    meta = leader.machine.describe("tx")
+    assert meta is not None and meta.state is S.COMPLETE_COMMIT  # N stayed committed
+    abort = leader.end("tx", pid, 1, commit=False)  # N + 1, empty, aborts
+    assert abort.ok and (abort.producer_id, abort.producer_epoch) == (pid, 2)
 
 
 def test_end_txn_without_a_stamped_id_when_rotation_is_due() -> None:

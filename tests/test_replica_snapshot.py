@@ -14,7 +14,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf
 from fsm import AllocatePidBlock, InitProducerId, Outcome, TransactionStateMachine, encode_entry
 from raftcoord import raft_journal
 from raftcoord.cluster import free_ports
-from raftcoord.replica import ShardReplica
+from raftcoord.replica import EntryNotApplied, ShardReplica
 
 
 def make_replica(tmp_path: Path, address: str, applied: list[int]) -> ShardReplica:
@@ -85,3 +85,56 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
 def _restore_pysyncobj() -> object:
     yield
     raft_journal.uninstall()
+
+
+def test_an_entry_that_cannot_be_applied_stops_the_replica_with_its_index(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj applies an entry again on every tick while applying raises;
+    the replica must stop at that entry instead (the node exits on it)."""
+    applied: list[int] = []
+    replica = make_replica(tmp_path, f"127.0.0.1:{free_ports(1)[0]}", applied)
+    try:
+        tick_until(replica, replica._isLeader)
+        term = replica.raftCurrentTerm
+        replica.propose(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), lambda r, e: None)
+        tick_until(replica, lambda: len(applied) == 1)
+        index = applied[0] + 1
+        healthy = replica.machine.apply_entry
+
+        def broken(entry: bytes) -> list[Outcome]:
+            raise OSError("disk gone")
+
+        replica.machine.apply_entry = broken  # type: ignore[method-assign]
+        replica.propose(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), lambda r, e: None)
+        with pytest.raises(EntryNotApplied) as raised:
+            tick_until(replica, lambda: False)
+        assert raised.value.index == index
+        assert isinstance(raised.value.__cause__, OSError)
+        assert replica.raftLastApplied == index - 1
+        replica.machine.apply_entry = healthy  # type: ignore[method-assign]
+    finally:
+        replica.destroy()
+
+
+def test_a_failing_callback_does_not_apply_the_entry_twice(tmp_path: Path) -> None:
+    applied: list[int] = []
+    replica = make_replica(tmp_path, f"127.0.0.1:{free_ports(1)[0]}", applied)
+    calls: list[int] = []
+
+    def failing(result: list[Outcome], error: int) -> None:
+        calls.append(error)
+        raise RuntimeError("a bug in a caller")
+
+    try:
+        tick_until(replica, replica._isLeader)
+        replica.propose(
+            replica.raftCurrentTerm, encode_entry([AllocatePidBlock(0, 1, 1000)]), failing
+        )
+        tick_until(replica, lambda: calls != [])
+        for _ in range(20):
+            replica.doTick(0.005)
+        assert calls == [FAIL_REASON.SUCCESS]
+        assert len(applied) == 1 and replica.machine.state.pids.next_seq == 1
+    finally:
+        replica.destroy()

@@ -290,7 +290,8 @@ class CoordinatorClient:
         failures; backs off and retries on ``retry`` answers.
 
         Raises:
-            KafkaTimeoutError: the deadline passed (the last failure is its cause).
+            KafkaTimeoutError: the deadline passed (the last failure is its
+                cause; ``outcome_unknown`` False when every attempt was refused).
         """
         backoff = self.backoff()
         # CONCURRENT_TRANSACTIONS usually means "the previous transaction's
@@ -299,27 +300,33 @@ class CoordinatorClient:
             min(self.backoff_initial_s, CONCURRENT_BACKOFF_S[0]),
             min(self.backoff_max_s, CONCURRENT_BACKOFF_S[1]),
         )
-        while True:
-            address = self.find_coordinator(key_type, key, deadline)
-            last: KafkaError
-            try:
-                answer = getattr(self.channels.coordinator(address), method)(
-                    request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
-                )
-            except grpc.RpcError as exc:
-                last = transport_error(exc, address)
-                self.forget(key_type, key)
-            else:
-                code = error_of(answer)
-                if code in REDISCOVER:
+        unanswered = False  # an attempt that may have been applied, its answer lost
+        try:
+            while True:
+                address = self.find_coordinator(key_type, key, deadline)
+                last: KafkaError
+                try:
+                    answer = getattr(self.channels.coordinator(address), method)(
+                        request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
+                    )
+                except grpc.RpcError as exc:
+                    unanswered = True
+                    last = transport_error(exc, address)
                     self.forget(key_type, key)
-                elif code not in retry:
-                    return answer
-                last = error_for(code, answer.error_message)
-                if code == E.CONCURRENT_TRANSACTIONS:
-                    concurrent.sleep(deadline, last)
-                    continue
-            backoff.sleep(deadline, last)
+                else:
+                    code = error_of(answer)
+                    if code in REDISCOVER:
+                        self.forget(key_type, key)
+                    elif code not in retry:
+                        return answer
+                    last = error_for(code, answer.error_message)
+                    if code == E.CONCURRENT_TRANSACTIONS:
+                        concurrent.sleep(deadline, last)
+                        continue
+                backoff.sleep(deadline, last)
+        except KafkaTimeoutError as exc:
+            exc.outcome_unknown = unanswered
+            raise
 
 
 class MetadataCache:

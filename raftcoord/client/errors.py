@@ -188,7 +188,13 @@ class KafkaConnectionError(RetriableError):
 
 class KafkaTimeoutError(RetriableError):
     """A client-side deadline passed before the operation completed. The
-    operation may still complete on the server; calling it again is safe."""
+    operation may still complete on the server; calling it again is safe.
+
+    ``outcome_unknown`` is False when every attempt was answered with a
+    refusal (nothing was done on the server), True when some attempt may have
+    been applied without its answer arriving."""
+
+    outcome_unknown: bool = True
 
 
 # --- fatal ---------------------------------------------------------------------------

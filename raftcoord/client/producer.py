@@ -694,7 +694,9 @@ class TransactionalProducer(Producer):
         self._txn_partitions: set[TopicPartition] = set()
         self._txn_groups: set[str] = set()
         # Whether the coordinator may know of the transaction (something was
-        # added, or an add's outcome is unknown): then it must be ended by EndTxn.
+        # added, or an add's outcome is unknown): then it must be ended by
+        # EndTxn. Otherwise, as Kafka's client does, commit and abort end it
+        # locally: an EndTxn would be judged against the previous transaction.
         self._txn_started = False
         self._txn_error: KafkaError | None = None
         super().__init__(bootstrap, **kwargs)
@@ -780,11 +782,7 @@ class TransactionalProducer(Producer):
             return
         try:
             if new_group:
-                with self._cond:
-                    self._txn_started = True
-                answer = self._coordinators.call(
-                    coordinator_pb2.TRANSACTION,
-                    self.transactional_id,
+                answer = self._add_to_transaction(
                     "AddOffsetsToTxn",
                     coordinator_pb2.AddOffsetsToTxnRequest(
                         transactional_id=self.transactional_id,
@@ -792,7 +790,6 @@ class TransactionalProducer(Producer):
                         producer_epoch=epoch,
                         group_id=group_id,
                     ),
-                    Deadline(self._request_timeout_s, "AddOffsetsToTxn"),
                 )
                 if answer.error_code != E.NONE:
                     raise self._coordinator_error(answer)
@@ -984,7 +981,6 @@ class TransactionalProducer(Producer):
         if isinstance(error, FatalError):
             return self._fail_fatally(error)
         with self._cond:
-            self._txn_started = True
             if self._txn_error is None:
                 self._txn_error = error
             if self._state in (S.IN_TRANSACTION, S.COMMITTING):
@@ -1046,7 +1042,6 @@ class TransactionalProducer(Producer):
             if not self._accumulator.ready(_now(), flush):
                 return True
             producer_id, epoch = self._identity
-            self._txn_started = True
             self._sender_busy += 1
         try:
             error = self._add_partitions(new, producer_id, epoch)
@@ -1071,17 +1066,33 @@ class TransactionalProducer(Producer):
             topics=topic_partitions(tps),
         )
         try:
-            answer = self._coordinators.call(
-                coordinator_pb2.TRANSACTION,
-                self.transactional_id,
-                "AddPartitionsToTxn",
-                request,
-                Deadline(self._request_timeout_s, "AddPartitionsToTxn"),
-            )
+            answer = self._add_to_transaction("AddPartitionsToTxn", request)
         except KafkaError as exc:
             return exc
         code, message = first_error(answer)
         return None if code == E.NONE else self._coordinator_error_code(code, message)
+
+    def _add_to_transaction(self, method: str, request: Any) -> Any:
+        """AddPartitionsToTxn or AddOffsetsToTxn; notes that the transaction
+        has started once the coordinator may have opened it (a success, or a
+        timeout whose outcome is unknown)."""
+        try:
+            answer = self._coordinators.call(
+                coordinator_pb2.TRANSACTION,
+                self.transactional_id,
+                method,
+                request,
+                Deadline(self._request_timeout_s, method),
+            )
+        except KafkaTimeoutError as exc:
+            if exc.outcome_unknown:
+                with self._cond:
+                    self._txn_started = True
+            raise
+        if answer.error_code == E.NONE:  # all or nothing on the coordinator
+            with self._cond:
+                self._txn_started = True
+        return answer
 
     def _batch_failed(self, batch: ProducerBatch, error: KafkaError, action: ProduceAction) -> None:
         if isinstance(error, TransactionAbortedError):
