@@ -20,6 +20,7 @@ from raftcoord.client import (
     Producer,
     ProducerFencedError,
     TopicPartition,
+    TransactionAbortableError,
     TransactionalProducer,
 )
 from raftcoord.cluster import LocalCluster
@@ -285,6 +286,47 @@ def test_markers_reach_a_restarted_partition_node(cluster: LocalCluster) -> None
     assert read(cluster, partitions, committed=True) == [b"v%d" % i for i in range(5)]
     with Consumer(cluster.bootstrap()) as consumer:
         assert consumer.end_offsets(partitions) == {partitions[0]: 6}  # 5 records + 1 marker
+
+
+def test_aborting_the_next_transaction_while_markers_wait_is_not_fatal(
+    shared_cluster: LocalCluster,
+) -> None:
+    """Commit N returns in PrepareCommit (its partition's node is paused);
+    N + 1 cannot add its partition on another node until N completes, so it
+    becomes abortable. Aborting it must neither fail the producer (it was
+    never fenced) nor touch N, which completes once the node resumes."""
+    cluster, topic, tid = shared_cluster, "e2e-next", "e2e-next"
+    create(cluster, topic, 6)
+    stub, pb = metadata(cluster)
+    placement = stub.Metadata(pb.MetadataRequest(topics=[topic]), timeout=5).topics[0]
+    first_on: dict[int, int] = {}
+    for p in placement.partitions:
+        first_on.setdefault(int(p.node_id), int(p.partition))
+    (paused, p_paused), (_, p_other) = list(first_on.items())[:2]
+    with TransactionalProducer(
+        cluster.bootstrap(), transactional_id=tid, request_timeout_ms=1_500
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, value=b"n", partition=p_paused).result(10)
+        cluster.kill(paused, "STOP")
+        try:
+            producer.commit_transaction()  # answered once PrepareCommit is replicated
+            assert state_of(cluster, tid) == "PrepareCommit"
+            producer.begin_transaction()
+            producer.send(topic, value=b"n+1", partition=p_other)
+            with pytest.raises(TransactionAbortableError):
+                producer.commit_transaction()
+            producer.abort_transaction()
+            assert producer.state == "ready"
+        finally:
+            cluster.kill(paused, "CONT")
+        wait_for(lambda: state_of(cluster, tid) == "CompleteCommit", 30, "N did not complete")
+        producer.begin_transaction()
+        producer.send(topic, value=b"n+2", partition=p_other)
+        producer.commit_transaction()
+    partitions = [TopicPartition(topic, p_paused), TopicPartition(topic, p_other)]
+    assert sorted(read(cluster, partitions, committed=True)) == [b"n", b"n+2"]
 
 
 def test_readme_python_example_runs(
