@@ -14,36 +14,38 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from raftcoord.config import ConfigError, load_config
+    from raftcoord.config import ConfigError, check_shape, load_config
     from raftcoord.node import run_node
 
-    try:
-        config = load_config(args.config)
-        config.coordinator(args.id)
-    except ConfigError as exc:
-        print(f"raftcoord node: {exc}", file=sys.stderr)
-        return 2
     data_dir = (
         Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
     )
+    try:
+        config = load_config(args.config)
+        config.coordinator(args.id)
+        check_shape(data_dir, config)
+    except ConfigError as exc:
+        print(f"raftcoord node: {exc}", file=sys.stderr)
+        return 2
     return run_node(config, args.id, data_dir)
 
 
 def _partition_node(args: argparse.Namespace) -> int:
     from partition_log.node import run_partition_node
-    from raftcoord.config import ConfigError, load_config
+    from raftcoord.config import ConfigError, check_shape, load_config
 
-    try:
-        config = load_config(args.config)
-        config.partition_node(args.id)
-    except ConfigError as exc:
-        print(f"raftcoord partition-node: {exc}", file=sys.stderr)
-        return 2
     data_dir = (
         Path(args.data_dir)
         if args.data_dir
         else Path(args.config).parent / f"partition-node-{args.id}"
     )
+    try:
+        config = load_config(args.config)
+        config.partition_node(args.id)
+        check_shape(data_dir, config)
+    except ConfigError as exc:
+        print(f"raftcoord partition-node: {exc}", file=sys.stderr)
+        return 2
     return run_partition_node(config, args.id, data_dir)
 
 

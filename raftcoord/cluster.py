@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from raftcoord.config import load_config
+from raftcoord.config import load_config, shape_refusal
 from raftcoord.v1 import admin_pb2, admin_pb2_grpc, partition_log_pb2, partition_log_pb2_grpc
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "cluster.toml.template"
@@ -158,8 +158,9 @@ class LocalCluster:
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.data_dir / CONFIG_FILE
+        candidate = self.data_dir / (CONFIG_FILE + ".new")
         write_config(
-            config_path,
+            candidate,
             coordinators,
             shards,
             fsync,
@@ -168,7 +169,16 @@ class LocalCluster:
             log_flush,
             settings,
         )
-        config = load_config(config_path)
+        config = load_config(candidate)
+        for node_dir in sorted(self.data_dir.glob("*node-*")):
+            refusal = shape_refusal(node_dir, config) if node_dir.is_dir() else None
+            if refusal is not None:
+                candidate.unlink()
+                raise ClusterError(
+                    f"{refusal}. Start the cluster with the same shape, or use another "
+                    "--data-dir."
+                )
+        candidate.replace(config_path)
         self.state = ClusterState(
             str(self.data_dir),
             str(config_path),

@@ -23,6 +23,8 @@ Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +146,98 @@ class ClusterConfig:
                 return node
         known = ", ".join(str(n.node_id) for n in self.partition_nodes)
         raise ConfigError(f"no partition-log node with id {node_id} (known: {known})")
+
+
+#: Written into every node's data directory on its first start.
+SHAPE_FILE = "cluster-shape.json"
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What a cluster's data is laid out by: a transactional id or group lives
+    on the shard its hash picks out of ``shard_count``; each shard's Raft
+    group is exactly the coordinators; a topic's partitions live on the
+    partition-log nodes the coordinators placed them on."""
+
+    shard_count: int
+    coordinators: tuple[int, ...]
+    partition_nodes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, config: ClusterConfig) -> ClusterShape:
+        return cls(
+            config.shard_count,
+            tuple(sorted(n.node_id for n in config.coordinators)),
+            tuple(sorted(n.node_id for n in config.partition_nodes)),
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.shard_count} shards, coordinators {list(self.coordinators)}, "
+            f"partition-log nodes {list(self.partition_nodes)}"
+        )
+
+    def refusal(self, new: ClusterShape) -> str | None:
+        """Why a cluster of shape ``new`` cannot serve data written by one of
+        this shape (None: it can; partition-log nodes may be added)."""
+        problems = []
+        if new.shard_count != self.shard_count:
+            problems.append(
+                f"shard_count must stay {self.shard_count}: transactional ids and groups "
+                "are assigned to shards by that number, so their state would not be found"
+            )
+        if new.coordinators != self.coordinators:
+            problems.append(
+                f"the coordinators must stay {list(self.coordinators)}: each shard's Raft "
+                "group has exactly these members"
+            )
+        missing = sorted(set(self.partition_nodes) - set(new.partition_nodes))
+        if missing:
+            problems.append(
+                f"partition-log nodes {missing} are missing: the partitions placed on them "
+                "would be unreachable"
+            )
+        if not problems:
+            return None
+        return (
+            f"the data was written by a cluster of {self}, this config has {new}: "
+            + "; ".join(problems)
+        )
+
+
+def shape_refusal(data_dir: Path, config: ClusterConfig) -> str | None:
+    """Why ``config`` cannot serve the data in a node's ``data_dir`` (None: it
+    can, or the directory records no shape yet)."""
+    try:
+        raw = json.loads((data_dir / SHAPE_FILE).read_text())
+        recorded = ClusterShape(
+            int(raw["shard_count"]),
+            tuple(int(n) for n in raw["coordinators"]),
+            tuple(int(n) for n in raw["partition_nodes"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{data_dir / SHAPE_FILE} is unreadable: {exc}"
+    refusal = recorded.refusal(ClusterShape.of(config))
+    return None if refusal is None else f"{data_dir}: {refusal}"
+
+
+def check_shape(data_dir: Path, config: ClusterConfig) -> None:
+    """Refuse to start a node on data of another cluster shape, else record
+    the shape (again, when partition-log nodes were added).
+
+    Raises:
+        ConfigError: what differs, and why that would hide data.
+    """
+    refusal = shape_refusal(data_dir, config)
+    if refusal is not None:
+        raise ConfigError(refusal + "; start it with the same shape, or use another data dir")
+    shape = ClusterShape.of(config)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = data_dir / (SHAPE_FILE + ".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(shape)))
+    tmp.replace(data_dir / SHAPE_FILE)
 
 
 def load_config(path: str | Path) -> ClusterConfig:

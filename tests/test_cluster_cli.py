@@ -22,6 +22,15 @@ def raftcoord(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[st
     )
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_node_with_a_missing_config_is_a_clear_error(tmp_path: Path) -> None:
     result = raftcoord("node", "--config", str(tmp_path / "nope.toml"), "--id", "1")
     assert result.returncode == 2
@@ -72,7 +81,67 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     finally:
         down = raftcoord("cluster", "down", "--data-dir", data)
     assert down.returncode == 0, down.stderr
-    for pid in pids:
-        stat = Path(f"/proc/{pid}/stat")
-        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+    assert not any(running(pid) for pid in pids)
     assert raftcoord("cluster", "status", "--data-dir", data).stdout.count(" no ") >= 6
+
+
+@pytest.mark.slow
+def test_cluster_up_refuses_another_shape_on_the_same_data(tmp_path: Path) -> None:
+    """Committed group offsets must not silently read as missing because the
+    cluster came back with another shard count, nor partitions vanish with a
+    partition-log node."""
+    from raftcoord.client import Consumer, TopicPartition
+
+    data = tmp_path / "c"
+    try:
+        up = raftcoord("cluster", "up", "--data-dir", str(data))
+        assert up.returncode == 0, up.stderr
+        bootstrap = [n["grpc"] for n in json.loads((data / "cluster.json").read_text())["nodes"]]
+        offsets = {TopicPartition("in", 0): 42}
+        with Consumer(bootstrap[:3], group_id="g") as consumer:
+            consumer.commit(offsets)
+        assert raftcoord("cluster", "down", "--data-dir", str(data)).returncode == 0
+        config_before = (data / "cluster.toml").read_text()
+
+        other = raftcoord(
+            "cluster", "up", "--data-dir", str(data), "--shards", "5", "--partition-nodes", "2"
+        )
+        assert other.returncode != 0
+        assert "shard_count must stay 3" in other.stderr, other.stderr
+        assert "partition-log nodes [103] are missing" in other.stderr
+        assert "Traceback" not in other.stderr
+        assert (data / "cluster.toml").read_text() == config_before  # nothing was started
+        state = json.loads((data / "cluster.json").read_text())
+        assert not any(running(n["pid"]) for n in state["nodes"])
+
+        again = raftcoord("cluster", "up", "--data-dir", str(data))
+        assert again.returncode == 0, again.stderr
+        bootstrap = [n["grpc"] for n in json.loads((data / "cluster.json").read_text())["nodes"]]
+        with Consumer(bootstrap[:3], group_id="g") as consumer:
+            assert consumer.committed(TopicPartition("in", 0)) == 42
+    finally:
+        raftcoord("cluster", "down", "--data-dir", str(data))
+
+
+def test_a_node_started_by_hand_on_data_of_another_shape_is_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    from raftcoord.cluster import write_config
+    from raftcoord.config import check_shape, load_config
+
+    old, new = tmp_path / "old.toml", tmp_path / "new.toml"
+    write_config(old, coordinators=3, shards=3)
+    write_config(new, coordinators=3, shards=2)
+    check_shape(tmp_path / "node-1", load_config(old))
+    result = raftcoord(
+        "node",
+        "--config",
+        str(new),
+        "--id",
+        "1",
+        "--data-dir",
+        str(tmp_path / "node-1"),
+        timeout=20,
+    )
+    assert result.returncode == 2 and "shard_count must stay 3" in result.stderr
+    assert "Traceback" not in result.stderr

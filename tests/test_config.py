@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from raftcoord.cluster import write_config
-from raftcoord.config import ConfigError, load_config, parse_config
+from raftcoord.config import (
+    SHAPE_FILE,
+    ClusterShape,
+    ConfigError,
+    check_shape,
+    load_config,
+    parse_config,
+)
 
 
 def minimal(**changes: Any) -> dict[str, Any]:
@@ -100,3 +107,36 @@ def test_files(tmp_path: Path) -> None:
     assert config.shard_count == 4 and len(config.coordinators) == 3
     assert all(len(n.raft) == 4 for n in config.coordinators)
     assert config.settings.fsync == "batch"
+
+
+def shaped(tmp_path: Path, name: str, **options: Any) -> Any:
+    path = tmp_path / f"{name}.toml"
+    write_config(path, **{"coordinators": 3, "shards": 3, "partition_nodes": 3, **options})
+    return load_config(path)
+
+
+def test_a_node_refuses_data_of_another_cluster_shape(tmp_path: Path) -> None:
+    node_dir = tmp_path / "node-1"
+    first = shaped(tmp_path, "first")
+    check_shape(node_dir, first)  # first start: records the shape
+    check_shape(node_dir, shaped(tmp_path, "same"))  # new ports, same shape
+    more = shaped(tmp_path, "more", partition_nodes=4)
+    check_shape(node_dir, more)  # a partition-log node may be added...
+    with pytest.raises(ConfigError, match=r"partition-log nodes \[104\] are missing"):
+        check_shape(node_dir, first)  # ...but not removed again
+    with pytest.raises(ConfigError, match="shard_count must stay 3") as refused:
+        check_shape(node_dir, shaped(tmp_path, "shards", shards=5, partition_nodes=4))
+    assert "coordinators must stay" not in str(refused.value)
+    with pytest.raises(ConfigError, match=r"coordinators must stay \[1, 2, 3\]"):
+        check_shape(node_dir, shaped(tmp_path, "coordinators", coordinators=5, partition_nodes=4))
+    (node_dir / SHAPE_FILE).write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable"):
+        check_shape(node_dir, more)
+
+
+def test_a_shape_refusal_names_both_shapes() -> None:
+    old = ClusterShape(3, (1, 2, 3), (101, 102, 103))
+    assert old.refusal(ClusterShape(3, (1, 2, 3), (101, 102, 103, 104))) is None
+    refusal = old.refusal(ClusterShape(5, (1, 2, 3), (101, 102)))
+    assert refusal is not None
+    assert str(old) in refusal and "5 shards" in refusal and "[103]" in refusal
