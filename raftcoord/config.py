@@ -75,6 +75,10 @@ class Settings:
     log_flush_policy: str = "always"  # log.flush.policy: always | interval | never
     log_flush_interval_ms: int = 1000  # log.flush.interval.ms (policy "interval")
     message_max_bytes: int = 1 << 20  # message.max.bytes: largest accepted batch
+    # socket.request.max.bytes: the partition-log node's gRPC receive limit,
+    # far above message.max.bytes so that an oversized batch is answered
+    # MESSAGE_TOO_LARGE rather than refused by the transport.
+    socket_request_max_bytes: int = 100 << 20
 
     def fsm_config(self) -> FsmConfig:
         return FsmConfig(
@@ -102,7 +106,12 @@ _SETTING_NAMES = {
     "log.flush.policy": "log_flush_policy",
     "log.flush.interval.ms": "log_flush_interval_ms",
     "message.max.bytes": "message_max_bytes",
+    "socket.request.max.bytes": "socket_request_max_bytes",
 }
+#: A Produce request carries a batch's records as protobuf fields, which take
+#: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
+#: limit must leave room for the largest legal batch.
+REQUEST_BYTES_PER_BATCH_BYTE = 3
 _CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
 
 
@@ -261,4 +270,16 @@ def _settings(raw: Any) -> Settings:
     settings = Settings(**values)
     if settings.transaction_max_timeout_ms > 2**31 - 1:
         raise ConfigError("transaction.max.timeout.ms must fit in 32 bits")
+    if settings.socket_request_max_bytes > 2**31 - 1:
+        raise ConfigError("socket.request.max.bytes must fit in 32 bits")
+    if (
+        settings.socket_request_max_bytes
+        < REQUEST_BYTES_PER_BATCH_BYTE * settings.message_max_bytes
+    ):
+        raise ConfigError(
+            f"socket.request.max.bytes must be at least {REQUEST_BYTES_PER_BATCH_BYTE} times "
+            "message.max.bytes (a request carries a batch as protobuf fields, which take up "
+            f"to about 2.5 times its encoded size), got {settings.socket_request_max_bytes} "
+            f"for message.max.bytes={settings.message_max_bytes}"
+        )
     return settings
