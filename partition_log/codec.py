@@ -24,7 +24,10 @@ markers are Kafka's own format::
 This module only builds and reads batches; kafka-python's
 ``DefaultRecordBatchBuilder`` / ``DefaultRecordBatch`` do the record-level
 work (varints, headers). Only uncompressed batches are written, and
-:func:`parse_header` rejects any other compression type.
+:func:`parse_header` rejects any other compression type. :func:`read_batch`
+checks a data batch completely (the checks Kafka's broker makes on a
+produced batch, and that every value fits the protocol's types), so that
+what is appended can always be read back and served.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
+
+from fsm.errors import ErrorCode
 
 with warnings.catch_warnings():
     # Importing kafka-python 3 loads its protocol schemas through importlib.resources'
@@ -54,14 +59,17 @@ __all__ = [
     "BatchHeader",
     "ControlMarker",
     "CorruptBatch",
+    "InvalidBatch",
+    "InvalidRecord",
+    "InvalidTimestamp",
     "RecordData",
     "StoredRecord",
     "control_is_commit",
     "crc_ok",
-    "decode_records",
     "encode_batch",
     "encode_control_batch",
     "parse_header",
+    "read_batch",
     "read_marker",
     "set_base_offset",
 ]
@@ -79,10 +87,14 @@ _MAGIC = 2
 _CRC_POS: int = DefaultRecordBatch.CRC_OFFSET
 _ATTRIBUTES_POS: int = DefaultRecordBatch.ATTRIBUTES_OFFSET
 _CODEC_MASK: int = DefaultRecordBatch.CODEC_MASK
+_TIMESTAMP_TYPE: int = DefaultRecordBatch.TIMESTAMP_TYPE_MASK
 _TRANSACTIONAL: int = DefaultRecordBatch.TRANSACTIONAL_MASK
 _CONTROL: int = DefaultRecordBatch.CONTROL_MASK
+_KNOWN_ATTRIBUTES = _CODEC_MASK | _TIMESTAMP_TYPE | _TRANSACTIONAL | _CONTROL
 _INT32_MAX = 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NO_SEQUENCE = -1
+_NO_TIMESTAMP = -1
 
 # Kafka's control record key (version, type) and end-transaction-marker value
 # (version, coordinator epoch).
@@ -94,8 +106,33 @@ _BASE_OFFSET = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 
 
-class CorruptBatch(ValueError):
-    """A batch is not a readable uncompressed v2 batch (bad magic, length, CRC or records)."""
+class InvalidBatch(ValueError):
+    """A batch that may not be appended (or, read from a log, cannot be served);
+    ``code`` is the error code Kafka answers for it."""
+
+    code: ClassVar[ErrorCode]
+
+
+class CorruptBatch(InvalidBatch):
+    """A batch is not a readable uncompressed v2 batch (bad magic, length or CRC)."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+
+
+class InvalidRecord(InvalidBatch):
+    """A readable batch breaks the format's rules: its records cannot be decoded,
+    their count or offsets disagree with the header, or its attributes or
+    producer fields are not allowed in a produced batch."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
+class InvalidTimestamp(InvalidBatch):
+    """A record's timestamp is neither -1 (none) nor in 0..2**63-1, its delta from
+    the batch's first timestamp does not fit in 64 bits, or the batch claims
+    log-append time (which only a broker may set)."""
+
+    code = ErrorCode.INVALID_TIMESTAMP
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,25 +365,72 @@ def crc_ok(buf: Buffer) -> bool:
     return stored == actual
 
 
-def decode_records(batch: Buffer) -> list[StoredRecord]:
-    """Decode the records of a data batch.
+def read_batch(batch: Buffer) -> list[StoredRecord]:
+    """Check a data batch completely and decode its records.
+
+    A batch that passes can be appended, and every record of it fits a Fetch
+    answer. Checked, in this order: the header (:func:`parse_header`), that
+    the length field covers exactly ``batch``, the CRC, the attributes, the
+    producer fields, the record count against the offsets, then every record
+    (decodable, offset delta = its index, timestamp).
 
     Raises:
-        CorruptBatch: the header is invalid, the batch is a control batch, or
-            its records cannot be decoded (the CRC is not checked here).
+        CorruptBatch: an unreadable header, a length other than ``len(batch)``
+            or a CRC mismatch.
+        InvalidRecord: a control batch, unknown attribute bits, a producer id
+            without a base sequence or a transactional batch without a producer
+            id, a record count that is not positive or disagrees with the last
+            offset delta or with the records present, an undecodable record, an
+            offset delta other than the record's index, or a max timestamp
+            other than the records' largest.
+        InvalidTimestamp: a log-append-time batch, a timestamp delta outside
+            int64, or a timestamp other than -1 and outside 0..2**63-1.
     """
     header = parse_header(batch)
+    if header.size != len(batch):
+        raise CorruptBatch(f"the batch declares {header.size} bytes but has {len(batch)}")
+    if not crc_ok(batch):
+        raise CorruptBatch("CRC-32C mismatch")
+    attributes: int = struct.unpack_from(">h", batch, _ATTRIBUTES_POS)[0]
     if header.is_control:
-        raise CorruptBatch("decode_records() on a control batch")
-    out: list[StoredRecord] = []
+        raise InvalidRecord("a control batch where a data batch was expected")
+    if attributes & ~_KNOWN_ATTRIBUTES:
+        raise InvalidRecord(f"unknown attribute bits 0x{attributes & ~_KNOWN_ATTRIBUTES:x}")
+    if attributes & _TIMESTAMP_TYPE:
+        raise InvalidTimestamp("log-append time is set by a broker, never by a producer")
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        raise InvalidRecord(f"producer id {header.producer_id} without a base sequence")
+    if header.is_transactional and header.producer_id < 0:
+        raise InvalidRecord("a transactional batch without a producer id")
+    if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
+        raise InvalidRecord(
+            f"record count {header.record_count} does not match the offset range "
+            f"0..{header.last_offset_delta}"
+        )
     try:
-        for record in DefaultRecordBatch(batch[: header.size]):
-            headers = tuple((k, b"" if v is None else v) for k, v in record.headers)
-            out.append(
-                StoredRecord(record.offset, record.timestamp, record.key, record.value, headers)
+        decoded = list(DefaultRecordBatch(batch))
+    except (CorruptRecordError, ValueError, IndexError) as err:
+        raise InvalidRecord(f"undecodable records: {err}") from err
+    out: list[StoredRecord] = []
+    for index, record in enumerate(decoded):
+        delta = record.offset - header.base_offset
+        if delta != index:
+            raise InvalidRecord(f"record {index} has offset delta {delta}")
+        timestamp: int = record.timestamp
+        if not _INT64_MIN <= timestamp - header.first_timestamp <= _INT64_MAX:
+            raise InvalidTimestamp(
+                f"record {index}: the timestamp delta does not fit in 64 bits "
+                f"(the batch's timestamps are too far apart)"
             )
-    except (CorruptRecordError, ValueError, IndexError, UnicodeDecodeError) as err:
-        raise CorruptBatch(f"undecodable records: {err}") from err
+        if timestamp != _NO_TIMESTAMP and not 0 <= timestamp <= _INT64_MAX:
+            raise InvalidTimestamp(f"record {index}: invalid timestamp {timestamp}")
+        headers = tuple((k, b"" if v is None else v) for k, v in record.headers)
+        out.append(StoredRecord(record.offset, timestamp, record.key, record.value, headers))
+    largest = max(r.timestamp_ms for r in out)
+    if header.max_timestamp != largest:
+        raise InvalidRecord(
+            f"max timestamp {header.max_timestamp} in the header, {largest} in the records"
+        )
     return out
 
 

@@ -114,7 +114,12 @@ class PartitionNode:
             self._flusher.start()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
-            options=[("grpc.so_reuseport", 0)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                # A batch over message.max.bytes must reach the service to be
+                # answered MESSAGE_TOO_LARGE (gRPC's default limit is 4 MiB).
+                ("grpc.max_receive_message_length", self.config.settings.socket_request_max_bytes),
+            ],
         )
         service = PartitionLogService(
             self.lookup, self.verifier, self.config.settings.message_max_bytes

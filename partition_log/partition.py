@@ -16,8 +16,14 @@ from pathlib import Path
 
 from fsm.errors import ErrorCode as E
 from partition_log import codec
-from partition_log.log import FsyncPolicy, PartitionLogStore, StoreFailed
-from partition_log.producer_state import AppendCheck, MarkerAction, ProducerStates, Verdict
+from partition_log.log import CorruptLog, FsyncPolicy, PartitionLogStore, StoreFailed
+from partition_log.producer_state import (
+    AbortedTxn,
+    AppendCheck,
+    MarkerAction,
+    ProducerStates,
+    Verdict,
+)
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -192,44 +198,68 @@ class Partition:
     def fetch(self, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
         """Records from ``offset``: up to the high watermark, or under
         read_committed up to the LSO and without aborted transactions.
-        Control records are never returned."""
+        Control records are never returned.
+
+        A stored batch that cannot be read (storage failure, or a batch that
+        fails :func:`codec.read_batch`, such as one appended before the
+        checks existed) answers an error for this partition only; records
+        of the batches before it are served first, so the error comes when a
+        fetch starts at the unreadable batch."""
         with self.lock:
             start = self.store.log_start_offset
             end = self.store.log_end_offset
             lso = self.states.last_stable_offset(end)
+
+            def failed(code: E, message: str) -> FetchResult:
+                return FetchResult(code, message, end, lso, start, offset, [])
+
             if not start <= offset <= end:
-                return FetchResult(
-                    E.OFFSET_OUT_OF_RANGE,
-                    f"offset {offset} is outside [{start}, {end}]",
-                    end,
-                    lso,
-                    start,
-                    offset,
-                    [],
-                )
+                return failed(E.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside [{start}, {end}]")
             upto = lso if read_committed else end
-            raw = self.store.read(offset, max_bytes, upto)
+            try:
+                raw = self.store.read(offset, max_bytes, upto)
+            except (OSError, StoreFailed) as exc:
+                self._log_unreadable(offset, exc)
+                return failed(E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
+            except CorruptLog as exc:
+                self._log_unreadable(offset, exc)
+                return failed(E.CORRUPT_MESSAGE, f"the log cannot be read at {offset}: {exc}")
             aborted = self.states.aborted_between(offset, upto) if read_committed else []
         batches = []
         next_offset = offset
         for data in raw:
             header = codec.parse_header(data)
-            next_offset = header.next_offset
-            if header.is_control:
-                continue
-            if header.is_transactional and any(
-                t.producer_id == header.producer_id
-                and t.first_offset <= header.base_offset <= t.last_offset
-                for t in aborted
-            ):
-                continue
-            records = [r for r in codec.decode_records(data) if r.offset >= offset]
-            batches.append(
-                FetchedBatch(
-                    header.producer_id, header.producer_epoch, header.is_transactional, records
+            if not _hidden(header, aborted):
+                try:
+                    records = codec.read_batch(data)
+                except codec.InvalidBatch as exc:
+                    if next_offset > offset:
+                        break  # serve what precedes it; the next fetch starts here
+                    self._log_unreadable(header.base_offset, exc)
+                    return failed(
+                        E.CORRUPT_MESSAGE,
+                        f"the batch at offsets {header.base_offset}..{header.last_offset} "
+                        f"cannot be read: {exc}",
+                    )
+                batches.append(
+                    FetchedBatch(
+                        header.producer_id,
+                        header.producer_epoch,
+                        header.is_transactional,
+                        [r for r in records if r.offset >= offset],
+                    )
                 )
-            )
+            next_offset = header.next_offset
         return FetchResult(E.NONE, "", end, lso, start, next_offset, batches)
+
+    def _log_unreadable(self, offset: int, exc: Exception) -> None:
+        log.error(
+            "partition=%s-%d event=unreadable offset=%d error=%r",
+            self.topic,
+            self.index,
+            offset,
+            exc,
+        )
 
     def flush(self) -> None:
         with self.lock:
@@ -238,3 +268,15 @@ class Partition:
     def close(self) -> None:
         with self.lock:
             self.store.close()
+
+
+def _hidden(header: codec.BatchHeader, aborted: list[AbortedTxn]) -> bool:
+    """Whether a fetch skips the batch: a control batch, or data of an aborted transaction."""
+    return header.is_control or (
+        header.is_transactional
+        and any(
+            t.producer_id == header.producer_id
+            and t.first_offset <= header.base_offset <= t.last_offset
+            for t in aborted
+        )
+    )

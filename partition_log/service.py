@@ -117,18 +117,15 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 return E.INVALID_REQUEST, "too many records in one batch"
         if batch.is_transactional and not transactional_id:
             return E.INVALID_REQUEST, "a transactional batch needs the request's transactional_id"
-        data = []
-        for record in records:
-            if record.timestamp_ms < -1:
-                return E.CORRUPT_MESSAGE, f"invalid timestamp {record.timestamp_ms}"
-            data.append(
-                codec.RecordData(
-                    key=record.key if record.HasField("key") else None,
-                    value=record.value if record.HasField("value") else None,
-                    headers=tuple((h.key, h.value) for h in record.headers),
-                    timestamp_ms=record.timestamp_ms,
-                )
+        data = [
+            codec.RecordData(
+                key=record.key if record.HasField("key") else None,
+                value=record.value if record.HasField("value") else None,
+                headers=tuple((h.key, h.value) for h in record.headers),
+                timestamp_ms=record.timestamp_ms,
             )
+            for record in records
+        ]
         try:
             encoded = codec.encode_batch(
                 data,
@@ -144,6 +141,10 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 E.MESSAGE_TOO_LARGE,
                 f"batch of {len(encoded)} bytes exceeds message.max.bytes={self.message_max_bytes}",
             )
+        try:
+            codec.read_batch(encoded)  # what is appended must be readable back
+        except codec.InvalidBatch as exc:
+            return exc.code, str(exc)
         spec = BatchSpec(pid, epoch, sequence, len(records), batch.is_transactional)
         return _Pending(index, (entry.topic, entry.partition), found, spec, encoded)
 

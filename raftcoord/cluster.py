@@ -175,8 +175,7 @@ class LocalCluster:
             if refusal is not None:
                 candidate.unlink()
                 raise ClusterError(
-                    f"{refusal}. Start the cluster with the same shape, or use another "
-                    "--data-dir."
+                    f"{refusal}. Start the cluster with the same shape, or use another --data-dir."
                 )
         candidate.replace(config_path)
         self.state = ClusterState(

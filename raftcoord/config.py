@@ -81,6 +81,10 @@ class Settings:
     # producer.epoch.max: the largest producer epoch (Kafka's is fixed at
     # 32767, a 16-bit field). Lower it only to test epoch exhaustion quickly.
     max_producer_epoch: int = KAFKA_MAX_PRODUCER_EPOCH
+    # socket.request.max.bytes: the partition-log node's gRPC receive limit,
+    # far above message.max.bytes so that an oversized batch is answered
+    # MESSAGE_TOO_LARGE rather than refused by the transport.
+    socket_request_max_bytes: int = 100 << 20
 
     def fsm_config(self) -> FsmConfig:
         return FsmConfig(
@@ -110,7 +114,12 @@ _SETTING_NAMES = {
     "log.flush.interval.ms": "log_flush_interval_ms",
     "message.max.bytes": "message_max_bytes",
     "producer.epoch.max": "max_producer_epoch",
+    "socket.request.max.bytes": "socket_request_max_bytes",
 }
+#: A Produce request carries a batch's records as protobuf fields, which take
+#: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
+#: limit must leave room for the largest legal batch.
+REQUEST_BYTES_PER_BATCH_BYTE = 3
 _CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
 
 
@@ -199,9 +208,8 @@ class ClusterShape:
             )
         if not problems:
             return None
-        return (
-            f"the data was written by a cluster of {self}, this config has {new}: "
-            + "; ".join(problems)
+        return f"the data was written by a cluster of {self}, this config has {new}: " + "; ".join(
+            problems
         )
 
 
@@ -363,4 +371,16 @@ def _settings(raw: Any) -> Settings:
         raise ConfigError("transaction.max.timeout.ms must fit in 32 bits")
     if not 2 <= settings.max_producer_epoch <= KAFKA_MAX_PRODUCER_EPOCH:
         raise ConfigError(f"producer.epoch.max must be in 2..{KAFKA_MAX_PRODUCER_EPOCH}")
+    if settings.socket_request_max_bytes > 2**31 - 1:
+        raise ConfigError("socket.request.max.bytes must fit in 32 bits")
+    if (
+        settings.socket_request_max_bytes
+        < REQUEST_BYTES_PER_BATCH_BYTE * settings.message_max_bytes
+    ):
+        raise ConfigError(
+            f"socket.request.max.bytes must be at least {REQUEST_BYTES_PER_BATCH_BYTE} times "
+            "message.max.bytes (a request carries a batch as protobuf fields, which take up "
+            f"to about 2.5 times its encoded size), got {settings.socket_request_max_bytes} "
+            f"for message.max.bytes={settings.message_max_bytes}"
+        )
     return settings

@@ -38,9 +38,9 @@ from raftcoord.client import (
 )
 from raftcoord.client._net import Channels
 from raftcoord.client.errors import (
-    CorruptMessageError,
     InvalidPartitionsError,
     InvalidTopicError,
+    RecordTooLargeError,
     TransactionalIdNotFoundError,
 )
 from raftcoord.client.partitioner import murmur2
@@ -578,17 +578,20 @@ def test_transaction_with_records_is_atomic_for_read_committed(
 def test_a_failed_send_makes_the_transaction_abortable(
     bootstrap: list[str], topics: dict[str, int]
 ) -> None:
-    with TransactionalProducer(bootstrap, "abortable-1") as producer:
+    # max_request_size above the nodes' message.max.bytes (1 MiB): the client
+    # sends the record and the node refuses its batch.
+    with TransactionalProducer(bootstrap, "abortable-1", max_request_size=4 << 20) as producer:
         producer.init_transactions()
         producer.begin_transaction()
         good = producer.send("fail", b"fine")
-        bad = producer.send("fail", b"bad", timestamp_ms=-5)  # the node refuses the batch
+        bad = producer.send("fail", b"x" * (2 << 20))
         producer.flush()
         errors = [f.exception() for f in (good, bad)]
-        assert any(isinstance(e, CorruptMessageError) for e in errors), errors
+        assert any(isinstance(e, RecordTooLargeError) for e in errors), errors
+        assert "message.max.bytes" in str(bad.exception())
         with pytest.raises(TransactionAbortableError) as raised:
             producer.commit_transaction()
-        assert isinstance(raised.value.__cause__, CorruptMessageError)
+        assert isinstance(raised.value.__cause__, RecordTooLargeError)
         with pytest.raises(TransactionAbortableError):
             producer.send("fail", b"more")
         assert producer.state == "abortable-error"

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
 from raftcoord.client import (
+    Consumer,
     KafkaTimeoutError,
     OutOfOrderSequenceError,
     Producer,
@@ -739,3 +740,75 @@ def test_delivery_timeout_fails_the_batch_and_the_transaction() -> None:
             producer.commit_transaction()
         fake.script = []
         producer.abort_transaction()
+
+
+# --- the consumer over an in-memory transport -------------------------------------------------
+
+
+class FetchChannels(FakeChannels):
+    """The fake cluster's metadata; Fetch answers come from ``answers``, one
+    list of partition answers per call (an empty answer per partition after)."""
+
+    def __init__(self, answers: list[list[Any]]) -> None:
+        super().__init__(FakeCluster())
+        self.answers = answers
+
+    def partition_log(self, address: str) -> Any:
+        answers = self.answers
+
+        class Fetch:
+            def future(self, request: Any, timeout: float) -> Done:
+                partitions = answers.pop(0) if answers else []
+                if not partitions:
+                    partitions = [
+                        fetched(p.topic, p.partition, p.fetch_offset) for p in request.partitions
+                    ]
+                return Done(partition_log_pb2.FetchResponse(partitions=partitions))
+
+        class Stub:
+            pass
+
+        stub = Stub()
+        stub.Fetch = Fetch()  # type: ignore[attr-defined]
+        return stub
+
+
+def fetched(topic: str, partition: int, offset: int, *values: bytes, code: int = E.NONE) -> Any:
+    return partition_log_pb2.FetchPartitionResponse(
+        topic=topic,
+        partition=partition,
+        error_code=code,  # type: ignore[arg-type]
+        error_message="batch unreadable" if code else "",
+        next_fetch_offset=offset + len(values),
+        records=[
+            partition_log_pb2.FetchedRecord(offset=offset + i, value=v)
+            for i, v in enumerate(values)
+        ],
+    )
+
+
+def test_one_partitions_error_does_not_cost_the_others_their_records() -> None:
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    corrupt = fetched("t", 0, 0, code=E.CORRUPT_MESSAGE)
+    channels = FetchChannels(
+        [
+            [corrupt, fetched("t", 1, 0, b"a", b"b")],
+            [corrupt],
+            [corrupt, fetched("t", 1, 2, b"c")],
+            [fetched("t", 0, 7, b"x")],
+        ]
+    )
+    with Consumer(["fake-coordinator"], channels=channels) as consumer:
+        consumer.assign([t0, t1])
+        consumer.seek(t0, 0)
+        consumer.seek(t1, 0)
+        # As Kafka's consumer: t-1's records first, t-0's error on the next poll.
+        assert [(r.partition, r.value) for r in consumer.poll(5_000)] == [(1, b"a"), (1, b"b")]
+        assert consumer.position(t1) == 2
+        with pytest.raises(CorruptMessageError, match="unreadable"):
+            consumer.poll(5_000)
+        with pytest.raises(CorruptMessageError):  # fetched again, nothing else to return
+            consumer.poll(5_000)
+        assert [r.value for r in consumer.poll(5_000)] == [b"c"]
+        consumer.seek(t0, 7)  # past the bad batch: the held error is dropped
+        assert [(r.partition, r.offset) for r in consumer.poll(5_000)] == [(0, 7)]

@@ -75,6 +75,8 @@ def test_kafka_named_settings() -> None:
         ({"settings": {"raft.fsync": "sometimes"}}, "raft.fsync"),
         ({"settings": {"no.such.setting": 1}}, "unknown setting"),
         ({"settings": {"transaction.max.timeout.ms": -1}}, "positive integer"),
+        ({"settings": {"message.max.bytes": 50 << 20}}, "socket.request.max.bytes must be at"),
+        ({"settings": {"socket.request.max.bytes": 2**31}}, "32 bits"),
         ({"extra": 1}, "unknown top-level"),
     ],
 )

@@ -28,14 +28,15 @@ from hypothesis import strategies as st
 from partition_log.codec import (
     HEADER_SIZE,
     CorruptBatch,
+    InvalidRecord,
     RecordData,
     StoredRecord,
     control_is_commit,
     crc_ok,
-    decode_records,
     encode_batch,
     encode_control_batch,
     parse_header,
+    read_batch,
     read_marker,
     set_base_offset,
 )
@@ -63,11 +64,11 @@ def data_batch(label: str, n: int = 1, *, pad: int = 0) -> bytearray:
 
 
 def values(batches: list[bytes]) -> list[bytes | None]:
-    return [r.value for b in batches for r in decode_records(b)]
+    return [r.value for b in batches for r in read_batch(b)]
 
 
 def offsets(batches: list[bytes]) -> list[int]:
-    return [r.offset for b in batches for r in decode_records(b)]
+    return [r.offset for b in batches for r in read_batch(b)]
 
 
 def fill(store: PartitionLogStore, count: int, n: int = 1, pad: int = 0) -> list[int]:
@@ -93,7 +94,7 @@ def test_codec_round_trip_keeps_null_and_empty_apart() -> None:
     )
     set_base_offset(batch, 1_000)
     assert crc_ok(batch)
-    got = decode_records(bytes(batch))
+    got = read_batch(bytes(batch))
     assert got == [
         StoredRecord(1_000 + i, r.timestamp_ms, r.key, r.value, r.headers)
         for i, r in enumerate(records)
@@ -130,7 +131,7 @@ def test_codec_round_trip_property(records: list[RecordData], base: int) -> None
     set_base_offset(batch, base)
     assert crc_ok(batch)
     assert parse_header(batch).next_offset == base + len(records)
-    assert decode_records(batch) == [
+    assert read_batch(batch) == [
         StoredRecord(base + i, r.timestamp_ms, r.key, r.value, r.headers)
         for i, r in enumerate(records)
     ]
@@ -232,8 +233,8 @@ def test_kinds_are_not_mixed_up() -> None:
     marker = encode_control_batch(
         commit=False, producer_id=1, producer_epoch=0, coordinator_epoch=0, timestamp_ms=0
     )
-    with pytest.raises(CorruptBatch):
-        decode_records(marker)
+    with pytest.raises(InvalidRecord, match="control"):
+        read_batch(marker)
     with pytest.raises(CorruptBatch):
         read_marker(data_batch("d"))
 
@@ -980,7 +981,7 @@ def test_kill_9_loses_no_acknowledged_append(tmp_path: Path) -> None:
         assert store.log_end_offset >= last + 1
         for offset, number in sorted(acked.items()):
             (batch,) = store.read(offset, 1, store.log_end_offset)
-            records = decode_records(batch)
+            records = read_batch(batch)
             assert records[0].offset == offset
             assert [r.value for r in records] == [
                 b"record-%d-%d" % (number, k) for k in range(1 + number % 3)

@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 
 from fsm import ErrorCode
+from partition_log import codec
+from partition_log.log import PartitionLogStore
 from raftcoord.cluster import LocalCluster
+from raftcoord.v1 import common_pb2
 from raftcoord.v1 import coordinator_pb2 as cpb
 from raftcoord.v1 import partition_log_pb2 as pb
 from tests.coord_client import Coordinators, partitions
@@ -28,6 +31,12 @@ from tests.plog_client import (
 
 pytestmark = pytest.mark.slow
 E = ErrorCode
+NO_PRODUCER: dict[str, Any] = {
+    "producer_id": -1,
+    "producer_epoch": -1,
+    "base_sequence": -1,
+    "transactional": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +253,73 @@ def test_kill_9_mid_append_and_torn_tail_lose_nothing_acknowledged(
     assert {o: seen.get(o) for o in acked} == acked
     after = produce(node, "durable", 0, [b"after-restart"])
     assert after.error_code == E.NONE and after.base_offset == max(seen) + 1
+
+
+def fetch_both(node: Any, wanted: list[tuple[str, int, int]], committed: bool) -> list[Any]:
+    """One Fetch for several (topic, partition, offset); the partition answers."""
+    return list(
+        node.Fetch(
+            pb.FetchRequest(
+                isolation_level=common_pb2.READ_COMMITTED if committed else 0,
+                partitions=[
+                    pb.FetchPartition(topic=t, partition=p, fetch_offset=o) for t, p, o in wanted
+                ],
+            ),
+            timeout=10,
+        ).partitions
+    )
+
+
+def test_a_poison_batch_is_refused_and_an_unreadable_one_fails_only_its_partition(
+    cluster: LocalCluster,
+) -> None:
+    owners = create_topic(cluster, "poison", 6)
+    by_node: dict[str, list[int]] = {}
+    for partition, address in sorted(owners.items()):
+        by_node.setdefault(address, []).append(partition)
+    address, (bad, good) = next((a, ps[:2]) for a, ps in by_node.items() if len(ps) >= 2)
+    node = stub(address)
+    poison = pb.RecordBatch(
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        records=[pb.Record(value=b"v", timestamp_ms=ts) for ts in (-1, 2**63 - 1)],
+    )
+    refused = node.Produce(
+        pb.ProduceRequest(
+            partitions=[pb.PartitionProduceData(topic="poison", partition=bad, batch=poison)]
+        ),
+        timeout=10,
+    ).partitions[0]
+    assert (refused.error_code, refused.base_offset) == (E.INVALID_TIMESTAMP, -1), refused
+    for partition in (bad, good):
+        assert produce(node, "poison", partition, [b"a", b"b"]).base_offset == 0
+    for committed in (False, True):
+        answers = fetch_both(node, [("poison", bad, 0), ("poison", good, 0)], committed)
+        assert [(a.error_code, [r.value for r in a.records]) for a in answers] == [
+            (E.NONE, [b"a", b"b"]),
+            (E.NONE, [b"a", b"b"]),
+        ]
+
+    # The same batch written to disk before the checks existed (the node
+    # stopped, the batch appended to the partition's segment directly).
+    node_id = node_id_of(cluster, address)
+    cluster.kill(node_id)
+    directory = Path(cluster.data_dir) / f"partition-node-{node_id}" / f"poison-{bad}"
+    with PartitionLogStore(directory, segment_bytes=1 << 20, index_interval_bytes=4096) as store:
+        data = [codec.RecordData(None, b"v", (), ts) for ts in (-1, 2**63 - 1)]
+        assert store.append(codec.encode_batch(data, **NO_PRODUCER)) == 2
+        assert store.append(codec.encode_batch(data[:1], **NO_PRODUCER)) == 4
+    cluster.start(node_id)
+    node = stub(address)
+    for committed in (False, True):
+        before, other = fetch_both(node, [("poison", bad, 0), ("poison", good, 0)], committed)
+        assert (before.error_code, [r.offset for r in before.records]) == (E.NONE, [0, 1])
+        assert before.next_fetch_offset == 2
+        assert [r.value for r in other.records] == [b"a", b"b"]
+        at, other = fetch_both(node, [("poison", bad, 2), ("poison", good, 1)], committed)
+        assert at.error_code == E.CORRUPT_MESSAGE and not at.records, at
+        assert (other.error_code, [r.offset for r in other.records]) == (E.NONE, [1])
+        (past,) = fetch_both(node, [("poison", bad, 4)], committed)
+        assert (past.error_code, [r.offset for r in past.records]) == (E.NONE, [4])
+    assert produce(node, "poison", bad, [b"c"]).base_offset == 5

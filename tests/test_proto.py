@@ -45,13 +45,15 @@ ERROR_CODES: dict[str, int] = {
     "TRANSACTION_ABORTABLE": 120,
 }
 
-# Kafka's codes the protocol needs beyond DESIGN.md's table (topic creation).
+# Kafka's codes the protocol needs beyond DESIGN.md's table (topics, record validation).
 EXTRA_KAFKA_CODES: dict[str, int] = {
     "INVALID_TOPIC_EXCEPTION": 17,
     "TOPIC_ALREADY_EXISTS": 36,
     "INVALID_PARTITIONS": 37,
     "MESSAGE_TOO_LARGE": 10,
     "OFFSET_OUT_OF_RANGE": 1,
+    "INVALID_TIMESTAMP": 32,
+    "INVALID_RECORD": 87,
 }
 
 COORDINATOR_RPCS = {

@@ -24,6 +24,7 @@ from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
 from raftcoord.v1 import common_pb2
 
 __all__ = [
+    "BATCH_HEADER_SIZE",
     "MAX_SEQUENCE",
     "PendingRecord",
     "ProduceAction",
@@ -36,8 +37,22 @@ __all__ = [
 E = common_pb2.ErrorCode
 #: Sequences are int32 and wrap to 0 after this, as in Kafka's record batches.
 MAX_SEQUENCE = 2**31 - 1
-#: Bytes counted per record on top of its key, value and headers.
-RECORD_OVERHEAD = 16
+#: Size of a Kafka v2 record batch's header: what a batch adds to its records.
+BATCH_HEADER_SIZE = 61
+#: A record's fixed fields at their widest: attributes, timestamp delta
+#: (varlong) and offset delta (varint).
+_RECORD_FIELDS_MAX = 1 + 10 + 5
+
+
+def _varint_size(value: int) -> int:
+    """Bytes of ``value`` as a zigzag varint (Kafka's record encoding)."""
+    zigzag = (value << 1) ^ (value >> 63)
+    return max(1, (zigzag.bit_length() + 6) // 7)
+
+
+def _bytes_size(data: bytes | None) -> int:
+    """A nullable byte string in a record: its length varint (-1 for null) and the bytes."""
+    return 1 if data is None else _varint_size(len(data)) + len(data)
 
 
 @dataclass
@@ -51,12 +66,18 @@ class PendingRecord:
     future: Future[RecordMetadata] = field(default_factory=Future)
 
     def size(self) -> int:
-        return (
-            len(self.key or b"")
-            + len(self.value or b"")
-            + sum(len(k) + len(v) for k, v in self.headers)
-            + RECORD_OVERHEAD
+        """An upper bound of the record's bytes in a v2 record batch (exact but
+        for the timestamp and offset deltas, counted at their widest), so
+        ``BATCH_HEADER_SIZE + size()`` bounds the batch the partition-log node
+        builds for this record alone and checks against ``message.max.bytes``."""
+        body = (
+            _RECORD_FIELDS_MAX
+            + _bytes_size(self.key)
+            + _bytes_size(self.value)
+            + _varint_size(len(self.headers))
+            + sum(_bytes_size(k.encode()) + _bytes_size(v) for k, v in self.headers)
         )
+        return _varint_size(body) + body
 
 
 class ProducerBatch:

@@ -43,8 +43,12 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
+    # No gRPC size limits on the client's side: a producer bounds its own
+    # requests (max_request_size, checked before a record is queued) and a
+    # consumer its fetches (fetch_max_bytes), so a transport limit could only
+    # turn a legal request or answer into a retried RESOURCE_EXHAUSTED.
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
 ]
 
 

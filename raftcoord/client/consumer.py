@@ -113,6 +113,9 @@ class Consumer:
         self._positions: dict[TopicPartition, int] = {}
         #: Partitions to start from ``auto_offset_reset`` without asking the group.
         self._reset_by_policy: set[TopicPartition] = set()
+        #: A partition's error held back because other partitions returned
+        #: records in the same poll: (partition, its position, the error).
+        self._held_error: tuple[TopicPartition, int, KafkaError] | None = None
         self._closed = False
 
     # --- context manager -----------------------------------------------------------
@@ -222,11 +225,18 @@ class Consumer:
         partition's position moves past what was returned.
 
         Raises:
-            KafkaError: a partition answered an error that is not retriable.
+            KafkaError: a partition answered an error that is not retriable
+                (as Kafka's consumer: when other partitions returned records
+                in the same fetch, those are returned first and the error is
+                raised by the next poll, unless the partition was sought
+                elsewhere meanwhile).
         """
         self._check_open()
         if timeout_ms < 0:
             raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+        held, self._held_error = self._held_error, None
+        if held is not None and self._positions.get(held[0]) == held[1]:
+            raise held[2]
         deadline = Deadline(timeout_ms / 1000, "poll")
         backoff = Backoff(0.01, 0.1)
         while True:
@@ -275,6 +285,7 @@ class Consumer:
             stub = self._channels.partition_log(address)
             calls.append((address, stub.Fetch.future(request, timeout=timeout)))
         records: list[ConsumerRecord] = []
+        failed: tuple[TopicPartition, KafkaError] | None = None
         for address, call in calls:
             try:
                 response = call.result()
@@ -283,7 +294,15 @@ class Consumer:
                 self._metadata.request_update()
                 continue
             for answer in response.partitions:
-                records.extend(self._fetched(answer))
+                try:
+                    records.extend(self._fetched(answer))
+                except KafkaError as exc:  # the other partitions' records still count
+                    failed = failed or (TopicPartition(answer.topic, answer.partition), exc)
+        if failed is not None:
+            tp, error = failed
+            if not records:
+                raise error
+            self._held_error = (tp, self._positions[tp], error)
         return records
 
     def _fetched(self, answer: Any) -> list[ConsumerRecord]:

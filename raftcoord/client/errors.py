@@ -54,19 +54,21 @@ __all__ = [
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
     "InvalidProducerIdMappingError",
+    "InvalidRecordError",
     "InvalidRequestError",
+    "InvalidTimestampError",
     "InvalidTopicError",
     "InvalidTransactionTimeoutError",
     "InvalidTxnStateError",
     "KafkaConnectionError",
     "KafkaError",
     "KafkaTimeoutError",
-    "MessageTooLargeError",
     "NotCoordinatorError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "RecordTooLargeError",
     "RequestTimedOutError",
     "RetriableError",
     "TopicAlreadyExistsError",
@@ -263,10 +265,24 @@ class CorruptMessageError(KafkaError):
     code = _codes.CORRUPT_MESSAGE
 
 
-class MessageTooLargeError(KafkaError):
-    """The batch is larger than the partition-log node accepts."""
+class RecordTooLargeError(KafkaError):
+    """A record is larger than the producer's ``max_request_size`` (raised
+    without sending it), or a batch is larger than the partition-log node's
+    ``message.max.bytes``. Kafka's RecordTooLargeException."""
 
     code = _codes.MESSAGE_TOO_LARGE
+
+
+class InvalidTimestampError(KafkaError):
+    """A record's timestamp is out of range."""
+
+    code = _codes.INVALID_TIMESTAMP
+
+
+class InvalidRecordError(KafkaError):
+    """The partition-log node refused a batch that breaks the record format's rules."""
+
+    code = _codes.INVALID_RECORD
 
 
 class InvalidTopicError(KafkaError):

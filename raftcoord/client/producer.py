@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from raftcoord.client._accumulator import (
+    BATCH_HEADER_SIZE,
     PendingRecord,
     ProduceAction,
     ProducerBatch,
@@ -51,6 +52,7 @@ from raftcoord.client.errors import (
     KafkaError,
     KafkaTimeoutError,
     ProducerFencedError,
+    RecordTooLargeError,
     TransactionAbortableError,
     TransactionAbortedError,
     error_for,
@@ -70,6 +72,9 @@ _FINAL_FAILURES = frozenset(
 )
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
 _IDLE_WAIT_S = 0.5
+#: Kafka's max.request.size default, equal to the nodes' message.max.bytes default.
+DEFAULT_MAX_REQUEST_SIZE = 1_048_576
+_TIMESTAMP_MAX = 2**63 - 1
 
 
 def _as_bytes(value: bytes | bytearray | memoryview | None, what: str) -> bytes | None:
@@ -139,6 +144,13 @@ class Producer:
         max_block_ms: how long ``send`` waits for a topic's metadata.
         linger_ms: how long a batch waits for more records before it is sent.
         batch_size: bytes after which a batch is sent without waiting.
+        max_request_size: the largest Produce request, in record-batch bytes
+            (Kafka's ``max.request.size``): a record whose batch alone would
+            be larger is refused by ``send`` with :class:`RecordTooLargeError`
+            without being sent, batches are closed before they grow past it,
+            and the batches sent to one node are split into requests of at
+            most this size. Keep it at or below the partition-log nodes'
+            ``message.max.bytes`` (both default to 1 MiB).
         retry_backoff_ms, retry_backoff_max_ms: exponential backoff between
             retries (jittered).
         partitioner: chooses partitions for records sent without one.
@@ -157,6 +169,7 @@ class Producer:
         max_block_ms: int = 60_000,
         linger_ms: float = 5,
         batch_size: int = 16_384,
+        max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
         partitioner: DefaultPartitioner | None = None,
@@ -167,6 +180,7 @@ class Producer:
             ("delivery_timeout_ms", delivery_timeout_ms),
             ("max_block_ms", max_block_ms),
             ("batch_size", batch_size),
+            ("max_request_size", max_request_size),
             ("retry_backoff_ms", retry_backoff_ms),
         ):
             if value <= 0:
@@ -176,6 +190,7 @@ class Producer:
         self._request_timeout_s = request_timeout_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._max_block_s = max_block_ms / 1000
+        self._max_request_size = max_request_size
         self._backoff_s = (
             retry_backoff_ms / 1000,
             max(retry_backoff_ms, retry_backoff_max_ms) / 1000,
@@ -187,7 +202,9 @@ class Producer:
 
         # Guarded by _cond (an RLock): everything the sender thread shares.
         self._cond = threading.Condition()
-        self._accumulator = RecordAccumulator(batch_size, linger_ms / 1000)
+        self._accumulator = RecordAccumulator(
+            min(batch_size, max_request_size - BATCH_HEADER_SIZE), linger_ms / 1000
+        )
         self._sequences = SequenceNumbers()
         self._identity: tuple[int, int] | None = None
         self._new_producer_id_needed = False
@@ -257,13 +274,22 @@ class Producer:
         Blocks only to learn the topic's partitions the first time a topic is
         used (at most ``max_block_ms``).
 
+        Args:
+            timestamp_ms: the record's creation time in ms since the epoch,
+                0..2**63-1; None (the default) for now.
+
         Returns:
             A future resolving to the record's :class:`RecordMetadata` once
-            its batch is acknowledged, or failing with a :class:`KafkaError`.
+            its batch is acknowledged, or failing with a :class:`KafkaError`:
+            at once with :class:`RecordTooLargeError` when the record is
+            larger than ``max_request_size`` allows (it is not sent; a
+            transactional producer's transaction must then be aborted, as
+            in Kafka).
 
         Raises:
             KafkaTimeoutError: the topic is not in the metadata in time.
-            ValueError, TypeError: an invalid partition, key, value or header.
+            ValueError, TypeError: an invalid partition, key, value, header
+                or timestamp.
             IllegalStateError, TransactionAbortableError, FatalError: the
                 producer cannot send now (see TransactionalProducer).
         """
@@ -272,14 +298,30 @@ class Producer:
         record_headers = _as_headers(headers)
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
+        elif not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+            raise TypeError(
+                f"timestamp_ms must be an int or None, not {type(timestamp_ms).__name__}"
+            )
+        elif not 0 <= timestamp_ms <= _TIMESTAMP_MAX:
+            raise ValueError(f"timestamp_ms must be in 0..2**63-1 or None, got {timestamp_ms}")
         with self._cond:
             self._check_can_send()
+        record = PendingRecord(key, value, record_headers, timestamp_ms)
+        size = BATCH_HEADER_SIZE + record.size()
+        if size > self._max_request_size:
+            error = RecordTooLargeError(
+                f"the record is {size} bytes when serialized, more than "
+                f"max_request_size={self._max_request_size}"
+            )
+            self._record_refused(error)
+            record.future.set_running_or_notify_cancel()
+            record.future.set_exception(error)
+            return record.future
         count = self._metadata.partition_count(topic)
         if count is None:
             count = self._metadata.wait_for_topic(
                 topic, Deadline(self._max_block_s, f"metadata of topic {topic!r}")
             )
-        record = PendingRecord(key, value, record_headers, timestamp_ms)
         if partition is None:
             partition = self._partitioner.partition(topic, key, count, record.size())
         elif not 0 <= partition < count:
@@ -342,6 +384,9 @@ class Producer:
 
     def _before_close(self, timeout_s: float | None) -> None:
         """Runs first in close()."""
+
+    def _record_refused(self, error: KafkaError) -> None:
+        """``send`` refused a record without queueing it (application thread)."""
 
     def _check_can_send(self) -> None:
         """Raise unless a record may be queued now (called with the lock held)."""
@@ -551,13 +596,27 @@ class Producer:
                         b.base_sequence = self._sequences.next(b.tp)
                         b.producer_id, b.producer_epoch = producer_id, epoch
                     b.attempts += 1
-                requests.append((address, batches))
+                requests += [(address, part) for part in self._split(batches)]
         for address, batches in requests:
             self._send_produce(address, batches)
         return sum(len(batches) for _, batches in requests)
 
     def _may_send_partition_locked(self, tp: TopicPartition) -> bool:
         return True
+
+    def _split(self, batches: list[ProducerBatch]) -> list[list[ProducerBatch]]:
+        """``batches`` in requests of at most ``max_request_size`` batch bytes
+        (a request takes at least one batch; no batch is larger)."""
+        requests: list[list[ProducerBatch]] = []
+        size = 0
+        for batch in batches:
+            batch_bytes = BATCH_HEADER_SIZE + batch.size_bytes
+            if not requests or size + batch_bytes > self._max_request_size:
+                requests.append([])
+                size = 0
+            requests[-1].append(batch)
+            size += batch_bytes
+        return requests
 
     def _send_produce(self, address: str, batches: list[ProducerBatch]) -> None:
         request = self._produce_request(batches)
@@ -941,6 +1000,14 @@ class TransactionalProducer(Producer):
     def _check_can_send(self) -> None:
         super()._check_can_send()
         self._check_in_transaction("send")
+
+    def _record_refused(self, error: KafkaError) -> None:
+        # As Kafka's producer: the transaction can no longer commit. Nothing
+        # reached the coordinator, so this alone needs no EndTxn.
+        with self._cond:
+            if self._state is S.IN_TRANSACTION:
+                self._txn_error = error
+                self._state = S.ABORTABLE_ERROR
 
     def _coordinator_error(self, answer: Any) -> KafkaError:
         return self._coordinator_error_code(int(answer.error_code), answer.error_message)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raftcoord/v1/common.proto\x12\x0craftcoord.v1\"4\n\x0fTopicPartitions\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"w\n\x0fPartitionResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t*\xb1\x06\n\tErrorCode\x12\x08\n\x04NONE\x10\x00\x12!\n\x14UNKNOWN_SERVER_ERROR\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x12\x17\n\x13OFFSET_OUT_OF_RANGE\x10\x01\x12\x13\n\x0f\x43ORRUPT_MESSAGE\x10\x02\x12\x1e\n\x1aUNKNOWN_TOPIC_OR_PARTITION\x10\x03\x12\x1a\n\x16NOT_LEADER_OR_FOLLOWER\x10\x06\x12\x15\n\x11REQUEST_TIMED_OUT\x10\x07\x12\x15\n\x11MESSAGE_TOO_LARGE\x10\n\x12\x1b\n\x17INVALID_TOPIC_EXCEPTION\x10\x11\x12\x18\n\x14TOPIC_ALREADY_EXISTS\x10$\x12\x16\n\x12INVALID_PARTITIONS\x10%\x12 \n\x1c\x43OORDINATOR_LOAD_IN_PROGRESS\x10\x0e\x12\x1d\n\x19\x43OORDINATOR_NOT_AVAILABLE\x10\x0f\x12\x13\n\x0fNOT_COORDINATOR\x10\x10\x12\x13\n\x0fINVALID_REQUEST\x10*\x12 \n\x1cOUT_OF_ORDER_SEQUENCE_NUMBER\x10-\x12\x1d\n\x19\x44UPLICATE_SEQUENCE_NUMBER\x10.\x12\x1a\n\x16INVALID_PRODUCER_EPOCH\x10/\x12\x15\n\x11INVALID_TXN_STATE\x10\x30\x12\x1f\n\x1bINVALID_PRODUCER_ID_MAPPING\x10\x31\x12\x1f\n\x1bINVALID_TRANSACTION_TIMEOUT\x10\x32\x12\x1b\n\x17\x43ONCURRENT_TRANSACTIONS\x10\x33\x12\"\n\x1eTRANSACTION_COORDINATOR_FENCED\x10\x34\x12)\n%TRANSACTIONAL_ID_AUTHORIZATION_FAILED\x10\x35\x12\x17\n\x13UNKNOWN_PRODUCER_ID\x10;\x12\x1a\n\x16UNSTABLE_OFFSET_COMMIT\x10X\x12\x13\n\x0fPRODUCER_FENCED\x10Z\x12\x1e\n\x1aTRANSACTIONAL_ID_NOT_FOUND\x10i\x12\x19\n\x15TRANSACTION_ABORTABLE\x10x*\xad\x02\n\x10TransactionState\x12\x1b\n\x17TRANSACTION_STATE_EMPTY\x10\x00\x12\x1d\n\x19TRANSACTION_STATE_ONGOING\x10\x01\x12$\n TRANSACTION_STATE_PREPARE_COMMIT\x10\x02\x12#\n\x1fTRANSACTION_STATE_PREPARE_ABORT\x10\x03\x12%\n!TRANSACTION_STATE_COMPLETE_COMMIT\x10\x04\x12$\n TRANSACTION_STATE_COMPLETE_ABORT\x10\x05\x12\x1a\n\x16TRANSACTION_STATE_DEAD\x10\x06\x12)\n%TRANSACTION_STATE_PREPARE_EPOCH_FENCE\x10\x07**\n\x11TransactionResult\x12\t\n\x05\x41\x42ORT\x10\x00\x12\n\n\x06\x43OMMIT\x10\x01*:\n\x0eIsolationLevel\x12\x14\n\x10READ_UNCOMMITTED\x10\x00\x12\x12\n\x0eREAD_COMMITTED\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19raftcoord/v1/common.proto\x12\x0craftcoord.v1\"4\n\x0fTopicPartitions\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"w\n\x0fPartitionResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t*\xdc\x06\n\tErrorCode\x12\x08\n\x04NONE\x10\x00\x12!\n\x14UNKNOWN_SERVER_ERROR\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x12\x17\n\x13OFFSET_OUT_OF_RANGE\x10\x01\x12\x13\n\x0f\x43ORRUPT_MESSAGE\x10\x02\x12\x1e\n\x1aUNKNOWN_TOPIC_OR_PARTITION\x10\x03\x12\x1a\n\x16NOT_LEADER_OR_FOLLOWER\x10\x06\x12\x15\n\x11REQUEST_TIMED_OUT\x10\x07\x12\x15\n\x11MESSAGE_TOO_LARGE\x10\n\x12\x1b\n\x17INVALID_TOPIC_EXCEPTION\x10\x11\x12\x15\n\x11INVALID_TIMESTAMP\x10 \x12\x18\n\x14TOPIC_ALREADY_EXISTS\x10$\x12\x16\n\x12INVALID_PARTITIONS\x10%\x12 \n\x1c\x43OORDINATOR_LOAD_IN_PROGRESS\x10\x0e\x12\x1d\n\x19\x43OORDINATOR_NOT_AVAILABLE\x10\x0f\x12\x13\n\x0fNOT_COORDINATOR\x10\x10\x12\x13\n\x0fINVALID_REQUEST\x10*\x12 \n\x1cOUT_OF_ORDER_SEQUENCE_NUMBER\x10-\x12\x1d\n\x19\x44UPLICATE_SEQUENCE_NUMBER\x10.\x12\x1a\n\x16INVALID_PRODUCER_EPOCH\x10/\x12\x15\n\x11INVALID_TXN_STATE\x10\x30\x12\x1f\n\x1bINVALID_PRODUCER_ID_MAPPING\x10\x31\x12\x1f\n\x1bINVALID_TRANSACTION_TIMEOUT\x10\x32\x12\x1b\n\x17\x43ONCURRENT_TRANSACTIONS\x10\x33\x12\"\n\x1eTRANSACTION_COORDINATOR_FENCED\x10\x34\x12)\n%TRANSACTIONAL_ID_AUTHORIZATION_FAILED\x10\x35\x12\x17\n\x13UNKNOWN_PRODUCER_ID\x10;\x12\x12\n\x0eINVALID_RECORD\x10W\x12\x1a\n\x16UNSTABLE_OFFSET_COMMIT\x10X\x12\x13\n\x0fPRODUCER_FENCED\x10Z\x12\x1e\n\x1aTRANSACTIONAL_ID_NOT_FOUND\x10i\x12\x19\n\x15TRANSACTION_ABORTABLE\x10x*\xad\x02\n\x10TransactionState\x12\x1b\n\x17TRANSACTION_STATE_EMPTY\x10\x00\x12\x1d\n\x19TRANSACTION_STATE_ONGOING\x10\x01\x12$\n TRANSACTION_STATE_PREPARE_COMMIT\x10\x02\x12#\n\x1fTRANSACTION_STATE_PREPARE_ABORT\x10\x03\x12%\n!TRANSACTION_STATE_COMPLETE_COMMIT\x10\x04\x12$\n TRANSACTION_STATE_COMPLETE_ABORT\x10\x05\x12\x1a\n\x16TRANSACTION_STATE_DEAD\x10\x06\x12)\n%TRANSACTION_STATE_PREPARE_EPOCH_FENCE\x10\x07**\n\x11TransactionResult\x12\t\n\x05\x41\x42ORT\x10\x00\x12\n\n\x06\x43OMMIT\x10\x01*:\n\x0eIsolationLevel\x12\x14\n\x10READ_UNCOMMITTED\x10\x00\x12\x12\n\x0eREAD_COMMITTED\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,13 +32,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftcoord.v1.common_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORCODE']._serialized_start=219
-  _globals['_ERRORCODE']._serialized_end=1036
-  _globals['_TRANSACTIONSTATE']._serialized_start=1039
-  _globals['_TRANSACTIONSTATE']._serialized_end=1340
-  _globals['_TRANSACTIONRESULT']._serialized_start=1342
-  _globals['_TRANSACTIONRESULT']._serialized_end=1384
-  _globals['_ISOLATIONLEVEL']._serialized_start=1386
-  _globals['_ISOLATIONLEVEL']._serialized_end=1444
+  _globals['_ERRORCODE']._serialized_end=1079
+  _globals['_TRANSACTIONSTATE']._serialized_start=1082
+  _globals['_TRANSACTIONSTATE']._serialized_end=1383
+  _globals['_TRANSACTIONRESULT']._serialized_start=1385
+  _globals['_TRANSACTIONRESULT']._serialized_end=1427
+  _globals['_ISOLATIONLEVEL']._serialized_start=1429
+  _globals['_ISOLATIONLEVEL']._serialized_end=1487
   _globals['_TOPICPARTITIONS']._serialized_start=43
   _globals['_TOPICPARTITIONS']._serialized_end=95
   _globals['_PARTITIONRESULT']._serialized_start=97
