@@ -21,8 +21,8 @@ at most the last entry the message vouches for.
 
 :class:`ShardReplica` puts its own handler in front of pysyncobj's (the
 transport's message callback) and rewrites each AppendEntries that carries
-log entries before pysyncobj sees it, so that pysyncobj's own code does only
-what Raft allows:
+a ``prevLogIdx`` (entries or a heartbeat) before pysyncobj sees it, so that
+pysyncobj's own code does only what Raft allows:
 
 * ``prevLogIdx``/``prevLogTerm`` not in the log: passed on unchanged;
   pysyncobj refuses it without touching the log.
@@ -32,7 +32,9 @@ what Raft allows:
 * A real conflict is logged (node, shard, index, terms) before pysyncobj
   deletes from it. A conflict at or below the commit or applied index
   cannot happen in Raft; it would mean a diverged state machine, so it is
-  logged CRITICAL and nothing is deleted nor acknowledged.
+  logged CRITICAL (once per index and term), nothing is deleted nor
+  acknowledged, and the message only counts as a heartbeat (term, leader,
+  election timer), so the replica does not disrupt the others by campaigning.
 * When every entry is already present and the log goes on past them,
   nothing can be given to pysyncobj without it truncating: the replica
   lets pysyncobj do only the leader/term bookkeeping of the message (with
@@ -45,6 +47,14 @@ rejections (``reset`` answers), the commit index (``min(leader commit,
 last entry)`` is the Raft rule once the log ends at the vouched entry) and
 snapshot installation.
 
+Why rewrite messages rather than replace the handler: pysyncobj's handler
+is one private method that also runs elections, leadership transfer and
+commit bookkeeping; rewriting its input changes only the log decisions and
+leaves the rest to pysyncobj. The cost is reaching four name-mangled
+members (``__transport``, ``__onMessageReceived``, ``__raftLog``,
+``__sendNextNodeIdx``); ``tests/test_replica_append_entries.py`` fails if
+a pysyncobj upgrade changes them or the behaviour above.
+
 Large entries
 -------------
 An entry of ``appendEntriesBatchSizeBytes`` (64 KiB) or more travels in
@@ -52,11 +62,12 @@ chunks of its pickle, marked ``start``, ``process`` and ``finish``.
 pysyncobj's leader decides which chunk is the last by comparing with the
 length of the *entry* instead of its pickle, which is up to twice as long
 (pickle protocol 2 stores bytes as latin-1 text, two UTF-8 bytes per byte
->= 0x80): a follower received ``finish`` before the last chunk and failed
-to unpickle (EOFError), so a large non-ASCII entry never replicated. The
-replica reassembles chunks itself and takes a ``finish`` as the end only
-when the data unpickles (a strict prefix of a pickle never does); an early
-``finish`` is handled as ``process``.
+>= 0x80): a follower met ``finish`` before the last chunk, failed to
+unpickle and raised EOFError out of its tick, leaving the rest of the
+tick's messages unread (the entry got through only because the failed
+attempt kept the partial data). The replica reassembles chunks itself and
+takes a ``finish`` as the end only when the data unpickles (a strict prefix
+of a pickle never does); an early ``finish`` is handled as ``process``.
 """
 
 from __future__ import annotations
