@@ -57,8 +57,9 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
     Checks the ids (:data:`MAX_ID_BYTES`), the topic names
     (:data:`TOPIC_NAME`) and the partition or offset lists (at most
     ``config.max_partitions_per_request``) the request carries: what the
-    state machine would refuse about them, and what it would accept although
-    no request may carry it.
+    state machine would refuse anyway (refused here before it costs a Raft
+    entry) and what no request may carry although the machine accepts it
+    (long ids, illegal topic names outside CreateTopic).
     """
     for field in ("transactional_id", "group_id"):
         value = getattr(command, field, None)
