@@ -60,9 +60,9 @@ Large entries
 An entry of ``appendEntriesBatchSizeBytes`` (64 KiB) or more travels in
 chunks of its pickle, marked ``start``, ``process`` and ``finish``.
 pysyncobj's leader decides which chunk is the last by comparing with the
-length of the *entry* instead of its pickle, which is up to twice as long
-(pickle protocol 2 stores bytes as latin-1 text, two UTF-8 bytes per byte
->= 0x80): a follower met ``finish`` before the last chunk, failed to
+length of the *entry* instead of its pickle, which is one byte longer for
+every entry byte >= 0x80 (pickle protocol 2 stores bytes as latin-1 text,
+written as UTF-8): a follower met ``finish`` before the last chunk, failed to
 unpickle and raised EOFError out of its tick, leaving the rest of the
 tick's messages unread (the entry got through only because the failed
 attempt kept the partial data). The replica reassembles chunks itself and
@@ -150,7 +150,7 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
             self._chunks = bytearray(data)
             return message
         if self._chunks is None:
-            return None  # its start went with an older connection; the leader resends all
+            return None  # no start seen: the leader sends the entry again from its start
         self._chunks += data
         if kind != "finish":
             return message
@@ -182,18 +182,18 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
                 break
         vouched = entries[-1][1] if entries else prev  # the message's last entry
         if fresh and fresh[0][1] <= last:
-            conflict, term = fresh[0][1], fresh[0][2]
+            conflict, leader_term = fresh[0][1], fresh[0][2]
             if conflict <= max(self.raftCommitIndex, self.raftLastApplied):
-                self._refuse_conflict(node, message, conflict, term_at(conflict), term)
+                self._refuse_conflict(node, message, conflict, term_at(conflict), leader_term)
                 return None
             log.warning(
-                "node=%d shard=%d event=raft_log_conflict index=%d term=%d leader_term=%d "
+                "node=%d shard=%d event=raft_log_conflict index=%d term=%d leader_entry_term=%d "
                 "last_index=%d: deleting the entries from index %d (uncommitted)",
                 self.node_id,
                 self.shard,
                 conflict,
                 term_at(conflict),
-                term,
+                leader_term,
                 last,
                 conflict,
             )
@@ -209,20 +209,20 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
         return {**message, "prevLogIdx": base, "prevLogTerm": term_at(base), "entries": fresh}
 
     def _refuse_conflict(
-        self, node: Any, message: dict[str, Any], index: int, own_term: int, term: int
+        self, node: Any, message: dict[str, Any], index: int, own_term: int, leader_term: int
     ) -> None:
         """A conflict at a committed index: never delete it, never acknowledge."""
-        if self._refused_conflict != (index, term):
-            self._refused_conflict = (index, term)
+        if self._refused_conflict != (index, leader_term):
+            self._refused_conflict = (index, leader_term)
             log.critical(
                 "node=%d shard=%d event=raft_committed_conflict index=%d term=%d "
-                "leader_term=%d commit_index=%d applied_index=%d: the leader's log differs "
+                "leader_entry_term=%d commit_index=%d applied_index=%d: the leader's log differs "
                 "at a committed entry; not deleting it and not acknowledging",
                 self.node_id,
                 self.shard,
                 index,
                 own_term,
-                term,
+                leader_term,
                 self.raftCommitIndex,
                 self.raftLastApplied,
             )

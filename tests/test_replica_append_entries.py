@@ -175,7 +175,7 @@ def test_conflict_above_the_commit_index_deletes_from_the_conflict_and_is_logged
     assert acks(answers) == [(8, True)]
     [record] = caplog.records
     assert record.levelno == logging.WARNING
-    assert "node=2 shard=3 event=raft_log_conflict index=7 term=5 leader_term=6" in (
+    assert "node=2 shard=3 event=raft_log_conflict index=7 term=5 leader_entry_term=6" in (
         record.getMessage()
     )
 
