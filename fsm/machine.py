@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -30,6 +29,7 @@ from fsm.commands import (
 from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, WriteMarkers, fail
 from fsm.errors import CommandError, ErrorCode
+from fsm.limits import topic_error
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
@@ -37,7 +37,6 @@ from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
 SNAPSHOT_VERSION = 1
-TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 E = ErrorCode
 
 
@@ -244,11 +243,9 @@ class TransactionStateMachine:
         return Outcome(block_first=block.first, block_end=block.end)
 
     def _create_topic(self, cmd: CreateTopic) -> Outcome:
-        if not TOPIC_NAME.fullmatch(cmd.name) or cmd.name in (".", ".."):
-            return fail(
-                E.INVALID_TOPIC_EXCEPTION,
-                f"topic name {cmd.name!r} must be 1-249 characters of [a-zA-Z0-9._-]",
-            )
+        bad_name = topic_error(cmd.name)
+        if bad_name is not None:
+            return fail(E.INVALID_TOPIC_EXCEPTION, bad_name)
         if not 1 <= len(cmd.partition_nodes) <= self.config.max_partitions_per_request:
             return fail(
                 E.INVALID_PARTITIONS,

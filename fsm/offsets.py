@@ -106,6 +106,11 @@ def _offsets_from_wire(rows: Any) -> dict[TopicPartition, CommittedOffset]:
 def _validate(group_id: str, offsets: tuple[OffsetEntry, ...], config: FsmConfig) -> str | None:
     if not group_id:
         return "group id must not be empty"
+    return validate_offsets(offsets, config)
+
+
+def validate_offsets(offsets: tuple[OffsetEntry, ...], config: FsmConfig) -> str | None:
+    """Why an offset list is malformed, or None."""
     if not offsets:
         return "no offsets given"
     if len(offsets) > config.max_partitions_per_request:

@@ -135,7 +135,14 @@ class CoordinatorNode:
         )
 
         def replica_factory(on_applied: object) -> ShardReplica:
-            return ShardReplica(me, partners, conf, machine, on_applied)  # type: ignore[arg-type]
+            return ShardReplica(
+                me,
+                partners,
+                conf,
+                machine,
+                on_applied,  # type: ignore[arg-type]
+                node_id=self.node_id,
+            )
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
         made = Shard(shard, self.node_id, replica_factory, transitions, timers, self._hand_off)

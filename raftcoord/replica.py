@@ -6,12 +6,75 @@ is the single replicated entry point and hands each entry to
 compaction and the transfer to a lagging follower) are the state machine's
 msgpack snapshot plus the two boundary log entries, written by our own
 serializer, never a pickle of Python objects.
+
+AppendEntries on a follower
+---------------------------
+pysyncobj's follower deletes every entry after ``prevLogIdx`` whenever its
+log is longer, even when the entries it holds are the very ones the message
+carries. A duplicate, reordered or stale AppendEntries (e.g. the leader
+resending from an older ``nextIndex``, or a batch smaller than what the
+follower already acknowledged) therefore shortened the log: acknowledged
+entries vanished, and entries already committed and applied were cut and
+re-applied. Raft (section 5.3 of the paper) deletes only from the first
+*conflicting* entry (same index, another term) and sets the commit index to
+at most the last entry the message vouches for.
+
+:class:`ShardReplica` puts its own handler in front of pysyncobj's (the
+transport's message callback) and rewrites each AppendEntries that carries
+a ``prevLogIdx`` (entries or a heartbeat) before pysyncobj sees it, so that
+pysyncobj's own code does only what Raft allows:
+
+* ``prevLogIdx``/``prevLogTerm`` not in the log: passed on unchanged;
+  pysyncobj refuses it without touching the log.
+* Entries the log already holds with the same term are dropped from the
+  message and ``prevLogIdx`` moves up to the last of them, so pysyncobj
+  appends only the new entries and deletes only from a real conflict.
+* A real conflict is logged (node, shard, index, terms) before pysyncobj
+  deletes from it. A conflict at or below the commit or applied index
+  cannot happen in Raft; it would mean a diverged state machine, so it is
+  logged CRITICAL (once per index and term), nothing is deleted nor
+  acknowledged, and the message only counts as a heartbeat (term, leader,
+  election timer), so the replica does not disrupt the others by campaigning.
+* When every entry is already present and the log goes on past them,
+  nothing can be given to pysyncobj without it truncating: the replica
+  lets pysyncobj do only the leader/term bookkeeping of the message (with
+  the commit index capped at the last vouched entry) and acknowledges
+  ``next_node_idx`` itself, exactly as pysyncobj would have after
+  truncating.
+
+pysyncobj still does everything else: terms, votes, the election timer,
+rejections (``reset`` answers), the commit index (``min(leader commit,
+last entry)`` is the Raft rule once the log ends at the vouched entry) and
+snapshot installation.
+
+Why rewrite messages rather than replace the handler: pysyncobj's handler
+is one private method that also runs elections, leadership transfer and
+commit bookkeeping; rewriting its input changes only the log decisions and
+leaves the rest to pysyncobj. The cost is reaching four name-mangled
+members (``__transport``, ``__onMessageReceived``, ``__raftLog``,
+``__sendNextNodeIdx``); ``tests/test_replica_append_entries.py`` fails if
+a pysyncobj upgrade changes them or the behaviour above.
+
+Large entries
+-------------
+An entry of ``appendEntriesBatchSizeBytes`` (64 KiB) or more travels in
+chunks of its pickle, marked ``start``, ``process`` and ``finish``.
+pysyncobj's leader decides which chunk is the last by comparing with the
+length of the *entry* instead of its pickle, which is one byte longer for
+every entry byte >= 0x80 (pickle protocol 2 stores bytes as latin-1 text,
+written as UTF-8): a follower met ``finish`` before the last chunk, failed to
+unpickle and raised EOFError out of its tick, leaving the rest of the
+tick's messages unread (the entry got through only because the failed
+attempt kept the partial data). The replica reassembles chunks itself and
+takes a ``finish`` as the end only when the data unpickles (a strict prefix
+of a pickle never does); an early ``finish`` is handled as ``process``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +91,11 @@ log = logging.getLogger("raftcoord.replica")
 
 #: Called on every replica after an entry is applied: (index, term, outcomes).
 AppliedListener = Callable[[int, int, list[Outcome]], None]
+
+#: pysyncobj's message type for AppendEntries (entries, heartbeats, snapshots).
+APPEND_ENTRIES = "append_entries"
+
+log = logging.getLogger("raftcoord.replica")
 
 
 class EntryNotApplied(Exception):
@@ -48,7 +116,8 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
     """A pysyncobj object whose whole state is one :class:`TransactionStateMachine`.
 
     ``lock`` guards ``machine``: the tick thread applies entries under it and
-    readers on other threads take it too.
+    readers on other threads take it too. AppendEntries reach pysyncobj
+    through :meth:`_on_message` (see the module docstring).
     """
 
     def __init__(
@@ -58,16 +127,129 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
         conf: SyncObjConf,
         machine: TransactionStateMachine,
         on_applied: AppliedListener,
+        *,
+        node_id: int,
     ) -> None:
         # Attributes set before SyncObj.__init__ are treated by pysyncobj as
         # its own and never serialized; our serializer writes the machine.
         self.machine = machine
-        self._address = self_address
+        self.node_id = node_id
+        self.shard = machine.state.pids.layout.shard
         self.lock = threading.RLock()
         self._on_applied = on_applied
+        self._chunks: bytearray | None = None  # a large entry being received
+        self._refused_conflict: tuple[int, int] | None = None  # (index, term) logged
         conf.serializer = self._write_snapshot
         conf.deserializer = self._read_snapshot
         super().__init__(self_address, partner_addresses, conf)
+        # pysyncobj registers its (name-mangled) handler with the transport;
+        # ours goes in front of it.
+        self._pysyncobj_on_message = self._SyncObj__onMessageReceived
+        self._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
+
+    # --- AppendEntries on a follower -----------------------------------------------
+
+    def _on_message(self, node: Any, message: Any) -> None:
+        if message.get("type") == APPEND_ENTRIES and message["term"] >= self.raftCurrentTerm:
+            if "transmission" in message:
+                message = self._reassemble(node, message)
+            elif "prevLogIdx" in message:
+                message = self._append_entries(node, message)
+            if message is None:
+                return
+        self._pysyncobj_on_message(node, message)
+
+    def _reassemble(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """One chunk of a large entry; the whole entry once its pickle is complete."""
+        kind, data = message["transmission"], message["data"]
+        if kind == "start":
+            self._chunks = bytearray(data)
+            return message
+        if self._chunks is None:
+            return None  # no start seen: the leader sends the entry again from its start
+        self._chunks += data
+        if kind != "finish":
+            return message
+        try:
+            entry = pickle.loads(self._chunks)
+        except (EOFError, pickle.UnpicklingError):
+            return {**message, "transmission": "process"}  # pysyncobj's early "finish"
+        self._chunks = None
+        whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        return self._append_entries(node, {**whole, "entries": [entry]})
+
+    def _append_entries(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """``message`` rewritten so that pysyncobj deletes entries only from a
+        real conflict, or None when this method has answered it."""
+        raft_log = self._SyncObj__raftLog
+        first, last = raft_log[0][1], raft_log[-1][1]
+
+        def term_at(index: int) -> int:
+            return int(raft_log[index - first][2])
+
+        prev = message["prevLogIdx"]
+        if not first <= prev <= last or term_at(prev) != message["prevLogTerm"]:
+            return message  # pysyncobj refuses it and leaves the log alone
+        entries = list(message.get("entries", []))
+        fresh: list[Any] = []
+        for i, (_command, index, term) in enumerate(entries):
+            if index > last or term_at(index) != term:
+                fresh = entries[i:]
+                break
+        vouched = entries[-1][1] if entries else prev  # the message's last entry
+        if fresh and fresh[0][1] <= last:
+            conflict, leader_term = fresh[0][1], fresh[0][2]
+            if conflict <= max(self.raftCommitIndex, self.raftLastApplied):
+                self._refuse_conflict(node, message, conflict, term_at(conflict), leader_term)
+                return None
+            log.warning(
+                "node=%d shard=%d event=raft_log_conflict index=%d term=%d leader_entry_term=%d "
+                "last_index=%d: deleting the entries from index %d (uncommitted)",
+                self.node_id,
+                self.shard,
+                conflict,
+                term_at(conflict),
+                leader_term,
+                last,
+                conflict,
+            )
+        elif not fresh and vouched < last:
+            # All present and the log goes on: nothing to append and nothing
+            # to delete, which pysyncobj cannot be told. It does the term and
+            # leader bookkeeping; the commit index stops at what the message
+            # vouches for, and the answer is the one pysyncobj would send.
+            self._follow(node, message, min(message["commit_index"], vouched))
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
+            return None
+        base = fresh[0][1] - 1 if fresh else vouched
+        return {**message, "prevLogIdx": base, "prevLogTerm": term_at(base), "entries": fresh}
+
+    def _refuse_conflict(
+        self, node: Any, message: dict[str, Any], index: int, own_term: int, leader_term: int
+    ) -> None:
+        """A conflict at a committed index: never delete it, never acknowledge."""
+        if self._refused_conflict != (index, leader_term):
+            self._refused_conflict = (index, leader_term)
+            log.critical(
+                "node=%d shard=%d event=raft_committed_conflict index=%d term=%d "
+                "leader_entry_term=%d commit_index=%d applied_index=%d: the leader's log differs "
+                "at a committed entry; not deleting it and not acknowledging",
+                self.node_id,
+                self.shard,
+                index,
+                own_term,
+                leader_term,
+                self.raftCommitIndex,
+                self.raftLastApplied,
+            )
+        self._follow(node, message, self.raftCommitIndex)
+
+    def _follow(self, node: Any, message: dict[str, Any], commit_index: int) -> None:
+        """Let pysyncobj take ``message`` as a heartbeat (term, leader, election
+        timer) carrying ``commit_index``, without touching the log."""
+        self._pysyncobj_on_message(
+            node, {"type": APPEND_ENTRIES, "term": message["term"], "commit_index": commit_index}
+        )
 
     def propose(self, term: int, entry: bytes, callback: Callable[[Any, Any], None]) -> None:
         """Propose ``entry``; ``callback(outcomes, FAIL_REASON)`` runs once it
@@ -79,7 +261,12 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
             try:
                 callback(result, error)
             except Exception:
-                log.exception("replica=%s event=apply_callback_failed term=%d", self._address, term)
+                log.exception(
+                    "node=%d shard=%d event=apply_callback_failed term=%d",
+                    self.node_id,
+                    self.shard,
+                    term,
+                )
 
         self.apply_entry(term, entry, callback=guarded)
 

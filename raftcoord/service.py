@@ -36,6 +36,7 @@ from fsm import (
     TxnState,
     shard_for,
 )
+from fsm.limits import id_error, request_refusal
 from fsm.metadata import TopicPartition
 from raftcoord.shard import now_ms
 from raftcoord.v1 import (
@@ -69,6 +70,7 @@ class _Refused(Exception):
 class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
     def __init__(self, node: CoordinatorNode) -> None:
         self.node = node
+        self.fsm_config = node.config.settings.fsm_config()
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -85,12 +87,18 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             raise _Refused(error, f"not the coordinator of shard {shard}; leader: {where}")
         raise _Refused(error, f"shard {shard} is loading its state")
 
+    def _refusal(self, command: Command) -> Outcome | None:
+        """The answer to a request that must not be proposed (fsm.limits), or None."""
+        refusal = request_refusal(command, self.fsm_config)
+        return None if refusal is None else Outcome(error=refusal[0], message=refusal[1])
+
     def _run(self, shard: int, command: Command) -> Outcome:
         """Replicate ``command`` on ``shard``; a refusal comes back as an error outcome."""
-        # An empty id is refused by any node, before routing to a leader.
-        for name in ("transactional_id", "group_id"):
-            if getattr(command, name, None) == "":
-                return Outcome(error=E.INVALID_REQUEST, message=f"{name} must not be empty")
+        # A request that breaks a limit is refused by any node, before routing
+        # to a leader: it never reaches the log.
+        refused_here = self._refusal(command)
+        if refused_here is not None:
+            return refused_here
         try:
             self._check(shard)
         except _Refused as refused:
@@ -289,8 +297,6 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         )
 
     def _group_command(self, group_id: str, command: Command) -> tuple[ErrorCode, str]:
-        if not group_id:
-            return E.INVALID_REQUEST, "group id must not be empty"
         outcome = self._run(self._shard_of(group_id), command)
         return outcome.error, outcome.message
 
@@ -365,7 +371,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)
 
     def _group_marker_refusal(self, marker: Any, group_id: str) -> ErrorCode:
-        if not group_id or marker.producer_id < 0 or marker.producer_epoch < 0:
+        if id_error("group_id", group_id) or marker.producer_id < 0 or marker.producer_epoch < 0:
             return E.INVALID_REQUEST
         if marker.result not in (common_pb2.COMMIT, common_pb2.ABORT):
             return E.INVALID_REQUEST
@@ -501,21 +507,23 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                     )
                 )
                 continue
-            if not 1 <= topic.num_partitions <= 10_000:
+            most = self.fsm_config.max_partitions_per_request
+            if not 1 <= topic.num_partitions <= most:
                 results.append(
                     pb.CreateTopicResult(
                         name=topic.name,
                         error_code=E.INVALID_PARTITIONS,
-                        error_message=f"num_partitions {topic.num_partitions} not in 1..10000",
+                        error_message=f"num_partitions {topic.num_partitions} not in 1..{most}",
                     )
                 )
                 continue
             start = zlib.crc32(topic.name.encode()) % len(nodes)
             placement = tuple(nodes[(start + i) % len(nodes)] for i in range(topic.num_partitions))
+            command = CreateTopic(topic.name, placement, 0)
             if request.validate_only:
-                results.append(pb.CreateTopicResult(name=topic.name, error_code=E.NONE))
-                continue
-            outcome = self._run(0, CreateTopic(topic.name, placement, 0))
+                outcome = self._refusal(command) or Outcome()
+            else:
+                outcome = self._run(0, command)
             results.append(
                 pb.CreateTopicResult(
                     name=topic.name,

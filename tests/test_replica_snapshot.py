@@ -34,7 +34,7 @@ def make_replica(tmp_path: Path, address: str, applied: list[int]) -> ShardRepli
     )
     machine = TransactionStateMachine(0, 1)
     return ShardReplica(
-        address, [], conf, machine, lambda index, term, outcomes: applied.append(index)
+        address, [], conf, machine, lambda index, term, outcomes: applied.append(index), node_id=1
     )
 
 

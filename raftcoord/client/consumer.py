@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from fsm.limits import id_error
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     Backoff,
@@ -66,7 +67,8 @@ class Consumer:
     Args:
         bootstrap: coordinator gRPC addresses ("host:port").
         group_id: the consumer group whose offsets ``committed``/``commit`` use
-            and from which positions start; None for none.
+            and from which positions start; None for none. At most
+            ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8.
         isolation_level: "read_committed" (only committed transactional
             records) or "read_uncommitted" (Kafka's default).
         auto_offset_reset: where a partition without a committed offset starts:
@@ -96,8 +98,8 @@ class Consumer:
             raise ValueError(f"isolation_level must be one of {sorted(_ISOLATION)}")
         if auto_offset_reset not in _RESET:
             raise ValueError(f"auto_offset_reset must be one of {sorted(_RESET)}")
-        if group_id == "":
-            raise ValueError("group_id must not be empty (use None for no group)")
+        if group_id is not None and (problem := id_error("group_id", group_id)) is not None:
+            raise ValueError(problem)
         self.group_id = group_id
         self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset

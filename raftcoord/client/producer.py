@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from fsm.limits import id_error
 from raftcoord.client._accumulator import (
     BATCH_HEADER_SIZE,
     PendingRecord,
@@ -728,7 +729,8 @@ class TransactionalProducer(Producer):
           known yet; call the same method again.
 
     Args:
-        transactional_id: the id that survives restarts of the application.
+        transactional_id: the id that survives restarts of the application;
+            1 to ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8 (else ValueError).
         transaction_timeout_ms: the coordinator aborts a transaction open longer.
         **kwargs: as for :class:`Producer`.
     """
@@ -743,8 +745,9 @@ class TransactionalProducer(Producer):
         transaction_timeout_ms: int = 60_000,
         **kwargs: Any,
     ) -> None:
-        if not transactional_id:
-            raise ValueError("transactional_id must not be empty")
+        problem = id_error("transactional_id", transactional_id)
+        if problem is not None:
+            raise ValueError(problem)
         if transaction_timeout_ms <= 0:
             raise ValueError(f"transaction_timeout_ms must be > 0, got {transaction_timeout_ms}")
         self.transactional_id = transactional_id
@@ -829,8 +832,9 @@ class TransactionalProducer(Producer):
                 after a timeout: the offsets' fate is unknown).
             FatalError: the producer was fenced.
         """
-        if not group_id:
-            raise ValueError("group_id must not be empty")
+        problem = id_error("group_id", group_id)
+        if problem is not None:
+            raise ValueError(problem)
         topics = offset_topics(offsets)
         with self._cond:
             self._check_in_transaction("send_offsets_to_transaction")
