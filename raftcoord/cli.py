@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
     pnode.set_defaults(func=_partition_node)
     from raftcoord import cluster
+    from raftcoord.chaos import commands as chaos
 
     cluster.add_parser(commands)
+    chaos.add_parsers(commands)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

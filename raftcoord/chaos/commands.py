@@ -1,0 +1,218 @@
+"""``raftcoord workload`` and ``raftcoord chaos``: options, live progress and
+the summary table (rich)."""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from raftcoord.chaos.history import History
+from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
+from raftcoord.chaos.workload import Options, Workload
+from raftcoord.client import KafkaError
+from raftcoord.cluster import ClusterError, LocalCluster
+
+__all__ = ["add_parsers"]
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    try:
+        return parse_faults(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name: str) -> None:
+    parser.add_argument(
+        "--cluster-dir", default=".raftcoord", help="a `raftcoord cluster up` data dir"
+    )
+    parser.add_argument("--seed", type=int, help="replays a run (default: a random one, printed)")
+    parser.add_argument(
+        "--nemesis",
+        "--faults",
+        dest="nemesis",
+        type=_faults,
+        default=parse_faults(nemesis_default),
+        help=f"comma-separated faults ({', '.join(FAULTS)}), all or none "
+        f"(default: {nemesis_default})",
+    )
+    parser.add_argument(
+        "--fault-interval",
+        type=float,
+        default=10.0,
+        help="seconds of quiet between the end of one fault and the start of the next",
+    )
+    parser.add_argument("--history", help=f"history file (default: CLUSTER_DIR/{history_name})")
+
+
+def add_parsers(commands: Any) -> None:
+    workload = commands.add_parser(
+        "workload", help="transactional traffic with faults, recorded in a history"
+    )
+    _common(workload, "none", "history.jsonl")
+    length = workload.add_mutually_exclusive_group()
+    length.add_argument("--duration", type=float, help="seconds of traffic (default 60)")
+    length.add_argument("--transactions", type=int, help="producer transactions in all")
+    defaults = Options(seed=0)
+    for name, help_ in (
+        ("producers", "transactional producers"),
+        ("workers", "consume-transform-produce workers"),
+        ("pollers", "read_committed pollers"),
+        ("input-records", "values pre-filled into the workers' input topic"),
+        ("input-partitions", "partitions of the input (and output) topic"),
+        ("partitions", "partitions of the producers' topic"),
+        ("max-writes", "most writes of one producer transaction"),
+        ("records-per-transaction", "most inputs of one worker transaction"),
+    ):
+        default = getattr(defaults, name.replace("-", "_"))
+        workload.add_argument(f"--{name}", type=int, default=default, help=f"{help_} ({default})")
+    workload.add_argument(
+        "--abort-ratio",
+        type=float,
+        default=defaults.abort_ratio,
+        help=f"share of transactions aborted on purpose ({defaults.abort_ratio})",
+    )
+    workload.add_argument(
+        "--request-timeout",
+        type=int,
+        default=defaults.request_timeout_ms,
+        help="ms the clients wait for a request, and producers for a send "
+        f"({defaults.request_timeout_ms})",
+    )
+    workload.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=defaults.drain_timeout_s,
+        help=f"seconds the drain may take ({defaults.drain_timeout_s:.0f})",
+    )
+    workload.set_defaults(func=_workload)
+
+    chaos = commands.add_parser("chaos", help="the nemesis alone against a running cluster")
+    _common(chaos, "all", "chaos-history.jsonl")
+    chaos.add_argument("--duration", type=float, default=60.0, help="seconds of faults (60)")
+    chaos.set_defaults(func=_chaos)
+
+
+def _seed(args: argparse.Namespace, console: Console) -> int:
+    seed: int = args.seed if args.seed is not None else secrets.randbelow(1_000_000_000)
+    console.print(f"seed {seed} (replay with --seed {seed})")
+    return seed
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    cluster = LocalCluster(args.cluster_dir)
+    if cluster.state is None:
+        raise ClusterError(f"no cluster in {cluster.data_dir} (run `raftcoord cluster up`)")
+    return cluster
+
+
+def _workload(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        cluster = _cluster(args)
+        options = Options(
+            seed=_seed(args, console),
+            duration_s=None if args.transactions is not None else (args.duration or 60.0),
+            transactions=args.transactions,
+            producers=args.producers,
+            workers=args.workers,
+            pollers=args.pollers,
+            abort_ratio=args.abort_ratio,
+            input_records=args.input_records,
+            input_partitions=args.input_partitions,
+            partitions=args.partitions,
+            max_writes=args.max_writes,
+            records_per_transaction=args.records_per_transaction,
+            nemesis=args.nemesis,
+            fault_interval_s=args.fault_interval,
+            drain_timeout_s=args.drain_timeout,
+            request_timeout_ms=args.request_timeout,
+        )
+        history = Path(args.history) if args.history else cluster.data_dir / "history.jsonl"
+        workload = Workload(cluster, options, history, say=console.print)
+        with Live(
+            console=console, transient=True, get_renderable=lambda: _progress(workload.progress())
+        ):
+            summary = workload.run()
+    except (ClusterError, KafkaError, ValueError) as exc:
+        console.print(f"raftcoord workload: {exc}", style="red")
+        return 1
+    console.print(summary_table(summary))
+    console.print(f"history: {history}")
+    return 1 if summary["crashed"] or summary["unfinished"] else 0
+
+
+def _progress(progress: dict[str, Any]) -> Table:
+    table = Table(title=f"workload: {progress['phase']}, {progress['elapsed_s']:.0f} s")
+    for column in ("commits", "aborts", "failures", "unknown", "faults done", "current faults"):
+        table.add_column(column, justify="right" if column != "current faults" else "left")
+    table.add_row(
+        str(progress["commits"]),
+        str(progress["aborts"]),
+        str(progress["failures"]),
+        str(progress["unknown"]),
+        str(progress["faults_done"]),
+        ", ".join(progress["faults"]) or "-",
+    )
+    return table
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """The run's summary: per op how many invocations ended ok, fail (did not
+    happen) and info (unknown), then the faults."""
+    table = Table(title=f"summary (seed {summary['seed']}, {summary['elapsed_s']} s)")
+    for column in ("op", "invoked", "ok", "fail", "info (unknown)"):
+        table.add_column(column, justify="left" if column == "op" else "right")
+    for op, counts in summary["ops"].items():
+        table.add_row(op, *(str(counts[t]) for t in ("invoke", "ok", "fail", "info")))
+    for fault, count in sorted(summary["faults"].items()):
+        table.add_row(f"fault {fault}", str(count), "", "", "")
+    for what in ("crashed", "unfinished"):
+        for entry in summary[what]:
+            table.add_row(f"[red]{what}[/red]", entry, "", "", "")
+    return table
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    console = Console()
+    try:
+        cluster = _cluster(args)
+        seed = _seed(args, console)
+        path = Path(args.history) if args.history else cluster.data_dir / "chaos-history.jsonl"
+        with History(path) as history:
+            history.event(
+                "workload",
+                "info",
+                "run",
+                seed=seed,
+                args={k: v for k, v in vars(args).items() if k != "func"},
+                topics={},
+                bootstrap=cluster.bootstrap(),
+            )
+            nemesis = run_alone(
+                cluster,
+                history,
+                args.nemesis,
+                args.fault_interval,
+                seed,
+                args.duration,
+                console.print,
+            )
+            history.event("workload", "ok", "run", summary={"seed": seed, "faults": nemesis.done})
+    except ClusterError as exc:
+        console.print(f"raftcoord chaos: {exc}", style="red")
+        return 1
+    table = Table(title=f"faults (seed {seed})")
+    table.add_column("fault")
+    table.add_column("count", justify="right")
+    for fault, count in sorted(nemesis.done.items()):
+        table.add_row(fault, str(count))
+    console.print(table)
+    console.print(f"history: {path}")
+    return 0

@@ -1,0 +1,452 @@
+"""The nemesis: faults on a schedule against a local cluster, each recorded
+in the history as a ``fault`` event with phase ``start`` and ``end``.
+
+It uses only the cluster launcher (:class:`~raftcoord.cluster.LocalCluster`:
+kill, start, leaders) and, for network partitions, :mod:`raftcoord.netns`
+(imported only when the ``partition`` fault is asked for). Faults run one at
+a time: a quiet ``interval``, then a fault held for its planned time, then
+its end (restart, SIGCONT or heal), and so on. Which faults run, in which
+order, and their random choices (shard, node, hold time) come from the seed;
+the nodes they hit are resolved against the cluster when they start (the
+leader of shard 2 is whoever leads it then).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import random
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from raftcoord.chaos.history import History
+from raftcoord.cluster import ClusterError, LocalCluster
+
+__all__ = ["FAULTS", "Fault", "FaultPlan", "Nemesis", "parse_faults", "plans"]
+
+FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition")
+#: The node restarts and waits of one fault end are retried this long by the final heal.
+HEAL_TIMEOUT_S = 60.0
+#: How long a fault waits for a shard to elect another leader before ending.
+NEW_LEADER_TIMEOUT_S = 10.0
+
+
+def parse_faults(text: str) -> tuple[str, ...]:
+    """``"leader-kill,pause"``, ``"all"`` or ``""``/``"none"`` -> fault names.
+
+    Raises:
+        ValueError: an unknown fault name.
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names in ([], ["none"]):
+        return ()
+    if "all" in names:
+        return FAULTS
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        raise ValueError(f"unknown fault(s) {unknown}; use {', '.join(FAULTS)}, all or none")
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """One scheduled fault: its kind, a random ``choice`` that picks the
+    shard, nodes or groups when it starts, and how long it is held."""
+
+    number: int
+    kind: str
+    choice: int
+    hold_s: float
+
+
+def plans(seed: int, kinds: Sequence[str], election_timeout_s: float) -> Iterator[FaultPlan]:
+    """The fault schedule for ``seed``: rounds in which every kind runs once,
+    in a shuffled order. A pause lasts 2-4 election timeouts; a killed node
+    stays down 1-3 s; a partition lasts 2-5 s."""
+    if not kinds:
+        return
+    rng = random.Random(f"nemesis:{seed}")
+    number = 0
+    while True:
+        round_ = list(kinds)
+        rng.shuffle(round_)
+        for kind in round_:
+            if kind == "pause":
+                hold = election_timeout_s * rng.uniform(2.0, 4.0)
+            elif kind == "partition":
+                hold = rng.uniform(2.0, 5.0)
+            else:
+                hold = rng.uniform(1.0, 3.0)
+            yield FaultPlan(number, kind, rng.randrange(1 << 30), round(hold, 3))
+            number += 1
+
+
+@dataclass
+class Fault:
+    """A fault that has started: what ending it takes."""
+
+    plan: FaultPlan
+    targets: list[Any]
+    detail: str
+    #: Ends the fault; returns the end's detail and fields to record with it.
+    end: Callable[[], tuple[str, dict[str, Any]]]
+    #: Recorded with the start and the end (e.g. the shard whose leader is hit).
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def _netns() -> tuple[ModuleType | None, str | None]:
+    """The netns module, or None and why it cannot be used."""
+    try:
+        netns = importlib.import_module("raftcoord.netns")
+    except ImportError as exc:
+        return None, f"raftcoord.netns cannot be imported ({exc})"
+    reason = netns.unavailable()
+    if reason is not None:
+        return None, f"network namespaces cannot be created here: {reason}"
+    return netns, None
+
+
+class Nemesis:
+    """Runs faults from :func:`plans` until stopped, then heals the cluster.
+
+    Args:
+        cluster: the cluster to break (its launcher state is updated on restarts).
+        history: where fault events go.
+        kinds: the faults to run (see :data:`FAULTS`).
+        interval_s: quiet time between the end of one fault and the next start.
+        seed: the schedule's seed.
+        say: prints a line for the user.
+    """
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        history: History,
+        kinds: Sequence[str],
+        interval_s: float,
+        seed: int,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.interval_s = interval_s
+        self.say = say
+        self._lock = threading.Lock()
+        self._active: list[Fault] = []
+        self.done: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._netns: ModuleType | None = None
+        runnable = list(kinds)
+        if "partition" in runnable:
+            self._netns, reason = _netns()
+            if self._netns is not None and not self._netns.enabled(cluster):
+                self._netns, reason = (
+                    None,
+                    (
+                        "the cluster does not run in network namespaces "
+                        "(start it with `raftcoord cluster up --netns`)"
+                    ),
+                )
+            if reason is not None:
+                runnable.remove("partition")
+                self._skip("partition", f"not run: {reason}")
+        self.kinds = tuple(runnable)
+        self._plans = plans(seed, self.kinds, self._election_timeout_s())
+
+    def _election_timeout_s(self) -> float:
+        """The cluster's longest election timeout (``raft.election.timeout.ms``)."""
+        state = self.cluster.state
+        if state is None:
+            raise ClusterError(f"no cluster in {self.cluster.data_dir}")
+        with open(state.config, "rb") as f:
+            settings = tomllib.load(f).get("settings", {})
+        timeout = settings.get("raft.election.timeout.ms", [300, 600])
+        return float(max(timeout) if isinstance(timeout, list) else timeout) / 1000
+
+    def _skip(self, kind: str, detail: str) -> None:
+        self.say(f"nemesis: {kind} {detail}")
+        for phase in ("start", "end"):
+            self.history.event(
+                "nemesis", "info", "fault", phase=phase, fault=kind, targets=[], detail=detail
+            )
+
+    # --- running -------------------------------------------------------------------
+
+    def current(self) -> list[str]:
+        """Readable names of the faults in progress."""
+        with self._lock:
+            return [f"{f.plan.kind} {f.targets}" for f in self._active]
+
+    def run(self) -> None:
+        """Run faults until :meth:`stop`; the fault in progress is ended then."""
+        for plan in self._plans:
+            if self._stop.wait(self.interval_s):
+                return
+            fault = self._start(plan)
+            if fault is None:
+                continue
+            self._stop.wait(plan.hold_s)
+            self._end(fault)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def heal(self) -> None:
+        """End every fault still in progress and restart every node that is down
+        (SIGCONT to all, heal the network); wait for every shard's leader."""
+        self._stop.set()
+        deadline = time.monotonic() + HEAL_TIMEOUT_S
+        while True:
+            with self._lock:
+                active = list(self._active)
+            for fault in active:
+                self._end(fault)
+            with self._lock:
+                if not self._active:
+                    break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"could not heal: {self.current()}")
+            time.sleep(1.0)
+        if self._netns is not None:
+            self._netns.heal(self.cluster)
+        state = self.cluster.state
+        assert state is not None
+        for record in state.nodes:
+            if not self.cluster.alive(record.node_id):
+                self.say(f"nemesis: node {record.node_id} was down outside any fault; restarting")
+                self.cluster.start(record.node_id)
+            else:
+                self.cluster.kill(record.node_id, "CONT")
+        self.cluster.wait_for_leaders(HEAL_TIMEOUT_S)
+
+    # --- faults --------------------------------------------------------------------
+
+    def _start(self, plan: FaultPlan) -> Fault | None:
+        starter = {
+            "leader-kill": self._leader_kill,
+            "minority-kill": self._minority_kill,
+            "pause": self._pause,
+            "plog-restart": self._plog_restart,
+            "partition": self._partition,
+        }[plan.kind]
+        try:
+            fault = starter(plan)
+        except ClusterError as exc:
+            self.say(f"nemesis: {plan.kind} could not start: {exc}")
+            return None
+        if fault is not None:
+            self.say(f"nemesis: {plan.kind} start {fault.targets}: {fault.detail}")
+        return fault
+
+    def _begin(
+        self,
+        plan: FaultPlan,
+        targets: list[Any],
+        detail: str,
+        act: Callable[[], None],
+        end: Callable[[], tuple[str, dict[str, Any]]],
+        **fields: Any,
+    ) -> Fault:
+        """Record the start, do ``act``, and remember the fault as active."""
+        fault = Fault(plan, targets, detail, end, fields)
+        self.history.event(
+            "nemesis",
+            "info",
+            "fault",
+            phase="start",
+            fault=plan.kind,
+            targets=targets,
+            detail=detail,
+            leaders=self._leaders(),
+            **fields,
+        )
+        with self._lock:
+            self._active.append(fault)
+        act()
+        return fault
+
+    def _end(self, fault: Fault) -> None:
+        """End ``fault`` and record it; a failure leaves it active (the final
+        heal tries again)."""
+        try:
+            detail, outcome = fault.end()
+        except ClusterError as exc:
+            self.say(f"nemesis: {fault.plan.kind} {fault.targets} did not end yet: {exc}")
+            return
+        with self._lock:
+            self._active.remove(fault)
+            self.done[fault.plan.kind] = self.done.get(fault.plan.kind, 0) + 1
+        self.history.event(
+            "nemesis",
+            "info",
+            "fault",
+            phase="end",
+            fault=fault.plan.kind,
+            targets=fault.targets,
+            detail=detail,
+            leaders=self._leaders(),
+            **fault.fields,
+            **outcome,
+        )
+        self.say(f"nemesis: {fault.plan.kind} end {fault.targets}: {detail}")
+
+    def _leaders(self) -> dict[str, int]:
+        return {str(shard): node for shard, node in sorted(self.cluster.leaders().items())}
+
+    def _shard_and_leader(self, plan: FaultPlan) -> tuple[int, int]:
+        state = self.cluster.state
+        assert state is not None
+        shard = plan.choice % state.shard_count
+        leader = self.cluster.leaders().get(shard)
+        if leader is None:
+            raise ClusterError(f"shard {shard} has no leader right now")
+        return shard, leader
+
+    def _await_other_leader(self, shard: int, old: int) -> tuple[str, dict[str, Any]]:
+        """Wait (bounded) until another node leads ``shard``: says who does,
+        and gives it as ``new_leader`` (None when none did in time)."""
+        found: dict[str, Any] = {"new_leader": None}
+
+        def moved() -> bool:
+            leader = self.cluster.leaders().get(shard)
+            found["new_leader"] = leader if leader != old else None
+            return found["new_leader"] is not None
+
+        self.cluster.wait_until(moved, NEW_LEADER_TIMEOUT_S, "", raise_on_timeout=False)
+        return f"shard {shard} leader {old} -> {found['new_leader']}", found
+
+    def _restart(self, node_ids: Sequence[int]) -> None:
+        for node_id in node_ids:
+            if not self.cluster.alive(node_id):
+                self.cluster.start(node_id)
+
+    def _leader_kill(self, plan: FaultPlan) -> Fault:
+        shard, leader = self._shard_and_leader(plan)
+
+        def end() -> tuple[str, dict[str, Any]]:
+            moved, outcome = self._await_other_leader(shard, leader)
+            self._restart([leader])
+            return f"{moved}; restarted node {leader}", outcome
+
+        return self._begin(
+            plan,
+            [leader],
+            f"kill -9 node {leader}, the leader of shard {shard}, for {plan.hold_s} s",
+            lambda: self.cluster.kill(leader, "KILL"),
+            end,
+            shard=shard,
+        )
+
+    def _minority_kill(self, plan: FaultPlan) -> Fault | None:
+        nodes = sorted(n.node_id for n in self.cluster.coordinators())
+        count = (len(nodes) - 1) // 2
+        if count == 0:
+            self.say(f"nemesis: minority-kill needs 3+ coordinators, there are {len(nodes)}")
+            return None
+        victims = sorted(random.Random(plan.choice).sample(nodes, count))
+
+        def act() -> None:
+            for node_id in victims:
+                self.cluster.kill(node_id, "KILL")
+
+        def end() -> tuple[str, dict[str, Any]]:
+            self._restart(victims)
+            return f"restarted nodes {victims}", {}
+
+        return self._begin(
+            plan,
+            victims,
+            f"kill -9 {count} of {len(nodes)} coordinators for {plan.hold_s} s",
+            act,
+            end,
+        )
+
+    def _pause(self, plan: FaultPlan) -> Fault:
+        shard, leader = self._shard_and_leader(plan)
+
+        def end() -> tuple[str, dict[str, Any]]:
+            moved, outcome = self._await_other_leader(shard, leader)
+            self.cluster.kill(leader, "CONT")
+            return f"{moved}; SIGCONT node {leader}", outcome
+
+        return self._begin(
+            plan,
+            [leader],
+            f"SIGSTOP node {leader}, the leader of shard {shard}, for {plan.hold_s} s",
+            lambda: self.cluster.kill(leader, "STOP"),
+            end,
+            shard=shard,
+        )
+
+    def _plog_restart(self, plan: FaultPlan) -> Fault:
+        nodes = sorted(n.node_id for n in self.cluster.partition_nodes())
+        if not nodes:
+            raise ClusterError("the cluster has no partition-log node")
+        victim = nodes[plan.choice % len(nodes)]
+
+        def end() -> tuple[str, dict[str, Any]]:
+            self._restart([victim])
+            return f"restarted partition-log node {victim}", {}
+
+        return self._begin(
+            plan,
+            [victim],
+            f"kill -9 partition-log node {victim} for {plan.hold_s} s",
+            lambda: self.cluster.kill(victim, "KILL"),
+            end,
+        )
+
+    def _partition(self, plan: FaultPlan) -> Fault:
+        netns = self._netns
+        assert netns is not None
+        nodes = sorted(n.node_id for n in self.cluster.coordinators())
+        fields: dict[str, Any] = {}
+        if plan.choice % 2 == 0:
+            shard, leader = self._shard_and_leader(plan)
+            minority = [leader]
+            fields["shard"] = shard
+            how = f"isolate node {leader}, the leader of shard {shard}, from the majority"
+        else:
+            count = max(1, (len(nodes) - 1) // 2)
+            minority = sorted(random.Random(plan.choice).sample(nodes, count))
+            how = f"split coordinators {minority} from the others"
+        groups = [minority, [n for n in nodes if n not in minority]]
+
+        def end() -> tuple[str, dict[str, Any]]:
+            netns.heal(self.cluster)
+            return "healed the network", {}
+
+        return self._begin(
+            plan,
+            groups,
+            f"{how} for {plan.hold_s} s",
+            lambda: netns.partition(self.cluster, groups),
+            end,
+            **fields,
+        )
+
+
+def run_alone(
+    cluster: LocalCluster,
+    history: History,
+    kinds: Sequence[str],
+    interval_s: float,
+    seed: int,
+    duration_s: float,
+    say: Callable[[str], None] = print,
+) -> Nemesis:
+    """``raftcoord chaos``: the nemesis for ``duration_s``, then the final heal."""
+    nemesis = Nemesis(cluster, history, kinds, interval_s, seed, say)
+    thread = threading.Thread(target=nemesis.run, name="nemesis", daemon=True)
+    thread.start()
+    with contextlib.suppress(KeyboardInterrupt):
+        thread.join(duration_s)
+    nemesis.stop()
+    thread.join()
+    nemesis.heal()
+    return nemesis

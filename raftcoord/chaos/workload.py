@@ -1,0 +1,818 @@
+"""The chaos workload: transactional producers, consume-transform-produce
+workers and read_committed pollers against a running cluster, every
+operation recorded in a history (docs/history.md), optionally with the
+nemesis breaking the cluster meanwhile.
+
+Every client process is a thread of the one ``raftcoord workload`` process
+with its own client objects (a process name in the history is a thread
+here). Threads keep the machine's load small and share one history writer,
+whose lock orders the events; the client library is thread-safe per object.
+
+Phases: set up (topics, the input pre-fill), traffic (``duration_s`` or a
+budget of producer ``transactions``, with the nemesis), heal (every fault
+ended, every node up), drain (producers end their open transaction and
+resolve any unknown outcome with a new producer, workers commit the whole
+input, every partition's last stable offset reaches its end, pollers catch
+up), then the ``final`` read and the summary.
+
+Deterministic given the seed: topic names, values, the number and placement
+of writes, commit/abort choices and the fault schedule (which nodes a fault
+hits, and which records a worker's poll returns, depend on the cluster).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raftcoord.chaos.history import History
+from raftcoord.chaos.nemesis import Nemesis
+from raftcoord.client import (
+    Admin,
+    Consumer,
+    ConsumerRecord,
+    KafkaError,
+    KafkaTimeoutError,
+    Producer,
+    TopicPartition,
+    TransactionAbortableError,
+    TransactionalProducer,
+)
+from raftcoord.cluster import LocalCluster
+
+__all__ = ["Options", "TxnPlan", "Workload", "input_values", "producer_plans", "worker_plans"]
+
+TRANSACTION_TIMEOUT_MS = 30_000
+#: How long commit/abort are retried after timeouts before the outcome is recorded unknown.
+END_RETRY_S = 30.0
+POLL_MS = 500
+#: How long the final read may take.
+FINAL_READ_S = 60.0
+#: History ops that are not client operations.
+_NOT_OPS = ("run", "fault", "final")
+
+
+@dataclass
+class Options:
+    """What ``raftcoord workload`` runs (its command line options)."""
+
+    seed: int
+    duration_s: float | None = 60.0
+    transactions: int | None = None
+    producers: int = 4
+    workers: int = 2
+    pollers: int = 2
+    abort_ratio: float = 0.2
+    input_records: int = 10_000
+    input_partitions: int = 4
+    partitions: int = 6
+    max_writes: int = 4
+    records_per_transaction: int = 10
+    nemesis: tuple[str, ...] = ()
+    fault_interval_s: float = 10.0
+    drain_timeout_s: float = 120.0
+    #: The clients' request timeout, and the producers' delivery timeout: short
+    #: enough that faults show up as failed operations, long enough to ride
+    #: out an election.
+    request_timeout_ms: int = 5_000
+
+    def client(self) -> dict[str, Any]:
+        """Settings of every client the workload makes."""
+        return {"request_timeout_ms": self.request_timeout_ms, "retry_backoff_max_ms": 500}
+
+    def producer(self) -> dict[str, Any]:
+        """Settings of the producers: each send is sent at once."""
+        return {**self.client(), "delivery_timeout_ms": self.request_timeout_ms, "linger_ms": 0}
+
+    def check(self) -> None:
+        """Raises ValueError naming the first bad option."""
+        if (self.duration_s is None) == (self.transactions is None):
+            raise ValueError("give exactly one of --duration and --transactions")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError("--duration must be > 0")
+        if self.transactions is not None and self.transactions < 1:
+            raise ValueError("--transactions must be >= 1")
+        for name in ("producers", "workers", "pollers"):
+            if not 0 <= getattr(self, name) <= 64:
+                raise ValueError(f"--{name} must be in 0..64")
+        if self.transactions is not None and self.producers == 0:
+            raise ValueError("--transactions needs at least one producer")
+        if not 0.0 <= self.abort_ratio <= 1.0:
+            raise ValueError("--abort-ratio must be in 0..1")
+        if self.workers > self.input_partitions:
+            raise ValueError("--workers must be at most --input-partitions")
+        if self.input_records < 0 or self.partitions < 1 or self.input_partitions < 1:
+            raise ValueError("--input-records must be >= 0 and partition counts >= 1")
+        if self.max_writes < 1 or self.records_per_transaction < 1:
+            raise ValueError("--max-writes and --records-per-transaction must be >= 1")
+        if self.request_timeout_ms < 100:
+            raise ValueError("--request-timeout must be >= 100 ms")
+        if self.fault_interval_s <= 0 or self.drain_timeout_s <= 0:
+            raise ValueError("--fault-interval and --drain-timeout must be > 0")
+
+
+# --- the deterministic parts ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TxnPlan:
+    """One transaction of a producer: ``(partition, value)`` writes, and
+    whether it is to be committed (else aborted)."""
+
+    writes: tuple[tuple[int, str], ...]
+    commit: bool
+
+
+def producer_plans(
+    seed: int, process: str, partitions: int, max_writes: int, abort_ratio: float
+) -> Iterator[TxnPlan]:
+    """The transactions of producer ``process``: each writes 1..max_writes
+    values to distinct partitions; values are ``<process>:<n>:<k>`` (the
+    n-th transaction's k-th write), unique in the run."""
+    rng = random.Random(f"producer:{seed}:{process}")
+    n = 0
+    while True:
+        count = rng.randint(1, min(max_writes, partitions))
+        chosen = rng.sample(range(partitions), count)
+        yield TxnPlan(
+            tuple((p, f"{process}:{n}:{k}") for k, p in enumerate(chosen)),
+            rng.random() >= abort_ratio,
+        )
+        n += 1
+
+
+def worker_plans(
+    seed: int, process: str, records_per_transaction: int, abort_ratio: float
+) -> Iterator[tuple[int, bool]]:
+    """The transactions of worker ``process``: (most inputs to take, commit?)."""
+    rng = random.Random(f"worker:{seed}:{process}")
+    while True:
+        yield rng.randint(1, records_per_transaction), rng.random() >= abort_ratio
+
+
+def input_values(prefix: str, records: int, partitions: int) -> list[tuple[int, str]]:
+    """The pre-filled input: ``(partition, value)``, round robin over partitions."""
+    return [(i % partitions, f"{prefix}-in-{i}") for i in range(records)]
+
+
+def output_value(txn: str, input_value: str) -> str:
+    """A worker's output for an input, unique per attempt (the transaction)."""
+    return f"{txn}|{input_value}"
+
+
+# --- shared state --------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What the client threads share."""
+
+    history: History
+    bootstrap: list[str]
+    options: Options
+    prefix: str
+    txn_topic: str
+    input_topic: str
+    output_topic: str
+    group: str
+    #: Set when the traffic phase ends: producers stop after their transaction.
+    traffic_over: threading.Event = field(default_factory=threading.Event)
+    #: Set when the drain's deadline passed: every retry loop gives up.
+    give_up: threading.Event = field(default_factory=threading.Event)
+    #: Set once pollers may stop when they reach ``poll_targets``.
+    pollers_may_stop: threading.Event = field(default_factory=threading.Event)
+    poll_targets: dict[TopicPartition, int] = field(default_factory=dict)
+    budget: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    crashed: list[str] = field(default_factory=list)
+
+    def take_transaction(self) -> bool:
+        """Whether a producer may start another transaction (the budget)."""
+        with self.lock:
+            if self.budget is None:
+                return True
+            if self.budget <= 0:
+                self.traffic_over.set()
+                return False
+            self.budget -= 1
+            return True
+
+
+def _failure(exc: BaseException) -> dict[str, str]:
+    return {"error": type(exc).__name__, "message": str(exc)[:500]}
+
+
+def _outcome_known(exc: BaseException) -> bool:
+    """Whether a failed operation definitely did not happen: a retriable
+    error (a timeout, a lost connection) may hide one that did."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, TransactionAbortableError) and isinstance(cause, KafkaError):
+        return _outcome_known(cause)
+    return not (isinstance(exc, KafkaError) and exc.retriable)
+
+
+class _Transactional:
+    """A producer or worker process: one transactional id, a producer that
+    is replaced (same id) after a fatal error or an unknown outcome."""
+
+    def __init__(self, run: Run, name: str) -> None:
+        self.run = run
+        self.h = run.history
+        self.name = name
+        self.transactional_id = f"{run.prefix}-{name}"
+        self.producer: TransactionalProducer | None = None
+        self.txn_count = 0
+
+    def identity(self) -> dict[str, int]:
+        if self.producer is None or self.producer.producer_id < 0:
+            return {}
+        return {
+            "producer_id": self.producer.producer_id,
+            "producer_epoch": self.producer.producer_epoch,
+        }
+
+    def ready(self) -> bool:
+        """A producer that completed ``init``; False once the run gives up."""
+        while self.producer is None or self.producer.producer_id < 0:
+            if self.run.give_up.is_set():
+                return False
+            if self.producer is None:
+                self.producer = TransactionalProducer(
+                    self.run.bootstrap,
+                    self.transactional_id,
+                    transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+                    **self.run.options.producer(),
+                )
+            self.h.invoke(self.name, "init")
+            try:
+                self.producer.init_transactions()
+            except KafkaTimeoutError as exc:  # still initializing: call again
+                self.h.complete(self.name, "info", **_failure(exc))
+                continue
+            except KafkaError as exc:
+                self.h.complete(self.name, "fail", **_failure(exc))
+                self.restart()
+                self.run.give_up.wait(0.5)
+                continue
+            self.h.complete(self.name, "ok", **self.identity())
+        return True
+
+    def restart(self) -> None:
+        """Close the producer; the next :meth:`ready` starts a new one with the
+        same transactional id (its init fences the old one)."""
+        if self.producer is not None:
+            self.producer.close(timeout_s=5)
+            self.producer = None
+
+    def new_txn(self) -> str:
+        txn = f"{self.name}:{self.txn_count}"
+        self.txn_count += 1
+        assert self.producer is not None
+        self.producer.begin_transaction()
+        return txn
+
+    def send(self, txn: str, topic: str, partition: int, value: str, **extra: Any) -> bool:
+        """One ``send`` op, waited for; whether it succeeded."""
+        assert self.producer is not None
+        self.h.invoke(
+            self.name,
+            "send",
+            txn=txn,
+            topic=topic,
+            partition=partition,
+            value=value,
+            **extra,
+            **self.identity(),
+        )
+        try:
+            future = self.producer.send(topic, value=value.encode(), partition=partition)
+            metadata = future.result(timeout=self.run.options.request_timeout_ms / 1000 + 10)
+        except concurrent.futures.TimeoutError:
+            self.h.complete(self.name, "info", error="TimeoutError", message="no answer")
+            return False
+        except KafkaError as exc:
+            self.h.complete(self.name, "fail" if _outcome_known(exc) else "info", **_failure(exc))
+            return False
+        self.h.complete(self.name, "ok", offset=metadata.offset)
+        return True
+
+    def end(self, txn: str, writes: list[list[Any]], commit: bool) -> str:
+        """Commit (else abort) the transaction; a refused commit is followed by
+        an abort. Returns how it ended: "commit", "abort" or "unknown"."""
+        if commit:
+            outcome = self._end_op(txn, writes, "commit")
+            if outcome != "fail":
+                return "commit" if outcome == "ok" else "unknown"
+        outcome = self._end_op(txn, writes, "abort")
+        return "unknown" if outcome == "info" else "abort"
+
+    def _end_op(self, txn: str, writes: list[list[Any]], op: str) -> str:
+        producer = self.producer
+        assert producer is not None
+        call = producer.commit_transaction if op == "commit" else producer.abort_transaction
+        self.h.invoke(self.name, op, txn=txn, writes=writes, **self.identity())
+        deadline = time.monotonic() + END_RETRY_S
+        timed_out: KafkaTimeoutError | None = None
+        while True:
+            try:
+                call()
+            except KafkaTimeoutError as exc:  # unknown yet: call again
+                timed_out = exc
+                if time.monotonic() < deadline and not self.run.give_up.is_set():
+                    continue
+                self.h.complete(self.name, "info", **_failure(exc))
+                self.restart()
+                return "info"
+            except TransactionAbortableError as exc:
+                # Refused (nothing committed), unless an earlier attempt timed out.
+                known = timed_out is None and _outcome_known(exc)
+                self.h.complete(self.name, "fail" if known else "info", **_failure(exc))
+                if not known:
+                    self.restart()
+                return "fail" if known else "info"
+            except KafkaError as exc:
+                # A fatal error (e.g. fenced) ends the producer. An abort is then
+                # definite; a commit's EndTxn may have been applied by an
+                # attempt whose answer was lost, so its outcome is unknown.
+                definite = op == "abort" and _outcome_known(exc)
+                self.h.complete(self.name, "fail" if definite else "info", **_failure(exc))
+                self.restart()
+                return "fail" if definite else "info"
+            self.h.complete(self.name, "ok")
+            return "ok"
+
+
+class TransactionalProducerProcess(_Transactional):
+    """``txn-N``: transactions of unique values over the producers' topic."""
+
+    def __init__(self, run: Run, index: int) -> None:
+        super().__init__(run, f"txn-{index}")
+        o = run.options
+        self.plans = producer_plans(o.seed, self.name, o.partitions, o.max_writes, o.abort_ratio)
+
+    def __call__(self) -> None:
+        while not self.run.traffic_over.is_set():
+            if not self.ready():
+                break
+            plan = next(self.plans)
+            if not self.run.take_transaction():
+                break
+            self.transaction(plan)
+        # Drain: an unknown outcome is resolved by a new producer's init.
+        self.ready()
+        self.restart()
+
+    def transaction(self, plan: TxnPlan) -> None:
+        txn = self.new_txn()
+        topic = self.run.txn_topic
+        writes: list[list[Any]] = []
+        sent = True
+        for partition, value in plan.writes:
+            writes.append([topic, partition, value])
+            if not self.send(txn, topic, partition, value):
+                sent = False
+                break
+        self.end(txn, writes, plan.commit and sent)
+
+
+class WorkerProcess(_Transactional):
+    """``ctp-N``: consume-transform-produce over its share of the input
+    partitions, input partition p to output partition p."""
+
+    def __init__(self, run: Run, index: int, partitions: list[int], ends: dict[int, int]) -> None:
+        super().__init__(run, f"ctp-{index}")
+        o = run.options
+        self.plans = worker_plans(o.seed, self.name, o.records_per_transaction, o.abort_ratio)
+        self.inputs = [TopicPartition(run.input_topic, p) for p in partitions]
+        self.ends = {tp: ends[tp.partition] for tp in self.inputs}
+        #: The group's committed offsets as this worker knows them.
+        self.committed: dict[TopicPartition, int] = {}
+        self.consumer = Consumer(
+            run.bootstrap, group_id=run.group, isolation_level="read_committed", **o.client()
+        )
+        self.consumer.assign(self.inputs)
+
+    def done(self) -> bool:
+        return all(self.committed.get(tp, -1) >= end for tp, end in self.ends.items())
+
+    def __call__(self) -> None:
+        try:
+            self.rewind()
+            while not self.run.give_up.is_set():
+                if self.done():
+                    if self.run.traffic_over.is_set():
+                        break
+                    self.run.traffic_over.wait(0.5)
+                    continue
+                if not self.ready():
+                    break
+                records = self.poll()
+                if records:
+                    self.transaction(records)
+            self.restart()
+        finally:
+            self.consumer.close()
+
+    def rewind(self) -> None:
+        """Start again from the group's committed offsets (retried until known)."""
+        while not self.run.give_up.is_set():
+            try:
+                for tp in self.inputs:
+                    offset = self.consumer.committed(tp)
+                    self.committed[tp] = 0 if offset is None else offset
+                    self.consumer.seek(tp, self.committed[tp])
+                return
+            except KafkaError:
+                self.run.give_up.wait(0.5)
+
+    def poll(self) -> list[ConsumerRecord]:
+        self.h.invoke(
+            self.name,
+            "poll",
+            isolation="read_committed",
+            partitions=[[tp.topic, tp.partition] for tp in self.inputs],
+        )
+        try:
+            records = self.consumer.poll(timeout_ms=POLL_MS)
+        except KafkaError as exc:
+            self.h.complete(self.name, "fail", **_failure(exc))
+            return []
+        self.h.complete(self.name, "ok", reads=_reads(records))
+        return records
+
+    def transaction(self, records: list[ConsumerRecord]) -> None:
+        most, commit = next(self.plans)
+        taken, untaken = records[:most], records[most:]
+        first_untaken: dict[TopicPartition, int] = {}
+        for r in untaken:  # read again by the next poll
+            first_untaken.setdefault(r.topic_partition, r.offset)
+        for tp, offset in first_untaken.items():
+            self.consumer.seek(tp, offset)
+        txn = self.new_txn()
+        out = self.run.output_topic
+        writes: list[list[Any]] = []
+        offsets: dict[TopicPartition, int] = {}
+        ok = True
+        for r in taken:
+            source = (r.value or b"").decode()
+            value = output_value(txn, source)
+            writes.append([out, r.partition, value])
+            offsets[r.topic_partition] = r.offset + 1
+            if not self.send(
+                txn, out, r.partition, value, source=[r.topic, r.partition, r.offset, source]
+            ):
+                ok = False
+                break
+        ok = ok and self.send_offsets(txn, offsets)
+        ended = self.end(txn, writes, commit and ok)
+        if ended == "commit":
+            self.committed.update(offsets)
+        else:
+            self.ready()  # an unknown outcome is settled by a new producer's init
+            self.rewind()
+
+    def send_offsets(self, txn: str, offsets: dict[TopicPartition, int]) -> bool:
+        assert self.producer is not None
+        self.h.invoke(
+            self.name,
+            "offsets",
+            txn=txn,
+            group=self.run.group,
+            offsets=[[tp.topic, tp.partition, o] for tp, o in sorted(offsets.items())],
+            **self.identity(),
+        )
+        try:
+            self.producer.send_offsets_to_transaction(offsets, self.run.group)
+        except KafkaError as exc:
+            self.h.complete(self.name, "fail" if _outcome_known(exc) else "info", **_failure(exc))
+            return False
+        self.h.complete(self.name, "ok")
+        return True
+
+
+def _reads(records: list[ConsumerRecord]) -> list[list[Any]]:
+    return [[r.topic, r.partition, r.offset, (r.value or b"").decode()] for r in records]
+
+
+class PollerProcess:
+    """``poller-N``: reads every partition of the producers' and the workers'
+    output topics from the beginning with read_committed, recording every
+    poll, until the drain says it has caught up."""
+
+    def __init__(self, run: Run, index: int, partitions: list[TopicPartition]) -> None:
+        self.run = run
+        self.name = f"poller-{index}"
+        self.partitions = partitions
+        self.consumer = Consumer(
+            run.bootstrap, isolation_level="read_committed", **run.options.client()
+        )
+        self.consumer.assign(partitions)
+        for tp in partitions:
+            self.consumer.seek(tp, 0)
+
+    def caught_up(self) -> bool:
+        if not self.run.pollers_may_stop.is_set():
+            return False
+        targets = self.run.poll_targets
+        return all(self.consumer.position(tp) >= targets[tp] for tp in self.partitions)
+
+    def __call__(self) -> None:
+        h = self.run.history
+        try:
+            while not self.run.give_up.is_set() and not self.caught_up():
+                h.invoke(
+                    self.name,
+                    "poll",
+                    isolation="read_committed",
+                    partitions=[[tp.topic, tp.partition] for tp in self.partitions],
+                )
+                try:
+                    records = self.consumer.poll(timeout_ms=POLL_MS)
+                except KafkaError as exc:
+                    h.complete(self.name, "fail", **_failure(exc))
+                    self.run.give_up.wait(0.2)
+                    continue
+                h.complete(self.name, "ok", reads=_reads(records))
+        finally:
+            self.consumer.close()
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+class Workload:
+    """One run of the workload against ``cluster``.
+
+    Args:
+        say: prints a line for the user (progress is shown by the caller).
+    """
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        options: Options,
+        history_path: Path,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        options.check()
+        self.cluster = cluster
+        self.options = options
+        self.history_path = history_path
+        self.say = say
+        self.prefix = f"chaos-{options.seed}"
+        self.nemesis: Nemesis | None = None
+        self.phase = "setup"
+        self.started = time.monotonic()
+        self.history = History(history_path)
+        self.run_state = Run(
+            history=self.history,
+            bootstrap=cluster.bootstrap(),
+            options=options,
+            prefix=self.prefix,
+            txn_topic=f"{self.prefix}-txn",
+            input_topic=f"{self.prefix}-input",
+            output_topic=f"{self.prefix}-output",
+            group=f"{self.prefix}-group",
+            budget=options.transactions,
+        )
+        self.threads: list[threading.Thread] = []
+        self.pollers: list[PollerProcess] = []
+        self.summary: dict[str, Any] = {}
+
+    # --- phases --------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Run every phase; returns the summary (also the last history event)."""
+        o, r = self.options, self.run_state
+        topics = {r.txn_topic: o.partitions}
+        if o.workers:
+            topics.update({r.input_topic: o.input_partitions, r.output_topic: o.input_partitions})
+        self.history.event(
+            "workload",
+            "info",
+            "run",
+            seed=o.seed,
+            args=asdict(o),
+            topics=topics,
+            input_topic=r.input_topic if o.workers else None,
+            output_topic=r.output_topic if o.workers else None,
+            group=r.group if o.workers else None,
+            bootstrap=r.bootstrap,
+        )
+        try:
+            ends = self._set_up(topics)
+            self._start_clients(ends)
+            self.phase = "traffic"
+            self._traffic()
+            self.phase = "heal"
+            if self.nemesis is not None:
+                self.nemesis.heal()
+            self.phase = "drain"
+            self._drain(topics)
+            self.phase = "final read"
+            self._final(topics)
+        finally:
+            r.give_up.set()
+            r.traffic_over.set()
+            if self.nemesis is not None:
+                self.nemesis.stop()
+            for thread in self.threads:  # each gives up within one request timeout
+                thread.join(self.options.request_timeout_ms / 1000 + 5)
+            self.phase = "done"
+            self.summary = self._summary()
+            self.history.event("workload", "ok", "run", summary=self.summary)
+            self.history.close()
+        return self.summary
+
+    def _set_up(self, topics: dict[str, int]) -> dict[int, int]:
+        """Create the topics (refusing existing ones: a run's topics are its
+        own) and pre-fill the input; returns the input's end offsets."""
+        r = self.run_state
+        with Admin(r.bootstrap, **self.options.client()) as admin:
+            existing = set(admin.list_topics()) & set(topics)
+            if existing:
+                raise ValueError(
+                    f"topics {sorted(existing)} exist already (a run with seed "
+                    f"{self.options.seed} was made on this cluster): use another --seed"
+                )
+            admin.create_topics(topics)
+        if not self.options.workers:
+            return {}
+        self.say(f"pre-filling {r.input_topic} with {self.options.input_records} records")
+        with Producer(r.bootstrap, **self.options.producer()) as producer:
+            futures = [
+                producer.send(r.input_topic, value=value.encode(), partition=p)
+                for p, value in input_values(
+                    self.prefix, self.options.input_records, self.options.input_partitions
+                )
+            ]
+            producer.flush()
+            for future in futures:
+                future.result()
+        tps = [TopicPartition(r.input_topic, p) for p in range(self.options.input_partitions)]
+        with Consumer(r.bootstrap, **self.options.client()) as consumer:
+            return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
+
+    def _start_clients(self, ends: dict[int, int]) -> None:
+        o, r = self.options, self.run_state
+        polled = [TopicPartition(r.txn_topic, p) for p in range(o.partitions)]
+        if o.workers:
+            polled += [TopicPartition(r.output_topic, p) for p in range(o.input_partitions)]
+        processes: list[Callable[[], None]] = []
+        processes += [TransactionalProducerProcess(r, i) for i in range(o.producers)]
+        processes += [
+            WorkerProcess(r, i, list(range(i, o.input_partitions, o.workers)), ends)
+            for i in range(o.workers)
+        ]
+        self.pollers = [PollerProcess(r, i, polled) for i in range(o.pollers)]
+        processes += self.pollers
+        for process in processes:
+            name = getattr(process, "name", "process")
+            thread = threading.Thread(
+                target=self._guarded, args=(name, process), name=name, daemon=True
+            )
+            self.threads.append(thread)
+        for thread in self.threads:
+            thread.start()
+
+    def _guarded(self, name: str, process: Callable[[], None]) -> None:
+        try:
+            process()
+        except Exception as exc:  # reported in the summary; the run goes on
+            self.run_state.crashed.append(f"{name}: {type(exc).__name__}: {exc}")
+            self.say(f"{name} crashed: {type(exc).__name__}: {exc}")
+
+    def _traffic(self) -> None:
+        o, r = self.options, self.run_state
+        nemesis_thread = None
+        if o.nemesis:
+            self.nemesis = Nemesis(
+                self.cluster, self.history, o.nemesis, o.fault_interval_s, o.seed, self.say
+            )
+            nemesis_thread = threading.Thread(target=self.nemesis.run, name="nemesis", daemon=True)
+            nemesis_thread.start()
+        end = None if o.duration_s is None else time.monotonic() + o.duration_s
+        producers = [t for t in self.threads if t.name.startswith("txn-")]
+        try:
+            while not r.traffic_over.wait(0.2):
+                if end is not None and time.monotonic() >= end:
+                    break
+                if end is None and not any(t.is_alive() for t in producers):
+                    break  # every producer crashed: the budget can never be spent
+        except KeyboardInterrupt:
+            self.say("interrupted: healing and draining (interrupt again to stop at once)")
+        finally:
+            r.traffic_over.set()
+            if self.nemesis is not None and nemesis_thread is not None:
+                self.nemesis.stop()
+                nemesis_thread.join()
+
+    def _drain(self, topics: dict[str, int]) -> None:
+        r = self.run_state
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        writers = [t for t in self.threads if t.name.startswith(("txn-", "ctp-"))]
+        for thread in writers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+        client = self.options.client()
+        with (
+            Consumer(r.bootstrap, isolation_level="read_committed", **client) as committed,
+            Consumer(r.bootstrap, isolation_level="read_uncommitted", **client) as uncommitted,
+        ):
+            stable: dict[TopicPartition, int] = {}
+
+            def settled() -> bool:
+                try:
+                    stable.clear()
+                    stable.update(committed.end_offsets(tps))
+                    return stable == uncommitted.end_offsets(tps)
+                except KafkaError:
+                    return False
+
+            if LocalCluster.wait_until(
+                settled, max(1.0, deadline - time.monotonic()), "", raise_on_timeout=False
+            ):
+                r.poll_targets.update(stable)
+                r.pollers_may_stop.set()
+            else:
+                self.say("drain: some partitions still have an open transaction")
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        late = [t.name for t in self.threads if t.is_alive()]
+        if late:
+            self.say(f"drain: {late} did not finish within {self.options.drain_timeout_s} s")
+
+    def _final(self, topics: dict[str, int]) -> None:
+        """The ``final`` event: every partition read completely (read_committed),
+        the high watermarks and the workers' committed offsets."""
+        r = self.run_state
+        tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+        client = self.options.client()
+        with (
+            Consumer(r.bootstrap, isolation_level="read_committed", **client) as reader,
+            Consumer(r.bootstrap, isolation_level="read_uncommitted", **client) as latest,
+        ):
+            ends = latest.end_offsets(tps)
+            stable = reader.end_offsets(tps)
+            reader.assign(tps)
+            for tp in tps:
+                reader.seek(tp, 0)
+            reads: list[list[Any]] = []
+            deadline = time.monotonic() + FINAL_READ_S
+            while any(reader.position(tp) < stable[tp] for tp in tps):
+                if time.monotonic() > deadline:
+                    raise KafkaTimeoutError(f"the final read took longer than {FINAL_READ_S} s")
+                reads += _reads(reader.poll(timeout_ms=POLL_MS))
+        committed: dict[str, int | None] = {}
+        if self.options.workers:
+            inputs = [tp for tp in tps if tp.topic == r.input_topic]
+            with Consumer(r.bootstrap, group_id=r.group, **client) as group:
+                committed = {f"{tp.topic}/{tp.partition}": group.committed(tp) for tp in inputs}
+        self.history.event(
+            "workload",
+            "ok",
+            "final",
+            reads=reads,
+            end_offsets={f"{tp.topic}/{tp.partition}": ends[tp] for tp in tps},
+            committed=committed,
+        )
+
+    # --- reporting -----------------------------------------------------------------
+
+    def progress(self) -> dict[str, Any]:
+        """Counts so far, for a live display."""
+        counts = self.history.counts()
+        return {
+            "phase": self.phase,
+            "elapsed_s": time.monotonic() - self.started,
+            "commits": counts[("commit", "ok")],
+            "aborts": counts[("abort", "ok")],
+            "failures": sum(n for (op, t), n in counts.items() if t == "fail"),
+            "unknown": sum(
+                n for (op, t), n in counts.items() if t == "info" and op not in _NOT_OPS
+            ),
+            "faults": self.nemesis.current() if self.nemesis is not None else [],
+            "faults_done": sum(self.nemesis.done.values()) if self.nemesis is not None else 0,
+        }
+
+    def _summary(self) -> dict[str, Any]:
+        counts = self.history.counts()
+        ops: dict[str, dict[str, int]] = {}
+        for (op, type_), n in sorted(counts.items()):
+            if op in _NOT_OPS:
+                continue
+            ops.setdefault(op, {"invoke": 0, "ok": 0, "fail": 0, "info": 0})[type_] = n
+        return {
+            "seed": self.options.seed,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+            "ops": ops,
+            "faults": dict(self.nemesis.done) if self.nemesis is not None else {},
+            "crashed": list(self.run_state.crashed),
+            "unfinished": sorted(self.history.outstanding()),
+        }
