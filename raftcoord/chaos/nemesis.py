@@ -32,6 +32,9 @@ __all__ = ["FAULTS", "Fault", "FaultPlan", "Nemesis", "parse_faults", "plans"]
 FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition")
 #: The node restarts and waits of one fault end are retried this long by the final heal.
 HEAL_TIMEOUT_S = 60.0
+#: A fault that cannot start (e.g. its shard has no leader yet) is tried this
+#: many times, a second apart, before the schedule moves on.
+START_ATTEMPTS = 5
 #: How long a fault waits for a shard to elect another leader before ending.
 NEW_LEADER_TIMEOUT_S = 10.0
 
@@ -188,6 +191,10 @@ class Nemesis:
             if self._stop.wait(self.interval_s):
                 return
             fault = self._start(plan)
+            for _ in range(START_ATTEMPTS - 1):
+                if fault is not None or self._stop.wait(1.0):
+                    break
+                fault = self._start(plan)
             if fault is None:
                 continue
             self._stop.wait(plan.hold_s)

@@ -294,12 +294,14 @@ class _Transactional:
             future = self.producer.send(topic, value=value.encode(), partition=partition)
             metadata = future.result(timeout=self.run.options.request_timeout_ms / 1000 + 10)
         except concurrent.futures.TimeoutError:
-            self.h.complete(self.name, "info", error="TimeoutError", message="no answer")
+            self.h.complete(self.name, "info", txn=txn, error="TimeoutError", message="no answer")
             return False
         except KafkaError as exc:
-            self.h.complete(self.name, "fail" if _outcome_known(exc) else "info", **_failure(exc))
+            self.h.complete(
+                self.name, "fail" if _outcome_known(exc) else "info", txn=txn, **_failure(exc)
+            )
             return False
-        self.h.complete(self.name, "ok", offset=metadata.offset)
+        self.h.complete(self.name, "ok", txn=txn, offset=metadata.offset)
         return True
 
     def end(self, txn: str, writes: list[list[Any]], commit: bool) -> str:
@@ -326,13 +328,13 @@ class _Transactional:
                 timed_out = exc
                 if time.monotonic() < deadline and not self.run.give_up.is_set():
                     continue
-                self.h.complete(self.name, "info", **_failure(exc))
+                self.h.complete(self.name, "info", txn=txn, **_failure(exc))
                 self.restart()
                 return "info"
             except TransactionAbortableError as exc:
                 # Refused (nothing committed), unless an earlier attempt timed out.
                 known = timed_out is None and _outcome_known(exc)
-                self.h.complete(self.name, "fail" if known else "info", **_failure(exc))
+                self.h.complete(self.name, "fail" if known else "info", txn=txn, **_failure(exc))
                 if not known:
                     self.restart()
                 return "fail" if known else "info"
@@ -341,10 +343,10 @@ class _Transactional:
                 # definite; a commit's EndTxn may have been applied by an
                 # attempt whose answer was lost, so its outcome is unknown.
                 definite = op == "abort" and _outcome_known(exc)
-                self.h.complete(self.name, "fail" if definite else "info", **_failure(exc))
+                self.h.complete(self.name, "fail" if definite else "info", txn=txn, **_failure(exc))
                 self.restart()
                 return "fail" if definite else "info"
-            self.h.complete(self.name, "ok")
+            self.h.complete(self.name, "ok", txn=txn)
             return "ok"
 
 
@@ -490,9 +492,11 @@ class WorkerProcess(_Transactional):
         try:
             self.producer.send_offsets_to_transaction(offsets, self.run.group)
         except KafkaError as exc:
-            self.h.complete(self.name, "fail" if _outcome_known(exc) else "info", **_failure(exc))
+            self.h.complete(
+                self.name, "fail" if _outcome_known(exc) else "info", txn=txn, **_failure(exc)
+            )
             return False
-        self.h.complete(self.name, "ok")
+        self.h.complete(self.name, "ok", txn=txn)
         return True
 
 
@@ -622,8 +626,7 @@ class Workload:
             r.traffic_over.set()
             if self.nemesis is not None:
                 self.nemesis.stop()
-            for thread in self.threads:  # each gives up within one request timeout
-                thread.join(self.options.request_timeout_ms / 1000 + 5)
+            self._stop_clients()
             self.phase = "done"
             self.summary = self._summary()
             self.history.event("workload", "ok", "run", summary=self.summary)
@@ -747,6 +750,14 @@ class Workload:
         late = [t.name for t in self.threads if t.is_alive()]
         if late:
             self.say(f"drain: {late} did not finish within {self.options.drain_timeout_s} s")
+        self._stop_clients()
+
+    def _stop_clients(self) -> None:
+        """Make every client thread give up and wait for it (each gives up
+        within about one request timeout)."""
+        self.run_state.give_up.set()
+        for thread in self.threads:
+            thread.join(self.options.request_timeout_ms / 1000 + 5)
 
     def _final(self, topics: dict[str, int]) -> None:
         """The ``final`` event: every partition read completely (read_committed),

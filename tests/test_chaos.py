@@ -1,0 +1,163 @@
+"""A bounded chaos run: the workload on a local cluster (3 coordinators x 3
+shards, 3 partition-log nodes) while the nemesis kills leaders, pauses a
+leader and restarts a partition-log node (and partitions the network where
+the cluster runs in namespaces). The tests check that the faults really bit
+and that the run is well-formed and live; what the history says about the
+data is judged by a checker on the ``chaos_history`` fixture.
+
+The seed is printed; RAFTCOORD_CHAOS_SEED=N replays a run's choices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftcoord.chaos.workload import Options, Workload
+from raftcoord.client import Admin, TransactionListing
+from tests.history_format import read_history, structure_problems
+from tests.local_cluster import running_cluster
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get("RAFTCOORD_CHAOS_SEED", "20261123"))
+FAULTS = ("leader-kill", "pause", "plog-restart", "partition")
+OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
+
+
+@dataclass
+class ChaosRun:
+    history: Path
+    events: list[dict[str, Any]]
+    summary: dict[str, Any]
+    #: The coordinators' view of the run's transactional ids once it ended.
+    transactions: list[TransactionListing]
+
+
+@pytest.fixture(scope="module")
+def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
+    print(f"chaos seed {SEED} (replay with RAFTCOORD_CHAOS_SEED={SEED})")
+    root = tmp_path_factory.mktemp("chaos")
+    with running_cluster(root / "cluster") as cluster:
+        options = Options(
+            seed=SEED,
+            duration_s=24,
+            producers=3,
+            workers=2,
+            pollers=2,
+            input_records=400,
+            nemesis=FAULTS,
+            fault_interval_s=1.0,
+            request_timeout_ms=2_000,
+            drain_timeout_s=60,
+        )
+        history = root / "history.jsonl"
+        summary = Workload(cluster, options, history, say=print).run()
+        with Admin(cluster.bootstrap()) as admin:
+            transactions = [
+                t
+                for t in admin.list_transactions()
+                if t.transactional_id.startswith(f"chaos-{SEED}-")
+            ]
+        yield ChaosRun(history, read_history(history), summary, transactions)
+
+
+@pytest.fixture
+def chaos_history(chaos_run: ChaosRun) -> Path:
+    """The history file of the bounded chaos run."""
+    return chaos_run.history
+
+
+def _faults(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(start, end) pairs of the fault events (faults run one at a time)."""
+    faults = [e for e in events if e["op"] == "fault"]
+    starts = [e for e in faults if e["phase"] == "start"]
+    ends = [e for e in faults if e["phase"] == "end"]
+    assert len(starts) == len(ends)
+    for start, end in zip(starts, ends, strict=True):
+        assert (start["fault"], start["targets"]) == (end["fault"], end["targets"])
+        assert start["index"] < end["index"]
+    return list(zip(starts, ends, strict=True))
+
+
+def _transactions(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """txn -> its events."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        if "txn" in event:
+            found.setdefault(event["txn"], []).append(event)
+    return found
+
+
+def _completes_end(event: dict[str, Any]) -> bool:
+    return event["op"] in ("commit", "abort") and event["type"] in ("ok", "fail", "info")
+
+
+def test_the_history_is_well_formed(chaos_run: ChaosRun) -> None:
+    events = chaos_run.events
+    assert structure_problems(events) == []
+    assert events[0]["seed"] == SEED
+    assert [(e["op"], e["type"]) for e in events[-2:]] == [("final", "ok"), ("run", "ok")]
+    assert chaos_run.summary["crashed"] == []
+    assert chaos_run.summary["unfinished"] == []
+
+
+def test_the_faults_ran_and_moved_leaders(chaos_run: ChaosRun) -> None:
+    pairs = _faults(chaos_run.events)
+    kinds = {start["fault"] for start, _ in pairs if start["targets"]}
+    assert {"leader-kill", "pause", "plog-restart"} <= kinds
+    for start, end in pairs:
+        if start["fault"] in ("leader-kill", "pause"):
+            victim = start["targets"][0]
+            assert start["leaders"][str(start["shard"])] == victim
+            assert end["new_leader"] not in (None, victim), end["detail"]
+    partitions = [start for start, _ in pairs if start["fault"] == "partition"]
+    assert partitions, "the partition fault is neither run nor reported as not run"
+    for start in partitions:
+        assert start["targets"] or start["detail"].startswith("not run: "), start
+
+
+def test_requests_failed_and_were_retried(chaos_run: ChaosRun) -> None:
+    events = chaos_run.events
+    failed = [
+        e
+        for e in events
+        if e["type"] in ("fail", "info") and e["process"].startswith(("txn-", "ctp-"))
+    ]
+    assert failed, "no operation failed: the faults did not bite"
+    retried = {
+        e["process"]
+        for e in failed
+        if any(
+            later["process"] == e["process"] and later["op"] == "commit" and later["type"] == "ok"
+            for later in events[e["index"] + 1 :]
+        )
+    }
+    assert retried, "no process committed again after a failure"
+
+
+def test_a_transaction_was_in_flight_across_every_fault(chaos_run: ChaosRun) -> None:
+    spans = []
+    for txn_events in _transactions(chaos_run.events).values():
+        ends = [e["index"] for e in txn_events if _completes_end(e)]
+        if ends:
+            spans.append((txn_events[0]["index"], ends[-1]))
+    for start, _ in _faults(chaos_run.events):
+        if not start["targets"]:
+            continue  # reported as not run
+        assert any(first < start["index"] < last for first, last in spans), start["detail"]
+
+
+def test_every_transaction_ended(chaos_run: ChaosRun) -> None:
+    transactions = _transactions(chaos_run.events)
+    assert transactions
+    unended = [txn for txn, evs in transactions.items() if not any(map(_completes_end, evs))]
+    assert unended == []
+    assert chaos_run.transactions, "the coordinators list none of the run's transactional ids"
+    still_open = [t for t in chaos_run.transactions if t.state in OPEN_STATES]
+    assert still_open == []
