@@ -43,3 +43,22 @@ def test_no_command_is_a_usage_error() -> None:
     result = _cli()
     assert result.returncode == 2
     assert "usage: raftcoord" in result.stderr
+
+
+def test_workload_without_a_cluster_says_so(tmp_path: Path) -> None:
+    result = _cli("workload", "--cluster-dir", str(tmp_path), "--seed", "3")
+    assert result.returncode == 1
+    assert "no cluster in" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_workload_refuses_an_unknown_fault() -> None:
+    result = _cli("workload", "--nemesis", "leader-kill,meteor")
+    assert result.returncode == 2
+    assert "unknown fault(s) ['meteor']" in result.stderr
+
+
+def test_workload_and_chaos_are_listed() -> None:
+    result = _cli("--help")
+    assert "workload" in result.stdout
+    assert "chaos" in result.stdout

@@ -26,6 +26,7 @@ import concurrent.futures
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +53,12 @@ TRANSACTION_TIMEOUT_MS = 30_000
 #: How long commit/abort are retried after timeouts before the outcome is recorded unknown.
 END_RETRY_S = 30.0
 POLL_MS = 500
+#: A worker's fetch size per partition: polls of about a hundred inputs keep
+#: the history small when a worker goes back after an abort.
+WORKER_FETCH_BYTES = 4096
+#: The pre-fill's batch size: fetches return whole batches, so small ones
+#: let WORKER_FETCH_BYTES bound a poll.
+INPUT_BATCH_BYTES = 4096
 #: How long the final read may take.
 FINAL_READ_S = 60.0
 #: History ops that are not client operations.
@@ -73,10 +80,10 @@ class Options:
     input_partitions: int = 4
     partitions: int = 6
     max_writes: int = 4
-    records_per_transaction: int = 10
+    records_per_transaction: int = 20
     nemesis: tuple[str, ...] = ()
     fault_interval_s: float = 10.0
-    drain_timeout_s: float = 120.0
+    drain_timeout_s: float = 300.0
     #: The clients' request timeout, and the producers' delivery timeout: short
     #: enough that faults show up as failed operations, long enough to ride
     #: out an election.
@@ -395,8 +402,15 @@ class WorkerProcess(_Transactional):
         self.ends = {tp: ends[tp.partition] for tp in self.inputs}
         #: The group's committed offsets as this worker knows them.
         self.committed: dict[TopicPartition, int] = {}
+        #: Records polled and not taken into a transaction yet, in poll order.
+        self.buffer: deque[ConsumerRecord] = deque()
         self.consumer = Consumer(
-            run.bootstrap, group_id=run.group, isolation_level="read_committed", **o.client()
+            run.bootstrap,
+            group_id=run.group,
+            isolation_level="read_committed",
+            max_partition_fetch_bytes=WORKER_FETCH_BYTES,
+            fetch_max_bytes=WORKER_FETCH_BYTES * len(self.inputs),
+            **o.client(),
         )
         self.consumer.assign(self.inputs)
 
@@ -414,15 +428,17 @@ class WorkerProcess(_Transactional):
                     continue
                 if not self.ready():
                     break
-                records = self.poll()
-                if records:
-                    self.transaction(records)
+                if not self.buffer:
+                    self.buffer.extend(self.poll())
+                if self.buffer:
+                    self.transaction()
             self.restart()
         finally:
             self.consumer.close()
 
     def rewind(self) -> None:
         """Start again from the group's committed offsets (retried until known)."""
+        self.buffer.clear()
         while not self.run.give_up.is_set():
             try:
                 for tp in self.inputs:
@@ -448,14 +464,10 @@ class WorkerProcess(_Transactional):
         self.h.complete(self.name, "ok", reads=_reads(records))
         return records
 
-    def transaction(self, records: list[ConsumerRecord]) -> None:
+    def transaction(self) -> None:
+        """One transaction over the next buffered records."""
         most, commit = next(self.plans)
-        taken, untaken = records[:most], records[most:]
-        first_untaken: dict[TopicPartition, int] = {}
-        for r in untaken:  # read again by the next poll
-            first_untaken.setdefault(r.topic_partition, r.offset)
-        for tp, offset in first_untaken.items():
-            self.consumer.seek(tp, offset)
+        taken = [self.buffer.popleft() for _ in range(min(most, len(self.buffer)))]
         txn = self.new_txn()
         out = self.run.output_topic
         writes: list[list[Any]] = []
@@ -648,7 +660,9 @@ class Workload:
         if not self.options.workers:
             return {}
         self.say(f"pre-filling {r.input_topic} with {self.options.input_records} records")
-        with Producer(r.bootstrap, **self.options.producer()) as producer:
+        with Producer(
+            r.bootstrap, batch_size=INPUT_BATCH_BYTES, **self.options.client()
+        ) as producer:
             futures = [
                 producer.send(r.input_topic, value=value.encode(), partition=p)
                 for p, value in input_values(
