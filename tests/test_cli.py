@@ -62,3 +62,10 @@ def test_workload_and_chaos_are_listed() -> None:
     result = _cli("--help")
     assert "workload" in result.stdout
     assert "chaos" in result.stdout
+
+
+def test_workload_refuses_bad_options_before_touching_a_cluster(tmp_path: Path) -> None:
+    result = _cli("workload", "--cluster-dir", str(tmp_path), "--duration", "0")
+    assert result.returncode == 1
+    assert "--duration must be > 0" in result.stdout
+    assert not list(tmp_path.iterdir())

@@ -115,10 +115,11 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
 def _workload(args: argparse.Namespace) -> int:
     console = Console()
     try:
-        cluster = _cluster(args)
         options = Options(
             seed=_seed(args, console),
-            duration_s=None if args.transactions is not None else (args.duration or 60.0),
+            duration_s=None
+            if args.transactions is not None
+            else (60.0 if args.duration is None else args.duration),
             transactions=args.transactions,
             producers=args.producers,
             workers=args.workers,
@@ -134,6 +135,8 @@ def _workload(args: argparse.Namespace) -> int:
             drain_timeout_s=args.drain_timeout,
             request_timeout_ms=args.request_timeout,
         )
+        options.check()
+        cluster = _cluster(args)
         history = Path(args.history) if args.history else cluster.data_dir / "history.jsonl"
         workload = Workload(cluster, options, history, say=console.print)
         with Live(
