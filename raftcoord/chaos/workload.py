@@ -6,7 +6,8 @@ nemesis breaking the cluster meanwhile.
 Every client process is a thread of the one ``raftcoord workload`` process
 with its own client objects (a process name in the history is a thread
 here). Threads keep the machine's load small and share one history writer,
-whose lock orders the events; the client library is thread-safe per object.
+whose lock orders the events; each client object is used by its own thread
+only, as the client library asks.
 
 Phases: set up (topics, the input pre-fill), traffic (``duration_s`` or a
 budget of producer ``transactions``, with the nemesis), heal (every fault
@@ -579,7 +580,6 @@ class Workload:
         options.check()
         self.cluster = cluster
         self.options = options
-        self.history_path = history_path
         self.say = say
         self.prefix = f"chaos-{options.seed}"
         self.nemesis: Nemesis | None = None
@@ -598,7 +598,6 @@ class Workload:
             budget=options.transactions,
         )
         self.threads: list[threading.Thread] = []
-        self.pollers: list[PollerProcess] = []
         self.summary: dict[str, Any] = {}
 
     # --- phases --------------------------------------------------------------------
@@ -687,8 +686,7 @@ class Workload:
             WorkerProcess(r, i, list(range(i, o.input_partitions, o.workers)), ends)
             for i in range(o.workers)
         ]
-        self.pollers = [PollerProcess(r, i, polled) for i in range(o.pollers)]
-        processes += self.pollers
+        processes += [PollerProcess(r, i, polled) for i in range(o.pollers)]
         for process in processes:
             name = getattr(process, "name", "process")
             thread = threading.Thread(
