@@ -152,19 +152,19 @@ class Network:
 @functools.cache
 def unavailable() -> str | None:
     """None when namespaces, veth pairs and cuts work here, else why not
-    (probed once per process, by creating and removing a namespace)."""
+    (probed once per process: two namespaces are made, cut, healed and removed)."""
     if os.geteuid() != 0:
         return "not root (network namespaces need root)"
     if shutil.which("ip") is None:
         return "the ip command (iproute2) is not installed"
     try:
-        network = create(["probe"])
+        network = create(["probe-a", "probe-b"])
         try:
-            network.cut([["probe"]])
+            network.cut([["probe-a"], ["probe-b"]])
             network.heal()
         finally:
             destroy(network)
-    except NetnsError as exc:
+    except (NetnsError, OSError) as exc:
         return str(exc)
     return None
 

@@ -16,7 +16,6 @@ import pytest
 from raftcoord import netns
 from raftcoord.cli import main
 from raftcoord.cluster import ClusterError, ClusterState, LocalCluster, NodeRecord
-from tests.local_cluster import running_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_netns = pytest.mark.skipif(
@@ -57,6 +56,16 @@ for line in sys.stdin:
     except TimeoutError:
         print("timeout", flush=True)
 """
+
+
+def raftcoord(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "raftcoord.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def run_in(namespace: str | None, code: str, *args: str) -> str:
@@ -174,13 +183,27 @@ def test_a_new_cut_replaces_the_last_and_hosts_in_no_group_reach_everyone(
 @pytest.mark.slow
 @needs_netns
 def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -> None:
-    """cluster up --netns: every node in its own namespace, reached from the
-    root namespace; isolating a shard's leader from the majority elects
-    another; kill, start, status and down work; down removes the namespaces."""
-    data = tmp_path / "c"
-    with running_cluster(data, shards=2, partition_nodes=2, netns=True) as cluster:
+    """`cluster up --netns`: every node in its own namespace, reached from the
+    root namespace; `cluster partition` isolating a shard's leader from the
+    majority elects another, `cluster heal` lets it rejoin; kill, start and
+    status work; down removes the namespaces."""
+    data = str(tmp_path / "c")
+    try:
+        up = raftcoord(
+            "cluster",
+            "up",
+            "--netns",
+            "--shards",
+            "2",
+            "--partition-nodes",
+            "2",
+            "--data-dir",
+            data,
+        )
+        assert up.returncode == 0, up.stderr
+        cluster = LocalCluster(data)
         assert netns.enabled(cluster)
-        state = json.loads((data / "cluster.json").read_text())
+        state = json.loads((Path(data) / "cluster.json").read_text())
         network = netns.Network.from_dict(state["network"])
         namespaces = [n["netns"] for n in state["nodes"]]
         assert len(set(namespaces)) == 5 and all(netns.exists(ns) for ns in namespaces)
@@ -190,36 +213,45 @@ def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -
             assert inside == os.stat(f"/run/netns/{node['netns']}").st_ino
 
         old = cluster.wait_for_leaders()[0]
-        others = [n.node_id for n in cluster.state.nodes if n.node_id != old]  # type: ignore[union-attr]
-        netns.partition(cluster, [[old], others])
+        others = ",".join(str(n["node_id"]) for n in state["nodes"] if n["node_id"] != old)
+        cut = raftcoord("cluster", "partition", str(old), others, "--data-dir", data)
+        assert cut.returncode == 0, cut.stderr
 
         def new_leader() -> bool:
             leader = cluster.leaders().get(0)
             return leader is not None and leader != old
 
         cluster.wait_until(new_leader, 60, "the majority elected no new leader of shard 0")
-        netns.heal(cluster)
+        healed = raftcoord("cluster", "heal", "--data-dir", data)
+        assert healed.returncode == 0, healed.stderr
 
         def converged() -> bool:
             """Every coordinator answers, on one term with one leader of shard 0."""
-            shards = [cluster.node_status(n.node_id) for n in cluster.coordinators()]
-            if any(s is None for s in shards):
-                return False
-            views = [s.shards[0] for s in shards]  # type: ignore[union-attr]
-            return len({v.term for v in views}) == 1 and sum(v.is_leader for v in views) == 1
+            answers = [cluster.node_status(n.node_id) for n in cluster.coordinators()]
+            views = [a.shards[0] for a in answers if a is not None]
+            return (
+                len(views) == 3
+                and len({v.term for v in views}) == 1
+                and sum(v.is_leader for v in views) == 1
+            )
 
         cluster.wait_until(converged, 60, "shard 0 did not converge after the heal")
 
-        cluster.kill(2)
+        assert raftcoord("cluster", "kill", "2", "--data-dir", data).returncode == 0
         assert not cluster.alive(2)
-        cluster.start(2)
-        assert cluster.node_status(2) is not None
-        assert "10.201." in cluster.status_table()
+        started = raftcoord("cluster", "start", "2", "--data-dir", data)
+        assert started.returncode == 0, started.stderr
+        status = raftcoord("cluster", "status", "--data-dir", data)
+        assert status.stdout.count("10.201.") == 5 and " no " not in status.stdout
+    finally:
+        down = raftcoord("cluster", "down", "--data-dir", data)
+    assert down.returncode == 0, down.stderr
     assert not netns.enabled(LocalCluster(data))
     assert not any(netns.exists(ns) for ns in namespaces)
     assert not Path("/sys/class/net", network.bridge).exists()
-    with pytest.raises(ClusterError, match=r"namespace .* is gone"):
-        LocalCluster(data).start(1)
+    start = raftcoord("cluster", "start", "1", "--data-dir", data)
+    assert start.returncode == 1 and "namespace raftcoord-" in start.stderr
+    assert "is gone" in start.stderr and "Traceback" not in start.stderr
 
 
 def test_where_namespaces_cannot_be_made_netns_is_a_clear_error(
