@@ -104,10 +104,8 @@ class Network:
         for host in self.hosts:
             if host.label == label:
                 return host
-        raise NetnsError(f"no host {label!r} in {self.bridge} (hosts: {self.labels()})")
-
-    def labels(self) -> list[str]:
-        return [h.label for h in self.hosts]
+        known = [h.label for h in self.hosts]
+        raise NetnsError(f"no host {label!r} in {self.bridge} (hosts: {known})")
 
     def by_address(self, address: str) -> Host:
         for host in self.hosts:
@@ -322,7 +320,8 @@ def _locked() -> Iterator[None]:
 
 
 def _free_subnet() -> int:
-    """The first K whose bridge name and 10.201.K.0/24 nobody uses."""
+    """The first K whose bridge and namespace names and 10.201.K.0/24 nobody
+    uses (a cluster that was never stopped keeps its K)."""
     used: list[ipaddress.IPv4Network] = []
     for kind in ("addr", "route"):
         for entry in json.loads(_ip("-j", "-4", kind, "show") or "[]"):
@@ -333,7 +332,11 @@ def _free_subnet() -> int:
                     text = f"{prefix}/{length}" if length is not None else prefix
                     used.append(ipaddress.IPv4Network(text, strict=False))
     for index, subnet in enumerate(SUPERNET.subnets(new_prefix=24)):
-        if not _link(f"rcbr{index}") and not any(subnet.overlaps(u) for u in used):
+        if (
+            not _link(f"rcbr{index}")
+            and not any(Path("/run/netns").glob(f"raftcoord-{index}-*"))
+            and not any(subnet.overlaps(u) for u in used)
+        ):
             return index
     raise NetnsError(f"every /24 of {SUPERNET} is in use")
 

@@ -4,6 +4,7 @@ fails over and stops in namespaces (raftcoord.netns, cluster up --netns)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -178,6 +179,43 @@ def test_a_new_cut_replaces_the_last_and_hosts_in_no_group_reach_everyone(
     assert connect(b.namespace, c.address, 1) == "TimeoutError"
     with pytest.raises(netns.NetnsError, match="'a' is in two groups"):
         network.cut([[a.label], [a.label, b.label]])
+
+
+@pytest.mark.slow
+@needs_netns
+def test_two_networks_never_share_names_or_addresses(network: netns.Network) -> None:
+    other = netns.create(["a", "b", "c"])
+    try:
+        assert other.subnet != network.subnet and other.bridge != network.bridge
+        mine = {h.namespace for h in network.hosts} | {h.veth for h in network.hosts}
+        assert not mine & ({h.namespace for h in other.hosts} | {h.veth for h in other.hosts})
+        for net in (network, other):
+            assert all(
+                ipaddress.ip_address(h.address) in ipaddress.ip_network(net.subnet)
+                for h in net.hosts
+            )
+        # Both answer from the root namespace at the same time.
+        assert connect(None, network.hosts[0].address, 10) == "ok"
+    finally:
+        netns.destroy(other)
+
+
+@pytest.mark.slow
+@needs_netns
+def test_a_number_whose_namespaces_were_left_behind_is_not_reused(
+    network: netns.Network,
+) -> None:
+    """A cluster killed without `cluster down` keeps its namespaces; the next
+    network takes another number rather than failing on their names."""
+    number = int(network.bridge.removeprefix("rcbr")) + 1
+    leaked = f"raftcoord-{number}-node-1"
+    subprocess.run(["ip", "netns", "add", leaked], check=True)
+    try:
+        other = netns.create(["node-1"])
+        netns.destroy(other)
+        assert other.bridge != f"rcbr{number}" and other.hosts[0].namespace != leaked
+    finally:
+        subprocess.run(["ip", "netns", "del", leaked], check=True)
 
 
 @pytest.mark.slow
