@@ -147,7 +147,8 @@ def _hosts(config: ClusterConfig) -> list[str]:
 
 def _read_multi_host_config(path: Path) -> tuple[str, ClusterConfig]:
     try:
-        return path.read_text(), load_config(path)
+        config = load_config(path)
+        return path.read_text(), config
     except (OSError, ConfigError) as exc:
         raise ClusterError(str(exc)) from None
 
@@ -272,9 +273,9 @@ class LocalCluster:
             raise ClusterError(
                 "a multi-host config starts only with --netns (each of its hosts a namespace)"
             )
+        given = None if config is None else _read_multi_host_config(Path(config))
         self._remove_network()  # left by a cluster whose nodes all stopped without `down`
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        given = None if config is None else _read_multi_host_config(Path(config))
         network = None
         if netns:
             labels = (

@@ -325,4 +325,7 @@ def test_partition_of_a_cluster_outside_namespaces_is_refused(
 
 def test_a_multi_host_config_starts_only_in_namespaces(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="only with --netns"):
-        LocalCluster(tmp_path).up(config=ROOT / "deploy" / "cluster.toml")
+        LocalCluster(tmp_path / "c").up(config=ROOT / "deploy" / "cluster.toml")
+    with pytest.raises(ClusterError, match=r"nope\.toml: config file not found"):
+        LocalCluster(tmp_path / "c").up(netns=True, config=tmp_path / "nope.toml")
+    assert not (tmp_path / "c").exists()  # nothing was started
