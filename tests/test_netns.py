@@ -81,6 +81,12 @@ def run_in(namespace: str | None, code: str, *args: str) -> str:
     return result.stdout.strip()
 
 
+#: What a connect across a cut sees: no answer at all, so it times out (or,
+#: once the neighbour stopped answering ARP, the host is unreachable); never
+#: a refusal or a reset.
+UNANSWERED = {"TimeoutError", "EHOSTUNREACH"}
+
+
 def connect(namespace: str | None, address: str, timeout_s: float) -> str:
     return run_in(namespace, CONNECT, address, str(PORT), str(timeout_s))
 
@@ -145,10 +151,9 @@ def test_a_cut_drops_packets_between_groups_and_heal_restores_them(
 
             network.cut([[a.label], [b.label, c.label]])
             # Packets between a and the others are lost silently, both ways: a
-            # new connection times out (no refusal, no error), an established
-            # one delivers nothing.
-            assert connect(a.namespace, b.address, 1) == "TimeoutError"
-            assert connect(c.namespace, a.address, 1) == "TimeoutError"
+            # new connection gets no answer, an established one delivers nothing.
+            assert connect(a.namespace, b.address, 1) in UNANSWERED
+            assert connect(c.namespace, a.address, 1) in UNANSWERED
             assert say(1, "during") == "timeout"
             # Within a group and from the root namespace, everything still flows.
             assert connect(b.namespace, c.address, 10) == "ok"
@@ -171,12 +176,12 @@ def test_a_new_cut_replaces_the_last_and_hosts_in_no_group_reach_everyone(
 ) -> None:
     a, b, c = network.hosts
     network.cut([[a.label], [b.label]])
-    assert connect(a.namespace, b.address, 1) == "TimeoutError"
+    assert connect(a.namespace, b.address, 1) in UNANSWERED
     assert connect(c.namespace, a.address, 10) == "ok"  # c is in no group
     assert connect(c.namespace, b.address, 10) == "ok"
     network.cut([[b.label], [c.label]])
     assert connect(a.namespace, b.address, 10) == "ok"  # the earlier cut is gone
-    assert connect(b.namespace, c.address, 1) == "TimeoutError"
+    assert connect(b.namespace, c.address, 1) in UNANSWERED
     with pytest.raises(netns.NetnsError, match="'a' is in two groups"):
         network.cut([[a.label], [a.label, b.label]])
 
