@@ -1,9 +1,12 @@
-"""A local cluster on 127.0.0.1: ``raftcoord cluster up|status|down|kill|start``.
+"""A local cluster: ``raftcoord cluster up|status|down|kill|start|partition|heal``.
 
 The launcher writes the cluster config from ``deploy/cluster.toml.template``,
 starts every node as its own OS process (same data dir and ports on a
 restart), and records what it started in ``<data-dir>/cluster.json``:
-addresses, pids and log files. The tests drive clusters through
+addresses, pids, log files and, with ``--netns``, the network namespaces.
+Nodes listen on 127.0.0.1 with free ports, or with ``--netns`` each in its
+own network namespace with its own address and the ports a host of a real
+deployment uses (:mod:`raftcoord.netns`). The tests drive clusters through
 :class:`LocalCluster`, the same code the command line uses.
 """
 
@@ -13,6 +16,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,7 +28,8 @@ from typing import Any
 
 import grpc
 
-from raftcoord.config import load_config, shape_refusal
+from raftcoord import netns as namespaces
+from raftcoord.config import ClusterConfig, ConfigError, load_config, shape_refusal
 from raftcoord.v1 import admin_pb2, admin_pb2_grpc, partition_log_pb2, partition_log_pb2_grpc
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "cluster.toml.template"
@@ -32,6 +37,12 @@ STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
 #: Partition-log node ids start here, so that they never collide with coordinator ids.
 PARTITION_NODE_BASE_ID = 101
+#: The ports of a node that has an address of its own (a namespace, a host of
+#: deploy/cluster.toml): a coordinator's gRPC port, shard S's Raft port
+#: (RAFT_BASE_PORT + S), a partition-log node's gRPC port.
+COORDINATOR_PORT = 7100
+RAFT_BASE_PORT = 7201
+PARTITION_NODE_PORT = 7300
 SIGNALS = {
     "KILL": signal.SIGKILL,
     "STOP": signal.SIGSTOP,
@@ -53,6 +64,7 @@ class NodeRecord:
     grpc: str
     pid: int = 0
     log: str = ""
+    netns: str = ""  # the network namespace it runs in ("": the root namespace)
 
 
 @dataclass
@@ -61,6 +73,7 @@ class ClusterState:
     config: str
     shard_count: int
     nodes: list[NodeRecord] = field(default_factory=list)
+    network: namespaces.Network | None = None  # the namespaces, bridge and addresses (--netns)
 
     def node(self, node_id: int) -> NodeRecord:
         for record in self.nodes:
@@ -85,6 +98,82 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+#: The ``raftcoord`` subcommand that runs each kind of node.
+NODE_COMMANDS = {"coordinator": "node", "partition-log": "partition-node"}
+
+
+def node_command(
+    kind: str, config: str, node_id: int | str, data_dir: str, python: str = sys.executable
+) -> list[str]:
+    """The command that runs one node: what the launcher starts (inside the
+    node's namespace with --netns), and what deploy/'s systemd units run."""
+    return [
+        python,
+        "-m",
+        "raftcoord.cli",
+        NODE_COMMANDS[kind],
+        "--config",
+        config,
+        "--id",
+        str(node_id),
+        "--data-dir",
+        data_dir,
+    ]
+
+
+def node_ids(coordinators: int, partition_nodes: int) -> list[int]:
+    """The ids of a launched cluster's nodes: coordinators 1..N, then
+    partition-log nodes from PARTITION_NODE_BASE_ID."""
+    return list(range(1, coordinators + 1)) + list(
+        range(PARTITION_NODE_BASE_ID, PARTITION_NODE_BASE_ID + partition_nodes)
+    )
+
+
+def _host_label(node_id: int) -> str:
+    """The host (namespace) label of a node of ``cluster up --netns``."""
+    return f"node-{node_id}"
+
+
+def _host(address: str) -> str:
+    return address.rsplit(":", 1)[0]
+
+
+def _hosts(config: ClusterConfig) -> list[str]:
+    """The distinct hosts a config's addresses name, in order of appearance."""
+    addresses = [a for n in config.coordinators for a in (n.grpc, *n.raft)]
+    addresses += [n.grpc for n in config.partition_nodes]
+    return list(dict.fromkeys(_host(a) for a in addresses))
+
+
+def _read_multi_host_config(path: Path) -> tuple[str, ClusterConfig]:
+    try:
+        config = load_config(path)
+        return path.read_text(), config
+    except (OSError, ConfigError) as exc:
+        raise ClusterError(str(exc)) from None
+
+
+#: A quoted "host:port" string of a TOML config.
+_ADDRESS = re.compile(r"""(["'])([^"':\s]+):(\d+)\1""")
+
+
+def _rehost(text: str, network: namespaces.Network) -> str:
+    """A config's text with each host's addresses moved to that host's
+    namespace (the hosts are ``network``'s labels)."""
+    moved = {h.label: h.address for h in network.hosts}
+    return _ADDRESS.sub(lambda m: f"{m[1]}{moved.get(m[2], m[2])}:{m[3]}{m[1]}", text)
+
+
+def _create_network(labels: list[str]) -> namespaces.Network:
+    reason = namespaces.unavailable()
+    if reason is not None:
+        raise ClusterError(f"--netns: network namespaces cannot be created here: {reason}")
+    try:
+        return namespaces.create(labels)
+    except namespaces.NetnsError as exc:
+        raise ClusterError(f"--netns: {exc}") from None
+
+
 def write_config(
     path: Path,
     coordinators: int,
@@ -94,20 +183,33 @@ def write_config(
     partition_nodes: int = 3,
     log_flush: str = "always",
     settings: dict[str, Any] | None = None,
+    hosts: dict[int, str] | None = None,
 ) -> None:
-    """Write a cluster config for a local cluster with free ports; ``settings``
-    adds entries to its ``[settings]`` table (Kafka-style names)."""
-    ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes))
+    """Write a cluster config for a local cluster; ``settings`` adds entries
+    to its ``[settings]`` table (Kafka-style names). Nodes listen on
+    127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
+    each on its own address with the fixed ports COORDINATOR_PORT,
+    RAFT_BASE_PORT + shard and PARTITION_NODE_PORT."""
+    if hosts is None:
+        ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes))
+
+        def address(node_id: int, port: int) -> str:
+            return f'"127.0.0.1:{next(ports)}"'
+
+    else:
+
+        def address(node_id: int, port: int) -> str:
+            return f'"{hosts[node_id]}:{port}"'
+
+    ids = node_ids(coordinators, partition_nodes)
     blocks = []
-    for node_id in range(1, coordinators + 1):
-        grpc_port = next(ports)
-        raft = ", ".join(f'"127.0.0.1:{next(ports)}"' for _ in range(shards))
-        blocks.append(
-            f'[[coordinators]]\nid = {node_id}\ngrpc = "127.0.0.1:{grpc_port}"\nraft = [{raft}]\n'
-        )
+    for node_id in ids[:coordinators]:
+        grpc_address = address(node_id, COORDINATOR_PORT)
+        raft = ", ".join(address(node_id, RAFT_BASE_PORT + s) for s in range(shards))
+        blocks.append(f"[[coordinators]]\nid = {node_id}\ngrpc = {grpc_address}\nraft = [{raft}]\n")
     partition_blocks = [
-        f'[[partition_nodes]]\nid = {node_id}\ngrpc = "127.0.0.1:{next(ports)}"\n'
-        for node_id in range(PARTITION_NODE_BASE_ID, PARTITION_NODE_BASE_ID + partition_nodes)
+        f"[[partition_nodes]]\nid = {node_id}\ngrpc = {address(node_id, PARTITION_NODE_PORT)}\n"
+        for node_id in ids[coordinators:]
     ]
     text = TEMPLATE.read_text().format(
         shard_count=shards,
@@ -134,6 +236,8 @@ class LocalCluster:
         if state_file.exists():
             raw = json.loads(state_file.read_text())
             raw["nodes"] = [NodeRecord(**n) for n in raw["nodes"]]
+            if raw.get("network") is not None:
+                raw["network"] = namespaces.Network.from_dict(raw["network"])
             self.state = ClusterState(**raw)
 
     # --- lifecycle -----------------------------------------------------------------
@@ -148,42 +252,86 @@ class LocalCluster:
         partition_nodes: int = 3,
         log_flush: str = "always",
         settings: dict[str, Any] | None = None,
+        netns: bool = False,
+        config: str | Path | None = None,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
-        and every partition-log node answers."""
+        and every partition-log node answers.
+
+        With ``netns``, every node runs in a network namespace of its own, or,
+        given ``config`` (a multi-host config such as deploy/cluster.toml,
+        whose shape and settings are then used instead of the arguments),
+        every host the config names becomes one namespace and its address is
+        replaced by the namespace's.
+        """
         if self.state is not None and any(self.alive(n.node_id) for n in self.state.nodes):
             raise ClusterError(
                 f"a cluster is already running in {self.data_dir}; "
                 "run `raftcoord cluster down` first"
             )
+        if config is not None and not netns:
+            raise ClusterError(
+                "a multi-host config starts only with --netns (each of its hosts a namespace)"
+            )
+        given = None if config is None else _read_multi_host_config(Path(config))
+        self._remove_network()  # left by a cluster whose nodes all stopped without `down`
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        network = None
+        if netns:
+            labels = (
+                [_host_label(i) for i in node_ids(coordinators, partition_nodes)]
+                if given is None
+                else _hosts(given[1])
+            )
+            network = _create_network(labels)
         config_path = self.data_dir / CONFIG_FILE
         candidate = self.data_dir / (CONFIG_FILE + ".new")
-        write_config(
-            candidate,
-            coordinators,
-            shards,
-            fsync,
-            abort_interval_ms,
-            partition_nodes,
-            log_flush,
-            settings,
-        )
-        config = load_config(candidate)
-        for node_dir in sorted(self.data_dir.glob("*node-*")):
-            refusal = shape_refusal(node_dir, config) if node_dir.is_dir() else None
-            if refusal is not None:
-                candidate.unlink()
-                raise ClusterError(
-                    f"{refusal}. Start the cluster with the same shape, or use another --data-dir."
+        try:
+            if given is not None:
+                assert network is not None
+                candidate.write_text(_rehost(given[0], network))
+            else:
+                hosts = None
+                if network is not None:
+                    ids = node_ids(coordinators, partition_nodes)
+                    hosts = {i: network.host(_host_label(i)).address for i in ids}
+                write_config(
+                    candidate,
+                    coordinators,
+                    shards,
+                    fsync,
+                    abort_interval_ms,
+                    partition_nodes,
+                    log_flush,
+                    settings,
+                    hosts,
                 )
+            cluster_config = load_config(candidate)
+            if network is not None:
+                stray = set(_hosts(cluster_config)) - {h.address for h in network.hosts}
+                if stray:
+                    raise ClusterError(f"could not move the addresses of {sorted(stray)}")
+            for node_dir in sorted(self.data_dir.glob("*node-*")):
+                refusal = shape_refusal(node_dir, cluster_config) if node_dir.is_dir() else None
+                if refusal is not None:
+                    raise ClusterError(
+                        f"{refusal}. Start the cluster with the same shape, "
+                        "or use another --data-dir."
+                    )
+        except BaseException:
+            candidate.unlink(missing_ok=True)
+            if network is not None:
+                namespaces.destroy(network)
+            raise
+        records = [
+            NodeRecord(n.node_id, "coordinator", n.grpc) for n in cluster_config.coordinators
+        ] + [NodeRecord(n.node_id, "partition-log", n.grpc) for n in cluster_config.partition_nodes]
+        if network is not None:
+            for record in records:
+                record.netns = network.by_address(_host(record.grpc)).namespace
         candidate.replace(config_path)
         self.state = ClusterState(
-            str(self.data_dir),
-            str(config_path),
-            config.shard_count,
-            [NodeRecord(n.node_id, "coordinator", n.grpc) for n in config.coordinators]
-            + [NodeRecord(n.node_id, "partition-log", n.grpc) for n in config.partition_nodes],
+            str(self.data_dir), str(config_path), cluster_config.shard_count, records, network
         )
         for record in self.state.nodes:
             self._spawn(record)
@@ -197,6 +345,17 @@ class LocalCluster:
             )
         return self.state
 
+    def _remove_network(self) -> None:
+        """Remove the namespaces of this cluster, whose nodes are all stopped."""
+        if self.state is None or self.state.network is None:
+            return
+        try:
+            namespaces.destroy(self.state.network)
+        except namespaces.NetnsError as exc:
+            raise ClusterError(str(exc)) from None
+        self.state.network = None
+        self._save()
+
     def coordinators(self) -> list[NodeRecord]:
         return [n for n in self._require().nodes if n.kind == "coordinator"]
 
@@ -209,20 +368,21 @@ class LocalCluster:
 
     def _spawn(self, record: NodeRecord) -> None:
         assert self.state is not None
-        name = "node" if record.kind == "coordinator" else "partition-node"
+        name = NODE_COMMANDS[record.kind]
         log_path = self.data_dir / f"{name}-{record.node_id}.log"
-        command = [
-            sys.executable,
-            "-m",
-            "raftcoord.cli",
-            name,
-            "--config",
+        command = node_command(
+            record.kind,
             self.state.config,
-            "--id",
-            str(record.node_id),
-            "--data-dir",
+            record.node_id,
             str(self.data_dir / f"{name}-{record.node_id}"),
-        ]
+        )
+        if record.netns:
+            if not namespaces.exists(record.netns):
+                raise ClusterError(
+                    f"network namespace {record.netns} of node {record.node_id} is gone "
+                    "(`cluster down` removes them); start the cluster with `cluster up --netns`"
+                )
+            command = namespaces.exec_prefix(record.netns) + command
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 command,
@@ -272,7 +432,8 @@ class LocalCluster:
             self._reap(node_id, 10.0)
 
     def down(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every node, SIGKILL what is left after ``grace_s``."""
+        """SIGTERM every node, SIGKILL what is left after ``grace_s``, then
+        remove the network namespaces (--netns)."""
         state = self._require()
         for record in state.nodes:
             if record.pid <= 0:  # never started (pid 0 would signal our own group)
@@ -288,6 +449,7 @@ class LocalCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(record.pid, signal.SIGKILL)
                 self._reap(record.node_id, 5.0)
+        self._remove_network()
 
     def _reap(self, node_id: int, timeout_s: float) -> None:
         proc = self._procs.get(node_id)
@@ -405,7 +567,9 @@ class LocalCluster:
 
 
 def add_parser(commands: Any) -> None:
-    cluster = commands.add_parser("cluster", help="run a local cluster on 127.0.0.1")
+    cluster = commands.add_parser(
+        "cluster", help="run a local cluster (on 127.0.0.1, or in network namespaces)"
+    )
     sub = cluster.add_subparsers(dest="cluster_command", required=True)
     up = sub.add_parser("up", help="write the config, start all nodes, wait for leaders")
     up.add_argument("--coordinators", type=int, default=3)
@@ -419,8 +583,33 @@ def add_parser(commands: Any) -> None:
         help="partition logs' fsync policy (log.flush.policy)",
     )
     up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for leaders")
+    up.add_argument(
+        "--netns",
+        action="store_true",
+        help="run every node in a network namespace of its own (root only; "
+        "`raftcoord cluster partition` can then cut the network)",
+    )
+    up.add_argument(
+        "--config",
+        help="with --netns: start the nodes of this multi-host config (e.g. "
+        "deploy/cluster.toml), each host a namespace; its shape and settings replace "
+        "the options above",
+    )
+    partition = sub.add_parser(
+        "partition",
+        help="cut the network (--netns clusters) between groups of nodes, replacing any cut",
+    )
+    partition.add_argument(
+        "groups",
+        nargs="+",
+        type=_group,
+        help="comma-separated node ids per group, e.g. `1 2,3,101`; "
+        "nodes in no group keep reaching everyone",
+    )
     for p in (
         up,
+        partition,
+        sub.add_parser("heal", help="remove every cut of `cluster partition`"),
         sub.add_parser("status", help="node, role and term per shard, pid, alive"),
         sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound"),
     ):
@@ -435,6 +624,13 @@ def add_parser(commands: Any) -> None:
     cluster.set_defaults(func=_run)
 
 
+def _group(text: str) -> list[int]:
+    try:
+        return [int(node) for node in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated node ids: {text!r}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.data_dir)
     try:
@@ -443,11 +639,14 @@ def _run(args: argparse.Namespace) -> int:
                 raise ClusterError("use 1..9 coordinators and 1..64 shards")
             if not 0 <= args.partition_nodes <= 50:
                 raise ClusterError("use 0..50 partition-log nodes")
-            print(
-                f"starting {args.coordinators} coordinators, {args.shards} shards, "
-                f"{args.partition_nodes} partition-log nodes in {cluster.data_dir} ...",
-                flush=True,
+            what = (
+                f"the nodes of {args.config}"
+                if args.config
+                else f"{args.coordinators} coordinators, {args.shards} shards, "
+                f"{args.partition_nodes} partition-log nodes"
             )
+            where = " in network namespaces" if args.netns else ""
+            print(f"starting {what}{where} in {cluster.data_dir} ...", flush=True)
             cluster.up(
                 args.coordinators,
                 args.shards,
@@ -455,6 +654,8 @@ def _run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 partition_nodes=args.partition_nodes,
                 log_flush=args.log_flush,
+                netns=args.netns,
+                config=args.config,
             )
             print(cluster.status_table())
         elif args.cluster_command == "status":
@@ -468,7 +669,13 @@ def _run(args: argparse.Namespace) -> int:
         elif args.cluster_command == "start":
             cluster.start(args.node)
             print(f"started node {args.node}")
-    except ClusterError as exc:
+        elif args.cluster_command == "partition":
+            namespaces.partition(cluster, args.groups)
+            print("cut the network between " + " | ".join(map(str, args.groups)))
+        elif args.cluster_command == "heal":
+            namespaces.heal(cluster)
+            print("healed the network")
+    except (ClusterError, namespaces.NetnsError) as exc:
         print(f"raftcoord cluster: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -13,11 +13,12 @@ from raftcoord.cluster import LocalCluster
 @contextmanager
 def running_cluster(path: Path, **options: Any) -> Iterator[LocalCluster]:
     """A cluster of 3 coordinators x 3 shards (and 3 partition-log nodes)
-    unless ``options`` (LocalCluster.up's) say otherwise; stopped even when
-    the test fails."""
+    unless ``options`` (LocalCluster.up's) say otherwise; stopped, and its
+    network namespaces removed (``netns=True``), even when the test fails."""
     cluster = LocalCluster(path)
     try:
         cluster.up(**{"coordinators": 3, "shards": 3, "timeout_s": 30, **options})
         yield cluster
     finally:
-        cluster.down(grace_s=3)
+        if cluster.state is not None:  # else up() started nothing
+            cluster.down(grace_s=3)
