@@ -199,8 +199,9 @@ class History:
                 self._bad(event.get("index"), f"line {number}: {problem}")
                 continue
             if event["index"] != expected:
-                self._bad(event["index"],
-                          f"line {number}: index {event['index']}, {expected} expected")
+                self._bad(
+                    event["index"], f"line {number}: index {event['index']}, {expected} expected"
+                )
             expected = event["index"] + 1
             yield event
 
@@ -209,8 +210,11 @@ class History:
         if kind == "invoke":
             pending = self._outstanding.get(process)
             if pending is not None:
-                self._bad(index, f"{process} invokes {op} while its {pending['op']} "
-                          f"(index {pending['index']}) is not complete")
+                self._bad(
+                    index,
+                    f"{process} invokes {op} while its {pending['op']} "
+                    f"(index {pending['index']}) is not complete",
+                )
             self._outstanding[process] = event
             self._invoke(event)
             return
@@ -221,8 +225,10 @@ class History:
             else:
                 self._bad(index, f"{process} completes {op} that it never invoked")
         elif invoke["op"] != op:
-            self._bad(index, f"{process} completes {op} but invoked {invoke['op']} "
-                      f"(index {invoke['index']})")
+            self._bad(
+                index,
+                f"{process} completes {op} but invoked {invoke['op']} (index {invoke['index']})",
+            )
         else:
             self._complete(invoke, event)
 
@@ -235,8 +241,9 @@ class History:
         if txn is None:
             txn = self.txns[name] = Txn(name, event["process"], event["index"])
         elif txn.ends and event["op"] in ("send", "offsets"):
-            self._bad(event["index"], f"{event['op']} in {name}, which ended at index "
-                      f"{txn.end_index}")
+            self._bad(
+                event["index"], f"{event['op']} in {name}, which ended at index {txn.end_index}"
+            )
         return txn
 
     def _invoke(self, event: Event) -> None:
@@ -250,8 +257,9 @@ class History:
         if txn is None:
             return
         if op == "send":
-            if not _shaped([event.get(k) for k in ("topic", "partition", "value")],
-                           (str, int, str)):
+            if not _shaped(
+                [event.get(k) for k in ("topic", "partition", "value")], (str, int, str)
+            ):
                 self._bad(index, "send without a str topic and value and an int partition")
                 return
             value, topic, partition = event["value"], event["topic"], event["partition"]
@@ -263,8 +271,9 @@ class History:
                 if _shaped(event["source"], (str, int, int, str)):
                     txn.sources[value] = event["source"]
                 else:
-                    self._bad(index, f"source is not [topic, partition, offset, value]: "
-                              f"{event['source']}")
+                    self._bad(
+                        index, f"source is not [topic, partition, offset, value]: {event['source']}"
+                    )
         elif op in ("commit", "abort"):
             txn.listed.append((index, set(self._tuples(event, "writes", (str, int, str)))))
 
@@ -314,10 +323,10 @@ class History:
 
     def _reads(self, event: Event, read_committed: bool) -> list[Read]:
         return [
-            Read(topic, partition, offset, value, event["index"], event["process"],
-                 read_committed)
-            for topic, partition, offset, value in self._tuples(event, "reads",
-                                                                (str, int, int, str))
+            Read(topic, partition, offset, value, event["index"], event["process"], read_committed)
+            for topic, partition, offset, value in self._tuples(
+                event, "reads", (str, int, int, str)
+            )
         ]
 
     def _offsets(self, event: Event, key: str) -> dict[TP, int]:
@@ -349,8 +358,10 @@ class History:
             sent = {(t, p, v) for v, (t, p) in txn.writes.items()}
             for index, listed in txn.listed:
                 if listed != sent:
-                    self._bad(index, f"{txn.name}'s writes {sorted(listed)} are not its sends "
-                              f"{sorted(sent)}")
+                    self._bad(
+                        index,
+                        f"{txn.name}'s writes {sorted(listed)} are not its sends {sorted(sent)}",
+                    )
             outcomes = {(op, kind) for op, kind, _ in txn.ends}
             if {("commit", "ok"), ("abort", "ok")} <= outcomes:
                 self._bad(txn.end_index, f"{txn.name} both committed and aborted")
@@ -413,38 +424,65 @@ class Checker:
             for value, (topic, partition) in txn.writes.items():
                 if self.visible_at(value, (topic, partition)) is None:
                     reported.add(value)
-                    lost.append(_violation(
-                        txn=txn.name, value=value, topic=topic, partition=partition,
-                        index=txn.end_index,
-                        found_at=[r.where for r in self.final_of.get(value, [])] or None))
+                    lost.append(
+                        _violation(
+                            txn=txn.name,
+                            value=value,
+                            topic=topic,
+                            partition=partition,
+                            index=txn.end_index,
+                            found_at=[r.where for r in self.final_of.get(value, [])] or None,
+                        )
+                    )
         for read in self.h.polls:
             writer = self.h.txn_of.get(read.value)
-            if (not read.read_committed or read.value in self.final_of
-                    or read.value in reported or (writer and writer.outcome == ABORTED)):
+            if (
+                not read.read_committed
+                or read.value in self.final_of
+                or read.value in reported
+                or (writer and writer.outcome == ABORTED)
+            ):
                 continue
             reported.add(read.value)
-            lost.append(_violation(txn=self._txn_name(read.value), value=read.value,
-                                   topic=read.topic, partition=read.partition,
-                                   offset=read.offset, index=read.index, read_by=read.process))
+            lost.append(
+                _violation(
+                    txn=self._txn_name(read.value),
+                    value=read.value,
+                    topic=read.topic,
+                    partition=read.partition,
+                    offset=read.offset,
+                    index=read.index,
+                    read_by=read.process,
+                )
+            )
         return lost
 
     def duplicates(self) -> list[Violation]:
         places: dict[str, dict[tuple[str, int, int], list[int]]] = defaultdict(
-            lambda: defaultdict(list))
+            lambda: defaultdict(list)
+        )
         for read in [*self.h.final_reads, *self.h.polls]:
             places[read.value][(read.topic, read.partition, read.offset)].append(read.index)
         found = [
-            _violation(value=value, txn=self._txn_name(value),
-                       offsets=[list(at) for at in sorted(where)],
-                       indexes=sorted({i for indexes in where.values() for i in indexes}))
-            for value, where in places.items() if len(where) > 1
+            _violation(
+                value=value,
+                txn=self._txn_name(value),
+                offsets=[list(at) for at in sorted(where)],
+                indexes=sorted({i for indexes in where.values() for i in indexes}),
+            )
+            for value, where in places.items()
+            if len(where) > 1
         ]
         for _, outputs in sorted(self.outputs_by_source().items()):
             if len(outputs) > 1:
-                found.append(_violation(
-                    source=outputs[0][1], values=[r.value for r, _ in outputs],
-                    txns=[self._txn_name(r.value) for r, _ in outputs],
-                    offsets=[r.where for r, _ in outputs]))
+                found.append(
+                    _violation(
+                        source=outputs[0][1],
+                        values=[r.value for r, _ in outputs],
+                        txns=[self._txn_name(r.value) for r, _ in outputs],
+                        offsets=[r.where for r, _ in outputs],
+                    )
+                )
         return found
 
     def _txn_name(self, value: str) -> str | None:
@@ -456,10 +494,18 @@ class Checker:
         for read in [*self.h.final_reads, *self.h.polls]:
             txn = self.h.txn_of.get(read.value)
             if read.read_committed and txn is not None and txn.outcome == ABORTED:
-                found.append(_violation(
-                    txn=txn.name, value=read.value, topic=read.topic, partition=read.partition,
-                    offset=read.offset, index=read.index, read_by=read.process,
-                    ended_at=txn.end_index))
+                found.append(
+                    _violation(
+                        txn=txn.name,
+                        value=read.value,
+                        topic=read.topic,
+                        partition=read.partition,
+                        offset=read.offset,
+                        index=read.index,
+                        read_by=read.process,
+                        ended_at=txn.end_index,
+                    )
+                )
         return found
 
     def torn(self) -> list[Violation]:
@@ -473,8 +519,15 @@ class Checker:
                 seen = self.visible_at(value, (topic, partition)) is not None
                 (visible if seen else missing).append([topic, partition, value])
             if visible and missing:
-                found.append(_violation(txn=txn.name, outcome=txn.outcome, index=txn.end_index,
-                                        visible=visible, missing=missing))
+                found.append(
+                    _violation(
+                        txn=txn.name,
+                        outcome=txn.outcome,
+                        index=txn.end_index,
+                        visible=visible,
+                        missing=missing,
+                    )
+                )
         return found
 
     def poll_order(self) -> tuple[list[Violation], list[Violation]]:
@@ -497,18 +550,27 @@ class Checker:
             key = (read.process, read.topic, read.partition)
             previous, previous_index = last.get(key, (-1, None))
             last[key] = (read.offset, read.index)
-            where = _violation(process=read.process, topic=read.topic, partition=read.partition,
-                               offset=read.offset, value=read.value, index=read.index,
-                               previous_offset=previous, previous_index=previous_index)
+            where = _violation(
+                process=read.process,
+                topic=read.topic,
+                partition=read.partition,
+                offset=read.offset,
+                value=read.value,
+                index=read.index,
+                previous_offset=previous,
+                previous_index=previous_index,
+            )
             if read.offset <= previous:
                 nonmonotonic.append(where)
                 continue
             offsets = self.visible.get(read.tp, [])
-            jumped = offsets[bisect.bisect_right(offsets, previous):
-                             bisect.bisect_left(offsets, read.offset)]
+            jumped = offsets[
+                bisect.bisect_right(offsets, previous) : bisect.bisect_left(offsets, read.offset)
+            ]
             if jumped:
-                skipped.append({**where, "skipped": jumped[:SKIPPED_SHOWN],
-                                "skipped_count": len(jumped)})
+                skipped.append(
+                    {**where, "skipped": jumped[:SKIPPED_SHOWN], "skipped_count": len(jumped)}
+                )
         return nonmonotonic, skipped
 
     def outputs_by_source(self) -> Outputs:
@@ -536,19 +598,37 @@ class Checker:
             position = committed.get(tp, 0)
             inputs = self.visible.get(tp, [])
             if inputs and position <= inputs[-1]:
-                broken.append(_violation(
-                    problem="committed offset short of the input's last record", topic=input_topic,
-                    partition=partition, committed=position, last_offset=inputs[-1]))
+                broken.append(
+                    _violation(
+                        problem="committed offset short of the input's last record",
+                        topic=input_topic,
+                        partition=partition,
+                        committed=position,
+                        last_offset=inputs[-1],
+                    )
+                )
             if tp in ends and position > ends[tp]:
-                broken.append(_violation(
-                    problem="committed offset past the input's end", topic=input_topic,
-                    partition=partition, committed=position, end_offset=ends[tp]))
-            for offset in inputs[:bisect.bisect_left(inputs, position)]:
+                broken.append(
+                    _violation(
+                        problem="committed offset past the input's end",
+                        topic=input_topic,
+                        partition=partition,
+                        committed=position,
+                        end_offset=ends[tp],
+                    )
+                )
+            for offset in inputs[: bisect.bisect_left(inputs, position)]:
                 if (input_topic, partition, offset) not in outputs:
                     record = self.final_at[tp][offset]
-                    broken.append(_violation(
-                        problem="consumed input without a visible output", topic=input_topic,
-                        partition=partition, offset=offset, value=record.value))
+                    broken.append(
+                        _violation(
+                            problem="consumed input without a visible output",
+                            topic=input_topic,
+                            partition=partition,
+                            offset=offset,
+                            value=record.value,
+                        )
+                    )
         for (topic, partition, offset), made in sorted(outputs.items()):
             held = self.final_at.get((topic, partition), {}).get(offset)
             past = offset >= committed.get((topic, partition), 0)
@@ -559,9 +639,16 @@ class Checker:
                     problem = "output of an input past the committed offset"
                 else:
                     continue
-                broken.append(_violation(problem=problem, source=source, value=read.value,
-                                         txn=self._txn_name(read.value), output=read.where,
-                                         held=held.value if held else None))
+                broken.append(
+                    _violation(
+                        problem=problem,
+                        source=source,
+                        value=read.value,
+                        txn=self._txn_name(read.value),
+                        output=read.where,
+                        held=held.value if held else None,
+                    )
+                )
         return broken, self.order(outputs)
 
     def order(self, outputs: Outputs) -> list[Violation]:
@@ -570,21 +657,30 @@ class Checker:
         for (topic, partition, offset), made in outputs.items():
             for read, _ in made:
                 if read.partition != partition:
-                    wrong.append(_violation(
-                        problem="output not in the input's partition number", value=read.value,
-                        output=read.where, source=[topic, partition, offset]))
+                    wrong.append(
+                        _violation(
+                            problem="output not in the input's partition number",
+                            value=read.value,
+                            output=read.where,
+                            source=[topic, partition, offset],
+                        )
+                    )
                 else:
                     by_input[(topic, partition)].append((read, offset))
         for (topic, partition), pairs in sorted(by_input.items()):
             pairs.sort(key=lambda pair: pair[0].offset)
             for (before, before_source), (after, after_source) in itertools.pairwise(pairs):
                 if after_source < before_source:
-                    wrong.append(_violation(
-                        problem="outputs out of input order", input=[topic, partition],
-                        output=[after.topic, after.partition],
-                        offsets=[before.offset, after.offset],
-                        source_offsets=[before_source, after_source],
-                        values=[before.value, after.value]))
+                    wrong.append(
+                        _violation(
+                            problem="outputs out of input order",
+                            input=[topic, partition],
+                            output=[after.topic, after.partition],
+                            offsets=[before.offset, after.offset],
+                            source_offsets=[before_source, after_source],
+                            values=[before.value, after.value],
+                        )
+                    )
         return wrong
 
     def unseen(self) -> list[Violation]:
@@ -595,16 +691,25 @@ class Checker:
             for value, tp in txn.writes.items():
                 read = self.visible_at(value, tp)
                 if read is not None and value not in self.polled_by_pollers:
-                    found.append(_violation(txn=txn.name, value=value, topic=read.topic,
-                                            partition=read.partition, offset=read.offset,
-                                            index=read.index))
+                    found.append(
+                        _violation(
+                            txn=txn.name,
+                            value=value,
+                            topic=read.topic,
+                            partition=read.partition,
+                            offset=read.offset,
+                            index=read.index,
+                        )
+                    )
         return found
 
     def liveness(self) -> list[Violation]:
         return [
-            _violation(txn=txn.name, process=txn.process, index=txn.first_index,
-                       writes=len(txn.writes))
-            for txn in self.h.txns.values() if txn.outcome == OPEN
+            _violation(
+                txn=txn.name, process=txn.process, index=txn.first_index, writes=len(txn.writes)
+            )
+            for txn in self.h.txns.values()
+            if txn.outcome == OPEN
         ]
 
 
@@ -636,7 +741,8 @@ def render(results: dict[str, list[Violation]], shown: int = 20) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.history_checker",
-        description="Check a workload history (docs/history.md) against its invariants.")
+        description="Check a workload history (docs/history.md) against its invariants.",
+    )
     parser.add_argument("history", type=Path, help="the history.jsonl file")
     parser.add_argument("--show", type=int, default=20, help="violations shown per invariant")
     args = parser.parse_args(argv)

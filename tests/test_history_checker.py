@@ -58,16 +58,41 @@ class Run:
         for partition in range(TOPICS[INPUT]):
             for n in range(INPUTS_PER_PARTITION):
                 self.append(INPUT, partition, f"in-{partition}-{n}", "committed")
-        self.event("workload", "info", "run", seed=7, topics=TOPICS, input_topic=INPUT,
-                   output_topic=OUTPUT, group="ctp", bootstrap=["127.0.0.1:1"], args={})
+        self.event(
+            "workload",
+            "info",
+            "run",
+            seed=7,
+            topics=TOPICS,
+            input_topic=INPUT,
+            output_topic=OUTPUT,
+            group="ctp",
+            bootstrap=["127.0.0.1:1"],
+            args={},
+        )
 
     def event(self, process: str, type: str, op: str, **fields: Any) -> None:
         n = len(self.events)
-        self.events.append({"time_ms": 1.7e12 + n, "mono_ns": n * 1000, "process": process,
-                            "type": type, "op": op, **fields})
+        self.events.append(
+            {
+                "time_ms": 1.7e12 + n,
+                "mono_ns": n * 1000,
+                "process": process,
+                "type": type,
+                "op": op,
+                **fields,
+            }
+        )
 
-    def call(self, process: str, op: str, outcome: str = "ok", error: str | None = None,
-             result: dict[str, Any] | None = None, **fields: Any) -> None:
+    def call(
+        self,
+        process: str,
+        op: str,
+        outcome: str = "ok",
+        error: str | None = None,
+        result: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
         self.event(process, "invoke", op, **fields)
         if error is not None:
             fields = {**fields, "error": error}
@@ -95,25 +120,51 @@ class Run:
         self.open[process] = (txn, [], [])
         return txn
 
-    def send(self, process: str, topic: str, partition: int, value: str, outcome: str = "ok",
-             source: list[Any] | None = None) -> None:
+    def send(
+        self,
+        process: str,
+        topic: str,
+        partition: int,
+        value: str,
+        outcome: str = "ok",
+        source: list[Any] | None = None,
+    ) -> None:
         txn, writes, records = self.open[process]
         writes.append((topic, partition, value))
-        invoke = {"txn": txn, "topic": topic, "partition": partition, "value": value,
-                  **({"source": source} if source else {}), **self.identity(process)}
+        invoke = {
+            "txn": txn,
+            "topic": topic,
+            "partition": partition,
+            "value": value,
+            **({"source": source} if source else {}),
+            **self.identity(process),
+        }
         if outcome == "fail":
             self.call(process, "send", "fail", error="KafkaError", **invoke)
         else:
             records.append(self.append(topic, partition, value, "open"))
             self.call(process, "send", result={"offset": records[-1].offset}, **invoke)
 
-    def end(self, process: str, op: str, outcome: str = "ok", error: str | None = None,
-            visible: bool | None = None) -> None:
+    def end(
+        self,
+        process: str,
+        op: str,
+        outcome: str = "ok",
+        error: str | None = None,
+        visible: bool | None = None,
+    ) -> None:
         """Commit or abort; ``visible`` (default: a commit ok) is what the markers say."""
         txn, writes, records = self.open[process]
         visible = op == "commit" and outcome == "ok" if visible is None else visible
-        self.call(process, op, outcome, error, txn=txn, writes=[list(w) for w in writes],
-                  **self.identity(process))
+        self.call(
+            process,
+            op,
+            outcome,
+            error,
+            txn=txn,
+            writes=[list(w) for w in writes],
+            **self.identity(process),
+        )
         if outcome == "fail" and error != "ProducerFencedError":
             return  # still open: the process aborts it next
         for record in records:
@@ -122,16 +173,24 @@ class Run:
             self.append(topic, partition, None, "control")
         del self.open[process]
 
-    def transaction(self, process: str, partitions: list[tuple[str, int]], op: str = "commit",
-                    **end: Any) -> str:
+    def transaction(
+        self, process: str, partitions: list[tuple[str, int]], op: str = "commit", **end: Any
+    ) -> str:
         txn = self.begin(process)
         for n, (topic, partition) in enumerate(partitions):
             self.send(process, topic, partition, f"{txn}#{n}")
         self.end(process, op, **end)
         return txn
 
-    def transform(self, process: str, partition: int, count: int, op: str = "commit",
-                  reverse: bool = False, skip: int = 0) -> None:
+    def transform(
+        self,
+        process: str,
+        partition: int,
+        count: int,
+        op: str = "commit",
+        reverse: bool = False,
+        skip: int = 0,
+    ) -> None:
         """A worker's transaction: outputs for ``count`` inputs (but the ``skip`` first),
         in ``reverse`` order if asked, then its input offsets and the end."""
         reads = self.poll(process, [(INPUT, partition)], limit=count)
@@ -139,8 +198,14 @@ class Run:
         for topic, p, offset, value in (reads[::-1] if reverse else reads)[skip:]:
             self.send(process, OUTPUT, p, f"{txn}/{value}", source=[topic, p, offset, value])
         next_offset = reads[-1][2] + 1
-        self.call(process, "offsets", txn=txn, group="ctp",
-                  offsets=[[INPUT, partition, next_offset]], **self.identity(process))
+        self.call(
+            process,
+            "offsets",
+            txn=txn,
+            group="ctp",
+            offsets=[[INPUT, partition, next_offset]],
+            **self.identity(process),
+        )
         self.end(process, op)
         if op == "commit":
             self.committed[partition] = next_offset
@@ -152,8 +217,9 @@ class Run:
 
     # Readers.
 
-    def read(self, topic: str, partition: int, start: int, limit: int | None = None
-             ) -> tuple[list[list[Any]], int]:
+    def read(
+        self, topic: str, partition: int, start: int, limit: int | None = None
+    ) -> tuple[list[list[Any]], int]:
         """read_committed from ``start``: (records, next position), stopping at an open one."""
         reads: list[list[Any]] = []
         position = start
@@ -165,31 +231,49 @@ class Run:
             position = record.offset + 1
         return reads, position
 
-    def poll(self, process: str, partitions: list[tuple[str, int]], limit: int | None = None
-             ) -> list[list[Any]]:
+    def poll(
+        self, process: str, partitions: list[tuple[str, int]], limit: int | None = None
+    ) -> list[list[Any]]:
         reads = []
         for topic, partition in partitions:
             key = (process, topic, partition)
             got, self.positions[key] = self.read(topic, partition, self.positions[key], limit)
             reads += got
-        self.call(process, "poll", result={"reads": reads}, isolation="read_committed",
-                  partitions=[list(tp) for tp in partitions])
+        self.call(
+            process,
+            "poll",
+            result={"reads": reads},
+            isolation="read_committed",
+            partitions=[list(tp) for tp in partitions],
+        )
         return reads
 
     def fault(self, fault: str, targets: list[Any], phase: str) -> None:
-        self.event("nemesis", "info", "fault", phase=phase, fault=fault, targets=targets,
-                   detail=f"{fault} {targets}")
+        self.event(
+            "nemesis",
+            "info",
+            "fault",
+            phase=phase,
+            fault=fault,
+            targets=targets,
+            detail=f"{fault} {targets}",
+        )
 
     def finish(self) -> list[Event]:
         """Pollers catch up (one poll comes back empty), the final read, the run's end."""
         for poller in ("poller-0", "poller-1", "poller-0"):
             self.poll(poller, POLLED)
         reads = []
-        for (topic, partition) in sorted(self.logs):
+        for topic, partition in sorted(self.logs):
             reads += self.read(topic, partition, 0)[0]
-        self.event("workload", "ok", "final", reads=reads,
-                   end_offsets={f"{t}/{p}": len(log) for (t, p), log in self.logs.items()},
-                   committed={f"{INPUT}/{p}": n for p, n in self.committed.items()})
+        self.event(
+            "workload",
+            "ok",
+            "final",
+            reads=reads,
+            end_offsets={f"{t}/{p}": len(log) for (t, p), log in self.logs.items()},
+            committed={f"{INPUT}/{p}": n for p, n in self.committed.items()},
+        )
         self.event("workload", "ok", "run", summary={})
         return self.events
 
@@ -220,13 +304,25 @@ def clean_run(**last_transform: Any) -> Run:
     run.end("txn-1", "abort")
     # Fenced while paused, then a new producer.
     run.fault("pause", [1], "start")
-    run.transaction("txn-1", [(VALUES, 2), (VALUES, 1)], "commit", outcome="fail",
-                    error="ProducerFencedError", visible=False)
+    run.transaction(
+        "txn-1",
+        [(VALUES, 2), (VALUES, 1)],
+        "commit",
+        outcome="fail",
+        error="ProducerFencedError",
+        visible=False,
+    )
     run.fault("pause", [1], "end")
     run.init("txn-1")
     # A commit of unknown outcome that did not go through.
-    run.transaction("txn-0", [(VALUES, 1), (VALUES, 2)], "commit", outcome="info",
-                    error="KafkaTimeoutError", visible=False)
+    run.transaction(
+        "txn-0",
+        [(VALUES, 1), (VALUES, 2)],
+        "commit",
+        outcome="info",
+        error="KafkaTimeoutError",
+        visible=False,
+    )
     run.init("txn-0")
     run.transaction("txn-1", [(VALUES, 0), (VALUES, 1), (VALUES, 2)])
     # The worker: an aborted transaction, a rewind, a partition-log restart.
@@ -252,14 +348,21 @@ def violations(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 # Edits of a finished history.
 
+
 def final(events: list[Event]) -> Event:
     return next(e for e in events if e["op"] == "final")
 
 
 def polls(events: list[Event], process: str | None = None) -> list[Event]:
     """The pollers' (or ``process``'s) completed polls."""
-    return [e for e in events if e["op"] == "poll" and e["type"] == "ok"
-            and e["process"].startswith("poller") and process in (None, e["process"])]
+    return [
+        e
+        for e in events
+        if e["op"] == "poll"
+        and e["type"] == "ok"
+        and e["process"].startswith("poller")
+        and process in (None, e["process"])
+    ]
 
 
 def forget(value: str, where: list[Event]) -> None:
@@ -285,10 +388,17 @@ def test_the_checker_judges_every_invariant_of_the_documentation(tmp_path: Path)
 
 def test_the_checker_imports_only_the_standard_library() -> None:
     tree = ast.parse((ROOT / "tests" / "history_checker.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert imported - {"__future__"} <= sys.stdlib_module_names
 
 
@@ -310,8 +420,15 @@ def test_lost_write(tmp_path: Path) -> None:
     forget("txn-0:0#1", [final(events)])
     found = violations(write(tmp_path / "h.jsonl", events))
     assert list(found) == ["lost-write"]
-    assert found["lost-write"] == [{"txn": "txn-0:0", "value": "txn-0:0#1", "topic": VALUES,
-                                    "partition": 1, "index": found["lost-write"][0]["index"]}]
+    assert found["lost-write"] == [
+        {
+            "txn": "txn-0:0",
+            "value": "txn-0:0#1",
+            "topic": VALUES,
+            "partition": 1,
+            "index": found["lost-write"][0]["index"],
+        }
+    ]
 
 
 def test_a_polled_value_the_final_read_lacks_is_lost(tmp_path: Path) -> None:
@@ -347,12 +464,16 @@ def test_aborted_read(tmp_path: Path, where: str) -> None:
     assert (aborted["txn"], aborted["value"]) == ("txn-1:0", "txn-1:0#0")
 
 
-@pytest.mark.parametrize(("value", "partition"), [
-    ("txn-1:1#0", 0),  # its commit failed, then it aborted
-    ("txn-1:2#0", 2),  # fenced: its commit failed with ProducerFencedError
-])
+@pytest.mark.parametrize(
+    ("value", "partition"),
+    [
+        ("txn-1:1#0", 0),  # its commit failed, then it aborted
+        ("txn-1:2#0", 2),  # fenced: its commit failed with ProducerFencedError
+    ],
+)
 def test_a_fenced_or_failed_transaction_is_aborted(
-        tmp_path: Path, value: str, partition: int) -> None:
+    tmp_path: Path, value: str, partition: int
+) -> None:
     events = clean_run().finish()
     show(events, value, VALUES, partition)
     assert list(violations(write(tmp_path / "h.jsonl", events))) == ["aborted-read"]
@@ -377,7 +498,10 @@ def test_nonmonotonic_poll(tmp_path: Path) -> None:
     assert list(found) == ["nonmonotonic-poll"]
     [back] = found["nonmonotonic-poll"]
     assert (back["process"], back["offset"], back["previous_offset"]) == (
-        "poller-0", again[2], again[2])
+        "poller-0",
+        again[2],
+        again[2],
+    )
 
 
 def test_skipped_poll(tmp_path: Path) -> None:
@@ -390,7 +514,10 @@ def test_skipped_poll(tmp_path: Path) -> None:
     assert list(found) == ["skipped-poll"]
     [skip] = found["skipped-poll"]
     assert (skip["process"], skip["skipped"], skip["previous_offset"]) == (
-        "poller-0", [skipped[2]], -1)
+        "poller-0",
+        [skipped[2]],
+        -1,
+    )
 
 
 def test_a_partition_that_leaves_a_pollers_assignment_starts_over(tmp_path: Path) -> None:
@@ -413,10 +540,14 @@ def test_pipeline_duplicate(tmp_path: Path) -> None:
     assert duplicate["txns"] == ["ctp-0:3", "ctp-0:4"]
 
 
-@pytest.mark.parametrize(("plant", "problem"), [
-    ({"skip": 1}, "consumed input without a visible output"),
-    ({"count": 1}, "committed offset short of the input's last record"),
-], ids=["no-output", "unconsumed"])
+@pytest.mark.parametrize(
+    ("plant", "problem"),
+    [
+        ({"skip": 1}, "consumed input without a visible output"),
+        ({"count": 1}, "committed offset short of the input's last record"),
+    ],
+    ids=["no-output", "unconsumed"],
+)
 def test_pipeline_missing_output(tmp_path: Path, plant: dict[str, int], problem: str) -> None:
     found = violations(write(tmp_path / "h.jsonl", clean_run(**plant).finish()))
     assert list(found) == ["exactly-once-pipeline"]
@@ -452,8 +583,9 @@ def test_unseen(tmp_path: Path) -> None:
 
 
 def test_an_unfinished_transaction(tmp_path: Path) -> None:
-    events = [e for e in clean_run().finish()
-              if not (e["op"] == "abort" and e.get("txn") == "txn-1:0")]
+    events = [
+        e for e in clean_run().finish() if not (e["op"] == "abort" and e.get("txn") == "txn-1:0")
+    ]
     found = violations(write(tmp_path / "h.jsonl", events))
     assert list(found) == ["liveness"]
     assert [(v["txn"], v["writes"]) for v in found["liveness"]] == [("txn-1:0", 2)]
@@ -463,21 +595,25 @@ def drop_last_completion(events: list[Event]) -> list[Event]:
     """poller-0's last poll (an empty one) never completes."""
     last = max(i for i, e in enumerate(events) if e["op"] == "poll" and e["type"] == "ok")
     assert events[last]["process"] == "poller-0" and not events[last]["reads"]
-    return events[:last] + events[last + 1:]
+    return events[:last] + events[last + 1 :]
 
 
 def complete_twice(events: list[Event]) -> list[Event]:
     last = max(i for i, e in enumerate(events) if e["op"] == "poll" and e["type"] == "ok")
-    return [*events[:last + 1], events[last], *events[last + 1:]]
+    return [*events[: last + 1], events[last], *events[last + 1 :]]
 
 
-@pytest.mark.parametrize(("edit", "problem"), [
-    (drop_last_completion, "poller-0's poll never completes"),
-    (complete_twice, "poller-0 completes poll that it never invoked"),
-    (lambda events: [e for e in events if e["op"] != "final"], "no final read"),
-    (lambda events: [e for e in events if e["op"] != "run"], "no run event"),
-    (lambda events: [e for e in events if e.get("phase") != "end"], "fault pause never ends"),
-], ids=["never-completed", "completed-twice", "no-final", "no-run", "fault-never-ends"])
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (drop_last_completion, "poller-0's poll never completes"),
+        (complete_twice, "poller-0 completes poll that it never invoked"),
+        (lambda events: [e for e in events if e["op"] != "final"], "no final read"),
+        (lambda events: [e for e in events if e["op"] != "run"], "no run event"),
+        (lambda events: [e for e in events if e.get("phase") != "end"], "fault pause never ends"),
+    ],
+    ids=["never-completed", "completed-twice", "no-final", "no-run", "fault-never-ends"],
+)
 def test_malformed(tmp_path: Path, edit: Any, problem: str) -> None:
     found = violations(write(tmp_path / "h.jsonl", edit(clean_run().finish())))
     assert list(found) == [MALFORMED]
@@ -500,8 +636,9 @@ def test_malformed_lines(tmp_path: Path) -> None:
 
 
 def corrupt_a_worker_read(events: list[Event]) -> None:
-    poll = next(e for e in events if e["op"] == "poll" and e["process"] == "ctp-0"
-                and e["type"] == "ok")
+    poll = next(
+        e for e in events if e["op"] == "poll" and e["process"] == "ctp-0" and e["type"] == "ok"
+    )
     poll["reads"][0][2] = "0"
 
 
@@ -518,14 +655,17 @@ def corrupt_a_txn(events: list[Event]) -> None:
     send["txn"] = [send["txn"]]
 
 
-@pytest.mark.parametrize(("edit", "problem"), [
-    (corrupt_a_worker_read, "an item of reads is not [str, int, int, str]"),
-    (corrupt_the_writes, "writes is not a list"),
-    (corrupt_the_committed_offsets, "committed has 'input': 5"),
-    (corrupt_a_txn, "send without a txn"),
-], ids=["read", "writes", "committed", "txn"])
-def test_malformed_fields_are_reported_not_a_crash(
-        tmp_path: Path, edit: Any, problem: str) -> None:
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (corrupt_a_worker_read, "an item of reads is not [str, int, int, str]"),
+        (corrupt_the_writes, "writes is not a list"),
+        (corrupt_the_committed_offsets, "committed has 'input': 5"),
+        (corrupt_a_txn, "send without a txn"),
+    ],
+    ids=["read", "writes", "committed", "txn"],
+)
+def test_malformed_fields_are_reported_not_a_crash(tmp_path: Path, edit: Any, problem: str) -> None:
     events = clean_run().finish()
     edit(events)
     found = violations(write(tmp_path / "h.jsonl", events))
@@ -541,8 +681,13 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     events = clean_run().finish()
     forget("txn-0:0#1", [final(events)])
     lost = write(tmp_path / "lost.jsonl", events)
-    result = subprocess.run([sys.executable, "-m", "tests.history_checker", str(lost)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.history_checker", str(lost)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 1
     assert re.search(r"^lost-write +1$", result.stdout, re.M) and '"txn-0:0#1"' in result.stdout
     with pytest.raises(SystemExit) as raised:
