@@ -12,7 +12,7 @@ TYPED = fsm pid_allocator marker_writer partition_log/producer_state.py partitio
 .PHONY: help install test test-fast lint typecheck proto demo clean
 
 help:
-	@echo "make demo       the main job (interim): local cluster, both examples with a leader kill -9, verdict"
+	@echo "make demo       the main job: local cluster, chaos workload with every fault, Spark audit, verdict"
 	@echo "make test       create .venv if needed, install, run the whole test suite"
 	@echo "make test-fast  only the fast layer (no multi-process tests)"
 	@echo "make lint       ruff + mypy --strict on the typed packages"

@@ -8,9 +8,13 @@ from pathlib import Path
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import secrets
+
     from raftcoord.demo import run_demo
 
-    return run_demo(Path(args.data_dir) if args.data_dir else None, args.records)
+    seed = args.seed if args.seed is not None else secrets.randbelow(1_000_000_000)
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    return run_demo(data_dir, args.duration, seed, args.input_records)
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -54,8 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the main job (cluster, workload, faults, audit)")
-    demo.add_argument("--records", type=int, default=300, help="input records to copy")
-    demo.add_argument("--data-dir", help="keep the cluster's files here (default: a temp dir)")
+    demo.add_argument("--duration", type=float, default=60.0, help="seconds of traffic (60)")
+    demo.add_argument("--seed", type=int, help="replays a run (default: a random one, printed)")
+    demo.add_argument(
+        "--input-records", type=int, default=2_000, help="the pipeline's input records (2000)"
+    )
+    demo.add_argument(
+        "--data-dir", help="the cluster's files, history and report (default: a new temp dir)"
+    )
     demo.set_defaults(func=_demo)
     node = commands.add_parser("node", help="run one coordinator node")
     node.add_argument("--config", required=True, help="cluster config (TOML)")

@@ -23,12 +23,24 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_demo_runs_the_examples_with_a_leader_kill_and_passes() -> None:
-    result = _cli("demo", "--records", "60", timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "kill -9 coordinator node" in result.stdout
+def test_demo_runs_the_workload_with_faults_audits_it_and_passes(tmp_path: Path) -> None:
+    result = _cli(
+        "demo",
+        "--duration",
+        "15",
+        "--input-records",
+        "300",
+        "--seed",
+        "7",
+        "--data-dir",
+        str(tmp_path / "demo"),
+        timeout=420,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    for fault in ("leader-kill", "pause", "plog-restart"):
+        assert fault in result.stdout
     assert "VERDICT: PASS" in result.stdout
-    assert "cluster stopped" in result.stdout
+    assert (tmp_path / "demo" / "audit" / "audit.html").is_file()
     assert "Traceback" not in result.stderr
 
 

@@ -138,17 +138,21 @@ def _workload(args: argparse.Namespace) -> int:
         options.check()
         cluster = _cluster(args)
         history = Path(args.history) if args.history else cluster.data_dir / "history.jsonl"
-        workload = Workload(cluster, options, history, say=console.print)
-        with Live(
-            console=console, transient=True, get_renderable=lambda: _progress(workload.progress())
-        ):
-            summary = workload.run()
+        summary = run_with_progress(Workload(cluster, options, history, say=console.print), console)
     except (ClusterError, KafkaError, ValueError) as exc:
         console.print(f"raftcoord workload: {exc}", style="red")
         return 1
     console.print(summary_table(summary))
     console.print(f"history: {history}")
     return 1 if summary["crashed"] or summary["unfinished"] else 0
+
+
+def run_with_progress(workload: Workload, console: Console) -> dict[str, Any]:
+    """Run ``workload`` under a live progress table; returns its summary."""
+    with Live(
+        console=console, transient=True, get_renderable=lambda: _progress(workload.progress())
+    ):
+        return workload.run()
 
 
 def _progress(progress: dict[str, Any]) -> Table:
