@@ -329,6 +329,25 @@ def test_aborting_the_next_transaction_while_markers_wait_is_not_fatal(
     assert sorted(read(cluster, partitions, committed=True)) == [b"n", b"n+2"]
 
 
+def test_transactional_producer_example_runs(shared_cluster: LocalCluster) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "transactional_producer.py"),
+            "--cluster-dir",
+            str(shared_cluster.data_dir),
+            "--topic",
+            "e2e-orders",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "committed: 5  aborted: 3" in result.stdout
+    assert "aborted records visible: none" in result.stdout
+
+
 def test_readme_python_example_runs(
     shared_cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
