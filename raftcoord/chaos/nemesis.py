@@ -2,8 +2,7 @@
 in the history as a ``fault`` event with phase ``start`` and ``end``.
 
 It uses only the cluster launcher (:class:`~raftcoord.cluster.LocalCluster`:
-kill, start, leaders) and, for network partitions, :mod:`raftcoord.netns`
-(imported only when the ``partition`` fault is asked for). Faults run one at
+kill, start, leaders) and, for network partitions, :mod:`raftcoord.netns`. Faults run one at
 a time: a quiet ``interval``, then a fault held for its planned time, then
 its end (restart, SIGCONT or heal), and so on. Which faults run, in which
 order, and their random choices (shard, node, hold time) come from the seed;
@@ -14,16 +13,15 @@ leader of shard 2 is whoever leads it then).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import random
 import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
+from raftcoord import netns
 from raftcoord.chaos.history import History
 from raftcoord.cluster import ClusterError, LocalCluster
 
@@ -102,16 +100,17 @@ class Fault:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def _netns() -> tuple[ModuleType | None, str | None]:
-    """The netns module, or None and why it cannot be used."""
-    try:
-        netns = importlib.import_module("raftcoord.netns")
-    except ImportError as exc:
-        return None, f"raftcoord.netns cannot be imported ({exc})"
+def _why_no_partitions(cluster: LocalCluster) -> str | None:
+    """Why the network of ``cluster`` cannot be partitioned, or None."""
     reason = netns.unavailable()
     if reason is not None:
-        return None, f"network namespaces cannot be created here: {reason}"
-    return netns, None
+        return f"network namespaces cannot be created here: {reason}"
+    if not netns.enabled(cluster):
+        return (
+            "the cluster does not run in network namespaces "
+            "(start it with `raftcoord cluster up --netns`)"
+        )
+    return None
 
 
 class Nemesis:
@@ -143,18 +142,11 @@ class Nemesis:
         self._active: list[Fault] = []
         self.done: dict[str, int] = {}
         self._stop = threading.Event()
-        self._netns: ModuleType | None = None
+        self._partitions = False  # whether partition faults run (and need healing)
         runnable = list(kinds)
         if "partition" in runnable:
-            self._netns, reason = _netns()
-            if self._netns is not None and not self._netns.enabled(cluster):
-                self._netns, reason = (
-                    None,
-                    (
-                        "the cluster does not run in network namespaces "
-                        "(start it with `raftcoord cluster up --netns`)"
-                    ),
-                )
+            reason = _why_no_partitions(cluster)
+            self._partitions = reason is None
             if reason is not None:
                 runnable.remove("partition")
                 self._skip("partition", f"not run: {reason}")
@@ -219,8 +211,8 @@ class Nemesis:
             if time.monotonic() > deadline:
                 raise ClusterError(f"could not heal: {self.current()}")
             time.sleep(1.0)
-        if self._netns is not None:
-            self._netns.heal(self.cluster)
+        if self._partitions:
+            netns.heal(self.cluster)
         state = self.cluster.state
         assert state is not None
         for record in state.nodes:
@@ -409,8 +401,6 @@ class Nemesis:
         )
 
     def _partition(self, plan: FaultPlan) -> Fault:
-        netns = self._netns
-        assert netns is not None
         nodes = sorted(n.node_id for n in self.cluster.coordinators())
         fields: dict[str, Any] = {}
         if plan.choice % 2 == 0:
