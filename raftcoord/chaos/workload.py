@@ -60,8 +60,9 @@ WORKER_FETCH_BYTES = 4096
 #: The pre-fill's batch size: fetches return whole batches, so small ones
 #: let WORKER_FETCH_BYTES bound a poll.
 INPUT_BATCH_BYTES = 4096
-#: How long the final read may take.
-FINAL_READ_S = 60.0
+#: How long the final read may go without reading anything before it gives
+#: up (its total time grows with the data of the run).
+FINAL_READ_STALL_S = 60.0
 #: History ops that are not client operations.
 _NOT_OPS = ("run", "fault", "final")
 
@@ -787,11 +788,16 @@ class Workload:
             for tp in tps:
                 reader.seek(tp, 0)
             reads: list[list[Any]] = []
-            deadline = time.monotonic() + FINAL_READ_S
+            progressed = time.monotonic()
             while any(reader.position(tp) < stable[tp] for tp in tps):
-                if time.monotonic() > deadline:
-                    raise KafkaTimeoutError(f"the final read took longer than {FINAL_READ_S} s")
-                reads += _reads(reader.poll(timeout_ms=POLL_MS))
+                if time.monotonic() - progressed > FINAL_READ_STALL_S:
+                    raise KafkaTimeoutError(
+                        f"the final read got nothing for {FINAL_READ_STALL_S} s"
+                    )
+                polled = _reads(reader.poll(timeout_ms=POLL_MS))
+                if polled:
+                    reads += polled
+                    progressed = time.monotonic()
         committed: dict[str, int | None] = {}
         if self.options.workers:
             inputs = [tp for tp in tps if tp.topic == r.input_topic]
