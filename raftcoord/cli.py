@@ -79,9 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     pnode.set_defaults(func=_partition_node)
     from raftcoord import cluster
     from raftcoord.chaos import commands as chaos
+    from spark import cli as audit_cli
 
     cluster.add_parser(commands)
     chaos.add_parsers(commands)
+    audit = commands.add_parser(
+        "audit", help="Spark exactly-once audit of a run's logs and history (docs/audit.md)"
+    )
+    audit_cli.add_arguments(audit)
+    audit.set_defaults(func=audit_cli.command)
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result

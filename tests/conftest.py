@@ -8,9 +8,22 @@ steps and a @reproduce_failure blob to replay it).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("deterministic", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole run, started by the first test that asks."""
+    from spark.audit import session
+
+    spark = session("local[2]", shuffle_partitions=2)
+    yield spark
+    spark.stop()

@@ -1,0 +1,784 @@
+"""The audit's checks, as Spark DataFrame jobs over the three sources.
+
+The truth is re-derived from the data, the way Kafka defines it:
+
+* In a partition log, a transactional data batch of producer id P belongs to
+  P's transaction that the next control batch of P in that log closes. A
+  COMMIT marker (of an epoch at least the data's) makes the batch visible to
+  read_committed consumers, an ABORT hides it, and a batch with no such
+  marker after it is still open. Non-transactional batches are visible at
+  once. The last stable offset is the first offset of the earliest open
+  transaction; nothing from it on is visible.
+* The coordinator's decision for a transaction is the Prepare* transition of
+  its applied-transitions logs; its epoch is the markers' epoch, and the
+  transaction's own epoch is the one of the ONGOING state before it.
+* A history transaction committed when its ``commit`` is ``ok``, aborted
+  after an ``abort`` or a failed ``commit``, unknown after a ``commit``
+  ``info``, and is still open without any of these.
+
+Each check is a DataFrame of violations; the driver collects only its count
+and a few examples.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+EXAMPLES = 5
+PREPARE = {"PREPARE_COMMIT": "COMMIT", "PREPARE_ABORT": "ABORT"}
+#: (name, what a violation is), in the order the report lists them
+CHECKS: list[tuple[str, str]] = [
+    ("lost-write", "a write of an acknowledged commit is missing from the logs or the final read"),
+    ("duplicate", "a value at more than one offset, or an input transformed more than once"),
+    ("aborted-read", "data of an aborted transaction is visible or read with read_committed"),
+    ("torn-transaction", "a transaction visible in some partitions and not in others"),
+    ("uncommitted-read", "a read_committed poll returned data before its transaction was stable"),
+    (
+        "one-decision",
+        "COMMIT and ABORT for one transaction, or markers disagree with the coordinator",
+    ),
+    ("zombie-write", "committed data written at an epoch other than its transaction's"),
+    ("epoch-order", "a producer id's epochs go backwards in a partition log"),
+    ("inconsistent-offsets", "one offset of a partition holds two values across reads and the log"),
+    ("nonmonotonic-poll", "a poller read a partition's offsets out of order or twice"),
+    ("skipped-poll", "a poller jumped over a record visible to read_committed"),
+    ("replica-divergence", "coordinator replicas applied different transitions at one Raft entry"),
+    ("exactly-once-pipeline", "outputs are not one per consumed input, or offsets not at the end"),
+    ("unseen", "a committed write that no poller read by the end"),
+    ("liveness", "a transaction still open at the end of the run"),
+    ("unreadable-data", "a batch, transition or history event that cannot be decoded"),
+]
+DESCRIPTIONS = dict(CHECKS)
+
+
+@dataclass
+class CheckResult:
+    name: str
+    count: int
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    #: why the check could not run (then ``count`` is 0)
+    skipped: str | None = None
+
+    @property
+    def status(self) -> str:
+        return "SKIP" if self.skipped else ("PASS" if self.count == 0 else "FAIL")
+
+    @property
+    def description(self) -> str:
+        return DESCRIPTIONS[self.name]
+
+
+def _tp(prefix: str = "") -> list[str]:
+    return [f"{prefix}topic", f"{prefix}partition"]
+
+
+class Audit:
+    """Derived data sets (cached) and the checks over them.
+
+    ``segments`` and ``transitions`` are the sources of :mod:`spark.sources`;
+    ``history`` may be None, and then the checks that need it are skipped.
+    """
+
+    def __init__(
+        self, segments: DataFrame, transitions: DataFrame, history: DataFrame | None
+    ) -> None:
+        self.segments = segments.cache()
+        self.transitions = transitions.cache()
+        self.history = None if history is None else history.cache()
+        self._derive_logs()
+        self._derive_coordinator()
+        if self.history is not None:
+            self._derive_history(self.history)
+
+    # --- the logs ----------------------------------------------------------------------------
+
+    def _derive_logs(self) -> None:
+        recs = self.segments.where(F.col("record_index").isNotNull() & F.col("magic").isNotNull())
+        batches = recs.where(F.col("record_index") == 0)
+        self.batches = batches
+        with_pid = batches.where((F.col("producer_id") >= 0) & F.col("transactional"))
+        closing = Window.partitionBy("topic", "partition", "producer_id").orderBy(
+            F.col("base_offset").desc()
+        )
+        with_pid = with_pid.withColumn(
+            "closing_offset",
+            F.min(F.when(F.col("control"), F.col("base_offset"))).over(
+                closing.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+            ),
+        )
+        markers = with_pid.where(F.col("control")).select(
+            *_tp(),
+            "producer_id",
+            F.col("base_offset").alias("closing_offset"),
+            F.col("producer_epoch").alias("marker_epoch"),
+            F.col("control_type").alias("marker_type"),
+            "coordinator_epoch",
+            F.col("max_timestamp").alias("marker_ts"),
+        )
+        self.markers = markers.withColumnRenamed("closing_offset", "offset").cache()
+        data = with_pid.where(~F.col("control")).join(
+            markers, [*_tp(), "producer_id", "closing_offset"], "left"
+        )
+        status = (
+            F.when(F.col("marker_type").isNull(), "OPEN")
+            .when(F.col("marker_epoch") < F.col("producer_epoch"), "OPEN")
+            .when(F.col("marker_type") == "COMMIT", "COMMITTED")
+            .otherwise("ABORTED")
+        )
+        txn_data = data.withColumn("status", status)
+        plain = (
+            batches.where(
+                ~F.col("control") & ~(F.col("transactional") & (F.col("producer_id") >= 0))
+            )
+            .withColumn("status", F.lit("PLAIN"))
+            .withColumn("marker_epoch", F.lit(None).cast("int"))
+            .withColumn("marker_ts", F.lit(None).cast("long"))
+        )
+        cols = [
+            *_tp(),
+            "base_offset",
+            "last_offset",
+            "producer_id",
+            "producer_epoch",
+            "status",
+            "marker_epoch",
+            "marker_ts",
+        ]
+        data_batches = txn_data.select(*cols).unionByName(plain.select(*cols))
+        lso = (
+            data_batches.where(F.col("status") == "OPEN")
+            .groupBy(*_tp())
+            .agg(F.min("base_offset").alias("lso"))
+        )
+        data_batches = data_batches.join(lso, _tp(), "left").withColumn(
+            "visible",
+            F.col("status").isin("COMMITTED", "PLAIN")
+            & (F.col("lso").isNull() | (F.col("base_offset") < F.col("lso"))),
+        )
+        self.data_batches = data_batches.cache()
+        self.records = (
+            recs.where(~F.col("control"))
+            .select(*_tp(), "base_offset", "offset", "value")
+            .join(self.data_batches.drop("last_offset"), [*_tp(), "base_offset"])
+            .cache()
+        )
+        self.visible = self.records.where("visible").select(*_tp(), "offset", "value").cache()
+        self.ends = batches.groupBy(*_tp()).agg((F.max("last_offset") + 1).alias("end"))
+
+    # --- the coordinator ---------------------------------------------------------------------
+
+    def _derive_coordinator(self) -> None:
+        tr = self.transitions.where(F.col("index").isNotNull()).withColumn(
+            "shard", F.coalesce("file_shard", "shard")
+        )
+        tr = tr.withColumn(
+            "pos",
+            F.row_number().over(Window.partitionBy("node", "shard", "index").orderBy("line")),
+        )
+        self.replica_transitions = tr.cache()
+        unique = tr.dropDuplicates(["shard", "index", "pos", "text"])
+        before = (
+            Window.partitionBy("transactional_id")
+            .orderBy("index", "pos")
+            .rowsBetween(Window.unboundedPreceding, -1)
+        )
+        unique = unique.withColumn(
+            "txn_epoch",
+            F.last(F.when(F.col("to_state") == "ONGOING", F.col("producer_epoch")), True).over(
+                before
+            ),
+        )
+        self.unique_transitions = unique.cache()
+        decision = F.create_map(*[F.lit(x) for kv in PREPARE.items() for x in kv])[
+            F.col("to_state")
+        ]
+        self.decisions = (
+            unique.where(F.col("to_state").isin(*PREPARE))
+            .groupBy("producer_id", F.col("producer_epoch").alias("marker_epoch"))
+            .agg(
+                F.array_sort(F.collect_set(decision)).alias("decisions"),
+                F.max("txn_epoch").alias("txn_epoch"),
+                F.first("transactional_id").alias("transactional_id"),
+            )
+            .cache()
+        )
+
+    # --- the history -------------------------------------------------------------------------
+
+    def _derive_history(self, hist: DataFrame) -> None:
+        ok = hist.where(F.col("problem").isNull())
+        by_process = Window.partitionBy("process").orderBy("index")
+        # One operation outstanding per process: a completion's invoke is the event before.
+        paired = ok.select(
+            "*",
+            F.lag("type").over(by_process).alias("inv_type"),
+            F.lag("time_ms").over(by_process).alias("inv_time"),
+            F.lag("topic").over(by_process).alias("inv_topic"),
+            F.lag("partition").over(by_process).alias("inv_partition"),
+            F.lag("value").over(by_process).alias("inv_value"),
+            F.lag("isolation").over(by_process).alias("inv_isolation"),
+        )
+        self.completions = paired.where(F.col("type") != "invoke").cache()
+        ends = self.completions.where(
+            F.col("op").isin("commit", "abort") & F.col("txn").isNotNull()
+        )
+        outcome = ends.groupBy("txn").agg(
+            F.max((F.col("op") == "commit") & (F.col("type") == "ok")).alias("c_ok"),
+            F.max(
+                (F.col("op") == "abort") | ((F.col("op") == "commit") & (F.col("type") == "fail"))
+            ).alias("a"),
+        )
+        self.outcomes = outcome.select(
+            "txn",
+            F.when(F.col("c_ok"), "committed")
+            .when(F.col("a"), "aborted")
+            .otherwise("unknown")
+            .alias("outcome"),
+        )
+        sends = ok.where((F.col("op") == "send") & (F.col("type") == "invoke")).select(
+            "txn", "process", *_tp(), "value", "source"
+        )
+        listed = (
+            ok.where(F.col("op").isin("commit", "abort") & (F.col("type") == "invoke"))
+            .select("txn", "process", F.explode("writes").alias("w"))
+            .select("txn", "process", "w.topic", "w.partition", "w.value")
+            .withColumn("source", F.lit(None).cast(sends.schema["source"].dataType))
+        )
+        writes = (
+            sends.unionByName(listed)
+            .groupBy("txn", "process", *_tp(), "value")
+            .agg(F.first("source", True).alias("source"))
+        )
+        self.writes = (
+            writes.join(self.outcomes, "txn", "left")
+            .withColumn("outcome", F.coalesce("outcome", F.lit("open")))
+            .cache()
+        )
+        poll_ok = self.completions.where((F.col("op") == "poll") & (F.col("type") == "ok"))
+        self.poll_reads = (
+            poll_ok.select(
+                "process",
+                "index",
+                "time_ms",
+                F.col("inv_isolation").alias("isolation"),
+                F.posexplode("reads").alias("pos", "r"),
+            )
+            .select("process", "index", "time_ms", "isolation", "pos", "r.*")
+            .cache()
+        )
+        self.final = ok.where(F.col("op") == "final").cache()
+        self.final_reads = self.final.select(F.explode("reads").alias("r")).select("r.*").cache()
+        facts = ok.agg(
+            F.max(F.col("op") == "final").alias("final"),
+            F.max((F.col("op") == "poll") & F.col("process").startswith("poller-")).alias("polls"),
+            F.first("input_topic", True).alias("input_topic"),
+            F.first("output_topic", True).alias("output_topic"),
+        ).first()
+        assert facts is not None
+        self.has_final = bool(facts["final"])
+        self.has_pollers = bool(facts["polls"])
+        self.input_topic: str | None = facts["input_topic"]
+        self.output_topic: str | None = facts["output_topic"]
+
+    # --- the checks --------------------------------------------------------------------------
+
+    def run(self) -> list[CheckResult]:
+        checks: dict[str, Callable[[], DataFrame | str]] = {
+            "lost-write": self.lost_write,
+            "duplicate": self.duplicate,
+            "aborted-read": self.aborted_read,
+            "torn-transaction": self.torn_transaction,
+            "uncommitted-read": self.uncommitted_read,
+            "one-decision": self.one_decision,
+            "zombie-write": self.zombie_write,
+            "epoch-order": self.epoch_order,
+            "inconsistent-offsets": self.inconsistent_offsets,
+            "nonmonotonic-poll": self.nonmonotonic_poll,
+            "skipped-poll": self.skipped_poll,
+            "replica-divergence": self.replica_divergence,
+            "exactly-once-pipeline": self.exactly_once_pipeline,
+            "unseen": self.unseen,
+            "liveness": self.liveness,
+            "unreadable-data": self.unreadable_data,
+        }
+        found: list[DataFrame] = []
+        skipped: dict[str, str] = {}
+        for name, _ in CHECKS:
+            check = checks[name]()
+            if isinstance(check, str):
+                skipped[name] = check
+            else:
+                row = F.to_json(F.struct(*check.columns)).alias("row")
+                found.append(check.select(F.lit(name).alias("check"), row))
+        # One job for every check: each violation becomes (check, row as JSON); the driver
+        # gets the count and the first few rows of each check.
+        everything = functools.reduce(DataFrame.unionByName, found)
+        per_check = Window.partitionBy("check")
+        firsts = (
+            everything.withColumn("n", F.count("*").over(per_check))
+            .withColumn("rank", F.row_number().over(per_check.orderBy("row")))
+            .where(F.col("rank") <= EXAMPLES)
+            .collect()
+        )
+        counts = {r["check"]: r["n"] for r in firsts}
+        examples: dict[str, list[dict[str, Any]]] = {}
+        for r in sorted(firsts, key=lambda r: r["rank"]):
+            examples.setdefault(r["check"], []).append(json.loads(r["row"]))
+        return [
+            CheckResult(name, counts.get(name, 0), examples.get(name, []), skipped.get(name))
+            for name, _ in CHECKS
+        ]
+
+    def _needs_history(self) -> str | None:
+        return "no history given" if self.history is None else None
+
+    def lost_write(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        committed = self.writes.where(F.col("outcome") == "committed").select(
+            "txn", *_tp(), "value"
+        )
+        found = committed.join(self.visible, [*_tp(), "value"], "left_anti").withColumn(
+            "missing_from", F.lit("logs")
+        )
+        if self.has_final:
+            in_final = committed.join(
+                self.final_reads.select(*_tp(), "value"), [*_tp(), "value"], "left_anti"
+            ).withColumn("missing_from", F.lit("final read"))
+            found = found.unionByName(in_final)
+        return found.groupBy("txn", *_tp(), "value").agg(
+            F.array_sort(F.collect_set("missing_from")).alias("missing_from")
+        )
+
+    def duplicate(self) -> DataFrame:
+        in_logs = (
+            self.visible.groupBy("value")
+            .agg(F.count("*").alias("n"), F.collect_list(F.struct(*_tp(), "offset")).alias("at"))
+            .where("n > 1")
+            .select(F.lit("value at two offsets in the logs").alias("kind"), "value", "at")
+        )
+        if self.history is None:
+            return in_logs
+        reads = self._all_reads().select(*_tp(), "offset", "value").distinct()
+        in_reads = (
+            reads.groupBy("value")
+            .agg(F.count("*").alias("n"), F.collect_list(F.struct(*_tp(), "offset")).alias("at"))
+            .where("n > 1")
+            .select(F.lit("value read at two offsets").alias("kind"), "value", "at")
+        )
+        outputs = self._visible_outputs()
+        transformed = (
+            outputs.groupBy("source")
+            .agg(
+                F.count("*").alias("n"),
+                F.collect_list(F.struct(*_tp(), "offset")).alias("at"),
+            )
+            .where("n > 1")
+            .select(
+                F.lit("input transformed more than once").alias("kind"),
+                F.col("source.value").alias("value"),
+                "at",
+            )
+        )
+        return in_logs.unionByName(in_reads).unionByName(transformed)
+
+    def aborted_read(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        aborted = self.writes.where(F.col("outcome") == "aborted").select("txn", *_tp(), "value")
+        committed_reads = self._committed_reads()
+        in_logs = aborted.join(self.visible, [*_tp(), "value"], "left_semi").withColumn(
+            "seen_in", F.lit("logs")
+        )
+        in_reads = aborted.join(
+            committed_reads.select(*_tp(), "value", "seen_in"), [*_tp(), "value"], "left_semi"
+        ).withColumn("seen_in", F.lit("read_committed read"))
+        aborted_log = self.records.where(F.col("status") == "ABORTED").select(
+            *_tp(), "offset", F.col("value").alias("log_value")
+        )
+        read_aborted = (
+            committed_reads.join(aborted_log, [*_tp(), "offset"])
+            .select(F.lit(None).cast("string").alias("txn"), *_tp(), "value")
+            .withColumn("seen_in", F.lit("read of aborted log data"))
+        )
+        return in_logs.unionByName(in_reads).unionByName(read_aborted).distinct()
+
+    def torn_transaction(self) -> DataFrame:
+        in_logs = (
+            self.data_batches.where(F.col("producer_id") >= 0)
+            .where(F.col("status") != "PLAIN")
+            .groupBy("producer_id", "producer_epoch")
+            .agg(
+                F.collect_set("status").alias("statuses"),
+                F.collect_list(F.struct(*_tp(), "base_offset", "status")).alias("batches"),
+            )
+            .where(F.array_contains("statuses", "COMMITTED") & (F.size("statuses") > 1))
+            .select(
+                F.lit("logs").alias("where"),
+                F.concat_ws("/", "producer_id", "producer_epoch").alias("transaction"),
+                F.col("batches").cast("string").alias("detail"),
+            )
+        )
+        if self.history is None:
+            return in_logs
+        unknown = self.writes.where(F.col("outcome").isin("unknown", "open"))
+        seen = self.visible.select(*_tp(), "value", F.lit(1).alias("seen"))
+        torn = (
+            unknown.join(seen, [*_tp(), "value"], "left")
+            .groupBy("txn")
+            .agg(F.count("*").alias("writes"), F.count("seen").alias("visible"))
+            .where((F.col("visible") > 0) & (F.col("visible") < F.col("writes")))
+            .select(
+                F.lit("history").alias("where"),
+                F.col("txn").alias("transaction"),
+                F.format_string("%d of %d writes visible", "visible", "writes").alias("detail"),
+            )
+        )
+        return in_logs.unionByName(torn)
+
+    def uncommitted_read(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        reads = self.poll_reads.where(F.col("isolation") == "read_committed")
+        return (
+            reads.join(
+                self.records.select(*_tp(), "offset", "status", "marker_ts"), [*_tp(), "offset"]
+            )
+            .where(
+                (F.col("status") == "OPEN")
+                | ((F.col("status") == "COMMITTED") & (F.col("marker_ts") > F.col("time_ms")))
+            )
+            .select("process", "index", *_tp(), "offset", "value", "status", "marker_ts", "time_ms")
+        )
+
+    def one_decision(self) -> DataFrame:
+        by_txn = (
+            self.markers.groupBy("producer_id", "marker_epoch")
+            .agg(
+                F.array_sort(F.collect_set("marker_type")).alias("types"),
+                F.collect_list(F.struct(*_tp(), "offset", "marker_type")).alias("markers"),
+            )
+            .join(self.decisions, ["producer_id", "marker_epoch"], "left")
+        )
+        problem = (
+            F.when(F.size("types") > 1, "COMMIT and ABORT markers")
+            .when(F.size("decisions") > 1, "the coordinator decided both")
+            .when(F.col("decisions").isNull(), "no coordinator decision for the markers")
+            .when(F.col("types") != F.col("decisions"), "markers disagree with the coordinator")
+        )
+        return (
+            by_txn.withColumn("problem", problem)
+            .where(F.col("problem").isNotNull())
+            .select("problem", "producer_id", "marker_epoch", "types", "decisions", "markers")
+        )
+
+    def zombie_write(self) -> DataFrame:
+        return (
+            self.data_batches.where(F.col("status") == "COMMITTED")
+            .join(self.decisions, ["producer_id", "marker_epoch"])
+            .where(F.col("txn_epoch").isNotNull() & (F.col("producer_epoch") != F.col("txn_epoch")))
+            .select(
+                *_tp(),
+                "base_offset",
+                "producer_id",
+                "producer_epoch",
+                "txn_epoch",
+                "marker_epoch",
+                "transactional_id",
+            )
+        )
+
+    def epoch_order(self) -> DataFrame:
+        earlier = (
+            Window.partitionBy("topic", "partition", "producer_id")
+            .orderBy("base_offset")
+            .rowsBetween(Window.unboundedPreceding, -1)
+        )
+        return (
+            self.batches.where(F.col("producer_id") >= 0)
+            .withColumn("max_before", F.max("producer_epoch").over(earlier))
+            .where(F.col("producer_epoch") < F.col("max_before"))
+            .select(*_tp(), "base_offset", "producer_id", "producer_epoch", "max_before", "control")
+        )
+
+    def inconsistent_offsets(self) -> DataFrame:
+        seen = self.records.select(*_tp(), "offset", "value", F.lit("log").alias("source"))
+        if self.history is not None:
+            sends = self.completions.where(
+                (F.col("op") == "send") & (F.col("type") == "ok") & (F.col("offset") >= 0)
+            ).select(
+                F.col("inv_topic").alias("topic"),
+                F.col("inv_partition").alias("partition"),
+                "offset",
+                F.col("inv_value").alias("value"),
+                F.lit("send").alias("source"),
+            )
+            reads = self._all_reads().select(*_tp(), "offset", "value", "source")
+            seen = seen.unionByName(sends).unionByName(reads)
+        return (
+            seen.groupBy(*_tp(), "offset")
+            .agg(
+                F.countDistinct("value").alias("n"),
+                F.collect_set(F.struct("value", "source")).alias("values"),
+            )
+            .where("n > 1")
+            .drop("n")
+        )
+
+    def _poller_pairs(self) -> DataFrame:
+        order = Window.partitionBy("process", "topic", "partition").orderBy("index", "pos")
+        return (
+            self.poll_reads.where(F.col("process").startswith("poller-"))
+            .withColumn("prev_offset", F.lag("offset").over(order))
+            .withColumn("prev_index", F.lag("index").over(order))
+            .where(F.col("prev_offset").isNotNull())
+        )
+
+    def nonmonotonic_poll(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        return (
+            self._poller_pairs()
+            .where(F.col("offset") <= F.col("prev_offset"))
+            .select("process", "index", "prev_index", *_tp(), "prev_offset", "offset")
+        )
+
+    def skipped_poll(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        rank = self.visible.select(
+            *_tp(),
+            "offset",
+            F.row_number().over(Window.partitionBy(*_tp()).orderBy("offset")).alias("rank"),
+        )
+        pairs = self._poller_pairs().where(F.col("isolation") == "read_committed")
+        return (
+            pairs.join(rank, [*_tp(), "offset"])
+            .join(
+                rank.select(
+                    *_tp(), F.col("offset").alias("prev_offset"), F.col("rank").alias("prev_rank")
+                ),
+                [*_tp(), "prev_offset"],
+            )
+            .where(F.col("rank") > F.col("prev_rank") + 1)
+            .select(
+                "process",
+                "index",
+                *_tp(),
+                "prev_offset",
+                "offset",
+                (F.col("rank") - F.col("prev_rank") - 1).alias("visible_skipped"),
+            )
+        )
+
+    def replica_divergence(self) -> DataFrame:
+        tr = self.replica_transitions
+        per_replica = tr.groupBy("shard", "index", "node").agg(
+            F.transform(
+                F.array_sort(F.collect_list(F.struct("pos", "text"))), lambda s: s["text"]
+            ).alias("applied")
+        )
+        differ = (
+            per_replica.groupBy("shard", "index")
+            .agg(
+                F.countDistinct("applied").alias("versions"),
+                F.collect_list(F.struct("node", "applied")).alias("replicas"),
+            )
+            .where("versions > 1")
+            .select(
+                F.lit("different transitions").alias("problem"),
+                "shard",
+                "index",
+                F.col("replicas").cast("string").alias("detail"),
+            )
+        )
+        order = Window.partitionBy("node", "shard").orderBy("line")
+        backwards = (
+            tr.withColumn("prev", F.lag("index").over(order))
+            .where(F.col("index") < F.col("prev"))
+            .select(
+                F.lit("entries applied out of order").alias("problem"),
+                "shard",
+                "index",
+                F.format_string("node %d applied %d after %d", "node", "index", "prev").alias(
+                    "detail"
+                ),
+            )
+        )
+        return differ.unionByName(backwards)
+
+    def exactly_once_pipeline(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        if not self.input_topic or not self.output_topic:
+            return "the history names no input and output topics"
+        if not self.has_final:
+            return "the history has no final read"
+        source_t = self.input_topic
+        committed = self.final.select(F.explode("committed").alias("tp", "next_offset")).select(
+            F.split("tp", "/").getItem(0).alias("topic"),
+            F.split("tp", "/").getItem(1).cast("int").alias("partition"),
+            "next_offset",
+        )
+        inputs = self.visible.where(F.col("topic") == source_t).join(committed, _tp(), "left")
+        outputs = self._visible_outputs()
+        made = outputs.select(
+            F.col("source.topic").alias("topic"),
+            F.col("source.partition").alias("partition"),
+            F.col("source.offset").alias("offset"),
+        ).distinct()
+        consumed = inputs.where(F.col("offset") < F.col("next_offset"))
+        untransformed = consumed.join(made, [*_tp(), "offset"], "left_anti").select(
+            F.lit("consumed input without an output").alias("problem"),
+            *_tp(),
+            "offset",
+            "value",
+        )
+        beyond = (
+            outputs.where(F.col("source").isNull() | (F.col("source.topic") != source_t))
+            .select(
+                F.lit("output not made from an input").alias("problem"), *_tp(), "offset", "value"
+            )
+            .unionByName(
+                outputs.join(
+                    committed.select(
+                        F.col("topic").alias("st"),
+                        F.col("partition").alias("sp"),
+                        "next_offset",
+                    ),
+                    (F.col("source.topic") == F.col("st"))
+                    & (F.col("source.partition") == F.col("sp")),
+                    "left",
+                )
+                .where(
+                    F.col("source").isNotNull()
+                    & (F.col("source.topic") == source_t)
+                    & (
+                        F.col("next_offset").isNull()
+                        | (F.col("source.offset") >= F.col("next_offset"))
+                    )
+                )
+                .select(
+                    F.lit("output of an input beyond the committed offset").alias("problem"),
+                    *_tp(),
+                    "offset",
+                    "value",
+                )
+            )
+        )
+        ends = self.ends.where(F.col("topic") == source_t).join(committed, _tp(), "full")
+        not_at_end = ends.where(
+            F.coalesce("end", F.lit(0)) != F.coalesce("next_offset", F.lit(0))
+        ).select(
+            F.lit("committed offset not at the input's end").alias("problem"),
+            *_tp(),
+            F.col("next_offset").alias("offset"),
+            F.format_string(
+                "log end %s", F.coalesce(F.col("end").cast("string"), F.lit("none"))
+            ).alias("value"),
+        )
+        return untransformed.unionByName(beyond).unionByName(not_at_end)
+
+    def unseen(self) -> DataFrame | str:
+        if (why := self._needs_history()) is not None:
+            return why
+        if not self.has_pollers:
+            return "the history has no pollers"
+        pollers = self.poll_reads.where(F.col("process").startswith("poller-"))
+        committed = self.writes.where(F.col("outcome") == "committed").select(
+            "txn", *_tp(), "value"
+        )
+        return committed.join(pollers.select(*_tp(), "value"), [*_tp(), "value"], "left_anti")
+
+    def liveness(self) -> DataFrame:
+        last = Window.partitionBy("transactional_id").orderBy(
+            F.col("index").desc(), F.col("pos").desc()
+        )
+        stuck = (
+            self.unique_transitions.withColumn("n", F.row_number().over(last))
+            .where((F.col("n") == 1) & F.col("to_state").startswith("PREPARE_"))
+            .select(
+                F.lit("coordinator").alias("where"),
+                F.col("transactional_id").alias("transaction"),
+                F.format_string("left in %s (epoch %d)", "to_state", "producer_epoch").alias(
+                    "detail"
+                ),
+            )
+        )
+        txn_status = (
+            self.data_batches.where(F.col("status") != "PLAIN")
+            .groupBy("producer_id", "producer_epoch")
+            .agg(F.collect_set("status").alias("statuses"))
+        )
+        open_in_logs = txn_status.where(
+            F.array_contains("statuses", "OPEN") & ~F.array_contains("statuses", "COMMITTED")
+        ).select(
+            F.lit("logs").alias("where"),
+            F.concat_ws("/", "producer_id", "producer_epoch").alias("transaction"),
+            F.lit("data with no marker after it").alias("detail"),
+        )
+        found = stuck.unionByName(open_in_logs)
+        if self.history is not None:
+            never_ended = (
+                self.writes.where(F.col("outcome") == "open")
+                .select("txn")
+                .distinct()
+                .select(
+                    F.lit("history").alias("where"),
+                    F.col("txn").alias("transaction"),
+                    F.lit("no end (commit/abort completion)").alias("detail"),
+                )
+            )
+            found = found.unionByName(never_ended)
+        return found
+
+    def unreadable_data(self) -> DataFrame:
+        segments = self.segments.where(
+            F.col("problem").isNotNull() & ~F.col("problem").startswith("torn tail")
+        ).select(
+            F.concat_ws("/", F.lit("partition-node"), "node", "topic", "partition").alias("file"),
+            F.coalesce("offset", "base_offset", "position").alias("at"),
+            "problem",
+        )
+        transitions = self.transitions.where(F.col("problem").startswith("bad transition")).select(
+            F.format_string("node-%d/shard-%d", "node", "shard").alias("file"),
+            F.col("line").alias("at"),
+            "problem",
+        )
+        found = segments.unionByName(transitions)
+        if self.history is not None:
+            found = found.unionByName(
+                self.history.where(F.col("problem").isNotNull()).select(
+                    F.lit("history").alias("file"), F.col("position").alias("at"), "problem"
+                )
+            )
+        return found
+
+    # --- shared pieces -----------------------------------------------------------------------
+
+    def _all_reads(self) -> DataFrame:
+        polls = self.poll_reads.select(*_tp(), "offset", "value", F.col("process").alias("source"))
+        final = self.final_reads.select(*_tp(), "offset", "value", F.lit("final").alias("source"))
+        return polls.unionByName(final)
+
+    def _committed_reads(self) -> DataFrame:
+        polls = self.poll_reads.where(F.col("isolation") == "read_committed").select(
+            *_tp(), "offset", "value", F.col("process").alias("seen_in")
+        )
+        final = self.final_reads.select(*_tp(), "offset", "value", F.lit("final").alias("seen_in"))
+        return polls.unionByName(final)
+
+    def _visible_outputs(self) -> DataFrame:
+        """Visible records with the input their send names (null for other writers)."""
+        sources = self.writes.where(F.col("source").isNotNull()).select(*_tp(), "value", "source")
+        made = self.visible.join(sources, [*_tp(), "value"], "left")
+        if self.output_topic:
+            return made.where(F.col("topic") == self.output_topic)
+        return made.where(F.col("source").isNotNull())
