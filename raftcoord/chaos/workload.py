@@ -778,8 +778,12 @@ class Workload:
         r = self.run_state
         tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
         client = self.options.client()
+        # No fault is running now: the reader is patient, and asks for little
+        # per Fetch, so that a node slow to filter a long log (read_committed)
+        # answers each request well within the timeout.
+        patient = {**client, "request_timeout_ms": 60_000, "fetch_max_bytes": 1 << 20}
         with (
-            Consumer(r.bootstrap, isolation_level="read_committed", **client) as reader,
+            Consumer(r.bootstrap, isolation_level="read_committed", **patient) as reader,
             Consumer(r.bootstrap, isolation_level="read_uncommitted", **client) as latest,
         ):
             ends = latest.end_offsets(tps)
