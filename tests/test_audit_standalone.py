@@ -20,7 +20,8 @@ import pytest
 from raftcoord.cluster import free_ports
 from spark import synthetic
 
-pytestmark = pytest.mark.slow
+# Spark jobs are slow on a busy 2-core machine: a generous bound.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 RAFTCOORD = Path(sys.executable).parent / "raftcoord"
