@@ -123,10 +123,12 @@ def test_audit_runs_on_a_standalone_master(standalone: str, tmp_path: Path) -> N
             standalone,
             "--report",
             str(report),
+            "--shuffle-partitions",
+            "1",
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1100,
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "verdict: FAIL" in done.stdout
