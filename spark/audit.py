@@ -52,6 +52,7 @@ def session(master: str = "local[*]", shuffle_partitions: int = 8) -> SparkSessi
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.autoBroadcastJoinThreshold", "32m")
         .config("spark.driver.memory", os.environ.get("RAFTCOORD_AUDIT_DRIVER_MEMORY", "2g"))
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", java_options)

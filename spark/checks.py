@@ -92,6 +92,14 @@ class Audit:
         self.segments = segments.cache()
         self.transitions = transitions.cache()
         self.history = None if history is None else history.cache()
+        # Read every input once, up front: the planner then knows their sizes and joins
+        # small tables by broadcasting them instead of shuffling both sides.
+        self.rows = {
+            "segment rows": self.segments.count(),
+            "transitions (all replicas)": self.transitions.count(),
+        }
+        if self.history is not None:
+            self.rows["history events"] = self.history.count()
         self._derive_logs()
         self._derive_coordinator()
         if self.history is not None:

@@ -43,16 +43,11 @@ def collect(audit: Audit) -> dict[str, Any]:
     out: dict[str, Any] = {
         "partitions": [_fill(r.asDict()) for r in per_partition.collect()],
         "terms": [r.asDict() for r in terms.collect()],
-        "totals": {
-            "segment rows": audit.segments.count(),
-            "batches": batches.count(),
-            "transitions (all replicas)": audit.replica_transitions.count(),
-        },
+        "totals": {**audit.rows, "batches": batches.count()},
     }
     if audit.history is None:
         return out
     hist = audit.history
-    out["totals"]["history events"] = hist.count()
     out["totals"]["values sent"] = audit.writes.count()
     ends = audit.completions.where(F.col("op").isin("commit", "abort"))
     second = F.floor(F.col("time_ms") / 1000).cast("long")

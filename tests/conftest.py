@@ -24,6 +24,6 @@ def spark() -> Iterator[Any]:
     """One local SparkSession for the whole run, started by the first test that asks."""
     from spark.audit import session
 
-    spark = session("local[2]", shuffle_partitions=2)
+    spark = session("local[2]", shuffle_partitions=1)
     yield spark
     spark.stop()

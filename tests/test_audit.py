@@ -20,7 +20,8 @@ from spark import audit, synthetic
 from spark.checks import CHECKS, CheckResult
 from spark.synthetic import EVENTS, INPUT, OUTPUT, Batch, Run
 
-pytestmark = pytest.mark.slow
+# Spark jobs are slow on a busy 2-core machine: a generous bound.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 Logs = dict[tuple[str, int], list[Batch]]
 
