@@ -792,16 +792,15 @@ class Workload:
             for tp in tps:
                 reader.seek(tp, 0)
             reads: list[list[Any]] = []
-            progressed = time.monotonic()
             while any(reader.position(tp) < stable[tp] for tp in tps):
-                if time.monotonic() - progressed > FINAL_READ_STALL_S:
+                # A long poll: its deadline is also each Fetch's, and a node
+                # filtering a long log may need seconds to answer one.
+                polled = _reads(reader.poll(timeout_ms=int(FINAL_READ_STALL_S * 1000)))
+                if not polled:
                     raise KafkaTimeoutError(
                         f"the final read got nothing for {FINAL_READ_STALL_S} s"
                     )
-                polled = _reads(reader.poll(timeout_ms=POLL_MS))
-                if polled:
-                    reads += polled
-                    progressed = time.monotonic()
+                reads += polled
         committed: dict[str, int | None] = {}
         if self.options.workers:
             inputs = [tp for tp in tps if tp.topic == r.input_topic]
