@@ -6,8 +6,8 @@ from enum import IntEnum
 
 
 class ErrorCode(IntEnum):
-    """Kafka's error codes with Kafka's numbers (DESIGN.md section 4, plus
-    Kafka's codes for topic creation).
+    """Kafka's error codes with Kafka's numbers (those of its transaction,
+    produce and fetch paths, plus its codes for topic creation).
 
     The same numbers are the ``raftcoord.v1.ErrorCode`` protobuf enum; a test
     proves the two agree.

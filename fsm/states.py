@@ -1,4 +1,4 @@
-"""Transaction states and the table of legal transitions (DESIGN.md section 3)."""
+"""Transaction states and the table of legal transitions (Kafka's TransactionState)."""
 
 from __future__ import annotations
 

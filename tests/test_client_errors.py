@@ -90,7 +90,7 @@ ABORTABLE = {"TRANSACTION_ABORTABLE", "UNKNOWN_PRODUCER_ID", "INVALID_PRODUCER_I
 
 @pytest.mark.parametrize("name", sorted(ERROR_CODES))
 def test_reaction_classes_follow_the_design(name: str) -> None:
-    """DESIGN.md section 4: retriable / abortable / fatal; everything else is
+    """Kafka's reaction classes: retriable / abortable / fatal; everything else is
     none of the three (the caller decides)."""
     error = error_for(ERROR_CODES[name])
     assert isinstance(error, RetriableError) == (name in RETRIABLE)

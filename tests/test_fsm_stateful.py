@@ -3,8 +3,8 @@
 Hypothesis drives init / add / end / marker delivery (partial, duplicated,
 late) / timeouts / expiration / leader changes / restart-from-snapshot across
 several transactional ids, including zombies that keep using old epochs. After
-every step it checks DESIGN.md invariants 6 (fencing), 8 (one decision) and
-10 (unique producer ids), that epochs never decrease, that at most one
+every step it checks fencing (a stale epoch changes nothing), one decision
+per transaction and unique producer ids, that epochs never decrease, that at most one
 transition is pending, and at the end that replaying the command log from
 scratch, or from any snapshot taken on the way, reproduces the same state and
 the same answers. Runs are derandomized (see tests/conftest.py); a failure

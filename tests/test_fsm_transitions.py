@@ -1,7 +1,7 @@
 """The state table, pair by pair, and every (state, event) pair of the handlers.
 
 Expected outcomes are written out here from Kafka's TransactionCoordinator
-semantics (DESIGN.md sections 2-3), independently of the handler code.
+semantics (states, events and fencing), independently of the handler code.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from fsm.states import COMPLETION_OF
 S = TxnState
 E = ErrorCode
 
-# DESIGN.md section 3, "may be entered from", copied as data.
+# The legal transitions ("may be entered from"), copied as data.
 DESIGN_TABLE = {
     S.EMPTY: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
     S.ONGOING: {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
