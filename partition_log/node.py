@@ -122,7 +122,10 @@ class PartitionNode:
             ],
         )
         service = PartitionLogService(
-            self.lookup, self.verifier, self.config.settings.message_max_bytes
+            self.lookup,
+            self.verifier,
+            self.config.settings.message_max_bytes,
+            self.config.settings.transaction_partition_verification_enable,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         if self._server.add_insecure_port(self.me.grpc) == 0:

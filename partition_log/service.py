@@ -41,10 +41,19 @@ class _Pending:
 
 
 class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type: ignore[misc]
-    def __init__(self, lookup: Lookup, verifier: TxnVerifier, message_max_bytes: int) -> None:
+    def __init__(
+        self,
+        lookup: Lookup,
+        verifier: TxnVerifier,
+        message_max_bytes: int,
+        verify_transactions: bool = True,
+    ) -> None:
         self.lookup = lookup
         self.verifier = verifier
         self.message_max_bytes = message_max_bytes
+        #: transaction.partition.verification.enable: off, transactional
+        #: batches are appended without asking the coordinator.
+        self.verify_transactions = verify_transactions
 
     # --- Produce -------------------------------------------------------------------
 
@@ -66,7 +75,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
 
         to_verify: list[_Pending] = []
         for p in pending:
-            check = p.partition.append(p.spec, p.batch, verified=False)
+            check = p.partition.append(p.spec, p.batch, verified=not self.verify_transactions)
             if check.verdict is Verdict.VERIFY:
                 to_verify.append(p)
             else:

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -584,6 +585,15 @@ def add_parser(commands: Any) -> None:
     )
     up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for leaders")
     up.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="NAME=VALUE",
+        help="add a [settings] entry to the config (a TOML value, e.g. "
+        "transaction.partition.verification.enable=false); repeatable",
+    )
+    up.add_argument(
         "--netns",
         action="store_true",
         help="run every node in a network namespace of its own (root only; "
@@ -624,6 +634,17 @@ def add_parser(commands: Any) -> None:
     cluster.set_defaults(func=_run)
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"not NAME=VALUE: {text!r}")
+    try:
+        parsed = tomllib.loads(f"value = {value}")["value"]
+    except tomllib.TOMLDecodeError:
+        parsed = value  # a bare word is a string
+    return name, parsed
+
+
 def _group(text: str) -> list[int]:
     try:
         return [int(node) for node in text.split(",")]
@@ -654,6 +675,7 @@ def _run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
                 partition_nodes=args.partition_nodes,
                 log_flush=args.log_flush,
+                settings=dict(args.setting),
                 netns=args.netns,
                 config=args.config,
             )
@@ -675,7 +697,7 @@ def _run(args: argparse.Namespace) -> int:
         elif args.cluster_command == "heal":
             namespaces.heal(cluster)
             print("healed the network")
-    except (ClusterError, namespaces.NetnsError) as exc:
+    except (ClusterError, ConfigError, namespaces.NetnsError) as exc:
         print(f"raftcoord cluster: {exc}", file=sys.stderr)
         return 1
     return 0

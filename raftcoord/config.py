@@ -85,6 +85,12 @@ class Settings:
     # far above message.max.bytes so that an oversized batch is answered
     # MESSAGE_TOO_LARGE rather than refused by the transport.
     socket_request_max_bytes: int = 100 << 20
+    # transaction.partition.verification.enable: a partition-log node asks the
+    # coordinator before the first transactional batch of a transaction
+    # (KIP-890). Off, it appends the batch unverified, so a producer writing
+    # to a partition its coordinator never heard of leaves a hanging
+    # transaction there (`raftcoord txn find-hanging` finds it).
+    transaction_partition_verification_enable: bool = True
 
     def fsm_config(self) -> FsmConfig:
         return FsmConfig(
@@ -115,6 +121,7 @@ _SETTING_NAMES = {
     "message.max.bytes": "message_max_bytes",
     "producer.epoch.max": "max_producer_epoch",
     "socket.request.max.bytes": "socket_request_max_bytes",
+    "transaction.partition.verification.enable": "transaction_partition_verification_enable",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
@@ -347,7 +354,10 @@ def _settings(raw: Any) -> Settings:
     defaults = Settings()
     for attr, value in values.items():
         default = getattr(defaults, attr)
-        if isinstance(default, tuple):
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"setting for {attr} must be true or false, got {value!r}")
+        elif isinstance(default, tuple):
             ok = (
                 isinstance(value, list)
                 and len(value) == 2

@@ -60,6 +60,12 @@ def test_kafka_named_settings() -> None:
     assert s.fsm_config().transaction_max_timeout_ms == 1000
 
 
+def test_partition_verification_switch() -> None:
+    assert parse_config(minimal()).settings.transaction_partition_verification_enable
+    off = {"transaction.partition.verification.enable": False}
+    assert not parse_config(minimal(settings=off)).settings.transaction_partition_verification_enable
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -77,6 +83,7 @@ def test_kafka_named_settings() -> None:
         ({"settings": {"transaction.max.timeout.ms": -1}}, "positive integer"),
         ({"settings": {"message.max.bytes": 50 << 20}}, "socket.request.max.bytes must be at"),
         ({"settings": {"socket.request.max.bytes": 2**31}}, "32 bits"),
+        ({"settings": {"transaction.partition.verification.enable": 0}}, "true or false"),
         ({"extra": 1}, "unknown top-level"),
     ],
 )
