@@ -19,6 +19,7 @@ from partition_log import codec
 from partition_log.log import CorruptLog, FsyncPolicy, PartitionLogStore, StoreFailed
 from partition_log.producer_state import (
     AbortedTxn,
+    ActiveProducer,
     AppendCheck,
     MarkerAction,
     ProducerStates,
@@ -96,6 +97,7 @@ class Partition:
                 coordinator_epoch,
                 commit,
                 header.base_offset,
+                timestamp_ms=header.max_timestamp,
             )
         else:
             self.states.on_append(
@@ -105,6 +107,7 @@ class Partition:
                 header.base_offset,
                 header.last_offset,
                 header.is_transactional,
+                timestamp_ms=header.max_timestamp,
             )
 
     # --- writes --------------------------------------------------------------------
@@ -149,6 +152,7 @@ class Partition:
                 base,
                 base + spec.record_count - 1,
                 spec.transactional,
+                timestamp_ms=codec.parse_header(batch).max_timestamp,
             )
             return AppendCheck(Verdict.APPEND, base_offset=base)
 
@@ -159,9 +163,19 @@ class Partition:
         coordinator_epoch: int,
         commit: bool,
         timestamp_ms: int,
+        admin_abort: bool = False,
     ) -> tuple[E, str]:
-        """Append a COMMIT/ABORT control record for ``producer_id`` (if it is due)."""
+        """Append a COMMIT/ABORT control record for ``producer_id`` (if it is
+        due). An ``admin_abort`` (an ABORT from an administrator, not the
+        coordinator) is refused unless it ends the producer's open transaction
+        here (:meth:`ProducerStates.check_admin_abort`)."""
         with self.lock:
+            if admin_abort:
+                code, message = self.states.check_admin_abort(
+                    producer_id, epoch, coordinator_epoch
+                )
+                if code is not E.NONE:
+                    return code, message
             action = self.states.check_marker(producer_id, epoch, coordinator_epoch)
             if action is MarkerAction.FENCED:
                 seen = self.states.producers[producer_id].coordinator_epoch
@@ -184,10 +198,22 @@ class Partition:
                         "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
                     )
                     return E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}"
-                self.states.on_marker(producer_id, epoch, coordinator_epoch, commit, offset)
+                self.states.on_marker(
+                    producer_id,
+                    epoch,
+                    coordinator_epoch,
+                    commit,
+                    offset,
+                    timestamp_ms=timestamp_ms,
+                )
             return E.NONE, ""
 
     # --- reads ---------------------------------------------------------------------
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """The producers this partition keeps state for (DescribeProducers)."""
+        with self.lock:
+            return self.states.active_producers()
 
     def offsets(self) -> tuple[int, int, int]:
         """(log start offset, last stable offset, high watermark)."""

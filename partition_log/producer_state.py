@@ -59,6 +59,8 @@ class ProducerEntry:
     batches: deque[BatchInfo] = field(default_factory=lambda: deque(maxlen=DEDUP_WINDOW))
     #: First offset of the producer's open transaction here, or None.
     txn_first_offset: int | None = None
+    #: Largest timestamp of its last appended batch or marker (-1: none).
+    last_timestamp_ms: int = -1
 
     def set_epoch(self, epoch: int) -> None:
         """A new epoch restarts sequences: forget the old epoch's batches."""
@@ -75,6 +77,22 @@ class AbortedTxn:
     producer_id: int
     first_offset: int
     last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveProducer:
+    """What DescribeProducers tells about one producer id (Kafka's ProducerState)."""
+
+    producer_id: int
+    producer_epoch: int
+    #: Sequence of its last appended record; -1 when none is remembered.
+    last_sequence: int
+    #: Timestamp of its last batch or marker (ms since the epoch); -1 when none.
+    last_timestamp_ms: int
+    #: Coordinator epoch of its last marker; -1 when it has none.
+    coordinator_epoch: int
+    #: First offset of its open transaction here; -1 when none is open.
+    current_txn_start_offset: int
 
 
 class Verdict(Enum):
@@ -207,14 +225,18 @@ class ProducerStates:
         base_offset: int,
         last_offset: int,
         transactional: bool,
+        *,
+        timestamp_ms: int = -1,
     ) -> None:
-        """Record an appended producer batch (also used when replaying the log)."""
+        """Record an appended producer batch (also used when replaying the log);
+        ``timestamp_ms`` is the batch's largest record timestamp."""
         if producer_id < 0:
             return
         entry = self.producers.get(producer_id)
         if entry is None:
             entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
         entry.set_epoch(epoch)
+        entry.last_timestamp_ms = timestamp_ms
         if first_sequence >= 0:
             last_sequence = next_sequence(first_sequence, last_offset - base_offset)
             entry.batches.append(BatchInfo(first_sequence, last_sequence, base_offset, last_offset))
@@ -237,13 +259,44 @@ class ProducerStates:
             return MarkerAction.WRITE  # nothing open here, but the epoch moves on
         return MarkerAction.NOOP
 
+    def check_admin_abort(
+        self, producer_id: int, epoch: int, coordinator_epoch: int
+    ) -> tuple[E, str]:
+        """Whether an administrator's ABORT marker at marker ``epoch`` may be
+        written: only for the producer's open transaction here, whose data
+        epoch must be ``epoch - 1``, and not from an older coordinator epoch
+        than this partition has seen for the producer. (NONE, "") if so."""
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.txn_first_offset is None:
+            return E.INVALID_TXN_STATE, f"producer {producer_id} has no open transaction here"
+        if coordinator_epoch < entry.coordinator_epoch:
+            return (
+                E.TRANSACTION_COORDINATOR_FENCED,
+                f"coordinator epoch {coordinator_epoch} is older than {entry.coordinator_epoch}",
+            )
+        if entry.epoch != epoch - 1:
+            return (
+                E.INVALID_PRODUCER_EPOCH,
+                f"the open transaction of producer {producer_id} here is at epoch "
+                f"{entry.epoch}, not {epoch - 1}",
+            )
+        return E.NONE, ""
+
     def on_marker(
-        self, producer_id: int, epoch: int, coordinator_epoch: int, commit: bool, offset: int
+        self,
+        producer_id: int,
+        epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        offset: int,
+        *,
+        timestamp_ms: int = -1,
     ) -> None:
         """Record a marker appended at ``offset`` (also used when replaying the log)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        entry.last_timestamp_ms = timestamp_ms
         first = entry.txn_first_offset
         if first is not None and entry.epoch < epoch:
             entry.txn_first_offset = None
@@ -259,6 +312,20 @@ class ProducerStates:
     def last_stable_offset(self, high_watermark: int) -> int:
         """The first offset of the oldest open transaction, else the high watermark."""
         return min(self.open_txns.values(), default=high_watermark)
+
+    def active_producers(self) -> list[ActiveProducer]:
+        """Every producer id this partition keeps state for, by producer id."""
+        return [
+            ActiveProducer(
+                producer_id=e.producer_id,
+                producer_epoch=e.epoch,
+                last_sequence=e.batches[-1].last_sequence if e.batches else -1,
+                last_timestamp_ms=e.last_timestamp_ms,
+                coordinator_epoch=e.coordinator_epoch,
+                current_txn_start_offset=-1 if e.txn_first_offset is None else e.txn_first_offset,
+            )
+            for _, e in sorted(self.producers.items())
+        ]
 
     def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions with records in [start, end)."""

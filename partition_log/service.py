@@ -1,4 +1,5 @@
-"""The PartitionLog gRPC service: Produce, Fetch, ListOffsets, WriteTxnMarkers.
+"""The PartitionLog gRPC service: Produce, Fetch, ListOffsets, WriteTxnMarkers,
+DescribeProducers.
 
 Every request is validated before anything is appended; a bad partition
 entry gets an error code and changes nothing, and never fails the other
@@ -259,9 +260,33 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                         marker.coordinator_epoch,
                         marker.result == common_pb2.COMMIT,
                         now_ms,
+                        marker.admin_abort,
                     )
                     result.error_code, result.error_message = code, message
         return pb.WriteTxnMarkersResponse(markers=answers)
+
+    # --- DescribeProducers ---------------------------------------------------------
+
+    def DescribeProducers(self, request: Any, context: Any) -> Any:
+        answers = []
+        for topic in request.topics:
+            for index in topic.partitions:
+                answer = pb.DescribeProducersPartitionResponse(topic=topic.topic, partition=index)
+                answers.append(answer)
+                found = self.lookup(topic.topic, index)
+                if isinstance(found, tuple):
+                    answer.error_code, answer.error_message = found
+                    continue
+                for producer in found.active_producers():
+                    answer.active_producers.add(
+                        producer_id=producer.producer_id,
+                        producer_epoch=producer.producer_epoch,
+                        last_sequence=producer.last_sequence,
+                        last_timestamp_ms=producer.last_timestamp_ms,
+                        coordinator_epoch=producer.coordinator_epoch,
+                        current_txn_start_offset=producer.current_txn_start_offset,
+                    )
+        return pb.DescribeProducersResponse(partitions=answers)
 
 
 def _marker_problem(marker: Any) -> str | None:
@@ -273,6 +298,8 @@ def _marker_problem(marker: Any) -> str | None:
         return f"coordinator_epoch must be >= 0, got {marker.coordinator_epoch}"
     if marker.groups:
         return "markers for consumer groups go to the group's coordinator"
+    if marker.admin_abort and marker.result != common_pb2.ABORT:
+        return "an administrator's marker can only abort"
     return None
 
 

@@ -5,7 +5,8 @@
 * :class:`Producer`: an idempotent producer (no duplicates on retry).
 * :class:`Consumer`: reads assigned partitions (read_committed or
   read_uncommitted) and commits group offsets.
-* :class:`Admin`: topics, and listing/describing transactions.
+* :class:`Admin`: topics, listing/describing transactions, the producers of
+  partitions and aborting hanging transactions.
 
 ``bootstrap`` lists coordinator gRPC addresses; the client learns the
 partition-log nodes and topic placement from the coordinators. Errors are
@@ -45,7 +46,9 @@ from raftcoord.client.errors import (
 from raftcoord.client.partitioner import DefaultPartitioner, murmur2
 from raftcoord.client.producer import Producer, TransactionalProducer
 from raftcoord.client.records import (
+    AbortTransactionSpec,
     ConsumerRecord,
+    ProducerState,
     RecordMetadata,
     TopicPartition,
     TransactionDescription,
@@ -53,6 +56,7 @@ from raftcoord.client.records import (
 )
 
 __all__ = [
+    "AbortTransactionSpec",
     "Admin",
     "Consumer",
     "ConsumerRecord",
@@ -66,6 +70,7 @@ __all__ = [
     "OutOfOrderSequenceError",
     "Producer",
     "ProducerFencedError",
+    "ProducerState",
     "RecordMetadata",
     "RetriableError",
     "TopicAlreadyExistsError",

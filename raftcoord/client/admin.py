@@ -1,10 +1,10 @@
-"""The admin client: topics and transactions (as Kafka's Admin and
-kafka-transactions.sh list/describe)."""
+"""The admin client: topics, transactions and the producers of partitions
+(as Kafka's Admin, which kafka-transactions.sh drives)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -20,9 +20,22 @@ from raftcoord.client._net import (
     MetadataCache,
     transport_error,
 )
-from raftcoord.client.errors import IllegalStateError, KafkaError, error_for
-from raftcoord.client.records import TopicPartition, TransactionDescription, TransactionListing
-from raftcoord.v1 import common_pb2, coordinator_pb2
+from raftcoord.client.errors import (
+    IllegalStateError,
+    KafkaError,
+    RetriableError,
+    UnknownTopicOrPartitionError,
+    error_for,
+)
+from raftcoord.client.producer import topic_partitions
+from raftcoord.client.records import (
+    AbortTransactionSpec,
+    ProducerState,
+    TopicPartition,
+    TransactionDescription,
+    TransactionListing,
+)
+from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
 
@@ -48,7 +61,8 @@ def _state_name(value: int) -> str:
 
 
 class Admin:
-    """Creates and lists topics; lists and describes transactions.
+    """Creates and lists topics; lists and describes transactions; describes
+    the producers of partitions and aborts hanging transactions.
 
     Args:
         bootstrap: coordinator gRPC addresses ("host:port").
@@ -291,6 +305,143 @@ class Admin:
         if failures:
             raise failures[0]
         return described
+
+    def find_coordinator(self, transactional_id: str, timeout_ms: int | None = None) -> str:
+        """The address of the coordinator node of ``transactional_id`` (the
+        leader of its shard).
+
+        Raises:
+            KafkaTimeoutError: no node named a leader in time.
+        """
+        deadline = self._deadline("find_coordinator", timeout_ms)
+        return self._coordinators.find_coordinator(
+            coordinator_pb2.TRANSACTION, transactional_id, deadline
+        )
+
+    # --- producers of partitions (KIP-664) -----------------------------------------
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
+    ) -> dict[TopicPartition, list[ProducerState]]:
+        """The producers each partition keeps state for, by producer id (asked
+        of the partition-log nodes owning the partitions).
+
+        Raises:
+            UnknownTopicOrPartitionError: a topic or partition does not exist.
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("describe_producers", timeout_ms)
+        answers = self._on_partition_nodes(
+            partitions,
+            "DescribeProducers",
+            lambda tps: partition_log_pb2.DescribeProducersRequest(topics=topic_partitions(tps)),
+            lambda answer: answer.partitions,
+            deadline,
+        )
+        return {
+            tp: [
+                ProducerState(
+                    producer_id=int(p.producer_id),
+                    producer_epoch=int(p.producer_epoch),
+                    last_sequence=int(p.last_sequence),
+                    last_timestamp_ms=int(p.last_timestamp_ms),
+                    coordinator_epoch=int(p.coordinator_epoch),
+                    current_transaction_start_offset=int(p.current_txn_start_offset),
+                )
+                for p in answer.active_producers
+            ]
+            for tp, answer in answers.items()
+        }
+
+    def abort_transaction(self, spec: AbortTransactionSpec, timeout_ms: int | None = None) -> None:
+        """Abort a hanging transaction: write an ABORT marker straight to the
+        partition (Kafka's Admin.abortTransaction). The partition refuses it,
+        changing nothing, unless the producer has an open transaction there
+        with ``spec.producer_epoch``, and fences it if ``spec.coordinator_epoch``
+        is older than the last it has seen for the producer.
+
+        Raises:
+            InvalidTxnStateError: the producer has no open transaction there.
+            InvalidProducerEpochError: its open transaction has another epoch.
+            TransactionCoordinatorFencedError: ``spec.coordinator_epoch`` is too old.
+            InvalidRequestError: an id or epoch out of range.
+            UnknownTopicOrPartitionError: the topic or partition does not exist.
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("abort_transaction", timeout_ms)
+        tp = TopicPartition(*spec.topic_partition)
+        marker = partition_log_pb2.TxnMarker(
+            producer_id=spec.producer_id,
+            # A marker's epoch is one above its transaction's data epoch.
+            producer_epoch=spec.producer_epoch + 1,
+            coordinator_epoch=spec.coordinator_epoch,
+            result=common_pb2.ABORT,
+            topics=topic_partitions([tp]),
+            admin_abort=True,
+        )
+        self._on_partition_nodes(
+            [tp],
+            "WriteTxnMarkers",
+            lambda tps: partition_log_pb2.WriteTxnMarkersRequest(markers=[marker]),
+            lambda answer: [p for m in answer.markers for p in m.partitions],
+            deadline,
+        )
+
+    def _on_partition_nodes(
+        self,
+        partitions: Iterable[TopicPartition],
+        method: str,
+        request_of: Callable[[list[TopicPartition]], Any],
+        results_of: Callable[[Any], Iterable[Any]],
+        deadline: Deadline,
+    ) -> dict[TopicPartition, Any]:
+        """Call ``method`` on the nodes owning ``partitions`` (one request per
+        node) until every partition has answered NONE; the per-partition
+        results (with topic, partition, error_code, error_message) by partition.
+        Stale placement and retriable errors are retried within ``deadline``;
+        other errors are raised."""
+        pending = list(dict.fromkeys(TopicPartition(*tp) for tp in partitions))
+        done: dict[TopicPartition, Any] = {}
+        backoff = self._coordinators.backoff()
+        last: KafkaError | None = None
+        while pending:
+            if any(self._metadata.leader(tp) is None for tp in pending):
+                self._metadata.refresh(deadline, {tp.topic for tp in pending})
+            by_node: dict[str, list[TopicPartition]] = {}
+            for tp in pending:
+                count = self._metadata.partition_count(tp.topic)
+                if count is None or not 0 <= tp.partition < count:
+                    raise UnknownTopicOrPartitionError(f"no partition {tp.topic}-{tp.partition}")
+                address = self._metadata.leader(tp)
+                if address is not None:
+                    by_node.setdefault(address, []).append(tp)
+            for address, tps in by_node.items():
+                stub = self._channels.partition_log(address)
+                try:
+                    answer = getattr(stub, method)(
+                        request_of(tps), timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
+                    )
+                except grpc.RpcError as exc:
+                    last = transport_error(exc, address)
+                    self._metadata.request_update()
+                    continue
+                for result in results_of(answer):
+                    tp = TopicPartition(result.topic, result.partition)
+                    if result.error_code == E.NONE:
+                        done[tp] = result
+                        continue
+                    error = error_for(
+                        result.error_code,
+                        f"{tp.topic}-{tp.partition}: {result.error_message or 'refused'}",
+                    )
+                    if not isinstance(error, RetriableError):
+                        raise error
+                    last = error
+                    self._metadata.request_update()
+            pending = [tp for tp in pending if tp not in done]
+            if pending:
+                backoff.sleep(deadline, last)
+        return done
 
 
 def _first_description_error(answer: Any) -> int:

@@ -74,3 +74,33 @@ class TransactionDescription:
     groups: frozenset[str]
     #: The answering shard leader's Raft term.
     coordinator_epoch: int
+
+
+@dataclass(frozen=True)
+class ProducerState:
+    """One producer id's state on a partition (:meth:`Admin.describe_producers`)."""
+
+    producer_id: int
+    #: The producer's latest epoch on the partition.
+    producer_epoch: int
+    #: Sequence of its last appended record; -1 when none is remembered.
+    last_sequence: int
+    #: Timestamp of its last batch or marker (ms since the epoch); -1 when none.
+    last_timestamp_ms: int
+    #: Coordinator epoch of its last marker; -1 when it has none.
+    coordinator_epoch: int
+    #: First offset of its open transaction on the partition; -1 when none is open.
+    current_transaction_start_offset: int
+
+
+@dataclass(frozen=True)
+class AbortTransactionSpec:
+    """What :meth:`Admin.abort_transaction` aborts: the open transaction of
+    ``producer_id`` on ``topic_partition``, whose data has ``producer_epoch``
+    (as :class:`ProducerState` shows it). ``coordinator_epoch`` must not be
+    older than the partition's (its ProducerState's, or 0 when that is -1)."""
+
+    topic_partition: TopicPartition
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int

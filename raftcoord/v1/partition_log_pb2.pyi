@@ -200,7 +200,7 @@ class ListOffsetsResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[ListOffsetsPartitionResponse, _Mapping]]] = ...) -> None: ...
 
 class TxnMarker(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "coordinator_epoch", "result", "topics", "transactional_id", "groups")
+    __slots__ = ("producer_id", "producer_epoch", "coordinator_epoch", "result", "topics", "transactional_id", "groups", "admin_abort")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class TxnMarker(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_ABORT_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     coordinator_epoch: int
@@ -215,7 +216,8 @@ class TxnMarker(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
     transactional_id: str
     groups: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., result: _Optional[_Union[_common_pb2.TransactionResult, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ...) -> None: ...
+    admin_abort: bool
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., result: _Optional[_Union[_common_pb2.TransactionResult, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ..., admin_abort: _Optional[bool] = ...) -> None: ...
 
 class WriteTxnMarkersRequest(_message.Message):
     __slots__ = ("markers",)
@@ -248,3 +250,45 @@ class WriteTxnMarkersResponse(_message.Message):
     MARKERS_FIELD_NUMBER: _ClassVar[int]
     markers: _containers.RepeatedCompositeFieldContainer[TxnMarkerResult]
     def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarkerResult, _Mapping]]] = ...) -> None: ...
+
+class DescribeProducersRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
+    def __init__(self, topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
+
+class ActiveProducer(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "last_sequence", "last_timestamp_ms", "coordinator_epoch", "current_txn_start_offset")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TXN_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_timestamp_ms: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., current_txn_start_offset: _Optional[int] = ...) -> None: ...
+
+class DescribeProducersPartitionResponse(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "active_producers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    active_producers: _containers.RepeatedCompositeFieldContainer[ActiveProducer]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., active_producers: _Optional[_Iterable[_Union[ActiveProducer, _Mapping]]] = ...) -> None: ...
+
+class DescribeProducersResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[DescribeProducersPartitionResponse]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[DescribeProducersPartitionResponse, _Mapping]]] = ...) -> None: ...

@@ -55,6 +55,11 @@ class PartitionLogStub:
                 request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.DescribeProducers = channel.unary_unary(
+                '/raftcoord.v1.PartitionLog/DescribeProducers',
+                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionLogServicer:
@@ -101,6 +106,16 @@ class PartitionLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeProducers(self, request, context):
+        """Describes the producers each partition keeps state for, with their open
+        transactions (Kafka's DescribeProducers, KIP-664): what finds a hanging
+        transaction, one that holds the last stable offset back because its
+        coordinator will never write its markers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +138,11 @@ def add_PartitionLogServicer_to_server(servicer, server):
                     servicer.WriteTxnMarkers,
                     request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'DescribeProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeProducers,
+                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.FromString,
+                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -234,6 +254,33 @@ class PartitionLog:
             '/raftcoord.v1.PartitionLog/WriteTxnMarkers',
             raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
             raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.PartitionLog/DescribeProducers',
+            raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
+            raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
             options,
             channel_credentials,
             insecure,
