@@ -171,9 +171,7 @@ class Partition:
         here (:meth:`ProducerStates.check_admin_abort`)."""
         with self.lock:
             if admin_abort:
-                code, message = self.states.check_admin_abort(
-                    producer_id, epoch, coordinator_epoch
-                )
+                code, message = self.states.check_admin_abort(producer_id, epoch, coordinator_epoch)
                 if code is not E.NONE:
                     return code, message
             action = self.states.check_marker(producer_id, epoch, coordinator_epoch)

@@ -77,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
     pnode.set_defaults(func=_partition_node)
-    from raftcoord import cluster
+    from raftcoord import cluster, txn_cli
     from raftcoord.chaos import commands as chaos
     from spark import cli as audit_cli
 
     cluster.add_parser(commands)
     chaos.add_parsers(commands)
+    txn_cli.add_parser(commands)
     audit = commands.add_parser(
         "audit", help="Spark exactly-once audit of a run's logs and history (docs/audit.md)"
     )

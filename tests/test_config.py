@@ -63,7 +63,9 @@ def test_kafka_named_settings() -> None:
 def test_partition_verification_switch() -> None:
     assert parse_config(minimal()).settings.transaction_partition_verification_enable
     off = {"transaction.partition.verification.enable": False}
-    assert not parse_config(minimal(settings=off)).settings.transaction_partition_verification_enable
+    assert not parse_config(
+        minimal(settings=off)
+    ).settings.transaction_partition_verification_enable
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,394 @@
+"""``raftcoord txn``: transactions and hanging transactions, as Kafka's
+``kafka-transactions.sh`` (KIP-664).
+
+A *hanging* transaction is open on a partition while no coordinator will ever
+write its marker there: the coordinator does not know the partition is in the
+transaction (or has forgotten the transaction), so the partition's last stable
+offset stays at the transaction's first offset and read_committed consumers
+never get past it. ``find-hanging`` looks for them; ``abort`` ends one by
+writing an ABORT marker straight to the partition.
+
+Every command prints a table (rich), or JSON with ``--json``. Errors are one
+line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from raftcoord.client import (
+    AbortTransactionSpec,
+    Admin,
+    KafkaError,
+    ProducerState,
+    TopicPartition,
+    TransactionDescription,
+)
+from raftcoord.client.admin import TRANSACTION_STATES
+from raftcoord.client.errors import TransactionalIdNotFoundError
+from raftcoord.cluster import ClusterError, LocalCluster
+
+__all__ = ["OpenTransaction", "add_parser", "is_candidate", "is_hanging"]
+
+#: find-hanging's default --max-transaction-timeout (Kafka's, and
+#: transaction.max.timeout.ms's default), in minutes.
+DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN = 15
+#: Coordinator states in which the transaction's markers are still to be
+#: written, and the epoch they will carry (Ongoing: the next one).
+_MARKER_EPOCH_BUMP = {
+    "Ongoing": 1,
+    "PrepareCommit": 0,
+    "PrepareAbort": 0,
+    "PrepareEpochFence": 0,
+}
+
+
+class TxnCommandError(Exception):
+    """A command that cannot be done as asked; the message says why."""
+
+
+# --- the hanging decision (pure) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """A producer's open transaction on one partition."""
+
+    topic_partition: TopicPartition
+    producer: ProducerState
+
+
+def is_candidate(producer: ProducerState, now_ms: int, max_transaction_timeout_ms: int) -> bool:
+    """Whether the producer has an open transaction on the partition and has
+    written nothing there for longer than the longest transaction timeout (as
+    Kafka's find-hanging: a live transaction ends, or is aborted, before)."""
+    return (
+        producer.current_transaction_start_offset >= 0
+        and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms
+    )
+
+
+def is_hanging(txn: OpenTransaction, descriptions: Iterable[TransactionDescription]) -> bool:
+    """Whether no coordinator will end ``txn``: none of ``descriptions`` (the
+    coordinators' transactions of its producer id) has this partition in a
+    transaction whose markers are still to come with an epoch above the
+    partition's (a marker closes a transaction only if its epoch is greater
+    than the transaction's data epoch)."""
+    producer = txn.producer
+    for d in descriptions:
+        bump = _MARKER_EPOCH_BUMP.get(d.state)
+        if (
+            bump is not None
+            and d.producer_id == producer.producer_id
+            and txn.topic_partition in d.partitions
+            and d.producer_epoch + bump > producer.producer_epoch
+        ):
+            return False
+    return True
+
+
+# --- commands -----------------------------------------------------------------------
+
+
+def _list(admin: Admin, args: argparse.Namespace) -> Any:
+    listings = admin.list_transactions(
+        states=args.state or (),
+        producer_ids=[args.producer_id] if args.producer_id is not None else (),
+        min_duration_ms=args.min_duration,
+    )
+    rows = [asdict(t) for t in listings]
+    columns = [
+        ("TransactionalId", "transactional_id"),
+        ("ProducerId", "producer_id"),
+        ("TransactionState", "state"),
+        ("TransactionDurationMs", "duration_ms"),
+    ]
+    return rows, columns
+
+
+def _describe(admin: Admin, args: argparse.Namespace) -> Any:
+    description = admin.describe_transactions([args.transactional_id])[args.transactional_id]
+    coordinator = admin.find_coordinator(args.transactional_id)
+    start = description.transaction_start_time_ms
+    row = {
+        "coordinator": coordinator,
+        "transactional_id": description.transactional_id,
+        "producer_id": description.producer_id,
+        "producer_epoch": description.producer_epoch,
+        "state": description.state,
+        "transaction_timeout_ms": description.transaction_timeout_ms,
+        "transaction_start_time_ms": start,
+        "transaction_duration_ms": _now_ms() - start if start >= 0 else -1,
+        "topic_partitions": [f"{t}-{p}" for t, p in sorted(description.partitions)],
+    }
+    columns = [
+        ("Coordinator", "coordinator"),
+        ("TransactionalId", "transactional_id"),
+        ("ProducerId", "producer_id"),
+        ("ProducerEpoch", "producer_epoch"),
+        ("TransactionState", "state"),
+        ("TransactionTimeoutMs", "transaction_timeout_ms"),
+        ("CurrentTransactionStartTimeMs", "transaction_start_time_ms"),
+        ("TransactionDurationMs", "transaction_duration_ms"),
+        ("TopicPartitions", "topic_partitions"),
+    ]
+    return [row], columns
+
+
+def _describe_producers(admin: Admin, args: argparse.Namespace) -> Any:
+    tp = TopicPartition(args.topic, args.partition)
+    rows = [asdict(p) for p in admin.describe_producers([tp])[tp]]
+    columns = [
+        ("ProducerId", "producer_id"),
+        ("ProducerEpoch", "producer_epoch"),
+        ("LatestCoordinatorEpoch", "coordinator_epoch"),
+        ("LastSequence", "last_sequence"),
+        ("LastTimestamp", "last_timestamp_ms"),
+        ("CurrentTransactionStartOffset", "current_transaction_start_offset"),
+    ]
+    return rows, columns
+
+
+def _find_hanging(admin: Admin, args: argparse.Namespace) -> Any:
+    if args.partition is not None and args.topic is None:
+        raise TxnCommandError("--partition needs --topic")
+    if args.max_transaction_timeout < 0:
+        raise TxnCommandError("--max-transaction-timeout must be >= 0 minutes")
+    topics = admin.list_topics()
+    if args.topic is not None and args.topic not in topics:
+        raise TxnCommandError(f"no topic {args.topic!r}")
+    if args.partition is not None:
+        partitions = [TopicPartition(args.topic, args.partition)]
+    else:
+        chosen = [args.topic] if args.topic is not None else sorted(topics)
+        partitions = [TopicPartition(t, p) for t in chosen for p in range(topics[t])]
+    now_ms = _now_ms()
+    max_timeout_ms = args.max_transaction_timeout * 60_000
+    candidates = [
+        OpenTransaction(tp, producer)
+        for tp, producers in admin.describe_producers(partitions).items()
+        for producer in producers
+        if is_candidate(producer, now_ms, max_timeout_ms)
+    ]
+    hanging = _hanging(admin, candidates)
+    if hanging:
+        # A transaction that ended between the two looks is not hanging: keep
+        # only what is still open on a second look.
+        again = admin.describe_producers({t.topic_partition for t in hanging})
+        still = {(tp, _open_key(p)) for tp, producers in again.items() for p in producers}
+        hanging = [t for t in hanging if (t.topic_partition, _open_key(t.producer)) in still]
+    rows = [
+        {
+            "topic": t.topic_partition.topic,
+            "partition": t.topic_partition.partition,
+            "producer_id": t.producer.producer_id,
+            "producer_epoch": t.producer.producer_epoch,
+            "coordinator_epoch": t.producer.coordinator_epoch,
+            "start_offset": t.producer.current_transaction_start_offset,
+            "last_timestamp_ms": t.producer.last_timestamp_ms,
+            "duration_min": (now_ms - t.producer.last_timestamp_ms) // 60_000,
+        }
+        for t in sorted(hanging, key=lambda t: (t.topic_partition, t.producer.producer_id))
+    ]
+    columns = [
+        ("Topic", "topic"),
+        ("Partition", "partition"),
+        ("ProducerId", "producer_id"),
+        ("ProducerEpoch", "producer_epoch"),
+        ("CoordinatorEpoch", "coordinator_epoch"),
+        ("StartOffset", "start_offset"),
+        ("LastTimestamp", "last_timestamp_ms"),
+        ("Duration(min)", "duration_min"),
+    ]
+    return rows, columns
+
+
+def _open_key(producer: ProducerState) -> tuple[int, int, int]:
+    """What names a producer's open transaction on a partition."""
+    return (
+        producer.producer_id,
+        producer.producer_epoch,
+        producer.current_transaction_start_offset,
+    )
+
+
+def _hanging(admin: Admin, candidates: Sequence[OpenTransaction]) -> list[OpenTransaction]:
+    """The candidates no coordinator will end (asking the coordinators about
+    the candidates' producer ids)."""
+    if not candidates:
+        return []
+    producer_ids = {c.producer.producer_id for c in candidates}
+    described: dict[int, list[TransactionDescription]] = {}
+    for listing in admin.list_transactions(producer_ids=producer_ids):
+        try:
+            found = admin.describe_transactions([listing.transactional_id])
+        except TransactionalIdNotFoundError:
+            continue  # expired since it was listed: it ends nothing
+        for d in found.values():
+            described.setdefault(d.producer_id, []).append(d)
+    return [c for c in candidates if is_hanging(c, described.get(c.producer.producer_id, []))]
+
+
+def _abort(admin: Admin, args: argparse.Namespace) -> Any:
+    tp = TopicPartition(args.topic, args.partition)
+    given = [args.producer_id, args.producer_epoch, args.coordinator_epoch]
+    if args.start_offset is not None:
+        if any(v is not None for v in given):
+            raise TxnCommandError(
+                "give either --start-offset or --producer-id, --producer-epoch and "
+                "--coordinator-epoch"
+            )
+        producers = admin.describe_producers([tp])[tp]
+        match = [p for p in producers if p.current_transaction_start_offset == args.start_offset]
+        if not match:
+            raise TxnCommandError(
+                f"no open transaction starts at offset {args.start_offset} on "
+                f"{tp.topic}-{tp.partition}"
+            )
+        producer = match[0]
+        spec = AbortTransactionSpec(
+            tp, producer.producer_id, producer.producer_epoch, max(0, producer.coordinator_epoch)
+        )
+    else:
+        missing = [
+            f"--{name.replace('_', '-')}"
+            for name in ("producer_id", "producer_epoch", "coordinator_epoch")
+            if getattr(args, name) is None
+        ]
+        if missing:
+            raise TxnCommandError(f"give --start-offset, or {', '.join(missing)} as well")
+        spec = AbortTransactionSpec(
+            tp, args.producer_id, args.producer_epoch, args.coordinator_epoch
+        )
+    admin.abort_transaction(spec)
+    row = {
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "producer_id": spec.producer_id,
+        "producer_epoch": spec.producer_epoch,
+        "coordinator_epoch": spec.coordinator_epoch,
+    }
+    columns = [
+        ("Topic", "topic"),
+        ("Partition", "partition"),
+        ("ProducerId", "producer_id"),
+        ("ProducerEpoch", "producer_epoch"),
+        ("CoordinatorEpoch", "coordinator_epoch"),
+    ]
+    return [row], columns
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- command line -------------------------------------------------------------------
+
+
+def add_parser(commands: Any) -> None:
+    txn = commands.add_parser(
+        "txn", help="list, describe and abort transactions; find hanging ones (KIP-664)"
+    )
+    sub = txn.add_subparsers(dest="txn_command", required=True)
+    listing = sub.add_parser("list", help="the transactional ids the coordinators know")
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=sorted(TRANSACTION_STATES.values()),
+        help="only transactions in this state; repeatable",
+    )
+    listing.add_argument(
+        "--min-duration", type=int, default=-1, metavar="MS", help="only those open longer"
+    )
+    listing.add_argument("--producer-id", type=int, help="only this producer id")
+    listing.set_defaults(run=_list)
+    describe = sub.add_parser("describe", help="the coordinator's state of a transactional id")
+    describe.add_argument("transactional_id", metavar="ID")
+    describe.set_defaults(run=_describe)
+    producers = sub.add_parser(
+        "describe-producers", help="the producers of a partition and their open transactions"
+    )
+    producers.add_argument("topic", metavar="TOPIC")
+    producers.add_argument("partition", metavar="PARTITION", type=int)
+    producers.set_defaults(run=_describe_producers)
+    hanging = sub.add_parser(
+        "find-hanging",
+        help="open transactions that no coordinator will end (they hold the LSO back)",
+    )
+    hanging.add_argument("--topic", help="only this topic (default: every topic)")
+    hanging.add_argument("--partition", type=int, help="only this partition of --topic")
+    hanging.add_argument(
+        "--max-transaction-timeout",
+        type=int,
+        default=DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN,
+        metavar="MINUTES",
+        help="only transactions whose producer has written nothing for longer than this "
+        f"(the longest transaction timeout; default {DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN})",
+    )
+    hanging.set_defaults(run=_find_hanging)
+    abort = sub.add_parser(
+        "abort",
+        help="abort a hanging transaction: write an ABORT marker to its partition",
+    )
+    abort.add_argument("--topic", required=True)
+    abort.add_argument("--partition", type=int, required=True)
+    abort.add_argument(
+        "--start-offset",
+        type=int,
+        help="the transaction's first offset (find-hanging's StartOffset)",
+    )
+    abort.add_argument("--producer-id", type=int)
+    abort.add_argument("--producer-epoch", type=int, help="the epoch of the transaction's data")
+    abort.add_argument("--coordinator-epoch", type=int)
+    abort.set_defaults(run=_abort)
+    for p in (listing, describe, producers, hanging, abort):
+        p.add_argument(
+            "--cluster-dir",
+            default=".raftcoord",
+            help="a `raftcoord cluster up` data dir, to find the coordinators (.raftcoord)",
+        )
+        p.add_argument(
+            "--bootstrap-server",
+            help="comma-separated coordinator addresses (host:port), instead of --cluster-dir",
+        )
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (30)")
+    txn.set_defaults(func=_run)
+
+
+def _bootstrap(args: argparse.Namespace) -> list[str]:
+    if args.bootstrap_server:
+        return [a.strip() for a in args.bootstrap_server.split(",") if a.strip()]
+    return LocalCluster(args.cluster_dir).bootstrap()
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        with Admin(_bootstrap(args), request_timeout_ms=int(args.timeout * 1000)) as admin:
+            rows, columns = args.run(admin, args)
+    except (KafkaError, TxnCommandError, ClusterError, ValueError) as exc:
+        print(f"raftcoord txn {args.txn_command}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(*(header for header, _ in columns))
+    for row in rows:
+        table.add_row(*(_cell(row[key]) for _, key in columns))
+    Console(width=200).print(table)
+    return 0
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
