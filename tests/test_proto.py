@@ -71,7 +71,7 @@ COORDINATOR_RPCS = {
     "CreateTopics",
     "WriteTxnMarkers",
 }
-PARTITION_LOG_RPCS = {"Produce", "Fetch", "ListOffsets", "WriteTxnMarkers"}
+PARTITION_LOG_RPCS = {"Produce", "Fetch", "ListOffsets", "WriteTxnMarkers", "DescribeProducers"}
 
 
 def _files(directory: Path) -> dict[str, bytes]:
