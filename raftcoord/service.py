@@ -39,8 +39,10 @@ from fsm import (
     shard_for,
 )
 from fsm.limits import id_error, request_refusal
-from fsm.metadata import TopicPartition
+from fsm.metadata import TopicPartition, TransactionMetadata
+from fsm.states import PREPARE_STATES
 from fsm.transactions import verify_group, verify_ongoing
+from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
 from raftcoord.markers import METADATA_SHARD
 from raftcoord.shard import now_ms
 from raftcoord.v1 import (
@@ -518,8 +520,9 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     def DescribeTransactions(self, request: Any, context: Any) -> Any:
         descriptions = []
         for tid in request.transactional_ids:
+            shard = self._shard_of(tid)
             try:
-                meta = self._read(self._shard_of(tid), lambda m, tid=tid: m.describe(tid))
+                meta = self._read(shard, lambda m, tid=tid: m.describe(tid))
             except _Refused as refused:
                 descriptions.append(_no_description(tid, refused.error))
                 continue
@@ -545,9 +548,23 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                     ],
                     groups=sorted(meta.groups),
                     coordinator_epoch=meta.coordinator_epoch,
+                    pending_markers=self._pending_markers(shard, meta),
                 )
             )
         return pb.DescribeTransactionsResponse(transactions=descriptions)
+
+    def _pending_markers(self, shard: int, meta: TransactionMetadata) -> list[Any]:
+        """The markers a Prepare* transaction still owes, each with the last
+        problem its delivery met, as this node's marker writer knows them."""
+        if meta.state not in PREPARE_STATES:
+            return []
+        key = TxnKey(meta.transactional_id, meta.producer_id, meta.producer_epoch)
+        owed = self.node.markers.pending(shard, key)
+        if owed is None:  # not taken up by a writer yet: nothing tried
+            participants: list[Participant] = [DataPartition(*tp) for tp in sorted(meta.partitions)]
+            participants.extend(ConsumerGroup(g) for g in sorted(meta.groups))
+            owed = dict.fromkeys(participants)
+        return [_pending_marker(p, problem) for p, problem in owed.items()]
 
     def ListTransactions(self, request: Any, context: Any) -> Any:
         """Transactions of the shards this node leads (ask every node for all)."""
@@ -759,6 +776,18 @@ def _missing(
                 f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}"
             )
     return missing
+
+
+def _pending_marker(participant: Participant, problem: DeliveryProblem | None) -> Any:
+    marker = pb.PendingMarker(
+        last_error_code=E.NONE if problem is None else problem.code,
+        last_error_message="" if problem is None else problem.message,
+    )
+    if isinstance(participant, DataPartition):
+        marker.topic, marker.partition = participant.topic, participant.partition
+    else:
+        marker.group_id = participant.group_id
+    return marker
 
 
 def _no_description(transactional_id: str, error: ErrorCode) -> Any:

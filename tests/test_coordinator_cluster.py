@@ -167,6 +167,17 @@ def test_transaction_flow_through_grpc(shared_cluster: LocalCluster) -> None:
         assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT
         assert (meta.producer_id, meta.producer_epoch) == (pid, epoch + 1)
         assert [(t.topic, list(t.partitions)) for t in meta.topics] == [(TOPIC, [0, 1])]
+        # The markers owed are listed, with why they are not written yet.
+        assert [(m.topic, m.partition) for m in meta.pending_markers] == [(TOPIC, 0), (TOPIC, 1)]
+
+        def markers_failed() -> bool:
+            owed = describe(client, "flow-1").pending_markers
+            return all(m.last_error_code != E.NONE for m in owed)
+
+        client.until(markers_failed, 15, "the failed marker calls were not reported")
+        for owed in describe(client, "flow-1").pending_markers:
+            assert owed.last_error_code == E.UNKNOWN_SERVER_ERROR, owed
+            assert "WriteTxnMarkers call to partition_log-" in owed.last_error_message, owed
         # A non-leader answers NOT_COORDINATOR and names the leader.
         leader = client.find("flow-1", deadline=float("inf"))
         other = next(a for a in client.addresses if a != leader)
