@@ -423,6 +423,16 @@ def run_policy(policy: str, args: argparse.Namespace) -> PolicyResult:
             by_node = {n.node_id: n.grpc for n in state.nodes}
             if any(routes[s] != by_node[leaders[s]] for s in leaders):
                 raise RuntimeError(f"FindCoordinator {routes} disagrees with NodeStatus {leaders}")
+            # AddPartitionsToTxn refuses partitions that do not exist; b adds
+            # partitions 0..sync_n (shard 0 holds the topics).
+            created = client.stubs[routes[0]].CreateTopics(
+                pb.CreateTopicsRequest(
+                    topics=[pb.CreatableTopic(name=TOPIC, num_partitions=args.sync_n + 1)]
+                ),
+                timeout=CALL_TIMEOUT_S,
+            )
+            if created.results[0].error_code != ErrorCode.NONE:
+                raise RuntimeError(f"CreateTopics {TOPIC!r}: {created.results[0]}")
 
             find = round_trip(client, by_node[leaders[0]], args.find_n)
             progress(

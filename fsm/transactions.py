@@ -288,6 +288,33 @@ def check_producer(
     return E.NONE, ""
 
 
+def verify_ongoing(
+    meta: TransactionMetadata | None, producer_id: int, producer_epoch: int
+) -> tuple[ErrorCode, str]:
+    """KIP-890 verification, asked by a participant before it accepts a
+    producer's write: is (``producer_id``, ``producer_epoch``) the producer of
+    an ongoing transaction? NONE, or the error and why."""
+    if meta is None or producer_id != meta.producer_id:
+        return E.INVALID_PRODUCER_ID_MAPPING, "not the transactional id's current producer id"
+    if producer_epoch != meta.producer_epoch:
+        return E.PRODUCER_FENCED, f"epoch {producer_epoch} is not the current one"
+    if meta.state is not S.ONGOING:
+        return E.INVALID_TXN_STATE, f"no ongoing transaction (state {meta.state.name})"
+    return E.NONE, ""
+
+
+def verify_group(
+    meta: TransactionMetadata | None, producer_id: int, producer_epoch: int, group_id: str
+) -> tuple[ErrorCode, str]:
+    """TxnOffsetCommit's verification: is ``group_id`` in this producer's
+    ongoing transaction (added with AddOffsetsToTxn)?"""
+    error, why = verify_ongoing(meta, producer_id, producer_epoch)
+    if error is E.NONE and meta is not None and group_id not in meta.groups:
+        why = f"group {group_id!r} is not in the transaction (AddOffsetsToTxn first)"
+        return E.INVALID_TXN_STATE, why
+    return error, why
+
+
 def validate_partitions(partitions: tuple[TopicPartition, ...], config: FsmConfig) -> str | None:
     """Why a partition list is malformed, or None."""
     if not partitions:

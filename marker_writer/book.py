@@ -26,17 +26,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsm.effects import WriteMarkers
+from fsm.errors import ErrorCode
 from marker_writer.backoff import Backoff
 from marker_writer.errors import (
     CompletionDisposition,
     MarkerDisposition,
     classify_completion,
     classify_marker_error,
+    code_name,
 )
 from marker_writer.model import (
     Completion,
     ConsumerGroup,
     DataPartition,
+    DeliveryProblem,
     Destination,
     MarkerRequest,
     MarkerResponse,
@@ -62,6 +65,7 @@ class TxnEntry:
     groups: tuple[ConsumerGroup, ...]
     added_at: float
     pending: set[Participant] = field(default_factory=set)
+    markers: dict[Participant, PendingMarker] = field(default_factory=dict)
     completion_failures: int = 0
     closed: bool = False
 
@@ -82,7 +86,7 @@ class PendingMarker:
     txn: TxnEntry
     participant: Participant
     failures: int = 0
-    last_error: int | None = None
+    last_problem: DeliveryProblem | None = None
     unroutable: int = 0
 
     @property
@@ -148,6 +152,8 @@ class Counters:
     completed_transactions: int = 0
     fenced_transactions: int = 0
     stale_transactions: int = 0
+    #: Markers that once found no destination (each counted once).
+    unroutable_markers: int = 0
 
 
 class MarkerBook:
@@ -191,7 +197,8 @@ class MarkerBook:
         self._txns[key] = txn
         participants: tuple[Participant, ...] = (*partitions, *groups)
         for participant in participants:
-            self._schedule(PendingMarker(txn, participant), now)
+            marker = txn.markers[participant] = PendingMarker(txn, participant)
+            self._schedule(marker, now)
         if not txn.pending:
             self._schedule_completion(txn, now)
         return True
@@ -215,7 +222,20 @@ class MarkerBook:
         """No destination for ``marker`` now: try again after a backoff.
         True the first time this marker could not be routed."""
         marker.unroutable += 1
-        self._retry(marker, now, None)
+        if isinstance(marker.participant, DataPartition):
+            problem = DeliveryProblem(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                "unroutable: no partition-log node is known for this partition "
+                "(not in the cluster's topic metadata); retrying",
+            )
+        else:
+            problem = DeliveryProblem(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                "unroutable: no leader is known for the group's shard; retrying",
+            )
+        self._retry(marker, now, problem)
+        if marker.unroutable == 1:
+            self.counters.unroutable_markers += 1
         return marker.unroutable == 1
 
     # --- sending -------------------------------------------------------------------
@@ -268,9 +288,14 @@ class MarkerBook:
         )
 
     def on_response(
-        self, batch: MarkerBatch, responses: Sequence[MarkerResponse] | None, now: float
+        self,
+        batch: MarkerBatch,
+        responses: Sequence[MarkerResponse] | None,
+        now: float,
+        failure: str = "",
     ) -> ResponseReport:
-        """Apply a call's answers (None: the call failed as a whole)."""
+        """Apply a call's answers (None: the call failed as a whole, for the
+        reason ``failure``)."""
         self._in_flight.pop(batch.destination, None)
         report = ResponseReport()
         if responses is None:
@@ -281,7 +306,12 @@ class MarkerBook:
                 if not marker.live:
                     continue  # dropped meanwhile (a fenced sibling)
                 if errors is None:
-                    self._retry(marker, now, None)
+                    problem = DeliveryProblem(
+                        ErrorCode.UNKNOWN_SERVER_ERROR,
+                        f"the WriteTxnMarkers call to {batch.destination} failed "
+                        f"({failure or 'no answer'}); retrying",
+                    )
+                    self._retry(marker, now, problem)
                     report.retried += 1
                     continue
                 code = int(errors.get(marker.participant, MISSING_ANSWER))
@@ -299,7 +329,10 @@ class MarkerBook:
                         )
                     else:
                         report.retriable[code] = report.retriable.get(code, 0) + 1
-                    self._retry(marker, now, code)
+                    problem = DeliveryProblem(
+                        code, f"{batch.destination} answered {code_name(code)}; retrying"
+                    )
+                    self._retry(marker, now, problem)
                     report.retried += 1
         return report
 
@@ -380,6 +413,15 @@ class MarkerBook:
     def has_work(self) -> bool:
         return bool(self._txns)
 
+    def pending(self, key: TxnKey) -> dict[Participant, DeliveryProblem | None] | None:
+        """The participants whose marker transaction ``key`` still owes here,
+        each with the problem its last try met (None: none yet); None when
+        the transaction is not owed here."""
+        txn = self._txns.get(key)
+        if txn is None:
+            return None
+        return {p: txn.markers[p].last_problem for p in sorted(txn.pending)}
+
     def metrics(self, now: float) -> dict[str, Any]:
         queued = {str(d): sum(1 for m in q if m.live) for d, q in sorted(self._queues.items()) if q}
         in_flight = {str(d): b.marker_count for d, b in sorted(self._in_flight.items())}
@@ -397,6 +439,7 @@ class MarkerBook:
             "completed_transactions": self.counters.completed_transactions,
             "fenced_transactions": self.counters.fenced_transactions,
             "stale_transactions": self.counters.stale_transactions,
+            "unroutable_markers": self.counters.unroutable_markers,
             "oldest_pending_ms": 0 if oldest is None else int((now - oldest) * 1000),
         }
 
@@ -416,10 +459,9 @@ class MarkerBook:
     def _schedule(self, marker: PendingMarker, due: float) -> None:
         heapq.heappush(self._scheduled, (due, next(self._seq), marker))
 
-    def _retry(self, marker: PendingMarker, now: float, code: int | None) -> None:
+    def _retry(self, marker: PendingMarker, now: float, problem: DeliveryProblem) -> None:
         marker.failures += 1
-        if code is not None:
-            marker.last_error = code
+        marker.last_problem = problem
         self.counters.retries += 1
         self._schedule(marker, now + self.backoff.delay(marker.failures))
 

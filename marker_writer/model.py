@@ -89,6 +89,15 @@ class MarkerRequest:
 
 
 @dataclass(frozen=True)
+class DeliveryProblem:
+    """Why a participant's marker was not written on the last try: Kafka's
+    error code and what it means here."""
+
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
 class MarkerResponse:
     """The answer to one :class:`MarkerRequest`: an error code per participant
     (Kafka's numbers; 0 = written). A participant missing from ``errors``

@@ -35,7 +35,13 @@ from marker_writer.book import (
     ResponseReport,
 )
 from marker_writer.errors import code_name
-from marker_writer.model import Destination, MarkerResponse, Participant
+from marker_writer.model import (
+    DeliveryProblem,
+    Destination,
+    MarkerResponse,
+    Participant,
+    TxnKey,
+)
 from marker_writer.transport import Clock, MarkerTransport, TransportError
 
 DEFAULT_MAX_REQUESTS_PER_CALL = 500
@@ -147,9 +153,17 @@ class MarkerWriter:
     def stopped(self) -> bool:
         return self._stopped
 
+    def pending(self, key: TxnKey) -> dict[Participant, DeliveryProblem | None] | None:
+        """The participants whose marker transaction ``key`` still owes, each
+        with the problem its last try met (None: none yet); None when this
+        writer does not owe the transaction."""
+        with self._lock:
+            return self._book.pending(key)
+
     def metrics(self) -> dict[str, Any]:
         """Counters and gauges: ``queued_markers`` per destination,
-        ``markers_sent``, ``retries``, ``oldest_pending_ms`` and more."""
+        ``markers_sent``, ``retries``, ``unroutable_markers``,
+        ``oldest_pending_ms`` and more."""
         with self._lock:
             values = self._book.metrics(self._clock())
         values.update(shard=self.shard, term=self.term, stopped=self._stopped)
@@ -183,14 +197,15 @@ class MarkerWriter:
                 else:
                     self._book.route(marker, destination)
             batches = self._book.take_batches(self._max_requests)
-        for marker in unroutable:
+        for marker in unroutable:  # once per marker, however often it is retried
             self._log.warning(
                 "%s event=marker_unroutable transactional_id=%s producer_id=%d "
-                "participant=%s (no destination known yet; retrying)",
+                "participant=%s (%s; DescribeTransactions lists it until delivered)",
                 self._prefix,
                 marker.txn.key.transactional_id,
                 marker.txn.key.producer_id,
                 marker.participant,
+                marker.last_problem.message if marker.last_problem else "no destination",
             )
         for batch in batches:
             self._submit(self._send, batch)
@@ -272,7 +287,7 @@ class MarkerWriter:
         with self._lock:
             if self._stopped:
                 return
-            report = self._book.on_response(batch, responses, self._clock())
+            report = self._book.on_response(batch, responses, self._clock(), failure or "")
             self._active_since_summary = True
             self._kick()
         self._log_response(batch, report, failure)
@@ -385,5 +400,6 @@ def _summary_line(metrics: dict[str, Any]) -> str:
         f"sent={metrics['markers_sent']} acked={metrics['markers_acked']} "
         f"retries={metrics['retries']} completed={metrics['completed_transactions']} "
         f"fenced={metrics['fenced_transactions']} "
+        f"unroutable={metrics['unroutable_markers']} "
         f"oldest_pending_ms={metrics['oldest_pending_ms']}"
     )

@@ -76,37 +76,35 @@ class ClusterView:
     def refresh(self, wanted: str | None = None) -> bool:
         """Ask the coordinators (in turn until one answers); True on success.
 
-        Coordinators answer from their own replica, which can lag a moment
-        behind a topic's creation; with ``wanted``, the others are asked
-        too until one knows that topic.
+        Coordinators answer from shard 0's leader's applied state, which
+        writes nothing to the Raft log (the periodic refresh of an idle
+        cluster costs no entries). With ``wanted`` (a topic this node
+        missed) the answer comes through a read barrier on shard 0's
+        leader, so a topic created before the miss is found.
         """
         addresses = self._coordinators.addresses
-        best: Any = None
+        request = coordinator_pb2.MetadataRequest(read_barrier=wanted is not None)
+        answer: Any = None
         for i in range(len(addresses)):
             address = addresses[(self._next + i) % len(addresses)]
             try:
-                answer = self._coordinators.stub(address).Metadata(
-                    coordinator_pb2.MetadataRequest(), timeout=CALL_TIMEOUT_S
-                )
+                answer = self._coordinators.stub(address).Metadata(request, timeout=CALL_TIMEOUT_S)
             except grpc.RpcError:
                 continue
-            if best is None or len(answer.topics) > len(best.topics):
-                best = answer
-            if wanted is None or any(t.name == wanted for t in answer.topics):
-                self._next = (self._next + i) % len(addresses)
-                break
+            self._next = (self._next + i) % len(addresses)
+            break
         else:
             self._next += 1
-        if best is None:
             return False
         topics = {
             t.name: tuple(p.node_id for p in sorted(t.partitions, key=lambda p: p.partition))
-            for t in best.topics
+            for t in answer.topics
             if t.error_code == E.NONE
         }
         with self._lock:
-            self._topics = topics
-            self.shard_count = best.shard_count
+            # Topics are only ever added: a stale answer never hides a known one.
+            self._topics = {**self._topics, **topics}
+            self.shard_count = answer.shard_count
         return True
 
     def owned(self) -> list[TopicPartition]:

@@ -31,6 +31,7 @@ from marker_writer import (
     Completion,
     ConsumerGroup,
     DataPartition,
+    DeliveryProblem,
     Destination,
     DestinationKind,
     MarkerRequest,
@@ -38,6 +39,7 @@ from marker_writer import (
     MarkerWriter,
     Participant,
     TransportError,
+    TxnKey,
 )
 from raftcoord.v1 import (
     common_pb2,
@@ -295,6 +297,13 @@ class MarkerWriters:
         for writer in writers:
             writer.stop(timeout_s=1.0)
         self.channels.close()
+
+    def pending(self, shard: int, key: TxnKey) -> dict[Participant, DeliveryProblem | None] | None:
+        """What this node's writer of ``shard`` still owes transaction ``key``
+        (see :meth:`MarkerWriter.pending`); None without such a writer."""
+        with self._lock:
+            writer = self._writers.get(shard)
+        return None if writer is None else writer.pending(key)
 
     def metrics(self) -> dict[int, dict[str, Any]]:
         with self._lock:

@@ -5,7 +5,8 @@ key (``crc32(key) % S``); a node that does not lead that shard answers
 NOT_COORDINATOR naming the leader it knows, a leader that has not applied
 its log yet answers COORDINATOR_LOAD_IN_PROGRESS, and every answer comes after
 the command is committed by Raft and applied. Reads go through a log barrier
-so a deposed leader never serves stale state as current.
+so a deposed leader never serves stale state as current; topic metadata is
+the exception (see :meth:`CoordinatorService.Metadata`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,7 +39,11 @@ from fsm import (
     shard_for,
 )
 from fsm.limits import id_error, request_refusal
-from fsm.metadata import TopicPartition
+from fsm.metadata import TopicPartition, TransactionMetadata
+from fsm.states import PREPARE_STATES
+from fsm.transactions import verify_group, verify_ongoing
+from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
+from raftcoord.markers import METADATA_SHARD
 from raftcoord.shard import now_ms
 from raftcoord.v1 import (
     admin_pb2,
@@ -92,8 +98,18 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         refusal = request_refusal(command, self.fsm_config)
         return None if refusal is None else Outcome(error=refusal[0], message=refusal[1])
 
-    def _run(self, shard: int, command: Command) -> Outcome:
-        """Replicate ``command`` on ``shard``; a refusal comes back as an error outcome."""
+    def _run(
+        self,
+        shard: int,
+        command: Command,
+        precheck: Callable[[], Outcome | None] | None = None,
+    ) -> Outcome:
+        """Replicate ``command`` on ``shard``; a refusal comes back as an error outcome.
+
+        ``precheck`` validates what the command's own shard cannot (state of
+        other shards) once this node is known to lead ``shard``: its outcome,
+        if any, is the answer and nothing is proposed.
+        """
         # A request that breaks a limit is refused by any node, before routing
         # to a leader: it never reaches the log.
         refused_here = self._refusal(command)
@@ -101,8 +117,11 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             return refused_here
         try:
             self._check(shard)
+            refused_before = None if precheck is None else precheck()
         except _Refused as refused:
             return Outcome(error=refused.error, message=refused.message)
+        if refused_before is not None:
+            return refused_before
         result: Outcome = _wait(self.node.shards[shard].submit(command))
         return result
 
@@ -201,8 +220,12 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         )
 
     def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:
+        """Partitions of topics that do not exist are UNKNOWN_TOPIC_OR_PARTITION
+        and the request changes nothing: the other partitions are
+        OPERATION_NOT_ATTEMPTED (verify-only: verified as usual)."""
         partitions = tuple((t.topic, p) for t in request.topics for p in t.partitions)
         shard = self._shard_of(request.transactional_id)
+        unknown: dict[TopicPartition, str] = {}
         if request.verify_only:
             try:
                 errors = self._read(
@@ -215,13 +238,28 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                         partitions,
                     ),
                 )
+                unknown = self._unknown_partitions(partitions, context)
             except _Refused as refused:
                 outcome = Outcome(error=refused.error, message=refused.message)
             else:
                 return pb.AddPartitionsToTxnResponse(
-                    error_code=E.NONE, results=[_partition_result(tp, e) for tp, e in errors]
+                    error_code=E.NONE,
+                    results=[
+                        _partition_result(tp, E.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else e)
+                        for tp, e in errors
+                    ],
                 )
         else:
+
+            def topics_exist() -> Outcome | None:
+                unknown.update(self._unknown_partitions(partitions, context))
+                if not unknown:
+                    return None
+                return Outcome(
+                    error=E.UNKNOWN_TOPIC_OR_PARTITION,
+                    message="; ".join(unknown.values()) + "; nothing was added",
+                )
+
             command = AddPartitions(
                 request.transactional_id,
                 request.producer_id,
@@ -230,14 +268,61 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 0,
                 0,
             )
-            outcome = self._run(shard, command)
+            outcome = self._run(shard, command, topics_exist)
         return pb.AddPartitionsToTxnResponse(
             error_code=outcome.error,
             error_message=outcome.message,
-            results=[_partition_result(tp, outcome.error) for tp in partitions],
+            results=[
+                _partition_result(
+                    tp,
+                    E.UNKNOWN_TOPIC_OR_PARTITION
+                    if tp in unknown
+                    else (E.OPERATION_NOT_ATTEMPTED if unknown else outcome.error),
+                )
+                for tp in partitions
+            ],
         )
 
+    def _unknown_partitions(
+        self, partitions: tuple[TopicPartition, ...], context: Any
+    ) -> dict[TopicPartition, str]:
+        """The partitions that do not exist, with why.
+
+        This node's replica of shard 0 may lag behind a topic just created, so
+        a miss there is confirmed with shard 0's leader through a read barrier
+        before it counts: a topic created and acknowledged before the request
+        is never reported unknown.
+
+        Raises:
+            _Refused: a miss could not be confirmed (shard 0 has no leader).
+        """
+        unknown = _missing(self._local_topics(), partitions)
+        if not unknown:
+            return unknown
+        topics = self._leader_topics(context, read_barrier=True)
+        if topics is None:
+            raise _Refused(
+                E.COORDINATOR_NOT_AVAILABLE,
+                f"cannot confirm topic {next(iter(unknown))[0]!r} with the leader "
+                f"of shard {METADATA_SHARD}; retry",
+            )
+        return _missing(topics, tuple(unknown))
+
     def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
+        if request.verify_only:
+            try:
+                error, message = self._read(
+                    self._shard_of(request.transactional_id),
+                    lambda m: verify_group(
+                        m.describe(request.transactional_id),
+                        request.producer_id,
+                        request.producer_epoch,
+                        request.group_id,
+                    ),
+                )
+            except _Refused as refused:
+                error, message = refused.error, refused.message
+            return pb.AddOffsetsToTxnResponse(error_code=error, error_message=message)
         command = AddOffsets(
             request.transactional_id,
             request.producer_id,
@@ -269,6 +354,8 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     # --- group offsets -------------------------------------------------------------
 
     def TxnOffsetCommit(self, request: Any, context: Any) -> Any:
+        """Stored only when the group is in the producer's ongoing transaction,
+        as the transaction's shard has it (asked before proposing)."""
         offsets = _offset_entries(request.topics)
         command = TxnOffsetCommit(
             request.group_id,
@@ -278,27 +365,78 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             offsets,
             0,
         )
-        error, message = self._group_command(request.group_id, command)
+
+        def in_transaction() -> Outcome | None:
+            error, message = self._verify_group(request)
+            return None if error is E.NONE else Outcome(error=error, message=message)
+
+        outcome = self._run(self._shard_of(request.group_id), command, in_transaction)
         return pb.TxnOffsetCommitResponse(
-            error_code=error,
-            error_message=message,
-            results=[_partition_result((o.topic, o.partition), error) for o in offsets],
+            error_code=outcome.error,
+            error_message=outcome.message,
+            results=[_partition_result((o.topic, o.partition), outcome.error) for o in offsets],
         )
+
+    def _verify_group(self, request: Any) -> tuple[ErrorCode, str]:
+        """Whether ``request.group_id`` is in the ongoing transaction of
+        ``request``'s producer, asked of the transaction's shard leader (this
+        node, or with a verify-only AddOffsetsToTxn); read through its log.
+
+        Raises:
+            _Refused: the transaction's shard cannot answer now (retriable).
+        """
+        shard = self._shard_of(request.transactional_id)
+        if self.node.shards[shard].availability() is E.NONE:
+            verified: tuple[ErrorCode, str] = self._read(
+                shard,
+                lambda m: verify_group(
+                    m.describe(request.transactional_id),
+                    request.producer_id,
+                    request.producer_epoch,
+                    request.group_id,
+                ),
+            )
+            return verified
+        leader = self.node.leader_of(shard)
+        unavailable = f"the coordinator of the transaction (shard {shard}) cannot verify it"
+        if leader is None or leader.node_id == self.node.node_id:
+            raise _Refused(E.COORDINATOR_NOT_AVAILABLE, f"{unavailable}: no leader; retry")
+        try:
+            with grpc.insecure_channel(leader.grpc) as channel:
+                answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).AddOffsetsToTxn(
+                    pb.AddOffsetsToTxnRequest(
+                        transactional_id=request.transactional_id,
+                        producer_id=request.producer_id,
+                        producer_epoch=request.producer_epoch,
+                        group_id=request.group_id,
+                        verify_only=True,
+                    ),
+                    timeout=2.0,
+                )
+        except grpc.RpcError as exc:
+            raise _Refused(
+                E.COORDINATOR_NOT_AVAILABLE, f"{unavailable}: {exc.code().name}; retry"
+            ) from exc
+        error = E(answer.error_code)
+        if error in (
+            E.NOT_COORDINATOR,
+            E.COORDINATOR_LOAD_IN_PROGRESS,
+            E.COORDINATOR_NOT_AVAILABLE,
+            E.REQUEST_TIMED_OUT,
+        ):
+            raise _Refused(E.COORDINATOR_NOT_AVAILABLE, f"{unavailable}: {error.name}; retry")
+        return error, str(answer.error_message)
 
     def OffsetCommit(self, request: Any, context: Any) -> Any:
         offsets = _offset_entries(request.topics)
-        error, message = self._group_command(
-            request.group_id, OffsetCommit(request.group_id, offsets, 0)
+        outcome = self._run(
+            self._shard_of(request.group_id), OffsetCommit(request.group_id, offsets, 0)
         )
         return pb.OffsetCommitResponse(
-            error_code=error,
-            error_message=message,
-            results=[_partition_result((o.topic, o.partition), error) for o in offsets],
+            error_code=outcome.error,
+            error_message=outcome.message,
+            results=[_partition_result((o.topic, o.partition), outcome.error) for o in offsets],
         )
-
-    def _group_command(self, group_id: str, command: Command) -> tuple[ErrorCode, str]:
-        outcome = self._run(self._shard_of(group_id), command)
-        return outcome.error, outcome.message
 
     def OffsetFetch(self, request: Any, context: Any) -> Any:
         if not request.group_id:
@@ -382,8 +520,9 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     def DescribeTransactions(self, request: Any, context: Any) -> Any:
         descriptions = []
         for tid in request.transactional_ids:
+            shard = self._shard_of(tid)
             try:
-                meta = self._read(self._shard_of(tid), lambda m, tid=tid: m.describe(tid))
+                meta = self._read(shard, lambda m, tid=tid: m.describe(tid))
             except _Refused as refused:
                 descriptions.append(_no_description(tid, refused.error))
                 continue
@@ -409,9 +548,23 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                     ],
                     groups=sorted(meta.groups),
                     coordinator_epoch=meta.coordinator_epoch,
+                    pending_markers=self._pending_markers(shard, meta),
                 )
             )
         return pb.DescribeTransactionsResponse(transactions=descriptions)
+
+    def _pending_markers(self, shard: int, meta: TransactionMetadata) -> list[Any]:
+        """The markers a Prepare* transaction still owes, each with the last
+        problem its delivery met, as this node's marker writer knows them."""
+        if meta.state not in PREPARE_STATES:
+            return []
+        key = TxnKey(meta.transactional_id, meta.producer_id, meta.producer_epoch)
+        owed = self.node.markers.pending(shard, key)
+        if owed is None:  # not taken up by a writer yet: nothing tried
+            participants: list[Participant] = [DataPartition(*tp) for tp in sorted(meta.partitions)]
+            participants.extend(ConsumerGroup(g) for g in sorted(meta.groups))
+            owed = dict.fromkeys(participants)
+        return [_pending_marker(p, problem) for p, problem in owed.items()]
 
     def ListTransactions(self, request: Any, context: Any) -> Any:
         """Transactions of the shards this node leads (ask every node for all)."""
@@ -442,44 +595,63 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
 
     # --- cluster metadata ----------------------------------------------------------
 
-    def _topics(self, context: Any) -> dict[str, tuple[int, ...]]:
-        """Topic placement as shard 0's leader has it (topics live in shard 0).
-
-        The leader reads through its log; another node asks the leader once,
-        so that a node that is behind (just restarted, cut off) does not
-        answer with a stale list, and falls back to its own replica only
-        when no leader answers.
-        """
-        try:
-            topics: dict[str, tuple[int, ...]] = self._read(
-                0, lambda machine: dict(machine.state.topics)
-            )
-            return topics
-        except _Refused:
-            pass
-        leader = self.node.leader_of(0)
-        forwarded = dict(context.invocation_metadata()).get(FORWARDED_HEADER)
-        if not forwarded and leader is not None and leader.node_id != self.node.node_id:
-            try:
-                with grpc.insecure_channel(leader.grpc) as channel:
-                    answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
-                        pb.MetadataRequest(),
-                        timeout=2.0,
-                        metadata=[(FORWARDED_HEADER, str(self.node.node_id))],
-                    )
-                return {
-                    t.name: tuple(p.node_id for p in t.partitions)
-                    for t in answer.topics
-                    if t.error_code == E.NONE
-                }
-            except grpc.RpcError:
-                pass
-        replica = self.node.shards[0].replica
+    def _local_topics(self) -> dict[str, tuple[int, ...]]:
+        """Topic placement in this node's replica of shard 0 (it may lag)."""
+        replica = self.node.shards[METADATA_SHARD].replica
         with replica.lock:
             return dict(replica.machine.state.topics)
 
+    def _leader_topics(self, context: Any, read_barrier: bool) -> dict[str, tuple[int, ...]] | None:
+        """Topic placement as shard 0's leader has it (topics live in shard 0),
+        or None when no leader answers.
+
+        The leader answers from its applied state, or with ``read_barrier``
+        through its log (so that a deposed leader cannot answer); another
+        node asks the leader once, so that a node that is behind (just
+        restarted, cut off) does not answer with a stale list.
+        """
+        if self.node.shards[METADATA_SHARD].availability() is E.NONE:
+            if not read_barrier:
+                return self._local_topics()
+            try:
+                topics: dict[str, tuple[int, ...]] = self._read(
+                    METADATA_SHARD, lambda machine: dict(machine.state.topics)
+                )
+                return topics
+            except _Refused:
+                return None
+        leader = self.node.leader_of(METADATA_SHARD)
+        forwarded = dict(context.invocation_metadata()).get(FORWARDED_HEADER)
+        if forwarded or leader is None or leader.node_id == self.node.node_id:
+            return None
+        try:
+            with grpc.insecure_channel(leader.grpc) as channel:
+                answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
+                    pb.MetadataRequest(read_barrier=read_barrier),
+                    timeout=2.0,
+                    metadata=[(FORWARDED_HEADER, str(self.node.node_id))],
+                )
+        except grpc.RpcError:
+            return None
+        return {
+            t.name: tuple(p.node_id for p in t.partitions)
+            for t in answer.topics
+            if t.error_code == E.NONE
+        }
+
     def Metadata(self, request: Any, context: Any) -> Any:
-        topics = self._topics(context)
+        """Topic placement from shard 0's leader, without writing to its log
+        unless ``read_barrier`` asks to confirm (a miss). Without it, a node
+        with no leader to ask answers from its own replica; with it, such a
+        node fails the call (UNAVAILABLE) rather than answer unconfirmed."""
+        topics = self._leader_topics(context, request.read_barrier)
+        if topics is None:
+            if request.read_barrier:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"shard {METADATA_SHARD} has no leader to confirm the topics with",
+                )
+            topics = self._local_topics()
         wanted = list(request.topics) or sorted(topics)
         return pb.MetadataResponse(
             coordinators=[
@@ -584,13 +756,38 @@ def _verify(
 ) -> list[tuple[TopicPartition, ErrorCode]]:
     """KIP-890 verification: is each partition in this producer's ongoing transaction?"""
     meta = machine.describe(transactional_id)
-    if meta is None or meta.producer_id != producer_id:
-        return [(tp, E.INVALID_PRODUCER_ID_MAPPING) for tp in partitions]
-    if meta.producer_epoch != producer_epoch:
-        return [(tp, E.PRODUCER_FENCED) for tp in partitions]
-    if meta.state is not TxnState.ONGOING:
-        return [(tp, E.INVALID_TXN_STATE) for tp in partitions]
+    error, _why = verify_ongoing(meta, producer_id, producer_epoch)
+    if error is not E.NONE or meta is None:
+        return [(tp, error) for tp in partitions]
     return [(tp, E.NONE if tp in meta.partitions else E.INVALID_TXN_STATE) for tp in partitions]
+
+
+def _missing(
+    topics: dict[str, tuple[int, ...]], partitions: tuple[TopicPartition, ...]
+) -> dict[TopicPartition, str]:
+    """The partitions ``topics`` does not have, with why."""
+    missing = {}
+    for topic, partition in partitions:
+        nodes = topics.get(topic)
+        if nodes is None:
+            missing[(topic, partition)] = f"topic {topic!r} does not exist"
+        elif not 0 <= partition < len(nodes):
+            missing[(topic, partition)] = (
+                f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}"
+            )
+    return missing
+
+
+def _pending_marker(participant: Participant, problem: DeliveryProblem | None) -> Any:
+    marker = pb.PendingMarker(
+        last_error_code=E.NONE if problem is None else problem.code,
+        last_error_message="" if problem is None else problem.message,
+    )
+    if isinstance(participant, DataPartition):
+        marker.topic, marker.partition = participant.topic, participant.partition
+    else:
+        marker.group_id = participant.group_id
+    return marker
 
 
 def _no_description(transactional_id: str, error: ErrorCode) -> Any:

@@ -69,6 +69,25 @@ class Coordinators:
             time.sleep(delay)
             delay = min(delay * 2, 0.3)
 
+    def create_topic(self, name: str, num_partitions: int, timeout_s: float = 20.0) -> None:
+        """Create ``name`` (or find it created) on shard 0's leader, whichever node that is."""
+        request = pb.CreateTopicsRequest(
+            topics=[pb.CreatableTopic(name=name, num_partitions=num_partitions)]
+        )
+
+        def created() -> bool:
+            for stub in self.stubs.values():
+                try:
+                    answer = stub.CreateTopics(request, timeout=5.0)
+                except grpc.RpcError:
+                    continue
+                code = answer.results[0].error_code
+                if code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                    return True
+            return False
+
+        self.until(created, timeout_s, f"topic {name!r} was not created")
+
     def until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():

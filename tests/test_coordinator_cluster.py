@@ -24,12 +24,18 @@ E = ErrorCode
 ABORT_SWEEP_MS = 100
 
 
+#: The topic the transactions here add partitions of.
+TOPIC = "orders"
+TOPIC_PARTITIONS = 16
+
+
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """One cluster for the tests that do not fault it."""
     with running_cluster(
         tmp_path_factory.mktemp("shared") / "cluster", abort_interval_ms=ABORT_SWEEP_MS
     ) as cluster:
+        with_markers_waiting(cluster)
         yield cluster
 
 
@@ -37,7 +43,21 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster of its own, for tests that kill or restart nodes."""
     with running_cluster(tmp_path / "cluster", abort_interval_ms=ABORT_SWEEP_MS) as cluster:
+        with_markers_waiting(cluster)
         yield cluster
+
+
+def with_markers_waiting(cluster: LocalCluster) -> None:
+    """Create TOPIC, then stop the partition-log nodes that hold it: its
+    markers wait (retried), so a transaction stays in Prepare* for the tests
+    to see, and the coordinators' state changes only by their requests."""
+    client = client_for(cluster)
+    try:
+        client.create_topic(TOPIC, TOPIC_PARTITIONS)
+    finally:
+        client.close()
+    for node in cluster.partition_nodes():
+        cluster.kill(node.node_id)
 
 
 def client_for(cluster: LocalCluster) -> Coordinators:
@@ -76,12 +96,12 @@ def init_producer(client: Coordinators, tid: str, timeout_ms: int = 60_000) -> A
 
 
 def add_partitions(client: Coordinators, tid: str, ident: Any, *numbers: int) -> Any:
-    """AddPartitionsToTxn of topic "orders" with ``ident``'s producer id and epoch."""
+    """AddPartitionsToTxn of TOPIC with ``ident``'s producer id and epoch."""
     request = pb.AddPartitionsToTxnRequest(
         transactional_id=tid,
         producer_id=ident.producer_id,
         producer_epoch=ident.producer_epoch,
-        topics=partitions("orders", *numbers),
+        topics=partitions(TOPIC, *numbers),
     )
     return client.call(tid, "AddPartitionsToTxn", request)
 
@@ -142,10 +162,22 @@ def test_transaction_flow_through_grpc(shared_cluster: LocalCluster) -> None:
         pid, epoch = run_transaction(client, "flow-1")
         meta = describe(client, "flow-1")
         assert meta.error_code == E.NONE
-        # The marker writer completes the transaction; until then it waits in PrepareCommit.
+        # The marker writer completes the transaction once the partition-log
+        # nodes are back; until then it waits in PrepareCommit.
         assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT
         assert (meta.producer_id, meta.producer_epoch) == (pid, epoch + 1)
-        assert [(t.topic, list(t.partitions)) for t in meta.topics] == [("orders", [0, 1])]
+        assert [(t.topic, list(t.partitions)) for t in meta.topics] == [(TOPIC, [0, 1])]
+        # The markers owed are listed, with why they are not written yet.
+        assert [(m.topic, m.partition) for m in meta.pending_markers] == [(TOPIC, 0), (TOPIC, 1)]
+
+        def markers_failed() -> bool:
+            owed = describe(client, "flow-1").pending_markers
+            return all(m.last_error_code != E.NONE for m in owed)
+
+        client.until(markers_failed, 15, "the failed marker calls were not reported")
+        for owed in describe(client, "flow-1").pending_markers:
+            assert owed.last_error_code == E.UNKNOWN_SERVER_ERROR, owed
+            assert "WriteTxnMarkers call to partition_log-" in owed.last_error_message, owed
         # A non-leader answers NOT_COORDINATOR and names the leader.
         leader = client.find("flow-1", deadline=float("inf"))
         other = next(a for a in client.addresses if a != leader)
@@ -209,7 +241,7 @@ def test_bad_input_gets_error_codes_and_changes_nothing(shared_cluster: LocalClu
                     transactional_id="bad-1",
                     producer_id=987654,
                     producer_epoch=0,
-                    topics=partitions("orders", 0),
+                    topics=partitions(TOPIC, 0),
                 ),
                 E.INVALID_PRODUCER_ID_MAPPING,
             ),
@@ -220,7 +252,7 @@ def test_bad_input_gets_error_codes_and_changes_nothing(shared_cluster: LocalClu
                     transactional_id="bad-input-anchor",
                     producer_id=0,
                     producer_epoch=0,
-                    topics=partitions("orders", *range(10_001)),
+                    topics=partitions(TOPIC, *range(10_001)),
                 ),
                 E.INVALID_REQUEST,
             ),
@@ -516,7 +548,7 @@ def test_verify_only_asks_without_changing_anything(shared_cluster: LocalCluster
                 transactional_id=tid,
                 producer_id=init.producer_id,
                 producer_epoch=init.producer_epoch,
-                topics=partitions("orders", 0, 5),
+                topics=partitions(TOPIC, 0, 5),
                 verify_only=True,
             ),
         )
@@ -531,11 +563,92 @@ def test_verify_only_asks_without_changing_anything(shared_cluster: LocalCluster
                 transactional_id=tid,
                 producer_id=init.producer_id,
                 producer_epoch=init.producer_epoch + 1,
-                topics=partitions("orders", 0),
+                topics=partitions(TOPIC, 0),
                 verify_only=True,
             ),
         )
         assert [r.error_code for r in stale.results] == [E.PRODUCER_FENCED]
         assert agreed_digests(shared_cluster) == before
+    finally:
+        client.close()
+
+
+def test_partitions_that_do_not_exist_are_refused_and_change_nothing(
+    shared_cluster: LocalCluster,
+) -> None:
+    client = client_for(shared_cluster)
+    try:
+        tid = "unknown-topic-1"
+        init = init_producer(client, tid)
+        assert add_partitions(client, tid, init, 0).error_code == E.NONE
+        before = agreed_digests(shared_cluster)
+        ident = {
+            "transactional_id": tid,
+            "producer_id": init.producer_id,
+            "producer_epoch": init.producer_epoch,
+        }
+        topics = [
+            *partitions(TOPIC, 1, TOPIC_PARTITIONS),  # 16 is one past the last partition
+            *partitions("no-such-topic", 0),
+        ]
+        answer = client.call(
+            tid, "AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(topics=topics, **ident)
+        )
+        assert answer.error_code == E.UNKNOWN_TOPIC_OR_PARTITION, answer
+        assert "no-such-topic" in answer.error_message
+        assert [(r.topic, r.partition, r.error_code) for r in answer.results] == [
+            (TOPIC, 1, E.OPERATION_NOT_ATTEMPTED),
+            (TOPIC, TOPIC_PARTITIONS, E.UNKNOWN_TOPIC_OR_PARTITION),
+            ("no-such-topic", 0, E.UNKNOWN_TOPIC_OR_PARTITION),
+        ]
+        verified = client.call(
+            tid,
+            "AddPartitionsToTxn",
+            pb.AddPartitionsToTxnRequest(topics=topics, verify_only=True, **ident),
+        )
+        assert verified.error_code == E.NONE, verified
+        assert [r.error_code for r in verified.results] == [
+            E.INVALID_TXN_STATE,  # exists, not in the transaction
+            E.UNKNOWN_TOPIC_OR_PARTITION,
+            E.UNKNOWN_TOPIC_OR_PARTITION,
+        ]
+        assert agreed_digests(shared_cluster) == before, "a refused request changed the state"
+        meta = describe(client, tid)
+        assert meta.state == common_pb2.TRANSACTION_STATE_ONGOING
+        assert [(t.topic, list(t.partitions)) for t in meta.topics] == [(TOPIC, [0])]
+        # The transaction goes on, and commits with what it has.
+        assert end_txn(client, tid, init).error_code == E.NONE
+    finally:
+        client.close()
+
+
+def test_a_topic_just_created_is_never_refused(shared_cluster: LocalCluster) -> None:
+    """A coordinator's own replica of shard 0 may not have applied a topic its
+    leader just acknowledged; it confirms a miss with that leader first."""
+    leaders = shared_cluster.wait_for_leaders()
+    client = client_for(shared_cluster)
+    try:
+        # Transactions whose shard another node than shard 0's leader leads.
+        tids = [
+            tid
+            for tid in (f"fresh-topic-{i}" for i in range(200))
+            if leaders[shard_for(tid, 3)] != leaders[0]
+        ][:20]
+        idents = {tid: init_producer(client, tid) for tid in tids}
+        for i, tid in enumerate(tids):
+            topic = f"fresh-{i}"
+            client.create_topic(topic, 1)
+            ident = idents[tid]
+            answer = client.call(
+                tid,
+                "AddPartitionsToTxn",
+                pb.AddPartitionsToTxnRequest(
+                    transactional_id=tid,
+                    producer_id=ident.producer_id,
+                    producer_epoch=ident.producer_epoch,
+                    topics=partitions(topic, 0),
+                ),
+            )
+            assert answer.error_code == E.NONE, (topic, answer)
     finally:
         client.close()

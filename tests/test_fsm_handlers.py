@@ -19,6 +19,7 @@ from fsm import (
     WriteMarkers,
 )
 from fsm.errors import ErrorCode
+from fsm.transactions import verify_group
 from tests.fsm_driver import Leader
 
 S = TxnState
@@ -398,3 +399,23 @@ def test_create_topic() -> None:
     ]:
         assert leader.apply(command).error is error, command
     assert leader.machine.snapshot() == before
+
+
+def test_offsets_verification_asks_for_the_group_in_the_ongoing_transaction() -> None:
+    leader = Leader.new()
+    pid = leader.init("tx").producer_id
+    describe = leader.machine.describe
+
+    def verdict(producer_id: int, epoch: int, group: str, tid: str = "tx") -> ErrorCode:
+        return verify_group(describe(tid), producer_id, epoch, group)[0]
+
+    assert verdict(pid, 0, "g") is E.INVALID_TXN_STATE  # no transaction yet
+    assert leader.add_offsets("tx", pid, 0, "g").ok
+    assert verdict(pid, 0, "g") is E.NONE
+    assert verdict(pid, 0, "other") is E.INVALID_TXN_STATE  # never added
+    assert verdict(pid + 1, 0, "g") is E.INVALID_PRODUCER_ID_MAPPING
+    assert verdict(pid, 0, "g", tid="unknown") is E.INVALID_PRODUCER_ID_MAPPING
+    assert verdict(pid, 1, "g") is E.PRODUCER_FENCED  # not the current epoch
+    assert leader.end("tx", pid, 0, commit=True).ok
+    assert verdict(pid, 0, "g") is E.PRODUCER_FENCED  # the epoch moved on
+    assert verdict(pid, 1, "g") is E.INVALID_TXN_STATE  # PrepareCommit: not ongoing

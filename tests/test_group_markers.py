@@ -299,3 +299,69 @@ def _settled_leaders(cluster: LocalCluster) -> dict[int, int]:
 
     cluster.wait_until(settled, 30, "leaders did not settle")
     return seen[-1]
+
+
+def test_a_stray_txn_offset_commit_is_refused_and_stores_nothing(
+    shared_cluster: LocalCluster,
+) -> None:
+    tid = key_on_shard(0, "stray-tx")
+    group = key_on_shard(1, "stray-group")  # the transaction's own group
+    victim = key_on_shard(2, "stray-victim")  # never added to the transaction
+    client = client_for(shared_cluster)
+    try:
+        init = begin_with_offsets(client, tid, group, offset=5)
+        pid, epoch = init.producer_id, init.producer_epoch
+        offsets = [
+            pb.OffsetCommitTopic(
+                topic="in", partitions=[pb.OffsetCommitPartition(partition=0, offset=666)]
+            )
+        ]
+        strays = [
+            (victim, tid, pid, epoch, E.INVALID_TXN_STATE),  # no AddOffsetsToTxn
+            (victim, tid, pid, epoch + 5, E.PRODUCER_FENCED),  # an epoch not the current one
+            (group, tid, pid + 1000, epoch, E.INVALID_PRODUCER_ID_MAPPING),
+            (victim, "stray-unknown-tx", pid, epoch, E.INVALID_PRODUCER_ID_MAPPING),
+        ]
+        for group_id, transactional_id, producer_id, producer_epoch, expected in strays:
+            answer = client.call(
+                group_id,
+                "TxnOffsetCommit",
+                pb.TxnOffsetCommitRequest(
+                    group_id=group_id,
+                    transactional_id=transactional_id,
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    topics=offsets,
+                ),
+            )
+            assert answer.error_code == expected, (group_id, producer_epoch, answer)
+            assert [r.error_code for r in answer.results] == [expected]
+        # Nothing is pending on the victim group: its offset reads as stable.
+        assert stable_offset(client, victim) == (E.NONE, -1, "")
+
+        ended = client.call(tid, "EndTxn", end_request(tid, init, commit=True))
+        assert ended.error_code == E.NONE, ended
+        wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=15)
+        assert stable_offset(client, group) == (E.NONE, 5, tid)
+        # The real producer's next transaction commits to the victim group: the
+        # stray commit with a larger epoch did not fence it there.
+        nxt = {"transactional_id": tid, "producer_id": pid, "producer_epoch": ended.producer_epoch}
+        added = client.call(
+            tid, "AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(group_id=victim, **nxt)
+        )
+        assert added.error_code == E.NONE, added
+        real = pb.OffsetCommitTopic(
+            topic="in", partitions=[pb.OffsetCommitPartition(partition=0, offset=7)]
+        )
+        committed = client.call(
+            victim,
+            "TxnOffsetCommit",
+            pb.TxnOffsetCommitRequest(group_id=victim, topics=[real], **nxt),
+        )
+        assert committed.error_code == E.NONE, committed
+        again = pb.EndTxnRequest(committed=True, **nxt)
+        assert client.call(tid, "EndTxn", again).error_code == E.NONE
+        wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=15)
+        assert stable_offset(client, victim) == (E.NONE, 7, "")
+    finally:
+        client.close()

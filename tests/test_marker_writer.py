@@ -35,6 +35,7 @@ from marker_writer import (
     MarkerWriter,
     Participant,
     TransportError,
+    TxnKey,
     classify_completion,
     classify_marker_error,
 )
@@ -467,6 +468,13 @@ def test_an_unroutable_participant_waits_and_is_sent_once_routable(
     assert transport.completions == [] and writer.metrics()["scheduled_markers"] == 1
     unroutable = [r for r in caplog.records if "event=marker_unroutable" in r.getMessage()]
     assert len(unroutable) == 1 and unroutable[0].levelno == logging.WARNING
+    assert writer.metrics()["unroutable_markers"] == 1  # counted once, retried 6 times
+    sent = markers("tx", [("orders", 0)], ["g"])
+    owed = writer.pending(TxnKey("tx", sent.producer_id, sent.producer_epoch))
+    assert owed is not None and list(owed) == [group]  # orders-0 is written
+    problem = owed[group]
+    assert problem is not None and problem.code == E.COORDINATOR_NOT_AVAILABLE
+    assert "unroutable" in problem.message
     transport.routes[group] = COORD_3
     clock.advance(2.0)
     writer.dispatch()
@@ -761,3 +769,32 @@ def test_marker_writer_imports_no_grpc_raft_or_node_code() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_pending_markers_carry_the_last_problem_of_their_delivery(
+    writer: MarkerWriter, transport: FakeTransport, clock: FakeClock
+) -> None:
+    sent = markers("tx", [("orders", 0), ("orders", 1), ("gone", 0)])
+    key = TxnKey("tx", sent.producer_id, sent.producer_epoch)
+    transport.fail_destinations.add(PLOG_2)  # orders-1
+    transport.routes[DataPartition("gone", 0)] = None
+    transport.answer = lambda destination, request, participant: int(E.NOT_LEADER_OR_FOLLOWER)
+    writer.add(sent, TERM)
+    assert writer.pending(key) == {
+        DataPartition("gone", 0): None,  # not tried yet
+        DataPartition("orders", 0): None,
+        DataPartition("orders", 1): None,
+    }
+    writer.dispatch()
+    owed = writer.pending(key)
+    assert owed is not None
+    problems = {str(p): (v.code, v.message) for p, v in owed.items() if v is not None}
+    assert problems["gone-0"][0] == E.UNKNOWN_TOPIC_OR_PARTITION
+    assert "no partition-log node is known" in problems["gone-0"][1]
+    assert problems["orders-0"] == (
+        E.NOT_LEADER_OR_FOLLOWER,
+        f"{PLOG_1} answered NOT_LEADER_OR_FOLLOWER(6); retrying",
+    )
+    assert problems["orders-1"][0] == E.UNKNOWN_SERVER_ERROR
+    assert "UNAVAILABLE" in problems["orders-1"][1]
+    assert writer.pending(TxnKey("other", 1, 1)) is None

@@ -66,6 +66,7 @@ __all__ = [
     "NotCoordinatorError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
+    "OperationNotAttemptedError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
     "RecordTooLargeError",
@@ -337,6 +338,13 @@ class TransactionalIdNotFoundError(KafkaError):
     """The coordinator does not know the transactional id."""
 
     code = _codes.TRANSACTIONAL_ID_NOT_FOUND
+
+
+class OperationNotAttemptedError(KafkaError):
+    """Not attempted because another part of the same request failed (e.g. the
+    other partitions of an AddPartitionsToTxn naming an unknown partition)."""
+
+    code = _codes.OPERATION_NOT_ATTEMPTED
 
 
 # --- raised by the client on its own -------------------------------------------------

@@ -87,16 +87,18 @@ class AddPartitionsToTxnResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ...) -> None: ...
 
 class AddOffsetsToTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id", "verify_only")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_ONLY_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     group_id: str
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., group_id: _Optional[str] = ...) -> None: ...
+    verify_only: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., group_id: _Optional[str] = ..., verify_only: _Optional[bool] = ...) -> None: ...
 
 class AddOffsetsToTxnResponse(_message.Message):
     __slots__ = ("error_code", "error_message")
@@ -241,7 +243,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch")
+    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +255,7 @@ class TransactionDescription(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PENDING_MARKERS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     transactional_id: str
     state: _common_pb2.TransactionState
@@ -264,7 +267,22 @@ class TransactionDescription(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
     groups: _containers.RepeatedScalarFieldContainer[str]
     coordinator_epoch: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ...) -> None: ...
+    pending_markers: _containers.RepeatedCompositeFieldContainer[PendingMarker]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ...) -> None: ...
+
+class PendingMarker(_message.Message):
+    __slots__ = ("topic", "partition", "group_id", "last_error_code", "last_error_message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    group_id: str
+    last_error_code: _common_pb2.ErrorCode
+    last_error_message: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., group_id: _Optional[str] = ..., last_error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., last_error_message: _Optional[str] = ...) -> None: ...
 
 class DescribeTransactionsResponse(_message.Message):
     __slots__ = ("transactions",)
@@ -305,10 +323,12 @@ class ListTransactionsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., transactions: _Optional[_Iterable[_Union[TransactionListing, _Mapping]]] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics",)
+    __slots__ = ("topics", "read_barrier")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    READ_BARRIER_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+    read_barrier: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., read_barrier: _Optional[bool] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "address")
