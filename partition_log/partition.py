@@ -3,8 +3,10 @@
 Every append and marker takes the partition's lock, checks the request
 against :class:`ProducerStates`, appends to the log, then updates the state,
 so the LSO and the aborted index change atomically with the append that
-moves them. The state is rebuilt by replaying the log's batch headers (and
-control records) when the partition is opened.
+moves them. The state is saved as a snapshot file when the log rolls to a
+new segment and when the partition is closed; opening the partition loads
+the newest readable snapshot and replays only the batch headers (and
+control records) after it, or the whole log when there is none.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from partition_log.producer_state import (
     AppendCheck,
     MarkerAction,
     ProducerStates,
+    SnapshotError,
     Verdict,
+    decode_snapshot,
+    encode_snapshot,
 )
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -82,9 +87,48 @@ class Partition:
             index_interval_bytes=index_interval_bytes,
             fsync=fsync,
         )
-        self.states = ProducerStates()
-        for header, body in self.store.batches():
+        self.states, start = self._load_snapshot()
+        for header, body in self.store.batches(start):
             self._replay(header, body)
+        self.snapshot_loaded = start
+        """The offset of the snapshot the state was loaded from (0: full replay)."""
+
+    def _load_snapshot(self) -> tuple[ProducerStates, int]:
+        """The newest readable snapshot at or above the log start offset (recovery
+        already dropped those past the log end), else an empty state at offset 0."""
+        for offset in reversed(self.store.snapshot_offsets()):
+            if offset < self.store.log_start_offset:
+                break
+            try:
+                found, states = decode_snapshot(self.store.read_snapshot(offset))
+                if found != offset:
+                    raise SnapshotError(f"the file holds the state at offset {found}")
+            except (OSError, SnapshotError) as exc:
+                log.warning(
+                    "partition=%s-%d event=snapshot_unusable offset=%d error=%s",
+                    self.topic,
+                    self.index,
+                    offset,
+                    exc,
+                )
+                continue
+            return states, offset
+        return ProducerStates(), 0
+
+    def _save_snapshot_at(self, offset: int) -> None:
+        """Write the state, which must be the state after every batch below ``offset``
+        (the caller holds the lock). A failure is logged only: a missing snapshot costs a
+        longer replay, not data."""
+        try:
+            self.store.write_snapshot(offset, encode_snapshot(self.states, offset))
+        except OSError as exc:
+            log.warning(
+                "partition=%s-%d event=snapshot_failed offset=%d error=%r",
+                self.topic,
+                self.index,
+                offset,
+                exc,
+            )
 
     def _replay(self, header: codec.BatchHeader, body: bytes | None) -> None:
         if header.is_control:
@@ -136,7 +180,7 @@ class Partition:
             if not check.ok or check.verdict is not Verdict.APPEND:
                 return check
             try:
-                base = self.store.append(batch)
+                base = self._append(batch)
             except (OSError, StoreFailed) as exc:
                 log.error(
                     "partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc
@@ -178,7 +222,7 @@ class Partition:
                     timestamp_ms=timestamp_ms,
                 )
                 try:
-                    offset = self.store.append(batch)
+                    offset = self._append(batch)
                 except (OSError, StoreFailed) as exc:
                     log.error(
                         "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
@@ -186,6 +230,16 @@ class Partition:
                     return E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}"
                 self.states.on_marker(producer_id, epoch, coordinator_epoch, commit, offset)
             return E.NONE, ""
+
+    def _append(self, batch: bytearray) -> int:
+        """Append to the store; when that rolled a new segment, snapshot the state as of
+        the new segment's base offset (the batch is not in the state yet), as Kafka does
+        at every roll."""
+        active = self.store.active_base_offset
+        base = self.store.append(batch)
+        if self.store.active_base_offset != active:
+            self._save_snapshot_at(base)
+        return base
 
     # --- reads ---------------------------------------------------------------------
 
@@ -266,7 +320,17 @@ class Partition:
             self.store.flush()
 
     def close(self) -> None:
+        """Snapshot the state at the log end (a clean shutdown restarts without replay)
+        and close the store."""
         with self.lock:
+            try:
+                self.store.flush()
+            except (OSError, StoreFailed) as exc:
+                log.error(
+                    "partition=%s-%d event=flush_failed error=%r", self.topic, self.index, exc
+                )
+            else:
+                self._save_snapshot_at(self.store.log_end_offset)
             self.store.close()
 
 
