@@ -147,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
-    table = Table(title="partition start-up time (median of %d opens)" % args.repeat)
+    table = Table(title=f"partition start-up time (median of {args.repeat} opens)")
     for column in (
         "log size",
         "segments",
