@@ -22,7 +22,7 @@ from fsm.errors import ErrorCode as E
 from partition_log.cluster_view import ClusterView, CoordinatorChannels, TxnVerifier
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
-from partition_log.service import PartitionLogService
+from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.config import ClusterConfig, NodeAddress
 from raftcoord.process import serve
 from raftcoord.v1 import partition_log_pb2_grpc
@@ -31,6 +31,11 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: How often the placement is refreshed in the background.
 METADATA_REFRESH_S = 1.0
+#: gRPC worker threads; a parked (long-poll) Fetch holds one.
+GRPC_WORKERS = 32
+#: Fetches parked at once; the other workers stay free for Produce, markers and
+#: Fetches answered at once.
+MAX_PARKED_FETCHES = GRPC_WORKERS // 2
 _PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
 
 
@@ -48,6 +53,7 @@ class PartitionNode:
         self.view = ClusterView(coordinators, node_id)
         self.verifier = TxnVerifier(coordinators, self.view)
         self.partitions: dict[tuple[str, int], Partition] = {}
+        self.changes = LogChanges()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -68,6 +74,7 @@ class PartitionNode:
                     segment_bytes=settings.log_segment_bytes,
                     index_interval_bytes=settings.log_index_interval_bytes,
                     fsync=self._fsync,
+                    on_change=self.changes.changed,
                 )
                 self.partitions[(topic, index)] = partition
                 log.info(
@@ -113,7 +120,7 @@ class PartitionNode:
             )
             self._flusher.start()
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
             options=[
                 ("grpc.so_reuseport", 0),
                 # A batch over message.max.bytes must reach the service to be
@@ -122,7 +129,11 @@ class PartitionNode:
             ],
         )
         service = PartitionLogService(
-            self.lookup, self.verifier, self.config.settings.message_max_bytes
+            self.lookup,
+            self.verifier,
+            self.config.settings.message_max_bytes,
+            self.changes,
+            MAX_PARKED_FETCHES,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         if self._server.add_insecure_port(self.me.grpc) == 0:
@@ -146,6 +157,7 @@ class PartitionNode:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.changes.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
         if self._flusher is not None:

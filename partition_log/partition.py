@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,10 +78,15 @@ class Partition:
         segment_bytes: int,
         index_interval_bytes: int,
         fsync: FsyncPolicy,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
+        """Open (and recover) the partition in ``directory``. ``on_change`` is called
+        after each append and marker, with the partition's lock held: it wakes parked
+        Fetches."""
         self.topic = topic
         self.index = index
         self.lock = threading.Lock()
+        self._on_change = on_change
         self.store = PartitionLogStore(
             directory,
             segment_bytes=segment_bytes,
@@ -239,6 +245,7 @@ class Partition:
         base = self.store.append(batch)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
+        self._on_change()
         return base
 
     # --- reads ---------------------------------------------------------------------

@@ -14,6 +14,8 @@ import pytest
 from fsm import ErrorCode
 from partition_log import codec
 from partition_log.log import PartitionLogStore
+from raftcoord.client import Consumer, TopicPartition
+from raftcoord.client._net import Channels
 from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import common_pb2
 from raftcoord.v1 import coordinator_pb2 as cpb
@@ -323,3 +325,49 @@ def test_a_poison_batch_is_refused_and_an_unreadable_one_fails_only_its_partitio
         (past,) = fetch_both(node, [("poison", bad, 4)], committed)
         assert (past.error_code, [r.offset for r in past.records]) == (E.NONE, [4])
     assert produce(node, "poison", bad, [b"c"]).base_offset == 5
+
+
+class CountingChannels(Channels):
+    """Real channels that count the Fetch requests sent to partition-log nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    def partition_log(self, address: str) -> Any:
+        return _CountingFetchStub(self, super().partition_log(address))
+
+
+class _CountingFetchStub:
+    def __init__(self, owner: CountingChannels, stub: Any) -> None:
+        self._owner, self._stub = owner, stub
+        self.Fetch = self
+
+    def future(self, request: Any, timeout: float) -> Any:
+        self._owner.fetches += 1
+        return self._stub.Fetch.future(request, timeout=timeout)
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stub, method)
+
+
+def test_an_idle_consumer_long_polls_instead_of_spinning(shared_cluster: LocalCluster) -> None:
+    owners = create_topic(shared_cluster, "idle", 1)
+    tp = TopicPartition("idle", 0)
+    channels = CountingChannels()
+    with Consumer(shared_cluster.bootstrap(), fetch_max_wait_ms=500, channels=channels) as consumer:
+        consumer.assign([tp])
+        assert consumer.position(tp) == 0
+        assert consumer.poll(timeout_ms=3000) == []
+        # About one Fetch per fetch_max_wait_ms of the poll; a consumer without
+        # long polls sends one every few tens of milliseconds (its backoff).
+        assert 1 <= channels.fetches <= 10, channels.fetches
+
+        # A Fetch parked on the node returns as soon as a record arrives.
+        got: list[Any] = []
+        poller = threading.Thread(target=lambda: got.extend(consumer.poll(timeout_ms=20_000)))
+        poller.start()
+        assert produce(stub(owners[0]), "idle", 0, [b"wake"]).error_code == E.NONE
+        poller.join(timeout=30)
+        assert not poller.is_alive()
+        assert [r.value for r in got] == [b"wake"]

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from fsm.limits import id_error
+from partition_log.service import MAX_FETCH_WAIT_MS
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     Backoff,
@@ -75,6 +76,11 @@ class Consumer:
             "earliest" or "latest" (under read_committed: the last stable offset).
         request_timeout_ms: deadline of one operation (all its retries).
         max_partition_fetch_bytes, fetch_max_bytes: soft limits of one Fetch.
+        fetch_max_wait_ms, fetch_min_bytes: a Fetch waits on the node (a long
+            poll, not a loop of requests) until ``fetch_min_bytes`` of records
+            are there or ``fetch_max_wait_ms`` passed (never longer than what
+            is left of the poll's timeout), as Kafka's fetch.max.wait.ms
+            (0..30000) and fetch.min.bytes.
         retry_backoff_ms, retry_backoff_max_ms: backoff between retries.
         channels: where gRPC stubs come from (one channel per address by
             default); tests pass one whose stubs inject faults.
@@ -90,6 +96,8 @@ class Consumer:
         request_timeout_ms: int = 30_000,
         max_partition_fetch_bytes: int = 1 << 20,
         fetch_max_bytes: int = 50 << 20,
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
         channels: Channels | None = None,
@@ -100,6 +108,10 @@ class Consumer:
             raise ValueError(f"auto_offset_reset must be one of {sorted(_RESET)}")
         if group_id is not None and (problem := id_error("group_id", group_id)) is not None:
             raise ValueError(problem)
+        if not 0 <= fetch_max_wait_ms <= MAX_FETCH_WAIT_MS:
+            raise ValueError(f"fetch_max_wait_ms must be in 0..{MAX_FETCH_WAIT_MS}")
+        if fetch_min_bytes < 0:
+            raise ValueError("fetch_min_bytes must be >= 0")
         self.group_id = group_id
         self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset
@@ -107,6 +119,8 @@ class Consumer:
         self._request_timeout_s = request_timeout_ms / 1000
         self._partition_max_bytes = max_partition_fetch_bytes
         self._fetch_max_bytes = fetch_max_bytes
+        self._fetch_max_wait_s = fetch_max_wait_ms / 1000
+        self._fetch_min_bytes = fetch_min_bytes
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
         self._channels = channels or Channels()
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
@@ -269,11 +283,16 @@ class Consumer:
             self._metadata.maybe_refresh(deadline)
             return []
         calls = []
-        timeout = max(_MIN_ATTEMPT_S, min(self._request_timeout_s, deadline.remaining()))
+        # The node may hold the Fetch for up to max_wait_ms: the gRPC deadline
+        # leaves the read itself its usual time on top of that.
+        wait_s = min(self._fetch_max_wait_s, deadline.remaining())
+        timeout = wait_s + max(_MIN_ATTEMPT_S, min(self._request_timeout_s, deadline.remaining()))
         for address, tps in by_node.items():
             request = partition_log_pb2.FetchRequest(
                 isolation_level=self._isolation,
                 max_bytes=self._fetch_max_bytes,
+                max_wait_ms=int(wait_s * 1000),
+                min_bytes=self._fetch_min_bytes,
                 partitions=[
                     partition_log_pb2.FetchPartition(
                         topic=tp.topic,
