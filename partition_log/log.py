@@ -117,6 +117,7 @@ class _Segment:
     index_offsets: list[int]  # absolute offsets, increasing (for bisect)
     index_positions: list[int]
     index_fd: int | None  # open for appends only while the segment is active
+    max_timestamp: int | None = None  # of a closed segment, read when retention first asks
 
     @property
     def last_indexed_position(self) -> int:
@@ -328,6 +329,75 @@ class PartitionLogStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def apply_retention(
+        self, now_ms: int, retention_ms: int, retention_bytes: int, below_offset: int
+    ) -> int:
+        """Delete the oldest segments that retention no longer keeps, whole, as Kafka does.
+
+        A segment goes when its largest record timestamp is more than
+        ``retention_ms`` before ``now_ms`` (a segment without timestamps uses its
+        file's modification time), or when the log without it is still at least
+        ``retention_bytes`` long; -1 disables either rule. Deletion goes from the
+        oldest segment and stops at the first one that stays, at the active
+        segment, and at the first segment that does not end at or below
+        ``below_offset`` (the caller passes the last stable offset, so no open
+        transaction loses records). Snapshots below the new log start offset are
+        deleted with them. The log start offset is the first remaining segment's
+        base offset, so the file names carry it across restarts.
+
+        Returns:
+            How many segments were deleted.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            OSError: a segment could not be deleted (the ones before it were).
+        """
+        self._check_usable()
+        size = sum(segment.size for segment in self._segments)
+        count = 0
+        for segment in self._segments[:-1]:
+            if segment.next_offset > below_offset:
+                break
+            expired = retention_ms >= 0 and now_ms - self._max_timestamp(segment) > retention_ms
+            too_big = retention_bytes >= 0 and size - segment.size >= retention_bytes
+            if not (expired or too_big):
+                break
+            size -= segment.size
+            count += 1
+        try:
+            for _ in range(count):
+                self._delete_oldest_segment()
+        finally:
+            if count:
+                _fsync_dir(self.directory)
+                for offset in self.snapshot_offsets():
+                    if offset < self.log_start_offset:
+                        self.delete_snapshot(offset)
+        return count
+
+    def _max_timestamp(self, segment: _Segment) -> int:
+        if segment.max_timestamp is None:
+            reader = _SegmentReader(segment.log_fd, _RECOVERY_READAHEAD)
+            largest = -1
+            for _, header in self._headers_from(segment, reader, segment.base_offset):
+                largest = max(largest, header.max_timestamp)
+            if largest < 0:
+                largest = int(os.fstat(segment.log_fd).st_mtime * 1000)
+            segment.max_timestamp = largest
+        return segment.max_timestamp
+
+    def _delete_oldest_segment(self) -> None:
+        segment = self._segments[0]
+        # The log file first: a crash after it leaves an index without a log, which
+        # recovery removes; the other way round it would rebuild the index.
+        self._log_path(segment.base_offset).unlink()
+        self._segments.pop(0)
+        self._bases.pop(0)
+        os.close(segment.log_fd)
+        self._index_path(segment.base_offset).unlink(missing_ok=True)
 
     # -- producer-state snapshots -------------------------------------------------------------
 
@@ -559,6 +629,9 @@ class PartitionLogStore:
             for path in self.directory.glob("*.log")
             if len(path.stem) == _NAME_DIGITS and path.stem.isdigit()
         )
+        for index in self.directory.glob("*.index"):
+            if index.stem.isdigit() and int(index.stem) not in bases:
+                index.unlink()  # its log was deleted by retention just before a crash
         if not bases:
             self._add_segment(self._create_segment(0))
             return RecoveryReport(1, 0, 0, 0, time.monotonic() - started)

@@ -5,7 +5,8 @@ partition lives in ``<data-dir>/<topic>-<partition>/``; partitions found on
 disk are opened (and recovered) at start, new ones when the metadata names
 them. A metadata thread refreshes the placement from the coordinators, and
 under ``log.flush.policy = "interval"`` a flusher fsyncs every
-``log.flush.interval.ms``.
+``log.flush.interval.ms``. Every ``log.retention.check.interval.ms`` a
+retention thread deletes the segments each topic's retention no longer keeps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -111,8 +113,10 @@ class PartitionNode:
         for topic, index in self.view.owned():
             self._open(topic, index)
         metadata = threading.Thread(target=self._refresh_loop, name="metadata", daemon=True)
-        self._threads.append(metadata)
+        retention = threading.Thread(target=self._retention_loop, name="retention", daemon=True)
+        self._threads += [metadata, retention]
         metadata.start()
+        retention.start()
         if self._fsync is FsyncPolicy.INTERVAL:
             self._flusher = LogFlusher(
                 lambda: list(self.partitions.values()),
@@ -154,6 +158,18 @@ class PartitionNode:
                 for topic, index in self.view.owned():
                     if (topic, index) not in self.partitions:
                         self._open(topic, index)
+
+    def _retention_loop(self) -> None:
+        interval_s = self.config.settings.log_retention_check_interval_ms / 1000
+        while not self._stopping.wait(interval_s):
+            self.apply_retention()
+
+    def apply_retention(self) -> None:
+        """One retention pass over every partition of the node."""
+        now_ms = int(time.time() * 1000)
+        for partition in list(self.partitions.values()):
+            retention = self.config.retention(partition.topic)
+            partition.apply_retention(now_ms, retention.retention_ms, retention.retention_bytes)
 
     def stop(self) -> None:
         self._stopping.set()

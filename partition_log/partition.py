@@ -96,6 +96,7 @@ class Partition:
         self.states, start = self._load_snapshot()
         for header, body in self.store.batches(start):
             self._replay(header, body)
+        self.states.trim(self.store.log_start_offset)
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
 
@@ -321,6 +322,34 @@ class Partition:
             offset,
             exc,
         )
+
+    def apply_retention(self, now_ms: int, retention_ms: int, retention_bytes: int) -> int:
+        """Delete the segments retention no longer keeps (only segments wholly below
+        the last stable offset) and forget the producer state and aborted
+        transactions that lay wholly in them. Returns the segments deleted; a storage
+        failure is logged and deletes what came before it."""
+        with self.lock:
+            end = self.store.log_end_offset
+            lso = self.states.last_stable_offset(end)
+            try:
+                deleted = self.store.apply_retention(now_ms, retention_ms, retention_bytes, lso)
+            except (OSError, StoreFailed, CorruptLog) as exc:
+                log.error(
+                    "partition=%s-%d event=retention_failed error=%r", self.topic, self.index, exc
+                )
+                deleted = 0
+            start = self.store.log_start_offset
+            self.states.trim(start)
+            if deleted:
+                log.info(
+                    "partition=%s-%d event=retention segments_deleted=%d log_start_offset=%d",
+                    self.topic,
+                    self.index,
+                    deleted,
+                    start,
+                )
+                self._on_change()
+            return deleted
 
     def flush(self) -> None:
         with self.lock:

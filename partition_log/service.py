@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsm.errors import ErrorCode as E
-from partition_log import codec
+from partition_log import MAX_FETCH_WAIT_MS, codec
 from partition_log.cluster_view import TopicPartition, TxnVerifier
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import MAX_EPOCH, MAX_SEQUENCE, AppendCheck, Verdict
@@ -32,9 +32,6 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: Fetch limits when the request leaves them 0.
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
-#: The longest ``max_wait_ms`` a Fetch may ask for (Kafka bounds it by the
-#: request timeout, whose default is 30 s).
-MAX_FETCH_WAIT_MS = 30_000
 #: A partition lookup: the partition, or the error code and message.
 Lookup = Callable[[str, int], "Partition | tuple[E, str]"]
 
