@@ -151,7 +151,7 @@ def main() -> None:
     for column in (
         "log size",
         "segments",
-        "batches",
+        "data batches",
         "clean shutdown",
         "replayed",
         "crash (roll snapshot)",
