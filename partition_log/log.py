@@ -6,6 +6,7 @@ Layout of a partition directory (docs/partition-log.md has the details)::
     00000000000000000000.index   sparse index: (relative offset u32, position u32) pairs
     00000000000000004711.log     the next segment, starting at offset 4711
     00000000000000004711.index
+    00000000000000004711.snapshot  producer state as of offset 4711 (written by the owner)
 
 The newest segment is the *active* one; appends go to it through an
 ``O_APPEND`` file descriptor with ``os.write`` (no userspace buffer), so once
@@ -39,6 +40,7 @@ from partition_log.codec import (
 )
 
 __all__ = [
+    "SNAPSHOTS_KEPT",
     "CorruptLog",
     "Flushable",
     "FsyncPolicy",
@@ -57,6 +59,9 @@ _MAX_SEGMENT_BYTES = 2**31 - 1
 _READAHEAD = 64 << 10
 _RECOVERY_READAHEAD = 1 << 20
 _NAME_DIGITS = 20
+_SNAPSHOT_SUFFIX = ".snapshot"
+#: Producer-state snapshots kept: the newest ones, older ones are deleted.
+SNAPSHOTS_KEPT = 2
 
 
 class FsyncPolicy(enum.Enum):
@@ -112,6 +117,7 @@ class _Segment:
     index_offsets: list[int]  # absolute offsets, increasing (for bisect)
     index_positions: list[int]
     index_fd: int | None  # open for appends only while the segment is active
+    max_timestamp: int | None = None  # of a closed segment, read when retention first asks
 
     @property
     def last_indexed_position(self) -> int:
@@ -210,6 +216,11 @@ class PartitionLogStore:
     def log_end_offset(self) -> int:
         """The offset the next appended record gets (the high watermark: one replica)."""
         return self._segments[-1].next_offset
+
+    @property
+    def active_base_offset(self) -> int:
+        """Base offset of the active (newest) segment; it changes when the log rolls."""
+        return self._segments[-1].base_offset
 
     @property
     def dirty(self) -> bool:
@@ -318,6 +329,116 @@ class PartitionLogStore:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def apply_retention(
+        self, now_ms: int, retention_ms: int, retention_bytes: int, below_offset: int
+    ) -> int:
+        """Delete the oldest segments that retention no longer keeps, whole, as Kafka does.
+
+        A segment goes when its largest record timestamp is more than
+        ``retention_ms`` before ``now_ms`` (a segment without timestamps uses its
+        file's modification time), or when the log without it is still at least
+        ``retention_bytes`` long; -1 disables either rule. Deletion goes from the
+        oldest segment and stops at the first one that stays, at the active
+        segment, and at the first segment that does not end at or below
+        ``below_offset`` (the caller passes the last stable offset, so no open
+        transaction loses records). Snapshots below the new log start offset are
+        deleted with them. The log start offset is the first remaining segment's
+        base offset, so the file names carry it across restarts.
+
+        Returns:
+            How many segments were deleted.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            OSError: a segment could not be deleted (the ones before it were).
+        """
+        self._check_usable()
+        size = sum(segment.size for segment in self._segments)
+        count = 0
+        for segment in self._segments[:-1]:
+            if segment.next_offset > below_offset:
+                break
+            expired = retention_ms >= 0 and now_ms - self._max_timestamp(segment) > retention_ms
+            too_big = retention_bytes >= 0 and size - segment.size >= retention_bytes
+            if not (expired or too_big):
+                break
+            size -= segment.size
+            count += 1
+        try:
+            for _ in range(count):
+                self._delete_oldest_segment()
+        finally:
+            if count:
+                _fsync_dir(self.directory)
+                for offset in self.snapshot_offsets():
+                    if offset < self.log_start_offset:
+                        self.delete_snapshot(offset)
+        return count
+
+    def _max_timestamp(self, segment: _Segment) -> int:
+        if segment.max_timestamp is None:
+            reader = _SegmentReader(segment.log_fd, _RECOVERY_READAHEAD)
+            largest = -1
+            for _, header in self._headers_from(segment, reader, segment.base_offset):
+                largest = max(largest, header.max_timestamp)
+            if largest < 0:
+                largest = int(os.fstat(segment.log_fd).st_mtime * 1000)
+            segment.max_timestamp = largest
+        return segment.max_timestamp
+
+    def _delete_oldest_segment(self) -> None:
+        segment = self._segments[0]
+        # The log file first: a crash after it leaves an index without a log, which
+        # recovery removes; the other way round it would rebuild the index.
+        self._log_path(segment.base_offset).unlink()
+        self._segments.pop(0)
+        self._bases.pop(0)
+        os.close(segment.log_fd)
+        self._index_path(segment.base_offset).unlink(missing_ok=True)
+
+    # -- producer-state snapshots -------------------------------------------------------------
+
+    def snapshot_offsets(self) -> list[int]:
+        """Offsets of the snapshot files in the directory, oldest first."""
+        return sorted(
+            int(path.name[: -len(_SNAPSHOT_SUFFIX)])
+            for path in self.directory.glob("*" + _SNAPSHOT_SUFFIX)
+            if len(path.name) == _NAME_DIGITS + len(_SNAPSHOT_SUFFIX)
+            and path.name[:_NAME_DIGITS].isdigit()
+        )
+
+    def read_snapshot(self, offset: int) -> bytes:
+        """The bytes of the snapshot file at ``offset``.
+
+        Raises:
+            OSError: it cannot be read (FileNotFoundError: there is none).
+        """
+        return self._snapshot_path(offset).read_bytes()
+
+    def write_snapshot(self, offset: int, data: bytes) -> None:
+        """Store ``data`` as the snapshot at ``offset`` atomically (temporary file, fsync,
+        rename, directory fsync), then delete all but the newest :data:`SNAPSHOTS_KEPT`.
+
+        Raises:
+            ValueError: ``offset`` is outside [log start offset, log end offset].
+            OSError: it could not be written (an older snapshot is still there).
+        """
+        if not self.log_start_offset <= offset <= self.log_end_offset:
+            raise ValueError(f"snapshot offset {offset} is outside the log")
+        path = self._snapshot_path(offset)
+        _write_atomically(path, data)
+        for old in self.snapshot_offsets()[:-SNAPSHOTS_KEPT]:
+            self._snapshot_path(old).unlink(missing_ok=True)
+
+    def delete_snapshot(self, offset: int) -> None:
+        """Remove the snapshot file at ``offset`` (if any)."""
+        self._snapshot_path(offset).unlink(missing_ok=True)
+
+    def _snapshot_path(self, offset: int) -> Path:
+        return self.directory / f"{offset:0{_NAME_DIGITS}d}{_SNAPSHOT_SUFFIX}"
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -500,13 +621,17 @@ class PartitionLogStore:
         if not self.directory.is_dir():
             self.directory.mkdir(parents=True)
             _fsync_dir(self.directory.parent)
-        for leftover in self.directory.glob("*.index.tmp"):
-            leftover.unlink()
+        for pattern in ("*.index.tmp", "*" + _SNAPSHOT_SUFFIX + ".tmp"):
+            for leftover in self.directory.glob(pattern):
+                leftover.unlink()
         bases = sorted(
             int(path.stem)
             for path in self.directory.glob("*.log")
             if len(path.stem) == _NAME_DIGITS and path.stem.isdigit()
         )
+        for index in self.directory.glob("*.index"):
+            if index.stem.isdigit() and int(index.stem) not in bases:
+                index.unlink()  # its log was deleted by retention just before a crash
         if not bases:
             self._add_segment(self._create_segment(0))
             return RecoveryReport(1, 0, 0, 0, time.monotonic() - started)
@@ -528,6 +653,9 @@ class PartitionLogStore:
             rebuilt += fixed
             truncated += cut
             expected = segment.next_offset
+        for offset in self.snapshot_offsets():
+            if not bases[0] <= offset <= expected:  # describes records no longer in the log
+                self.delete_snapshot(offset)
         return RecoveryReport(len(bases), scanned, truncated, rebuilt, time.monotonic() - started)
 
     def _open_closed_segment(self, base: int) -> tuple[_Segment, int, int]:
@@ -679,20 +807,7 @@ class PartitionLogStore:
         return _Scan(pos, expected, batches, offsets, positions, problem)
 
     def _write_index_file(self, base: int, offsets: list[int], positions: list[int]) -> None:
-        path = self._index_path(base)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            data = _pack_index(base, offsets, positions)
-            with memoryview(data) as view:
-                written = 0
-                while written < len(data):
-                    written += os.write(fd, view[written:])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        _write_atomically(self._index_path(base), _pack_index(base, offsets, positions))
 
     # -- state --------------------------------------------------------------------------------
 
@@ -789,6 +904,23 @@ def _pread_full(fd: int, n: int, pos: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data``: a temporary file, fsynced, renamed over it, and the
+    directory fsynced, so a crash leaves the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        with memoryview(data) as view:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, view[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

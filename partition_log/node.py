@@ -5,7 +5,8 @@ partition lives in ``<data-dir>/<topic>-<partition>/``; partitions found on
 disk are opened (and recovered) at start, new ones when the metadata names
 them. A metadata thread refreshes the placement from the coordinators, and
 under ``log.flush.policy = "interval"`` a flusher fsyncs every
-``log.flush.interval.ms``.
+``log.flush.interval.ms``. Every ``log.retention.check.interval.ms`` a
+retention thread deletes the segments each topic's retention no longer keeps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from fsm.errors import ErrorCode as E
 from partition_log.cluster_view import ClusterView, CoordinatorChannels, TxnVerifier
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
-from partition_log.service import PartitionLogService
+from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.config import ClusterConfig, NodeAddress
 from raftcoord.process import serve
 from raftcoord.v1 import partition_log_pb2_grpc
@@ -31,6 +33,11 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: How often the placement is refreshed in the background.
 METADATA_REFRESH_S = 1.0
+#: gRPC worker threads; a parked (long-poll) Fetch holds one.
+GRPC_WORKERS = 32
+#: Fetches parked at once; the other workers stay free for Produce, markers and
+#: Fetches answered at once.
+MAX_PARKED_FETCHES = GRPC_WORKERS // 2
 _PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
 
 
@@ -48,6 +55,7 @@ class PartitionNode:
         self.view = ClusterView(coordinators, node_id)
         self.verifier = TxnVerifier(coordinators, self.view)
         self.partitions: dict[tuple[str, int], Partition] = {}
+        self.changes = LogChanges()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -68,6 +76,7 @@ class PartitionNode:
                     segment_bytes=settings.log_segment_bytes,
                     index_interval_bytes=settings.log_index_interval_bytes,
                     fsync=self._fsync,
+                    on_change=self.changes.changed,
                 )
                 self.partitions[(topic, index)] = partition
                 log.info(
@@ -104,8 +113,10 @@ class PartitionNode:
         for topic, index in self.view.owned():
             self._open(topic, index)
         metadata = threading.Thread(target=self._refresh_loop, name="metadata", daemon=True)
-        self._threads.append(metadata)
+        retention = threading.Thread(target=self._retention_loop, name="retention", daemon=True)
+        self._threads += [metadata, retention]
         metadata.start()
+        retention.start()
         if self._fsync is FsyncPolicy.INTERVAL:
             self._flusher = LogFlusher(
                 lambda: list(self.partitions.values()),
@@ -113,7 +124,7 @@ class PartitionNode:
             )
             self._flusher.start()
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+            futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
             options=[
                 ("grpc.so_reuseport", 0),
                 # A batch over message.max.bytes must reach the service to be
@@ -125,7 +136,9 @@ class PartitionNode:
             self.lookup,
             self.verifier,
             self.config.settings.message_max_bytes,
-            self.config.settings.transaction_partition_verification_enable,
+            self.changes,
+            MAX_PARKED_FETCHES,
+            verify_transactions=self.config.settings.transaction_partition_verification_enable,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         if self._server.add_insecure_port(self.me.grpc) == 0:
@@ -147,8 +160,21 @@ class PartitionNode:
                     if (topic, index) not in self.partitions:
                         self._open(topic, index)
 
+    def _retention_loop(self) -> None:
+        interval_s = self.config.settings.log_retention_check_interval_ms / 1000
+        while not self._stopping.wait(interval_s):
+            self.apply_retention()
+
+    def apply_retention(self) -> None:
+        """One retention pass over every partition of the node."""
+        now_ms = int(time.time() * 1000)
+        for partition in list(self.partitions.values()):
+            retention = self.config.retention(partition.topic)
+            partition.apply_retention(now_ms, retention.retention_ms, retention.retention_bytes)
+
     def stop(self) -> None:
         self._stopping.set()
+        self.changes.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
         if self._flusher is not None:

@@ -3,14 +3,17 @@
 Every append and marker takes the partition's lock, checks the request
 against :class:`ProducerStates`, appends to the log, then updates the state,
 so the LSO and the aborted index change atomically with the append that
-moves them. The state is rebuilt by replaying the log's batch headers (and
-control records) when the partition is opened.
+moves them. The state is saved as a snapshot file when the log rolls to a
+new segment and when the partition is closed; opening the partition loads
+the newest readable snapshot and replays only the batch headers (and
+control records) after it, or the whole log when there is none.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +26,10 @@ from partition_log.producer_state import (
     AppendCheck,
     MarkerAction,
     ProducerStates,
+    SnapshotError,
     Verdict,
+    decode_snapshot,
+    encode_snapshot,
 )
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -73,19 +79,64 @@ class Partition:
         segment_bytes: int,
         index_interval_bytes: int,
         fsync: FsyncPolicy,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
+        """Open (and recover) the partition in ``directory``. ``on_change`` is called
+        after each append and marker, with the partition's lock held: it wakes parked
+        Fetches."""
         self.topic = topic
         self.index = index
         self.lock = threading.Lock()
+        self._on_change = on_change
         self.store = PartitionLogStore(
             directory,
             segment_bytes=segment_bytes,
             index_interval_bytes=index_interval_bytes,
             fsync=fsync,
         )
-        self.states = ProducerStates()
-        for header, body in self.store.batches():
+        self.states, start = self._load_snapshot()
+        for header, body in self.store.batches(start):
             self._replay(header, body)
+        self.states.trim(self.store.log_start_offset)
+        self.snapshot_loaded = start
+        """The offset of the snapshot the state was loaded from (0: full replay)."""
+
+    def _load_snapshot(self) -> tuple[ProducerStates, int]:
+        """The newest readable snapshot at or above the log start offset (recovery
+        already dropped those past the log end), else an empty state at offset 0."""
+        for offset in reversed(self.store.snapshot_offsets()):
+            if offset < self.store.log_start_offset:
+                break
+            try:
+                found, states = decode_snapshot(self.store.read_snapshot(offset))
+                if found != offset:
+                    raise SnapshotError(f"the file holds the state at offset {found}")
+            except (OSError, SnapshotError) as exc:
+                log.warning(
+                    "partition=%s-%d event=snapshot_unusable offset=%d error=%s",
+                    self.topic,
+                    self.index,
+                    offset,
+                    exc,
+                )
+                continue
+            return states, offset
+        return ProducerStates(), 0
+
+    def _save_snapshot_at(self, offset: int) -> None:
+        """Write the state, which must be the state after every batch below ``offset``
+        (the caller holds the lock). A failure is logged only: a missing snapshot costs a
+        longer replay, not data."""
+        try:
+            self.store.write_snapshot(offset, encode_snapshot(self.states, offset))
+        except OSError as exc:
+            log.warning(
+                "partition=%s-%d event=snapshot_failed offset=%d error=%r",
+                self.topic,
+                self.index,
+                offset,
+                exc,
+            )
 
     def _replay(self, header: codec.BatchHeader, body: bytes | None) -> None:
         if header.is_control:
@@ -139,7 +190,7 @@ class Partition:
             if not check.ok or check.verdict is not Verdict.APPEND:
                 return check
             try:
-                base = self.store.append(batch)
+                base = self._append(batch)
             except (OSError, StoreFailed) as exc:
                 log.error(
                     "partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc
@@ -190,7 +241,7 @@ class Partition:
                     timestamp_ms=timestamp_ms,
                 )
                 try:
-                    offset = self.store.append(batch)
+                    offset = self._append(batch)
                 except (OSError, StoreFailed) as exc:
                     log.error(
                         "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
@@ -205,6 +256,17 @@ class Partition:
                     timestamp_ms=timestamp_ms,
                 )
             return E.NONE, ""
+
+    def _append(self, batch: bytearray) -> int:
+        """Append to the store; when that rolled a new segment, snapshot the state as of
+        the new segment's base offset (the batch is not in the state yet), as Kafka does
+        at every roll."""
+        active = self.store.active_base_offset
+        base = self.store.append(batch)
+        if self.store.active_base_offset != active:
+            self._save_snapshot_at(base)
+        self._on_change()
+        return base
 
     # --- reads ---------------------------------------------------------------------
 
@@ -285,12 +347,50 @@ class Partition:
             exc,
         )
 
+    def apply_retention(self, now_ms: int, retention_ms: int, retention_bytes: int) -> int:
+        """Delete the segments retention no longer keeps (only segments wholly below
+        the last stable offset) and forget the producer state and aborted
+        transactions that lay wholly in them. Returns the segments deleted; a storage
+        failure is logged and deletes what came before it."""
+        with self.lock:
+            end = self.store.log_end_offset
+            lso = self.states.last_stable_offset(end)
+            try:
+                deleted = self.store.apply_retention(now_ms, retention_ms, retention_bytes, lso)
+            except (OSError, StoreFailed, CorruptLog) as exc:
+                log.error(
+                    "partition=%s-%d event=retention_failed error=%r", self.topic, self.index, exc
+                )
+                deleted = 0
+            start = self.store.log_start_offset
+            self.states.trim(start)
+            if deleted:
+                log.info(
+                    "partition=%s-%d event=retention segments_deleted=%d log_start_offset=%d",
+                    self.topic,
+                    self.index,
+                    deleted,
+                    start,
+                )
+                self._on_change()
+            return deleted
+
     def flush(self) -> None:
         with self.lock:
             self.store.flush()
 
     def close(self) -> None:
+        """Snapshot the state at the log end (a clean shutdown restarts without replay)
+        and close the store."""
         with self.lock:
+            try:
+                self.store.flush()
+            except (OSError, StoreFailed) as exc:
+                log.error(
+                    "partition=%s-%d event=flush_failed error=%r", self.topic, self.index, exc
+                )
+            else:
+                self._save_snapshot_at(self.store.log_end_offset)
             self.store.close()
 
 

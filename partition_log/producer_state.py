@@ -20,6 +20,9 @@ transaction only if that transaction's epoch is lower.
 from __future__ import annotations
 
 import bisect
+import json
+import struct
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -61,6 +64,8 @@ class ProducerEntry:
     txn_first_offset: int | None = None
     #: Largest timestamp of its last appended batch or marker (-1: none).
     last_timestamp_ms: int = -1
+    #: Offset of the producer's last batch or marker here (-1: none).
+    last_offset: int = -1
 
     def set_epoch(self, epoch: int) -> None:
         """A new epoch restarts sequences: forget the old epoch's batches."""
@@ -243,6 +248,7 @@ class ProducerStates:
         if transactional and entry.txn_first_offset is None:
             entry.txn_first_offset = base_offset
             self.open_txns[producer_id] = base_offset
+        entry.last_offset = last_offset
 
     # --- markers -------------------------------------------------------------------
 
@@ -306,6 +312,7 @@ class ProducerStates:
                 self._aborted_last.append(offset)
         entry.set_epoch(max(entry.epoch, epoch))
         entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
+        entry.last_offset = offset
 
     # --- reads ---------------------------------------------------------------------
 
@@ -331,3 +338,126 @@ class ProducerStates:
         """Aborted transactions with records in [start, end)."""
         i = bisect.bisect_left(self._aborted_last, start)
         return [t for t in self.aborted[i:] if t.first_offset < end]
+
+    # --- retention -----------------------------------------------------------------
+
+    def trim(self, log_start_offset: int) -> None:
+        """Forget what lies wholly below ``log_start_offset`` after retention deleted it.
+
+        As Kafka: a producer whose last batch or marker is below the new log
+        start and that has no open transaction is removed; the others keep
+        their state (their last five batches included, for deduplication).
+        Aborted transactions whose marker is below the log start are dropped.
+        """
+        gone = [
+            pid
+            for pid, entry in self.producers.items()
+            if entry.last_offset < log_start_offset and entry.txn_first_offset is None
+        ]
+        for pid in gone:
+            del self.producers[pid]
+        i = bisect.bisect_left(self._aborted_last, log_start_offset)
+        del self.aborted[:i]
+        del self._aborted_last[:i]
+
+    # --- snapshots -----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, object]:
+        """The whole state as plain data (what :func:`encode_snapshot` stores)."""
+        return {
+            "producers": [
+                [
+                    e.producer_id,
+                    e.epoch,
+                    e.coordinator_epoch,
+                    e.txn_first_offset,
+                    e.last_offset,
+                    e.last_timestamp_ms,
+                    [
+                        [b.first_sequence, b.last_sequence, b.base_offset, b.last_offset]
+                        for b in e.batches
+                    ],
+                ]
+                for e in sorted(self.producers.values(), key=lambda e: e.producer_id)
+            ],
+            "aborted": [[t.producer_id, t.first_offset, t.last_offset] for t in self.aborted],
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: object) -> ProducerStates:
+        """Rebuild the state from :meth:`snapshot`'s data.
+
+        Raises:
+            SnapshotError: the data does not have the snapshot's shape.
+        """
+        states = cls()
+        try:
+            if not isinstance(data, dict):
+                raise TypeError(f"a {type(data).__name__}, not an object")
+            for pid, epoch, coord, txn_first, last, timestamp, batches in data["producers"]:
+                entry = ProducerEntry(_int(pid), _int(epoch), _int(coord))
+                entry.last_offset = _int(last)
+                entry.last_timestamp_ms = _int(timestamp)
+                for first_seq, last_seq, base, end in batches:
+                    entry.batches.append(
+                        BatchInfo(_int(first_seq), _int(last_seq), _int(base), _int(end))
+                    )
+                if txn_first is not None:
+                    entry.txn_first_offset = _int(txn_first)
+                    states.open_txns[entry.producer_id] = entry.txn_first_offset
+                states.producers[entry.producer_id] = entry
+            for pid, first, last in data["aborted"]:
+                states.aborted.append(AbortedTxn(_int(pid), _int(first), _int(last)))
+                states._aborted_last.append(_int(last))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"not a producer-state snapshot: {exc!r}") from None
+        if states._aborted_last != sorted(states._aborted_last):
+            raise SnapshotError("aborted transactions out of order")
+        return states
+
+
+class SnapshotError(ValueError):
+    """A producer-state snapshot is damaged (CRC mismatch, bad shape) or of another offset."""
+
+
+_SNAPSHOT_MAGIC = b"RCPS"
+_SNAPSHOT_VERSION = 1
+#: magic, version, CRC-32 of the rest, log offset the state is at.
+_SNAPSHOT_HEADER = struct.Struct(">4sHIq")
+
+
+def encode_snapshot(states: ProducerStates, offset: int) -> bytes:
+    """The snapshot file's bytes: ``states`` as it is after every batch below ``offset``."""
+    payload = json.dumps(states.snapshot(), separators=(",", ":")).encode()
+    body = struct.pack(">q", offset) + payload
+    return _SNAPSHOT_HEADER.pack(_SNAPSHOT_MAGIC, _SNAPSHOT_VERSION, zlib.crc32(body), offset) + (
+        payload
+    )
+
+
+def decode_snapshot(data: bytes) -> tuple[int, ProducerStates]:
+    """(offset, state) of a snapshot file's bytes.
+
+    Raises:
+        SnapshotError: a short file, another magic or version, a CRC mismatch, or a
+            payload that is not a snapshot.
+    """
+    if len(data) < _SNAPSHOT_HEADER.size:
+        raise SnapshotError(f"{len(data)} bytes is shorter than the snapshot header")
+    magic, version, crc, offset = _SNAPSHOT_HEADER.unpack_from(data)
+    if magic != _SNAPSHOT_MAGIC or version != _SNAPSHOT_VERSION:
+        raise SnapshotError(f"unknown snapshot magic {magic!r} or version {version}")
+    payload = data[_SNAPSHOT_HEADER.size :]
+    if zlib.crc32(struct.pack(">q", offset) + payload) != crc:
+        raise SnapshotError("CRC mismatch")
+    try:
+        parsed = json.loads(payload)
+    except ValueError as exc:
+        raise SnapshotError(f"payload is not JSON: {exc}") from None
+    return offset, ProducerStates.from_snapshot(parsed)
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value

@@ -4,18 +4,25 @@ DescribeProducers.
 Every request is validated before anything is appended; a bad partition
 entry gets an error code and changes nothing, and never fails the other
 entries of the request.
+
+A Fetch asking for ``min_bytes`` with a ``max_wait_ms`` is parked (Kafka's
+long poll) until enough records are readable, an error shows up, or the wait
+is over. A parked Fetch holds its gRPC worker thread, so at most
+``max_parked_fetches`` are parked at once; beyond that a Fetch is answered
+at once with what there is.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fsm.errors import ErrorCode as E
-from partition_log import codec
+from partition_log import MAX_FETCH_WAIT_MS, codec
 from partition_log.cluster_view import TopicPartition, TxnVerifier
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import MAX_EPOCH, MAX_SEQUENCE, AppendCheck, Verdict
@@ -41,12 +48,41 @@ class _Pending:
     batch: bytearray
 
 
+class LogChanges:
+    """A counter every partition of a node moves on each append and marker (and
+    retention); parked Fetches wait for it to move, then read again."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.generation = 0
+        self.closed = False
+        """Set when the node stops: parked Fetches answer at once."""
+
+    def changed(self) -> None:
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def wait_past(self, generation: int, timeout_s: float) -> None:
+        """Return once :attr:`generation` differs from ``generation``, or after ``timeout_s``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.closed or self.generation != generation, timeout_s)
+
+
 class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type: ignore[misc]
     def __init__(
         self,
         lookup: Lookup,
         verifier: TxnVerifier,
         message_max_bytes: int,
+        changes: LogChanges | None = None,
+        max_parked_fetches: int = 8,
+        *,
         verify_transactions: bool = True,
     ) -> None:
         self.lookup = lookup
@@ -55,6 +91,11 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         #: transaction.partition.verification.enable: off, transactional
         #: batches are appended without asking the coordinator.
         self.verify_transactions = verify_transactions
+        self.changes = changes or LogChanges()
+        self._parking = threading.BoundedSemaphore(max_parked_fetches)
+        self._parked_lock = threading.Lock()
+        #: Fetches parked now (for tests and diagnostics).
+        self.parked_fetches = 0
 
     # --- Produce -------------------------------------------------------------------
 
@@ -161,8 +202,55 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
     # --- Fetch ---------------------------------------------------------------------
 
     def Fetch(self, request: Any, context: Any) -> Any:
+        problem = _fetch_problem(request)
+        if problem is not None:
+            return pb.FetchResponse(
+                partitions=[
+                    pb.FetchPartitionResponse(
+                        topic=entry.topic,
+                        partition=entry.partition,
+                        error_code=E.INVALID_REQUEST,
+                        error_message=problem,
+                        next_fetch_offset=entry.fetch_offset,
+                        high_watermark=-1,
+                        last_stable_offset=-1,
+                        log_start_offset=-1,
+                    )
+                    for entry in request.partitions
+                ]
+            )
+        deadline = time.monotonic() + request.max_wait_ms / 1000
+        parked = False
+        try:
+            while True:
+                generation = self.changes.generation
+                answers, size, failed = self._read(request)
+                remaining = deadline - time.monotonic()
+                if size >= request.min_bytes or failed or remaining <= 0:
+                    break
+                if not parked:
+                    parked = self._parking.acquire(blocking=False)
+                    if not parked:
+                        break
+                    with self._parked_lock:
+                        self.parked_fetches += 1
+                if self.changes.closed or (context is not None and not context.is_active()):
+                    break
+                self.changes.wait_past(generation, remaining)
+        finally:
+            if parked:
+                with self._parked_lock:
+                    self.parked_fetches -= 1
+                self._parking.release()
+        return pb.FetchResponse(partitions=answers)
+
+    def _read(self, request: Any) -> tuple[list[Any], int, bool]:
+        """One pass over the partitions of a Fetch: (answers, bytes of keys and values
+        returned (at least 1 per record), whether some partition answered an error)."""
         read_committed = request.isolation_level == common_pb2.READ_COMMITTED
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        size = 0
+        failed = False
         answers = []
         for entry in request.partitions:
             answer = pb.FetchPartitionResponse(
@@ -177,6 +265,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
             found = self.lookup(entry.topic, entry.partition)
             if isinstance(found, tuple):
                 answer.error_code, answer.error_message = found
+                failed = True
                 continue
             if budget <= 0:  # the response is full: tell the offsets, read nothing
                 start, lso, end = found.offsets()
@@ -187,6 +276,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
             result = found.fetch(entry.fetch_offset, min(limit, budget), read_committed)
             answer.error_code = result.error
             answer.error_message = result.message
+            failed = failed or result.error is not E.NONE
             answer.high_watermark = result.high_watermark
             answer.last_stable_offset = result.last_stable_offset
             answer.log_start_offset = result.log_start_offset
@@ -205,8 +295,10 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                         record.key = r.key
                     if r.value is not None:
                         record.value = r.value
-                    budget -= len(r.key or b"") + len(r.value or b"")
-        return pb.FetchResponse(partitions=answers)
+                    n = len(r.key or b"") + len(r.value or b"")
+                    budget -= n
+                    size += max(n, 1)  # a record with neither key nor value still counts
+        return answers, size, failed
 
     # --- ListOffsets ---------------------------------------------------------------
 
@@ -287,6 +379,14 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                         current_txn_start_offset=producer.current_txn_start_offset,
                     )
         return pb.DescribeProducersResponse(partitions=answers)
+
+
+def _fetch_problem(request: Any) -> str | None:
+    if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS:
+        return f"max_wait_ms must be in 0..{MAX_FETCH_WAIT_MS}, got {request.max_wait_ms}"
+    if request.min_bytes < 0:
+        return f"min_bytes must be >= 0, got {request.min_bytes}"
+    return None
 
 
 def _marker_problem(marker: Any) -> str | None:

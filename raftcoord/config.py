@@ -10,6 +10,10 @@ Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
     "transaction.abort.timed.out.transaction.cleanup.interval.ms" = 1000
     "raft.fsync" = "always"              # always | batch | never
     "log.flush.policy" = "always"        # partition logs: always | interval | never
+    "log.retention.ms" = 604800000       # -1: keep forever
+
+    [topic_config.events]                # per-topic overrides on the partition-log nodes
+    "retention.bytes" = 1073741824
 
     [[coordinators]]
     id = 1
@@ -32,6 +36,7 @@ from typing import Any
 
 from fsm import FsmConfig
 from fsm.config import KAFKA_MAX_PRODUCER_EPOCH
+from fsm.limits import TOPIC_NAME
 from pid_allocator import DEFAULT_BLOCK_SIZE
 
 FSYNC_POLICIES = ("always", "batch", "never")
@@ -78,6 +83,12 @@ class Settings:
     log_flush_policy: str = "always"  # log.flush.policy: always | interval | never
     log_flush_interval_ms: int = 1000  # log.flush.interval.ms (policy "interval")
     message_max_bytes: int = 1 << 20  # message.max.bytes: largest accepted batch
+    # log.retention.ms / log.retention.bytes: the default retention.ms and
+    # retention.bytes of every topic (-1: unlimited); [topic_config.<topic>]
+    # overrides them per topic.
+    log_retention_ms: int = 604_800_000
+    log_retention_bytes: int = -1
+    log_retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
     # producer.epoch.max: the largest producer epoch (Kafka's is fixed at
     # 32767, a 16-bit field). Lower it only to test epoch exhaustion quickly.
     max_producer_epoch: int = KAFKA_MAX_PRODUCER_EPOCH
@@ -119,6 +130,9 @@ _SETTING_NAMES = {
     "log.flush.policy": "log_flush_policy",
     "log.flush.interval.ms": "log_flush_interval_ms",
     "message.max.bytes": "message_max_bytes",
+    "log.retention.ms": "log_retention_ms",
+    "log.retention.bytes": "log_retention_bytes",
+    "log.retention.check.interval.ms": "log_retention_check_interval_ms",
     "producer.epoch.max": "max_producer_epoch",
     "socket.request.max.bytes": "socket_request_max_bytes",
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
@@ -128,6 +142,19 @@ _SETTING_NAMES = {
 #: limit must leave room for the largest legal batch.
 REQUEST_BYTES_PER_BATCH_BYTE = 3
 _CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
+#: Settings for which -1 means unlimited.
+_UNLIMITED = frozenset({"log_retention_ms", "log_retention_bytes"})
+#: The topic-level settings of [topic_config.<topic>] (Kafka's names).
+_TOPIC_SETTING_NAMES = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes"}
+
+
+@dataclass(frozen=True)
+class TopicRetention:
+    """How long and how much of a topic's partitions the partition-log nodes keep
+    (Kafka's retention.ms / retention.bytes; -1: unlimited)."""
+
+    retention_ms: int
+    retention_bytes: int
 
 
 @dataclass(frozen=True)
@@ -138,6 +165,16 @@ class ClusterConfig:
     coordinators: tuple[NodeAddress, ...]
     partition_nodes: tuple[NodeAddress, ...] = ()
     settings: Settings = field(default_factory=Settings)
+    #: Per-topic retention overrides ([topic_config.<topic>]); partial ones are
+    #: completed from the settings' defaults.
+    topic_config: dict[str, TopicRetention] = field(default_factory=dict)
+
+    def retention(self, topic: str) -> TopicRetention:
+        """The retention of ``topic``: its override, else the node-wide defaults."""
+        found = self.topic_config.get(topic)
+        if found is not None:
+            return found
+        return TopicRetention(self.settings.log_retention_ms, self.settings.log_retention_bytes)
 
     def coordinator(self, node_id: int) -> NodeAddress:
         """The coordinator with ``node_id``.
@@ -282,7 +319,13 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
     Raises:
         ConfigError: what is wrong, naming the key.
     """
-    unknown = set(raw) - {"shard_count", "settings", "coordinators", "partition_nodes"}
+    unknown = set(raw) - {
+        "shard_count",
+        "settings",
+        "coordinators",
+        "partition_nodes",
+        "topic_config",
+    }
     if unknown:
         raise ConfigError(f"unknown top-level keys: {sorted(unknown)}")
     shard_count = raw.get("shard_count", 3)
@@ -298,7 +341,35 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
     duplicated = sorted({a for a in addresses if addresses.count(a) > 1})
     if duplicated:
         raise ConfigError(f"addresses used twice: {duplicated}")
-    return ClusterConfig(shard_count, coordinators, partition_nodes, settings)
+    topic_config = _topic_config(raw.get("topic_config", {}), settings)
+    return ClusterConfig(shard_count, coordinators, partition_nodes, settings, topic_config)
+
+
+def _topic_config(raw: Any, settings: Settings) -> dict[str, TopicRetention]:
+    if not isinstance(raw, dict):
+        raise ConfigError("[topic_config] must be a table of [topic_config.<topic>] tables")
+    config = {}
+    for topic, entries in raw.items():
+        where = f"topic_config.{topic}"
+        if not TOPIC_NAME.fullmatch(topic):
+            raise ConfigError(f"[{where}]: not a valid topic name")
+        if not isinstance(entries, dict):
+            raise ConfigError(f"[{where}] must be a table")
+        values = {
+            "retention_ms": settings.log_retention_ms,
+            "retention_bytes": settings.log_retention_bytes,
+        }
+        for name, value in entries.items():
+            attr = _TOPIC_SETTING_NAMES.get(name)
+            if attr is None:
+                raise ConfigError(
+                    f"[{where}]: unknown setting {name!r} (known: {sorted(_TOPIC_SETTING_NAMES)})"
+                )
+            if type(value) is not int or (value < 1 and value != -1):
+                raise ConfigError(f"[{where}] {name} must be -1 or a positive integer")
+            values[attr] = value
+        config[topic] = TopicRetention(**values)
+    return config
 
 
 def _address(value: Any, where: str) -> str:
@@ -374,8 +445,13 @@ def _settings(raw: Any) -> Settings:
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"setting for {attr} must be a positive number, got {value!r}")
             values[attr] = float(value)
+        elif attr in _UNLIMITED and type(value) is int and value == -1:
+            pass
         elif type(value) is not int or value < 1:
-            raise ConfigError(f"setting for {attr} must be a positive integer, got {value!r}")
+            unlimited = " or -1" if attr in _UNLIMITED else ""
+            raise ConfigError(
+                f"setting for {attr} must be a positive integer{unlimited}, got {value!r}"
+            )
     settings = Settings(**values)
     if settings.transaction_max_timeout_ms > 2**31 - 1:
         raise ConfigError("transaction.max.timeout.ms must fit in 32 bits")

@@ -14,6 +14,9 @@ import pytest
 from fsm import ErrorCode
 from partition_log import codec
 from partition_log.log import PartitionLogStore
+from raftcoord.client import Consumer, TopicPartition
+from raftcoord.client._net import Channels
+from raftcoord.client.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from raftcoord.cluster import LocalCluster
 from raftcoord.v1 import common_pb2
 from raftcoord.v1 import coordinator_pb2 as cpb
@@ -323,3 +326,107 @@ def test_a_poison_batch_is_refused_and_an_unreadable_one_fails_only_its_partitio
         (past,) = fetch_both(node, [("poison", bad, 4)], committed)
         assert (past.error_code, [r.offset for r in past.records]) == (E.NONE, [4])
     assert produce(node, "poison", bad, [b"c"]).base_offset == 5
+
+
+class CountingChannels(Channels):
+    """Real channels that count the Fetch requests sent to partition-log nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = 0
+
+    def partition_log(self, address: str) -> Any:
+        return _CountingFetchStub(self, super().partition_log(address))
+
+
+class _CountingFetchStub:
+    def __init__(self, owner: CountingChannels, stub: Any) -> None:
+        self._owner, self._stub = owner, stub
+        self.Fetch = self
+
+    def future(self, request: Any, timeout: float) -> Any:
+        self._owner.fetches += 1
+        return self._stub.Fetch.future(request, timeout=timeout)
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stub, method)
+
+
+def test_an_idle_consumer_long_polls_instead_of_spinning(shared_cluster: LocalCluster) -> None:
+    owners = create_topic(shared_cluster, "idle", 1)
+    tp = TopicPartition("idle", 0)
+    channels = CountingChannels()
+    with Consumer(shared_cluster.bootstrap(), fetch_max_wait_ms=500, channels=channels) as consumer:
+        consumer.assign([tp])
+        assert consumer.position(tp) == 0
+        assert consumer.poll(timeout_ms=3000) == []
+        # About one Fetch per fetch_max_wait_ms of the poll; a consumer without
+        # long polls sends one every few tens of milliseconds (its backoff).
+        assert 1 <= channels.fetches <= 10, channels.fetches
+
+        # A Fetch parked on the node returns as soon as a record arrives.
+        got: list[Any] = []
+        poller = threading.Thread(target=lambda: got.extend(consumer.poll(timeout_ms=20_000)))
+        poller.start()
+        assert produce(stub(owners[0]), "idle", 0, [b"wake"]).error_code == E.NONE
+        poller.join(timeout=30)
+        assert not poller.is_alive()
+        assert [r.value for r in got] == [b"wake"]
+
+
+def test_retention_deletes_segments_and_a_consumer_from_0_resets(tmp_path: Path) -> None:
+    settings = {
+        "log.segment.bytes": 1024,
+        "log.retention.bytes": 2048,
+        "log.retention.check.interval.ms": 100,
+    }
+    with running_cluster(
+        tmp_path / "cluster", coordinators=1, shards=1, partition_nodes=1, settings=settings
+    ) as small:
+        owners = create_topic(small, "retained", 1)
+        node = stub(owners[0])
+        known = pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(topic="retained")])
+        small.wait_until(
+            lambda: node.ListOffsets(known, timeout=5).partitions[0].error_code == E.NONE,
+            30,
+            "the node did not learn the topic",
+        )
+        for i in range(40):
+            answer = produce(node, "retained", 0, [b"value-%03d-" % i + b"x" * 200])
+            assert (answer.error_code, answer.base_offset) == (E.NONE, i)
+
+        def log_start() -> int:
+            return list_offset(node, "retained", 0, pb.OFFSET_SPEC_EARLIEST)
+
+        small.wait_until(lambda: log_start() > 0, 30, "retention deleted nothing")
+        start = log_start()
+        assert 0 < start < 40
+        assert list_offset(node, "retained", 0, pb.OFFSET_SPEC_LATEST) == 40
+        below = node.Fetch(
+            pb.FetchRequest(partitions=[pb.FetchPartition(topic="retained", fetch_offset=0)]),
+            timeout=5,
+        ).partitions[0]
+        assert below.error_code == E.OFFSET_OUT_OF_RANGE
+        assert below.log_start_offset >= start
+
+        tp = TopicPartition("retained", 0)
+        with Consumer(small.bootstrap(), auto_offset_reset="earliest") as consumer:
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            records = consumer.poll(timeout_ms=10_000)
+            assert records and records[0].offset >= start
+            assert [r.offset for r in records] == list(range(records[0].offset, 40))[: len(records)]
+        with Consumer(small.bootstrap(), auto_offset_reset="none") as consumer:
+            consumer.assign([tp])
+            with pytest.raises(NoOffsetForPartitionError):
+                consumer.poll(timeout_ms=1000)
+            consumer.seek(tp, 0)
+            with pytest.raises(OffsetOutOfRangeError):
+                consumer.poll(timeout_ms=10_000)
+            assert consumer.position(tp) == 0  # not reset
+
+        # The log start offset survives a restart of the node.
+        [plog] = small.partition_nodes()
+        small.kill(plog.node_id, "KILL")
+        small.start(plog.node_id)
+        assert log_start() >= start

@@ -4,7 +4,7 @@ commits offsets to its group's coordinator.
 There is no group membership protocol: partitions are assigned by the
 application (``assign``), as with Kafka's ``assign()``. A partition's
 first position is the group's committed offset when there is one, else
-``auto_offset_reset`` (earliest or latest). Under ``read_committed`` the
+``auto_offset_reset`` (earliest, latest, or none: raise). Under ``read_committed`` the
 partition-log node filters out aborted and still-open transactional
 records; the consumer continues from ``next_fetch_offset``, which may skip
 control and aborted records.
@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from fsm.limits import id_error
+from partition_log import MAX_FETCH_WAIT_MS
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     Backoff,
@@ -36,6 +37,8 @@ from raftcoord.client.errors import (
     IllegalStateError,
     KafkaError,
     KafkaTimeoutError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
     error_for,
 )
 from raftcoord.client.producer import first_error, offset_topics, topic_partitions
@@ -71,10 +74,17 @@ class Consumer:
             ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8.
         isolation_level: "read_committed" (only committed transactional
             records) or "read_uncommitted" (Kafka's default).
-        auto_offset_reset: where a partition without a committed offset starts:
-            "earliest" or "latest" (under read_committed: the last stable offset).
+        auto_offset_reset: where a partition without a committed offset, or whose
+            position fell out of the log (retention deleted it), starts:
+            "earliest", "latest" (under read_committed: the last stable offset),
+            or "none": raise NoOffsetForPartitionError / OffsetOutOfRangeError.
         request_timeout_ms: deadline of one operation (all its retries).
         max_partition_fetch_bytes, fetch_max_bytes: soft limits of one Fetch.
+        fetch_max_wait_ms, fetch_min_bytes: a Fetch waits on the node (a long
+            poll, not a loop of requests) until ``fetch_min_bytes`` of records
+            are there or ``fetch_max_wait_ms`` passed (never longer than what
+            is left of the poll's timeout), as Kafka's fetch.max.wait.ms
+            (0..30000) and fetch.min.bytes.
         retry_backoff_ms, retry_backoff_max_ms: backoff between retries.
         channels: where gRPC stubs come from (one channel per address by
             default); tests pass one whose stubs inject faults.
@@ -90,16 +100,22 @@ class Consumer:
         request_timeout_ms: int = 30_000,
         max_partition_fetch_bytes: int = 1 << 20,
         fetch_max_bytes: int = 50 << 20,
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
         channels: Channels | None = None,
     ) -> None:
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {sorted(_ISOLATION)}")
-        if auto_offset_reset not in _RESET:
-            raise ValueError(f"auto_offset_reset must be one of {sorted(_RESET)}")
+        if auto_offset_reset not in (*_RESET, "none"):
+            raise ValueError(f"auto_offset_reset must be one of {sorted(_RESET)} or 'none'")
         if group_id is not None and (problem := id_error("group_id", group_id)) is not None:
             raise ValueError(problem)
+        if not 0 <= fetch_max_wait_ms <= MAX_FETCH_WAIT_MS:
+            raise ValueError(f"fetch_max_wait_ms must be in 0..{MAX_FETCH_WAIT_MS}")
+        if fetch_min_bytes < 0:
+            raise ValueError("fetch_min_bytes must be >= 0")
         self.group_id = group_id
         self.isolation_level = isolation_level
         self.auto_offset_reset = auto_offset_reset
@@ -107,6 +123,8 @@ class Consumer:
         self._request_timeout_s = request_timeout_ms / 1000
         self._partition_max_bytes = max_partition_fetch_bytes
         self._fetch_max_bytes = fetch_max_bytes
+        self._fetch_max_wait_s = fetch_max_wait_ms / 1000
+        self._fetch_min_bytes = fetch_min_bytes
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
         self._channels = channels or Channels()
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
@@ -213,6 +231,11 @@ class Consumer:
                 if offset is not None:
                     self._positions[tp] = offset
         rest = [tp for tp in missing if tp not in self._positions]
+        if rest and self.auto_offset_reset == "none":
+            raise NoOffsetForPartitionError(
+                f"no committed offset for {', '.join(map(str, rest))} and auto_offset_reset "
+                "is 'none': seek first"
+            )
         if rest:
             offsets = self._list_offsets(rest, _RESET[self.auto_offset_reset], deadline)
             for tp, offset in offsets.items():
@@ -269,11 +292,16 @@ class Consumer:
             self._metadata.maybe_refresh(deadline)
             return []
         calls = []
-        timeout = max(_MIN_ATTEMPT_S, min(self._request_timeout_s, deadline.remaining()))
+        # The node may hold the Fetch for up to max_wait_ms: the gRPC deadline
+        # leaves the read itself its usual time on top of that.
+        wait_s = min(self._fetch_max_wait_s, deadline.remaining())
+        timeout = wait_s + max(_MIN_ATTEMPT_S, min(self._request_timeout_s, deadline.remaining()))
         for address, tps in by_node.items():
             request = partition_log_pb2.FetchRequest(
                 isolation_level=self._isolation,
                 max_bytes=self._fetch_max_bytes,
+                max_wait_ms=int(wait_s * 1000),
+                min_bytes=self._fetch_min_bytes,
                 partitions=[
                     partition_log_pb2.FetchPartition(
                         topic=tp.topic,
@@ -315,6 +343,11 @@ class Consumer:
         if answer.error_code in _STALE_METADATA:
             self._metadata.request_update()
             return []
+        if answer.error_code == E.OFFSET_OUT_OF_RANGE and self.auto_offset_reset == "none":
+            raise OffsetOutOfRangeError(
+                f"{tp}: offset {position} is outside the log "
+                f"[{answer.log_start_offset}, {answer.high_watermark}]"
+            )
         if answer.error_code == E.OFFSET_OUT_OF_RANGE:
             log.info(
                 "%s: offset %d out of range, reset to %s", tp, position, self.auto_offset_reset

@@ -63,6 +63,7 @@ __all__ = [
     "KafkaConnectionError",
     "KafkaError",
     "KafkaTimeoutError",
+    "NoOffsetForPartitionError",
     "NotCoordinatorError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
@@ -252,9 +253,15 @@ class UnknownServerError(KafkaError):
 
 
 class OffsetOutOfRangeError(KafkaError):
-    """The fetch offset is outside the partition's log."""
+    """The fetch offset is outside the partition's log (raised by a consumer whose
+    ``auto_offset_reset`` is "none"; otherwise it resets the position)."""
 
     code = _codes.OFFSET_OUT_OF_RANGE
+
+
+class NoOffsetForPartitionError(KafkaError):
+    """A consumer with ``auto_offset_reset="none"`` has no committed offset to start
+    a partition from (Kafka's NoOffsetForPartitionException)."""
 
 
 class CorruptMessageError(KafkaError):

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from raftcoord.v1 import common_pb2 as raftcoord_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n raftcoord/v1/partition_log.proto\x12\x0craftcoord.v1\x1a\x19raftcoord/v1/common.proto\"*\n\x0cRecordHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x83\x01\n\x06Record\x12\x10\n\x03key\x18\x01 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x01\x88\x01\x01\x12+\n\x07headers\x18\x03 \x03(\x0b\x32\x1a.raftcoord.v1.RecordHeader\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x42\x06\n\x04_keyB\x08\n\x06_value\"\x92\x01\n\x0bRecordBatch\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x15\n\rbase_sequence\x18\x03 \x01(\x05\x12\x18\n\x10is_transactional\x18\x04 \x01(\x08\x12%\n\x07records\x18\x05 \x03(\x0b\x32\x14.raftcoord.v1.Record\"b\n\x14PartitionProduceData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x19.raftcoord.v1.RecordBatch\"|\n\x0eProduceRequest\x12\x1d\n\x10transactional_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".raftcoord.v1.PartitionProduceDataB\x13\n\x11_transactional_id\"\xaf\x01\n\x18PartitionProduceResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"M\n\x0fProduceResponse\x12:\n\npartitions\x18\x01 \x03(\x0b\x32&.raftcoord.v1.PartitionProduceResponse\"e\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\"\x8a\x01\n\x0c\x46\x65tchRequest\x12\x35\n\x0fisolation_level\x18\x01 \x01(\x0e\x32\x1c.raftcoord.v1.IsolationLevel\x12\x11\n\tmax_bytes\x18\x02 \x01(\x05\x12\x30\n\npartitions\x18\x03 \x03(\x0b\x32\x1c.raftcoord.v1.FetchPartition\"\xe1\x01\n\rFetchedRecord\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x10\n\x03key\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x04 \x01(\x0cH\x01\x88\x01\x01\x12+\n\x07headers\x18\x05 \x03(\x0b\x32\x1a.raftcoord.v1.RecordHeader\x12\x13\n\x0bproducer_id\x18\x06 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x07 \x01(\x05\x12\x18\n\x10is_transactional\x18\x08 \x01(\x08\x42\x06\n\x04_keyB\x08\n\x06_value\"\x95\x02\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x1a\n\x12last_stable_offset\x18\x06 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\x12\x19\n\x11next_fetch_offset\x18\x08 \x01(\x03\x12,\n\x07records\x18\t \x03(\x0b\x32\x1b.raftcoord.v1.FetchedRecord\"I\n\rFetchResponse\x12\x38\n\npartitions\x18\x01 \x03(\x0b\x32$.raftcoord.v1.FetchPartitionResponse\"`\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12&\n\x04spec\x18\x03 \x01(\x0e\x32\x18.raftcoord.v1.OffsetSpec\"\x83\x01\n\x12ListOffsetsRequest\x12\x35\n\x0fisolation_level\x18\x01 \x01(\x0e\x32\x1c.raftcoord.v1.IsolationLevel\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".raftcoord.v1.ListOffsetsPartition\"\x94\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\"U\n\x13ListOffsetsResponse\x12>\n\npartitions\x18\x01 \x03(\x0b\x32*.raftcoord.v1.ListOffsetsPartitionResponse\"\xf2\x01\n\tTxnMarker\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x03 \x01(\x05\x12/\n\x06result\x18\x04 \x01(\x0e\x32\x1f.raftcoord.v1.TransactionResult\x12-\n\x06topics\x18\x05 \x03(\x0b\x32\x1d.raftcoord.v1.TopicPartitions\x12\x18\n\x10transactional_id\x18\x06 \x01(\t\x12\x0e\n\x06groups\x18\x07 \x03(\t\x12\x13\n\x0b\x61\x64min_abort\x18\x08 \x01(\x08\"B\n\x16WriteTxnMarkersRequest\x12(\n\x07markers\x18\x01 \x03(\x0b\x32\x17.raftcoord.v1.TxnMarker\"\x9c\x01\n\x0fTxnMarkerResult\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x31\n\npartitions\x18\x03 \x03(\x0b\x32\x1d.raftcoord.v1.PartitionResult\x12)\n\x06groups\x18\x04 \x03(\x0b\x32\x19.raftcoord.v1.GroupResult\"L\n\x0bGroupResult\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12+\n\nerror_code\x18\x02 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\"I\n\x17WriteTxnMarkersResponse\x12.\n\x07markers\x18\x01 \x03(\x0b\x32\x1d.raftcoord.v1.TxnMarkerResult\"I\n\x18\x44\x65scribeProducersRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.raftcoord.v1.TopicPartitions\"\xac\x01\n\x0e\x41\x63tiveProducer\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x15\n\rlast_sequence\x18\x03 \x01(\x05\x12\x19\n\x11last_timestamp_ms\x18\x04 \x01(\x03\x12\x19\n\x11\x63oordinator_epoch\x18\x05 \x01(\x05\x12 \n\x18\x63urrent_txn_start_offset\x18\x06 \x01(\x03\"\xc2\x01\n\"DescribeProducersPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x36\n\x10\x61\x63tive_producers\x18\x05 \x03(\x0b\x32\x1c.raftcoord.v1.ActiveProducer\"a\n\x19\x44\x65scribeProducersResponse\x12\x44\n\npartitions\x18\x01 \x03(\x0b\x32\x30.raftcoord.v1.DescribeProducersPartitionResponse*[\n\nOffsetSpec\x12\x18\n\x14OFFSET_SPEC_EARLIEST\x10\x00\x12\x16\n\x12OFFSET_SPEC_LATEST\x10\x01\x12\x1b\n\x17OFFSET_SPEC_LAST_STABLE\x10\x02\x32\xb2\x03\n\x0cPartitionLog\x12\x46\n\x07Produce\x12\x1c.raftcoord.v1.ProduceRequest\x1a\x1d.raftcoord.v1.ProduceResponse\x12@\n\x05\x46\x65tch\x12\x1a.raftcoord.v1.FetchRequest\x1a\x1b.raftcoord.v1.FetchResponse\x12R\n\x0bListOffsets\x12 .raftcoord.v1.ListOffsetsRequest\x1a!.raftcoord.v1.ListOffsetsResponse\x12^\n\x0fWriteTxnMarkers\x12$.raftcoord.v1.WriteTxnMarkersRequest\x1a%.raftcoord.v1.WriteTxnMarkersResponse\x12\x64\n\x11\x44\x65scribeProducers\x12&.raftcoord.v1.DescribeProducersRequest\x1a\'.raftcoord.v1.DescribeProducersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n raftcoord/v1/partition_log.proto\x12\x0craftcoord.v1\x1a\x19raftcoord/v1/common.proto\"*\n\x0cRecordHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x83\x01\n\x06Record\x12\x10\n\x03key\x18\x01 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x01\x88\x01\x01\x12+\n\x07headers\x18\x03 \x03(\x0b\x32\x1a.raftcoord.v1.RecordHeader\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x42\x06\n\x04_keyB\x08\n\x06_value\"\x92\x01\n\x0bRecordBatch\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x15\n\rbase_sequence\x18\x03 \x01(\x05\x12\x18\n\x10is_transactional\x18\x04 \x01(\x08\x12%\n\x07records\x18\x05 \x03(\x0b\x32\x14.raftcoord.v1.Record\"b\n\x14PartitionProduceData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x19.raftcoord.v1.RecordBatch\"|\n\x0eProduceRequest\x12\x1d\n\x10transactional_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".raftcoord.v1.PartitionProduceDataB\x13\n\x11_transactional_id\"\xaf\x01\n\x18PartitionProduceResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"M\n\x0fProduceResponse\x12:\n\npartitions\x18\x01 \x03(\x0b\x32&.raftcoord.v1.PartitionProduceResponse\"e\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\"\xb2\x01\n\x0c\x46\x65tchRequest\x12\x35\n\x0fisolation_level\x18\x01 \x01(\x0e\x32\x1c.raftcoord.v1.IsolationLevel\x12\x11\n\tmax_bytes\x18\x02 \x01(\x05\x12\x30\n\npartitions\x18\x03 \x03(\x0b\x32\x1c.raftcoord.v1.FetchPartition\x12\x13\n\x0bmax_wait_ms\x18\x04 \x01(\x05\x12\x11\n\tmin_bytes\x18\x05 \x01(\x05\"\xe1\x01\n\rFetchedRecord\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x02 \x01(\x03\x12\x10\n\x03key\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x04 \x01(\x0cH\x01\x88\x01\x01\x12+\n\x07headers\x18\x05 \x03(\x0b\x32\x1a.raftcoord.v1.RecordHeader\x12\x13\n\x0bproducer_id\x18\x06 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x07 \x01(\x05\x12\x18\n\x10is_transactional\x18\x08 \x01(\x08\x42\x06\n\x04_keyB\x08\n\x06_value\"\x95\x02\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x1a\n\x12last_stable_offset\x18\x06 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\x12\x19\n\x11next_fetch_offset\x18\x08 \x01(\x03\x12,\n\x07records\x18\t \x03(\x0b\x32\x1b.raftcoord.v1.FetchedRecord\"I\n\rFetchResponse\x12\x38\n\npartitions\x18\x01 \x03(\x0b\x32$.raftcoord.v1.FetchPartitionResponse\"`\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12&\n\x04spec\x18\x03 \x01(\x0e\x32\x18.raftcoord.v1.OffsetSpec\"\x83\x01\n\x12ListOffsetsRequest\x12\x35\n\x0fisolation_level\x18\x01 \x01(\x0e\x32\x1c.raftcoord.v1.IsolationLevel\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".raftcoord.v1.ListOffsetsPartition\"\x94\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\"U\n\x13ListOffsetsResponse\x12>\n\npartitions\x18\x01 \x03(\x0b\x32*.raftcoord.v1.ListOffsetsPartitionResponse\"\xf2\x01\n\tTxnMarker\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x19\n\x11\x63oordinator_epoch\x18\x03 \x01(\x05\x12/\n\x06result\x18\x04 \x01(\x0e\x32\x1f.raftcoord.v1.TransactionResult\x12-\n\x06topics\x18\x05 \x03(\x0b\x32\x1d.raftcoord.v1.TopicPartitions\x12\x18\n\x10transactional_id\x18\x06 \x01(\t\x12\x0e\n\x06groups\x18\x07 \x03(\t\x12\x13\n\x0b\x61\x64min_abort\x18\x08 \x01(\x08\"B\n\x16WriteTxnMarkersRequest\x12(\n\x07markers\x18\x01 \x03(\x0b\x32\x17.raftcoord.v1.TxnMarker\"\x9c\x01\n\x0fTxnMarkerResult\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x31\n\npartitions\x18\x03 \x03(\x0b\x32\x1d.raftcoord.v1.PartitionResult\x12)\n\x06groups\x18\x04 \x03(\x0b\x32\x19.raftcoord.v1.GroupResult\"L\n\x0bGroupResult\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12+\n\nerror_code\x18\x02 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\"I\n\x17WriteTxnMarkersResponse\x12.\n\x07markers\x18\x01 \x03(\x0b\x32\x1d.raftcoord.v1.TxnMarkerResult\"I\n\x18\x44\x65scribeProducersRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.raftcoord.v1.TopicPartitions\"\xac\x01\n\x0e\x41\x63tiveProducer\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x15\n\rlast_sequence\x18\x03 \x01(\x05\x12\x19\n\x11last_timestamp_ms\x18\x04 \x01(\x03\x12\x19\n\x11\x63oordinator_epoch\x18\x05 \x01(\x05\x12 \n\x18\x63urrent_txn_start_offset\x18\x06 \x01(\x03\"\xc2\x01\n\"DescribeProducersPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.raftcoord.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x36\n\x10\x61\x63tive_producers\x18\x05 \x03(\x0b\x32\x1c.raftcoord.v1.ActiveProducer\"a\n\x19\x44\x65scribeProducersResponse\x12\x44\n\npartitions\x18\x01 \x03(\x0b\x32\x30.raftcoord.v1.DescribeProducersPartitionResponse*[\n\nOffsetSpec\x12\x18\n\x14OFFSET_SPEC_EARLIEST\x10\x00\x12\x16\n\x12OFFSET_SPEC_LATEST\x10\x01\x12\x1b\n\x17OFFSET_SPEC_LAST_STABLE\x10\x02\x32\xb2\x03\n\x0cPartitionLog\x12\x46\n\x07Produce\x12\x1c.raftcoord.v1.ProduceRequest\x1a\x1d.raftcoord.v1.ProduceResponse\x12@\n\x05\x46\x65tch\x12\x1a.raftcoord.v1.FetchRequest\x1a\x1b.raftcoord.v1.FetchResponse\x12R\n\x0bListOffsets\x12 .raftcoord.v1.ListOffsetsRequest\x1a!.raftcoord.v1.ListOffsetsResponse\x12^\n\x0fWriteTxnMarkers\x12$.raftcoord.v1.WriteTxnMarkersRequest\x1a%.raftcoord.v1.WriteTxnMarkersResponse\x12\x64\n\x11\x44\x65scribeProducers\x12&.raftcoord.v1.DescribeProducersRequest\x1a\'.raftcoord.v1.DescribeProducersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftcoord.v1.partition_log_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OFFSETSPEC']._serialized_start=3355
-  _globals['_OFFSETSPEC']._serialized_end=3446
+  _globals['_OFFSETSPEC']._serialized_start=3395
+  _globals['_OFFSETSPEC']._serialized_end=3486
   _globals['_RECORDHEADER']._serialized_start=77
   _globals['_RECORDHEADER']._serialized_end=119
   _globals['_RECORD']._serialized_start=122
@@ -51,39 +51,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FETCHPARTITION']._serialized_start=887
   _globals['_FETCHPARTITION']._serialized_end=988
   _globals['_FETCHREQUEST']._serialized_start=991
-  _globals['_FETCHREQUEST']._serialized_end=1129
-  _globals['_FETCHEDRECORD']._serialized_start=1132
-  _globals['_FETCHEDRECORD']._serialized_end=1357
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1360
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1637
-  _globals['_FETCHRESPONSE']._serialized_start=1639
-  _globals['_FETCHRESPONSE']._serialized_end=1712
-  _globals['_LISTOFFSETSPARTITION']._serialized_start=1714
-  _globals['_LISTOFFSETSPARTITION']._serialized_end=1810
-  _globals['_LISTOFFSETSREQUEST']._serialized_start=1813
-  _globals['_LISTOFFSETSREQUEST']._serialized_end=1944
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=1947
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=2095
-  _globals['_LISTOFFSETSRESPONSE']._serialized_start=2097
-  _globals['_LISTOFFSETSRESPONSE']._serialized_end=2182
-  _globals['_TXNMARKER']._serialized_start=2185
-  _globals['_TXNMARKER']._serialized_end=2427
-  _globals['_WRITETXNMARKERSREQUEST']._serialized_start=2429
-  _globals['_WRITETXNMARKERSREQUEST']._serialized_end=2495
-  _globals['_TXNMARKERRESULT']._serialized_start=2498
-  _globals['_TXNMARKERRESULT']._serialized_end=2654
-  _globals['_GROUPRESULT']._serialized_start=2656
-  _globals['_GROUPRESULT']._serialized_end=2732
-  _globals['_WRITETXNMARKERSRESPONSE']._serialized_start=2734
-  _globals['_WRITETXNMARKERSRESPONSE']._serialized_end=2807
-  _globals['_DESCRIBEPRODUCERSREQUEST']._serialized_start=2809
-  _globals['_DESCRIBEPRODUCERSREQUEST']._serialized_end=2882
-  _globals['_ACTIVEPRODUCER']._serialized_start=2885
-  _globals['_ACTIVEPRODUCER']._serialized_end=3057
-  _globals['_DESCRIBEPRODUCERSPARTITIONRESPONSE']._serialized_start=3060
-  _globals['_DESCRIBEPRODUCERSPARTITIONRESPONSE']._serialized_end=3254
-  _globals['_DESCRIBEPRODUCERSRESPONSE']._serialized_start=3256
-  _globals['_DESCRIBEPRODUCERSRESPONSE']._serialized_end=3353
-  _globals['_PARTITIONLOG']._serialized_start=3449
-  _globals['_PARTITIONLOG']._serialized_end=3883
+  _globals['_FETCHREQUEST']._serialized_end=1169
+  _globals['_FETCHEDRECORD']._serialized_start=1172
+  _globals['_FETCHEDRECORD']._serialized_end=1397
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1400
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1677
+  _globals['_FETCHRESPONSE']._serialized_start=1679
+  _globals['_FETCHRESPONSE']._serialized_end=1752
+  _globals['_LISTOFFSETSPARTITION']._serialized_start=1754
+  _globals['_LISTOFFSETSPARTITION']._serialized_end=1850
+  _globals['_LISTOFFSETSREQUEST']._serialized_start=1853
+  _globals['_LISTOFFSETSREQUEST']._serialized_end=1984
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=1987
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=2135
+  _globals['_LISTOFFSETSRESPONSE']._serialized_start=2137
+  _globals['_LISTOFFSETSRESPONSE']._serialized_end=2222
+  _globals['_TXNMARKER']._serialized_start=2225
+  _globals['_TXNMARKER']._serialized_end=2467
+  _globals['_WRITETXNMARKERSREQUEST']._serialized_start=2469
+  _globals['_WRITETXNMARKERSREQUEST']._serialized_end=2535
+  _globals['_TXNMARKERRESULT']._serialized_start=2538
+  _globals['_TXNMARKERRESULT']._serialized_end=2694
+  _globals['_GROUPRESULT']._serialized_start=2696
+  _globals['_GROUPRESULT']._serialized_end=2772
+  _globals['_WRITETXNMARKERSRESPONSE']._serialized_start=2774
+  _globals['_WRITETXNMARKERSRESPONSE']._serialized_end=2847
+  _globals['_DESCRIBEPRODUCERSREQUEST']._serialized_start=2849
+  _globals['_DESCRIBEPRODUCERSREQUEST']._serialized_end=2922
+  _globals['_ACTIVEPRODUCER']._serialized_start=2925
+  _globals['_ACTIVEPRODUCER']._serialized_end=3097
+  _globals['_DESCRIBEPRODUCERSPARTITIONRESPONSE']._serialized_start=3100
+  _globals['_DESCRIBEPRODUCERSPARTITIONRESPONSE']._serialized_end=3294
+  _globals['_DESCRIBEPRODUCERSRESPONSE']._serialized_start=3296
+  _globals['_DESCRIBEPRODUCERSRESPONSE']._serialized_end=3393
+  _globals['_PARTITIONLOG']._serialized_start=3489
+  _globals['_PARTITIONLOG']._serialized_end=3923
 # @@protoc_insertion_point(module_scope)
