@@ -129,23 +129,34 @@ def test_sticky_partition_follows_a_shrunk_partition_count_and_one_partition() -
 # --- sequences -------------------------------------------------------------------------
 
 
-def test_sequences_start_at_zero_advance_per_partition_and_reset() -> None:
+ID = (7, 0)
+BUMPED = (7, 1)
+
+
+def test_sequences_start_at_zero_advance_per_partition_and_restart_per_identity() -> None:
     seq = SequenceNumbers()
-    assert seq.next(TP0) == 0 and seq.next(TP1) == 0
-    seq.advance(TP0, 5)
-    seq.advance(TP0, 3)
-    seq.advance(TP1, 1)
-    assert (seq.next(TP0), seq.next(TP1)) == (8, 1)
-    seq.reset()
-    assert seq.snapshot() == {} and seq.next(TP0) == 0
+    assert seq.number(TP0, ID) == 0 and seq.number(TP1, ID) == 0
+    seq.advance(TP0, ID, 5)
+    seq.advance(TP0, ID, 3)
+    seq.advance(TP1, ID, 1)
+    assert (seq.number(TP0, ID), seq.number(TP1, ID)) == (8, 1)
+    # TP1 moves to the bumped epoch; a late acknowledgement under the old
+    # one no longer moves it, while TP0 is still on the old epoch.
+    assert seq.number(TP1, BUMPED) == 0
+    seq.advance(TP1, ID, 4)
+    seq.advance(TP0, ID, 1)
+    assert seq.snapshot() == {TP0: (ID, 9), TP1: (BUMPED, 0)}
+    seq.forget(TP0)
+    assert seq.number(TP0, BUMPED) == 0
 
 
 def test_sequences_wrap_like_kafkas_int32() -> None:
     seq = SequenceNumbers()
-    seq.advance(TP0, MAX_SEQUENCE)
-    assert seq.next(TP0) == MAX_SEQUENCE
-    seq.advance(TP0, 3)
-    assert seq.next(TP0) == 2
+    seq.number(TP0, ID)
+    seq.advance(TP0, ID, MAX_SEQUENCE)
+    assert seq.number(TP0, ID) == MAX_SEQUENCE
+    seq.advance(TP0, ID, 3)
+    assert seq.number(TP0, ID) == 2
 
 
 # --- batching --------------------------------------------------------------------------
@@ -182,7 +193,7 @@ def test_one_batch_in_flight_per_partition_with_a_fixed_sequence_on_retry() -> N
     for _ in range(3):
         acc.append(TP0, record(), 0.0)
     [batch] = acc.drain(acc.ready(0.0))
-    batch.base_sequence = seq.next(TP0)
+    batch.base_sequence = seq.number(TP0, ID)
     batch.attempts += 1
     # Records sent after the first attempt go to a new batch: a retry carries
     # exactly the records of the first attempt.
@@ -194,9 +205,9 @@ def test_one_batch_in_flight_per_partition_with_a_fixed_sequence_on_retry() -> N
     assert acc.drain(acc.ready(2.0)) == [batch]
     assert batch.base_sequence == 0  # the same sequence again
     acc.remove(batch)
-    seq.advance(TP0, len(batch.records))
+    seq.advance(TP0, ID, len(batch.records))
     [second] = acc.drain(acc.ready(2.0))
-    assert second is not batch and seq.next(TP0) == 3
+    assert second is not batch and seq.number(TP0, ID) == 3
 
 
 def test_futures_resolve_with_consecutive_offsets_or_fail() -> None:
@@ -226,7 +237,7 @@ def test_take_undrained_leaves_the_batch_in_flight() -> None:
     acc.append(TP1, record(), 0.0)
     taken = acc.take_undrained()
     assert {b.tp for b in taken} == {TP0, TP1} and in_flight not in taken
-    assert acc.incomplete() == [in_flight] and acc.in_flight_count() == 1
+    assert acc.incomplete() == [in_flight] and acc.ready(0.0, flush=True) == []
 
 
 def test_batches_expire_after_the_delivery_timeout_unless_in_flight() -> None:
@@ -262,10 +273,10 @@ def test_batches_expire_after_the_delivery_timeout_unless_in_flight() -> None:
         (E.CORRUPT_MESSAGE, True, ProduceAction.FAIL),
         (E.MESSAGE_TOO_LARGE, False, ProduceAction.FAIL),
         (E.INVALID_REQUEST, False, ProduceAction.FAIL),
-        (E.UNKNOWN_PRODUCER_ID, False, ProduceAction.RETRY_NEW_PRODUCER_ID),
-        (E.OUT_OF_ORDER_SEQUENCE_NUMBER, False, ProduceAction.FAIL_NEW_PRODUCER_ID),
-        (E.INVALID_PRODUCER_EPOCH, False, ProduceAction.FAIL_NEW_PRODUCER_ID),
-        (E.UNKNOWN_SERVER_ERROR, False, ProduceAction.FAIL_NEW_PRODUCER_ID),
+        (E.UNKNOWN_PRODUCER_ID, False, ProduceAction.RETRY_BUMP_EPOCH),
+        (E.OUT_OF_ORDER_SEQUENCE_NUMBER, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (E.INVALID_PRODUCER_EPOCH, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (E.UNKNOWN_SERVER_ERROR, False, ProduceAction.FAIL_BUMP_EPOCH),
     ],
 )
 def test_produce_action(code: int | None, transactional: bool, action: ProduceAction) -> None:
@@ -587,24 +598,23 @@ def test_idempotent_retries_keep_the_sequence_and_get_the_original_offset() -> N
     assert len(fake.sequences(0)) == 2  # written once, although sent five times
 
 
-def test_idempotent_producer_gets_a_new_id_when_out_of_step() -> None:
+def test_idempotent_producer_bumps_its_epoch_when_out_of_step() -> None:
     fake = FakeCluster()
     with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"x", partition=0).result(5)
-        first_pid = producer.producer_id
+        pid = producer.producer_id
         fake.script = [E.OUT_OF_ORDER_SEQUENCE_NUMBER]
         failed = producer.send("t", b"y", partition=0)
         assert isinstance(failed.exception(5), OutOfOrderSequenceError)
         producer.send("t", b"z", partition=0).result(5)
-        assert producer.producer_id != first_pid
-        # UNKNOWN_PRODUCER_ID: the batch is retried under a new id from sequence 0.
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 1)
+        # UNKNOWN_PRODUCER_ID: the batch is retried under the next epoch from sequence 0.
         fake.script = [E.UNKNOWN_PRODUCER_ID]
-        retried = producer.send("t", b"w", partition=1)
-        retried.result(5)
-        third_pid = producer.producer_id
-    assert fake.sequences(0)[-1] == (first_pid + 1, 0, 0)
-    assert fake.sequences(1) == [(third_pid, 0, 0)]
-    assert third_pid not in (first_pid, first_pid + 1)
+        producer.send("t", b"w", partition=1).result(5)
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 2)
+    assert fake.sequences(0) == [(pid, 0, 0), (pid, 1, 0)]
+    assert fake.sequences(1) == [(pid, 2, 0)]
+    assert fake.methods().count("InitProducerId") == 1  # the epoch is bumped locally
 
 
 def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch() -> None:

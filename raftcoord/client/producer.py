@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from fsm.limits import id_error
+from partition_log.producer_state import MAX_EPOCH
 from raftcoord.client._accumulator import (
     BATCH_HEADER_SIZE,
     PendingRecord,
@@ -69,7 +70,7 @@ E = common_pb2.ErrorCode
 S = TxnState
 
 _FINAL_FAILURES = frozenset(
-    {ProduceAction.FAIL, ProduceAction.FAIL_NEW_PRODUCER_ID, ProduceAction.FATAL}
+    {ProduceAction.FAIL, ProduceAction.FAIL_BUMP_EPOCH, ProduceAction.FATAL}
 )
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
 _IDLE_WAIT_S = 0.5
@@ -208,7 +209,8 @@ class Producer:
         )
         self._sequences = SequenceNumbers()
         self._identity: tuple[int, int] | None = None
-        self._new_producer_id_needed = False
+        #: A partition's sequence was lost: bump the epoch before numbering again.
+        self._epoch_bump_needed = False
         self._identity_retry_at = 0.0
         self._identity_backoff = Backoff(*self._backoff_s)
         self._completions: list[Callable[[], None]] = []
@@ -398,7 +400,7 @@ class Producer:
 
     def _may_send_locked(self) -> bool:
         """Whether batches may be sent now (lock held)."""
-        return self._identity is not None and not self._new_producer_id_needed
+        return self._identity is not None and not self._epoch_bump_needed
 
     def _may_retry_locked(self) -> bool:
         """Whether a retriably failed batch may be sent again (lock held)."""
@@ -411,11 +413,8 @@ class Producer:
             Whether batches may be sent now.
         """
         with self._cond:
-            if self._new_producer_id_needed:
-                if self._accumulator.in_flight_count():
-                    return False  # the new producer id waits for every answer
-                self._identity = None
-                self._new_producer_id_needed = False
+            if self._epoch_bump_needed:
+                self._bump_epoch_locked()
             if self._identity is not None:
                 return True
             if not len(self._accumulator) or _now() < self._identity_retry_at:
@@ -435,8 +434,20 @@ class Producer:
         with self._cond:
             self._identity = identity
             self._identity_backoff.reset()
-            self._sequences.reset()
         return True
+
+    def _bump_epoch_locked(self) -> None:
+        """As Kafka's idempotent producer (KIP-360): bump the epoch locally, or
+        take a new producer id once the epoch is exhausted. Batches numbered
+        under the old epoch keep their numbers for their retries; each
+        partition moves to the new epoch once those are settled (see
+        ``_send_ready``)."""
+        self._epoch_bump_needed = False
+        if self._identity is None:
+            return
+        producer_id, epoch = self._identity
+        self._identity = (producer_id, epoch + 1) if epoch < MAX_EPOCH else None
+        log.info("producer %d: epoch bumped, now %s", producer_id, self._identity)
 
     def _init_idempotent_producer_id(self) -> tuple[int, int]:
         deadline = Deadline(self._request_timeout_s, "InitProducerId")
@@ -454,12 +465,16 @@ class Producer:
 
     def _batch_failed(self, batch: ProducerBatch, error: KafkaError, action: ProduceAction) -> None:
         """A batch failed for good (sender thread, lock not held)."""
-        if action is ProduceAction.FAIL_NEW_PRODUCER_ID or (
-            isinstance(error, KafkaTimeoutError) and batch.sent
-        ):
-            # The partition's view of our sequences is unknown: start afresh.
+        outcome_unknown = batch.sent and (
+            isinstance(error, KafkaTimeoutError) or action not in _FINAL_FAILURES
+        )
+        if action is ProduceAction.FAIL_BUMP_EPOCH or outcome_unknown:
+            # The partition refused our numbering, or the batch may have been
+            # written: its sequence there is unknown. It restarts from 0
+            # under a new epoch; other partitions keep theirs until then.
             with self._cond:
-                self._new_producer_id_needed = True
+                self._sequences.forget(batch.tp)
+                self._epoch_bump_needed = True
 
     def _produce_error(self, code: int, message: str) -> KafkaError:
         return error_for(code, message)
@@ -586,16 +601,15 @@ class Producer:
                 if address is None:
                     continue
                 by_node.setdefault(address, []).append(tp)
-            producer_id, epoch = self._identity
+            identity = self._identity
             for address, tps in by_node.items():
                 batches = self._accumulator.drain(tps)
                 for b in batches:
-                    if b.base_sequence is None or (b.producer_id, b.producer_epoch) != (
-                        producer_id,
-                        epoch,
-                    ):
-                        b.base_sequence = self._sequences.next(b.tp)
-                        b.producer_id, b.producer_epoch = producer_id, epoch
+                    # A numbered batch keeps its numbers, even under an older
+                    # epoch: an earlier attempt may have been written.
+                    if b.base_sequence is None:
+                        b.base_sequence = self._sequences.number(b.tp, identity)
+                        b.producer_id, b.producer_epoch = identity
                     b.attempts += 1
                 requests += [(address, part) for part in self._split(batches)]
         for address, batches in requests:
@@ -674,14 +688,19 @@ class Producer:
         action = produce_action(code, self._transactional)
         with self._cond:
             if action is ProduceAction.COMPLETE:
-                if (batch.producer_id, batch.producer_epoch) == self._identity:
-                    self._sequences.advance(batch.tp, len(batch.records))
+                self._sequences.advance(
+                    batch.tp, (batch.producer_id, batch.producer_epoch), len(batch.records)
+                )
                 self._accumulator.remove(batch)
             elif action not in _FINAL_FAILURES and self._may_retry_locked():
                 if action is ProduceAction.RETRY_REFRESH:
                     self._metadata.request_update()
-                if action is ProduceAction.RETRY_NEW_PRODUCER_ID:
-                    self._new_producer_id_needed = True
+                if action is ProduceAction.RETRY_BUMP_EPOCH:
+                    # Not written (the partition has no state of ours): send
+                    # it again, renumbered under the new epoch.
+                    batch.base_sequence = None
+                    self._sequences.forget(batch.tp)
+                    self._epoch_bump_needed = True
                 batch.last_error = error
                 backoff = Backoff(*self._backoff_s)
                 delay = min(backoff.max_s, backoff.initial_s * 2 ** min(batch.attempts - 1, 30))
@@ -800,7 +819,6 @@ class TransactionalProducer(Producer):
             raise self._fail_fatally(self._coordinator_error(answer))
         with self._cond:
             self._identity = (int(answer.producer_id), int(answer.producer_epoch))
-            self._sequences.reset()
             self._state = S.READY
 
     def begin_transaction(self) -> None:
@@ -967,7 +985,6 @@ class TransactionalProducer(Producer):
             # KIP-890: EndTxn bumped the epoch; the next transaction uses the new
             # id/epoch, and its sequences start at 0.
             self._identity = (int(answer.producer_id), int(answer.producer_epoch))
-            self._sequences.reset()
             self._reset_transaction_locked()
             self._state = S.READY
 
