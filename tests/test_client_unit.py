@@ -266,7 +266,7 @@ def test_batches_expire_after_the_delivery_timeout_unless_in_flight() -> None:
         (E.UNKNOWN_TOPIC_OR_PARTITION, False, ProduceAction.RETRY_REFRESH),
         (E.PRODUCER_FENCED, True, ProduceAction.FATAL),
         (E.INVALID_PRODUCER_EPOCH, True, ProduceAction.FATAL),
-        (E.INVALID_TXN_STATE, True, ProduceAction.FATAL),
+        (E.INVALID_TXN_STATE, True, ProduceAction.FAIL),
         (E.TRANSACTION_ABORTABLE, True, ProduceAction.FAIL),
         (E.UNKNOWN_PRODUCER_ID, True, ProduceAction.FAIL),
         (E.OUT_OF_ORDER_SEQUENCE_NUMBER, True, ProduceAction.FAIL),
@@ -672,15 +672,19 @@ def test_fenced_while_producing_is_fatal_for_every_later_call(code: int) -> None
     assert "EndTxn" not in fake.methods()
 
 
-def test_an_abortable_send_error_blocks_the_commit_until_aborted() -> None:
+@pytest.mark.parametrize("code", [E.TRANSACTION_ABORTABLE, E.INVALID_TXN_STATE])
+def test_an_abortable_send_error_blocks_the_commit_until_aborted(code: int) -> None:
+    """A partition refusing a batch because it is not in the transaction
+    (KIP-890 verification; INVALID_TXN_STATE from older nodes): abort, go on."""
     fake = FakeCluster()
     with TransactionalProducer(
         ["fake-coordinator"], "tx", channels=FakeChannels(fake), **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
-        fake.script = [E.TRANSACTION_ABORTABLE]
-        producer.send("t", b"v", partition=0)
+        fake.script = [code]
+        refused = producer.send("t", b"v", partition=0)
+        assert isinstance(refused.exception(5), TransactionAbortableError)
         with pytest.raises(TransactionAbortableError):
             producer.commit_transaction()
         producer.abort_transaction()

@@ -352,11 +352,13 @@ _RETRIABLE_PRODUCE = frozenset(
         E.CONCURRENT_TRANSACTIONS,
     }
 )
+#: Produce answers that end a transactional producer. Any other refusal
+#: (INVALID_TXN_STATE or TRANSACTION_ABORTABLE included, as in Kafka's
+#: producer) only makes the transaction abortable.
 _FATAL_TRANSACTIONAL = frozenset(
     {
         E.PRODUCER_FENCED,
         E.INVALID_PRODUCER_EPOCH,
-        E.INVALID_TXN_STATE,
         E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )

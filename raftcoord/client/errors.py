@@ -33,7 +33,8 @@ Every code of ``raftcoord.v1.ErrorCode`` except NONE maps to exactly one
 class (:func:`error_for`); the classes a code maps to carry it in ``code``.
 Whether an error is fatal or abortable can depend on who answered it: the
 producer turns INVALID_PRODUCER_EPOCH on a transactional Produce into
-:class:`ProducerFencedError`, as Kafka's producer does.
+:class:`ProducerFencedError`, and INVALID_TXN_STATE on a Produce into
+:class:`TransactionAbortableError`, as Kafka's producer does.
 """
 
 from __future__ import annotations

@@ -1041,6 +1041,11 @@ class TransactionalProducer(Producer):
         return error_for(code, message)
 
     def _produce_error(self, code: int, message: str) -> KafkaError:
+        # As Kafka's producer: a partition that refuses a batch because of the
+        # transaction's state (older nodes' answer to a failed KIP-890
+        # verification) only makes the transaction abortable.
+        if code == E.INVALID_TXN_STATE:
+            return TransactionAbortableError(message or "INVALID_TXN_STATE")
         return self._coordinator_error_code(code, message)
 
     def _produce_request(self, batches: list[ProducerBatch]) -> Any:
