@@ -571,7 +571,7 @@ FAST = {"linger_ms": 0, "retry_backoff_ms": 1, "retry_backoff_max_ms": 5}
 
 def test_idempotent_sequences_advance_per_partition_only_on_success() -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         for _ in range(3):
             producer.send("t", b"a", partition=0).result(5)
         producer.send("t", b"b", partition=1).result(5)
@@ -587,7 +587,7 @@ def test_idempotent_sequences_advance_per_partition_only_on_success() -> None:
 
 def test_idempotent_retries_keep_the_sequence_and_get_the_original_offset() -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"first", partition=0).result(5)
         fake.script = ["lost", "down", E.NOT_LEADER_OR_FOLLOWER, E.REQUEST_TIMED_OUT]
         future = producer.send("t", b"second", partition=0)
@@ -600,7 +600,7 @@ def test_idempotent_retries_keep_the_sequence_and_get_the_original_offset() -> N
 
 def test_idempotent_producer_bumps_its_epoch_when_out_of_step() -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"x", partition=0).result(5)
         pid = producer.producer_id
         fake.script = [E.OUT_OF_ORDER_SEQUENCE_NUMBER]
@@ -620,7 +620,7 @@ def test_idempotent_producer_bumps_its_epoch_when_out_of_step() -> None:
 def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch() -> None:
     fake = FakeCluster(partitions=3)
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), linger_ms=60_000
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), linger_ms=60_000
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -655,7 +655,7 @@ def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch(
 @pytest.mark.parametrize("code", [E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED])
 def test_fenced_while_producing_is_fatal_for_every_later_call(code: int) -> None:
     fake = FakeCluster()
-    with TransactionalProducer(["fake-coordinator"], "tx", channels=FakeChannels(fake)) as p:
+    with TransactionalProducer(["fake-coordinator:9092"], "tx", channels=FakeChannels(fake)) as p:
         p.init_transactions()
         p.begin_transaction()
         fake.script = [code]
@@ -678,7 +678,7 @@ def test_an_abortable_send_error_blocks_the_commit_until_aborted(code: int) -> N
     (KIP-890 verification; INVALID_TXN_STATE from older nodes): abort, go on."""
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -703,7 +703,7 @@ def test_abort_skips_end_txn_when_the_coordinator_refused_every_add(add: str) ->
     answer and be judged against it while its markers are still written."""
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -726,7 +726,7 @@ def test_abort_skips_end_txn_when_the_coordinator_refused_every_add(add: str) ->
 def test_abort_ends_the_transaction_when_an_add_may_have_been_applied() -> None:
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -743,7 +743,12 @@ def test_abort_ends_the_transaction_when_an_add_may_have_been_applied() -> None:
 def test_delivery_timeout_fails_the_batch_and_the_transaction() -> None:
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), delivery_timeout_ms=200, **FAST
+        ["fake-coordinator:9092"],
+        "tx",
+        channels=FakeChannels(fake),
+        request_timeout_ms=100,
+        delivery_timeout_ms=200,
+        **FAST,
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -812,7 +817,7 @@ def test_one_partitions_error_does_not_cost_the_others_their_records() -> None:
             [fetched("t", 0, 7, b"x")],
         ]
     )
-    with Consumer(["fake-coordinator"], channels=channels) as consumer:
+    with Consumer(["fake-coordinator:9092"], channels=channels) as consumer:
         consumer.assign([t0, t1])
         consumer.seek(t0, 0)
         consumer.seek(t1, 0)

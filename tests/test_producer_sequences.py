@@ -204,7 +204,7 @@ def test_no_record_is_written_twice_and_acknowledged_ones_exactly_once(
     logs = FlakyLogs(plans)
     sent: list[tuple[int, bytes, Future[RecordMetadata]]] = []
     with Producer(
-        ["coordinator"],
+        ["coordinator:9092"],
         channels=FlakyChannels(logs),
         linger_ms=0,
         retry_backoff_ms=1,

@@ -27,7 +27,8 @@ The tree mirrors the Kafka clients' exceptions::
     ├── DuplicateSequenceError                   46
     ├── ... one class per remaining code (see ``CODE_CLASSES``)
     ├── TransactionAbortedError                  a pending send dropped by abort_transaction
-    └── IllegalStateError                        a call the producer's state does not allow
+    ├── IllegalStateError                        a call the producer's state does not allow
+    └── NotACoordinatorNodeError                 a bootstrap address is not a coordinator
 
 Every code of ``raftcoord.v1.ErrorCode`` except NONE maps to exactly one
 class (:func:`error_for`); the classes a code maps to carry it in ``code``.
@@ -64,6 +65,7 @@ __all__ = [
     "KafkaConnectionError",
     "KafkaError",
     "KafkaTimeoutError",
+    "NotACoordinatorNodeError",
     "NotCoordinatorError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
@@ -350,6 +352,12 @@ class TransactionAbortedError(KafkaError):
 class IllegalStateError(KafkaError):
     """A call the object's current state does not allow (API misuse), such as
     ``send`` before ``begin_transaction``."""
+
+
+class NotACoordinatorNodeError(KafkaError):
+    """A bootstrap address answers, but not the coordinator API (gRPC
+    UNIMPLEMENTED: a partition-log node, say): a configuration error that no
+    retry can fix."""
 
 
 def _code_classes() -> dict[int, type[KafkaError]]:

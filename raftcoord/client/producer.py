@@ -74,6 +74,11 @@ _FINAL_FAILURES = frozenset(
 )
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
 _IDLE_WAIT_S = 0.5
+#: Kafka's delivery.timeout.ms default.
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+#: Kafka's transaction.timeout.ms default (see TransactionalProducer for when
+#: a longer one is used).
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 #: Kafka's max.request.size default, equal to the nodes' message.max.bytes default.
 DEFAULT_MAX_REQUEST_SIZE = 1_048_576
 _TIMESTAMP_MAX = 2**63 - 1
@@ -85,6 +90,16 @@ def _as_bytes(value: bytes | bytearray | memoryview | None, what: str) -> bytes 
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"{what} must be bytes or None, not {type(value).__name__}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``, else TypeError or
+    ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def _as_headers(headers: Iterable[tuple[str, bytes]] | None) -> Headers:
@@ -137,12 +152,16 @@ class Producer:
     batches with the same numbers so that no batch is written twice.
 
     Args:
-        bootstrap: coordinator gRPC addresses ("host:port"); any one suffices.
+        bootstrap: coordinator gRPC addresses: a list of "host:port", or one
+            comma-separated string as Kafka's ``bootstrap.servers``; any one
+            suffices.
         request_timeout_ms: deadline of each coordinator operation (all its
             retries) and of each Produce request.
         delivery_timeout_ms: how long a batch may take, from its creation to
             its acknowledgement, retries included; then its futures fail with
-            :class:`KafkaTimeoutError`.
+            :class:`KafkaTimeoutError`. As in Kafka, at least ``linger_ms +
+            request_timeout_ms`` (ValueError otherwise); by default 120000,
+            or that sum when larger.
         max_block_ms: how long ``send`` waits for a topic's metadata.
         linger_ms: how long a batch waits for more records before it is sent.
         batch_size: bytes after which a batch is sent without waiting.
@@ -164,10 +183,10 @@ class Producer:
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         *,
         request_timeout_ms: int = 30_000,
-        delivery_timeout_ms: int = 120_000,
+        delivery_timeout_ms: int | None = None,
         max_block_ms: int = 60_000,
         linger_ms: float = 5,
         batch_size: int = 16_384,
@@ -179,16 +198,26 @@ class Producer:
     ) -> None:
         for name, value in (
             ("request_timeout_ms", request_timeout_ms),
-            ("delivery_timeout_ms", delivery_timeout_ms),
             ("max_block_ms", max_block_ms),
             ("batch_size", batch_size),
             ("max_request_size", max_request_size),
             ("retry_backoff_ms", retry_backoff_ms),
+            ("retry_backoff_max_ms", retry_backoff_max_ms),
         ):
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+            _check_int(name, value, 1)
+        if not isinstance(linger_ms, int | float) or isinstance(linger_ms, bool):
+            raise TypeError(f"linger_ms must be a number, not {type(linger_ms).__name__}")
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        # As Kafka's ProducerConfig: a batch must get at least one full attempt.
+        least = int(linger_ms + request_timeout_ms)
+        if delivery_timeout_ms is None:
+            delivery_timeout_ms = max(DEFAULT_DELIVERY_TIMEOUT_MS, least)
+        elif _check_int("delivery_timeout_ms", delivery_timeout_ms, 1) < least:
+            raise ValueError(
+                f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + "
+                f"request_timeout_ms ({linger_ms:g} + {request_timeout_ms} = {least})"
+            )
         self._request_timeout_s = request_timeout_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._max_block_s = max_block_ms / 1000
@@ -296,6 +325,12 @@ class Producer:
             IllegalStateError, TransactionAbortableError, FatalError: the
                 producer cannot send now (see TransactionalProducer).
         """
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        if not topic:
+            raise ValueError("topic must not be empty")
+        if partition is not None:
+            _check_int("partition", partition, 0)
         key = _as_bytes(key, "key")
         value = _as_bytes(value, "value")
         record_headers = _as_headers(headers)
@@ -750,7 +785,15 @@ class TransactionalProducer(Producer):
     Args:
         transactional_id: the id that survives restarts of the application;
             1 to ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8 (else ValueError).
-        transaction_timeout_ms: the coordinator aborts a transaction open longer.
+        transaction_timeout_ms: the coordinator aborts a transaction open
+            longer, and fences this producer: every later call raises
+            :class:`ProducerFencedError` saying the transaction timed out.
+            By default Kafka's 60000, or ``delivery_timeout_ms +
+            request_timeout_ms`` when that is longer (150000 with the
+            defaults), so that a batch that cannot be delivered expires, and
+            the transaction can be aborted, before the coordinator times the
+            transaction out. Given together with ``delivery_timeout_ms``, it
+            must be longer than it (ValueError otherwise).
         **kwargs: as for :class:`Producer`.
     """
 
@@ -758,19 +801,32 @@ class TransactionalProducer(Producer):
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         transactional_id: str,
         *,
-        transaction_timeout_ms: int = 60_000,
+        transaction_timeout_ms: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(transactional_id, str):
+            raise TypeError(
+                f"transactional_id must be a str, not {type(transactional_id).__name__}"
+            )
         problem = id_error("transactional_id", transactional_id)
         if problem is not None:
             raise ValueError(problem)
-        if transaction_timeout_ms <= 0:
-            raise ValueError(f"transaction_timeout_ms must be > 0, got {transaction_timeout_ms}")
+        delivery_timeout_ms = kwargs.get("delivery_timeout_ms")
+        if transaction_timeout_ms is not None and delivery_timeout_ms is not None:
+            _check_int("transaction_timeout_ms", transaction_timeout_ms, 1)
+            _check_int("delivery_timeout_ms", delivery_timeout_ms, 1)
+            if transaction_timeout_ms <= delivery_timeout_ms:
+                raise ValueError(
+                    f"transaction_timeout_ms ({transaction_timeout_ms}) must be longer than "
+                    f"delivery_timeout_ms ({delivery_timeout_ms}): a batch still retrying when "
+                    "the coordinator aborts the timed-out transaction fences the producer"
+                )
+        elif transaction_timeout_ms is not None:
+            _check_int("transaction_timeout_ms", transaction_timeout_ms, 1)
         self.transactional_id = transactional_id
-        self.transaction_timeout_ms = transaction_timeout_ms
         self._state = S.UNINITIALIZED
         self._txn_partitions: set[TopicPartition] = set()
         self._txn_groups: set[str] = set()
@@ -780,7 +836,13 @@ class TransactionalProducer(Producer):
         # locally: an EndTxn would be judged against the previous transaction.
         self._txn_started = False
         self._txn_error: KafkaError | None = None
+        #: When the coordinator may have opened the transaction (monotonic s).
+        self._txn_opened_at: float | None = None
         super().__init__(bootstrap, **kwargs)
+        if transaction_timeout_ms is None:
+            needed = round((self._delivery_timeout_s + self._request_timeout_s) * 1000)
+            transaction_timeout_ms = max(DEFAULT_TRANSACTION_TIMEOUT_MS, needed)
+        self.transaction_timeout_ms = transaction_timeout_ms
 
     @property
     def state(self) -> str:
@@ -992,6 +1054,7 @@ class TransactionalProducer(Producer):
         self._txn_partitions.clear()
         self._txn_groups.clear()
         self._txn_started = False
+        self._txn_opened_at = None
         self._txn_error = None
 
     def _raise_if_fatal(self) -> None:
@@ -1035,10 +1098,24 @@ class TransactionalProducer(Producer):
 
     def _coordinator_error_code(self, code: int, message: str) -> KafkaError:
         # As Kafka's transactional producer: an old epoch means another
-        # producer with this transactional id took over.
+        # producer with this transactional id took over, or the coordinator
+        # aborted the transaction for running too long (and bumped the epoch).
         if code == E.INVALID_PRODUCER_EPOCH:
-            return ProducerFencedError(message or "INVALID_PRODUCER_EPOCH")
-        return error_for(code, message)
+            error: KafkaError = ProducerFencedError(message or "INVALID_PRODUCER_EPOCH")
+        else:
+            error = error_for(code, message)
+        opened_at = self._txn_opened_at
+        if isinstance(error, ProducerFencedError) and opened_at is not None:
+            open_ms = (_now() - opened_at) * 1000
+            if open_ms >= self.transaction_timeout_ms:
+                timed_out = ProducerFencedError(
+                    f"the transaction timed out: it was open {open_ms / 1000:.1f} s, longer "
+                    f"than transaction_timeout_ms={self.transaction_timeout_ms}, so the "
+                    f"coordinator aborted it and fenced this producer ({error})"
+                )
+                timed_out.__cause__ = error
+                return timed_out
+        return error
 
     def _produce_error(self, code: int, message: str) -> KafkaError:
         # As Kafka's producer: a partition that refuses a batch because of the
@@ -1180,12 +1257,17 @@ class TransactionalProducer(Producer):
         except KafkaTimeoutError as exc:
             if exc.outcome_unknown:
                 with self._cond:
-                    self._txn_started = True
+                    self._mark_txn_started_locked()
             raise
         if answer.error_code == E.NONE:  # all or nothing on the coordinator
             with self._cond:
-                self._txn_started = True
+                self._mark_txn_started_locked()
         return answer
+
+    def _mark_txn_started_locked(self) -> None:
+        self._txn_started = True
+        if self._txn_opened_at is None:
+            self._txn_opened_at = _now()
 
     def _batch_failed(self, batch: ProducerBatch, error: KafkaError, action: ProduceAction) -> None:
         if isinstance(error, TransactionAbortedError):
