@@ -270,7 +270,6 @@ class LocalCluster:
                 there already, or the nodes did not come up in ``timeout_s``
                 (then every node started is stopped again).
         """
-        self._check_data_dir()
         if self.state is not None and any(self.alive(n.node_id) for n in self.state.nodes):
             raise ClusterError(
                 f"a cluster is already running in {self.data_dir}; "
@@ -282,6 +281,7 @@ class LocalCluster:
             )
         given = None if config is None else _read_multi_host_config(Path(config))
         self._remove_network()  # left by a cluster whose nodes all stopped without `down`
+        self._check_data_dir()
         network = None
         if netns:
             labels = (
