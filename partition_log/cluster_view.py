@@ -7,6 +7,9 @@
   coordinator of the transactional id, with AddPartitionsToTxn in
   verify-only mode, whether the partition is in the producer's ongoing
   transaction. The partitions of one Produce request are asked in one call.
+  A partition that is not in the transaction is refused with
+  TRANSACTION_ABORTABLE, as Kafka's brokers answer producers since KIP-890:
+  the producer aborts the transaction and goes on.
 """
 
 from __future__ import annotations
@@ -213,13 +216,14 @@ class TxnVerifier:
                 problem = f"coordinator {address}: {E(answer.error_code).name}"
                 continue
             if answer.error_code != E.NONE:
-                code = E(answer.error_code)
+                code = _produce_code(E(answer.error_code))
                 final = code if code in _FINAL else E.REQUEST_TIMED_OUT
                 return {tp: (final, f"verification: {answer.error_message}") for tp in partitions}
             results: dict[TopicPartition, tuple[E, str]] = {}
             for r in answer.results:
                 code = E(r.error_code)
                 message = "" if code is E.NONE else _not_in_transaction(transactional_id, code)
+                code = _produce_code(code)
                 results[(r.topic, r.partition)] = (
                     code if code in _FINAL or code is E.NONE else E.REQUEST_TIMED_OUT,
                     message,
@@ -259,6 +263,12 @@ class TxnVerifier:
         if self._view.shard_count:
             with self._lock:
                 self._leaders.pop(shard_for(transactional_id, self._view.shard_count), None)
+
+
+def _produce_code(code: E) -> E:
+    """The Produce answer for a verification answer: INVALID_TXN_STATE (the
+    partition is not in an ongoing transaction) becomes TRANSACTION_ABORTABLE."""
+    return E.TRANSACTION_ABORTABLE if code is E.INVALID_TXN_STATE else code
 
 
 def _not_in_transaction(transactional_id: str, code: E) -> str:

@@ -1,4 +1,5 @@
-"""The ``raftcoord`` command line."""
+"""The raftcoord command line: a local cluster, its nodes, the chaos workload
+and nemesis, and the Spark audit."""
 
 from __future__ import annotations
 
@@ -57,14 +58,42 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="run the main job (cluster, workload, faults, audit)")
-    demo.add_argument("--duration", type=float, default=60.0, help="seconds of traffic (60)")
-    demo.add_argument("--seed", type=int, help="replays a run (default: a random one, printed)")
-    demo.add_argument(
-        "--input-records", type=int, default=2_000, help="the pipeline's input records (2000)"
+    demo = commands.add_parser(
+        "demo",
+        help="start a local cluster, run the chaos workload with faults, audit it with Spark",
+        description="Start a local cluster (3 coordinators x 3 shards, 3 partition-log nodes; "
+        "each node in a network namespace of its own where this machine allows it (root "
+        "and iproute2), else on 127.0.0.1 and without the partition fault), run the "
+        "transactional chaos workload for --duration seconds while the nemesis injects "
+        "every fault it can here, then heal, "
+        "let the workload finish, stop the cluster and run the Spark exactly-once audit of "
+        "the partition logs and the workload's history. Prints the faults, the audit's checks "
+        "and the verdict; exits 0 on PASS.",
     )
     demo.add_argument(
-        "--data-dir", help="the cluster's files, history and report (default: a new temp dir)"
+        "--duration",
+        type=float,
+        default=60.0,
+        help="seconds of traffic with faults; the heal, drain and audit come after "
+        "(default: %(default)s)",
+    )
+    demo.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the workload's and the nemesis's choices, to repeat them "
+        "(default: a random one, printed)",
+    )
+    demo.add_argument(
+        "--input-records",
+        type=int,
+        default=2_000,
+        help="records pre-filled into the input topic of the consume-transform-produce "
+        "workers (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--data-dir",
+        help="where the cluster's files, the history and the audit report go "
+        "(default: a new temporary directory)",
     )
     demo.set_defaults(func=_demo)
     node = commands.add_parser("node", help="run one coordinator node")

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -264,6 +265,11 @@ class LocalCluster:
         whose shape and settings are then used instead of the arguments),
         every host the config names becomes one namespace and its address is
         replaced by the namespace's.
+
+        Raises:
+            ClusterError: the data directory cannot be used, a cluster runs
+                there already, or the nodes did not come up in ``timeout_s``
+                (then every node started is stopped again).
         """
         if self.state is not None and any(self.alive(n.node_id) for n in self.state.nodes):
             raise ClusterError(
@@ -276,7 +282,7 @@ class LocalCluster:
             )
         given = None if config is None else _read_multi_host_config(Path(config))
         self._remove_network()  # left by a cluster whose nodes all stopped without `down`
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._check_data_dir()
         network = None
         if netns:
             labels = (
@@ -334,17 +340,38 @@ class LocalCluster:
         self.state = ClusterState(
             str(self.data_dir), str(config_path), cluster_config.shard_count, records, network
         )
-        for record in self.state.nodes:
-            self._spawn(record)
-        self._save()
-        self.wait_for_leaders(timeout_s)
-        for record in self.partition_nodes():
-            self.wait_until(
-                lambda r=record: self.node_status(r.node_id) is not None,
-                timeout_s,
-                f"partition-log node {record.node_id} did not answer",
-            )
+        try:
+            for record in self.state.nodes:
+                self._spawn(record)
+            self._save()
+            self.wait_for_leaders(timeout_s)
+            for record in self.partition_nodes():
+                self.wait_until(
+                    lambda r=record: self.node_status(r.node_id) is not None,
+                    timeout_s,
+                    f"partition-log node {record.node_id} did not answer",
+                )
+        except BaseException as exc:
+            self.down(grace_s=3)  # stop what was started
+            if isinstance(exc, ClusterError):
+                raise ClusterError(f"{exc}; stopped the nodes started") from None
+            raise
         return self.state
+
+    def _check_data_dir(self) -> None:
+        """Create the data directory and check that files can be written there.
+
+        Raises:
+            ClusterError: it is a file, lies under a file, or is not writable.
+        """
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.data_dir):
+                pass
+        except OSError as exc:
+            raise ClusterError(
+                f"cannot use {self.data_dir} as the data directory: {exc.strerror or exc}"
+            ) from None
 
     def _remove_network(self) -> None:
         """Remove the namespaces of this cluster, whose nodes are all stopped."""
@@ -567,23 +594,58 @@ class LocalCluster:
 # --- command line --------------------------------------------------------------------
 
 
+_DATA_DIR_HELP = "the cluster's directory: config, node data and logs (default: %(default)s)"
+
+
 def add_parser(commands: Any) -> None:
     cluster = commands.add_parser(
         "cluster", help="run a local cluster (on 127.0.0.1, or in network namespaces)"
     )
     sub = cluster.add_subparsers(dest="cluster_command", required=True)
-    up = sub.add_parser("up", help="write the config, start all nodes, wait for leaders")
-    up.add_argument("--coordinators", type=int, default=3)
-    up.add_argument("--shards", type=int, default=3)
-    up.add_argument("--partition-nodes", type=int, default=3)
-    up.add_argument("--fsync", choices=["always", "batch", "never"], default="always")
+    up = sub.add_parser(
+        "up",
+        help="write the config, start all nodes, wait for leaders",
+        description="Write the cluster config into the data directory, start every node, "
+        "and wait until every shard has a leader and every partition-log node answers. "
+        "If they do not in time, the nodes started are stopped again.",
+    )
+    up.add_argument(
+        "--coordinators",
+        type=int,
+        default=3,
+        help="coordinator nodes (1..9), one Raft group (default: %(default)s)",
+    )
+    up.add_argument(
+        "--shards",
+        type=int,
+        default=3,
+        help="shards of the transaction state (1..64), each replicated by every "
+        "coordinator (default: %(default)s)",
+    )
+    up.add_argument(
+        "--partition-nodes",
+        type=int,
+        default=3,
+        help="partition-log nodes (0..50) (default: %(default)s)",
+    )
+    up.add_argument(
+        "--fsync",
+        choices=["always", "batch", "never"],
+        default="always",
+        help="when the coordinators' Raft journals are fsynced (default: %(default)s)",
+    )
     up.add_argument(
         "--log-flush",
         choices=["always", "interval", "never"],
         default="always",
-        help="partition logs' fsync policy (log.flush.policy)",
+        help="partition logs' fsync policy (log.flush.policy) (default: %(default)s)",
     )
-    up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for leaders")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for shard leaders and partition-log nodes (default: %(default)s)",
+    )
     up.add_argument(
         "--setting",
         action="append",
@@ -597,7 +659,7 @@ def add_parser(commands: Any) -> None:
         "--netns",
         action="store_true",
         help="run every node in a network namespace of its own (root only; "
-        "`raftcoord cluster partition` can then cut the network)",
+        "'raftcoord cluster partition' can then cut the network)",
     )
     up.add_argument(
         "--config",
@@ -613,24 +675,24 @@ def add_parser(commands: Any) -> None:
         "groups",
         nargs="+",
         type=_group,
-        help="comma-separated node ids per group, e.g. `1 2,3,101`; "
+        help="comma-separated node ids per group, e.g. '1 2,3,101'; "
         "nodes in no group keep reaching everyone",
     )
     for p in (
         up,
         partition,
-        sub.add_parser("heal", help="remove every cut of `cluster partition`"),
+        sub.add_parser("heal", help="remove every cut of 'cluster partition'"),
         sub.add_parser("status", help="node, role and term per shard, pid, alive"),
         sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound"),
     ):
-        p.add_argument("--data-dir", default=".raftcoord")
+        p.add_argument("--data-dir", default=".raftcoord", help=_DATA_DIR_HELP)
     kill = sub.add_parser("kill", help="send a signal to one node")
     kill.add_argument("node", type=int)
     kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
     start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
     start.add_argument("node", type=int)
     for p in (kill, start):
-        p.add_argument("--data-dir", default=".raftcoord")
+        p.add_argument("--data-dir", default=".raftcoord", help=_DATA_DIR_HELP)
     cluster.set_defaults(func=_run)
 
 

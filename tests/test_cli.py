@@ -81,3 +81,25 @@ def test_workload_refuses_bad_options_before_touching_a_cluster(tmp_path: Path) 
     assert result.returncode == 1
     assert "--duration must be > 0" in result.stdout
     assert not list(tmp_path.iterdir())
+
+
+def test_help_texts_are_plain_text() -> None:
+    """No reStructuredText or Markdown markup leaks into --help."""
+    for args in (
+        ("--help",),
+        ("demo", "--help"),
+        ("cluster", "--help"),
+        ("cluster", "up", "--help"),
+        ("cluster", "partition", "--help"),
+    ):
+        result = _cli(*args)
+        assert result.returncode == 0, result.stderr
+        assert "``" not in result.stdout and "`" not in result.stdout, (args, result.stdout)
+
+
+def test_demo_help_says_what_the_demo_does() -> None:
+    text = " ".join(_cli("demo", "--help").stdout.split())
+    assert "3 coordinators x 3 shards, 3 partition-log nodes" in text
+    assert "without the partition fault" in text  # where namespaces are not available
+    assert "Spark exactly-once audit" in text and "exits 0 on PASS" in text
+    assert "(default: 60.0)" in text and "(default: 2000)" in text

@@ -657,12 +657,16 @@ def test_send_to_an_unknown_topic_times_out(bootstrap: list[str]) -> None:
             producer.send("orders", "not bytes")  # type: ignore[arg-type]
 
 
-def test_batches_expire_and_the_idempotent_producer_starts_afresh(
+def test_batches_expire_and_the_idempotent_producer_bumps_its_epoch(
     bootstrap: list[str], topics: dict[str, int]
 ) -> None:
     channels = RecordingChannels()
     with Producer(
-        bootstrap, channels=channels, delivery_timeout_ms=600, retry_backoff_max_ms=50
+        bootstrap,
+        channels=channels,
+        request_timeout_ms=500,
+        delivery_timeout_ms=600,
+        retry_backoff_max_ms=50,
     ) as producer:
         ok = producer.send("orders", b"before", partition=2)
         producer.flush()
@@ -675,10 +679,10 @@ def test_batches_expire_and_the_idempotent_producer_starts_afresh(
         after = producer.send("orders", b"after", partition=2)
         producer.flush()
         assert after.result(0).offset > ok.result(0).offset
-        # The doomed batch's fate was unknown: a new producer id, sequences from 0.
-        assert producer.producer_id != pid
+        # The doomed batch's fate was unknown: the next epoch, sequences from 0.
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 1)
         last = channels.produced[-1][1].partitions[0].batch
-        assert (last.producer_id, last.base_sequence) == (producer.producer_id, 0)
+        assert (last.producer_id, last.producer_epoch, last.base_sequence) == (pid, 1, 0)
 
 
 def test_end_txn_is_retried_after_a_lost_answer_and_after_a_timeout(

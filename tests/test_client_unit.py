@@ -129,23 +129,34 @@ def test_sticky_partition_follows_a_shrunk_partition_count_and_one_partition() -
 # --- sequences -------------------------------------------------------------------------
 
 
-def test_sequences_start_at_zero_advance_per_partition_and_reset() -> None:
+ID = (7, 0)
+BUMPED = (7, 1)
+
+
+def test_sequences_start_at_zero_advance_per_partition_and_restart_per_identity() -> None:
     seq = SequenceNumbers()
-    assert seq.next(TP0) == 0 and seq.next(TP1) == 0
-    seq.advance(TP0, 5)
-    seq.advance(TP0, 3)
-    seq.advance(TP1, 1)
-    assert (seq.next(TP0), seq.next(TP1)) == (8, 1)
-    seq.reset()
-    assert seq.snapshot() == {} and seq.next(TP0) == 0
+    assert seq.number(TP0, ID) == 0 and seq.number(TP1, ID) == 0
+    seq.advance(TP0, ID, 5)
+    seq.advance(TP0, ID, 3)
+    seq.advance(TP1, ID, 1)
+    assert (seq.number(TP0, ID), seq.number(TP1, ID)) == (8, 1)
+    # TP1 moves to the bumped epoch; a late acknowledgement under the old
+    # one no longer moves it, while TP0 is still on the old epoch.
+    assert seq.number(TP1, BUMPED) == 0
+    seq.advance(TP1, ID, 4)
+    seq.advance(TP0, ID, 1)
+    assert seq.snapshot() == {TP0: (ID, 9), TP1: (BUMPED, 0)}
+    seq.forget(TP0)
+    assert seq.number(TP0, BUMPED) == 0
 
 
 def test_sequences_wrap_like_kafkas_int32() -> None:
     seq = SequenceNumbers()
-    seq.advance(TP0, MAX_SEQUENCE)
-    assert seq.next(TP0) == MAX_SEQUENCE
-    seq.advance(TP0, 3)
-    assert seq.next(TP0) == 2
+    seq.number(TP0, ID)
+    seq.advance(TP0, ID, MAX_SEQUENCE)
+    assert seq.number(TP0, ID) == MAX_SEQUENCE
+    seq.advance(TP0, ID, 3)
+    assert seq.number(TP0, ID) == 2
 
 
 # --- batching --------------------------------------------------------------------------
@@ -182,7 +193,7 @@ def test_one_batch_in_flight_per_partition_with_a_fixed_sequence_on_retry() -> N
     for _ in range(3):
         acc.append(TP0, record(), 0.0)
     [batch] = acc.drain(acc.ready(0.0))
-    batch.base_sequence = seq.next(TP0)
+    batch.base_sequence = seq.number(TP0, ID)
     batch.attempts += 1
     # Records sent after the first attempt go to a new batch: a retry carries
     # exactly the records of the first attempt.
@@ -194,9 +205,9 @@ def test_one_batch_in_flight_per_partition_with_a_fixed_sequence_on_retry() -> N
     assert acc.drain(acc.ready(2.0)) == [batch]
     assert batch.base_sequence == 0  # the same sequence again
     acc.remove(batch)
-    seq.advance(TP0, len(batch.records))
+    seq.advance(TP0, ID, len(batch.records))
     [second] = acc.drain(acc.ready(2.0))
-    assert second is not batch and seq.next(TP0) == 3
+    assert second is not batch and seq.number(TP0, ID) == 3
 
 
 def test_futures_resolve_with_consecutive_offsets_or_fail() -> None:
@@ -226,7 +237,7 @@ def test_take_undrained_leaves_the_batch_in_flight() -> None:
     acc.append(TP1, record(), 0.0)
     taken = acc.take_undrained()
     assert {b.tp for b in taken} == {TP0, TP1} and in_flight not in taken
-    assert acc.incomplete() == [in_flight] and acc.in_flight_count() == 1
+    assert acc.incomplete() == [in_flight] and acc.ready(0.0, flush=True) == []
 
 
 def test_batches_expire_after_the_delivery_timeout_unless_in_flight() -> None:
@@ -255,17 +266,17 @@ def test_batches_expire_after_the_delivery_timeout_unless_in_flight() -> None:
         (E.UNKNOWN_TOPIC_OR_PARTITION, False, ProduceAction.RETRY_REFRESH),
         (E.PRODUCER_FENCED, True, ProduceAction.FATAL),
         (E.INVALID_PRODUCER_EPOCH, True, ProduceAction.FATAL),
-        (E.INVALID_TXN_STATE, True, ProduceAction.FATAL),
+        (E.INVALID_TXN_STATE, True, ProduceAction.FAIL),
         (E.TRANSACTION_ABORTABLE, True, ProduceAction.FAIL),
         (E.UNKNOWN_PRODUCER_ID, True, ProduceAction.FAIL),
         (E.OUT_OF_ORDER_SEQUENCE_NUMBER, True, ProduceAction.FAIL),
         (E.CORRUPT_MESSAGE, True, ProduceAction.FAIL),
         (E.MESSAGE_TOO_LARGE, False, ProduceAction.FAIL),
         (E.INVALID_REQUEST, False, ProduceAction.FAIL),
-        (E.UNKNOWN_PRODUCER_ID, False, ProduceAction.RETRY_NEW_PRODUCER_ID),
-        (E.OUT_OF_ORDER_SEQUENCE_NUMBER, False, ProduceAction.FAIL_NEW_PRODUCER_ID),
-        (E.INVALID_PRODUCER_EPOCH, False, ProduceAction.FAIL_NEW_PRODUCER_ID),
-        (E.UNKNOWN_SERVER_ERROR, False, ProduceAction.FAIL_NEW_PRODUCER_ID),
+        (E.UNKNOWN_PRODUCER_ID, False, ProduceAction.RETRY_BUMP_EPOCH),
+        (E.OUT_OF_ORDER_SEQUENCE_NUMBER, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (E.INVALID_PRODUCER_EPOCH, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (E.UNKNOWN_SERVER_ERROR, False, ProduceAction.FAIL_BUMP_EPOCH),
     ],
 )
 def test_produce_action(code: int | None, transactional: bool, action: ProduceAction) -> None:
@@ -560,7 +571,7 @@ FAST = {"linger_ms": 0, "retry_backoff_ms": 1, "retry_backoff_max_ms": 5}
 
 def test_idempotent_sequences_advance_per_partition_only_on_success() -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         for _ in range(3):
             producer.send("t", b"a", partition=0).result(5)
         producer.send("t", b"b", partition=1).result(5)
@@ -576,7 +587,7 @@ def test_idempotent_sequences_advance_per_partition_only_on_success() -> None:
 
 def test_idempotent_retries_keep_the_sequence_and_get_the_original_offset() -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"first", partition=0).result(5)
         fake.script = ["lost", "down", E.NOT_LEADER_OR_FOLLOWER, E.REQUEST_TIMED_OUT]
         future = producer.send("t", b"second", partition=0)
@@ -587,30 +598,29 @@ def test_idempotent_retries_keep_the_sequence_and_get_the_original_offset() -> N
     assert len(fake.sequences(0)) == 2  # written once, although sent five times
 
 
-def test_idempotent_producer_gets_a_new_id_when_out_of_step() -> None:
+def test_idempotent_producer_bumps_its_epoch_when_out_of_step() -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"x", partition=0).result(5)
-        first_pid = producer.producer_id
+        pid = producer.producer_id
         fake.script = [E.OUT_OF_ORDER_SEQUENCE_NUMBER]
         failed = producer.send("t", b"y", partition=0)
         assert isinstance(failed.exception(5), OutOfOrderSequenceError)
         producer.send("t", b"z", partition=0).result(5)
-        assert producer.producer_id != first_pid
-        # UNKNOWN_PRODUCER_ID: the batch is retried under a new id from sequence 0.
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 1)
+        # UNKNOWN_PRODUCER_ID: the batch is retried under the next epoch from sequence 0.
         fake.script = [E.UNKNOWN_PRODUCER_ID]
-        retried = producer.send("t", b"w", partition=1)
-        retried.result(5)
-        third_pid = producer.producer_id
-    assert fake.sequences(0)[-1] == (first_pid + 1, 0, 0)
-    assert fake.sequences(1) == [(third_pid, 0, 0)]
-    assert third_pid not in (first_pid, first_pid + 1)
+        producer.send("t", b"w", partition=1).result(5)
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 2)
+    assert fake.sequences(0) == [(pid, 0, 0), (pid, 1, 0)]
+    assert fake.sequences(1) == [(pid, 2, 0)]
+    assert fake.methods().count("InitProducerId") == 1  # the epoch is bumped locally
 
 
 def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch() -> None:
     fake = FakeCluster(partitions=3)
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), linger_ms=60_000
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), linger_ms=60_000
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -645,7 +655,7 @@ def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch(
 @pytest.mark.parametrize("code", [E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED])
 def test_fenced_while_producing_is_fatal_for_every_later_call(code: int) -> None:
     fake = FakeCluster()
-    with TransactionalProducer(["fake-coordinator"], "tx", channels=FakeChannels(fake)) as p:
+    with TransactionalProducer(["fake-coordinator:9092"], "tx", channels=FakeChannels(fake)) as p:
         p.init_transactions()
         p.begin_transaction()
         fake.script = [code]
@@ -662,15 +672,19 @@ def test_fenced_while_producing_is_fatal_for_every_later_call(code: int) -> None
     assert "EndTxn" not in fake.methods()
 
 
-def test_an_abortable_send_error_blocks_the_commit_until_aborted() -> None:
+@pytest.mark.parametrize("code", [E.TRANSACTION_ABORTABLE, E.INVALID_TXN_STATE])
+def test_an_abortable_send_error_blocks_the_commit_until_aborted(code: int) -> None:
+    """A partition refusing a batch because it is not in the transaction
+    (KIP-890 verification; INVALID_TXN_STATE from older nodes): abort, go on."""
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
-        fake.script = [E.TRANSACTION_ABORTABLE]
-        producer.send("t", b"v", partition=0)
+        fake.script = [code]
+        refused = producer.send("t", b"v", partition=0)
+        assert isinstance(refused.exception(5), TransactionAbortableError)
         with pytest.raises(TransactionAbortableError):
             producer.commit_transaction()
         producer.abort_transaction()
@@ -689,7 +703,7 @@ def test_abort_skips_end_txn_when_the_coordinator_refused_every_add(add: str) ->
     answer and be judged against it while its markers are still written."""
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -712,7 +726,7 @@ def test_abort_skips_end_txn_when_the_coordinator_refused_every_add(add: str) ->
 def test_abort_ends_the_transaction_when_an_add_may_have_been_applied() -> None:
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), request_timeout_ms=300, **FAST
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -729,7 +743,12 @@ def test_abort_ends_the_transaction_when_an_add_may_have_been_applied() -> None:
 def test_delivery_timeout_fails_the_batch_and_the_transaction() -> None:
     fake = FakeCluster()
     with TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), delivery_timeout_ms=200, **FAST
+        ["fake-coordinator:9092"],
+        "tx",
+        channels=FakeChannels(fake),
+        request_timeout_ms=100,
+        delivery_timeout_ms=200,
+        **FAST,
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -798,7 +817,7 @@ def test_one_partitions_error_does_not_cost_the_others_their_records() -> None:
             [fetched("t", 0, 7, b"x")],
         ]
     )
-    with Consumer(["fake-coordinator"], channels=channels) as consumer:
+    with Consumer(["fake-coordinator:9092"], channels=channels) as consumer:
         consumer.assign([t0, t1])
         consumer.seek(t0, 0)
         consumer.seek(t1, 0)

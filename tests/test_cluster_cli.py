@@ -145,3 +145,46 @@ def test_a_node_started_by_hand_on_data_of_another_shape_is_a_clear_error(
     )
     assert result.returncode == 2 and "shard_count must stay 3" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "unwritable"])
+def test_cluster_up_on_an_unusable_data_dir_is_a_clear_error(tmp_path: Path, where: str) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    data = {"a file": afile, "under a file": afile / "sub", "unwritable": Path("/proc/raftcoord")}
+    result = raftcoord("cluster", "up", "--data-dir", str(data[where]))
+    assert result.returncode == 1
+    assert f"cannot use {data[where]} as the data directory" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert afile.read_text() == "not a directory"
+
+
+@pytest.mark.slow
+def test_a_cluster_up_that_fails_stops_the_nodes_it_started(tmp_path: Path) -> None:
+    data = tmp_path / "c"
+    try:
+        result = raftcoord("cluster", "up", "--data-dir", str(data), "--timeout", "0.01")
+        assert result.returncode == 1
+        assert "stopped the nodes started" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        state = json.loads((data / "cluster.json").read_text())
+        assert state["nodes"] and not any(running(n["pid"]) for n in state["nodes"])
+    finally:
+        raftcoord("cluster", "down", "--data-dir", str(data))
+
+
+def test_cluster_up_help_explains_every_option_with_its_default() -> None:
+    result = raftcoord("cluster", "up", "--help")
+    assert result.returncode == 0, result.stderr
+    options = result.stdout.split("options:", 1)[1]
+    for option, default in [
+        ("--coordinators", "3"),
+        ("--shards", "3"),
+        ("--partition-nodes", "3"),
+        ("--fsync", "always"),
+        ("--log-flush", "always"),
+        ("--timeout", "30.0"),
+        ("--data-dir", ".raftcoord"),
+    ]:
+        text = options.split(option, 1)[1].split("\n  --", 1)[0]
+        assert f"(default: {default})" in " ".join(text.split()), (option, text)

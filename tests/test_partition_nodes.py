@@ -130,9 +130,11 @@ def test_transactional_batches_are_verified_with_the_coordinator(
         pid, epoch = init.producer_id, init.producer_epoch
         txn = {"transactional": True, "transactional_id": tid}
 
-        # Partition 0 was never added to a transaction: refused, never readable.
+        # Partition 0 was never added to a transaction: refused (the producer
+        # must abort, as in KIP-890), never readable.
         refused = produce(node, "verified", 0, [b"ghost"], pid, epoch, 0, **txn)
-        assert refused.error_code == E.INVALID_TXN_STATE, refused
+        assert refused.error_code == E.TRANSACTION_ABORTABLE, refused
+        assert "not in the ongoing transaction" in refused.error_message
         assert read_all(node, "verified", 0, committed=False)[0] == []
 
         added = coordinators.call(

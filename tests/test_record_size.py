@@ -89,7 +89,7 @@ def test_the_worst_request_to_batch_ratio_is_under_the_configured_multiple() -> 
 def test_a_record_too_large_fails_at_once_and_is_never_sent() -> None:
     fake = FakeCluster()
     with Producer(
-        ["fake-coordinator"], channels=FakeChannels(fake), max_request_size=LIMIT, **FAST
+        ["fake-coordinator:9092"], channels=FakeChannels(fake), max_request_size=LIMIT, **FAST
     ) as producer:
         largest = producer.send("t", b"x" * (LIMIT - BATCH_HEADER_SIZE - 24), partition=0)
         too_large = producer.send("t", b"x" * LIMIT, partition=0)
@@ -105,7 +105,7 @@ def test_a_record_too_large_fails_at_once_and_is_never_sent() -> None:
 def test_a_record_too_large_makes_the_transaction_abortable_not_the_producer_fatal() -> None:
     fake = FakeCluster()
     producer = TransactionalProducer(
-        ["fake-coordinator"], "tx", channels=FakeChannels(fake), max_request_size=LIMIT, **FAST
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), max_request_size=LIMIT, **FAST
     )
     producer.init_transactions()
     producer.begin_transaction()
@@ -127,7 +127,7 @@ def test_a_record_too_large_makes_the_transaction_abortable_not_the_producer_fat
 def test_batches_sent_to_one_node_are_split_into_requests_of_max_request_size() -> None:
     fake = FakeCluster(partitions=6)
     with Producer(
-        ["fake-coordinator"],
+        ["fake-coordinator:9092"],
         channels=FakeChannels(fake),
         max_request_size=LIMIT,
         linger_ms=60_000,
@@ -166,7 +166,7 @@ def encoded_request(batches: list[pb.RecordBatch]) -> bytes:
 @pytest.mark.parametrize("timestamp", [-1, -5, 2**63])
 def test_send_refuses_a_timestamp_outside_0_to_2_63(timestamp: int) -> None:
     fake = FakeCluster()
-    with Producer(["fake-coordinator"], channels=FakeChannels(fake), **FAST) as producer:
+    with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         with pytest.raises(ValueError, match="timestamp_ms"):
             producer.send("t", b"v", partition=0, timestamp_ms=timestamp)
         with pytest.raises(TypeError, match="timestamp_ms"):

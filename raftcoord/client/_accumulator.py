@@ -3,11 +3,17 @@
 Records are appended to a queue of batches per partition. A partition has
 at most one batch in flight, always the head of its queue, so sequence
 numbers are simple: a batch gets ``base_sequence`` = the partition's next
-sequence when it is first sent, keeps it for every retry (the partition-log
-node deduplicates a retried batch and answers with the original offsets),
-and the partition's next sequence advances only when the batch is
-acknowledged. A batch that fails for good leaves the sequence where it was,
-so the next batch reuses it.
+sequence when it is first sent, keeps it (and the producer id and epoch it
+was numbered under) for every retry (the partition-log node deduplicates a
+retried batch and answers with the original offsets), and the partition's
+next sequence advances only when the batch is acknowledged. A batch that is
+refused for good leaves the sequence where it was, so the next batch reuses
+it.
+
+As in Kafka since KIP-360, a producer that loses track of a partition's
+sequence (a batch of unknown outcome expired) bumps its epoch; each
+partition moves to the new epoch, from sequence 0, only once it has no
+batch numbered under the old one left to retry.
 """
 
 from __future__ import annotations
@@ -142,23 +148,38 @@ def _settle(
 
 
 class SequenceNumbers:
-    """The next sequence number per partition, for one producer id and epoch."""
+    """Per partition: the producer identity (id, epoch) its sequences belong
+    to, and the next sequence."""
 
     def __init__(self) -> None:
-        self._next: dict[TopicPartition, int] = {}
+        self._next: dict[TopicPartition, tuple[tuple[int, int], int]] = {}
 
-    def next(self, tp: TopicPartition) -> int:
-        return self._next.get(tp, 0)
+    def number(self, tp: TopicPartition, identity: tuple[int, int]) -> int:
+        """The sequence of the partition's next batch under ``identity``. A
+        partition still on another identity restarts at 0 under this one:
+        call this only when no batch of the partition numbered under the old
+        identity is left to retry."""
+        current = self._next.get(tp)
+        if current is None or current[0] != identity:
+            self._next[tp] = (identity, 0)
+            return 0
+        return current[1]
 
-    def advance(self, tp: TopicPartition, count: int) -> None:
-        """An acknowledged batch of ``count`` records: move past it (wrapping)."""
-        self._next[tp] = (self.next(tp) + count) % (MAX_SEQUENCE + 1)
+    def advance(self, tp: TopicPartition, identity: tuple[int, int], count: int) -> None:
+        """A batch of ``count`` records numbered under ``identity`` was
+        acknowledged: move past it (wrapping), unless the partition has
+        moved on to another identity."""
+        current = self._next.get(tp)
+        if current is not None and current[0] == identity:
+            self._next[tp] = (identity, (current[1] + count) % (MAX_SEQUENCE + 1))
 
-    def reset(self) -> None:
-        """A new producer id or epoch: every partition starts at 0 again."""
-        self._next.clear()
+    def forget(self, tp: TopicPartition) -> None:
+        """The partition's sequence is unknown (a batch's outcome was lost, or
+        the partition refused our numbering): it restarts at 0 under the next
+        identity, which the producer must take before numbering again."""
+        self._next.pop(tp, None)
 
-    def snapshot(self) -> dict[TopicPartition, int]:
+    def snapshot(self) -> dict[TopicPartition, tuple[tuple[int, int], int]]:
         return dict(self._next)
 
 
@@ -288,11 +309,6 @@ class RecordAccumulator:
             self.remove(batch)
         return taken
 
-    def clear_sequences(self) -> None:
-        """Forget the sequences of unsent batches (a new producer id follows)."""
-        for batch in self.undrained():
-            batch.base_sequence = None
-
     def partitions(self) -> set[TopicPartition]:
         """Partitions with queued batches."""
         return {tp for tp, queue in self._queues.items() if queue}
@@ -300,9 +316,6 @@ class RecordAccumulator:
     def incomplete(self) -> list[ProducerBatch]:
         """Every batch not yet settled, in flight or not."""
         return [b for queue in self._queues.values() for b in queue]
-
-    def in_flight_count(self) -> int:
-        return len(self._in_flight)
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -317,14 +330,15 @@ class ProduceAction(Enum):
     RETRY = "retry"
     #: As RETRY, but refresh the metadata first (the node does not own it).
     RETRY_REFRESH = "retry-refresh"
-    #: The partition lost the producer's state: an idempotent producer gets a
-    #: new producer id and sends the batch again from sequence 0.
-    RETRY_NEW_PRODUCER_ID = "retry-new-producer-id"
+    #: The partition lost the producer's state (the batch was not written):
+    #: an idempotent producer bumps its epoch and sends the batch again from
+    #: sequence 0.
+    RETRY_BUMP_EPOCH = "retry-bump-epoch"
     #: Fail the batch; it was not written.
     FAIL = "fail"
     #: Fail the batch; the producer's sequence state is out of step with the
-    #: partition: an idempotent producer gets a new producer id.
-    FAIL_NEW_PRODUCER_ID = "fail-new-producer-id"
+    #: partition: an idempotent producer bumps its epoch.
+    FAIL_BUMP_EPOCH = "fail-bump-epoch"
     #: Fail the batch and the producer: it has been fenced.
     FATAL = "fatal"
 
@@ -338,11 +352,13 @@ _RETRIABLE_PRODUCE = frozenset(
         E.CONCURRENT_TRANSACTIONS,
     }
 )
+#: Produce answers that end a transactional producer. Any other refusal
+#: (INVALID_TXN_STATE or TRANSACTION_ABORTABLE included, as in Kafka's
+#: producer) only makes the transaction abortable.
 _FATAL_TRANSACTIONAL = frozenset(
     {
         E.PRODUCER_FENCED,
         E.INVALID_PRODUCER_EPOCH,
-        E.INVALID_TXN_STATE,
         E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
@@ -375,7 +391,7 @@ def produce_action(code: int | None, transactional: bool) -> ProduceAction:
     if transactional:
         return ProduceAction.FATAL if code in _FATAL_TRANSACTIONAL else ProduceAction.FAIL
     if code == E.UNKNOWN_PRODUCER_ID:
-        return ProduceAction.RETRY_NEW_PRODUCER_ID
+        return ProduceAction.RETRY_BUMP_EPOCH
     if code in _OUT_OF_STEP:
-        return ProduceAction.FAIL_NEW_PRODUCER_ID
+        return ProduceAction.FAIL_BUMP_EPOCH
     return ProduceAction.FAIL

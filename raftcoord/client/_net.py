@@ -18,7 +18,14 @@ from typing import Any
 
 import grpc
 
-from raftcoord.client.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError, error_for
+from raftcoord.client.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NotACoordinatorNodeError,
+    UnknownTopicOrPartitionError,
+    error_for,
+)
 from raftcoord.client.records import TopicPartition
 from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2_grpc
 
@@ -50,6 +57,34 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
 ]
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    """The coordinator addresses of ``bootstrap``: a list of "host:port"
+    strings or, as Kafka's ``bootstrap.servers``, one comma-separated string
+    (duplicates and blanks dropped).
+
+    Raises:
+        TypeError: ``bootstrap`` is neither a str nor a sequence of str.
+        ValueError: it names no address, or an address is not "host:port"
+            with a port in 1..65535 (the message names the address).
+    """
+    items = [bootstrap] if isinstance(bootstrap, str) else bootstrap
+    if not isinstance(items, Sequence) or not all(isinstance(i, str) for i in items):
+        raise TypeError(
+            "bootstrap must be a str ('host:port,host:port') or a list of str, not "
+            f"{type(bootstrap).__name__}"
+        )
+    addresses = [a.strip() for item in items for a in item.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError("bootstrap must name at least one coordinator address ('host:port')")
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(
+                f"bootstrap address {address!r} is not 'host:port' with a port in 1..65535"
+            )
+    return list(dict.fromkeys(addresses))
 
 
 class Deadline:
@@ -182,17 +217,12 @@ class CoordinatorClient:
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         channels: Channels,
         backoff_initial_s: float = 0.02,
         backoff_max_s: float = 1.0,
     ) -> None:
-        if isinstance(bootstrap, str):
-            bootstrap = [bootstrap]
-        addresses = [a.strip() for a in bootstrap if a.strip()]
-        if not addresses:
-            raise ValueError("bootstrap must name at least one coordinator address")
-        self.bootstrap = list(dict.fromkeys(addresses))
+        self.bootstrap = parse_bootstrap(bootstrap)
         self.channels = channels
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -229,6 +259,8 @@ class CoordinatorClient:
 
         Raises:
             KafkaTimeoutError: no node answered before the deadline.
+            NotACoordinatorNodeError: a node does not serve the coordinator
+                API (a partition-log node, say): retrying cannot help.
         """
         backoff = self.backoff()
         failures = 0
@@ -239,6 +271,11 @@ class CoordinatorClient:
                     request, timeout=deadline.attempt(LOOKUP_TIMEOUT_S)
                 )
             except grpc.RpcError as exc:
+                if isinstance(exc, grpc.Call) and exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    raise NotACoordinatorNodeError(
+                        f"{address} is not a coordinator node (it does not serve {method}: "
+                        f"{exc.details()}); bootstrap must list coordinator addresses"
+                    ) from None
                 last = transport_error(exc, address)
             failures += 1
             if failures % len(self.addresses()) == 0:
@@ -346,6 +383,8 @@ class MetadataCache:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._topics: dict[str, list[int]] = {}
+        #: Topics the last answer said do not exist.
+        self._missing: set[str] = set()
         self._nodes: dict[int, str] = {}
         self._wanted: set[str] = set()
         self._stale = False
@@ -378,8 +417,11 @@ class MetadataCache:
                         if 0 <= p.partition < len(placement):
                             placement[p.partition] = p.node_id if p.error_code == E.NONE else -1
                     self._topics[topic.name] = placement
+                    self._missing.discard(topic.name)
                 else:
                     self._topics.pop(topic.name, None)
+                    if topic.error_code == E.UNKNOWN_TOPIC_OR_PARTITION:
+                        self._missing.add(topic.name)
             self._stale = False
             self._last_refresh = time.monotonic()
 
@@ -414,25 +456,58 @@ class MetadataCache:
             return None if placement is None else len(placement)
 
     def wait_for_topic(self, topic: str, deadline: Deadline) -> int:
-        """The partition count of ``topic``, fetching metadata until it is known.
+        """The partition count of ``topic``, fetching metadata until it is known
+        (as Kafka's producer, a topic that does not exist yet is waited for).
 
         Raises:
-            KafkaTimeoutError: the topic did not appear before the deadline.
+            KafkaTimeoutError: the topic did not appear before the deadline
+                (the message names it), or no coordinator answered at all
+                (the message names the last failure).
         """
         with self._lock:
             self._wanted.add(topic)
         count = self.partition_count(topic)
         backoff = Backoff(0.05, 1.0)
+        answered = False
         while count is None:
-            self.refresh(deadline)
+            try:
+                self.refresh(deadline)
+            except KafkaTimeoutError:
+                if not answered:
+                    raise
+            else:
+                answered = True
             count = self.partition_count(topic)
             if count is None:
                 if deadline.expired():
                     raise KafkaTimeoutError(
-                        f"topic {topic!r} not present in metadata after {deadline.timeout_s:.3g} s"
+                        f"topic {topic!r} not present in metadata after "
+                        f"{deadline.timeout_s * 1000:.0f} ms"
                     )
                 time.sleep(min(backoff.next_delay(), deadline.remaining()))
         return count
+
+    def check_exists(self, tp: TopicPartition, deadline: Deadline) -> None:
+        """Fetch ``tp``'s topic once unless known, then raise if the metadata
+        says the partition does not exist.
+
+        Raises:
+            UnknownTopicOrPartitionError: the topic does not exist, or has no
+                such partition (the message names it).
+            KafkaTimeoutError: no coordinator answered in time.
+        """
+        if self.partition_count(tp.topic) is None:
+            self.refresh(deadline, [tp.topic])
+        with self._lock:
+            missing = tp.topic in self._missing
+            placement = self._topics.get(tp.topic)
+        if missing:
+            raise UnknownTopicOrPartitionError(f"topic {tp.topic!r} does not exist")
+        if placement is not None and not 0 <= tp.partition < len(placement):
+            raise UnknownTopicOrPartitionError(
+                f"{tp.topic}-{tp.partition} does not exist: topic {tp.topic!r} has "
+                f"partitions 0..{len(placement) - 1}"
+            )
 
     def leader(self, tp: TopicPartition) -> str | None:
         """The address of the node owning ``tp``, or None (unknown: refresh)."""

@@ -65,7 +65,8 @@ class Admin:
     the producers of partitions and aborts hanging transactions.
 
     Args:
-        bootstrap: coordinator gRPC addresses ("host:port").
+        bootstrap: coordinator gRPC addresses: a list of "host:port", or one
+            comma-separated string.
         request_timeout_ms: deadline of one operation (all its retries).
         channels: where gRPC stubs come from (one channel per address by
             default); tests pass one whose stubs inject faults.
@@ -73,7 +74,7 @@ class Admin:
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         *,
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 20,

@@ -68,7 +68,8 @@ class Consumer:
     """Reads records from assigned partitions.
 
     Args:
-        bootstrap: coordinator gRPC addresses ("host:port").
+        bootstrap: coordinator gRPC addresses: a list of "host:port", or one
+            comma-separated string.
         group_id: the consumer group whose offsets ``committed``/``commit`` use
             and from which positions start; None for none. At most
             ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8.
@@ -92,7 +93,7 @@ class Consumer:
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         *,
         group_id: str | None = None,
         isolation_level: str = "read_uncommitted",
@@ -136,6 +137,8 @@ class Consumer:
         #: A partition's error held back because other partitions returned
         #: records in the same poll: (partition, its position, the error).
         self._held_error: tuple[TopicPartition, int, KafkaError] | None = None
+        #: Since when (monotonic s) polls failed to learn starting positions.
+        self._unresolved_since: float | None = None
         self._closed = False
 
     # --- context manager -----------------------------------------------------------
@@ -255,6 +258,11 @@ class Consumer:
                 in the same fetch, those are returned first and the error is
                 raised by the next poll, unless the partition was sought
                 elsewhere meanwhile).
+            UnknownTopicOrPartitionError: the metadata says an assigned
+                partition does not exist (the message names it).
+            KafkaTimeoutError: the assigned partitions' starting positions
+                could not be learned (no coordinator or partition-log node
+                answered) for ``request_timeout_ms``, over one or more polls.
         """
         self._check_open()
         if timeout_ms < 0:
@@ -270,7 +278,9 @@ class Consumer:
             try:
                 self._resolve_positions(list(self._assignment), resolving)
             except KafkaTimeoutError as exc:
-                log.debug("positions not resolved yet: %s", exc)
+                self._positions_failing(exc)
+            else:
+                self._unresolved_since = None
             records = self._fetch_once(deadline)
             if records or deadline.expired():
                 return records
@@ -278,6 +288,20 @@ class Consumer:
             if deadline.expired():
                 return records
             time.sleep(min(backoff.next_delay(), deadline.remaining()))
+
+    def _positions_failing(self, error: KafkaTimeoutError) -> None:
+        """Starting positions could not be learned in this poll: raise once that
+        has lasted ``request_timeout_ms``, rather than return nothing forever."""
+        now = time.monotonic()
+        if self._unresolved_since is None:
+            self._unresolved_since = now
+        log.debug("positions not resolved yet: %s", error)
+        if now - self._unresolved_since >= self._request_timeout_s:
+            self._unresolved_since = None
+            raise KafkaTimeoutError(
+                f"the starting positions of the assigned partitions were not learned in "
+                f"request_timeout_ms={self._request_timeout_s * 1000:.0f}: {error}"
+            ) from error
 
     def _fetch_once(self, deadline: Deadline) -> list[ConsumerRecord]:
         by_node: dict[str, list[TopicPartition]] = {}
@@ -413,7 +437,7 @@ class Consumer:
             for tp in pending:
                 address = self._metadata.leader(tp)
                 if address is None:
-                    self._metadata.wait_for_topic(tp.topic, deadline)
+                    self._metadata.check_exists(tp, deadline)
                     address = self._metadata.leader(tp)
                 if address is not None:
                     by_node.setdefault(address, []).append(tp)

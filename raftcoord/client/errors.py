@@ -27,13 +27,15 @@ The tree mirrors the Kafka clients' exceptions::
     ├── DuplicateSequenceError                   46
     ├── ... one class per remaining code (see ``CODE_CLASSES``)
     ├── TransactionAbortedError                  a pending send dropped by abort_transaction
-    └── IllegalStateError                        a call the producer's state does not allow
+    ├── IllegalStateError                        a call the producer's state does not allow
+    └── NotACoordinatorNodeError                 a bootstrap address is not a coordinator
 
 Every code of ``raftcoord.v1.ErrorCode`` except NONE maps to exactly one
 class (:func:`error_for`); the classes a code maps to carry it in ``code``.
 Whether an error is fatal or abortable can depend on who answered it: the
 producer turns INVALID_PRODUCER_EPOCH on a transactional Produce into
-:class:`ProducerFencedError`, as Kafka's producer does.
+:class:`ProducerFencedError`, and INVALID_TXN_STATE on a Produce into
+:class:`TransactionAbortableError`, as Kafka's producer does.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ __all__ = [
     "KafkaError",
     "KafkaTimeoutError",
     "NoOffsetForPartitionError",
+    "NotACoordinatorNodeError",
     "NotCoordinatorError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
@@ -364,6 +367,12 @@ class TransactionAbortedError(KafkaError):
 class IllegalStateError(KafkaError):
     """A call the object's current state does not allow (API misuse), such as
     ``send`` before ``begin_transaction``."""
+
+
+class NotACoordinatorNodeError(KafkaError):
+    """A bootstrap address answers, but not the coordinator API (gRPC
+    UNIMPLEMENTED: a partition-log node, say): a configuration error that no
+    retry can fix."""
 
 
 def _code_classes() -> dict[int, type[KafkaError]]:

@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from fsm.limits import id_error
+from partition_log.producer_state import MAX_EPOCH
 from raftcoord.client._accumulator import (
     BATCH_HEADER_SIZE,
     PendingRecord,
@@ -69,10 +70,15 @@ E = common_pb2.ErrorCode
 S = TxnState
 
 _FINAL_FAILURES = frozenset(
-    {ProduceAction.FAIL, ProduceAction.FAIL_NEW_PRODUCER_ID, ProduceAction.FATAL}
+    {ProduceAction.FAIL, ProduceAction.FAIL_BUMP_EPOCH, ProduceAction.FATAL}
 )
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
 _IDLE_WAIT_S = 0.5
+#: Kafka's delivery.timeout.ms default.
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+#: Kafka's transaction.timeout.ms default (see TransactionalProducer for when
+#: a longer one is used).
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 #: Kafka's max.request.size default, equal to the nodes' message.max.bytes default.
 DEFAULT_MAX_REQUEST_SIZE = 1_048_576
 _TIMESTAMP_MAX = 2**63 - 1
@@ -84,6 +90,16 @@ def _as_bytes(value: bytes | bytearray | memoryview | None, what: str) -> bytes 
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"{what} must be bytes or None, not {type(value).__name__}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``, else TypeError or
+    ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def _as_headers(headers: Iterable[tuple[str, bytes]] | None) -> Headers:
@@ -136,12 +152,16 @@ class Producer:
     batches with the same numbers so that no batch is written twice.
 
     Args:
-        bootstrap: coordinator gRPC addresses ("host:port"); any one suffices.
+        bootstrap: coordinator gRPC addresses: a list of "host:port", or one
+            comma-separated string as Kafka's ``bootstrap.servers``; any one
+            suffices.
         request_timeout_ms: deadline of each coordinator operation (all its
             retries) and of each Produce request.
         delivery_timeout_ms: how long a batch may take, from its creation to
             its acknowledgement, retries included; then its futures fail with
-            :class:`KafkaTimeoutError`.
+            :class:`KafkaTimeoutError`. As in Kafka, at least ``linger_ms +
+            request_timeout_ms`` (ValueError otherwise); by default 120000,
+            or that sum when larger.
         max_block_ms: how long ``send`` waits for a topic's metadata.
         linger_ms: how long a batch waits for more records before it is sent.
         batch_size: bytes after which a batch is sent without waiting.
@@ -163,10 +183,10 @@ class Producer:
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         *,
         request_timeout_ms: int = 30_000,
-        delivery_timeout_ms: int = 120_000,
+        delivery_timeout_ms: int | None = None,
         max_block_ms: int = 60_000,
         linger_ms: float = 5,
         batch_size: int = 16_384,
@@ -178,16 +198,26 @@ class Producer:
     ) -> None:
         for name, value in (
             ("request_timeout_ms", request_timeout_ms),
-            ("delivery_timeout_ms", delivery_timeout_ms),
             ("max_block_ms", max_block_ms),
             ("batch_size", batch_size),
             ("max_request_size", max_request_size),
             ("retry_backoff_ms", retry_backoff_ms),
+            ("retry_backoff_max_ms", retry_backoff_max_ms),
         ):
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+            _check_int(name, value, 1)
+        if not isinstance(linger_ms, int | float) or isinstance(linger_ms, bool):
+            raise TypeError(f"linger_ms must be a number, not {type(linger_ms).__name__}")
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        # As Kafka's ProducerConfig: a batch must get at least one full attempt.
+        least = int(linger_ms + request_timeout_ms)
+        if delivery_timeout_ms is None:
+            delivery_timeout_ms = max(DEFAULT_DELIVERY_TIMEOUT_MS, least)
+        elif _check_int("delivery_timeout_ms", delivery_timeout_ms, 1) < least:
+            raise ValueError(
+                f"delivery_timeout_ms ({delivery_timeout_ms}) must be at least linger_ms + "
+                f"request_timeout_ms ({linger_ms:g} + {request_timeout_ms} = {least})"
+            )
         self._request_timeout_s = request_timeout_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._max_block_s = max_block_ms / 1000
@@ -208,7 +238,8 @@ class Producer:
         )
         self._sequences = SequenceNumbers()
         self._identity: tuple[int, int] | None = None
-        self._new_producer_id_needed = False
+        #: A partition's sequence was lost: bump the epoch before numbering again.
+        self._epoch_bump_needed = False
         self._identity_retry_at = 0.0
         self._identity_backoff = Backoff(*self._backoff_s)
         self._completions: list[Callable[[], None]] = []
@@ -294,6 +325,12 @@ class Producer:
             IllegalStateError, TransactionAbortableError, FatalError: the
                 producer cannot send now (see TransactionalProducer).
         """
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
+        if not topic:
+            raise ValueError("topic must not be empty")
+        if partition is not None:
+            _check_int("partition", partition, 0)
         key = _as_bytes(key, "key")
         value = _as_bytes(value, "value")
         record_headers = _as_headers(headers)
@@ -398,7 +435,7 @@ class Producer:
 
     def _may_send_locked(self) -> bool:
         """Whether batches may be sent now (lock held)."""
-        return self._identity is not None and not self._new_producer_id_needed
+        return self._identity is not None and not self._epoch_bump_needed
 
     def _may_retry_locked(self) -> bool:
         """Whether a retriably failed batch may be sent again (lock held)."""
@@ -411,11 +448,8 @@ class Producer:
             Whether batches may be sent now.
         """
         with self._cond:
-            if self._new_producer_id_needed:
-                if self._accumulator.in_flight_count():
-                    return False  # the new producer id waits for every answer
-                self._identity = None
-                self._new_producer_id_needed = False
+            if self._epoch_bump_needed:
+                self._bump_epoch_locked()
             if self._identity is not None:
                 return True
             if not len(self._accumulator) or _now() < self._identity_retry_at:
@@ -435,8 +469,20 @@ class Producer:
         with self._cond:
             self._identity = identity
             self._identity_backoff.reset()
-            self._sequences.reset()
         return True
+
+    def _bump_epoch_locked(self) -> None:
+        """As Kafka's idempotent producer (KIP-360): bump the epoch locally, or
+        take a new producer id once the epoch is exhausted. Batches numbered
+        under the old epoch keep their numbers for their retries; each
+        partition moves to the new epoch once those are settled (see
+        ``_send_ready``)."""
+        self._epoch_bump_needed = False
+        if self._identity is None:
+            return
+        producer_id, epoch = self._identity
+        self._identity = (producer_id, epoch + 1) if epoch < MAX_EPOCH else None
+        log.info("producer %d: epoch bumped, now %s", producer_id, self._identity)
 
     def _init_idempotent_producer_id(self) -> tuple[int, int]:
         deadline = Deadline(self._request_timeout_s, "InitProducerId")
@@ -454,12 +500,16 @@ class Producer:
 
     def _batch_failed(self, batch: ProducerBatch, error: KafkaError, action: ProduceAction) -> None:
         """A batch failed for good (sender thread, lock not held)."""
-        if action is ProduceAction.FAIL_NEW_PRODUCER_ID or (
-            isinstance(error, KafkaTimeoutError) and batch.sent
-        ):
-            # The partition's view of our sequences is unknown: start afresh.
+        outcome_unknown = batch.sent and (
+            isinstance(error, KafkaTimeoutError) or action not in _FINAL_FAILURES
+        )
+        if action is ProduceAction.FAIL_BUMP_EPOCH or outcome_unknown:
+            # The partition refused our numbering, or the batch may have been
+            # written: its sequence there is unknown. It restarts from 0
+            # under a new epoch; other partitions keep theirs until then.
             with self._cond:
-                self._new_producer_id_needed = True
+                self._sequences.forget(batch.tp)
+                self._epoch_bump_needed = True
 
     def _produce_error(self, code: int, message: str) -> KafkaError:
         return error_for(code, message)
@@ -586,16 +636,15 @@ class Producer:
                 if address is None:
                     continue
                 by_node.setdefault(address, []).append(tp)
-            producer_id, epoch = self._identity
+            identity = self._identity
             for address, tps in by_node.items():
                 batches = self._accumulator.drain(tps)
                 for b in batches:
-                    if b.base_sequence is None or (b.producer_id, b.producer_epoch) != (
-                        producer_id,
-                        epoch,
-                    ):
-                        b.base_sequence = self._sequences.next(b.tp)
-                        b.producer_id, b.producer_epoch = producer_id, epoch
+                    # A numbered batch keeps its numbers, even under an older
+                    # epoch: an earlier attempt may have been written.
+                    if b.base_sequence is None:
+                        b.base_sequence = self._sequences.number(b.tp, identity)
+                        b.producer_id, b.producer_epoch = identity
                     b.attempts += 1
                 requests += [(address, part) for part in self._split(batches)]
         for address, batches in requests:
@@ -674,14 +723,19 @@ class Producer:
         action = produce_action(code, self._transactional)
         with self._cond:
             if action is ProduceAction.COMPLETE:
-                if (batch.producer_id, batch.producer_epoch) == self._identity:
-                    self._sequences.advance(batch.tp, len(batch.records))
+                self._sequences.advance(
+                    batch.tp, (batch.producer_id, batch.producer_epoch), len(batch.records)
+                )
                 self._accumulator.remove(batch)
             elif action not in _FINAL_FAILURES and self._may_retry_locked():
                 if action is ProduceAction.RETRY_REFRESH:
                     self._metadata.request_update()
-                if action is ProduceAction.RETRY_NEW_PRODUCER_ID:
-                    self._new_producer_id_needed = True
+                if action is ProduceAction.RETRY_BUMP_EPOCH:
+                    # Not written (the partition has no state of ours): send
+                    # it again, renumbered under the new epoch.
+                    batch.base_sequence = None
+                    self._sequences.forget(batch.tp)
+                    self._epoch_bump_needed = True
                 batch.last_error = error
                 backoff = Backoff(*self._backoff_s)
                 delay = min(backoff.max_s, backoff.initial_s * 2 ** min(batch.attempts - 1, 30))
@@ -731,7 +785,15 @@ class TransactionalProducer(Producer):
     Args:
         transactional_id: the id that survives restarts of the application;
             1 to ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8 (else ValueError).
-        transaction_timeout_ms: the coordinator aborts a transaction open longer.
+        transaction_timeout_ms: the coordinator aborts a transaction open
+            longer, and fences this producer: every later call raises
+            :class:`ProducerFencedError` saying the transaction timed out.
+            By default Kafka's 60000, or ``delivery_timeout_ms +
+            request_timeout_ms`` when that is longer (150000 with the
+            defaults), so that a batch that cannot be delivered expires, and
+            the transaction can be aborted, before the coordinator times the
+            transaction out. Given together with ``delivery_timeout_ms``, it
+            must be longer than it (ValueError otherwise).
         **kwargs: as for :class:`Producer`.
     """
 
@@ -739,19 +801,32 @@ class TransactionalProducer(Producer):
 
     def __init__(
         self,
-        bootstrap: Sequence[str],
+        bootstrap: str | Sequence[str],
         transactional_id: str,
         *,
-        transaction_timeout_ms: int = 60_000,
+        transaction_timeout_ms: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(transactional_id, str):
+            raise TypeError(
+                f"transactional_id must be a str, not {type(transactional_id).__name__}"
+            )
         problem = id_error("transactional_id", transactional_id)
         if problem is not None:
             raise ValueError(problem)
-        if transaction_timeout_ms <= 0:
-            raise ValueError(f"transaction_timeout_ms must be > 0, got {transaction_timeout_ms}")
+        delivery_timeout_ms = kwargs.get("delivery_timeout_ms")
+        if transaction_timeout_ms is not None and delivery_timeout_ms is not None:
+            _check_int("transaction_timeout_ms", transaction_timeout_ms, 1)
+            _check_int("delivery_timeout_ms", delivery_timeout_ms, 1)
+            if transaction_timeout_ms <= delivery_timeout_ms:
+                raise ValueError(
+                    f"transaction_timeout_ms ({transaction_timeout_ms}) must be longer than "
+                    f"delivery_timeout_ms ({delivery_timeout_ms}): a batch still retrying when "
+                    "the coordinator aborts the timed-out transaction fences the producer"
+                )
+        elif transaction_timeout_ms is not None:
+            _check_int("transaction_timeout_ms", transaction_timeout_ms, 1)
         self.transactional_id = transactional_id
-        self.transaction_timeout_ms = transaction_timeout_ms
         self._state = S.UNINITIALIZED
         self._txn_partitions: set[TopicPartition] = set()
         self._txn_groups: set[str] = set()
@@ -761,7 +836,13 @@ class TransactionalProducer(Producer):
         # locally: an EndTxn would be judged against the previous transaction.
         self._txn_started = False
         self._txn_error: KafkaError | None = None
+        #: When the coordinator may have opened the transaction (monotonic s).
+        self._txn_opened_at: float | None = None
         super().__init__(bootstrap, **kwargs)
+        if transaction_timeout_ms is None:
+            needed = round((self._delivery_timeout_s + self._request_timeout_s) * 1000)
+            transaction_timeout_ms = max(DEFAULT_TRANSACTION_TIMEOUT_MS, needed)
+        self.transaction_timeout_ms = transaction_timeout_ms
 
     @property
     def state(self) -> str:
@@ -800,7 +881,6 @@ class TransactionalProducer(Producer):
             raise self._fail_fatally(self._coordinator_error(answer))
         with self._cond:
             self._identity = (int(answer.producer_id), int(answer.producer_epoch))
-            self._sequences.reset()
             self._state = S.READY
 
     def begin_transaction(self) -> None:
@@ -967,7 +1047,6 @@ class TransactionalProducer(Producer):
             # KIP-890: EndTxn bumped the epoch; the next transaction uses the new
             # id/epoch, and its sequences start at 0.
             self._identity = (int(answer.producer_id), int(answer.producer_epoch))
-            self._sequences.reset()
             self._reset_transaction_locked()
             self._state = S.READY
 
@@ -975,6 +1054,7 @@ class TransactionalProducer(Producer):
         self._txn_partitions.clear()
         self._txn_groups.clear()
         self._txn_started = False
+        self._txn_opened_at = None
         self._txn_error = None
 
     def _raise_if_fatal(self) -> None:
@@ -1018,12 +1098,31 @@ class TransactionalProducer(Producer):
 
     def _coordinator_error_code(self, code: int, message: str) -> KafkaError:
         # As Kafka's transactional producer: an old epoch means another
-        # producer with this transactional id took over.
+        # producer with this transactional id took over, or the coordinator
+        # aborted the transaction for running too long (and bumped the epoch).
         if code == E.INVALID_PRODUCER_EPOCH:
-            return ProducerFencedError(message or "INVALID_PRODUCER_EPOCH")
-        return error_for(code, message)
+            error: KafkaError = ProducerFencedError(message or "INVALID_PRODUCER_EPOCH")
+        else:
+            error = error_for(code, message)
+        opened_at = self._txn_opened_at
+        if isinstance(error, ProducerFencedError) and opened_at is not None:
+            open_ms = (_now() - opened_at) * 1000
+            if open_ms >= self.transaction_timeout_ms:
+                timed_out = ProducerFencedError(
+                    f"the transaction timed out: it was open {open_ms / 1000:.1f} s, longer "
+                    f"than transaction_timeout_ms={self.transaction_timeout_ms}, so the "
+                    f"coordinator aborted it and fenced this producer ({error})"
+                )
+                timed_out.__cause__ = error
+                return timed_out
+        return error
 
     def _produce_error(self, code: int, message: str) -> KafkaError:
+        # As Kafka's producer: a partition that refuses a batch because of the
+        # transaction's state (older nodes' answer to a failed KIP-890
+        # verification) only makes the transaction abortable.
+        if code == E.INVALID_TXN_STATE:
+            return TransactionAbortableError(message or "INVALID_TXN_STATE")
         return self._coordinator_error_code(code, message)
 
     def _produce_request(self, batches: list[ProducerBatch]) -> Any:
@@ -1158,12 +1257,17 @@ class TransactionalProducer(Producer):
         except KafkaTimeoutError as exc:
             if exc.outcome_unknown:
                 with self._cond:
-                    self._txn_started = True
+                    self._mark_txn_started_locked()
             raise
         if answer.error_code == E.NONE:  # all or nothing on the coordinator
             with self._cond:
-                self._txn_started = True
+                self._mark_txn_started_locked()
         return answer
+
+    def _mark_txn_started_locked(self) -> None:
+        self._txn_started = True
+        if self._txn_opened_at is None:
+            self._txn_opened_at = _now()
 
     def _batch_failed(self, batch: ProducerBatch, error: KafkaError, action: ProduceAction) -> None:
         if isinstance(error, TransactionAbortedError):
