@@ -13,8 +13,8 @@ b. synchronous replicated requests, one thread: InitProducerId with the same
    entry each;
 c. full transactions with 1, 8 and 32 client threads for ``--seconds`` each.
    A transaction is InitProducerId + AddPartitionsToTxn + EndTxn(commit) on a
-   fresh transactional id: with no marker writer yet, EndTxn leaves the id in
-   PrepareCommit, so a second transaction on it would be refused;
+   fresh transactional id (so no transaction waits for the previous one's
+   markers), adding a partition of the topic the benchmark creates;
 d. group commit: Raft entries applied on the shard leaders (NodeStatus
    ``applied_index``, before and after each run of c) against requests sent;
 e. idle CPU of each node process over ``--idle-s`` seconds after the load
