@@ -25,7 +25,7 @@ import grpc
 
 from fsm.errors import ErrorCode as E
 from fsm.routing import shard_for
-from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 

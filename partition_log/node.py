@@ -25,9 +25,9 @@ from partition_log.cluster_view import ClusterView, CoordinatorChannels, TxnVeri
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
-from raftcoord.config import ClusterConfig, NodeAddress
-from raftcoord.process import serve
-from raftcoord.v1 import partition_log_pb2_grpc
+from raftcoord.protocol.config import ClusterConfig, NodeAddress
+from raftcoord.protocol.process import serve
+from raftcoord.protocol.v1 import partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 

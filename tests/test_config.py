@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from raftcoord.cluster import write_config
-from raftcoord.config import (
+from raftcoord.cluster.launcher import write_config
+from raftcoord.protocol.config import (
     SHAPE_FILE,
     ClusterShape,
     ConfigError,

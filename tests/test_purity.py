@@ -14,7 +14,7 @@ import pytest
 
 import fsm
 from fsm import ErrorCode, TxnState, shard_for
-from raftcoord.v1 import common_pb2
+from raftcoord.protocol.v1 import common_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

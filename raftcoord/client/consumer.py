@@ -43,7 +43,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.producer import first_error, offset_topics, topic_partitions
 from raftcoord.client.records import ConsumerRecord, TopicPartition
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["Consumer"]
 

@@ -61,7 +61,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.partitioner import DefaultPartitioner
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["Producer", "TransactionalProducer"]
 

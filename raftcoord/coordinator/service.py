@@ -43,9 +43,9 @@ from fsm.metadata import TopicPartition, TransactionMetadata
 from fsm.states import PREPARE_STATES
 from fsm.transactions import verify_group, verify_ongoing
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
-from raftcoord.markers import METADATA_SHARD
-from raftcoord.shard import now_ms
-from raftcoord.v1 import (
+from raftcoord.coordinator.markers import METADATA_SHARD
+from raftcoord.coordinator.shard import now_ms
+from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     common_pb2,
@@ -55,7 +55,7 @@ from raftcoord.v1 import (
 )
 
 if TYPE_CHECKING:
-    from raftcoord.node import CoordinatorNode
+    from raftcoord.coordinator.node import CoordinatorNode
 
 E = ErrorCode
 pb = coordinator_pb2

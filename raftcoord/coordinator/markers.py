@@ -41,7 +41,7 @@ from marker_writer import (
     TransportError,
     TxnKey,
 )
-from raftcoord.v1 import (
+from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2_grpc,
     partition_log_pb2,
@@ -49,10 +49,10 @@ from raftcoord.v1 import (
 )
 
 if TYPE_CHECKING:
-    from raftcoord.node import CoordinatorNode
-    from raftcoord.shard import Shard
+    from raftcoord.coordinator.node import CoordinatorNode
+    from raftcoord.coordinator.shard import Shard
 
-log = logging.getLogger("raftcoord.markers")
+log = logging.getLogger("raftcoord.coordinator.markers")
 
 #: Deadline of one WriteTxnMarkers call.
 CALL_TIMEOUT_S = 5.0
