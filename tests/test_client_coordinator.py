@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 import pytest
 
-from fsm import shard_for
 from raftcoord.client import (
     Admin,
     Consumer,
@@ -45,6 +44,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.partitioner import murmur2
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2,

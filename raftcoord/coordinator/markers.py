@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from fsm import ErrorCode, MarkersWritten, Outcome, WriteMarkers, shard_for
+from fsm import MarkersWritten, Outcome
 from marker_writer import (
     Completion,
     ConsumerGroup,
@@ -41,6 +41,9 @@ from marker_writer import (
     TransportError,
     TxnKey,
 )
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2_grpc,

@@ -21,13 +21,15 @@ import grpc
 from pysyncobj import SyncObjConf
 from pysyncobj.pipe_notifier import PipeNotifier
 
-from fsm import TransactionStateMachine, WriteMarkers
+from fsm import TransactionStateMachine
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
+from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.process import serve
+from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
 
 log = logging.getLogger("raftcoord.coordinator.node")
@@ -127,7 +129,7 @@ class CoordinatorNode:
         me = self.me.raft[shard]
         partners = [n.raft[shard] for n in self.config.coordinators if n.node_id != self.node_id]
         machine = TransactionStateMachine(
-            shard, self.config.shard_count, settings.fsm_config(), settings.pid_block_size
+            shard, self.config.shard_count, fsm_config(settings), settings.pid_block_size
         )
         timers = ShardTimers(
             settings.abort_timed_out_cleanup_interval_ms,

@@ -36,7 +36,6 @@ from fsm import (
     TransactionStateMachine,
     TxnOffsetCommit,
     TxnState,
-    shard_for,
 )
 from fsm.limits import id_error, request_refusal
 from fsm.metadata import TopicPartition, TransactionMetadata
@@ -44,7 +43,9 @@ from fsm.states import PREPARE_STATES
 from fsm.transactions import verify_group, verify_ongoing
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
 from raftcoord.coordinator.markers import METADATA_SHARD
+from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import now_ms
+from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -76,7 +77,7 @@ class _Refused(Exception):
 class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
     def __init__(self, node: CoordinatorNode) -> None:
         self.node = node
-        self.fsm_config = node.config.settings.fsm_config()
+        self.fsm_config = fsm_config(node.config.settings)
 
     # --- plumbing ------------------------------------------------------------------
 
