@@ -16,7 +16,7 @@ help:
 	@echo "make test       create .venv if needed, install, run the whole test suite"
 	@echo "make test-fast  only the fast layer (no multi-process tests)"
 	@echo "make lint       ruff + mypy --strict on the typed packages"
-	@echo "make proto      regenerate raftcoord/v1 from proto/"
+	@echo "make proto      regenerate raftcoord/protocol/v1 from proto/"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -49,11 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
 
-from fsm import ErrorCode, shard_for
-from raftcoord.cluster import LocalCluster
-from raftcoord.config import FSYNC_POLICIES
-from raftcoord.v1 import common_pb2, coordinator_pb2_grpc
-from raftcoord.v1 import coordinator_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.config import FSYNC_POLICIES
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.v1 import coordinator_pb2 as pb
 
 COORDINATORS = 3
 SHARDS = 3

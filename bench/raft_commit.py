@@ -1,7 +1,7 @@
 """Commit latency, throughput and idle CPU of a 3-node pysyncobj cluster per fsync policy.
 
 Run: ``.venv/bin/python bench/raft_commit.py`` (about a minute). For each fsync
-policy of :mod:`raftcoord.raft_journal` (always, batch, never) and two tick
+policy of :mod:`raftcoord.coordinator.raft_journal` (always, batch, never) and two tick
 settings (pysyncobj's defaults, autoTickPeriod 0.05 s / appendEntriesPeriod
 0.1 s, and an aggressive 0.001 s / 0.002 s) it starts three SyncObj nodes in
 this one process on 127.0.0.1, with journals in a temporary directory (on the
@@ -43,8 +43,8 @@ import pysyncobj
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
-from raftcoord import raft_journal as rj
-from raftcoord.cluster import free_ports
+from raftcoord.cluster.launcher import free_ports
+from raftcoord.coordinator import raft_journal as rj
 
 TICKS: dict[str, tuple[float, float]] = {
     "default 0.05/0.1": (0.05, 0.1),

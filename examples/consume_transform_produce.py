@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         help="kill -9 this worker in the middle of transaction N (to test recovery)",
     )
     args = parser.parse_args(argv)
-    from raftcoord.cluster import LocalCluster
+    from raftcoord.cluster.launcher import LocalCluster
 
     bootstrap = LocalCluster(Path(args.cluster_dir)).bootstrap()
     copied = copy_topic(

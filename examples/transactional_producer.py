@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", default="orders")
     parser.add_argument("--transactional-id", default="orders-producer")
     args = parser.parse_args(argv)
-    from raftcoord.cluster import LocalCluster
+    from raftcoord.cluster.launcher import LocalCluster
 
     bootstrap = LocalCluster(Path(args.cluster_dir)).bootstrap()
     with Admin(bootstrap) as admin:

@@ -31,7 +31,6 @@ from fsm.errors import CommandError, ErrorCode, IllegalTransition, InvariantViol
 from fsm.machine import ShardState, TransactionListing, TransactionStateMachine
 from fsm.metadata import TransactionMetadata, transition
 from fsm.offsets import FetchedOffset, GroupOffsets
-from fsm.routing import shard_for
 from fsm.states import VALID_PREVIOUS, TxnState
 
 __all__ = [
@@ -71,6 +70,5 @@ __all__ = [
     "decode_entry",
     "encode_command",
     "encode_entry",
-    "shard_for",
     "transition",
 ]

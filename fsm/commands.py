@@ -218,7 +218,7 @@ COMMAND_TYPES: dict[int, type[Command]] = {
 
 
 def _partitions(value: Any) -> tuple[TopicPartition, ...]:
-    return tuple((as_str(t), as_int(p)) for t, p in as_list(value, 2))
+    return tuple(TopicPartition(as_str(t), as_int(p)) for t, p in as_list(value, 2))
 
 
 def _strs(value: Any) -> tuple[str, ...]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Kafka's producer epoch is a 16-bit signed integer.
-KAFKA_MAX_PRODUCER_EPOCH = 32767
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 
 
 @dataclass(frozen=True)

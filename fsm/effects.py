@@ -12,19 +12,7 @@ from dataclasses import dataclass
 from fsm.errors import ErrorCode
 from fsm.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
 from fsm.states import TxnState
-
-
-@dataclass(frozen=True)
-class WriteMarkers:
-    """Write a COMMIT or ABORT marker to every listed participant."""
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    coordinator_epoch: int
-    commit: bool
-    partitions: tuple[TopicPartition, ...]
-    groups: tuple[str, ...]
+from raftcoord.protocol.types import WriteMarkers as WriteMarkers
 
 
 @dataclass(frozen=True)

@@ -3,59 +3,28 @@
 The coordinator checks a command built from a client's request with
 :func:`request_refusal` *before* proposing it, so a malformed or oversized
 request is answered at once with an error code and a message naming the
-limit, and never reaches the Raft log. The client library checks
-:data:`MAX_ID_BYTES` when it is given a transactional.id or group id.
+limit, and never reaches the Raft log. The limits themselves are the
+protocol's (:mod:`raftcoord.protocol.limits`), which the client library
+checks too.
 """
 
 from __future__ import annotations
-
-import re
-from typing import Final
 
 from fsm.commands import AddPartitions, Command, CreateTopic, OffsetCommit, TxnOffsetCommit
 from fsm.config import FsmConfig
 from fsm.errors import ErrorCode
 from fsm.offsets import validate_offsets
 from fsm.transactions import validate_partitions
+from raftcoord.protocol.limits import id_error, topic_error
 
-#: The longest transactional.id or group id, in bytes of UTF-8. Kafka's
-#: protocol sends both as a STRING, whose length is a signed 16-bit integer.
-MAX_ID_BYTES: Final = 32767
-
-#: The longest topic name (Kafka's limit), in characters of [a-zA-Z0-9._-].
-MAX_TOPIC_NAME_CHARS: Final = 249
-
-TOPIC_NAME: Final = re.compile(rf"[a-zA-Z0-9._-]{{1,{MAX_TOPIC_NAME_CHARS}}}")
-
-_SHOWN_CHARS = 64  # of a refused name, in messages
-
-
-def id_error(what: str, value: str) -> str | None:
-    """Why ``value`` cannot be a transactional.id or group id (named ``what``), or None."""
-    if not value:
-        return f"{what} must not be empty"
-    size = len(value.encode("utf-8", "surrogatepass"))
-    if size > MAX_ID_BYTES:
-        return f"{what} is {size} bytes of UTF-8, more than the limit of {MAX_ID_BYTES} bytes"
-    return None
-
-
-def topic_error(name: str) -> str | None:
-    """Why ``name`` cannot be a topic's name (Kafka's rule), or None."""
-    if TOPIC_NAME.fullmatch(name) and name not in (".", ".."):
-        return None
-    shown = name if len(name) <= _SHOWN_CHARS else f"{name[:_SHOWN_CHARS]}... ({len(name)} chars)"
-    return (
-        f"topic name {shown!r} must be 1-{MAX_TOPIC_NAME_CHARS} characters of "
-        "[a-zA-Z0-9._-] and not '.' or '..'"
-    )
+__all__ = ["id_error", "request_refusal", "topic_error"]
 
 
 def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str] | None:
     """The answer to a request whose ``command`` must not be proposed, or None.
 
-    Checks the ids (:data:`MAX_ID_BYTES`), the topic names
-    (:data:`TOPIC_NAME`) and the partition or offset lists (at most
+    Checks the ids (:func:`id_error`), the topic names
+    (:func:`topic_error`) and the partition or offset lists (at most
     ``config.max_partitions_per_request``) the request carries: what the
     state machine would refuse anyway (refused here before it costs a Raft
     entry) and what no request may carry although the machine accepts it

@@ -8,12 +8,11 @@ from typing import Any
 from fsm.errors import CommandError, IllegalTransition
 from fsm.states import COMPLETION_OF, TxnState, is_legal
 from fsm.wire import as_int, as_list, as_str
+from raftcoord.protocol.types import TopicPartition as TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_TIMESTAMP = -1
-
-TopicPartition = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,9 @@ class TransactionMetadata:
                 next_producer_id=as_int(next_pid),
                 pending_state=None if as_int(pending) == -1 else TxnState(pending),
                 txn_start_ms=as_int(start),
-                partitions=frozenset((as_str(t), as_int(p)) for t, p in as_list(partitions, 2)),
+                partitions=frozenset(
+                    TopicPartition(as_str(t), as_int(p)) for t, p in as_list(partitions, 2)
+                ),
                 groups=frozenset(as_str(g) for g in as_list(groups)),
                 coordinator_epoch=as_int(coord_epoch),
             )

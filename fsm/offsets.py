@@ -98,7 +98,7 @@ class GroupOffsets:
 
 def _offsets_from_wire(rows: Any) -> dict[TopicPartition, CommittedOffset]:
     return {
-        (as_str(t), as_int(p)): CommittedOffset(as_int(o), as_str(m), as_int(ms))
+        TopicPartition(as_str(t), as_int(p)): CommittedOffset(as_int(o), as_str(m), as_int(ms))
         for t, p, o, m, ms in as_list(rows, 5)
     }
 
@@ -122,7 +122,10 @@ def validate_offsets(offsets: tuple[OffsetEntry, ...], config: FsmConfig) -> str
 
 
 def _as_map(offsets: Iterable[OffsetEntry], now_ms: int) -> dict[TopicPartition, CommittedOffset]:
-    return {(e.topic, e.partition): CommittedOffset(e.offset, e.metadata, now_ms) for e in offsets}
+    return {
+        TopicPartition(e.topic, e.partition): CommittedOffset(e.offset, e.metadata, now_ms)
+        for e in offsets
+    }
 
 
 def txn_offset_commit(
@@ -216,7 +219,7 @@ def offset_fetch(
         if require_stable and (topic, partition) in unstable:
             answers.append(FetchedOffset(topic, partition, NO_OFFSET, "", E.UNSTABLE_OFFSET_COMMIT))
             continue
-        found = current.committed.get((topic, partition))
+        found = current.committed.get(TopicPartition(topic, partition))
         answers.append(
             FetchedOffset(
                 topic,

@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm.effects import WriteMarkers
-from fsm.errors import ErrorCode
 from marker_writer.backoff import Backoff
 from marker_writer.errors import (
     CompletionDisposition,
@@ -46,6 +44,8 @@ from marker_writer.model import (
     Participant,
     TxnKey,
 )
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.types import WriteMarkers
 
 #: The code recorded for a participant whose answer is missing.
 MISSING_ANSWER = -1  # UNKNOWN_SERVER_ERROR

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from fsm.errors import ErrorCode
+from raftcoord.protocol.errors import ErrorCode
 
 E = ErrorCode
 

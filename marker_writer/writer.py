@@ -24,8 +24,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from fsm.effects import WriteMarkers
-from fsm.errors import ErrorCode
 from marker_writer.backoff import Backoff
 from marker_writer.book import (
     CompletionBatch,
@@ -43,6 +41,8 @@ from marker_writer.model import (
     TxnKey,
 )
 from marker_writer.transport import Clock, MarkerTransport, TransportError
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.types import WriteMarkers
 
 DEFAULT_MAX_REQUESTS_PER_CALL = 500
 DEFAULT_MAX_COMPLETIONS = 500

@@ -23,9 +23,10 @@ from typing import Any
 
 import grpc
 
-from fsm.errors import ErrorCode as E
-from fsm.routing import shard_for
-from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.types import TopicPartition
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -33,8 +34,6 @@ log = logging.getLogger("raftcoord.partition_log")
 CALL_TIMEOUT_S = 3.0
 #: A miss of one topic refreshes the metadata at most this often.
 MIN_REFRESH_INTERVAL_S = 0.1
-
-TopicPartition = tuple[str, int]
 
 
 class CoordinatorChannels:

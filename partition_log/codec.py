@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from fsm.errors import ErrorCode
+from raftcoord.protocol.errors import ErrorCode
 
 with warnings.catch_warnings():
     # Importing kafka-python 3 loads its protocol schemas through importlib.resources'

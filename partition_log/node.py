@@ -20,14 +20,14 @@ from pathlib import Path
 
 import grpc
 
-from fsm.errors import ErrorCode as E
 from partition_log.cluster_view import ClusterView, CoordinatorChannels, TxnVerifier
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
-from raftcoord.config import ClusterConfig, NodeAddress
-from raftcoord.process import serve
-from raftcoord.v1 import partition_log_pb2_grpc
+from raftcoord.protocol.config import ClusterConfig, NodeAddress
+from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.process import serve
+from raftcoord.protocol.v1 import partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsm.errors import ErrorCode as E
 from partition_log import codec
 from partition_log.log import CorruptLog, FsyncPolicy, PartitionLogStore, StoreFailed
 from partition_log.producer_state import (
@@ -31,6 +30,7 @@ from partition_log.producer_state import (
     decode_snapshot,
     encode_snapshot,
 )
+from raftcoord.protocol.errors import ErrorCode as E
 
 log = logging.getLogger("raftcoord.partition_log")
 

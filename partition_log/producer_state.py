@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from fsm.errors import ErrorCode as E
+from raftcoord.protocol.errors import ErrorCode as E
 
 #: Batches remembered per producer for deduplication (Kafka's constant).
 DEDUP_WINDOW = 5

@@ -21,13 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fsm.errors import ErrorCode as E
 from partition_log import MAX_FETCH_WAIT_MS, codec
 from partition_log.cluster_view import TopicPartition, TxnVerifier
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import MAX_EPOCH, MAX_SEQUENCE, AppendCheck, Verdict
-from raftcoord.v1 import common_pb2, partition_log_pb2_grpc
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2_grpc
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 log = logging.getLogger("raftcoord.partition_log")
 

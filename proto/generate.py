@@ -2,9 +2,9 @@
 
 Usage: python proto/generate.py [--out DIR]
 
-Compiles every .proto file under proto/raftcoord/v1 with grpc_tools.protoc
+Compiles every .proto file under proto/raftcoord/protocol/v1 with grpc_tools.protoc
 (--python_out, --grpc_python_out, --pyi_out) into DIR (default: the repository
-root, so the code lands in raftcoord/v1/). Generated files of protos that no
+root, so the code lands in raftcoord/protocol/v1/). Generated files of protos that no
 longer exist are removed; the output depends only on the .proto files and the
 grpcio-tools version.
 """
@@ -22,7 +22,7 @@ from grpc_tools import protoc
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
-PACKAGE_DIR = Path("raftcoord", "v1")
+PACKAGE_DIR = Path("raftcoord", "protocol", "v1")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 INIT_TEXT = (
     '"""Generated protobuf/gRPC code for the raftcoord.v1 protocol'
@@ -55,7 +55,7 @@ def run_protoc(files: list[Path], out: Path) -> int:
 
 def generate(out: Path) -> None:
     """Compile the protos into a scratch directory, then replace the generated
-    files under out/raftcoord/v1 (so a failed run leaves out untouched)."""
+    files under out/raftcoord/protocol/v1 (so a failed run leaves out untouched)."""
     files = proto_files()
     if not files:
         raise SystemExit(f"generate.py: no .proto files under {PROTO_ROOT / PACKAGE_DIR}")
@@ -75,13 +75,13 @@ def generate(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Generate the Python protobuf/gRPC code for raftcoord.v1."
+        description="Generate the Python protobuf/gRPC code for the raftcoord.v1 protocol."
     )
     parser.add_argument(
         "--out",
         type=Path,
         default=REPO_ROOT,
-        help="output root; code goes to OUT/raftcoord/v1 (default: the repository root)",
+        help="output root; code goes to OUT/raftcoord/protocol/v1 (default: the repository root)",
     )
     args = parser.parse_args(argv)
     generate(args.out.resolve())

@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 
 from fsm import ErrorCode
-from raftcoord.v1 import coordinator_pb2 as pb
-from raftcoord.v1 import coordinator_pb2_grpc
+from raftcoord.protocol.v1 import coordinator_pb2 as pb
+from raftcoord.protocol.v1 import coordinator_pb2_grpc
 
 RETRIABLE = {
     ErrorCode.NOT_COORDINATOR,
@@ -104,6 +104,6 @@ def _error_of(answer: Any) -> ErrorCode:
 
 
 def partitions(topic: str, *numbers: int) -> list[Any]:
-    from raftcoord.v1 import common_pb2
+    from raftcoord.protocol.v1 import common_pb2
 
     return [common_pb2.TopicPartitions(topic=topic, partitions=list(numbers))]

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from raftcoord.cluster import LocalCluster
+from raftcoord.cluster.launcher import LocalCluster
 
 
 @contextmanager

@@ -7,9 +7,14 @@ from typing import Any
 
 import grpc
 
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2_grpc
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_log_pb2_grpc,
+)
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 
 def stub(address: str) -> Any:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from raftcoord.cluster import free_ports
+from raftcoord.cluster.launcher import free_ports
 from spark import synthetic
 
 # Spark jobs are slow on a busy 2-core machine: a generous bound.

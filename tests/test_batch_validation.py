@@ -32,8 +32,8 @@ from partition_log.codec import (
 from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
-from raftcoord.v1 import common_pb2
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 INT64_MAX = 2**63 - 1
 #: The batch of the issue: answered NONE, then every fetch over it failed.

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from raftcoord import netns
 from raftcoord.chaos.workload import Options, Workload
 from raftcoord.client import Admin, TransactionListing
+from raftcoord.cluster import netns
 from tests.history_checker import check
 from tests.history_format import read_history
 from tests.local_cluster import running_cluster

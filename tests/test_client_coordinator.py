@@ -21,7 +21,6 @@ from typing import Any
 import grpc
 import pytest
 
-from fsm import shard_for
 from raftcoord.client import (
     Admin,
     Consumer,
@@ -44,8 +43,14 @@ from raftcoord.client.errors import (
     TransactionalIdNotFoundError,
 )
 from raftcoord.client.partitioner import murmur2
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_log_pb2,
+)
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
@@ -280,7 +285,7 @@ def test_consumer_commits_and_reads_group_offsets(bootstrap: list[str]) -> None:
 
 
 def test_discovery_survives_a_dead_bootstrap_address(bootstrap: list[str]) -> None:
-    from raftcoord.cluster import free_ports
+    from raftcoord.cluster.launcher import free_ports
 
     dead = f"127.0.0.1:{free_ports(1)[0]}"
     for live in bootstrap:
@@ -293,7 +298,7 @@ def test_discovery_survives_a_dead_bootstrap_address(bootstrap: list[str]) -> No
 
 
 def test_coordinator_calls_time_out_when_no_coordinator_answers() -> None:
-    from raftcoord.cluster import free_ports
+    from raftcoord.cluster.launcher import free_ports
 
     dead = [f"127.0.0.1:{p}" for p in free_ports(2)]
     with TransactionalProducer(dead, "nobody-home", request_timeout_ms=400) as producer:

@@ -14,7 +14,7 @@ from raftcoord.client.errors import (
     TransactionAbortableError,
     error_for,
 )
-from raftcoord.v1 import common_pb2
+from raftcoord.protocol.v1 import common_pb2
 
 CODES = dict(common_pb2.ErrorCode.items())
 ERROR_CODES = {name: value for name, value in CODES.items() if name != "NONE"}

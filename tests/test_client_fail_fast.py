@@ -22,7 +22,7 @@ from raftcoord.client import (
     TransactionalProducer,
     UnknownTopicOrPartitionError,
 )
-from raftcoord.cluster import LocalCluster
+from raftcoord.cluster.launcher import LocalCluster
 from tests.local_cluster import running_cluster
 from tests.test_end_to_end import state_of, wait_for
 

@@ -48,7 +48,7 @@ from raftcoord.client.errors import (
 from raftcoord.client.partitioner import DefaultPartitioner, murmur2, to_positive
 from raftcoord.client.producer import first_error, offset_topics, topic_partitions
 from raftcoord.client.records import RecordMetadata
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 E = common_pb2.ErrorCode
 TP0 = TopicPartition("orders", 0)

@@ -126,8 +126,8 @@ def test_cluster_up_refuses_another_shape_on_the_same_data(tmp_path: Path) -> No
 def test_a_node_started_by_hand_on_data_of_another_shape_is_a_clear_error(
     tmp_path: Path,
 ) -> None:
-    from raftcoord.cluster import write_config
-    from raftcoord.config import check_shape, load_config
+    from raftcoord.cluster.launcher import write_config
+    from raftcoord.protocol.config import check_shape, load_config
 
     old, new = tmp_path / "old.toml", tmp_path / "new.toml"
     write_config(old, coordinators=3, shards=3)

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from raftcoord.cluster import write_config
-from raftcoord.config import (
+from raftcoord.cluster.launcher import write_config
+from raftcoord.coordinator.settings import fsm_config
+from raftcoord.protocol.config import (
     SHAPE_FILE,
     ClusterShape,
     ConfigError,
@@ -57,7 +58,7 @@ def test_kafka_named_settings() -> None:
     assert (s.transaction_max_timeout_ms, s.transactional_id_expiration_ms) == (1000, 5000)
     assert s.abort_timed_out_cleanup_interval_ms == 250 and s.fsync == "batch"
     assert s.raft_election_timeout_ms == (100.0, 200.0)
-    assert s.fsm_config().transaction_max_timeout_ms == 1000
+    assert fsm_config(s).transaction_max_timeout_ms == 1000
 
 
 def test_partition_verification_switch() -> None:

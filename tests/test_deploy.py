@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from raftcoord import netns
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
-from raftcoord.cluster import NODE_COMMANDS, node_command
-from raftcoord.config import load_config
+from raftcoord.cluster import netns
+from raftcoord.cluster.launcher import NODE_COMMANDS, node_command
+from raftcoord.protocol.config import load_config
 from tests.local_cluster import running_cluster
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"

@@ -24,8 +24,8 @@ from raftcoord.client import (
     TransactionAbortableError,
     TransactionalProducer,
 )
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import coordinator_pb2, coordinator_pb2_grpc
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.v1 import coordinator_pb2, coordinator_pb2_grpc
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow

@@ -33,6 +33,7 @@ from fsm import (
     encode_entry,
 )
 from fsm.commands import COMMAND_TYPES, COMMAND_VERSION, ENTRY_VERSION, command_to_wire
+from raftcoord.protocol.types import TopicPartition
 
 # One sample per command type, with non-default values everywhere and
 # several items in every tuple field.
@@ -50,7 +51,11 @@ SAMPLES: list[Command] = [
         transactional_id="txn-a",
         producer_id=12,
         producer_epoch=4,
-        partitions=(("orders", 0), ("orders", 2), ("payments", 2**31 - 1)),
+        partitions=(
+            TopicPartition("orders", 0),
+            TopicPartition("orders", 2),
+            TopicPartition("payments", 2**31 - 1),
+        ),
         now_ms=5,
         coordinator_epoch=2,
     ),
@@ -75,7 +80,7 @@ SAMPLES: list[Command] = [
         transactional_id="txn-a",
         producer_id=12,
         producer_epoch=5,
-        partitions=(("orders", 0), ("payments", 1)),
+        partitions=(TopicPartition("orders", 0), TopicPartition("payments", 1)),
         groups=("group-1", "group-2"),
         now_ms=8,
     ),

@@ -41,9 +41,10 @@ from fsm import (
     encode_entry,
 )
 from fsm.commands import COMMAND_TYPES
-from fsm.config import KAFKA_MAX_PRODUCER_EPOCH
 from fsm.errors import ErrorCode
 from fsm.wire import INT64_MAX, INT64_MIN
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
+from raftcoord.protocol.types import TopicPartition
 
 SHARD, SHARD_COUNT, BLOCK_SIZE = 1, 3, 5
 STEPS = 200
@@ -149,11 +150,13 @@ class Fuzzer:
             return tuple(
                 self.integer("node", meta, machine, plausible) for _ in range(rng.randrange(0, 4))
             )
-        if kind == tuple[tuple[str, int], ...]:
+        if kind == tuple[TopicPartition, ...]:
             if plausible and meta is not None and meta.partitions and rng.random() < 0.5:
                 return tuple(sorted(meta.partitions))
             return tuple(
-                (rng.choice(TOPICS) if plausible else self.string(), self.small_or_extreme())
+                TopicPartition(
+                    rng.choice(TOPICS) if plausible else self.string(), self.small_or_extreme()
+                )
                 for _ in range(rng.randrange(0 if not plausible else 1, 4))
             )
         if kind == tuple[OffsetEntry, ...]:

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from fsm import ErrorCode, shard_for
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import common_pb2, partition_log_pb2
-from raftcoord.v1 import coordinator_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import coordinator_pb2 as pb
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 

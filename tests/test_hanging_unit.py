@@ -16,10 +16,10 @@ from fsm.errors import ErrorCode as E
 from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
+from raftcoord.cli.txn import OpenTransaction, is_candidate, is_hanging
 from raftcoord.client import ProducerState, TopicPartition, TransactionDescription
-from raftcoord.txn_cli import OpenTransaction, is_candidate, is_hanging
-from raftcoord.v1 import common_pb2
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 TP = TopicPartition("t", 0)
 MINUTE_MS = 60_000

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fsm import ErrorCode
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import partition_log_pb2 as plog
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.v1 import partition_log_pb2 as plog
 from tests.local_cluster import running_cluster
 from tests.plog_client import create_topic, stub
 

@@ -1,6 +1,6 @@
 """Network namespaces: a cut really drops packets between namespaces while the
 root namespace reaches every one, heal restores it, and a cluster runs,
-fails over and stops in namespaces (raftcoord.netns, cluster up --netns)."""
+fails over and stops in namespaces (raftcoord.cluster.netns, cluster up --netns)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from raftcoord import netns
-from raftcoord.cli import main
-from raftcoord.cluster import ClusterError, ClusterState, LocalCluster, NodeRecord
+from raftcoord.cli.main import main
+from raftcoord.cluster import netns
+from raftcoord.cluster.launcher import ClusterError, ClusterState, LocalCluster, NodeRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_netns = pytest.mark.skipif(

@@ -15,8 +15,8 @@ from partition_log import codec
 from raftcoord.client import TransactionAbortableError, TransactionalProducer
 from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
 from raftcoord.client.errors import RecordTooLargeError
-from raftcoord.cluster import LocalCluster
-from raftcoord.config import Settings
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.config import Settings
 from tests.local_cluster import running_cluster
 from tests.plog_client import create_topic, produce, read_all, records, stub
 

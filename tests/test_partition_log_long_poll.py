@@ -19,8 +19,8 @@ from partition_log.cluster_view import TopicPartition
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import LogChanges, PartitionLogService
-from raftcoord.v1 import common_pb2
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 
 class NoVerifier:

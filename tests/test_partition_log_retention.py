@@ -13,7 +13,7 @@ from partition_log import codec
 from partition_log.log import FsyncPolicy, OffsetOutOfRange, PartitionLogStore
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import Verdict
-from raftcoord.config import ConfigError, TopicRetention, parse_config
+from raftcoord.protocol.config import ConfigError, TopicRetention, parse_config
 
 NOW_MS = 1_800_000_000_000
 COORDINATORS = [{"id": 1, "grpc": "127.0.0.1:7101", "raft": ["127.0.0.1:7201"]}]

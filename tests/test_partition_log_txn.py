@@ -14,7 +14,7 @@ from partition_log import codec
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import PartitionLogService
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 
 def open_partition(path: Path) -> Partition:

@@ -17,10 +17,10 @@ from partition_log.log import PartitionLogStore
 from raftcoord.client import Consumer, TopicPartition
 from raftcoord.client._net import Channels
 from raftcoord.client.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import common_pb2
-from raftcoord.v1 import coordinator_pb2 as cpb
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1 import coordinator_pb2 as cpb
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 from tests.plog_client import (

@@ -13,11 +13,11 @@ import grpc
 import pytest
 
 from fsm import ErrorCode
-from raftcoord.cluster import LocalCluster, write_config
-from raftcoord.config import load_config
-from raftcoord.node import EXIT_APPLY_FAILED
-from raftcoord.v1 import common_pb2
-from raftcoord.v1 import coordinator_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster, write_config
+from raftcoord.coordinator.node import EXIT_APPLY_FAILED
+from raftcoord.protocol.config import load_config
+from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1 import coordinator_pb2 as pb
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 
@@ -123,8 +123,8 @@ CRASHING_NODE = """
 import sys
 from pathlib import Path
 from fsm.machine import TransactionStateMachine
-from raftcoord.config import load_config
-from raftcoord.node import run_node
+from raftcoord.protocol.config import load_config
+from raftcoord.coordinator.node import run_node
 
 healthy = TransactionStateMachine.apply_entry
 

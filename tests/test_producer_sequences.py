@@ -31,7 +31,7 @@ from partition_log.producer_state import ProducerStates, Verdict
 from raftcoord.client import Producer
 from raftcoord.client._net import Channels
 from raftcoord.client.records import RecordMetadata
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from tests.test_client_unit import Done, InjectedTransportError
 
 E = common_pb2.ErrorCode

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FileDescriptor
 
-from raftcoord.v1 import admin_pb2, common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import admin_pb2, common_pb2, coordinator_pb2, partition_log_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-GENERATED_DIR = REPO_ROOT / "raftcoord" / "v1"
+GENERATED_DIR = REPO_ROOT / "raftcoord" / "protocol" / "v1"
 DESIGN_MD = REPO_ROOT / "docs" / "design.md"
 
 # Kafka's error codes, name -> number: those of the transaction, produce and
@@ -88,9 +88,9 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, f"proto/generate.py failed:\n{result.stdout}{result.stderr}"
-    fresh = _files(tmp_path / "raftcoord" / "v1")
+    fresh = _files(tmp_path / "raftcoord" / "protocol" / "v1")
     checked_in = _files(GENERATED_DIR)
-    hint = "raftcoord/v1 is stale: run `make proto` and commit the result"
+    hint = "raftcoord/protocol/v1 is stale: run `make proto` and commit the result"
     assert sorted(checked_in) == sorted(fresh), hint
     stale = [name for name in fresh if fresh[name] != checked_in[name]]
     assert not stale, f"{hint} (differs: {', '.join(stale)})"

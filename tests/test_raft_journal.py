@@ -1,4 +1,4 @@
-"""raftcoord.raft_journal: a durable pysyncobj journal with an fsync policy."""
+"""raftcoord.coordinator.raft_journal: a durable pysyncobj journal with an fsync policy."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj import journal as pj
 from pysyncobj import syncobj as ps
 
-from raftcoord import raft_journal as rj
-from raftcoord.cluster import free_ports
-from raftcoord.raft_journal import DurableFileJournal
+from raftcoord.cluster.launcher import free_ports
+from raftcoord.coordinator import raft_journal as rj
+from raftcoord.coordinator.raft_journal import DurableFileJournal
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = pj.FIRST_RECORD_OFFSET
@@ -335,7 +335,7 @@ def test_kill_minus_nine_loses_nothing(tmp_path: Path, policy: str) -> None:
     script = textwrap.dedent(
         f"""
         import os, signal
-        from raftcoord.raft_journal import DurableFileJournal
+        from raftcoord.coordinator.raft_journal import DurableFileJournal
         j = DurableFileJournal({str(path)!r}, {policy!r}, batch_interval_s=3600.0)
         for i in range(1, {n} + 1):
             j.add(b"entry-%d" % i, i, 1 + i // 100)

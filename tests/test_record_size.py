@@ -14,8 +14,8 @@ from partition_log import codec
 from raftcoord.client import Producer, TransactionAbortableError, TransactionalProducer
 from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
 from raftcoord.client.errors import RecordTooLargeError
-from raftcoord.config import REQUEST_BYTES_PER_BATCH_BYTE
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.config import REQUEST_BYTES_PER_BATCH_BYTE
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 from tests.test_client_unit import FAST, FakeChannels, FakeCluster
 
 LIMIT = 1000

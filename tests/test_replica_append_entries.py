@@ -19,9 +19,9 @@ from pysyncobj import FAIL_REASON, SyncObjConf
 from pysyncobj.node import TCPNode
 
 from fsm import AllocatePidBlock, InitProducerId, TransactionStateMachine, encode_entry
-from raftcoord import raft_journal
-from raftcoord.cluster import free_ports
-from raftcoord.replica import APPEND_ENTRIES, ShardReplica
+from raftcoord.cluster.launcher import free_ports
+from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.replica import APPEND_ENTRIES, ShardReplica
 
 NO_OP = b"\x01"  # pysyncobj's no-op command: applying it changes nothing
 TERM = 5
@@ -169,7 +169,7 @@ def test_conflict_above_the_commit_index_deletes_from_the_conflict_and_is_logged
 ) -> None:
     follower.append(1, 0, [(i, TERM) for i in range(2, 9)], commit=6, term=TERM)
     follower.apply_committed()
-    with caplog.at_level(logging.WARNING, logger="raftcoord.replica"):
+    with caplog.at_level(logging.WARNING, logger="raftcoord.coordinator.replica"):
         answers = follower.append(5, TERM, [(6, TERM), (7, TERM + 1)], commit=6, term=TERM + 1)
     assert follower.log() == [(1, 0), *[(i, TERM) for i in range(2, 7)], (7, TERM + 1)]
     assert acks(answers) == [(8, True)]
@@ -186,7 +186,7 @@ def test_conflict_at_a_committed_index_deletes_nothing_and_is_not_acknowledged(
     follower.append(1, 0, [(i, TERM) for i in range(2, 7)], commit=6, term=TERM)
     follower.apply_committed()
     before = follower.log()
-    with caplog.at_level(logging.WARNING, logger="raftcoord.replica"):
+    with caplog.at_level(logging.WARNING, logger="raftcoord.coordinator.replica"):
         for _ in range(3):  # the leader retries; one log line
             answers = follower.append(2, TERM, [(3, TERM + 1)], commit=6, term=TERM + 1)
             assert acks(answers) == []

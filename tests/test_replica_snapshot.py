@@ -12,9 +12,9 @@ import pytest
 from pysyncobj import FAIL_REASON, SyncObjConf
 
 from fsm import AllocatePidBlock, InitProducerId, Outcome, TransactionStateMachine, encode_entry
-from raftcoord import raft_journal
-from raftcoord.cluster import free_ports
-from raftcoord.replica import EntryNotApplied, ShardReplica
+from raftcoord.cluster.launcher import free_ports
+from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
 
 
 def make_replica(tmp_path: Path, address: str, applied: list[int]) -> ShardReplica:

@@ -21,13 +21,14 @@ from fsm import (
     InitProducerId,
     OffsetCommit,
     OffsetEntry,
-    shard_for,
 )
-from fsm.limits import MAX_ID_BYTES, MAX_TOPIC_NAME_CHARS, request_refusal
+from fsm.limits import request_refusal
 from raftcoord.client import Consumer, TransactionalProducer
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import common_pb2
-from raftcoord.v1 import coordinator_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.limits import MAX_ID_BYTES, MAX_TOPIC_NAME_CHARS
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1 import coordinator_pb2 as pb
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
-from raftcoord.cluster import LocalCluster
-from raftcoord.v1 import partition_log_pb2 as pb
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.v1 import partition_log_pb2 as pb
 from tests import plog_client
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
 from raftcoord.chaos.workload import Options, Workload
 from raftcoord.client import KafkaError
-from raftcoord.cluster import ClusterError, LocalCluster
+from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
 __all__ = ["add_parsers"]
 

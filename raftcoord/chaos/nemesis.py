@@ -2,7 +2,7 @@
 in the history as a ``fault`` event with phase ``start`` and ``end``.
 
 It uses only the cluster launcher (:class:`~raftcoord.cluster.LocalCluster`:
-kill, start, leaders) and, for network partitions, :mod:`raftcoord.netns`. Faults run one at
+kill, start, leaders) and, for network partitions, :mod:`raftcoord.cluster.netns`. Faults run one at
 a time: a quiet ``interval``, then a fault held for its planned time, then
 its end (restart, SIGCONT or heal), and so on. Which faults run, in which
 order, and their random choices (shard, node, hold time) come from the seed;
@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftcoord import netns
 from raftcoord.chaos.history import History
-from raftcoord.cluster import ClusterError, LocalCluster
+from raftcoord.cluster import netns
+from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
 __all__ = ["FAULTS", "Fault", "FaultPlan", "Nemesis", "parse_faults", "plans"]
 

@@ -46,7 +46,7 @@ from raftcoord.client import (
     TransactionAbortableError,
     TransactionalProducer,
 )
-from raftcoord.cluster import LocalCluster
+from raftcoord.cluster.launcher import LocalCluster
 
 __all__ = ["Options", "TxnPlan", "Workload", "input_values", "producer_plans", "worker_plans"]
 

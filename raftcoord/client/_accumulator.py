@@ -27,7 +27,7 @@ from enum import Enum
 
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
-from raftcoord.v1 import common_pb2
+from raftcoord.protocol.v1 import common_pb2
 
 __all__ = [
     "BATCH_HEADER_SIZE",

@@ -27,7 +27,12 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import TopicPartition
-from raftcoord.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2_grpc
+from raftcoord.protocol.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_log_pb2_grpc,
+)
 
 E = common_pb2.ErrorCode
 

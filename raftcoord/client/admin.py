@@ -35,7 +35,7 @@ from raftcoord.client.records import (
     TransactionDescription,
     TransactionListing,
 )
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 
-from fsm.limits import id_error
 from partition_log import MAX_FETCH_WAIT_MS
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
@@ -43,7 +42,8 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.producer import first_error, offset_topics, topic_partitions
 from raftcoord.client.records import ConsumerRecord, TopicPartition
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.limits import id_error
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["Consumer"]
 
@@ -72,7 +72,7 @@ class Consumer:
             comma-separated string.
         group_id: the consumer group whose offsets ``committed``/``commit`` use
             and from which positions start; None for none. At most
-            ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8.
+            ``raftcoord.protocol.limits.MAX_ID_BYTES`` bytes of UTF-8.
         isolation_level: "read_committed" (only committed transactional
             records) or "read_uncommitted" (Kafka's default).
         auto_offset_reset: where a partition without a committed offset, or whose

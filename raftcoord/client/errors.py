@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from raftcoord.v1 import common_pb2
+from raftcoord.protocol.v1 import common_pb2
 
 __all__ = [
     "CODE_CLASSES",

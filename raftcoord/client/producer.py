@@ -27,7 +27,6 @@ from typing import Any
 
 import grpc
 
-from fsm.limits import id_error
 from partition_log.producer_state import MAX_EPOCH
 from raftcoord.client._accumulator import (
     BATCH_HEADER_SIZE,
@@ -61,7 +60,8 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.partitioner import DefaultPartitioner
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
-from raftcoord.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.limits import id_error
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["Producer", "TransactionalProducer"]
 
@@ -784,7 +784,7 @@ class TransactionalProducer(Producer):
 
     Args:
         transactional_id: the id that survives restarts of the application;
-            1 to ``fsm.limits.MAX_ID_BYTES`` bytes of UTF-8 (else ValueError).
+            1 to ``raftcoord.protocol.limits.MAX_ID_BYTES`` bytes of UTF-8 (else ValueError).
         transaction_timeout_ms: the coordinator aborts a transaction open
             longer, and fences this producer: every later call raises
             :class:`ProducerFencedError` saying the transaction timed out.

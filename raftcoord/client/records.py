@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+from raftcoord.protocol.types import TopicPartition as TopicPartition
 
 #: Record headers: (name, value) pairs in order.
 Headers = list[tuple[str, bytes]]
-
-
-class TopicPartition(NamedTuple):
-    """A topic and a partition index (0-based)."""
-
-    topic: str
-    partition: int
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ restart), and records what it started in ``<data-dir>/cluster.json``:
 addresses, pids, log files and, with ``--netns``, the network namespaces.
 Nodes listen on 127.0.0.1 with free ports, or with ``--netns`` each in its
 own network namespace with its own address and the ports a host of a real
-deployment uses (:mod:`raftcoord.netns`). The tests drive clusters through
+deployment uses (:mod:`raftcoord.cluster.netns`). The tests drive clusters through
 :class:`LocalCluster`, the same code the command line uses.
 """
 
@@ -30,11 +30,16 @@ from typing import Any
 
 import grpc
 
-from raftcoord import netns as namespaces
-from raftcoord.config import ClusterConfig, ConfigError, load_config, shape_refusal
-from raftcoord.v1 import admin_pb2, admin_pb2_grpc, partition_log_pb2, partition_log_pb2_grpc
+from raftcoord.cluster import netns as namespaces
+from raftcoord.protocol.config import ClusterConfig, ConfigError, load_config, shape_refusal
+from raftcoord.protocol.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    partition_log_pb2,
+    partition_log_pb2_grpc,
+)
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "cluster.toml.template"
+TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "cluster.toml.template"
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
 #: Partition-log node ids start here, so that they never collide with coordinator ids.

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from raftcoord.v1 import coordinator_pb2 as raftcoord_dot_v1_dot_coordinator__pb2
-from raftcoord.v1 import partition_log_pb2 as raftcoord_dot_v1_dot_partition__log__pb2
+from raftcoord.protocol.v1 import coordinator_pb2 as raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2
+from raftcoord.protocol.v1 import partition_log_pb2 as raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in raftcoord/v1/coordinator_pb2_grpc.py depends on'
+        + ' but the generated code in raftcoord/protocol/v1/coordinator_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,68 +38,68 @@ class TransactionCoordinatorStub:
         """
         self.FindCoordinator = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/FindCoordinator',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.FindCoordinatorRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.FindCoordinatorResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.FindCoordinatorRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.FindCoordinatorResponse.FromString,
                 _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/InitProducerId',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
         self.AddPartitionsToTxn = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/AddPartitionsToTxn',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
                 _registered_method=True)
         self.AddOffsetsToTxn = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/AddOffsetsToTxn',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
                 _registered_method=True)
         self.EndTxn = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/EndTxn',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
                 _registered_method=True)
         self.TxnOffsetCommit = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/TxnOffsetCommit',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.TxnOffsetCommitResponse.FromString,
                 _registered_method=True)
         self.OffsetCommit = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/OffsetCommit',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetCommitRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetCommitRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
                 _registered_method=True)
         self.OffsetFetch = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/OffsetFetch',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetFetchRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetFetchResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetFetchRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetFetchResponse.FromString,
                 _registered_method=True)
         self.DescribeTransactions = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/DescribeTransactions',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
                 _registered_method=True)
         self.ListTransactions = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/ListTransactions',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
                 _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/Metadata',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.MetadataRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.MetadataResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.MetadataRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.MetadataResponse.FromString,
                 _registered_method=True)
         self.CreateTopics = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/CreateTopics',
-                request_serializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.FromString,
                 _registered_method=True)
         self.WriteTxnMarkers = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/WriteTxnMarkers',
-                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
 
 
@@ -207,68 +207,68 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.FindCoordinatorRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.FindCoordinatorResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.FindCoordinatorRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.FindCoordinatorResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.SerializeToString,
             ),
             'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
                     servicer.AddPartitionsToTxn,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.SerializeToString,
             ),
             'AddOffsetsToTxn': grpc.unary_unary_rpc_method_handler(
                     servicer.AddOffsetsToTxn,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.SerializeToString,
             ),
             'EndTxn': grpc.unary_unary_rpc_method_handler(
                     servicer.EndTxn,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
             ),
             'TxnOffsetCommit': grpc.unary_unary_rpc_method_handler(
                     servicer.TxnOffsetCommit,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.TxnOffsetCommitResponse.SerializeToString,
             ),
             'OffsetCommit': grpc.unary_unary_rpc_method_handler(
                     servicer.OffsetCommit,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetCommitRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetCommitRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.SerializeToString,
             ),
             'OffsetFetch': grpc.unary_unary_rpc_method_handler(
                     servicer.OffsetFetch,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetFetchRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.OffsetFetchResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetFetchRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetFetchResponse.SerializeToString,
             ),
             'DescribeTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeTransactions,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.SerializeToString,
             ),
             'ListTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTransactions,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.SerializeToString,
             ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.MetadataRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.MetadataResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.MetadataRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.MetadataResponse.SerializeToString,
             ),
             'CreateTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopics,
-                    request_deserializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.SerializeToString,
             ),
             'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteTxnMarkers,
-                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -297,8 +297,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/FindCoordinator',
-            raftcoord_dot_v1_dot_coordinator__pb2.FindCoordinatorRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.FindCoordinatorResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.FindCoordinatorRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.FindCoordinatorResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -324,8 +324,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/InitProducerId',
-            raftcoord_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -351,8 +351,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/AddPartitionsToTxn',
-            raftcoord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -378,8 +378,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/AddOffsetsToTxn',
-            raftcoord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -405,8 +405,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/EndTxn',
-            raftcoord_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -432,8 +432,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/TxnOffsetCommit',
-            raftcoord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.TxnOffsetCommitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -459,8 +459,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/OffsetCommit',
-            raftcoord_dot_v1_dot_coordinator__pb2.OffsetCommitRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetCommitRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -486,8 +486,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/OffsetFetch',
-            raftcoord_dot_v1_dot_coordinator__pb2.OffsetFetchRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.OffsetFetchResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetFetchRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.OffsetFetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -513,8 +513,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/DescribeTransactions',
-            raftcoord_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeTransactionsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -540,8 +540,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/ListTransactions',
-            raftcoord_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -567,8 +567,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/Metadata',
-            raftcoord_dot_v1_dot_coordinator__pb2.MetadataRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.MetadataResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.MetadataRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.MetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -594,8 +594,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/CreateTopics',
-            raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.SerializeToString,
-            raftcoord_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateTopicsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -621,8 +621,8 @@ class TransactionCoordinator:
             request,
             target,
             '/raftcoord.v1.TransactionCoordinator/WriteTxnMarkers',
-            raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
-            raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

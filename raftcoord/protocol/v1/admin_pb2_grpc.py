@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from raftcoord.v1 import admin_pb2 as raftcoord_dot_v1_dot_admin__pb2
+from raftcoord.protocol.v1 import admin_pb2 as raftcoord_dot_protocol_dot_v1_dot_admin__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in raftcoord/v1/admin_pb2_grpc.py depends on'
+        + ' but the generated code in raftcoord/protocol/v1/admin_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,8 +39,8 @@ class CoordinatorAdminStub:
         """
         self.NodeStatus = channel.unary_unary(
                 '/raftcoord.v1.CoordinatorAdmin/NodeStatus',
-                request_serializer=raftcoord_dot_v1_dot_admin__pb2.NodeStatusRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_admin__pb2.NodeStatusResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -62,8 +62,8 @@ def add_CoordinatorAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.NodeStatus,
-                    request_deserializer=raftcoord_dot_v1_dot_admin__pb2.NodeStatusRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_admin__pb2.NodeStatusResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -94,8 +94,8 @@ class CoordinatorAdmin:
             request,
             target,
             '/raftcoord.v1.CoordinatorAdmin/NodeStatus',
-            raftcoord_dot_v1_dot_admin__pb2.NodeStatusRequest.SerializeToString,
-            raftcoord_dot_v1_dot_admin__pb2.NodeStatusResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from fsm import ErrorCode, MarkersWritten, Outcome, WriteMarkers, shard_for
+from fsm import MarkersWritten, Outcome
 from marker_writer import (
     Completion,
     ConsumerGroup,
@@ -41,7 +41,10 @@ from marker_writer import (
     TransportError,
     TxnKey,
 )
-from raftcoord.v1 import (
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.types import WriteMarkers
+from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2_grpc,
     partition_log_pb2,
@@ -49,10 +52,10 @@ from raftcoord.v1 import (
 )
 
 if TYPE_CHECKING:
-    from raftcoord.node import CoordinatorNode
-    from raftcoord.shard import Shard
+    from raftcoord.coordinator.node import CoordinatorNode
+    from raftcoord.coordinator.shard import Shard
 
-log = logging.getLogger("raftcoord.markers")
+log = logging.getLogger("raftcoord.coordinator.markers")
 
 #: Deadline of one WriteTxnMarkers call.
 CALL_TIMEOUT_S = 5.0

@@ -35,7 +35,7 @@ from raftcoord.client import (
 )
 from raftcoord.client.admin import TRANSACTION_STATES
 from raftcoord.client.errors import TransactionalIdNotFoundError
-from raftcoord.cluster import ClusterError, LocalCluster
+from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
 __all__ = ["OpenTransaction", "add_parser", "is_candidate", "is_hanging"]
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from raftcoord.v1 import partition_log_pb2 as raftcoord_dot_v1_dot_partition__log__pb2
+from raftcoord.protocol.v1 import partition_log_pb2 as raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in raftcoord/v1/partition_log_pb2_grpc.py depends on'
+        + ' but the generated code in raftcoord/protocol/v1/partition_log_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,28 +37,28 @@ class PartitionLogStub:
         """
         self.Produce = channel.unary_unary(
                 '/raftcoord.v1.PartitionLog/Produce',
-                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.ProduceRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.ProduceResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ProduceResponse.FromString,
                 _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/raftcoord.v1.PartitionLog/Fetch',
-                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.FetchRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.FetchResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.FetchRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.FetchResponse.FromString,
                 _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/raftcoord.v1.PartitionLog/ListOffsets',
-                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.ListOffsetsRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.ListOffsetsResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ListOffsetsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
         self.WriteTxnMarkers = channel.unary_unary(
                 '/raftcoord.v1.PartitionLog/WriteTxnMarkers',
-                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
         self.DescribeProducers = channel.unary_unary(
                 '/raftcoord.v1.PartitionLog/DescribeProducers',
-                request_serializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
-                response_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
 
 
@@ -121,28 +121,28 @@ def add_PartitionLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
-                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.ProduceRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.ProduceResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ProduceRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ProduceResponse.SerializeToString,
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
-                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.FetchRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.FetchResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.FetchRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.FetchResponse.SerializeToString,
             ),
             'ListOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.ListOffsets,
-                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.ListOffsetsRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.ListOffsetsResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ListOffsetsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ListOffsetsResponse.SerializeToString,
             ),
             'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
                     servicer.WriteTxnMarkers,
-                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
             'DescribeProducers': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeProducers,
-                    request_deserializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.FromString,
-                    response_serializer=raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.SerializeToString,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -171,8 +171,8 @@ class PartitionLog:
             request,
             target,
             '/raftcoord.v1.PartitionLog/Produce',
-            raftcoord_dot_v1_dot_partition__log__pb2.ProduceRequest.SerializeToString,
-            raftcoord_dot_v1_dot_partition__log__pb2.ProduceResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ProduceRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ProduceResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -198,8 +198,8 @@ class PartitionLog:
             request,
             target,
             '/raftcoord.v1.PartitionLog/Fetch',
-            raftcoord_dot_v1_dot_partition__log__pb2.FetchRequest.SerializeToString,
-            raftcoord_dot_v1_dot_partition__log__pb2.FetchResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.FetchRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -225,8 +225,8 @@ class PartitionLog:
             request,
             target,
             '/raftcoord.v1.PartitionLog/ListOffsets',
-            raftcoord_dot_v1_dot_partition__log__pb2.ListOffsetsRequest.SerializeToString,
-            raftcoord_dot_v1_dot_partition__log__pb2.ListOffsetsResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ListOffsetsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ListOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -252,8 +252,8 @@ class PartitionLog:
             request,
             target,
             '/raftcoord.v1.PartitionLog/WriteTxnMarkers',
-            raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
-            raftcoord_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -279,8 +279,8 @@ class PartitionLog:
             request,
             target,
             '/raftcoord.v1.PartitionLog/DescribeProducers',
-            raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
-            raftcoord_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,16 +36,17 @@ from fsm import (
     TransactionStateMachine,
     TxnOffsetCommit,
     TxnState,
-    shard_for,
 )
 from fsm.limits import id_error, request_refusal
 from fsm.metadata import TopicPartition, TransactionMetadata
 from fsm.states import PREPARE_STATES
 from fsm.transactions import verify_group, verify_ongoing
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
-from raftcoord.markers import METADATA_SHARD
-from raftcoord.shard import now_ms
-from raftcoord.v1 import (
+from raftcoord.coordinator.markers import METADATA_SHARD
+from raftcoord.coordinator.settings import fsm_config
+from raftcoord.coordinator.shard import now_ms
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
     common_pb2,
@@ -55,7 +56,7 @@ from raftcoord.v1 import (
 )
 
 if TYPE_CHECKING:
-    from raftcoord.node import CoordinatorNode
+    from raftcoord.coordinator.node import CoordinatorNode
 
 E = ErrorCode
 pb = coordinator_pb2
@@ -76,7 +77,7 @@ class _Refused(Exception):
 class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
     def __init__(self, node: CoordinatorNode) -> None:
         self.node = node
-        self.fsm_config = node.config.settings.fsm_config()
+        self.fsm_config = fsm_config(node.config.settings)
 
     # --- plumbing ------------------------------------------------------------------
 

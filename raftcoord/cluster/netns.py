@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from raftcoord.cluster import LocalCluster
+    from raftcoord.cluster.launcher import LocalCluster
 
 #: Each cluster takes one /24 of this range: 10.201.K.0/24.
 SUPERNET = ipaddress.IPv4Network("10.201.0.0/16")

@@ -39,9 +39,9 @@ from fsm import (
     encode_entry,
 )
 from pid_allocator import PidBlock, PidCursor
-from raftcoord.replica import ShardReplica
+from raftcoord.coordinator.replica import ShardReplica
 
-log = logging.getLogger("raftcoord.shard")
+log = logging.getLogger("raftcoord.coordinator.shard")
 
 #: Group commit: a leader keeps at most this many entries of requests in
 #: flight; requests arriving meanwhile wait and go out together in the next

@@ -11,7 +11,7 @@ from pathlib import Path
 def _demo(args: argparse.Namespace) -> int:
     import secrets
 
-    from raftcoord.demo import run_demo
+    from raftcoord.cli.demo import run_demo
 
     seed = args.seed if args.seed is not None else secrets.randbelow(1_000_000_000)
     data_dir = Path(args.data_dir) if args.data_dir else None
@@ -19,8 +19,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from raftcoord.config import ConfigError, check_shape, load_config
-    from raftcoord.node import run_node
+    from raftcoord.coordinator.node import run_node
+    from raftcoord.protocol.config import ConfigError, check_shape, load_config
 
     data_dir = (
         Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
@@ -37,7 +37,7 @@ def _node(args: argparse.Namespace) -> int:
 
 def _partition_node(args: argparse.Namespace) -> int:
     from partition_log.node import run_partition_node
-    from raftcoord.config import ConfigError, check_shape, load_config
+    from raftcoord.protocol.config import ConfigError, check_shape, load_config
 
     data_dir = (
         Path(args.data_dir)
@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
     pnode.set_defaults(func=_partition_node)
-    from raftcoord import cluster, txn_cli
     from raftcoord.chaos import commands as chaos
+    from raftcoord.cli import txn as txn_cli
+    from raftcoord.cluster import launcher as cluster
     from spark import cli as audit_cli
 
     cluster.add_parser(commands)
@@ -121,7 +122,3 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,10 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsm import FsmConfig
-from fsm.config import KAFKA_MAX_PRODUCER_EPOCH
-from fsm.limits import TOPIC_NAME
-from pid_allocator import DEFAULT_BLOCK_SIZE
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, TOPIC_NAME
 
 FSYNC_POLICIES = ("always", "batch", "never")
 LOG_FLUSH_POLICIES = ("always", "interval", "never")
@@ -68,7 +65,7 @@ class Settings:
     # transaction.remove.expired.transaction.cleanup.interval.ms)
     remove_expired_cleanup_interval_ms: int = 3_600_000
     fsync: str = "always"  # raft.fsync
-    pid_block_size: int = DEFAULT_BLOCK_SIZE  # pid.block.size
+    pid_block_size: int = 1000  # pid.block.size
     # raft.tick.ms: the longest a shard's tick thread sleeps waiting for I/O;
     # new requests and Raft messages wake it at once, so this only paces
     # timers (heartbeats, sweeps) and the idle CPU cost.
@@ -102,13 +99,6 @@ class Settings:
     # to a partition its coordinator never heard of leaves a hanging
     # transaction there (`raftcoord txn find-hanging` finds it).
     transaction_partition_verification_enable: bool = True
-
-    def fsm_config(self) -> FsmConfig:
-        return FsmConfig(
-            max_producer_epoch=self.max_producer_epoch,
-            transaction_max_timeout_ms=self.transaction_max_timeout_ms,
-            transactional_id_expiration_ms=self.transactional_id_expiration_ms,
-        )
 
 
 _SETTING_NAMES = {

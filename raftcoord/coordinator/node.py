@@ -5,7 +5,7 @@ of every shard; each shard is its own pysyncobj Raft group on its own port.
 Each shard has one thread that runs the leader's duties and pysyncobj's tick;
 it sleeps in pysyncobj's poller until a Raft message or a new request wakes
 it (or ``raft.tick.ms`` passes), so an idle node costs little CPU. Each shard
-this node leads (ready) has a marker writer (:mod:`raftcoord.markers`) that
+this node leads (ready) has a marker writer (:mod:`raftcoord.coordinator.markers`) that
 completes its Prepare* transactions.
 """
 
@@ -21,16 +21,18 @@ import grpc
 from pysyncobj import SyncObjConf
 from pysyncobj.pipe_notifier import PipeNotifier
 
-from fsm import TransactionStateMachine, WriteMarkers
-from raftcoord import raft_journal
-from raftcoord.config import ClusterConfig, NodeAddress
-from raftcoord.markers import MarkerWriters
-from raftcoord.process import serve
-from raftcoord.replica import EntryNotApplied, ShardReplica
-from raftcoord.shard import Shard, ShardTimers, TransitionsLog
-from raftcoord.v1 import admin_pb2_grpc, coordinator_pb2_grpc
+from fsm import TransactionStateMachine
+from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
+from raftcoord.coordinator.settings import fsm_config
+from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog
+from raftcoord.protocol.config import ClusterConfig, NodeAddress
+from raftcoord.protocol.process import serve
+from raftcoord.protocol.types import WriteMarkers
+from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
 
-log = logging.getLogger("raftcoord.node")
+log = logging.getLogger("raftcoord.coordinator.node")
 
 #: The exit status of a node that met a committed entry it cannot apply
 #: (EX_SOFTWARE): restarting it replays the same entry, so it needs a fix.
@@ -127,7 +129,7 @@ class CoordinatorNode:
         me = self.me.raft[shard]
         partners = [n.raft[shard] for n in self.config.coordinators if n.node_id != self.node_id]
         machine = TransactionStateMachine(
-            shard, self.config.shard_count, settings.fsm_config(), settings.pid_block_size
+            shard, self.config.shard_count, fsm_config(settings), settings.pid_block_size
         )
         timers = ShardTimers(
             settings.abort_timed_out_cleanup_interval_ms,
@@ -176,7 +178,7 @@ class CoordinatorNode:
                 self._stopping.wait(tick_s)
 
     def _make_server(self) -> grpc.Server:
-        from raftcoord.service import AdminService, CoordinatorService
+        from raftcoord.coordinator.service import AdminService, CoordinatorService
 
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),

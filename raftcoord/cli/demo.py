@@ -19,11 +19,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from raftcoord import netns
 from raftcoord.chaos.commands import run_with_progress, summary_table
 from raftcoord.chaos.nemesis import FAULTS
 from raftcoord.chaos.workload import Options, Workload
-from raftcoord.cluster import LocalCluster
+from raftcoord.cluster import netns
+from raftcoord.cluster.launcher import LocalCluster
 
 
 def run_demo(data_dir: Path | None, duration_s: float, seed: int, input_records: int) -> int:

@@ -87,7 +87,7 @@ from fsm import Outcome, TransactionStateMachine
 
 SNAPSHOT_FILE_VERSION = 1
 
-log = logging.getLogger("raftcoord.replica")
+log = logging.getLogger("raftcoord.coordinator.replica")
 
 #: Called on every replica after an entry is applied: (index, term, outcomes).
 AppliedListener = Callable[[int, int, list[Outcome]], None]
@@ -95,7 +95,7 @@ AppliedListener = Callable[[int, int, list[Outcome]], None]
 #: pysyncobj's message type for AppendEntries (entries, heartbeats, snapshots).
 APPEND_ENTRIES = "append_entries"
 
-log = logging.getLogger("raftcoord.replica")
+log = logging.getLogger("raftcoord.coordinator.replica")
 
 
 class EntryNotApplied(Exception):

@@ -1,0 +1,2 @@
+"""Local cluster tooling: the launcher (:mod:`.launcher`) and network
+namespaces for partitions and delays (:mod:`.netns`)."""

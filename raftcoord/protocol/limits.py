@@ -1,0 +1,43 @@
+"""Kafka's limits on what a request may name: ids, topic names, producer
+epochs. The coordinator refuses requests past them; the client checks them
+before it sends anything. Pure: no I/O."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: Kafka's producer epoch is a 16-bit signed integer.
+KAFKA_MAX_PRODUCER_EPOCH: Final = 32767
+
+#: The longest transactional.id or group id, in bytes of UTF-8. Kafka's
+#: protocol sends both as a STRING, whose length is a signed 16-bit integer.
+MAX_ID_BYTES: Final = 32767
+
+#: The longest topic name (Kafka's limit), in characters of [a-zA-Z0-9._-].
+MAX_TOPIC_NAME_CHARS: Final = 249
+
+TOPIC_NAME: Final = re.compile(rf"[a-zA-Z0-9._-]{{1,{MAX_TOPIC_NAME_CHARS}}}")
+
+_SHOWN_CHARS = 64  # of a refused name, in messages
+
+
+def id_error(what: str, value: str) -> str | None:
+    """Why ``value`` cannot be a transactional.id or group id (named ``what``), or None."""
+    if not value:
+        return f"{what} must not be empty"
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_ID_BYTES:
+        return f"{what} is {size} bytes of UTF-8, more than the limit of {MAX_ID_BYTES} bytes"
+    return None
+
+
+def topic_error(name: str) -> str | None:
+    """Why ``name`` cannot be a topic's name (Kafka's rule), or None."""
+    if TOPIC_NAME.fullmatch(name) and name not in (".", ".."):
+        return None
+    shown = name if len(name) <= _SHOWN_CHARS else f"{name[:_SHOWN_CHARS]}... ({len(name)} chars)"
+    return (
+        f"topic name {shown!r} must be 1-{MAX_TOPIC_NAME_CHARS} characters of "
+        "[a-zA-Z0-9._-] and not '.' or '..'"
+    )

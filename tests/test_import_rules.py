@@ -1,0 +1,223 @@
+"""The arrows between components, read from the imports of every module.
+
+A component is a top-level package (fsm, pid_allocator, marker_writer,
+partition_log, spark) or a subpackage of raftcoord (protocol, coordinator,
+client, cluster, chaos, cli). Every import counts, also one inside a function
+or under ``TYPE_CHECKING``: a hidden arrow is still an arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from tests.test_purity import FORBIDDEN
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+TOP_LEVEL = ("fsm", "pid_allocator", "marker_writer", "partition_log", "spark")
+RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli")
+
+#: The protocol's modules without I/O, the only part of raftcoord the pure core may import.
+PURE_PROTOCOL = frozenset(
+    f"raftcoord.protocol.{name}" for name in ("errors", "limits", "routing", "types")
+)
+#: pid_allocator is part of the pure core (fsm.machine allocates producer ids
+#: with it; tests/test_purity.py keeps it pure too).
+#: Components that talk to the coordinators only through the protocol.
+PROTOCOL_ONLY = ("partition_log", "marker_writer", "raftcoord.client", "spark")
+
+
+def component(module: str) -> str | None:
+    """The component ``module`` belongs to, or None (stdlib, third party, tests)."""
+    parts = module.split(".")
+    if parts[0] in TOP_LEVEL:
+        return parts[0]
+    if parts[0] == "raftcoord" and len(parts) > 1 and parts[1] in RAFTCOORD:
+        return f"raftcoord.{parts[1]}"
+    return None
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``source`` in line order, relative ones resolved.
+
+    ``from X import Y`` yields ``X.Y`` (Y may be a submodule) as well as ``X``.
+    """
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source, module)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+    return sorted(found)
+
+
+def violations(module: str, imports: Iterable[tuple[int, str]]) -> list[str]:
+    """``module:line: imported (rule)`` for every import the layout forbids."""
+    owner = component(module)
+    problems: list[str] = []
+    for line, target in imports:
+        other = component(target)
+
+        def refuse(rule: str, line: int = line, target: str = target) -> None:
+            problems.append(f"{module}:{line}: {target} ({rule})")
+
+        if owner == "fsm":
+            if target.split(".")[0] in FORBIDDEN:
+                refuse("fsm does no I/O")
+            elif other == "raftcoord.protocol":
+                if target != other and ".".join(target.split(".")[:3]) not in PURE_PROTOCOL:
+                    refuse("fsm imports only the protocol's pure modules")
+            elif other not in (None, "fsm", "pid_allocator"):
+                refuse("fsm imports no component but the protocol's pure modules")
+        if owner in PROTOCOL_ONLY and other in ("fsm", "raftcoord.coordinator"):
+            refuse(f"{owner} talks to the coordinators only through the protocol")
+        if owner == "raftcoord.protocol" and other not in (None, "raftcoord.protocol"):
+            refuse("the protocol imports no other component")
+    return problems
+
+
+def arrows(sources: Mapping[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Component -> the components it imports, from {module: (source, is_package)}."""
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        owner = component(module)
+        if owner is None:
+            continue
+        targets = graph.setdefault(owner, set())
+        for _line, target in imported_modules(source, module, is_package):
+            other = component(target)
+            if other is not None and other != owner:
+                targets.add(other)
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path back to its start) per component that lies on one."""
+    found: list[list[str]] = []
+    seen_on_cycle: set[str] = set()
+    for start in sorted(graph):
+        if start in seen_on_cycle:
+            continue
+        stack: list[tuple[str, list[str]]] = [(start, [start])]
+        visited: set[str] = set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    found.append([*path, start])
+                    seen_on_cycle.update(path)
+                    stack.clear()
+                    break
+                if nxt not in visited:
+                    visited.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    return found
+
+
+def repository_sources() -> dict[str, tuple[str, bool]]:
+    sources: dict[str, tuple[str, bool]] = {}
+    roots = [REPO_ROOT / name for name in TOP_LEVEL] + [REPO_ROOT / "raftcoord"]
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            relative = path.relative_to(REPO_ROOT).with_suffix("")
+            if relative.parts[:3] == ("raftcoord", "protocol", "v1"):
+                continue  # generated code
+            is_package = relative.name == "__init__"
+            parts = relative.parts[:-1] if is_package else relative.parts
+            sources[".".join(parts)] = (path.read_text(encoding="utf-8"), is_package)
+    return sources
+
+
+def test_every_component_keeps_to_its_arrows() -> None:
+    sources = repository_sources()
+    assert {component(m) for m in sources} >= {*TOP_LEVEL, *(f"raftcoord.{n}" for n in RAFTCOORD)}
+    found = [
+        problem
+        for module, (source, is_package) in sources.items()
+        for problem in violations(module, imported_modules(source, module, is_package))
+    ]
+    assert not found, "imports the layout forbids:\n" + "\n".join(found)
+
+
+def test_no_component_depends_on_itself_in_a_circle() -> None:
+    found = cycles(arrows(repository_sources()))
+    assert not found, "import cycles between components:\n" + "\n".join(
+        " -> ".join(cycle) for cycle in found
+    )
+
+
+# --- the checker finds what it looks for ---------------------------------------------
+
+
+def test_the_checker_refuses_forbidden_arrows() -> None:
+    def check(module: str, source: str, is_package: bool = False) -> list[str]:
+        return violations(module, imported_modules(source, module, is_package))
+
+    fsm_source = "\n".join(
+        [
+            "from raftcoord.protocol.errors import ErrorCode",
+            "from raftcoord.protocol import types",
+            "from pid_allocator import PidLayout",
+            "import time",
+            "from raftcoord.protocol.config import Settings",
+            "def f():",
+            "    from raftcoord.coordinator import node",
+            "from marker_writer import MarkerWriter",
+        ]
+    )
+    assert check("fsm.machine", fsm_source) == [
+        "fsm.machine:4: time (fsm does no I/O)",
+        "fsm.machine:5: raftcoord.protocol.config (fsm imports only the protocol's pure modules)",
+        "fsm.machine:5: raftcoord.protocol.config.Settings"
+        " (fsm imports only the protocol's pure modules)",
+        "fsm.machine:7: raftcoord.coordinator"
+        " (fsm imports no component but the protocol's pure modules)",
+        "fsm.machine:7: raftcoord.coordinator.node"
+        " (fsm imports no component but the protocol's pure modules)",
+        "fsm.machine:8: marker_writer (fsm imports no component but the protocol's pure modules)",
+        "fsm.machine:8: marker_writer.MarkerWriter"
+        " (fsm imports no component but the protocol's pure modules)",
+    ]
+    guarded = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import fsm.effects\n"
+    assert check("marker_writer.book", guarded) == [
+        "marker_writer.book:3: fsm.effects"
+        " (marker_writer talks to the coordinators only through the protocol)"
+    ]
+    assert check("raftcoord.client.consumer", "from ..coordinator.shard import now_ms") == [
+        "raftcoord.client.consumer:1: raftcoord.coordinator.shard"
+        " (raftcoord.client talks to the coordinators only through the protocol)",
+        "raftcoord.client.consumer:1: raftcoord.coordinator.shard.now_ms"
+        " (raftcoord.client talks to the coordinators only through the protocol)",
+    ]
+    assert check("raftcoord.protocol", "from . import errors", is_package=True) == []
+    assert check("raftcoord.protocol.config", "from partition_log import MAX_FETCH_WAIT_MS") == [
+        "raftcoord.protocol.config:1: partition_log (the protocol imports no other component)",
+        "raftcoord.protocol.config:1: partition_log.MAX_FETCH_WAIT_MS"
+        " (the protocol imports no other component)",
+    ]
+    assert check("partition_log.node", "from raftcoord.protocol.config import load_config") == []
+
+
+def test_the_checker_finds_a_cycle() -> None:
+    sources = {
+        "partition_log.node": ("from raftcoord.cli.main import main\n", False),
+        "raftcoord.cli.main": ("import partition_log.node\n", False),
+        "raftcoord.chaos.workload": ("from raftcoord.client import Producer\n", False),
+    }
+    graph = arrows(sources)
+    assert graph == {
+        "partition_log": {"raftcoord.cli"},
+        "raftcoord.cli": {"partition_log"},
+        "raftcoord.chaos": {"raftcoord.client"},
+    }
+    assert cycles(graph) == [["partition_log", "raftcoord.cli", "partition_log"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
