@@ -1,8 +1,10 @@
 """A shard's leader-side work around its replica: group commit, stamping,
-leadership changes, the producer-id cursor and the periodic sweepers.
+leadership changes, the producer-id cursor and the periodic sweepers; and
+:class:`Shards`, what the node's services see of its shards.
 
-Everything here runs on the node's tick thread except :meth:`Shard.submit`
-and :meth:`Shard.read`, which gRPC threads call. Requests queue up between
+Everything here runs on the node's tick thread except :meth:`Shard.submit`,
+:meth:`Shard.read` and the other methods :class:`Shards` needs, which gRPC
+threads call. Requests queue up between
 ticks; each tick the leader stamps them (time, term, fresh producer ids) in
 arrival order and proposes them together as one Raft entry (group commit),
 so Raft entries per second do not cap requests per second.
@@ -11,6 +13,7 @@ so Raft entries per second do not cap requests per second.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import queue
@@ -20,9 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-from pysyncobj import FAIL_REASON
+from typing import IO, Any, Protocol, TypeVar
 
 from fsm import (
     AllocatePidBlock,
@@ -39,6 +40,7 @@ from fsm import (
     encode_entry,
 )
 from pid_allocator import PidBlock, PidCursor
+from raftcoord.config import NodeAddress
 from raftcoord.replica import ShardReplica
 
 log = logging.getLogger("raftcoord.shard")
@@ -48,12 +50,55 @@ log = logging.getLogger("raftcoord.shard")
 #: entry, so under load one Raft entry (and one fsync) carries many requests.
 MAX_ENTRIES_IN_FLIGHT = 1
 
-Reader = Callable[[TransactionStateMachine], Any]
+T = TypeVar("T")
+Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """One replica of a shard as an operator sees it."""
+
+    ready_leader: bool
+    term: int
+    commit_index: int
+    applied_index: int
+    state_digest: str  # sha256 of the state machine's snapshot
+    transactional_ids: int
+
+
+class Shards(Protocol):
+    """A node's shards as its services and marker writers use them."""
+
+    def availability(self, shard: int) -> ErrorCode:
+        """NONE when this node leads ``shard`` and has applied its log, else why not."""
+
+    def leader_of(self, shard: int) -> NodeAddress | None:
+        """The coordinator this node believes leads ``shard``, or None."""
+
+    def submit(self, shard: int, command: Command) -> Future[Outcome]:
+        """Replicate ``command`` on ``shard`` (a ready leader's); the future
+        holds its :class:`Outcome`, or the refusal."""
+
+    def query(self, shard: int, reader: Reader[T]) -> T:
+        """``reader``'s answer from this node's replica of ``shard`` as it is
+        now (it may lag the leader), whoever leads."""
+
+    def read(self, shard: int, reader: Reader[T]) -> Future[T | Outcome]:
+        """``reader``'s answer from ``shard`` on its ready leader (this node)
+        once a log barrier is applied (a linearizable read); the future
+        holds the answer, or the refusal."""
+
+    def take_producer_id(self) -> int | None:
+        """An id for an idempotent producer from any shard this node leads
+        (ready), or None."""
+
+    def status(self, shard: int) -> ShardStatus:
+        """This node's replica of ``shard``, for operators."""
 
 
 @dataclass
@@ -62,7 +107,7 @@ class Request:
 
     command: Command | None
     future: Future[Any] = field(default_factory=Future)
-    reader: Reader | None = None
+    reader: Reader[Any] | None = None
 
 
 @dataclass
@@ -155,9 +200,9 @@ class Shard:
         self._in_flight = 0  # proposed entries of this leadership not yet applied
         self._next_abort_sweep = 0
         self._next_expire_sweep = 0
-        #: Wakes the tick thread from its poll; the node installs it.
-        self.wake: Callable[[], None] = lambda: None
         self.replica = replica_factory(self._on_applied)
+        #: Wakes the tick thread from its poll.
+        self.wake = self.replica.waker()
 
     # --- called from gRPC threads --------------------------------------------------
 
@@ -167,12 +212,26 @@ class Shard:
         self._enqueue(request)
         return request.future
 
-    def read(self, reader: Reader) -> Future[Any]:
+    def read(self, reader: Reader[T]) -> Future[T | Outcome]:
         """Run ``reader`` on the state once a log barrier proposed after this
-        call is applied (a linearizable read); the future holds its result."""
+        call is applied (a linearizable read); the future holds its result,
+        or the refusal."""
         request = Request(None, reader=reader)
         self._enqueue(request)
         return request.future
+
+    def status(self) -> ShardStatus:
+        def read(machine: TransactionStateMachine) -> ShardStatus:
+            return ShardStatus(
+                ready_leader=self.is_leader and self.ready,
+                term=self.replica.raftCurrentTerm,
+                commit_index=self.replica.raftCommitIndex,
+                applied_index=self.replica.raftLastApplied,
+                state_digest=hashlib.sha256(machine.snapshot()).hexdigest(),
+                transactional_ids=len(machine.state.transactions),
+            )
+
+        return self.replica.query(read)
 
     def availability(self) -> ErrorCode:
         """NONE when this replica leads and has applied its log, else why not."""
@@ -200,10 +259,10 @@ class Shard:
             now = now_ms()
             self._sweep(now)
             self._propose_batch(now)
-        self.replica.doTick(wait_s)
+        self.replica.tick(wait_s)
 
     def _track_leadership(self) -> None:
-        leading = bool(self.replica._isLeader())
+        leading = self.replica.is_leader()
         term = int(self.replica.raftCurrentTerm)
         if leading and (not self.is_leader or term != self.leader_term):
             if self.is_leader:
@@ -236,15 +295,15 @@ class Shard:
             _fail(request, ErrorCode.NOT_COORDINATOR)
 
     def _request_block(self, term: int, first: bool = False) -> None:
-        layout = self.replica.machine.state.pids.layout
+        layout = self.replica.query(lambda m: m.state.pids.layout)
         with self._cursor_lock:
             token = self.cursor.mark_requested()
         command = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
 
-        def granted(result: Any, error: Any) -> None:
+        def granted(result: list[Outcome] | None, error: ErrorCode) -> None:
             if term != self.leader_term or not self.is_leader:
                 return  # a new leadership asks again
-            if error != FAIL_REASON.SUCCESS:
+            if result is None:
                 with self._cursor_lock:
                     self.cursor.request_failed(token)
                 if first:
@@ -262,14 +321,12 @@ class Shard:
                     outcome.message,
                 )
             if first:
+                # The node's marker writer for this leadership starts from the
+                # applied state's pending markers.
                 self.ready = True
                 log.info(
                     "node=%d shard=%d event=leader_ready term=%d", self.node_id, self.shard, term
                 )
-                with self.replica.lock:
-                    pending = self.replica.machine.pending_markers()
-                for markers in pending:
-                    self.marker_sink(self.shard, markers)
 
         self.replica.propose(term, encode_entry([command]), granted)
 
@@ -308,17 +365,12 @@ class Shard:
         term = self.leader_term
         self._in_flight += 1
 
-        def applied(result: Any, error: Any) -> None:
+        def applied(result: list[Outcome] | None, error: ErrorCode) -> None:
             if term == self.leader_term:
                 self._in_flight -= 1
-            if error != FAIL_REASON.SUCCESS:
-                code = (
-                    ErrorCode.NOT_COORDINATOR
-                    if error != FAIL_REASON.QUEUE_FULL
-                    else ErrorCode.REQUEST_TIMED_OUT
-                )
+            if result is None:
                 for request in batch:
-                    _fail(request, code)
+                    _fail(request, error)
                 return
             outcomes = iter(result)
             for request in batch:
@@ -326,11 +378,10 @@ class Shard:
                     request.future.set_result(next(outcomes))
                 else:
                     assert request.reader is not None
-                    with self.replica.lock:
-                        try:
-                            request.future.set_result(request.reader(self.replica.machine))
-                        except Exception as exc:  # a reader bug must not kill the tick
-                            request.future.set_exception(exc)
+                    try:
+                        request.future.set_result(self.replica.query(request.reader))
+                    except Exception as exc:  # a reader bug must not kill the tick
+                        request.future.set_exception(exc)
 
         self.replica.propose(term, encode_entry(commands), applied)
 
@@ -342,9 +393,7 @@ class Shard:
         if "coordinator_epoch" in names:
             changes["coordinator_epoch"] = self.leader_term
         if isinstance(command, InitProducerId | EndTxn):
-            with self.replica.lock:
-                needs = self.replica.machine.needs_new_producer_id(command)
-            if needs:
+            if self.replica.query(lambda m: m.needs_new_producer_id(command)):
                 with self._cursor_lock:
                     pid = self.cursor.take()
                 if pid is None:
@@ -366,14 +415,12 @@ class Shard:
     def _sweep(self, now: int) -> None:
         if now >= self._next_abort_sweep:
             self._next_abort_sweep = now + self.timers.abort_timed_out_interval_ms
-            with self.replica.lock:
-                candidates = self.replica.machine.timed_out(now)
+            candidates = self.replica.query(lambda m: m.timed_out(now))
             for candidate in candidates:
                 self._queue.put(Request(candidate))
         if now >= self._next_expire_sweep:
             self._next_expire_sweep = now + self.timers.expire_interval_ms
-            with self.replica.lock:
-                ids = self.replica.machine.expirable_ids(now)
+            ids = self.replica.query(lambda m: m.expirable_ids(now))
             if ids:
                 self._queue.put(Request(ExpireTransactionalIds(tuple(ids), now)))
 
@@ -391,7 +438,7 @@ class Shard:
                     index,
                     outcome.message,
                 )
-        if not self.replica._isLeader():
+        if not self.replica.is_leader():
             return
         for effect in effects:
             if isinstance(effect, ProducerFenced):
