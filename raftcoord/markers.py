@@ -42,6 +42,7 @@ from marker_writer import (
     TxnKey,
 )
 from raftcoord.config import ClusterConfig
+from raftcoord.leader import Unstamped
 from raftcoord.shard import Shard, Shards
 from raftcoord.v1 import (
     common_pb2,
@@ -172,19 +173,7 @@ class GrpcMarkerTransport:
         if not self._still_leading():
             return [int(ErrorCode.NOT_COORDINATOR)] * len(completions)
         # Submitted together, they go out in one Raft entry (group commit).
-        futures: list[Future[Any]] = [
-            self.shard.submit(
-                MarkersWritten(
-                    c.transactional_id,
-                    c.producer_id,
-                    c.producer_epoch,
-                    tuple((p.topic, p.partition) for p in c.partitions),
-                    tuple(g.group_id for g in c.groups),
-                    0,
-                )
-            )
-            for c in completions
-        ]
+        futures: list[Future[Any]] = [self.shard.submit(_markers_written(c)) for c in completions]
         deadline = time.monotonic() + COMPLETE_TIMEOUT_S
         return [self._outcome_code(future, deadline) for future in futures]
 
@@ -204,6 +193,17 @@ class GrpcMarkerTransport:
     def _still_leading(self) -> bool:
         shard = self.shard
         return shard.is_leader and shard.ready and shard.leader_term == self.term
+
+
+def _markers_written(completion: Completion) -> Unstamped:
+    return lambda stamp: MarkersWritten(
+        completion.transactional_id,
+        completion.producer_id,
+        completion.producer_epoch,
+        tuple((p.topic, p.partition) for p in completion.partitions),
+        tuple(g.group_id for g in completion.groups),
+        stamp.now_ms,
+    )
 
 
 def _txn_marker(marker: MarkerRequest) -> Any:

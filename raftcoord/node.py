@@ -21,9 +21,10 @@ from typing import TypeVar
 
 import grpc
 
-from fsm import Command, ErrorCode, Outcome, TransactionStateMachine, WriteMarkers
+from fsm import ErrorCode, Outcome, TransactionStateMachine, WriteMarkers
 from raftcoord import raft_journal
 from raftcoord.config import ClusterConfig, NodeAddress
+from raftcoord.leader import Unstamped
 from raftcoord.markers import MarkerWriters
 from raftcoord.process import serve
 from raftcoord.raft import raft_conf
@@ -79,8 +80,8 @@ class CoordinatorNode:
     def availability(self, shard: int) -> ErrorCode:
         return self.shards[shard].availability()
 
-    def submit(self, shard: int, command: Command) -> Future[Outcome]:
-        return self.shards[shard].submit(command)
+    def submit(self, shard: int, build: Unstamped) -> Future[Outcome]:
+        return self.shards[shard].submit(build)
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         return self.shards[shard].replica.query(reader)

@@ -43,6 +43,7 @@ from fsm.states import PREPARE_STATES
 from fsm.transactions import verify_group, verify_ongoing
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
 from raftcoord.config import ClusterConfig
+from raftcoord.leader import CHECK_ONLY, Stamp, Unstamped
 from raftcoord.markers import METADATA_SHARD, MarkerWriters
 from raftcoord.shard import Reader, Shards, now_ms
 from raftcoord.v1 import (
@@ -101,18 +102,19 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             raise _Refused(error, f"not the coordinator of shard {shard}; leader: {where}")
         raise _Refused(error, f"shard {shard} is loading its state")
 
-    def _refusal(self, command: Command) -> Outcome | None:
+    def _refusal(self, build: Unstamped) -> Outcome | None:
         """The answer to a request that must not be proposed (fsm.limits), or None."""
-        refusal = request_refusal(command, self.fsm_config)
+        refusal = request_refusal(build(CHECK_ONLY), self.fsm_config)
         return None if refusal is None else Outcome(error=refusal[0], message=refusal[1])
 
     def _run(
         self,
         shard: int,
-        command: Command,
+        build: Unstamped,
         precheck: Callable[[], Outcome | None] | None = None,
     ) -> Outcome:
-        """Replicate ``command`` on ``shard``; a refusal comes back as an error outcome.
+        """Replicate the command of ``build`` on ``shard``; a refusal comes back
+        as an error outcome.
 
         ``precheck`` validates what the command's own shard cannot (state of
         other shards) once this node is known to lead ``shard``: its outcome,
@@ -120,7 +122,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         """
         # A request that breaks a limit is refused by any node, before routing
         # to a leader: it never reaches the log.
-        refused_here = self._refusal(command)
+        refused_here = self._refusal(build)
         if refused_here is not None:
             return refused_here
         try:
@@ -130,7 +132,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             return Outcome(error=refused.error, message=refused.message)
         if refused_before is not None:
             return refused_before
-        result: Outcome = _wait(self.shards.submit(shard, command))
+        result: Outcome = _wait(self.shards.submit(shard, build))
         return result
 
     def _read(self, shard: int, reader: Reader[T]) -> T:
@@ -196,14 +198,20 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         if not request.HasField("transactional_id"):
             return self._idempotent_producer_id(context)
         has_pid, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
-        command = InitProducerId(
-            transactional_id=request.transactional_id,
-            timeout_ms=request.transaction_timeout_ms,
-            now_ms=0,
-            coordinator_epoch=0,
-            expected_producer_id=request.producer_id if has_pid else -1,
-            expected_producer_epoch=request.producer_epoch if has_epoch else -1,
-        )
+        expected_producer_id = request.producer_id if has_pid else -1
+        expected_producer_epoch = request.producer_epoch if has_epoch else -1
+
+        def command(stamp: Stamp) -> Command:
+            return InitProducerId(
+                transactional_id=request.transactional_id,
+                timeout_ms=request.transaction_timeout_ms,
+                now_ms=stamp.now_ms,
+                coordinator_epoch=stamp.coordinator_epoch,
+                new_producer_id=stamp.new_producer_id,
+                expected_producer_id=expected_producer_id,
+                expected_producer_epoch=expected_producer_epoch,
+            )
+
         if has_pid != has_epoch or (
             has_pid and (request.producer_id < 0 or request.producer_epoch < 0)
         ):
@@ -282,14 +290,16 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            command = AddPartitions(
-                request.transactional_id,
-                request.producer_id,
-                request.producer_epoch,
-                partitions,
-                0,
-                0,
-            )
+            def command(stamp: Stamp) -> Command:
+                return AddPartitions(
+                    request.transactional_id,
+                    request.producer_id,
+                    request.producer_epoch,
+                    partitions,
+                    stamp.now_ms,
+                    stamp.coordinator_epoch,
+                )
+
             outcome = self._run(shard, command, topics_exist)
         return pb.AddPartitionsToTxnResponse(
             error_code=outcome.error,
@@ -345,26 +355,32 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             except _Refused as refused:
                 error, message = refused.error, refused.message
             return pb.AddOffsetsToTxnResponse(error_code=error, error_message=message)
-        command = AddOffsets(
-            request.transactional_id,
-            request.producer_id,
-            request.producer_epoch,
-            request.group_id,
-            0,
-            0,
-        )
+
+        def command(stamp: Stamp) -> Command:
+            return AddOffsets(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.group_id,
+                stamp.now_ms,
+                stamp.coordinator_epoch,
+            )
+
         outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.AddOffsetsToTxnResponse(error_code=outcome.error, error_message=outcome.message)
 
     def EndTxn(self, request: Any, context: Any) -> Any:
-        command = EndTxn(
-            request.transactional_id,
-            request.producer_id,
-            request.producer_epoch,
-            request.committed,
-            0,
-            0,
-        )
+        def command(stamp: Stamp) -> Command:
+            return EndTxn(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.committed,
+                stamp.now_ms,
+                stamp.coordinator_epoch,
+                stamp.new_producer_id,
+            )
+
         outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.EndTxnResponse(
             error_code=outcome.error,
@@ -379,14 +395,16 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         """Stored only when the group is in the producer's ongoing transaction,
         as the transaction's shard has it (asked before proposing)."""
         offsets = _offset_entries(request.topics)
-        command = TxnOffsetCommit(
-            request.group_id,
-            request.transactional_id,
-            request.producer_id,
-            request.producer_epoch,
-            offsets,
-            0,
-        )
+
+        def command(stamp: Stamp) -> Command:
+            return TxnOffsetCommit(
+                request.group_id,
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                offsets,
+                stamp.now_ms,
+            )
 
         def in_transaction() -> Outcome | None:
             error, message = self._verify_group(request, context)
@@ -448,7 +466,8 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     def OffsetCommit(self, request: Any, context: Any) -> Any:
         offsets = _offset_entries(request.topics)
         outcome = self._run(
-            self._shard_of(request.group_id), OffsetCommit(request.group_id, offsets, 0)
+            self._shard_of(request.group_id),
+            lambda stamp: OffsetCommit(request.group_id, offsets, stamp.now_ms),
         )
         return pb.OffsetCommitResponse(
             error_code=outcome.error,
@@ -509,15 +528,10 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 if error is not E.NONE:
                     result.error_code = error
                     continue
-                command = GroupMarker(
-                    group_id,
-                    marker.producer_id,
-                    marker.producer_epoch,
-                    marker.result == common_pb2.COMMIT,
-                    0,
-                )
                 # Submitted together, the markers share one Raft entry per shard.
-                future = self.shards.submit(self._shard_of(group_id), command)
+                future = self.shards.submit(
+                    self._shard_of(group_id), _group_marker(marker, group_id)
+                )
                 waiting.append((result, future))
         for result, future in waiting:
             outcome = _wait(future)
@@ -698,7 +712,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 continue
             start = zlib.crc32(topic.name.encode()) % len(nodes)
             placement = tuple(nodes[(start + i) % len(nodes)] for i in range(topic.num_partitions))
-            command = CreateTopic(topic.name, placement, 0)
+            command = _create_topic(topic.name, placement)
             if request.validate_only:
                 outcome = self._refusal(command) or Outcome()
             else:
@@ -746,6 +760,20 @@ class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):  # type: ignore[mis
 
 
 # --- helpers -------------------------------------------------------------------------
+
+
+def _group_marker(marker: Any, group_id: str) -> Unstamped:
+    return lambda stamp: GroupMarker(
+        group_id,
+        marker.producer_id,
+        marker.producer_epoch,
+        marker.result == common_pb2.COMMIT,
+        stamp.now_ms,
+    )
+
+
+def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:
+    return lambda stamp: CreateTopic(name, placement, stamp.now_ms)
 
 
 def _wait(future: Future[T]) -> T | Outcome:
