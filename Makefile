@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-TYPED = fsm pid_allocator marker_writer partition_log/producer_state.py partition_log/codec.py partition_log/log.py raftcoord/chaos tests/history_checker.py
+TYPED = fsm pid_allocator marker_writer raftcoord/coordinator/leader.py partition_log/producer_state.py partition_log/codec.py partition_log/log.py raftcoord/chaos tests/history_checker.py
 
 .PHONY: help install test test-fast lint typecheck proto demo clean
 

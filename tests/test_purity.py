@@ -113,6 +113,32 @@ PURE_PROTOCOL = [
 ]
 
 
+def test_the_leader_core_imports_no_io_clock_randomness_or_threads() -> None:
+    path = REPO_ROOT / "raftcoord" / "coordinator" / "leader.py"
+    found = forbidden_imports(path.read_text(encoding="utf-8"), str(path.relative_to(REPO_ROOT)))
+    assert not found, "forbidden imports in the leader core:\n" + "\n".join(found)
+
+
+def test_importing_the_leader_core_loads_no_raft_grpc_or_protobuf() -> None:
+    code = (
+        "import sys, json, raftcoord.coordinator.leader\n"
+        "allowed = ('raftcoord', 'raftcoord.coordinator', 'raftcoord.coordinator.leader')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('grpc', 'pysyncobj', 'google', 'pyspark') or m.startswith('raftcoord.') "
+        "and m not in allowed and not m.startswith('raftcoord.protocol'))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
 def test_importing_fsm_loads_no_raft_grpc_or_protobuf() -> None:
     # Transitively too (stdlib modules are loaded by the interpreter itself, so
     # only the third-party stacks are checked here).

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj import FAIL_REASON, SyncObjConf
+from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
 
-from fsm import AllocatePidBlock, InitProducerId, TransactionStateMachine, encode_entry
+from fsm import AllocatePidBlock, ErrorCode, InitProducerId, TransactionStateMachine, encode_entry
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.replica import APPEND_ENTRIES, ShardReplica
@@ -206,14 +206,14 @@ def test_a_large_non_ascii_entry_replicates_in_chunks(tmp_path: Path) -> None:
         for address in addresses
     ]
     try:
-        tick_until(replicas, lambda: any(r._isLeader() for r in replicas))
-        leader = next(r for r in replicas if r._isLeader())
+        tick_until(replicas, lambda: any(r.is_leader() for r in replicas))
+        leader = next(r for r in replicas if r.is_leader())
         follower = next(r for r in replicas if r is not leader)
         term = leader.raftCurrentTerm
         results: list[Any] = []
 
-        def done(result: Any, error: int) -> None:
-            assert error == FAIL_REASON.SUCCESS
+        def done(result: Any, error: ErrorCode) -> None:
+            assert error == ErrorCode.NONE
             results.append(result)
 
         layout = leader.machine.state.pids.layout

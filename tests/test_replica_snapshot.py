@@ -9,9 +9,16 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from pysyncobj import FAIL_REASON, SyncObjConf
+from pysyncobj import SyncObjConf
 
-from fsm import AllocatePidBlock, InitProducerId, Outcome, TransactionStateMachine, encode_entry
+from fsm import (
+    AllocatePidBlock,
+    ErrorCode,
+    InitProducerId,
+    Outcome,
+    TransactionStateMachine,
+    encode_entry,
+)
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
@@ -51,11 +58,11 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
     replica = make_replica(tmp_path, address, applied)
     results: list[list[Outcome]] = []
     try:
-        tick_until(replica, replica._isLeader)
+        tick_until(replica, replica.is_leader)
         term = replica.raftCurrentTerm
 
-        def done(result: list[Outcome], error: int) -> None:
-            assert error == FAIL_REASON.SUCCESS
+        def done(result: list[Outcome] | None, error: ErrorCode) -> None:
+            assert error == ErrorCode.NONE
             results.append(result)
 
         replica.apply_entry(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), callback=done)
@@ -95,7 +102,7 @@ def test_an_entry_that_cannot_be_applied_stops_the_replica_with_its_index(
     applied: list[int] = []
     replica = make_replica(tmp_path, f"127.0.0.1:{free_ports(1)[0]}", applied)
     try:
-        tick_until(replica, replica._isLeader)
+        tick_until(replica, replica.is_leader)
         term = replica.raftCurrentTerm
         replica.propose(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), lambda r, e: None)
         tick_until(replica, lambda: len(applied) == 1)
@@ -122,19 +129,19 @@ def test_a_failing_callback_does_not_apply_the_entry_twice(tmp_path: Path) -> No
     replica = make_replica(tmp_path, f"127.0.0.1:{free_ports(1)[0]}", applied)
     calls: list[int] = []
 
-    def failing(result: list[Outcome], error: int) -> None:
+    def failing(result: list[Outcome] | None, error: ErrorCode) -> None:
         calls.append(error)
         raise RuntimeError("a bug in a caller")
 
     try:
-        tick_until(replica, replica._isLeader)
+        tick_until(replica, replica.is_leader)
         replica.propose(
             replica.raftCurrentTerm, encode_entry([AllocatePidBlock(0, 1, 1000)]), failing
         )
         tick_until(replica, lambda: calls != [])
         for _ in range(20):
             replica.doTick(0.005)
-        assert calls == [FAIL_REASON.SUCCESS]
+        assert calls == [ErrorCode.NONE]
         assert len(applied) == 1 and replica.machine.state.pids.next_seq == 1
     finally:
         replica.destroy()

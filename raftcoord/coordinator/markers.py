@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
@@ -41,6 +41,9 @@ from marker_writer import (
     TransportError,
     TxnKey,
 )
+from raftcoord.coordinator.leader import Unstamped
+from raftcoord.coordinator.shard import Shard, Shards
+from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import WriteMarkers
@@ -50,10 +53,6 @@ from raftcoord.protocol.v1 import (
     partition_log_pb2,
     partition_log_pb2_grpc,
 )
-
-if TYPE_CHECKING:
-    from raftcoord.coordinator.node import CoordinatorNode
-    from raftcoord.coordinator.shard import Shard
 
 log = logging.getLogger("raftcoord.coordinator.markers")
 
@@ -97,33 +96,35 @@ class GrpcMarkerTransport:
 
     def __init__(
         self,
-        node: CoordinatorNode,
+        shards: Shards,
+        config: ClusterConfig,
         shard: Shard,
         term: int,
         channels: ChannelCache,
         stopping: threading.Event,
     ) -> None:
-        self.node = node
+        self.shards = shards
+        self.shard_count = config.shard_count
         self.shard = shard
         self.term = term
         self.channels = channels
         self.stopping = stopping
-        self._partition_nodes = {n.node_id: n.grpc for n in node.config.partition_nodes}
+        self._partition_nodes = {n.node_id: n.grpc for n in config.partition_nodes}
 
     # --- where markers go ----------------------------------------------------------
 
     def resolve(self, participant: Participant) -> Destination | None:
         if isinstance(participant, DataPartition):
             return self._partition_destination(participant)
-        leader = self.node.leader_of(shard_for(participant.group_id, self.node.config.shard_count))
+        leader = self.shards.leader_of(shard_for(participant.group_id, self.shard_count))
         if leader is None:
             return None
         return Destination(DestinationKind.COORDINATOR, leader.node_id, leader.grpc)
 
     def _partition_destination(self, partition: DataPartition) -> Destination | None:
-        replica = self.node.shards[METADATA_SHARD].replica
-        with replica.lock:
-            placement = replica.machine.state.topics.get(partition.topic)
+        placement = self.shards.query(
+            METADATA_SHARD, lambda machine: machine.state.topics.get(partition.topic)
+        )
         # Unknown here may only mean this replica of shard 0 lags: ask again later.
         if placement is None or not 0 <= partition.partition < len(placement):
             return None
@@ -175,19 +176,7 @@ class GrpcMarkerTransport:
         if not self._still_leading():
             return [int(ErrorCode.NOT_COORDINATOR)] * len(completions)
         # Submitted together, they go out in one Raft entry (group commit).
-        futures: list[Future[Any]] = [
-            self.shard.submit(
-                MarkersWritten(
-                    c.transactional_id,
-                    c.producer_id,
-                    c.producer_epoch,
-                    tuple((p.topic, p.partition) for p in c.partitions),
-                    tuple(g.group_id for g in c.groups),
-                    0,
-                )
-            )
-            for c in completions
-        ]
+        futures: list[Future[Any]] = [self.shard.submit(_markers_written(c)) for c in completions]
         deadline = time.monotonic() + COMPLETE_TIMEOUT_S
         return [self._outcome_code(future, deadline) for future in futures]
 
@@ -209,6 +198,17 @@ class GrpcMarkerTransport:
         return shard.is_leader and shard.ready and shard.leader_term == self.term
 
 
+def _markers_written(completion: Completion) -> Unstamped:
+    return lambda stamp: MarkersWritten(
+        completion.transactional_id,
+        completion.producer_id,
+        completion.producer_epoch,
+        tuple((p.topic, p.partition) for p in completion.partitions),
+        tuple(g.group_id for g in completion.groups),
+        stamp.now_ms,
+    )
+
+
 def _txn_marker(marker: MarkerRequest) -> Any:
     topics: dict[str, list[int]] = {}
     for partition in marker.partitions:
@@ -227,8 +227,10 @@ def _txn_marker(marker: MarkerRequest) -> Any:
 class MarkerWriters:
     """The node's marker writers: one per shard it leads (ready), per term."""
 
-    def __init__(self, node: CoordinatorNode) -> None:
-        self.node = node
+    def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
+        self.shards = shards
+        self.config = config
+        self.node_id = node_id
         self.channels = ChannelCache()
         self._lock = threading.Lock()
         self._writers: dict[int, MarkerWriter] = {}
@@ -251,9 +253,11 @@ class MarkerWriters:
                 writer = self._writers[shard.shard] = MarkerWriter(
                     shard.shard,
                     term,
-                    GrpcMarkerTransport(self.node, shard, term, self.channels, self._stopping),
+                    GrpcMarkerTransport(
+                        self.shards, self.config, shard, term, self.channels, self._stopping
+                    ),
                     logger=log,
-                    label=f"node={self.node.node_id}",
+                    label=f"node={self.node_id}",
                 )
         if stale is not None:
             stale.stop(timeout_s=0)
@@ -261,32 +265,30 @@ class MarkerWriters:
             # Seeded from the applied state, a new writer owes every Prepare*
             # transaction's markers even if a hand-off came before it existed
             # (or its predecessor of the same term stopped itself).
-            with shard.replica.lock:
-                pending = shard.replica.machine.pending_markers()
+            pending = shard.replica.query(lambda machine: machine.pending_markers())
             for markers in pending:
                 writer.add(markers, term)
             writer.start()
             log.info(
                 "node=%d shard=%d term=%d event=marker_writer_started pending=%d",
-                self.node.node_id,
+                self.node_id,
                 shard.shard,
                 term,
                 len(pending),
             )
         return writer
 
-    def hand_off(self, shard_number: int, markers: WriteMarkers) -> None:
-        """The shard applied a Prepare* transition (or its new leader found
-        one): queue its markers on this leadership's writer. Before the
-        leadership is ready there is no writer; the ready leader resends
-        every Prepare* transaction's markers itself."""
-        shard = self.node.shards[shard_number]
+    def hand_off(self, shard: Shard, markers: WriteMarkers) -> None:
+        """The shard applied a Prepare* transition: queue its markers on this
+        leadership's writer. Before the leadership is ready there is no
+        writer; the writer of the ready leadership starts from every Prepare*
+        transaction's markers in the applied state."""
         writer = self.sync(shard)
         if writer is None:
             log.debug(
                 "node=%d shard=%d event=markers_deferred transactional_id=%s",
-                self.node.node_id,
-                shard_number,
+                self.node_id,
+                shard.shard,
                 markers.transactional_id,
             )
             return

@@ -15,19 +15,23 @@ import logging
 import os
 import threading
 from concurrent import futures
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
-from pysyncobj import SyncObjConf
-from pysyncobj.pipe_notifier import PipeNotifier
 
-from fsm import TransactionStateMachine
+from fsm import Outcome, TransactionStateMachine
 from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
+from raftcoord.coordinator.service import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
-from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog
+from raftcoord.coordinator.shard import Reader, Shard, ShardStatus, ShardTimers, TransitionsLog
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import serve
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
@@ -38,9 +42,14 @@ log = logging.getLogger("raftcoord.coordinator.node")
 #: (EX_SOFTWARE): restarting it replays the same entry, so it needs a fix.
 EXIT_APPLY_FAILED = 70
 
+T = TypeVar("T")
+
 
 class CoordinatorNode:
-    """One coordinator process. :meth:`start`, then :meth:`wait` or :meth:`stop`."""
+    """One coordinator process. :meth:`start`, then :meth:`wait` or :meth:`stop`.
+
+    Its services and marker writers see it as :class:`raftcoord.coordinator.shard.Shards`.
+    """
 
     def __init__(self, config: ClusterConfig, node_id: int, data_dir: Path) -> None:
         self.config = config
@@ -48,12 +57,10 @@ class CoordinatorNode:
         self.node_id = node_id
         self.data_dir = data_dir
         self.shards: list[Shard] = []
-        self._notifiers: list[PipeNotifier] = []
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
-        self.markers_handed_off = 0
-        self.markers = MarkerWriters(self)
+        self.markers = MarkerWriters(self, config, node_id)
 
     # --- addresses -------------------------------------------------------------------
 
@@ -64,13 +71,37 @@ class CoordinatorNode:
                 return node
         return None
 
+    # --- what services see (raftcoord.coordinator.shard.Shards) -----------------------------------
+
     def leader_of(self, shard: int) -> NodeAddress | None:
-        """The coordinator this node believes leads ``shard``, or None."""
         replica = self.shards[shard].replica
-        if replica._isLeader():
+        if replica.is_leader():
             return self.me
-        leader = replica._getLeader()
-        return None if leader is None else self.coordinator_for_raft(shard, leader.address)
+        leader = replica.leader_address()
+        return None if leader is None else self.coordinator_for_raft(shard, leader)
+
+    def availability(self, shard: int) -> ErrorCode:
+        return self.shards[shard].availability()
+
+    def submit(self, shard: int, build: Unstamped) -> Future[Outcome]:
+        return self.shards[shard].submit(build)
+
+    def query(self, shard: int, reader: Reader[T]) -> T:
+        return self.shards[shard].replica.query(reader)
+
+    def read(self, shard: int, reader: Reader[T]) -> Future[T | Outcome]:
+        return self.shards[shard].read(reader)
+
+    def take_producer_id(self) -> int | None:
+        # The stripes of all shards share one id space without overlapping.
+        for shard in self.shards:
+            pid = shard.take_producer_id()
+            if pid is not None:
+                return pid
+        return None
+
+    def status(self, shard: int) -> ShardStatus:
+        return self.shards[shard].status()
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -80,9 +111,6 @@ class CoordinatorNode:
         settings = self.config.settings
         self.shards = [self._make_shard(number) for number in range(self.config.shard_count)]
         for shard in self.shards:
-            notifier = PipeNotifier(shard.replica._poller)
-            shard.wake = notifier.notify
-            self._notifiers.append(notifier)
             thread = threading.Thread(
                 target=self._run_shard,
                 args=(shard, settings.raft_tick_ms / 1000.0),
@@ -109,22 +137,8 @@ class CoordinatorNode:
         snapshot = str(shard_dir / "snapshot")
         raft_journal.register_journal(journal, settings.fsync, snapshot_file=snapshot)
         low, high = settings.raft_election_timeout_ms
-        conf = SyncObjConf(
-            autoTick=False,
-            appendEntriesUseBatch=False,  # we batch: one entry per tick per shard
-            appendEntriesPeriod=settings.raft_heartbeat_ms / 1000.0,
-            raftMinTimeout=low / 1000.0,
-            raftMaxTimeout=high / 1000.0,
-            journalFile=journal,
-            fullDumpFile=snapshot,
-            useFork=False,  # gRPC's threads make fork unsafe
-            dynamicMembershipChange=False,
-            commandsWaitLeader=False,
-            logCompactionMinEntries=20_000,
-            logCompactionMinTime=60,
-            connectionRetryTime=0.2,
-            connectionTimeout=1.0,
-            leaderFallbackTimeout=max(2.0, 4 * high / 1000.0),
+        conf = raft_conf(
+            settings.raft_heartbeat_ms / 1000.0, (low / 1000.0, high / 1000.0), journal, snapshot
         )
         me = self.me.raft[shard]
         partners = [n.raft[shard] for n in self.config.coordinators if n.node_id != self.node_id]
@@ -152,8 +166,7 @@ class CoordinatorNode:
         return made
 
     def _hand_off(self, shard: int, markers: WriteMarkers) -> None:
-        self.markers_handed_off += 1
-        self.markers.hand_off(shard, markers)
+        self.markers.hand_off(self.shards[shard], markers)
 
     def _run_shard(self, shard: Shard, tick_s: float) -> None:
         while not self._stopping.is_set():
@@ -178,16 +191,16 @@ class CoordinatorNode:
                 self._stopping.wait(tick_s)
 
     def _make_server(self) -> grpc.Server:
-        from raftcoord.coordinator.service import AdminService, CoordinatorService
-
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
             options=[("grpc.so_reuseport", 0)],
         )
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
-            CoordinatorService(self), server
+            CoordinatorService(self, self.config, self.node_id, self.markers), server
         )
-        admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(AdminService(self), server)
+        admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
+            AdminService(self, self.config, self.node_id), server
+        )
         if server.add_insecure_port(self.me.grpc) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         return server

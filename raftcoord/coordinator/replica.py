@@ -51,9 +51,9 @@ Why rewrite messages rather than replace the handler: pysyncobj's handler
 is one private method that also runs elections, leadership transfer and
 commit bookkeeping; rewriting its input changes only the log decisions and
 leaves the rest to pysyncobj. The cost is reaching four name-mangled
-members (``__transport``, ``__onMessageReceived``, ``__raftLog``,
-``__sendNextNodeIdx``); ``tests/test_replica_append_entries.py`` fails if
-a pysyncobj upgrade changes them or the behaviour above.
+members, all in :class:`raftcoord.coordinator.raft.RaftGroup`;
+``tests/test_replica_append_entries.py`` fails if a pysyncobj upgrade
+changes them or the behaviour above.
 
 Large entries
 -------------
@@ -78,24 +78,29 @@ import pickle
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
-from pysyncobj import SyncObj, SyncObjConf, replicated
 
-from fsm import Outcome, TransactionStateMachine
+from fsm import ErrorCode, Outcome, TransactionStateMachine
+from raftcoord.coordinator.raft import RaftGroup, SyncObjConf, proposal_error, replicated
 
 SNAPSHOT_FILE_VERSION = 1
+
+T = TypeVar("T")
 
 log = logging.getLogger("raftcoord.coordinator.replica")
 
 #: Called on every replica after an entry is applied: (index, term, outcomes).
 AppliedListener = Callable[[int, int, list[Outcome]], None]
 
+#: Called once a proposed entry is applied or dropped: (outcomes, error), the
+#: outcomes being None unless ``error`` is NONE (see
+#: :func:`raftcoord.coordinator.raft.proposal_error`).
+ProposalCallback = Callable[[list[Outcome] | None, ErrorCode], None]
+
 #: pysyncobj's message type for AppendEntries (entries, heartbeats, snapshots).
 APPEND_ENTRIES = "append_entries"
-
-log = logging.getLogger("raftcoord.coordinator.replica")
 
 
 class EntryNotApplied(Exception):
@@ -112,7 +117,7 @@ class EntryNotApplied(Exception):
         self.index = index
 
 
-class ShardReplica(SyncObj):  # type: ignore[misc]
+class ShardReplica(RaftGroup):
     """A pysyncobj object whose whole state is one :class:`TransactionStateMachine`.
 
     ``lock`` guards ``machine``: the tick thread applies entries under it and
@@ -142,10 +147,7 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
         conf.serializer = self._write_snapshot
         conf.deserializer = self._read_snapshot
         super().__init__(self_address, partner_addresses, conf)
-        # pysyncobj registers its (name-mangled) handler with the transport;
-        # ours goes in front of it.
-        self._pysyncobj_on_message = self._SyncObj__onMessageReceived
-        self._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
+        self._pysyncobj_on_message = self._intercept_messages(self._on_message)
 
     # --- AppendEntries on a follower -----------------------------------------------
 
@@ -181,7 +183,7 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
     def _append_entries(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """``message`` rewritten so that pysyncobj deletes entries only from a
         real conflict, or None when this method has answered it."""
-        raft_log = self._SyncObj__raftLog
+        raft_log = self._log_entries()
         first, last = raft_log[0][1], raft_log[-1][1]
 
         def term_at(index: int) -> int:
@@ -219,7 +221,7 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
             # leader bookkeeping; the commit index stops at what the message
             # vouches for, and the answer is the one pysyncobj would send.
             self._follow(node, message, min(message["commit_index"], vouched))
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=vouched + 1, success=True)
+            self._acknowledge(node, vouched + 1)
             return None
         base = fresh[0][1] - 1 if fresh else vouched
         return {**message, "prevLogIdx": base, "prevLogTerm": term_at(base), "entries": fresh}
@@ -251,15 +253,16 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
             node, {"type": APPEND_ENTRIES, "term": message["term"], "commit_index": commit_index}
         )
 
-    def propose(self, term: int, entry: bytes, callback: Callable[[Any, Any], None]) -> None:
-        """Propose ``entry``; ``callback(outcomes, FAIL_REASON)`` runs once it
-        is applied (or dropped). pysyncobj calls it before it counts the entry
+    def propose(self, term: int, entry: bytes, callback: ProposalCallback) -> None:
+        """Propose ``entry``; ``callback(outcomes, error)`` runs once it is
+        applied (or dropped). pysyncobj calls it before it counts the entry
         as applied, so an exception escaping it would make the entry apply
         again: it is logged and swallowed here."""
 
-        def guarded(result: Any, error: Any) -> None:
+        def guarded(result: Any, reason: Any) -> None:
+            error = proposal_error(reason)
             try:
-                callback(result, error)
+                callback(result if error is ErrorCode.NONE else None, error)
             except Exception:
                 log.exception(
                     "node=%d shard=%d event=apply_callback_failed term=%d",
@@ -269,6 +272,13 @@ class ShardReplica(SyncObj):  # type: ignore[misc]
                 )
 
         self.apply_entry(term, entry, callback=guarded)
+
+    def query(self, reader: Callable[[TransactionStateMachine], T]) -> T:
+        """``reader``'s answer from the applied state, taken under :attr:`lock`
+        (the state as this replica has it now; it may lag the leader's).
+        ``reader`` only reads, and returns values, not parts of the state."""
+        with self.lock:
+            return reader(self.machine)
 
     @replicated  # type: ignore[misc]
     def apply_entry(self, term: int, entry: bytes) -> list[Outcome]:

@@ -11,13 +11,12 @@ the exception (see :meth:`CoordinatorService.Metadata`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,9 +41,11 @@ from fsm.metadata import TopicPartition, TransactionMetadata
 from fsm.states import PREPARE_STATES
 from fsm.transactions import verify_group, verify_ongoing
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
-from raftcoord.coordinator.markers import METADATA_SHARD
+from raftcoord.coordinator.leader import CHECK_ONLY, Stamp, Unstamped
+from raftcoord.coordinator.markers import METADATA_SHARD, MarkerWriters
 from raftcoord.coordinator.settings import fsm_config
-from raftcoord.coordinator.shard import now_ms
+from raftcoord.coordinator.shard import Reader, Shards, now_ms
+from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import (
     admin_pb2,
@@ -55,13 +56,12 @@ from raftcoord.protocol.v1 import (
     partition_log_pb2,
 )
 
-if TYPE_CHECKING:
-    from raftcoord.coordinator.node import CoordinatorNode
-
 E = ErrorCode
 pb = coordinator_pb2
 REQUEST_TIMEOUT_S = 10.0
 FORWARDED_HEADER = "x-raftcoord-forwarded-by"
+#: Deadline of a request forwarded to another node.
+FORWARD_TIMEOUT_S = 2.0
 T = TypeVar("T")
 
 
@@ -74,38 +74,48 @@ class _Refused(Exception):
         self.message = message
 
 
+class _NotForwarded(Exception):
+    """A request could not be asked of another node; says why."""
+
+
 class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
-    def __init__(self, node: CoordinatorNode) -> None:
-        self.node = node
-        self.fsm_config = fsm_config(node.config.settings)
+    def __init__(
+        self, shards: Shards, config: ClusterConfig, node_id: int, markers: MarkerWriters
+    ) -> None:
+        self.shards = shards
+        self.config = config
+        self.node_id = node_id
+        self.markers = markers
+        self.fsm_config = fsm_config(config.settings)
 
     # --- plumbing ------------------------------------------------------------------
 
     def _shard_of(self, key: str) -> int:
-        return shard_for(key, self.node.config.shard_count)
+        return shard_for(key, self.config.shard_count)
 
     def _check(self, shard: int) -> None:
-        error = self.node.shards[shard].availability()
+        error = self.shards.availability(shard)
         if error is E.NONE:
             return
         if error is E.NOT_COORDINATOR:
-            leader = self.node.leader_of(shard)
+            leader = self.shards.leader_of(shard)
             where = "unknown" if leader is None else f"node {leader.node_id} at {leader.grpc}"
             raise _Refused(error, f"not the coordinator of shard {shard}; leader: {where}")
         raise _Refused(error, f"shard {shard} is loading its state")
 
-    def _refusal(self, command: Command) -> Outcome | None:
+    def _refusal(self, build: Unstamped) -> Outcome | None:
         """The answer to a request that must not be proposed (fsm.limits), or None."""
-        refusal = request_refusal(command, self.fsm_config)
+        refusal = request_refusal(build(CHECK_ONLY), self.fsm_config)
         return None if refusal is None else Outcome(error=refusal[0], message=refusal[1])
 
     def _run(
         self,
         shard: int,
-        command: Command,
+        build: Unstamped,
         precheck: Callable[[], Outcome | None] | None = None,
     ) -> Outcome:
-        """Replicate ``command`` on ``shard``; a refusal comes back as an error outcome.
+        """Replicate the command of ``build`` on ``shard``; a refusal comes back
+        as an error outcome.
 
         ``precheck`` validates what the command's own shard cannot (state of
         other shards) once this node is known to lead ``shard``: its outcome,
@@ -113,7 +123,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         """
         # A request that breaks a limit is refused by any node, before routing
         # to a leader: it never reaches the log.
-        refused_here = self._refusal(command)
+        refused_here = self._refusal(build)
         if refused_here is not None:
             return refused_here
         try:
@@ -123,15 +133,45 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             return Outcome(error=refused.error, message=refused.message)
         if refused_before is not None:
             return refused_before
-        result: Outcome = _wait(self.node.shards[shard].submit(command))
+        result: Outcome = _wait(self.shards.submit(shard, build))
         return result
 
-    def _read(self, shard: int, reader: Any) -> Any:
+    def _read(self, shard: int, reader: Reader[T]) -> T:
+        """``reader``'s answer from ``shard``'s leader (this node), through its log.
+
+        Raises:
+            _Refused: this node cannot answer (not the ready leader, timed out).
+        """
         self._check(shard)
-        result = _wait(self.node.shards[shard].read(reader))
+        result = _wait(self.shards.read(shard, reader))
         if isinstance(result, Outcome):  # refused or timed out
             raise _Refused(result.error, result.message)
         return result
+
+    def _forward(self, shard: int, context: Any, method: str, request: Any) -> Any:
+        """The answer of ``shard``'s leader, another node, to ``method`` with
+        ``request``. A request that was itself forwarded is not forwarded
+        again (no loops).
+
+        Raises:
+            _NotForwarded: already forwarded, no other node leads ``shard``
+                as far as this node knows, or the call failed.
+        """
+        if dict(context.invocation_metadata()).get(FORWARDED_HEADER):
+            raise _NotForwarded("already forwarded")
+        leader = self.shards.leader_of(shard)
+        if leader is None or leader.node_id == self.node_id:
+            raise _NotForwarded("no leader")
+        try:
+            with grpc.insecure_channel(leader.grpc) as channel:
+                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)  # type: ignore[no-untyped-call]
+                return getattr(stub, method)(
+                    request,
+                    timeout=FORWARD_TIMEOUT_S,
+                    metadata=[(FORWARDED_HEADER, str(self.node_id))],
+                )
+        except grpc.RpcError as exc:
+            raise _NotForwarded(exc.code().name) from exc
 
     # --- discovery -----------------------------------------------------------------
 
@@ -141,7 +181,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 error_code=E.INVALID_REQUEST, error_message="key must not be empty", node_id=-1
             )
         shard = self._shard_of(request.key)
-        leader = self.node.leader_of(shard)
+        leader = self.shards.leader_of(shard)
         if leader is None:
             return pb.FindCoordinatorResponse(
                 error_code=E.COORDINATOR_NOT_AVAILABLE,
@@ -159,14 +199,20 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         if not request.HasField("transactional_id"):
             return self._idempotent_producer_id(context)
         has_pid, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
-        command = InitProducerId(
-            transactional_id=request.transactional_id,
-            timeout_ms=request.transaction_timeout_ms,
-            now_ms=0,
-            coordinator_epoch=0,
-            expected_producer_id=request.producer_id if has_pid else -1,
-            expected_producer_epoch=request.producer_epoch if has_epoch else -1,
-        )
+        expected_producer_id = request.producer_id if has_pid else -1
+        expected_producer_epoch = request.producer_epoch if has_epoch else -1
+
+        def command(stamp: Stamp) -> Command:
+            return InitProducerId(
+                transactional_id=request.transactional_id,
+                timeout_ms=request.transaction_timeout_ms,
+                now_ms=stamp.now_ms,
+                coordinator_epoch=stamp.coordinator_epoch,
+                new_producer_id=stamp.new_producer_id,
+                expected_producer_id=expected_producer_id,
+                expected_producer_epoch=expected_producer_epoch,
+            )
+
         if has_pid != has_epoch or (
             has_pid and (request.producer_id < 0 or request.producer_epoch < 0)
         ):
@@ -185,34 +231,18 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         )
 
     def _idempotent_producer_id(self, context: Any) -> Any:
-        # Any shard this node leads can hand out an id from its cursor: the
-        # stripes of all shards share one id space without overlapping. A
-        # node that leads none asks a node that does (once: no forwarding loops).
-        for shard in self.node.shards:
-            pid = shard.take_producer_id()
-            if pid is not None:
-                return pb.InitProducerIdResponse(
-                    error_code=E.NONE, producer_id=pid, producer_epoch=0
-                )
-        forwarded = dict(context.invocation_metadata()).get(FORWARDED_HEADER)
-        if not forwarded:
-            for shard in range(self.node.config.shard_count):
-                leader = self.node.leader_of(shard)
-                if leader is None or leader.node_id == self.node.node_id:
-                    continue
-                try:
-                    with grpc.insecure_channel(leader.grpc) as channel:
-                        answer = coordinator_pb2_grpc.TransactionCoordinatorStub(
-                            channel
-                        ).InitProducerId(
-                            pb.InitProducerIdRequest(),
-                            timeout=2.0,
-                            metadata=[(FORWARDED_HEADER, str(self.node.node_id))],
-                        )
-                except grpc.RpcError:
-                    continue
-                if answer.error_code == E.NONE:
-                    return answer
+        # Any shard this node leads can hand out an id from its cursor. A node
+        # that leads none asks a node that does.
+        pid = self.shards.take_producer_id()
+        if pid is not None:
+            return pb.InitProducerIdResponse(error_code=E.NONE, producer_id=pid, producer_epoch=0)
+        for shard in range(self.config.shard_count):
+            try:
+                answer = self._forward(shard, context, "InitProducerId", pb.InitProducerIdRequest())
+            except _NotForwarded:
+                continue
+            if answer.error_code == E.NONE:
+                return answer
         return pb.InitProducerIdResponse(
             error_code=E.COORDINATOR_NOT_AVAILABLE,
             error_message="no shard leader has producer ids ready; retry",
@@ -261,14 +291,16 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            command = AddPartitions(
-                request.transactional_id,
-                request.producer_id,
-                request.producer_epoch,
-                partitions,
-                0,
-                0,
-            )
+            def command(stamp: Stamp) -> Command:
+                return AddPartitions(
+                    request.transactional_id,
+                    request.producer_id,
+                    request.producer_epoch,
+                    partitions,
+                    stamp.now_ms,
+                    stamp.coordinator_epoch,
+                )
+
             outcome = self._run(shard, command, topics_exist)
         return pb.AddPartitionsToTxnResponse(
             error_code=outcome.error,
@@ -324,26 +356,32 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             except _Refused as refused:
                 error, message = refused.error, refused.message
             return pb.AddOffsetsToTxnResponse(error_code=error, error_message=message)
-        command = AddOffsets(
-            request.transactional_id,
-            request.producer_id,
-            request.producer_epoch,
-            request.group_id,
-            0,
-            0,
-        )
+
+        def command(stamp: Stamp) -> Command:
+            return AddOffsets(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.group_id,
+                stamp.now_ms,
+                stamp.coordinator_epoch,
+            )
+
         outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.AddOffsetsToTxnResponse(error_code=outcome.error, error_message=outcome.message)
 
     def EndTxn(self, request: Any, context: Any) -> Any:
-        command = EndTxn(
-            request.transactional_id,
-            request.producer_id,
-            request.producer_epoch,
-            request.committed,
-            0,
-            0,
-        )
+        def command(stamp: Stamp) -> Command:
+            return EndTxn(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.committed,
+                stamp.now_ms,
+                stamp.coordinator_epoch,
+                stamp.new_producer_id,
+            )
+
         outcome = self._run(self._shard_of(request.transactional_id), command)
         return pb.EndTxnResponse(
             error_code=outcome.error,
@@ -358,17 +396,19 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         """Stored only when the group is in the producer's ongoing transaction,
         as the transaction's shard has it (asked before proposing)."""
         offsets = _offset_entries(request.topics)
-        command = TxnOffsetCommit(
-            request.group_id,
-            request.transactional_id,
-            request.producer_id,
-            request.producer_epoch,
-            offsets,
-            0,
-        )
+
+        def command(stamp: Stamp) -> Command:
+            return TxnOffsetCommit(
+                request.group_id,
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                offsets,
+                stamp.now_ms,
+            )
 
         def in_transaction() -> Outcome | None:
-            error, message = self._verify_group(request)
+            error, message = self._verify_group(request, context)
             return None if error is E.NONE else Outcome(error=error, message=message)
 
         outcome = self._run(self._shard_of(request.group_id), command, in_transaction)
@@ -378,7 +418,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             results=[_partition_result((o.topic, o.partition), outcome.error) for o in offsets],
         )
 
-    def _verify_group(self, request: Any) -> tuple[ErrorCode, str]:
+    def _verify_group(self, request: Any, context: Any) -> tuple[ErrorCode, str]:
         """Whether ``request.group_id`` is in the ongoing transaction of
         ``request``'s producer, asked of the transaction's shard leader (this
         node, or with a verify-only AddOffsetsToTxn); read through its log.
@@ -387,7 +427,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             _Refused: the transaction's shard cannot answer now (retriable).
         """
         shard = self._shard_of(request.transactional_id)
-        if self.node.shards[shard].availability() is E.NONE:
+        if self.shards.availability(shard) is E.NONE:
             verified: tuple[ErrorCode, str] = self._read(
                 shard,
                 lambda m: verify_group(
@@ -398,26 +438,22 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 ),
             )
             return verified
-        leader = self.node.leader_of(shard)
         unavailable = f"the coordinator of the transaction (shard {shard}) cannot verify it"
-        if leader is None or leader.node_id == self.node.node_id:
-            raise _Refused(E.COORDINATOR_NOT_AVAILABLE, f"{unavailable}: no leader; retry")
         try:
-            with grpc.insecure_channel(leader.grpc) as channel:
-                answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).AddOffsetsToTxn(
-                    pb.AddOffsetsToTxnRequest(
-                        transactional_id=request.transactional_id,
-                        producer_id=request.producer_id,
-                        producer_epoch=request.producer_epoch,
-                        group_id=request.group_id,
-                        verify_only=True,
-                    ),
-                    timeout=2.0,
-                )
-        except grpc.RpcError as exc:
-            raise _Refused(
-                E.COORDINATOR_NOT_AVAILABLE, f"{unavailable}: {exc.code().name}; retry"
-            ) from exc
+            answer = self._forward(
+                shard,
+                context,
+                "AddOffsetsToTxn",
+                pb.AddOffsetsToTxnRequest(
+                    transactional_id=request.transactional_id,
+                    producer_id=request.producer_id,
+                    producer_epoch=request.producer_epoch,
+                    group_id=request.group_id,
+                    verify_only=True,
+                ),
+            )
+        except _NotForwarded as why:
+            raise _Refused(E.COORDINATOR_NOT_AVAILABLE, f"{unavailable}: {why}; retry") from why
         error = E(answer.error_code)
         if error in (
             E.NOT_COORDINATOR,
@@ -431,7 +467,8 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
     def OffsetCommit(self, request: Any, context: Any) -> Any:
         offsets = _offset_entries(request.topics)
         outcome = self._run(
-            self._shard_of(request.group_id), OffsetCommit(request.group_id, offsets, 0)
+            self._shard_of(request.group_id),
+            lambda stamp: OffsetCommit(request.group_id, offsets, stamp.now_ms),
         )
         return pb.OffsetCommitResponse(
             error_code=outcome.error,
@@ -492,15 +529,10 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 if error is not E.NONE:
                     result.error_code = error
                     continue
-                command = GroupMarker(
-                    group_id,
-                    marker.producer_id,
-                    marker.producer_epoch,
-                    marker.result == common_pb2.COMMIT,
-                    0,
-                )
                 # Submitted together, the markers share one Raft entry per shard.
-                future = self.node.shards[self._shard_of(group_id)].submit(command)
+                future = self.shards.submit(
+                    self._shard_of(group_id), _group_marker(marker, group_id)
+                )
                 waiting.append((result, future))
         for result, future in waiting:
             outcome = _wait(future)
@@ -514,7 +546,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
             return E.INVALID_REQUEST
         if marker.result not in (common_pb2.COMMIT, common_pb2.ABORT):
             return E.INVALID_REQUEST
-        return self.node.shards[self._shard_of(group_id)].availability()
+        return self.shards.availability(self._shard_of(group_id))
 
     # --- operator queries ----------------------------------------------------------
 
@@ -560,7 +592,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         if meta.state not in PREPARE_STATES:
             return []
         key = TxnKey(meta.transactional_id, meta.producer_id, meta.producer_epoch)
-        owed = self.node.markers.pending(shard, key)
+        owed = self.markers.pending(shard, key)
         if owed is None:  # not taken up by a writer yet: nothing tried
             participants: list[Participant] = [DataPartition(*tp) for tp in sorted(meta.partitions)]
             participants.extend(ConsumerGroup(g) for g in sorted(meta.groups))
@@ -571,12 +603,12 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         """Transactions of the shards this node leads (ask every node for all)."""
         states = [TxnState(s) for s in request.state_filters if s in TxnState._value2member_map_]
         listings = []
-        for shard in self.node.shards:
-            if shard.availability() is not E.NONE:
+        for shard in range(self.config.shard_count):
+            if self.shards.availability(shard) is not E.NONE:
                 continue
             try:
                 rows = self._read(
-                    shard.shard,
+                    shard,
                     lambda m: m.list_transactions(
                         now_ms(), states, request.producer_id_filters, request.duration_filter_ms
                     ),
@@ -598,9 +630,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
 
     def _local_topics(self) -> dict[str, tuple[int, ...]]:
         """Topic placement in this node's replica of shard 0 (it may lag)."""
-        replica = self.node.shards[METADATA_SHARD].replica
-        with replica.lock:
-            return dict(replica.machine.state.topics)
+        return self.shards.query(METADATA_SHARD, lambda machine: dict(machine.state.topics))
 
     def _leader_topics(self, context: Any, read_barrier: bool) -> dict[str, tuple[int, ...]] | None:
         """Topic placement as shard 0's leader has it (topics live in shard 0),
@@ -611,7 +641,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         node asks the leader once, so that a node that is behind (just
         restarted, cut off) does not answer with a stale list.
         """
-        if self.node.shards[METADATA_SHARD].availability() is E.NONE:
+        if self.shards.availability(METADATA_SHARD) is E.NONE:
             if not read_barrier:
                 return self._local_topics()
             try:
@@ -621,18 +651,11 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 return topics
             except _Refused:
                 return None
-        leader = self.node.leader_of(METADATA_SHARD)
-        forwarded = dict(context.invocation_metadata()).get(FORWARDED_HEADER)
-        if forwarded or leader is None or leader.node_id == self.node.node_id:
-            return None
         try:
-            with grpc.insecure_channel(leader.grpc) as channel:
-                answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
-                    pb.MetadataRequest(read_barrier=read_barrier),
-                    timeout=2.0,
-                    metadata=[(FORWARDED_HEADER, str(self.node.node_id))],
-                )
-        except grpc.RpcError:
+            answer = self._forward(
+                METADATA_SHARD, context, "Metadata", pb.MetadataRequest(read_barrier=read_barrier)
+            )
+        except _NotForwarded:
             return None
         return {
             t.name: tuple(p.node_id for p in t.partitions)
@@ -656,19 +679,17 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
         wanted = list(request.topics) or sorted(topics)
         return pb.MetadataResponse(
             coordinators=[
-                pb.NodeInfo(node_id=n.node_id, address=n.grpc)
-                for n in self.node.config.coordinators
+                pb.NodeInfo(node_id=n.node_id, address=n.grpc) for n in self.config.coordinators
             ],
             partition_nodes=[
-                pb.NodeInfo(node_id=n.node_id, address=n.grpc)
-                for n in self.node.config.partition_nodes
+                pb.NodeInfo(node_id=n.node_id, address=n.grpc) for n in self.config.partition_nodes
             ],
-            shard_count=self.node.config.shard_count,
+            shard_count=self.config.shard_count,
             topics=[_topic_metadata(name, topics.get(name)) for name in wanted],
         )
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
-        nodes = [n.node_id for n in self.node.config.partition_nodes]
+        nodes = [n.node_id for n in self.config.partition_nodes]
         results = []
         for topic in request.topics:
             if not nodes:
@@ -692,7 +713,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
                 continue
             start = zlib.crc32(topic.name.encode()) % len(nodes)
             placement = tuple(nodes[(start + i) % len(nodes)] for i in range(topic.num_partitions))
-            command = CreateTopic(topic.name, placement, 0)
+            command = _create_topic(topic.name, placement)
             if request.validate_only:
                 outcome = self._refusal(command) or Outcome()
             else:
@@ -708,37 +729,52 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  
 
 
 class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):  # type: ignore[misc]
-    def __init__(self, node: CoordinatorNode) -> None:
-        self.node = node
+    def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
+        self.shards = shards
+        self.config = config
+        self.node_id = node_id
 
     def NodeStatus(self, request: Any, context: Any) -> Any:
-        shards = []
-        for shard in self.node.shards:
-            replica = shard.replica
-            leader = self.node.leader_of(shard.shard)
-            with replica.lock:
-                digest = hashlib.sha256(replica.machine.snapshot()).hexdigest()
-                ids = len(replica.machine.state.transactions)
-                applied = replica.raftLastApplied
-            shards.append(
+        statuses = []
+        for shard in range(self.config.shard_count):
+            leader = self.shards.leader_of(shard)
+            status = self.shards.status(shard)
+            statuses.append(
                 admin_pb2.ShardStatus(
-                    shard=shard.shard,
-                    is_leader=shard.is_leader and shard.ready,
-                    term=replica.raftCurrentTerm,
+                    shard=shard,
+                    is_leader=status.ready_leader,
+                    term=status.term,
                     leader_node_id=-1 if leader is None else leader.node_id,
                     leader_address="" if leader is None else leader.grpc,
-                    commit_index=replica.raftCommitIndex,
-                    applied_index=applied,
-                    state_digest=digest,
-                    transactional_ids=ids,
+                    commit_index=status.commit_index,
+                    applied_index=status.applied_index,
+                    state_digest=status.state_digest,
+                    transactional_ids=status.transactional_ids,
                 )
             )
         return admin_pb2.NodeStatusResponse(
-            node_id=self.node.node_id, address=self.node.me.grpc, pid=os.getpid(), shards=shards
+            node_id=self.node_id,
+            address=self.config.coordinator(self.node_id).grpc,
+            pid=os.getpid(),
+            shards=statuses,
         )
 
 
 # --- helpers -------------------------------------------------------------------------
+
+
+def _group_marker(marker: Any, group_id: str) -> Unstamped:
+    return lambda stamp: GroupMarker(
+        group_id,
+        marker.producer_id,
+        marker.producer_epoch,
+        marker.result == common_pb2.COMMIT,
+        stamp.now_ms,
+    )
+
+
+def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:
+    return lambda stamp: CreateTopic(name, placement, stamp.now_ms)
 
 
 def _wait(future: Future[T]) -> T | Outcome:

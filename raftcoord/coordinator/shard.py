@@ -1,16 +1,19 @@
-"""A shard's leader-side work around its replica: group commit, stamping,
-leadership changes, the producer-id cursor and the periodic sweepers.
+"""A shard's leader-side work around its replica: leadership changes, the
+request queue, proposals and the periodic sweepers; and :class:`Shards`,
+what the node's services see of its shards.
 
-Everything here runs on the node's tick thread except :meth:`Shard.submit`
-and :meth:`Shard.read`, which gRPC threads call. Requests queue up between
-ticks; each tick the leader stamps them (time, term, fresh producer ids) in
-arrival order and proposes them together as one Raft entry (group commit),
-so Raft entries per second do not cap requests per second.
+Everything here runs on the node's tick thread except :meth:`Shard.submit`,
+:meth:`Shard.read` and the other methods :class:`Shards` needs, which gRPC
+threads call. Requests queue up between ticks; each tick the leader stamps
+them (time, term, fresh producer ids) in arrival order and proposes them
+together as one Raft entry (group commit), so Raft entries per second do
+not cap requests per second. What to stamp and what goes into an entry is
+decided by :class:`raftcoord.coordinator.leader.LeaderCore`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import json
 import logging
 import queue
@@ -20,13 +23,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-from pysyncobj import FAIL_REASON
+from typing import IO, Any, Protocol, TypeVar
 
 from fsm import (
-    AllocatePidBlock,
-    Command,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -38,31 +37,72 @@ from fsm import (
     WriteMarkers,
     encode_entry,
 )
-from pid_allocator import PidBlock, PidCursor
+from raftcoord.coordinator.leader import LeaderCore, Stamp, Unstamped, timed_out_abort
 from raftcoord.coordinator.replica import ShardReplica
+from raftcoord.protocol.config import NodeAddress
 
 log = logging.getLogger("raftcoord.coordinator.shard")
 
-#: Group commit: a leader keeps at most this many entries of requests in
-#: flight; requests arriving meanwhile wait and go out together in the next
-#: entry, so under load one Raft entry (and one fsync) carries many requests.
-MAX_ENTRIES_IN_FLIGHT = 1
-
-Reader = Callable[[TransactionStateMachine], Any]
+T = TypeVar("T")
+Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
 
 
 def now_ms() -> int:
+    """The wall clock in milliseconds: the leader's clock."""
     return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class ShardStatus:
+    """One replica of a shard as an operator sees it."""
+
+    ready_leader: bool
+    term: int
+    commit_index: int
+    applied_index: int
+    state_digest: str  # sha256 of the state machine's snapshot
+    transactional_ids: int
+
+
+class Shards(Protocol):
+    """A node's shards as its services and marker writers use them."""
+
+    def availability(self, shard: int) -> ErrorCode:
+        """NONE when this node leads ``shard`` and has applied its log, else why not."""
+
+    def leader_of(self, shard: int) -> NodeAddress | None:
+        """The coordinator this node believes leads ``shard``, or None."""
+
+    def submit(self, shard: int, build: Unstamped) -> Future[Outcome]:
+        """Replicate the command of ``build`` on ``shard`` (a ready leader's),
+        stamped when it is proposed; the future holds its :class:`Outcome`,
+        or the refusal."""
+
+    def query(self, shard: int, reader: Reader[T]) -> T:
+        """``reader``'s answer from this node's replica of ``shard`` as it is
+        now (it may lag the leader), whoever leads."""
+
+    def read(self, shard: int, reader: Reader[T]) -> Future[T | Outcome]:
+        """``reader``'s answer from ``shard`` on its ready leader (this node)
+        once a log barrier is applied (a linearizable read); the future
+        holds the answer, or the refusal."""
+
+    def take_producer_id(self) -> int | None:
+        """An id for an idempotent producer from any shard this node leads
+        (ready), or None."""
+
+    def status(self, shard: int) -> ShardStatus:
+        """This node's replica of ``shard``, for operators."""
 
 
 @dataclass
 class Request:
-    """A command to replicate, or (``reader`` set) a read behind a log barrier."""
+    """A command to stamp and replicate, or (``reader`` set) a read behind a log barrier."""
 
-    command: Command | None
+    build: Unstamped | None
     future: Future[Any] = field(default_factory=Future)
-    reader: Reader | None = None
+    reader: Reader[Any] | None = None
 
 
 @dataclass
@@ -128,7 +168,8 @@ class TransitionsLog:
 
 
 class Shard:
-    """One shard on one node: its replica plus the leader's duties."""
+    """One shard on one node: its replica plus the leader's duties, decided
+    by a :class:`raftcoord.coordinator.leader.LeaderCore`."""
 
     def __init__(
         self,
@@ -144,35 +185,53 @@ class Shard:
         self.transitions = transitions
         self.timers = timers
         self.marker_sink = marker_sink
-        self.cursor = PidCursor()
-        # The shard thread stamps ids; gRPC threads take ids for idempotent producers.
-        self._cursor_lock = threading.Lock()
         self.is_leader = False
         self.ready = False
-        self.leader_term = -1
         self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._waiting: list[Request] = []
-        self._in_flight = 0  # proposed entries of this leadership not yet applied
         self._next_abort_sweep = 0
         self._next_expire_sweep = 0
-        #: Wakes the tick thread from its poll; the node installs it.
-        self.wake: Callable[[], None] = lambda: None
         self.replica = replica_factory(self._on_applied)
+        self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), now_ms)
+        # The shard thread drives the core; gRPC threads take producer ids from it.
+        self._core_lock = threading.Lock()
+        #: Wakes the tick thread from its poll.
+        self.wake = self.replica.waker()
+
+    @property
+    def leader_term(self) -> int:
+        """The Raft term (coordinator epoch) of this replica's current or last leadership."""
+        return self.core.epoch
 
     # --- called from gRPC threads --------------------------------------------------
 
-    def submit(self, command: Command) -> Future[Any]:
-        """Queue ``command``; the future resolves to its :class:`Outcome`."""
-        request = Request(command)
+    def submit(self, build: Unstamped) -> Future[Any]:
+        """Queue the command of ``build``, stamped when it is proposed; the
+        future resolves to its :class:`Outcome`."""
+        request = Request(build)
         self._enqueue(request)
         return request.future
 
-    def read(self, reader: Reader) -> Future[Any]:
+    def read(self, reader: Reader[T]) -> Future[T | Outcome]:
         """Run ``reader`` on the state once a log barrier proposed after this
-        call is applied (a linearizable read); the future holds its result."""
+        call is applied (a linearizable read); the future holds its result,
+        or the refusal."""
         request = Request(None, reader=reader)
         self._enqueue(request)
         return request.future
+
+    def status(self) -> ShardStatus:
+        def read(machine: TransactionStateMachine) -> ShardStatus:
+            return ShardStatus(
+                ready_leader=self.is_leader and self.ready,
+                term=self.replica.raftCurrentTerm,
+                commit_index=self.replica.raftCommitIndex,
+                applied_index=self.replica.raftLastApplied,
+                state_digest=hashlib.sha256(machine.snapshot()).hexdigest(),
+                transactional_ids=len(machine.state.transactions),
+            )
+
+        return self.replica.query(read)
 
     def availability(self) -> ErrorCode:
         """NONE when this replica leads and has applied its log, else why not."""
@@ -181,6 +240,17 @@ class Shard:
         if not self.ready:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
+
+    def take_producer_id(self) -> int | None:
+        """An id for an idempotent producer, or None when this replica cannot
+        serve one now (not a ready leader, or waiting for its next block)."""
+        if not (self.is_leader and self.ready):
+            return None
+        with self._core_lock:
+            pid = self.core.take_producer_id()
+        if pid is not None:
+            self.wake()  # the shard thread asks for the next block at 90% use
+        return pid
 
     def _enqueue(self, request: Request) -> None:
         error = self.availability()
@@ -197,21 +267,20 @@ class Shard:
         to ``wait_s`` for I/O (a new request wakes it through :attr:`wake`)."""
         self._track_leadership()
         if self.is_leader and self.ready:
-            now = now_ms()
-            self._sweep(now)
-            self._propose_batch(now)
-        self.replica.doTick(wait_s)
+            stamp = self.core.stamp()
+            self._sweep(stamp.now_ms)
+            self._propose_batch(stamp)
+        self.replica.tick(wait_s)
 
     def _track_leadership(self) -> None:
-        leading = bool(self.replica._isLeader())
+        leading = self.replica.is_leader()
         term = int(self.replica.raftCurrentTerm)
         if leading and (not self.is_leader or term != self.leader_term):
             if self.is_leader:
                 self._lose_leadership("term changed")
-            self.is_leader, self.ready, self.leader_term = True, False, term
-            self._in_flight = 0
-            with self._cursor_lock:
-                self.cursor.reset()
+            self.is_leader, self.ready = True, False
+            with self._core_lock:
+                self.core.elected(term)
             log.info(
                 "node=%d shard=%d event=leader_elected term=%d", self.node_id, self.shard, term
             )
@@ -230,46 +299,40 @@ class Shard:
             why,
         )
         self.is_leader = self.ready = False
-        with self._cursor_lock:
-            self.cursor.reset()
+        with self._core_lock:
+            self.core.deposed()
         for request in self._drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
 
     def _request_block(self, term: int, first: bool = False) -> None:
-        layout = self.replica.machine.state.pids.layout
-        with self._cursor_lock:
-            token = self.cursor.mark_requested()
-        command = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
+        with self._core_lock:
+            command, token = self.core.request_block()
 
-        def granted(result: Any, error: Any) -> None:
+        def granted(result: list[Outcome] | None, error: ErrorCode) -> None:
             if term != self.leader_term or not self.is_leader:
                 return  # a new leadership asks again
-            if error != FAIL_REASON.SUCCESS:
-                with self._cursor_lock:
-                    self.cursor.request_failed(token)
+            if result is None:
+                with self._core_lock:
+                    self.core.block_not_applied(token)
                 if first:
                     self._request_block(term, first=True)
                 return
-            outcome = result[0]
-            if outcome.ok:
-                with self._cursor_lock:
-                    self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
-            else:
+            with self._core_lock:
+                ok = self.core.block_granted(token, result[0])
+            if not ok:
                 log.error(
                     "node=%d shard=%d event=pid_block_failed %s",
                     self.node_id,
                     self.shard,
-                    outcome.message,
+                    result[0].message,
                 )
             if first:
+                # The node's marker writer for this leadership starts from the
+                # applied state's pending markers.
                 self.ready = True
                 log.info(
                     "node=%d shard=%d event=leader_ready term=%d", self.node_id, self.shard, term
                 )
-                with self.replica.lock:
-                    pending = self.replica.machine.pending_markers()
-                for markers in pending:
-                    self.marker_sink(self.shard, markers)
 
         self.replica.propose(term, encode_entry([command]), granted)
 
@@ -281,101 +344,58 @@ class Shard:
             except queue.Empty:
                 return drained
 
-    def _propose_batch(self, now: int) -> None:
-        with self._cursor_lock:
-            needs_block = self.cursor.needs_block()
-        if needs_block:
-            self._request_block(self.leader_term)
-        if self._in_flight >= MAX_ENTRIES_IN_FLIGHT:
-            return  # requests gather in the queue and go out together next
+    def _propose_batch(self, stamp: Stamp) -> None:
+        with self._core_lock:
+            block_due = self.core.block_due()
+        if block_due:
+            self._request_block(stamp.coordinator_epoch)
         requests = self._drain()
         if not requests:
             return
-        batch: list[Request] = []
-        commands: list[Command] = []
-        for i, request in enumerate(requests):
-            if request.command is None:
-                batch.append(request)
-                continue
-            stamped = self._stamp(request.command, now)
-            if stamped is None:  # waiting for a producer-id block; keep the order
-                self._waiting = requests[i:]
-                break
-            batch.append(request)
-            commands.append(stamped)
-        if not batch:
+        with self._core_lock:
+            batch = self.core.batch(requests, stamp, self._needs_new_producer_id)
+        if batch is None:  # entries in flight: the requests go out together next
+            self._waiting = requests
             return
-        term = self.leader_term
-        self._in_flight += 1
+        self._waiting = batch.waiting
+        if not batch.requests:
+            return
+        term = stamp.coordinator_epoch
 
-        def applied(result: Any, error: Any) -> None:
-            if term == self.leader_term:
-                self._in_flight -= 1
-            if error != FAIL_REASON.SUCCESS:
-                code = (
-                    ErrorCode.NOT_COORDINATOR
-                    if error != FAIL_REASON.QUEUE_FULL
-                    else ErrorCode.REQUEST_TIMED_OUT
-                )
-                for request in batch:
-                    _fail(request, code)
+        def applied(result: list[Outcome] | None, error: ErrorCode) -> None:
+            with self._core_lock:
+                self.core.entry_done(term)
+            if result is None:
+                for request in batch.requests:
+                    _fail(request, error)
                 return
             outcomes = iter(result)
-            for request in batch:
-                if request.command is not None:
+            for request in batch.requests:
+                if request.build is not None:
                     request.future.set_result(next(outcomes))
                 else:
                     assert request.reader is not None
-                    with self.replica.lock:
-                        try:
-                            request.future.set_result(request.reader(self.replica.machine))
-                        except Exception as exc:  # a reader bug must not kill the tick
-                            request.future.set_exception(exc)
+                    try:
+                        request.future.set_result(self.replica.query(request.reader))
+                    except Exception as exc:  # a reader bug must not kill the tick
+                        request.future.set_exception(exc)
 
-        self.replica.propose(term, encode_entry(commands), applied)
+        self.replica.propose(term, encode_entry(batch.commands), applied)
 
-    def _stamp(self, command: Command, now: int) -> Command | None:
-        names = {f.name for f in dataclasses.fields(command)}
-        changes: dict[str, Any] = {}
-        if "now_ms" in names:
-            changes["now_ms"] = now
-        if "coordinator_epoch" in names:
-            changes["coordinator_epoch"] = self.leader_term
-        if isinstance(command, InitProducerId | EndTxn):
-            with self.replica.lock:
-                needs = self.replica.machine.needs_new_producer_id(command)
-            if needs:
-                with self._cursor_lock:
-                    pid = self.cursor.take()
-                if pid is None:
-                    return None
-                changes["new_producer_id"] = pid
-        return dataclasses.replace(command, **changes)
-
-    def take_producer_id(self) -> int | None:
-        """An id for an idempotent producer, or None when this replica cannot
-        serve one now (not a ready leader, or waiting for its next block)."""
-        if not (self.is_leader and self.ready):
-            return None
-        with self._cursor_lock:
-            pid = self.cursor.take()
-        if pid is not None:
-            self.wake()  # the shard thread asks for the next block at 90% use
-        return pid
+    def _needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:
+        return self.replica.query(lambda m: m.needs_new_producer_id(command))
 
     def _sweep(self, now: int) -> None:
         if now >= self._next_abort_sweep:
             self._next_abort_sweep = now + self.timers.abort_timed_out_interval_ms
-            with self.replica.lock:
-                candidates = self.replica.machine.timed_out(now)
+            candidates = self.replica.query(lambda m: m.timed_out(now))
             for candidate in candidates:
-                self._queue.put(Request(candidate))
+                self._queue.put(Request(timed_out_abort(candidate)))
         if now >= self._next_expire_sweep:
             self._next_expire_sweep = now + self.timers.expire_interval_ms
-            with self.replica.lock:
-                ids = self.replica.machine.expirable_ids(now)
+            ids = tuple(self.replica.query(lambda m: m.expirable_ids(now)))
             if ids:
-                self._queue.put(Request(ExpireTransactionalIds(tuple(ids), now)))
+                self._queue.put(Request(lambda stamp: ExpireTransactionalIds(ids, stamp.now_ms)))
 
     # --- every replica, after an entry is applied ----------------------------------
 
@@ -391,7 +411,7 @@ class Shard:
                     index,
                     outcome.message,
                 )
-        if not self.replica._isLeader():
+        if not self.replica.is_leader():
             return
         for effect in effects:
             if isinstance(effect, ProducerFenced):

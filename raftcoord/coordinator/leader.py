@@ -1,0 +1,186 @@
+"""A shard leader's decisions, without I/O: what goes into the next Raft
+entry and what the leader stamps into it.
+
+* Stamping: a request carries its command :data:`Unstamped`, a function of
+  the leader's :class:`Stamp` (the time, the coordinator epoch and, when
+  the state machine needs one, a fresh producer id), called when the
+  command is proposed.
+* Producer-id blocks: the leader serves fresh ids from a
+  :class:`pid_allocator.PidCursor` and proposes ``AllocatePidBlock`` when
+  the cursor asks for one (at 90% use, or when it is empty).
+* Group commit: at most :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight;
+  the requests queued meanwhile go out together in the next entry, in
+  arrival order, up to the first one waiting for a producer-id block.
+* The coordinator epoch: the Raft term of the leadership, set when it begins.
+
+:class:`LeaderCore` is not thread-safe; its owner serialises calls. The
+clock is injected, so tests run it on a fake one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from fsm import AbortTimedOut, AllocatePidBlock, Command, EndTxn, InitProducerId, Outcome
+from fsm.metadata import NO_PRODUCER_ID
+from pid_allocator import PidBlock, PidCursor, PidLayout
+
+#: Group commit: a leader keeps at most this many entries of requests in
+#: flight; requests arriving meanwhile wait and go out together in the next
+#: entry, so under load one Raft entry (and one fsync) carries many requests.
+MAX_ENTRIES_IN_FLIGHT = 1
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What the leader writes into a command it proposes."""
+
+    now_ms: int
+    coordinator_epoch: int
+    new_producer_id: int = NO_PRODUCER_ID
+
+
+#: A command as a request carries it: built from the leader's stamp.
+Unstamped = Callable[[Stamp], Command]
+
+#: Whether the state machine needs a fresh producer id for a command
+#: (:meth:`fsm.TransactionStateMachine.needs_new_producer_id`).
+NeedsProducerId = Callable[[InitProducerId | EndTxn], bool]
+
+#: The stamp of a command that is checked (request limits) and never
+#: proposed: the checks read no stamped field.
+CHECK_ONLY = Stamp(now_ms=0, coordinator_epoch=0)
+
+
+def timed_out_abort(candidate: AbortTimedOut) -> Unstamped:
+    """The abort of a transaction the state machine found timed out."""
+    return lambda stamp: AbortTimedOut(
+        candidate.transactional_id,
+        candidate.producer_id,
+        candidate.producer_epoch,
+        stamp.now_ms,
+        stamp.coordinator_epoch,
+    )
+
+
+class Queued(Protocol):
+    """A queued request: a command to stamp, or (None) a read behind the entry."""
+
+    @property
+    def build(self) -> Unstamped | None: ...
+
+
+Q = TypeVar("Q", bound=Queued)
+
+
+@dataclass
+class Batch(Generic[Q]):
+    """The requests of the next entry, with its commands (reads have none),
+    and the requests left waiting for a producer-id block, in order."""
+
+    requests: list[Q] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    waiting: list[Q] = field(default_factory=list)
+
+
+class LeaderCore:
+    """One shard's leader logic for one node, across its leaderships."""
+
+    def __init__(self, layout: PidLayout, clock: Callable[[], int]) -> None:
+        self.layout = layout
+        self.clock = clock  # milliseconds
+        self.cursor = PidCursor()
+        #: The coordinator epoch of the current (or last) leadership, -1 before any.
+        self.epoch = -1
+        #: Entries of requests proposed in this leadership and not yet applied.
+        self.in_flight = 0
+
+    # --- leadership ----------------------------------------------------------------
+
+    def elected(self, epoch: int) -> None:
+        """A leadership begins with coordinator epoch ``epoch`` (its Raft term):
+        the ids left from an earlier leadership are skipped, never reused."""
+        self.epoch = epoch
+        self.in_flight = 0
+        self.cursor.reset()
+
+    def deposed(self) -> None:
+        """The leadership ended: its ids and block requests are dropped."""
+        self.cursor.reset()
+
+    # --- stamping ------------------------------------------------------------------
+
+    def stamp(self) -> Stamp:
+        """The stamp of commands proposed now."""
+        return Stamp(self.clock(), self.epoch)
+
+    def stamped(self, build: Unstamped, stamp: Stamp, needs: NeedsProducerId) -> Command | None:
+        """The command of ``build`` stamped with ``stamp`` and, if ``needs``
+        says so, a fresh producer id; None when no id is left (wait for a block)."""
+        command = build(stamp)
+        if isinstance(command, InitProducerId | EndTxn) and needs(command):
+            pid = self.cursor.take()
+            if pid is None:
+                return None
+            command = build(Stamp(stamp.now_ms, stamp.coordinator_epoch, pid))
+        return command
+
+    # --- producer-id blocks --------------------------------------------------------
+
+    def block_due(self) -> bool:
+        """Whether to propose the next ``AllocatePidBlock`` now."""
+        return self.cursor.needs_block()
+
+    def request_block(self) -> tuple[AllocatePidBlock, int]:
+        """The ``AllocatePidBlock`` to propose, and the token of its answer."""
+        token = self.cursor.mark_requested()
+        return AllocatePidBlock(
+            self.layout.shard, self.layout.shard_count, self.layout.block_size
+        ), token
+
+    def block_granted(self, token: int, outcome: Outcome) -> bool:
+        """The applied answer to the request of ``token``; whether it granted a
+        block. A refusal leaves the request outstanding for this leadership."""
+        if not outcome.ok:
+            return False
+        self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
+        return True
+
+    def block_not_applied(self, token: int) -> None:
+        """The request of ``token`` never reached the state machine: ask again."""
+        self.cursor.request_failed(token)
+
+    def take_producer_id(self) -> int | None:
+        """An id for an idempotent producer, or None until the next block."""
+        return self.cursor.take()
+
+    # --- group commit --------------------------------------------------------------
+
+    def batch(self, queued: Sequence[Q], stamp: Stamp, needs: NeedsProducerId) -> Batch[Q] | None:
+        """The next entry of ``queued`` (oldest first), or None while
+        :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight (all of ``queued``
+        then waits). A non-empty batch counts as in flight until
+        :meth:`entry_done`."""
+        if self.in_flight >= MAX_ENTRIES_IN_FLIGHT:
+            return None
+        batch: Batch[Q] = Batch()
+        for i, request in enumerate(queued):
+            if request.build is None:
+                batch.requests.append(request)
+                continue
+            command = self.stamped(request.build, stamp, needs)
+            if command is None:  # waiting for a producer-id block; keep the order
+                batch.waiting = list(queued[i:])
+                break
+            batch.requests.append(request)
+            batch.commands.append(command)
+        if batch.requests:
+            self.in_flight += 1
+        return batch
+
+    def entry_done(self, epoch: int) -> None:
+        """An entry proposed with coordinator epoch ``epoch`` was applied or dropped."""
+        if epoch == self.epoch:
+            self.in_flight -= 1

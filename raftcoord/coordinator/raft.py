@@ -1,0 +1,113 @@
+"""The one place the coordinator touches pysyncobj.
+
+:class:`RaftGroup` is a pysyncobj ``SyncObj`` driven by its owner's thread
+(``autoTick=False``); the rest of the coordinator sees only its methods and
+pysyncobj's public properties (``raftCurrentTerm``, ``raftCommitIndex``,
+``raftLastApplied``). Where pysyncobj 0.3 has no public way to do what the
+coordinator needs, the private member is reached here, each one commented,
+so that a pysyncobj upgrade is checked in one module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.pipe_notifier import PipeNotifier
+
+from fsm import ErrorCode
+
+__all__ = ["RaftGroup", "SyncObjConf", "proposal_error", "raft_conf", "replicated"]
+
+#: (node, message) -> None: pysyncobj's handler of messages from other nodes.
+MessageHandler = Callable[[Any, Any], None]
+
+
+def raft_conf(
+    heartbeat_s: float, election_timeout_s: tuple[float, float], journal: str, snapshot: str
+) -> SyncObjConf:
+    """The configuration of a coordinator shard's Raft group (periods in seconds).
+
+    The owner ticks the group itself and batches requests into one entry
+    per tick, journal and snapshot live in files (both are needed: see
+    :mod:`raftcoord.raft_journal`), and membership is fixed.
+    """
+    low, high = election_timeout_s
+    return SyncObjConf(
+        autoTick=False,
+        appendEntriesUseBatch=False,  # the owner batches: one entry per tick per shard
+        appendEntriesPeriod=heartbeat_s,
+        raftMinTimeout=low,
+        raftMaxTimeout=high,
+        journalFile=journal,
+        fullDumpFile=snapshot,
+        useFork=False,  # gRPC's threads make fork unsafe
+        dynamicMembershipChange=False,
+        commandsWaitLeader=False,
+        logCompactionMinEntries=20_000,
+        logCompactionMinTime=60,
+        connectionRetryTime=0.2,
+        connectionTimeout=1.0,
+        leaderFallbackTimeout=max(2.0, 4 * high),
+    )
+
+
+def proposal_error(reason: Any) -> ErrorCode:
+    """The answer to a request whose entry ended with pysyncobj's ``reason``:
+    NONE when it was applied, REQUEST_TIMED_OUT when pysyncobj's queue was
+    full, NOT_COORDINATOR when it was dropped (leadership lost)."""
+    if reason == FAIL_REASON.SUCCESS:
+        return ErrorCode.NONE
+    if reason == FAIL_REASON.QUEUE_FULL:
+        return ErrorCode.REQUEST_TIMED_OUT
+    return ErrorCode.NOT_COORDINATOR
+
+
+class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
+    """A pysyncobj group member, ticked by its owner."""
+
+    def is_leader(self) -> bool:
+        """Whether this member is in the leader state (another member may
+        still believe it leads, until it hears of the newer term)."""
+        # pysyncobj's only public view of this is getStatus(), a debug dump
+        # that iterates dictionaries the tick thread changes; reading the one
+        # attribute is safe from any thread.
+        return bool(self._isLeader())
+
+    def leader_address(self) -> str | None:
+        """The Raft address of the last leader this member heard of, or None."""
+        # Private for the same reason as is_leader.
+        leader = self._getLeader()
+        return None if leader is None else str(leader.address)
+
+    def tick(self, wait_s: float) -> None:
+        """One pysyncobj tick: waits up to ``wait_s`` for I/O or :meth:`waker`."""
+        self.doTick(wait_s)
+
+    def waker(self) -> Callable[[], None]:
+        """A function that ends the wait of the current (or next) :meth:`tick`
+        from another thread."""
+        # pysyncobj has no public way to wake its poller; its own pipe
+        # notifier is registered on ``_poller`` the same way.
+        notifier = PipeNotifier(self._poller)
+        return notifier.notify  # type: ignore[no-any-return]
+
+    # --- pysyncobj's log handling, for members that fix it ---------------------------
+
+    def _intercept_messages(self, handler: MessageHandler) -> MessageHandler:
+        """Put ``handler`` in front of pysyncobj's handler of messages from
+        other members; returns pysyncobj's handler for it to call."""
+        ours: MessageHandler = self._SyncObj__onMessageReceived
+        self._SyncObj__transport.setOnMessageReceivedCallback(handler)
+        return ours
+
+    def _log_entries(self) -> Any:
+        """pysyncobj's Raft log: ``(command, index, term)`` entries, the first
+        one being the last entry of the latest snapshot."""
+        return self._SyncObj__raftLog
+
+    def _acknowledge(self, node: Any, next_index: int) -> None:
+        """Answer ``node``'s AppendEntries with success and ``next_index``, as
+        pysyncobj does after appending."""
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=next_index, success=True)
