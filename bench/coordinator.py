@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/coordinator.py`` (about 50 s; ``--quick`` about
 15 s). For each fsync policy (``--fsync always,never`` by default,
 ``always`` with ``--quick``) it starts a 3-coordinator, 3-shard
-:class:`raftcoord.cluster.LocalCluster` in a temporary directory (on the disk
+:class:`raftcoord.cluster.launcher.LocalCluster` in a temporary directory (on the disk
 given by ``--dir``) and measures, in one run so the numbers compare:
 
 a. gRPC round trip: FindCoordinator on a shard leader, one thread (no Raft);
@@ -22,7 +22,7 @@ e. idle CPU of each node process over ``--idle-s`` seconds after the load
 
 The client uses the generated stubs directly, one channel per node shared by
 all threads. Each transactional id goes to its shard's leader: the shard is
-``fsm.shard_for(id)`` and the shard's leader comes from FindCoordinator,
+``raftcoord.protocol.routing.shard_for(id)`` and the shard's leader comes from FindCoordinator,
 cached per shard (resolved before the timed phases; looked up again after a
 NOT_COORDINATOR or gRPC failure). Requests are not retried: every answer's
 error code is checked, failures are counted per method and code, and the

@@ -1,7 +1,7 @@
 """The nemesis: faults on a schedule against a local cluster, each recorded
 in the history as a ``fault`` event with phase ``start`` and ``end``.
 
-It uses only the cluster launcher (:class:`~raftcoord.cluster.LocalCluster`:
+It uses only the cluster launcher (:class:`~raftcoord.cluster.launcher.LocalCluster`:
 kill, start, leaders) and, for network partitions, :mod:`raftcoord.cluster.netns`. Faults run one at
 a time: a quiet ``interval``, then a fault held for its planned time, then
 its end (restart, SIGCONT or heal), and so on. Which faults run, in which
