@@ -394,11 +394,9 @@ class Simulation:
     participant holds its marker and no request stays unanswered.
     """
 
-    def __init__(self, seed: int, bugs: Bugs = Bugs(), fault_steps: int = FAULT_STEPS) -> None:
-        self.seed = seed
+    def __init__(self, seed: int, bugs: Bugs = Bugs()) -> None:
         self.rng = random.Random(seed)
         self.bugs = bugs
-        self.fault_steps = fault_steps
         self.now = 1_000_000
         self.step_no = 0
         self.faults = True
@@ -424,7 +422,7 @@ class Simulation:
     # --- running -------------------------------------------------------------------
 
     def run(self) -> Stats:
-        for _ in range(self.fault_steps):
+        for _ in range(FAULT_STEPS):
             self.step()
         self.faults = False
         self.zombies.clear()
@@ -432,7 +430,7 @@ class Simulation:
             if not replica.up:
                 replica.restart(self.bugs)
         for _ in range(QUIET_STEPS):
-            if self.quiescent():
+            if not self.unfinished():
                 break
             self.step()
         else:
@@ -955,9 +953,6 @@ class Simulation:
 
     # --- liveness ------------------------------------------------------------------
 
-    def quiescent(self) -> bool:
-        return not self.unfinished()
-
     def unfinished(self) -> list[str]:
         """What still keeps the run from being done (empty once it is)."""
         waiting = []
@@ -1018,8 +1013,8 @@ class Result:
         return not self.failure
 
 
-def run_seed(seed: int, bugs: Bugs = Bugs(), fault_steps: int = FAULT_STEPS) -> Result:
-    sim = Simulation(seed, bugs, fault_steps)
+def run_seed(seed: int, bugs: Bugs = Bugs()) -> Result:
+    sim = Simulation(seed, bugs)
     try:
         return Result(seed, sim.run())
     except Violation as exc:
