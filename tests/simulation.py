@@ -1,0 +1,1057 @@
+"""Deterministic simulation of one coordinator shard and its participants.
+
+In the spirit of FoundationDB's simulation testing and TigerBeetle's VOPR:
+the real state machine (:class:`fsm.TransactionStateMachine`), the real
+marker bookkeeping (:class:`marker_writer.book.MarkerBook`) and the real
+partition producer state (:class:`partition_log.producer_state.ProducerStates`)
+run against a simulated world, and one seeded :class:`random.Random` decides
+everything that world does:
+
+* Raft is abstracted as one ordered log: the leader appends entries, entries
+  commit in order (only while a majority is up) and apply on every replica
+  at its own pace; a leader change truncates a random part of the
+  uncommitted suffix (the rest commits under the new leader); a replica
+  crashes, losing its memory, and restarts from its last snapshot plus the
+  committed log tail.
+* The leader stamps and group-commits requests, asks for producer-id blocks,
+  becomes ready once its first own entry applies, sweeps timed-out
+  transactions and runs a marker book seeded from the pending markers.
+* Marker calls are delayed, reordered, lost (request or answer) and
+  duplicated; a deposed leader's calls still arrive.
+* Clients (one per transactional id) run InitProducerId, AddPartitions,
+  produce, AddOffsets/TxnOffsetCommit and EndTxn with retries; they crash,
+  stall past their timeout, and leave zombies behind that go on with an old
+  epoch.
+
+After every step the invariants are checked (see :class:`Simulation`); after
+the faults stop, a quiet period must bring every transaction to completion
+(liveness). ``python -m tests.simulation --seeds 10000`` runs many seeds; a
+failure prints its seed and a command that replays it exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import heapq
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fsm import (
+    AddOffsets,
+    AddPartitions,
+    AllocatePidBlock,
+    Command,
+    EndTxn,
+    FsmConfig,
+    GroupMarker,
+    InitProducerId,
+    MarkersWritten,
+    OffsetEntry,
+    Outcome,
+    TransactionStateMachine,
+    Transition,
+    TxnOffsetCommit,
+    WriteMarkers,
+    encode_entry,
+)
+from fsm.errors import ErrorCode
+from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
+from fsm.transactions import verify_group
+from marker_writer import (
+    Backoff,
+    ConsumerGroup,
+    DataPartition,
+    Destination,
+    DestinationKind,
+    MarkerRequest,
+    MarkerResponse,
+    Participant,
+)
+from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
+from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
+from pid_allocator import PidBlock, PidCursor
+from raftcoord.service import _verify
+
+E = ErrorCode
+
+REPLICAS = 3
+MAJORITY = REPLICAS // 2 + 1
+TXN_IDS = ("tx-a", "tx-b", "tx-c")
+PARTITIONS: tuple[tuple[str, int], ...] = (("t", 0), ("t", 1), ("t", 2))
+GROUP = "g"
+#: Small limits so that producer ids rotate and blocks run out within a run.
+CONFIG = FsmConfig(max_producer_epoch=6)
+BLOCK_SIZE = 4
+TXN_TIMEOUT_MS = 2_000
+SWEEP_INTERVAL_MS = 500
+CALL_TIMEOUT_MS = 500
+MAX_MARKER_REQUESTS = 8
+MAX_COMPLETIONS = 8
+BACKOFF = Backoff(initial_s=20, max_s=400)  # the book's clock is in milliseconds here
+FAULT_STEPS = 300
+QUIET_STEPS = 3_000
+
+#: Answers a client retries as they are: the outcome is unknown or not yet possible.
+RETRIABLE = frozenset(
+    {E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS}
+)
+#: Answers no well-formed request may get: a refused entry or a malformed command.
+NEVER = frozenset({E.INVALID_REQUEST, E.UNKNOWN_SERVER_ERROR, E.INVALID_TRANSACTION_TIMEOUT})
+
+
+@dataclass(frozen=True)
+class Bugs:
+    """Planted bugs (off in every real run) that show the invariants catch them."""
+
+    #: A restarted replica replays the log from its snapshot's own index, so
+    #: the entry the snapshot already holds applies twice.
+    replay_snapshot_entry: bool = False
+    #: Partitions close an open transaction with a marker of the same epoch
+    #: (``<=`` instead of ``<``): a late duplicate marker of the previous
+    #: transaction then ends the next one.
+    close_on_equal_epoch: bool = False
+
+
+BUGS = {
+    "replay_snapshot_entry": Bugs(replay_snapshot_entry=True),
+    "close_on_equal_epoch": Bugs(close_on_equal_epoch=True),
+}
+
+
+class Violation(AssertionError):
+    """An invariant does not hold."""
+
+
+# --- the leader's stamping: the one place holding leader logic -----------------------
+
+
+class LeaderCore:
+    """What a shard leader adds to commands before proposing them: the time,
+    its term as coordinator epoch, fresh producer ids from its cursor, and
+    the producer-id block requests that refill the cursor (the coordinator's
+    leader duties, see ``raftcoord/shard.py``). Pure: the caller passes the
+    state machine and the time."""
+
+    def __init__(self, term: int) -> None:
+        self.term = term
+        self.cursor = PidCursor()
+
+    def needs_block(self) -> bool:
+        return self.cursor.needs_block()
+
+    def block_request(self, machine: TransactionStateMachine) -> tuple[AllocatePidBlock, int]:
+        """The command asking for the next block, and the token to grant it with."""
+        layout = machine.state.pids.layout
+        token = self.cursor.mark_requested()
+        return AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size), token
+
+    def block_granted(self, outcome: Outcome, token: int) -> None:
+        if outcome.ok:
+            self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
+        else:
+            self.cursor.request_failed(token)
+
+    def stamp(
+        self, machine: TransactionStateMachine, command: Command, now_ms: int
+    ) -> Command | None:
+        """``command`` ready to propose, or None while waiting for a block."""
+        names = {f.name for f in dataclasses.fields(command)}
+        changes: dict[str, Any] = {}
+        if "now_ms" in names:
+            changes["now_ms"] = now_ms
+        if "coordinator_epoch" in names:
+            changes["coordinator_epoch"] = self.term
+        if isinstance(command, InitProducerId | EndTxn) and machine.needs_new_producer_id(command):
+            pid = self.cursor.take()
+            if pid is None:
+                return None
+            changes["new_producer_id"] = pid
+        return dataclasses.replace(command, **changes)
+
+
+# --- the replicated log --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    term: int
+    data: bytes
+
+
+@dataclass
+class Request:
+    """A command for the leader; ``reply`` gets its outcome (or why it failed)."""
+
+    command: Command
+    reply: Callable[[Outcome], None]
+
+
+class Replica:
+    """One replica of the shard: its state machine, applied index and snapshot."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.up = True
+        self.machine = _new_machine()
+        self.applied = 0
+        self.snapshot = (0, self.machine.snapshot())
+        self.checked = -1  # applied index at the last snapshot comparison
+
+    def crash(self) -> None:
+        self.up = False
+
+    def restart(self, bugs: Bugs) -> None:
+        index, data = self.snapshot
+        self.machine = TransactionStateMachine.restore(data, CONFIG)
+        self.applied = index - 1 if bugs.replay_snapshot_entry and index > 0 else index
+        self.up = True
+        self.checked = -1
+
+
+def _new_machine() -> TransactionStateMachine:
+    return TransactionStateMachine(0, 1, CONFIG, BLOCK_SIZE)
+
+
+class Leadership:
+    """One replica's leadership of one term: its queue, entries in flight and
+    marker book. Everything here is lost when the leadership ends."""
+
+    def __init__(self, replica: Replica, term: int) -> None:
+        self.replica = replica
+        self.term = term
+        self.core = LeaderCore(term)
+        self.active = True
+        self.ready = False
+        self.queue: list[Request] = []
+        self.in_flight: dict[int, list[Request]] = {}
+        self.block_requested = False
+        self.book = MarkerBook(term, BACKOFF)
+        self.next_sweep = 0
+
+
+# --- participants --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a simulated partition log: data, or a marker (``commit`` set)."""
+
+    producer_id: int
+    epoch: int
+    commit: bool | None = None
+
+
+class Partition:
+    """A data partition: its records and the pure producer state deciding them."""
+
+    def __init__(self, topic: str, index: int, bugs: Bugs) -> None:
+        self.tp = (topic, index)
+        self.bugs = bugs
+        self.states = ProducerStates()
+        self.records: list[Record] = []
+
+    def append(
+        self,
+        producer_id: int,
+        epoch: int,
+        sequence: int,
+        verify: Callable[[tuple[str, int]], E],
+    ) -> E:
+        """A transactional batch of one record; ``verify`` asks the coordinator
+        whether this partition is in the producer's ongoing transaction."""
+        check = self.states.check_append(producer_id, epoch, sequence, 1, True)
+        if check.verdict is Verdict.VERIFY:
+            verified = verify(self.tp)
+            if verified is not E.NONE:
+                return verified
+            check = self.states.check_append(producer_id, epoch, sequence, 1, True, True)
+        if not check.ok:
+            return check.error
+        if check.verdict is Verdict.APPEND:
+            offset = len(self.records)
+            self.records.append(Record(producer_id, epoch))
+            self.states.on_append(producer_id, epoch, sequence, offset, offset, True)
+        return E.NONE
+
+    def write_marker(self, marker: MarkerRequest, written: Callable[[Partition, int], None]) -> E:
+        """Apply one marker; ``written`` checks it with the offset of the data it closes."""
+        pid, epoch = marker.producer_id, marker.producer_epoch
+        action = self.states.check_marker(pid, epoch, marker.coordinator_epoch)
+        if action is MarkerAction.FENCED:
+            return E.TRANSACTION_COORDINATOR_FENCED
+        entry = self.states.producers.get(pid)
+        first = None if entry is None else entry.txn_first_offset
+        buggy = (
+            self.bugs.close_on_equal_epoch
+            and entry is not None
+            and first is not None
+            and entry.epoch == epoch
+        )
+        if action is MarkerAction.NOOP and not buggy:
+            return E.NONE
+        written(self, -1 if first is None else first)
+        offset = len(self.records)
+        self.records.append(Record(pid, epoch, marker.commit))
+        if buggy:  # the planted bug: end the open transaction despite its epoch
+            assert entry is not None
+            entry.txn_first_offset = None
+            del self.states.open_txns[pid]
+        self.states.on_marker(pid, epoch, marker.coordinator_epoch, marker.commit, offset)
+        return E.NONE
+
+
+# --- clients -------------------------------------------------------------------------
+
+
+@dataclass
+class Client:
+    """A transactional producer: one transaction at a time, retried until done."""
+
+    tid: str
+    producer_id: int = -1
+    epoch: int = -1
+    phase: str = "init"
+    busy: bool = False
+    next_at: int = 0
+    partitions: tuple[tuple[str, int], ...] = ()
+    produced: int = 0
+    with_offsets: bool = False
+    commit: bool = True
+    stalled: bool = False
+
+
+@dataclass
+class Zombie:
+    """An old incarnation of a producer that goes on with its old epoch."""
+
+    tid: str
+    producer_id: int
+    epoch: int
+    actions: int
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    commits: int = 0
+    aborts: int = 0
+    elections: int = 0
+    crashes: int = 0
+    truncated: int = 0
+    timeouts: int = 0
+    zombies: int = 0
+    marker_calls: int = 0
+    duplicates: int = 0
+    digest: str = ""
+
+    COUNTERS = (
+        "steps",
+        "commits",
+        "aborts",
+        "elections",
+        "crashes",
+        "truncated",
+        "timeouts",
+        "zombies",
+        "marker_calls",
+        "duplicates",
+    )
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)}" for name in self.COUNTERS)
+
+
+@dataclass(frozen=True)
+class Decision:
+    commit: bool
+    partitions: frozenset[tuple[str, int]]
+    groups: frozenset[str]
+
+
+# --- the simulation ------------------------------------------------------------------
+
+
+class Simulation:
+    """One seeded run. Invariants, checked after every step:
+
+    * replicas that applied the same prefix of the log have equal snapshots;
+    * per transactional id, (producer id, epoch) never goes backwards, and a
+      producer id never serves two transactional ids nor is stamped twice;
+    * one decision per transaction: a (producer id, marker epoch) is prepared
+      as commit or as abort, never both, and a client told its commit (or
+      abort) succeeded got exactly that decision;
+    * participants write only decided markers: a marker carries the deciding
+      epoch and decision, goes to a participant of that transaction, and
+      closes only data written with the epoch before it;
+    * no well-formed request is refused as malformed or as a server error.
+
+    Liveness, after the faults stop: every transaction completes, every
+    participant holds its marker and no request stays unanswered.
+    """
+
+    def __init__(self, seed: int, bugs: Bugs = Bugs()) -> None:
+        self.rng = random.Random(seed)
+        self.bugs = bugs
+        self.now = 1_000_000
+        self.step_no = 0
+        self.faults = True
+        self.log: list[Entry] = []
+        self.commit = 0
+        self.term = 0
+        self.replicas = [Replica(i) for i in range(REPLICAS)]
+        self.leadership: Leadership | None = None
+        self.partitions = {tp: Partition(*tp, bugs) for tp in PARTITIONS}
+        self.clients = [Client(tid) for tid in TXN_IDS]
+        self.zombies: list[Zombie] = []
+        self.events: list[tuple[int, int, Callable[[], None]]] = []
+        self.event_seq = 0
+        # What the invariants remember.
+        self.reference: dict[int, bytes] = {}
+        self.effects_seen = 0
+        self.identity: dict[str, tuple[int, int]] = {}
+        self.pid_owner: dict[int, str] = {}
+        self.stamped: set[int] = set()
+        self.decisions: dict[tuple[int, int], Decision] = {}
+        self.stats = Stats()
+
+    # --- running -------------------------------------------------------------------
+
+    def run(self) -> Stats:
+        for _ in range(FAULT_STEPS):
+            self.step()
+        self.faults = False
+        self.zombies.clear()
+        for replica in self.replicas:
+            if not replica.up:
+                replica.restart(self.bugs)
+        for _ in range(QUIET_STEPS):
+            if not self.unfinished():
+                break
+            self.step()
+        else:
+            raise Violation(f"not quiescent after {QUIET_STEPS} quiet steps: {self.unfinished()}")
+        self.check_delivered()
+        self.stats.steps = self.step_no
+        self.stats.digest = hashlib.sha256(b"".join(e.data for e in self.log)).hexdigest()[:16]
+        return self.stats
+
+    def step(self) -> None:
+        self.step_no += 1
+        self.now += self.rng.randint(1, 40)
+        if self.faults:
+            self.inject_fault()
+        self.elect()
+        self.act_clients()
+        self.lead()
+        self.replicate()
+        self.deliver_events()
+        self.check_replicas()
+
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    # --- faults and elections ------------------------------------------------------
+
+    def inject_fault(self) -> None:
+        up = [r for r in self.replicas if r.up]
+        down = [r for r in self.replicas if not r.up]
+        if self.leadership is not None and self.chance(0.02):
+            self.end_leadership()
+        if up and self.chance(0.015):
+            victim = self.rng.choice(up)
+            victim.crash()
+            self.stats.crashes += 1
+            if self.leadership is not None and self.leadership.replica is victim:
+                self.end_leadership()
+        if down and self.chance(0.08):
+            self.rng.choice(down).restart(self.bugs)
+        if up and self.chance(0.05):
+            replica = self.rng.choice(up)
+            if replica.up:
+                replica.snapshot = (replica.applied, replica.machine.snapshot())
+
+    def end_leadership(self) -> None:
+        leadership = self.leadership
+        assert leadership is not None
+        self.leadership = None
+        leadership.active = False
+        leadership.book.clear()
+        failed = leadership.queue + [r for rs in leadership.in_flight.values() for r in rs]
+        leadership.queue, leadership.in_flight = [], {}
+        # Raft keeps part of the uncommitted suffix (a new leader holds it) and loses the rest.
+        keep = self.rng.randint(self.commit, len(self.log))
+        self.stats.truncated += len(self.log) - keep
+        del self.log[keep:]
+        for request in failed:
+            request.reply(Outcome(error=E.NOT_COORDINATOR))
+
+    def elect(self) -> None:
+        up = [r for r in self.replicas if r.up]
+        if self.leadership is not None or len(up) < MAJORITY or not self.chance(0.3):
+            return
+        self.term += 1
+        self.stats.elections += 1
+        leadership = self.leadership = Leadership(self.rng.choice(up), self.term)
+        self.request_block(leadership, first=True)
+
+    # --- the leader ----------------------------------------------------------------
+
+    def submit(self, command: Command, reply: Callable[[Outcome], None]) -> None:
+        """A request reaching the shard: queued at a ready leader, else refused."""
+        leadership = self.leadership
+        if leadership is None:
+            reply(Outcome(error=E.NOT_COORDINATOR))
+        elif not leadership.ready:
+            reply(Outcome(error=E.COORDINATOR_LOAD_IN_PROGRESS))
+        else:
+            leadership.queue.append(Request(command, reply))
+
+    def propose(self, leadership: Leadership, requests: list[Request]) -> None:
+        self.log.append(Entry(leadership.term, encode_entry([r.command for r in requests])))
+        leadership.in_flight[len(self.log)] = requests
+
+    def request_block(self, leadership: Leadership, first: bool = False) -> None:
+        command, token = leadership.core.block_request(leadership.replica.machine)
+        leadership.block_requested = True
+
+        def granted(outcome: Outcome) -> None:
+            leadership.block_requested = False
+            leadership.core.block_granted(outcome, token)
+            if first and outcome.ok and leadership.active:
+                # Everything before the leader's first entry is applied: it is current.
+                leadership.ready = True
+                for markers in leadership.replica.machine.pending_markers():
+                    leadership.book.add(markers, self.now)
+
+        self.propose(leadership, [Request(command, granted)])
+
+    def lead(self) -> None:
+        leadership = self.leadership
+        if leadership is None or not leadership.ready:
+            return
+        machine = leadership.replica.machine
+        if self.now >= leadership.next_sweep:
+            leadership.next_sweep = self.now + SWEEP_INTERVAL_MS
+            for abort in machine.timed_out(self.now):
+                leadership.queue.append(Request(abort, self.timed_out))
+        if leadership.core.needs_block() and not leadership.block_requested:
+            self.request_block(leadership)
+        batch: list[Request] = []
+        while leadership.queue:
+            stamped = leadership.core.stamp(machine, leadership.queue[0].command, self.now)
+            if stamped is None:
+                break  # waiting for a block; the order is kept
+            self.check_stamped(stamped)
+            batch.append(Request(stamped, leadership.queue.pop(0).reply))
+        if batch:
+            self.propose(leadership, batch)
+        self.write_markers(leadership)
+
+    # --- replication ---------------------------------------------------------------
+
+    def replicate(self) -> None:
+        leadership = self.leadership
+        up = sum(r.up for r in self.replicas)
+        if leadership is not None and up >= MAJORITY:
+            self.commit = min(len(self.log), self.commit + self.rng.randint(0, 3))
+        for replica in self.replicas:
+            if replica.up and replica.applied < self.commit and self.chance(0.6):
+                target = self.rng.randint(replica.applied + 1, self.commit)
+                while replica.applied < target:
+                    self.apply_next(replica)
+
+    def apply_next(self, replica: Replica) -> None:
+        index = replica.applied + 1
+        entry = self.log[index - 1]
+        outcomes = replica.machine.apply_entry(entry.data)
+        replica.applied = index
+        if index > self.effects_seen:
+            self.effects_seen = index
+            self.record_effects(outcomes)
+        leadership = self.leadership
+        if leadership is None or leadership.replica is not replica:
+            return
+        if leadership.ready:
+            for outcome in outcomes:
+                for effect in outcome.effects:
+                    if isinstance(effect, WriteMarkers):
+                        leadership.book.add(effect, self.now)
+        requests = leadership.in_flight.pop(index, None)
+        if requests is not None and entry.term == leadership.term:
+            for request, outcome in zip(requests, outcomes, strict=True):
+                request.reply(outcome)
+
+    # --- markers -------------------------------------------------------------------
+
+    def write_markers(self, leadership: Leadership) -> None:
+        """One round of the marker writer's dispatcher (see :class:`MarkerWriter`)."""
+        book = leadership.book
+        for marker in book.due_markers(self.now):
+            book.route(marker, _destination(marker.participant))
+        for batch in book.take_batches(MAX_MARKER_REQUESTS):
+            self.send_markers(leadership, batch)
+        completions = book.take_completions(self.now, MAX_COMPLETIONS)
+        if completions is not None:
+            self.complete(leadership, completions)
+
+    def send_markers(self, leadership: Leadership, batch: MarkerBatch) -> None:
+        self.stats.marker_calls += 1
+        if self.faults and self.chance(0.05):  # the request is lost
+            self.schedule(CALL_TIMEOUT_MS, lambda: self.answered(leadership, batch, None))
+            return
+        self.schedule(self.delay(), lambda: self.deliver_markers(leadership, batch, True))
+        if self.faults and self.chance(0.1):  # the network delivers it twice
+            late = self.rng.randint(0, 3 * TXN_TIMEOUT_MS)
+            self.stats.duplicates += 1
+            self.schedule(late, lambda: self.deliver_markers(leadership, batch, False))
+
+    def deliver_markers(self, leadership: Leadership, batch: MarkerBatch, answer: bool) -> None:
+        answers: list[dict[Participant, int]] = [{} for _ in batch.requests]
+        waiting = [0]
+
+        def done() -> None:
+            if not answer:
+                return  # a duplicate's answer goes nowhere
+            responses = [MarkerResponse(a) for a in answers]
+            if self.faults and self.chance(0.05):  # the answer is lost
+                self.schedule(CALL_TIMEOUT_MS, lambda: self.answered(leadership, batch, None))
+            else:
+                self.schedule(self.delay(), lambda: self.answered(leadership, batch, responses))
+
+        def group_answer(
+            errors: dict[Participant, int], group: ConsumerGroup
+        ) -> Callable[[Outcome], None]:
+            def reply(outcome: Outcome) -> None:
+                errors[group] = int(outcome.error)
+                waiting[0] -= 1
+                if waiting[0] == 0:
+                    done()
+
+            return reply
+
+        for request, errors in zip(batch.requests, answers, strict=True):
+            for partition in request.partitions:
+                target = self.partitions[(partition.topic, partition.partition)]
+                errors[partition] = int(target.write_marker(request, self.marker_written(request)))
+            waiting[0] += len(request.groups)
+        waiting[0] += 1  # held until every group marker is submitted
+        for request, errors in zip(batch.requests, answers, strict=True):
+            for group in request.groups:
+                self.check_group_marker(request, group.group_id)
+                self.submit(
+                    GroupMarker(
+                        group.group_id,
+                        request.producer_id,
+                        request.producer_epoch,
+                        request.commit,
+                        0,
+                    ),
+                    group_answer(errors, group),
+                )
+        waiting[0] -= 1
+        if waiting[0] == 0:
+            done()
+
+    def answered(
+        self, leadership: Leadership, batch: MarkerBatch, responses: list[MarkerResponse] | None
+    ) -> None:
+        if leadership.active:
+            failure = "" if responses is not None else "lost"
+            leadership.book.on_response(batch, responses, self.now, failure)
+
+    def complete(self, leadership: Leadership, batch: CompletionBatch) -> None:
+        codes: list[int] = [0] * len(batch.txns)
+        waiting = [len(batch.txns)]
+
+        def reply_for(i: int) -> Callable[[Outcome], None]:
+            def reply(outcome: Outcome) -> None:
+                codes[i] = int(outcome.error)
+                waiting[0] -= 1
+                # Only an ended leadership answers NOT_COORDINATOR, and its book is gone.
+                if waiting[0] == 0 and leadership.active:
+                    leadership.book.on_completed(batch, codes, self.now)
+
+            return reply
+
+        for i, c in enumerate(batch.completions):
+            command = MarkersWritten(
+                c.transactional_id,
+                c.producer_id,
+                c.producer_epoch,
+                tuple((p.topic, p.partition) for p in c.partitions),
+                tuple(g.group_id for g in c.groups),
+                0,
+            )
+            leadership.queue.append(Request(command, reply_for(i)))
+
+    def timed_out(self, outcome: Outcome) -> None:
+        """The answer to a sweeper's abort (a failed one is found again next sweep)."""
+        self.stats.timeouts += outcome.ok
+
+    def delay(self) -> int:
+        return self.rng.randint(0, 200)
+
+    def schedule(self, after_ms: int, event: Callable[[], None]) -> None:
+        self.event_seq += 1
+        heapq.heappush(self.events, (self.now + after_ms, self.event_seq, event))
+
+    def deliver_events(self) -> None:
+        due = []
+        while self.events and self.events[0][0] <= self.now:
+            due.append(heapq.heappop(self.events)[2])
+        self.rng.shuffle(due)  # what is due arrives in any order
+        for event in due:
+            event()
+
+    # --- clients -------------------------------------------------------------------
+
+    def act_clients(self) -> None:
+        for client in self.clients:
+            if not client.busy and client.phase != "done" and self.now >= client.next_at:
+                if self.faults and client.producer_id >= 0 and self.chance(0.005):
+                    self.restart_client(client)
+                self.client_step(client)
+        for zombie in list(self.zombies):
+            if self.chance(0.05):
+                self.zombie_step(zombie)
+
+    def client_step(self, client: Client) -> None:
+        phase = client.phase
+        if phase == "init":
+            self.call(client, InitProducerId(client.tid, TXN_TIMEOUT_MS, 0, 0))
+        elif phase == "begin":
+            if not self.faults:
+                client.phase = "done"
+                return
+            count = self.rng.randint(1, len(PARTITIONS))
+            client.partitions = tuple(self.rng.sample(PARTITIONS, count))
+            client.produced = 0
+            client.with_offsets = self.chance(0.4)
+            client.commit = self.chance(0.7)
+            client.stalled = False
+            self.call(
+                client,
+                AddPartitions(
+                    client.tid, client.producer_id, client.epoch, client.partitions, 0, 0
+                ),
+            )
+        elif phase == "produce":
+            self.produce(client)
+        elif phase == "add_offsets":
+            self.call(client, AddOffsets(client.tid, client.producer_id, client.epoch, GROUP, 0, 0))
+        elif phase == "commit_offsets":
+            self.commit_offsets(client)
+        elif phase == "end":
+            if self.faults and not client.stalled and self.chance(0.05):
+                client.stalled = True  # outlive the timeout: the sweeper aborts it
+                client.next_at = self.now + TXN_TIMEOUT_MS + SWEEP_INTERVAL_MS
+                return
+            self.call(
+                client, EndTxn(client.tid, client.producer_id, client.epoch, client.commit, 0, 0)
+            )
+
+    def call(self, client: Client, command: Command) -> None:
+        client.busy = True
+        self.submit(command, lambda outcome: self.client_reply(client, command, outcome))
+
+    def client_reply(self, client: Client, command: Command, outcome: Outcome) -> None:
+        client.busy = False
+        self.check_answer(command, outcome)
+        if outcome.error in RETRIABLE:
+            client.next_at = self.now + self.rng.randint(10, 100)
+            return
+        if not outcome.ok:
+            self.restart_client(client)
+            return
+        if isinstance(command, InitProducerId):
+            client.producer_id, client.epoch = outcome.producer_id, outcome.producer_epoch
+            client.phase = "begin"
+        elif isinstance(command, AddPartitions):
+            client.phase = "produce"
+        elif isinstance(command, AddOffsets):
+            client.phase = "commit_offsets"
+        elif isinstance(command, TxnOffsetCommit):
+            client.phase = "end"
+        elif isinstance(command, EndTxn):
+            self.check_acknowledged(command)
+            if command.commit:
+                self.stats.commits += 1
+            else:
+                self.stats.aborts += 1
+            client.producer_id, client.epoch = outcome.producer_id, outcome.producer_epoch
+            client.phase = "begin"
+
+    def produce(self, client: Client) -> None:
+        while client.produced < len(client.partitions):
+            tp = client.partitions[client.produced]
+            error = self.partitions[tp].append(
+                client.producer_id,
+                client.epoch,
+                0,
+                lambda tp: self.verify(client.tid, client.producer_id, client.epoch, tp),
+            )
+            if error in RETRIABLE:
+                client.next_at = self.now + self.rng.randint(10, 100)
+                return
+            if error is not E.NONE:
+                self.restart_client(client)
+                return
+            client.produced += 1
+        client.phase = "add_offsets" if client.with_offsets else "end"
+
+    def verify(self, tid: str, producer_id: int, epoch: int, tp: tuple[str, int]) -> E:
+        """KIP-890 verification of ``tp`` (a verify-only AddPartitionsToTxn),
+        answered by the shard's ready leader."""
+        if self.leadership is None or not self.leadership.ready:
+            return E.NOT_COORDINATOR
+        [(_, error)] = _verify(self.leadership.replica.machine, tid, producer_id, epoch, (tp,))
+        return error
+
+    def commit_offsets(self, client: Client) -> None:
+        if self.leadership is None or not self.leadership.ready:
+            client.next_at = self.now + self.rng.randint(10, 100)
+            return
+        meta = self.leadership.replica.machine.describe(client.tid)
+        error = verify_group(meta, client.producer_id, client.epoch, GROUP)[0]
+        if error is not E.NONE:
+            self.restart_client(client)
+            return
+        offsets = (OffsetEntry("t", 0, self.step_no, ""),)
+        self.call(
+            client,
+            TxnOffsetCommit(GROUP, client.tid, client.producer_id, client.epoch, offsets, 0),
+        )
+
+    def restart_client(self, client: Client) -> None:
+        """The producer starts over with InitProducerId; its old self may go on."""
+        if self.faults and client.producer_id >= 0 and self.chance(0.5):
+            self.stats.zombies += 1
+            self.zombies.append(
+                Zombie(client.tid, client.producer_id, client.epoch, self.rng.randint(1, 3))
+            )
+        client.phase = "init"
+        client.producer_id = client.epoch = -1
+
+    def zombie_step(self, zombie: Zombie) -> None:
+        zombie.actions -= 1
+        if zombie.actions <= 0:
+            self.zombies.remove(zombie)
+        tid, pid, epoch = zombie.tid, zombie.producer_id, zombie.epoch
+        tp = self.rng.choice(PARTITIONS)
+        action = self.rng.randrange(3)
+        if action == 0:
+            command: Command = AddPartitions(tid, pid, epoch, (tp,), 0, 0)
+        elif action == 1:
+            error = self.partitions[tp].append(
+                pid, epoch, self.rng.randint(0, 2), lambda tp: self.verify(tid, pid, epoch, tp)
+            )
+            self.check_answer(None, Outcome(error=error))
+            return
+        else:
+            command = EndTxn(tid, pid, epoch, self.chance(0.5), 0, 0)
+        self.submit(command, lambda outcome: self.check_answer(command, outcome))
+
+    # --- invariants ----------------------------------------------------------------
+
+    def check_replicas(self) -> None:
+        """Replicas at the same applied index have the same state."""
+        for replica in self.replicas:
+            if not replica.up or replica.checked == replica.applied:
+                continue
+            replica.checked = replica.applied
+            snapshot = replica.machine.snapshot()
+            seen = self.reference.setdefault(replica.applied, snapshot)
+            if seen != snapshot:
+                raise Violation(
+                    f"replica {replica.number} diverged at index {replica.applied}: "
+                    f"its snapshot differs from another replica's at the same index"
+                )
+
+    def record_effects(self, outcomes: list[Outcome]) -> None:
+        """Check and remember what an entry did, the first time any replica applies it."""
+        for outcome in outcomes:
+            for effect in outcome.effects:
+                if isinstance(effect, Transition):
+                    self.check_transition(effect)
+
+    def check_transition(self, t: Transition) -> None:
+        identity = (t.producer_id, t.producer_epoch)
+        previous = self.identity.get(t.transactional_id, (-1, -1))
+        if identity < previous:
+            raise Violation(
+                f"{t.transactional_id}: (producer id, epoch) went back "
+                f"from {previous} to {identity}"
+            )
+        self.identity[t.transactional_id] = identity
+        owner = self.pid_owner.setdefault(t.producer_id, t.transactional_id)
+        if owner != t.transactional_id:
+            raise Violation(f"producer id {t.producer_id} serves {owner} and {t.transactional_id}")
+        if t.to_state in PREPARE_STATES:
+            decision = Decision(
+                t.to_state is TxnState.PREPARE_COMMIT, frozenset(t.partitions), frozenset(t.groups)
+            )
+            earlier = self.decisions.setdefault(identity, decision)
+            if earlier.commit != decision.commit:
+                raise Violation(f"transaction {identity} decided both commit and abort")
+
+    def check_stamped(self, command: Command) -> None:
+        pid = getattr(command, "new_producer_id", -1)
+        if pid < 0:
+            return
+        if pid in self.stamped:
+            raise Violation(f"producer id {pid} was handed out twice")
+        self.stamped.add(pid)
+
+    def check_answer(self, command: Command | None, outcome: Outcome) -> None:
+        if outcome.error in NEVER:
+            raise Violation(f"{command} answered {outcome.error.name}: {outcome.message}")
+
+    def check_acknowledged(self, command: EndTxn) -> None:
+        key = (command.producer_id, command.producer_epoch + 1)
+        decision = self.decisions.get(key)
+        if decision is None or decision.commit != command.commit:
+            raise Violation(
+                f"EndTxn(commit={command.commit}) of {key} succeeded but the decision is {decision}"
+            )
+
+    def decision_for(self, marker: MarkerRequest) -> Decision:
+        key = (marker.producer_id, marker.producer_epoch)
+        decision = self.decisions.get(key)
+        if decision is None or decision.commit != marker.commit:
+            raise Violation(
+                f"marker commit={marker.commit} for {key} but the coordinator decided {decision}"
+            )
+        return decision
+
+    def marker_written(self, marker: MarkerRequest) -> Callable[[Partition, int], None]:
+        def check(partition: Partition, first_offset: int) -> None:
+            if partition.tp not in self.decision_for(marker).partitions:
+                raise Violation(f"marker for {marker.producer_id} sent to {partition.tp}")
+            if first_offset < 0:
+                return
+            for record in partition.records[first_offset:]:
+                if (
+                    record.producer_id == marker.producer_id
+                    and record.commit is None
+                    and record.epoch != marker.producer_epoch - 1
+                ):
+                    raise Violation(
+                        f"marker epoch {marker.producer_epoch} of producer {marker.producer_id} "
+                        f"closes data of epoch {record.epoch} on {partition.tp}"
+                    )
+
+        return check
+
+    def check_group_marker(self, marker: MarkerRequest, group: str) -> None:
+        if group not in self.decision_for(marker).groups:
+            raise Violation(f"marker for {marker.producer_id} sent to group {group}")
+
+    # --- liveness ------------------------------------------------------------------
+
+    def unfinished(self) -> list[str]:
+        """What still keeps the run from being done (empty once it is)."""
+        waiting = []
+        leadership = self.leadership
+        if leadership is None or not leadership.ready:
+            return ["no ready leader"]
+        if self.commit < len(self.log) or any(r.applied < self.commit for r in self.replicas):
+            waiting.append("log not applied everywhere")
+        waiting += [f"client {c.tid} in {c.phase}" for c in self.clients if c.phase != "done"]
+        machine = leadership.replica.machine
+        waiting += [
+            f"{tid} is {meta.state.name}"
+            for tid, meta in machine.state.transactions.items()
+            if meta.state not in IDLE_STATES
+        ]
+        waiting += [
+            f"{tp} has open transactions" for tp, p in self.partitions.items() if p.states.open_txns
+        ]
+        group = machine.state.groups.get(GROUP)
+        if group is not None and group.pending:
+            waiting.append(f"group {GROUP} has pending offsets")
+        if leadership.book.has_work() or leadership.queue or leadership.in_flight:
+            waiting.append("the leader has work")
+        if self.events:
+            waiting.append("messages in flight")
+        return waiting
+
+    def check_delivered(self) -> None:
+        """Every decided participant holds its marker."""
+        group = self.replicas[0].machine.state.groups.get(GROUP)
+        for (pid, epoch), decision in self.decisions.items():
+            for tp in sorted(decision.partitions):
+                if Record(pid, epoch, decision.commit) not in self.partitions[tp].records:
+                    raise Violation(f"{tp} never got the marker of {(pid, epoch)}")
+            if decision.groups and (group is None or group.producer_epochs.get(pid, -1) < epoch):
+                raise Violation(f"group {GROUP} never got the marker of {(pid, epoch)}")
+
+
+def _destination(participant: Participant) -> Destination:
+    if isinstance(participant, DataPartition):
+        node = PARTITIONS.index((participant.topic, participant.partition))
+        return Destination(DestinationKind.PARTITION_LOG, node, f"partition-{node}")
+    return Destination(DestinationKind.COORDINATOR, 0, "coordinator")
+
+
+# --- running seeds -------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    seed: int
+    stats: Stats | None = None
+    failure: str = ""
+    step: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failure
+
+
+def run_seed(seed: int, bugs: Bugs = Bugs()) -> Result:
+    sim = Simulation(seed, bugs)
+    try:
+        return Result(seed, sim.run())
+    except Violation as exc:
+        return Result(seed, failure=str(exc), step=sim.step_no)
+
+
+def replay_command(seed: int, bug: str | None) -> str:
+    flag = f" --bug {bug}" if bug else ""
+    return f"python -m tests.simulation --seed {seed}{flag}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.simulation", description=__doc__)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--seeds", type=int, default=100, help="run seeds 0..N-1 (default 100)")
+    which.add_argument("--seed", type=int, help="run (replay) this one seed")
+    parser.add_argument("--first", type=int, default=0, help="first seed of --seeds")
+    parser.add_argument("--bug", choices=sorted(BUGS), help="plant a bug (shows it is caught)")
+    args = parser.parse_args(argv)
+    bugs = BUGS[args.bug] if args.bug else Bugs()
+    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
+    total = Stats()
+    for seed in seeds:
+        result = run_seed(seed, bugs)
+        if not result.ok:
+            print(f"seed {seed} FAILED at step {result.step}: {result.failure}")
+            print(f"replay: {replay_command(seed, args.bug)}")
+            return 1
+        assert result.stats is not None
+        if args.seed is not None:
+            print(f"seed {seed} ok: {result.stats}, digest={result.stats.digest}")
+            return 0
+        for name in Stats.COUNTERS:
+            setattr(total, name, getattr(total, name) + getattr(result.stats, name))
+    print(f"{len(seeds)} seeds ok: {total}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
