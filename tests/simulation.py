@@ -75,7 +75,7 @@ from marker_writer import (
 from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from pid_allocator import PidBlock, PidCursor
-from raftcoord.service import _verify
+from raftcoord.coordinator.service import _verify
 
 E = ErrorCode
 
@@ -134,7 +134,7 @@ class LeaderCore:
     """What a shard leader adds to commands before proposing them: the time,
     its term as coordinator epoch, fresh producer ids from its cursor, and
     the producer-id block requests that refill the cursor (the coordinator's
-    leader duties, see ``raftcoord/shard.py``). Pure: the caller passes the
+    leader duties, see ``raftcoord/coordinator/shard.py``). Pure: the caller passes the
     state machine and the time."""
 
     def __init__(self, term: int) -> None:
