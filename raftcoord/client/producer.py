@@ -157,13 +157,11 @@ class Producer:
             backoff_s=(retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000),
         )
         self._max_block_s = max_block_ms / 1000
-        self._channels = channels or Channels()
-        coordinators = CoordinatorClient(bootstrap, self._channels, *settings.backoff_s)
+        channels = channels or Channels()
+        coordinators = CoordinatorClient(bootstrap, channels, *settings.backoff_s)
         self._metadata = MetadataCache(coordinators)
         self._partitioner = partitioner or DefaultPartitioner(batch_size)
-        self._sender = Sender(
-            settings, self._channels, coordinators, self._metadata, self._transactions
-        )
+        self._sender = Sender(settings, channels, coordinators, self._metadata, self._transactions)
         if self._transactions is not None:
             self._transactions.attach(self._sender)
         self._sender.start()
