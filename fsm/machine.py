@@ -28,7 +28,7 @@ from fsm.commands import (
 )
 from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, WriteMarkers, fail
-from fsm.errors import CommandError, ErrorCode
+from fsm.errors import CommandError, ErrorCode, IllegalTransition
 from fsm.limits import topic_error
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
@@ -38,6 +38,10 @@ from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidL
 
 SNAPSHOT_VERSION = 1
 E = ErrorCode
+#: In the answer to a command whose handler attempted a transition the rules
+#: forbid (:class:`~fsm.errors.IllegalTransition`): a bug, never a property of
+#: the request. Tests assert no command sequence produces it.
+HANDLER_BUG = "a handler bug"
 
 
 @dataclass
@@ -71,10 +75,11 @@ class TransactionStateMachine:
     before proposing them, but whatever reaches the log must apply on every
     replica alike, so a command that would break one of the core's
     invariants is refused too (UNKNOWN_SERVER_ERROR), deterministically,
-    never raised. Handlers compute the new state before storing any of it,
-    so a refusal leaves the state untouched. Queries read the applied state;
-    the shell must make sure it is still leader before serving them as
-    current.
+    never raised; an illegal transition is such a refusal marked
+    :data:`HANDLER_BUG` (the pure handlers raise it). Handlers compute the
+    new state before storing any of it, so a refusal leaves the state
+    untouched. Queries read the applied state; the shell must make sure it
+    is still leader before serving them as current.
     """
 
     def __init__(
@@ -98,6 +103,11 @@ class TransactionStateMachine:
             outcome: Outcome = handler(self, command)
         except (MemoryError, RecursionError):
             raise  # a property of this process, not of the command: not deterministic
+        except IllegalTransition as exc:  # a handler bug: it moved against the rules table
+            return fail(
+                E.UNKNOWN_SERVER_ERROR,
+                f"{type(command).__name__} refused, {HANDLER_BUG}: {exc}",
+            )
         except Exception as exc:  # a bug or a hostile entry; every replica refuses alike
             return fail(
                 E.UNKNOWN_SERVER_ERROR,

@@ -39,6 +39,8 @@ VALID_PREVIOUS: Mapping[TxnState, frozenset[TxnState]] = {
 PREPARE_STATES = frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT})
 #: States with no transaction in progress; the transactional.id may expire.
 IDLE_STATES = frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT})
+#: States that never outlive one command; found in a snapshot they mean "busy".
+TRANSIENT_STATES = frozenset({S.DEAD, S.PREPARE_EPOCH_FENCE})
 #: The Complete* state that ends each Prepare* state.
 COMPLETION_OF: Mapping[TxnState, TxnState] = {
     S.PREPARE_COMMIT: S.COMPLETE_COMMIT,

@@ -37,13 +37,12 @@ from fsm.metadata import (
     TransactionMetadata,
     transition,
 )
-from fsm.states import COMPLETION_OF, IDLE_STATES, PREPARE_STATES, TxnState
+from fsm.rules import NOT_TIMED_OUT, STALE_MARKERS, Request, Rule, rule
+from fsm.states import COMPLETION_OF, IDLE_STATES, PREPARE_STATES, TRANSIENT_STATES, TxnState
 
 S = TxnState
 E = ErrorCode
 INT32_MAX = 2**31 - 1
-#: States that never outlive one command; found in a snapshot they mean "busy".
-TRANSIENT_STATES = frozenset({S.DEAD, S.PREPARE_EPOCH_FENCE})
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,18 @@ class Step:
 def refuse(meta: TransactionMetadata | None, error: ErrorCode, message: str = "") -> Step:
     """A step that changes nothing."""
     return Step(meta, fail(error, message))
+
+
+def refusal(meta: TransactionMetadata, request: Request) -> Step | None:
+    """The refusal the rules table gives ``request`` in ``meta``'s state, or None."""
+    found = rule(request, meta.state)
+    return refuse_by(meta, found) if found.refused else None
+
+
+def refuse_by(meta: TransactionMetadata | None, refused: Rule) -> Step:
+    """A step that changes nothing, answered as the refusal rule ``refused`` says."""
+    state = S.EMPTY if meta is None else meta.state
+    return refuse(meta, refused.error, refused.message(state))
 
 
 def moved(old: TransactionMetadata | None, new: TransactionMetadata, now_ms: int) -> Transition:
@@ -123,8 +134,9 @@ def init_producer_id(
             coordinator_epoch=cmd.coordinator_epoch,
         )
         return Step(created, _answer(created, (moved(None, created, cmd.now_ms),)))
-    if meta.pending_state is not None or meta.state in PREPARE_STATES | TRANSIENT_STATES:
-        return refuse(meta, E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}")
+    refused = refusal(meta, Request.INIT_PRODUCER_ID)
+    if refused is not None:
+        return refused
     if expected and not _expected_id_valid(meta, cmd, config):
         return refuse(meta, E.PRODUCER_FENCED, "expected producer id does not match")
     if meta.state is S.ONGOING:
@@ -375,8 +387,9 @@ def _add_participants(
     error, why = check_producer(meta, producer_id, producer_epoch, config)
     if error is not E.NONE or meta is None:
         return refuse(meta, error, why)
-    if meta.state in PREPARE_STATES:
-        return refuse(meta, E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}")
+    refused = refusal(meta, Request.ADD_TO_TXN)
+    if refused is not None:
+        return refused
     ongoing = meta.state is S.ONGOING
     if ongoing and partitions <= meta.partitions and groups <= meta.groups:
         return Step(meta, _answer(meta))
@@ -428,30 +441,14 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
         == (meta.last_producer_id, meta.last_producer_epoch)
         and meta.state in PREPARE_STATES | {S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
     )
-    if not is_retry:
-        error, why = check_producer(meta, cmd.producer_id, cmd.producer_epoch, config)
-        if error is not E.NONE:
-            return refuse(meta, error, why)
-    same_decision = {
-        S.PREPARE_COMMIT: cmd.commit,
-        S.COMPLETE_COMMIT: cmd.commit,
-        S.PREPARE_ABORT: not cmd.commit,
-        S.COMPLETE_ABORT: not cmd.commit,
-    }
-    state = meta.state
-    if state is S.ONGOING:
-        return _end(meta, cmd, config)
-    if state in PREPARE_STATES:  # only a retry gets here (check_producer)
-        if same_decision[state]:
-            return refuse(meta, E.CONCURRENT_TRANSACTIONS, "markers are being written")
-        return refuse(meta, E.INVALID_TXN_STATE, f"transaction is {state.name}")
     if is_retry:
-        if same_decision[state]:
-            return Step(meta, _answer(meta))
-        return refuse(meta, E.INVALID_TXN_STATE, f"transaction is {state.name}")
-    if not cmd.commit:
-        return _end(meta, cmd, config)
-    return refuse(meta, E.INVALID_TXN_STATE, f"no transaction to commit ({state.name})")
+        refused = refusal(meta, Request.END_COMMIT_RETRY if cmd.commit else Request.END_ABORT_RETRY)
+        return Step(meta, _answer(meta)) if refused is None else refused
+    error, why = check_producer(meta, cmd.producer_id, cmd.producer_epoch, config)
+    if error is not E.NONE:
+        return refuse(meta, error, why)
+    refused = refusal(meta, Request.END_COMMIT if cmd.commit else Request.END_ABORT)
+    return _end(meta, cmd, config) if refused is None else refused
 
 
 def _end(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
@@ -501,12 +498,14 @@ def markers_written(meta: TransactionMetadata | None, cmd: MarkersWritten) -> St
     Prepare* state with the markers' identity are stale and refused; an
     acknowledgement repeated for a participant already removed is a no-op.
     """
-    if (
-        meta is None
-        or meta.state not in PREPARE_STATES
-        or (cmd.producer_id, cmd.producer_epoch) != (meta.producer_id, meta.producer_epoch)
+    if meta is None or (cmd.producer_id, cmd.producer_epoch) != (
+        meta.producer_id,
+        meta.producer_epoch,
     ):
-        return refuse(meta, E.INVALID_TXN_STATE, "no Prepare* transaction with these markers")
+        return refuse_by(meta, STALE_MARKERS)
+    refused = refusal(meta, Request.MARKERS_WRITTEN)
+    if refused is not None:
+        return refused
     partitions = meta.partitions - frozenset(cmd.partitions)
     groups = meta.groups - frozenset(cmd.groups)
     if partitions == meta.partitions and groups == meta.groups:
@@ -535,15 +534,18 @@ def abort_timed_out(
         return refuse(meta, E.INVALID_PRODUCER_ID_MAPPING)
     if (cmd.producer_id, cmd.producer_epoch) != (meta.producer_id, meta.producer_epoch):
         return refuse(meta, E.PRODUCER_FENCED, "the transaction moved on since it was seen")
+    refused = refusal(meta, Request.TIMEOUT_ABORT)
+    if refused is not None:
+        return refused
     if not has_timed_out(meta, cmd.now_ms):
-        return refuse(meta, E.INVALID_TXN_STATE, "transaction has not timed out")
+        return refuse_by(meta, NOT_TIMED_OUT)
     return fence_and_abort(meta, cmd.now_ms, cmd.coordinator_epoch, "timeout", config)
 
 
 def expirable(meta: TransactionMetadata, now_ms: int, config: FsmConfig) -> bool:
     """Whether the id has been idle for transactional.id.expiration.ms."""
     return (
-        meta.state in IDLE_STATES
+        rule(Request.EXPIRE, meta.state).to is S.DEAD
         and meta.pending_state is None
         and meta.last_update_ms + config.transactional_id_expiration_ms <= now_ms
     )

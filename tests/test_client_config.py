@@ -81,9 +81,9 @@ def test_producer_arguments_are_checked_by_name(
 
 def test_the_default_delivery_timeout_grows_to_cover_one_attempt() -> None:
     with Producer("h:1", request_timeout_ms=200_000, linger_ms=10) as producer:
-        assert producer._delivery_timeout_s == pytest.approx(200.01)
+        assert producer._sender.settings.delivery_timeout_s == pytest.approx(200.01)
     with Producer("h:1") as producer:
-        assert producer._delivery_timeout_s == 120
+        assert producer._sender.settings.delivery_timeout_s == 120
 
 
 def test_transactional_arguments_are_checked_by_name() -> None:

@@ -40,13 +40,13 @@ from raftcoord.client._accumulator import (
 )
 from raftcoord.client._net import Backoff, Channels, Deadline
 from raftcoord.client._txn_state import TRANSITIONS, TxnState, check_transition
+from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
     CorruptMessageError,
     IllegalStateError,
     TransactionAbortedError,
 )
 from raftcoord.client.partitioner import DefaultPartitioner, murmur2, to_positive
-from raftcoord.client.producer import first_error, offset_topics, topic_partitions
 from raftcoord.client.records import RecordMetadata
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 

@@ -31,6 +31,7 @@ from fsm import (
     decode_command,
 )
 from fsm.errors import ErrorCode
+from fsm.machine import HANDLER_BUG
 from fsm.states import COMPLETION_OF, PREPARE_STATES
 from tests.fsm_driver import Leader
 
@@ -224,8 +225,9 @@ class ShardMachine(RuleBasedStateMachine):
     # --- invariants ----------------------------------------------------------------
 
     @invariant()
-    def one_decision_per_transaction(self) -> None:
+    def one_decision_per_transaction_and_no_handler_bug(self) -> None:
         for outcome in self.leader.outcomes[self.checked :]:
+            assert HANDLER_BUG not in outcome.message, outcome
             for effect in outcome.effects:
                 if isinstance(effect, WriteMarkers):
                     event("COMMIT decided" if effect.commit else "ABORT decided")

@@ -1,5 +1,6 @@
 """``apply`` is total: random commands from random reachable states never raise,
-and replicas that apply the same log stay identical.
+never make a handler attempt a transition the rules forbid, and replicas that
+apply the same log stay identical.
 
 Every entry goes through the wire (``encode_entry`` / ``apply_entry``) as it
 does on a replica, so field values are whatever msgpack can carry: 64-bit
@@ -42,6 +43,7 @@ from fsm import (
 )
 from fsm.commands import COMMAND_TYPES
 from fsm.errors import ErrorCode
+from fsm.machine import HANDLER_BUG
 from fsm.wire import INT64_MAX, INT64_MIN
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.types import TopicPartition
@@ -236,6 +238,7 @@ def run(seed: int, config: FsmConfig) -> None:
         log.append(entry)
         where = f"seed {seed}, step {step}, entry {entry!r}"
         outcomes = first.apply_entry(entry)  # raising fails the test with the seed below
+        assert not [o for o in outcomes if HANDLER_BUG in o.message], where
         assert second.apply_entry(entry) == outcomes, where
         if late is not None:
             assert late.apply_entry(entry) == outcomes, where

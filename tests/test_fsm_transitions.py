@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,9 @@ from fsm import (
     TxnState,
     transition,
 )
+from fsm import transactions as txn
 from fsm.errors import ErrorCode
+from fsm.rules import REQUESTS, Request, Rule, markdown_tables, rule
 from fsm.states import COMPLETION_OF
 
 S = TxnState
@@ -301,3 +304,80 @@ def test_state_event(
     for effect in outcome.effects:
         if isinstance(effect, Transition) and effect.from_state is not None:
             assert effect.from_state in DESIGN_TABLE[effect.to_state]
+
+
+# --- the rules table of fsm/rules.py agrees with the matrix above ----------------------
+
+REQUEST_OF_EVENT = {
+    "init": Request.INIT_PRODUCER_ID,
+    "add_partitions": Request.ADD_TO_TXN,
+    "add_offsets": Request.ADD_TO_TXN,
+    "end_commit": Request.END_COMMIT,
+    "end_abort": Request.END_ABORT,
+    "markers": Request.MARKERS_WRITTEN,
+    "timeout": Request.TIMEOUT_ABORT,
+    "expire": Request.EXPIRE,
+}
+RETRY_OF_EVENT = {"end_commit": Request.END_COMMIT_RETRY, "end_abort": Request.END_ABORT_RETRY}
+
+
+def _as_expected(found: Rule) -> tuple[ErrorCode, object]:
+    if found.to is S.DEAD:  # an expired id is removed
+        return found.error, GONE
+    return found.error, found.to
+
+
+def test_rules_table_is_the_matrix() -> None:
+    assert set(REQUEST_OF_EVENT.values()) | set(RETRY_OF_EVENT.values()) == set(Request)
+    for state, row in EXPECTED.items():
+        for event, expected in row.items():
+            assert _as_expected(rule(REQUEST_OF_EVENT[event], state)) == expected, (state, event)
+    for state, row in EXPECTED_RETRY.items():
+        for event, expected in row.items():
+            if event in RETRY_OF_EVENT and state in REQUESTS[RETRY_OF_EVENT[event]]:
+                assert _as_expected(rule(RETRY_OF_EVENT[event], state)) == expected, (state, event)
+    for request, by_state in REQUESTS.items():
+        for state, found in by_state.items():
+            if found.to is not None:  # one legal transition, or two (an empty abort)
+                assert state in DESIGN_TABLE[found.to] or any(
+                    state in DESIGN_TABLE[via] and via in DESIGN_TABLE[found.to] for via in S
+                ), (request, state)
+
+
+def test_the_docs_hold_the_tables() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "state-machine.md").read_text()
+    assert markdown_tables() in doc, "paste fsm.rules.markdown_tables() into the doc"
+
+
+def pure_step(meta: TransactionMetadata, command: Command, config: FsmConfig) -> object:
+    """The pure handler for ``command`` (which raises, unlike ``apply``)."""
+    if isinstance(command, InitProducerId):
+        return txn.init_producer_id(meta, command, config)
+    if isinstance(command, AddPartitions):
+        return txn.add_partitions(meta, command, config)
+    if isinstance(command, AddOffsets):
+        return txn.add_offsets(meta, command, config)
+    if isinstance(command, EndTxn):
+        return txn.end_txn(meta, command, config)
+    if isinstance(command, MarkersWritten):
+        return txn.markers_written(meta, command)
+    if isinstance(command, AbortTimedOut):
+        return txn.abort_timed_out(meta, command, config)
+    assert isinstance(command, ExpireTransactionalIds)
+    return txn.expire(meta, NOW) if txn.expirable(meta, NOW, config) else None
+
+
+@pytest.mark.parametrize(
+    ("state", "event", "pid", "epoch", "error", "after"),
+    CASES,
+    ids=[f"{s.name}-{e}-{p}.{ep}" for s, e, p, ep, _, _ in CASES],
+)
+def test_no_request_attempts_an_illegal_transition(
+    state: TxnState, event: str, pid: int, epoch: int, error: ErrorCode, after: object
+) -> None:
+    """The pure handlers raise IllegalTransition (``apply`` answers it as a
+    bug); no (state, request) pair gets there."""
+    machine = machine_with(state)
+    meta = machine.describe("t")
+    assert meta is not None
+    pure_step(meta, events(pid, epoch)[event], machine.config)

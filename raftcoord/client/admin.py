@@ -20,6 +20,7 @@ from raftcoord.client._net import (
     MetadataCache,
     transport_error,
 )
+from raftcoord.client._wire import topic_partitions
 from raftcoord.client.errors import (
     IllegalStateError,
     KafkaError,
@@ -27,7 +28,6 @@ from raftcoord.client.errors import (
     UnknownTopicOrPartitionError,
     error_for,
 )
-from raftcoord.client.producer import topic_partitions
 from raftcoord.client.records import (
     AbortTransactionSpec,
     ProducerState,

@@ -10,6 +10,9 @@ records; the consumer continues from ``next_fetch_offset``, which may skip
 control and aborted records.
 
 Not thread-safe (as Kafka's consumer): use it from one thread.
+
+This file is over 500 lines because it is one class, Kafka's consumer API;
+the protocol messages it shares with the producer are in :mod:`._wire`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from raftcoord.client._net import (
     MetadataCache,
     transport_error,
 )
+from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
     IllegalStateError,
     KafkaError,
@@ -40,7 +44,6 @@ from raftcoord.client.errors import (
     OffsetOutOfRangeError,
     error_for,
 )
-from raftcoord.client.producer import first_error, offset_topics, topic_partitions
 from raftcoord.client.records import ConsumerRecord, TopicPartition
 from raftcoord.protocol.limits import id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2

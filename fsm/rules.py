@@ -1,0 +1,171 @@
+"""Which request is legal in which state, and what it answers: the rules as data.
+
+:data:`fsm.states.VALID_PREVIOUS` says which state may follow which;
+:data:`REQUESTS` says, for each transaction request and each state, what the
+request does there when it carries the producer's current identity (and for
+EndTxn, the retry identity of the transaction that ended). The handlers in
+:mod:`fsm.transactions` take their state-dependent refusals from it; their
+checks of the request itself (malformed fields, a wrong producer id or epoch,
+an exhausted epoch) come first and are not state rules. ``docs/state-machine.md``
+holds both tables as rendered by :func:`markdown_tables`, and a test keeps
+them equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from fsm.errors import ErrorCode
+from fsm.states import IDLE_STATES, PREPARE_STATES, TRANSIENT_STATES, VALID_PREVIOUS, TxnState
+
+S = TxnState
+E = ErrorCode
+
+
+class Request(Enum):
+    """The requests and commands that act on one transactional.id."""
+
+    INIT_PRODUCER_ID = "InitProducerId"
+    ADD_TO_TXN = "AddPartitionsToTxn / AddOffsetsToTxn"
+    END_COMMIT = "EndTxn(commit)"
+    END_ABORT = "EndTxn(abort)"
+    END_COMMIT_RETRY = "EndTxn(commit), retry of the ended transaction"
+    END_ABORT_RETRY = "EndTxn(abort), retry of the ended transaction"
+    MARKERS_WRITTEN = "markers written"
+    TIMEOUT_ABORT = "timeout abort"
+    EXPIRE = "expire transactional.id"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a request does in one state.
+
+    ``to`` is the state afterwards (None: unchanged); ``error`` the answer's
+    code. A rule with no ``to`` and an error is a refusal, answered with
+    ``why`` (``{state}`` stands for the state's name).
+    """
+
+    error: ErrorCode = E.NONE
+    to: TxnState | None = None
+    why: str = ""
+
+    @property
+    def refused(self) -> bool:
+        return self.to is None and self.error is not E.NONE
+
+    def message(self, state: TxnState) -> str:
+        return self.why.format(state=state.name)
+
+
+def _each(states: frozenset[TxnState], rule_: Rule) -> dict[TxnState, Rule]:
+    return dict.fromkeys(states, rule_)
+
+
+#: Markers are being written (the request belongs to the next transaction and
+#: waits), or a state that never outlives one command was found: busy.
+_BUSY = _each(
+    PREPARE_STATES | TRANSIENT_STATES,
+    Rule(E.CONCURRENT_TRANSACTIONS, why="transaction is {state}"),
+)
+
+
+def _end_retry(commit: bool) -> dict[TxnState, Rule]:
+    """EndTxn retried with the ended transaction's identity (only a Prepare*
+    or Complete* state has one): the same decision waits for its markers,
+    then succeeds without a change; the other decision is refused."""
+    same, other = (S.PREPARE_COMMIT, S.COMPLETE_COMMIT), (S.PREPARE_ABORT, S.COMPLETE_ABORT)
+    if not commit:
+        same, other = other, same
+    wrong = Rule(E.INVALID_TXN_STATE, why="transaction is {state}")
+    return {
+        same[0]: Rule(E.CONCURRENT_TRANSACTIONS, why="markers are being written"),
+        same[1]: Rule(),
+        other[0]: wrong,
+        other[1]: wrong,
+    }
+
+
+#: Marker acknowledgements for no Prepare* transaction (or another identity's).
+STALE_MARKERS = Rule(E.INVALID_TXN_STATE, why="no Prepare* transaction with these markers")
+#: A timeout abort of a transaction that is not Ongoing (or not yet past its timeout).
+NOT_TIMED_OUT = Rule(E.INVALID_TXN_STATE, why="transaction has not timed out")
+
+#: For each request, what it does in each state (see :class:`Rule`).
+REQUESTS: Mapping[Request, Mapping[TxnState, Rule]] = {
+    Request.INIT_PRODUCER_ID: {
+        **_each(IDLE_STATES, Rule(to=S.EMPTY)),
+        # The open transaction is fenced and aborted; the producer retries.
+        S.ONGOING: Rule(E.CONCURRENT_TRANSACTIONS, S.PREPARE_ABORT),
+        **_BUSY,
+    },
+    Request.ADD_TO_TXN: {
+        **_each(IDLE_STATES | {S.ONGOING}, Rule(to=S.ONGOING)),
+        **_BUSY,
+    },
+    Request.END_COMMIT: {
+        **_each(IDLE_STATES, Rule(E.INVALID_TXN_STATE, why="no transaction to commit ({state})")),
+        S.ONGOING: Rule(to=S.PREPARE_COMMIT),
+        **_BUSY,
+    },
+    Request.END_ABORT: {
+        # With nothing open, an empty transaction is aborted (the epoch bumps).
+        **_each(IDLE_STATES, Rule(to=S.COMPLETE_ABORT)),
+        S.ONGOING: Rule(to=S.PREPARE_ABORT),
+        **_BUSY,
+    },
+    Request.END_COMMIT_RETRY: _end_retry(commit=True),
+    Request.END_ABORT_RETRY: _end_retry(commit=False),
+    Request.MARKERS_WRITTEN: {
+        **{s: STALE_MARKERS for s in S},
+        S.PREPARE_COMMIT: Rule(to=S.COMPLETE_COMMIT),
+        S.PREPARE_ABORT: Rule(to=S.COMPLETE_ABORT),
+    },
+    Request.TIMEOUT_ABORT: {
+        **{s: NOT_TIMED_OUT for s in S},
+        S.ONGOING: Rule(to=S.PREPARE_ABORT),
+    },
+    Request.EXPIRE: {
+        **{s: Rule() for s in S},
+        **_each(IDLE_STATES, Rule(to=S.DEAD)),
+    },
+}
+
+
+def rule(request: Request, state: TxnState) -> Rule:
+    """What ``request`` does in ``state`` (the retry rows hold only the
+    Prepare* and Complete* states, the only ones with a retry identity)."""
+    return REQUESTS[request][state]
+
+
+# --- the tables of docs/state-machine.md ----------------------------------------------
+
+
+def state_title(state: TxnState) -> str:
+    """Kafka's name of a state: PREPARE_COMMIT is PrepareCommit."""
+    return "".join(word.capitalize() for word in state.name.split("_"))
+
+
+def _cell(rule_: Rule) -> str:
+    if rule_.to is None:
+        return "—" if rule_.error is E.NONE else rule_.error.name
+    moved = f"→ {state_title(rule_.to)}"
+    return moved if rule_.error is E.NONE else f"{moved}, {rule_.error.name}"
+
+
+def markdown_tables() -> str:
+    """The transition table and the request table, as markdown."""
+    lines = ["| state | may be entered from |", "|---|---|"]
+    for state in S:
+        sources = ", ".join(state_title(s) for s in sorted(VALID_PREVIOUS[state]))
+        lines.append(f"| {state_title(state)} | {sources} |")
+    lines += [
+        "",
+        "| request | " + " | ".join(state_title(s) for s in S) + " |",
+        "|---" * (len(S) + 1) + "|",
+    ]
+    for request, row in REQUESTS.items():
+        cells = (_cell(row[s]) if s in row else "n/a" for s in S)
+        lines.append(f"| {request.value} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
