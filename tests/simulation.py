@@ -13,9 +13,18 @@ everything that world does:
   uncommitted suffix (the rest commits under the new leader); a replica
   crashes, losing its memory, and restarts from its last snapshot plus the
   committed log tail.
-* The leader stamps and group-commits requests, asks for producer-id blocks,
-  becomes ready once its first own entry applies, sweeps timed-out
-  transactions and runs a marker book seeded from the pending markers.
+* The leader is the coordinator's own pure core,
+  :class:`raftcoord.coordinator.leader.LeaderCore`, one per replica on the
+  simulated clock: requests carry their command as an ``Unstamped``
+  function of the leader's stamp (as the coordinator's service builds
+  them), and the core stamps them, group-commits them (``batch``: one entry
+  in flight, the queue goes out together in the next one, in order, up to
+  the first request waiting for a producer-id block) and asks for
+  producer-id blocks. Around it, the simulation does what a node's shard
+  does: the leadership becomes ready once its first own entry (a block
+  request) applies, sweeps timed-out transactions and runs a marker book
+  seeded from the pending markers. ``block_not_applied`` is never needed:
+  in this Raft an entry is lost only with its leadership.
 * Marker calls are delayed, reordered, lost (request or answer) and
   duplicated; a deposed leader's calls still arrive.
 * Clients (one per transactional id) run InitProducerId, AddPartitions,
@@ -32,19 +41,16 @@ failure prints its seed and a command that replays it exactly.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import heapq
 import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from fsm import (
     AddOffsets,
     AddPartitions,
-    AllocatePidBlock,
     Command,
     EndTxn,
     FsmConfig,
@@ -64,6 +70,7 @@ from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.transactions import verify_group
 from marker_writer import (
     Backoff,
+    Completion,
     ConsumerGroup,
     DataPartition,
     Destination,
@@ -74,15 +81,16 @@ from marker_writer import (
 )
 from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
-from pid_allocator import PidBlock, PidCursor
+from raftcoord.coordinator.leader import CHECK_ONLY, LeaderCore, Unstamped, timed_out_abort
 from raftcoord.coordinator.service import _verify
+from raftcoord.protocol.types import TopicPartition
 
 E = ErrorCode
 
 REPLICAS = 3
 MAJORITY = REPLICAS // 2 + 1
 TXN_IDS = ("tx-a", "tx-b", "tx-c")
-PARTITIONS: tuple[tuple[str, int], ...] = (("t", 0), ("t", 1), ("t", 2))
+PARTITIONS = tuple(TopicPartition("t", i) for i in range(3))
 GROUP = "g"
 #: Small limits so that producer ids rotate and blocks run out within a run.
 CONFIG = FsmConfig(max_producer_epoch=6)
@@ -127,53 +135,6 @@ class Violation(AssertionError):
     """An invariant does not hold."""
 
 
-# --- the leader's stamping: the one place holding leader logic -----------------------
-
-
-class LeaderCore:
-    """What a shard leader adds to commands before proposing them: the time,
-    its term as coordinator epoch, fresh producer ids from its cursor, and
-    the producer-id block requests that refill the cursor (the coordinator's
-    leader duties, see ``raftcoord/coordinator/shard.py``). Pure: the caller passes the
-    state machine and the time."""
-
-    def __init__(self, term: int) -> None:
-        self.term = term
-        self.cursor = PidCursor()
-
-    def needs_block(self) -> bool:
-        return self.cursor.needs_block()
-
-    def block_request(self, machine: TransactionStateMachine) -> tuple[AllocatePidBlock, int]:
-        """The command asking for the next block, and the token to grant it with."""
-        layout = machine.state.pids.layout
-        token = self.cursor.mark_requested()
-        return AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size), token
-
-    def block_granted(self, outcome: Outcome, token: int) -> None:
-        if outcome.ok:
-            self.cursor.add_block(PidBlock(outcome.block_first, outcome.block_end), token)
-        else:
-            self.cursor.request_failed(token)
-
-    def stamp(
-        self, machine: TransactionStateMachine, command: Command, now_ms: int
-    ) -> Command | None:
-        """``command`` ready to propose, or None while waiting for a block."""
-        names = {f.name for f in dataclasses.fields(command)}
-        changes: dict[str, Any] = {}
-        if "now_ms" in names:
-            changes["now_ms"] = now_ms
-        if "coordinator_epoch" in names:
-            changes["coordinator_epoch"] = self.term
-        if isinstance(command, InitProducerId | EndTxn) and machine.needs_new_producer_id(command):
-            pid = self.cursor.take()
-            if pid is None:
-                return None
-            changes["new_producer_id"] = pid
-        return dataclasses.replace(command, **changes)
-
-
 # --- the replicated log --------------------------------------------------------------
 
 
@@ -185,19 +146,35 @@ class Entry:
 
 @dataclass
 class Request:
-    """A command for the leader; ``reply`` gets its outcome (or why it failed)."""
+    """A request for the leader: its command as a function of the leader's
+    stamp (as the coordinator's service builds it); ``reply`` gets its
+    outcome (or why it failed)."""
 
-    command: Command
+    build: Unstamped
     reply: Callable[[Outcome], None]
 
 
-class Replica:
-    """One replica of the shard: its state machine, applied index and snapshot."""
+@dataclass
+class Proposal:
+    """A leader's entry in flight: who gets its outcomes, and whether the
+    leader core counts it as in flight (a group-commit entry; a producer-id
+    block request is proposed outside group commit, as on a node)."""
 
-    def __init__(self, number: int) -> None:
+    replies: list[Callable[[Outcome], None]]
+    batched: bool
+
+
+class Replica:
+    """One replica of the shard: its state machine, applied index and
+    snapshot, and the node's leader core (the coordinator's own, on the
+    simulated clock), which lives across leaderships and dies with a crash."""
+
+    def __init__(self, number: int, clock: Callable[[], int]) -> None:
         self.number = number
+        self.clock = clock
         self.up = True
         self.machine = _new_machine()
+        self.core = LeaderCore(self.machine.state.pids.layout, clock)
         self.applied = 0
         self.snapshot = (0, self.machine.snapshot())
         self.checked = -1  # applied index at the last snapshot comparison
@@ -208,6 +185,7 @@ class Replica:
     def restart(self, bugs: Bugs) -> None:
         index, data = self.snapshot
         self.machine = TransactionStateMachine.restore(data, CONFIG)
+        self.core = LeaderCore(self.machine.state.pids.layout, self.clock)
         self.applied = index - 1 if bugs.replay_snapshot_entry and index > 0 else index
         self.up = True
         self.checked = -1
@@ -219,19 +197,21 @@ def _new_machine() -> TransactionStateMachine:
 
 class Leadership:
     """One replica's leadership of one term: its queue, entries in flight and
-    marker book. Everything here is lost when the leadership ends."""
+    marker book. Everything here is lost when the leadership ends; what to
+    stamp and what goes into the next entry is decided by the replica's
+    :class:`LeaderCore`, told of the leadership with ``elected``/``deposed``."""
 
     def __init__(self, replica: Replica, term: int) -> None:
         self.replica = replica
         self.term = term
-        self.core = LeaderCore(term)
+        self.core = replica.core
         self.active = True
         self.ready = False
         self.queue: list[Request] = []
-        self.in_flight: dict[int, list[Request]] = {}
-        self.block_requested = False
+        self.in_flight: dict[int, Proposal] = {}
         self.book = MarkerBook(term, BACKOFF)
         self.next_sweep = 0
+        self.core.elected(term)
 
 
 # --- participants --------------------------------------------------------------------
@@ -250,7 +230,7 @@ class Partition:
     """A data partition: its records and the pure producer state deciding them."""
 
     def __init__(self, topic: str, index: int, bugs: Bugs) -> None:
-        self.tp = (topic, index)
+        self.tp = TopicPartition(topic, index)
         self.bugs = bugs
         self.states = ProducerStates()
         self.records: list[Record] = []
@@ -260,7 +240,7 @@ class Partition:
         producer_id: int,
         epoch: int,
         sequence: int,
-        verify: Callable[[tuple[str, int]], E],
+        verify: Callable[[TopicPartition], E],
     ) -> E:
         """A transactional batch of one record; ``verify`` asks the coordinator
         whether this partition is in the producer's ongoing transaction."""
@@ -318,7 +298,7 @@ class Client:
     phase: str = "init"
     busy: bool = False
     next_at: int = 0
-    partitions: tuple[tuple[str, int], ...] = ()
+    partitions: tuple[TopicPartition, ...] = ()
     produced: int = 0
     with_offsets: bool = False
     commit: bool = True
@@ -369,7 +349,7 @@ class Stats:
 @dataclass(frozen=True)
 class Decision:
     commit: bool
-    partitions: frozenset[tuple[str, int]]
+    partitions: frozenset[TopicPartition]
     groups: frozenset[str]
 
 
@@ -403,7 +383,7 @@ class Simulation:
         self.log: list[Entry] = []
         self.commit = 0
         self.term = 0
-        self.replicas = [Replica(i) for i in range(REPLICAS)]
+        self.replicas = [Replica(i, self.clock) for i in range(REPLICAS)]
         self.leadership: Leadership | None = None
         self.partitions = {tp: Partition(*tp, bugs) for tp in PARTITIONS}
         self.clients = [Client(tid) for tid in TXN_IDS]
@@ -452,6 +432,10 @@ class Simulation:
         self.deliver_events()
         self.check_replicas()
 
+    def clock(self) -> int:
+        """The simulated time in milliseconds: the leader core's clock."""
+        return self.now
+
     def chance(self, p: float) -> bool:
         return self.rng.random() < p
 
@@ -480,15 +464,20 @@ class Simulation:
         assert leadership is not None
         self.leadership = None
         leadership.active = False
+        leadership.core.deposed()
         leadership.book.clear()
-        failed = leadership.queue + [r for rs in leadership.in_flight.values() for r in rs]
+        failed = [r.reply for r in leadership.queue]
+        for proposal in leadership.in_flight.values():  # dropped, or applied unanswered
+            if proposal.batched:
+                leadership.core.entry_done(leadership.term)
+            failed += proposal.replies
         leadership.queue, leadership.in_flight = [], {}
         # Raft keeps part of the uncommitted suffix (a new leader holds it) and loses the rest.
         keep = self.rng.randint(self.commit, len(self.log))
         self.stats.truncated += len(self.log) - keep
         del self.log[keep:]
-        for request in failed:
-            request.reply(Outcome(error=E.NOT_COORDINATOR))
+        for reply in failed:
+            reply(Outcome(error=E.NOT_COORDINATOR))
 
     def elect(self) -> None:
         up = [r for r in self.replicas if r.up]
@@ -501,7 +490,7 @@ class Simulation:
 
     # --- the leader ----------------------------------------------------------------
 
-    def submit(self, command: Command, reply: Callable[[Outcome], None]) -> None:
+    def submit(self, build: Unstamped, reply: Callable[[Outcome], None]) -> None:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
         if leadership is None:
@@ -509,47 +498,60 @@ class Simulation:
         elif not leadership.ready:
             reply(Outcome(error=E.COORDINATOR_LOAD_IN_PROGRESS))
         else:
-            leadership.queue.append(Request(command, reply))
+            leadership.queue.append(Request(build, reply))
 
-    def propose(self, leadership: Leadership, requests: list[Request]) -> None:
-        self.log.append(Entry(leadership.term, encode_entry([r.command for r in requests])))
-        leadership.in_flight[len(self.log)] = requests
+    def propose(
+        self,
+        leadership: Leadership,
+        commands: list[Command],
+        replies: list[Callable[[Outcome], None]],
+        batched: bool,
+    ) -> None:
+        self.log.append(Entry(leadership.term, encode_entry(commands)))
+        leadership.in_flight[len(self.log)] = Proposal(replies, batched)
 
     def request_block(self, leadership: Leadership, first: bool = False) -> None:
-        command, token = leadership.core.block_request(leadership.replica.machine)
-        leadership.block_requested = True
+        """Propose the core's ``AllocatePidBlock`` as an entry of its own (as
+        the node does); the first one of a leadership makes it ready."""
+        core = leadership.core
+        command, token = core.request_block()
 
         def granted(outcome: Outcome) -> None:
-            leadership.block_requested = False
-            leadership.core.block_granted(outcome, token)
-            if first and outcome.ok and leadership.active:
+            if not leadership.active:
+                return  # the cursor was reset; the next leadership asks again
+            core.block_granted(token, outcome)
+            if first:
                 # Everything before the leader's first entry is applied: it is current.
                 leadership.ready = True
                 for markers in leadership.replica.machine.pending_markers():
                     leadership.book.add(markers, self.now)
 
-        self.propose(leadership, [Request(command, granted)])
+        self.propose(leadership, [command], [granted], batched=False)
 
     def lead(self) -> None:
+        """One round of a ready leader's duties, in the order of a node's tick
+        (``raftcoord/coordinator/shard.py``): sweep, ask for a block when due,
+        then propose the queue as one entry with the core's group commit."""
         leadership = self.leadership
         if leadership is None or not leadership.ready:
             return
-        machine = leadership.replica.machine
-        if self.now >= leadership.next_sweep:
-            leadership.next_sweep = self.now + SWEEP_INTERVAL_MS
-            for abort in machine.timed_out(self.now):
-                leadership.queue.append(Request(abort, self.timed_out))
-        if leadership.core.needs_block() and not leadership.block_requested:
+        machine, core = leadership.replica.machine, leadership.core
+        stamp = core.stamp()
+        if stamp.now_ms >= leadership.next_sweep:
+            leadership.next_sweep = stamp.now_ms + SWEEP_INTERVAL_MS
+            for candidate in machine.timed_out(stamp.now_ms):
+                leadership.queue.append(Request(timed_out_abort(candidate), self.timed_out))
+        if core.block_due():
             self.request_block(leadership)
-        batch: list[Request] = []
-        while leadership.queue:
-            stamped = leadership.core.stamp(machine, leadership.queue[0].command, self.now)
-            if stamped is None:
-                break  # waiting for a block; the order is kept
-            self.check_stamped(stamped)
-            batch.append(Request(stamped, leadership.queue.pop(0).reply))
-        if batch:
-            self.propose(leadership, batch)
+        if leadership.queue:
+            batch = core.batch(leadership.queue, stamp, machine.needs_new_producer_id)
+            if batch is not None:  # else an entry is in flight: the queue waits
+                leadership.queue = batch.waiting  # waiting for a block, in order
+                for command in batch.commands:
+                    self.check_stamped(command)
+                if batch.requests:
+                    replies = [r.reply for r in batch.requests]
+                    self.propose(leadership, batch.commands, replies, batched=True)
         self.write_markers(leadership)
 
     # --- replication ---------------------------------------------------------------
@@ -581,10 +583,13 @@ class Simulation:
                 for effect in outcome.effects:
                     if isinstance(effect, WriteMarkers):
                         leadership.book.add(effect, self.now)
-        requests = leadership.in_flight.pop(index, None)
-        if requests is not None and entry.term == leadership.term:
-            for request, outcome in zip(requests, outcomes, strict=True):
-                request.reply(outcome)
+        # The leadership's own entry (a truncation ends the leadership first).
+        proposal = leadership.in_flight.pop(index, None)
+        if proposal is not None:
+            if proposal.batched:
+                leadership.core.entry_done(leadership.term)
+            for reply, outcome in zip(proposal.replies, outcomes, strict=True):
+                reply(outcome)
 
     # --- markers -------------------------------------------------------------------
 
@@ -636,23 +641,14 @@ class Simulation:
 
         for request, errors in zip(batch.requests, answers, strict=True):
             for partition in request.partitions:
-                target = self.partitions[(partition.topic, partition.partition)]
+                target = self.partitions[TopicPartition(partition.topic, partition.partition)]
                 errors[partition] = int(target.write_marker(request, self.marker_written(request)))
             waiting[0] += len(request.groups)
         waiting[0] += 1  # held until every group marker is submitted
         for request, errors in zip(batch.requests, answers, strict=True):
             for group in request.groups:
                 self.check_group_marker(request, group.group_id)
-                self.submit(
-                    GroupMarker(
-                        group.group_id,
-                        request.producer_id,
-                        request.producer_epoch,
-                        request.commit,
-                        0,
-                    ),
-                    group_answer(errors, group),
-                )
+                self.submit(_group_marker(request, group.group_id), group_answer(errors, group))
         waiting[0] -= 1
         if waiting[0] == 0:
             done()
@@ -678,16 +674,8 @@ class Simulation:
 
             return reply
 
-        for i, c in enumerate(batch.completions):
-            command = MarkersWritten(
-                c.transactional_id,
-                c.producer_id,
-                c.producer_epoch,
-                tuple((p.topic, p.partition) for p in c.partitions),
-                tuple(g.group_id for g in c.groups),
-                0,
-            )
-            leadership.queue.append(Request(command, reply_for(i)))
+        for i, completion in enumerate(batch.completions):
+            leadership.queue.append(Request(_markers_written(completion), reply_for(i)))
 
     def timed_out(self, outcome: Outcome) -> None:
         """The answer to a sweeper's abort (a failed one is found again next sweep)."""
@@ -723,7 +711,7 @@ class Simulation:
     def client_step(self, client: Client) -> None:
         phase = client.phase
         if phase == "init":
-            self.call(client, InitProducerId(client.tid, TXN_TIMEOUT_MS, 0, 0))
+            self.call(client, _init_producer_id(client.tid, TXN_TIMEOUT_MS))
         elif phase == "begin":
             if not self.faults:
                 client.phase = "done"
@@ -736,14 +724,12 @@ class Simulation:
             client.stalled = False
             self.call(
                 client,
-                AddPartitions(
-                    client.tid, client.producer_id, client.epoch, client.partitions, 0, 0
-                ),
+                _add_partitions(client.tid, client.producer_id, client.epoch, client.partitions),
             )
         elif phase == "produce":
             self.produce(client)
         elif phase == "add_offsets":
-            self.call(client, AddOffsets(client.tid, client.producer_id, client.epoch, GROUP, 0, 0))
+            self.call(client, _add_offsets(client.tid, client.producer_id, client.epoch, GROUP))
         elif phase == "commit_offsets":
             self.commit_offsets(client)
         elif phase == "end":
@@ -751,13 +737,14 @@ class Simulation:
                 client.stalled = True  # outlive the timeout: the sweeper aborts it
                 client.next_at = self.now + TXN_TIMEOUT_MS + SWEEP_INTERVAL_MS
                 return
-            self.call(
-                client, EndTxn(client.tid, client.producer_id, client.epoch, client.commit, 0, 0)
-            )
+            self.call(client, _end_txn(client.tid, client.producer_id, client.epoch, client.commit))
 
-    def call(self, client: Client, command: Command) -> None:
+    def call(self, client: Client, build: Unstamped) -> None:
+        """Send the request of ``build``; its reply is judged by the command's
+        client-given fields (the stamped ones are the leader's business)."""
         client.busy = True
-        self.submit(command, lambda outcome: self.client_reply(client, command, outcome))
+        command = build(CHECK_ONLY)
+        self.submit(build, lambda outcome: self.client_reply(client, command, outcome))
 
     def client_reply(self, client: Client, command: Command, outcome: Outcome) -> None:
         client.busy = False
@@ -804,7 +791,7 @@ class Simulation:
             client.produced += 1
         client.phase = "add_offsets" if client.with_offsets else "end"
 
-    def verify(self, tid: str, producer_id: int, epoch: int, tp: tuple[str, int]) -> E:
+    def verify(self, tid: str, producer_id: int, epoch: int, tp: TopicPartition) -> E:
         """KIP-890 verification of ``tp`` (a verify-only AddPartitionsToTxn),
         answered by the shard's ready leader."""
         if self.leadership is None or not self.leadership.ready:
@@ -823,8 +810,7 @@ class Simulation:
             return
         offsets = (OffsetEntry("t", 0, self.step_no, ""),)
         self.call(
-            client,
-            TxnOffsetCommit(GROUP, client.tid, client.producer_id, client.epoch, offsets, 0),
+            client, _txn_offset_commit(GROUP, client.tid, client.producer_id, client.epoch, offsets)
         )
 
     def restart_client(self, client: Client) -> None:
@@ -845,7 +831,7 @@ class Simulation:
         tp = self.rng.choice(PARTITIONS)
         action = self.rng.randrange(3)
         if action == 0:
-            command: Command = AddPartitions(tid, pid, epoch, (tp,), 0, 0)
+            build = _add_partitions(tid, pid, epoch, (tp,))
         elif action == 1:
             error = self.partitions[tp].append(
                 pid, epoch, self.rng.randint(0, 2), lambda tp: self.verify(tid, pid, epoch, tp)
@@ -853,8 +839,9 @@ class Simulation:
             self.check_answer(None, Outcome(error=error))
             return
         else:
-            command = EndTxn(tid, pid, epoch, self.chance(0.5), 0, 0)
-        self.submit(command, lambda outcome: self.check_answer(command, outcome))
+            build = _end_txn(tid, pid, epoch, self.chance(0.5))
+        command = build(CHECK_ONLY)
+        self.submit(build, lambda outcome: self.check_answer(command, outcome))
 
     # --- invariants ----------------------------------------------------------------
 
@@ -931,7 +918,7 @@ class Simulation:
     def marker_written(self, marker: MarkerRequest) -> Callable[[Partition, int], None]:
         def check(partition: Partition, first_offset: int) -> None:
             if partition.tp not in self.decision_for(marker).partitions:
-                raise Violation(f"marker for {marker.producer_id} sent to {partition.tp}")
+                raise Violation(f"marker for {marker.producer_id} sent to {tuple(partition.tp)}")
             if first_offset < 0:
                 return
             for record in partition.records[first_offset:]:
@@ -942,7 +929,7 @@ class Simulation:
                 ):
                     raise Violation(
                         f"marker epoch {marker.producer_epoch} of producer {marker.producer_id} "
-                        f"closes data of epoch {record.epoch} on {partition.tp}"
+                        f"closes data of epoch {record.epoch} on {tuple(partition.tp)}"
                     )
 
         return check
@@ -969,7 +956,9 @@ class Simulation:
             if meta.state not in IDLE_STATES
         ]
         waiting += [
-            f"{tp} has open transactions" for tp, p in self.partitions.items() if p.states.open_txns
+            f"{tuple(tp)} has open transactions"
+            for tp, p in self.partitions.items()
+            if p.states.open_txns
         ]
         group = machine.state.groups.get(GROUP)
         if group is not None and group.pending:
@@ -986,14 +975,72 @@ class Simulation:
         for (pid, epoch), decision in self.decisions.items():
             for tp in sorted(decision.partitions):
                 if Record(pid, epoch, decision.commit) not in self.partitions[tp].records:
-                    raise Violation(f"{tp} never got the marker of {(pid, epoch)}")
+                    raise Violation(f"{tuple(tp)} never got the marker of {(pid, epoch)}")
             if decision.groups and (group is None or group.producer_epochs.get(pid, -1) < epoch):
                 raise Violation(f"group {GROUP} never got the marker of {(pid, epoch)}")
 
 
+# --- requests, built as the coordinator's service builds them -------------------------
+
+
+def _init_producer_id(tid: str, timeout_ms: int) -> Unstamped:
+    return lambda stamp: InitProducerId(
+        tid, timeout_ms, stamp.now_ms, stamp.coordinator_epoch, stamp.new_producer_id
+    )
+
+
+def _add_partitions(
+    tid: str, producer_id: int, epoch: int, partitions: tuple[TopicPartition, ...]
+) -> Unstamped:
+    return lambda stamp: AddPartitions(
+        tid, producer_id, epoch, partitions, stamp.now_ms, stamp.coordinator_epoch
+    )
+
+
+def _add_offsets(tid: str, producer_id: int, epoch: int, group: str) -> Unstamped:
+    return lambda stamp: AddOffsets(
+        tid, producer_id, epoch, group, stamp.now_ms, stamp.coordinator_epoch
+    )
+
+
+def _txn_offset_commit(
+    group: str, tid: str, producer_id: int, epoch: int, offsets: tuple[OffsetEntry, ...]
+) -> Unstamped:
+    return lambda stamp: TxnOffsetCommit(group, tid, producer_id, epoch, offsets, stamp.now_ms)
+
+
+def _end_txn(tid: str, producer_id: int, epoch: int, commit: bool) -> Unstamped:
+    return lambda stamp: EndTxn(
+        tid,
+        producer_id,
+        epoch,
+        commit,
+        stamp.now_ms,
+        stamp.coordinator_epoch,
+        stamp.new_producer_id,
+    )
+
+
+def _group_marker(marker: MarkerRequest, group_id: str) -> Unstamped:
+    return lambda stamp: GroupMarker(
+        group_id, marker.producer_id, marker.producer_epoch, marker.commit, stamp.now_ms
+    )
+
+
+def _markers_written(completion: Completion) -> Unstamped:
+    return lambda stamp: MarkersWritten(
+        completion.transactional_id,
+        completion.producer_id,
+        completion.producer_epoch,
+        tuple(TopicPartition(p.topic, p.partition) for p in completion.partitions),
+        tuple(g.group_id for g in completion.groups),
+        stamp.now_ms,
+    )
+
+
 def _destination(participant: Participant) -> Destination:
     if isinstance(participant, DataPartition):
-        node = PARTITIONS.index((participant.topic, participant.partition))
+        node = PARTITIONS.index(TopicPartition(participant.topic, participant.partition))
         return Destination(DestinationKind.PARTITION_LOG, node, f"partition-{node}")
     return Destination(DestinationKind.COORDINATOR, 0, "coordinator")
 
