@@ -38,7 +38,7 @@ from raftcoord.client._accumulator import (
     SequenceNumbers,
     produce_action,
 )
-from raftcoord.client._net import Backoff, Channels, Deadline
+from raftcoord.client._net import Channels, Deadline
 from raftcoord.client._txn_state import TRANSITIONS, TxnState, check_transition
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
@@ -48,6 +48,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.partitioner import DefaultPartitioner, murmur2, to_positive
 from raftcoord.client.records import RecordMetadata
+from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 E = common_pb2.ErrorCode
@@ -361,7 +362,7 @@ def test_deadline_attempts_are_capped_and_the_timeout_error_names_the_cause() ->
 
 
 def test_backoff_doubles_from_20ms_to_1s_with_jitter() -> None:
-    backoff = Backoff(0.02, 1.0, random.Random(3))
+    backoff = Backoff(0.02, 1.0, jitter=0.2, rng=random.Random(3))
     delays = [backoff.next_delay() for _ in range(10)]
     nominal = [min(1.0, 0.02 * 2**i) for i in range(10)]
     for delay, expected in zip(delays, nominal, strict=True):

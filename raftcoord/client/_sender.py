@@ -39,7 +39,7 @@ from raftcoord.client._accumulator import (
     produce_action,
 )
 from raftcoord.client._net import (
-    Backoff,
+    JITTER,
     Channels,
     CoordinatorClient,
     Deadline,
@@ -55,6 +55,7 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import TopicPartition
+from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class Sender:
         #: A partition's sequence was lost: bump the epoch before numbering again.
         self._epoch_bump_needed = False
         self._identity_retry_at = 0.0
-        self._identity_backoff = Backoff(*settings.backoff_s)
+        self._identity_backoff = Backoff(*settings.backoff_s, jitter=JITTER)
         self._completions: list[Callable[[], None]] = []
         self.flushing = 0
         self._wakeup = False
@@ -329,7 +330,7 @@ class Sender:
             error = error_for(answer.error_code, answer.error_message)
             if not error.retriable:
                 raise error
-            backoff.sleep(deadline, error)
+            deadline.back_off(backoff, error)
 
     def _expire_batches(self) -> None:
         delivery_timeout_s = self.settings.delivery_timeout_s
@@ -469,8 +470,7 @@ class Sender:
                     self._sequences.forget(batch.tp)
                     self._epoch_bump_needed = True
                 batch.last_error = error
-                backoff = Backoff(*self.settings.backoff_s)
-                delay = min(backoff.max_s, backoff.initial_s * 2 ** min(batch.attempts - 1, 30))
+                delay = Backoff(*self.settings.backoff_s).nominal(batch.attempts)
                 self.accumulator.retry(batch, now() + delay)
                 log.debug("retrying %r after %s", batch, error)
                 return

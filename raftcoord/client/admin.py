@@ -175,7 +175,7 @@ class Admin:
                 if len(tried) < len(self._coordinators.addresses()):
                     continue
                 tried.clear()
-            backoff.sleep(deadline, last)
+            deadline.back_off(backoff, last)
         if failures:
             raise failures[0]
         self._metadata.request_update()
@@ -441,7 +441,7 @@ class Admin:
                     self._metadata.request_update()
             pending = [tp for tp in pending if tp not in done]
             if pending:
-                backoff.sleep(deadline, last)
+                deadline.back_off(backoff, last)
         return done
 
 
