@@ -38,7 +38,7 @@ from raftcoord.client._accumulator import (
     SequenceNumbers,
     produce_action,
 )
-from raftcoord.client._net import Channels, Deadline
+from raftcoord.client._net import CHANNEL_OPTIONS, Deadline, client_closed
 from raftcoord.client._txn_state import TRANSITIONS, TxnState, check_transition
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
@@ -49,6 +49,7 @@ from raftcoord.client.errors import (
 from raftcoord.client.partitioner import DefaultPartitioner, murmur2, to_positive
 from raftcoord.client.records import RecordMetadata
 from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 E = common_pb2.ErrorCode
@@ -538,9 +539,9 @@ class FakeCluster:
         return [m for m, _ in self.calls if m not in ("Metadata", "FindCoordinator")]
 
 
-class FakeChannels(Channels):
+class FakeChannels(ChannelCache):
     def __init__(self, cluster: FakeCluster) -> None:
-        super().__init__()
+        super().__init__(CHANNEL_OPTIONS, closed_error=client_closed)
         self.cluster = cluster
 
     def coordinator(self, address: str) -> Any:

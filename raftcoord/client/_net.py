@@ -28,11 +28,10 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2,
-    coordinator_pb2_grpc,
-    partition_log_pb2_grpc,
 )
 
 E = common_pb2.ErrorCode
@@ -52,7 +51,7 @@ REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUES
 #: Answers that mean "same coordinator, retry after a backoff".
 BACK_OFF = frozenset({E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS})
 
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     # A restarted node is found again within a second, not after gRPC's
     # default reconnect backoff of up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -141,52 +140,14 @@ def transport_error(exc: grpc.RpcError, address: str) -> KafkaConnectionError:
     return KafkaConnectionError(f"{address}: {name}: {details}")
 
 
-class Channels:
-    """One gRPC channel per address, shared by all stubs; thread-safe."""
+def client_closed() -> KafkaConnectionError:
+    """What a closed client's channels raise."""
+    return KafkaConnectionError("the client is closed")
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._coordinators: dict[str, Any] = {}
-        self._partition_logs: dict[str, Any] = {}
-        self._closed = False
 
-    def _channel(self, address: str) -> grpc.Channel:
-        if self._closed:
-            raise KafkaConnectionError("the client is closed")
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            self._channels[address] = channel
-        return channel
-
-    def coordinator(self, address: str) -> Any:
-        """A TransactionCoordinator stub for ``address``."""
-        with self._lock:
-            stub = self._coordinators.get(address)
-            if stub is None:
-                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(self._channel(address))  # type: ignore[no-untyped-call]
-                self._coordinators[address] = stub
-            return stub
-
-    def partition_log(self, address: str) -> Any:
-        """A PartitionLog stub for ``address``."""
-        with self._lock:
-            stub = self._partition_logs.get(address)
-            if stub is None:
-                stub = partition_log_pb2_grpc.PartitionLogStub(self._channel(address))  # type: ignore[no-untyped-call]
-                self._partition_logs[address] = stub
-            return stub
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels = list(self._channels.values())
-            self._channels.clear()
-            self._coordinators.clear()
-            self._partition_logs.clear()
-        for channel in channels:
-            channel.close()
+def client_channels() -> ChannelCache:
+    """The channels of one client (or of several sharing them)."""
+    return ChannelCache(CHANNEL_OPTIONS, closed_error=client_closed)
 
 
 def _top_level_error(response: Any) -> int:
@@ -205,7 +166,7 @@ class CoordinatorClient:
     def __init__(
         self,
         bootstrap: str | Sequence[str],
-        channels: Channels,
+        channels: ChannelCache,
         backoff_initial_s: float = 0.02,
         backoff_max_s: float = 1.0,
     ) -> None:

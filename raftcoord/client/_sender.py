@@ -40,7 +40,6 @@ from raftcoord.client._accumulator import (
 )
 from raftcoord.client._net import (
     JITTER,
-    Channels,
     CoordinatorClient,
     Deadline,
     MetadataCache,
@@ -56,6 +55,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class Sender:
     def __init__(
         self,
         settings: SenderSettings,
-        channels: Channels,
+        channels: ChannelCache,
         coordinators: CoordinatorClient,
         metadata: MetadataCache,
         transactions: TransactionManager | None,

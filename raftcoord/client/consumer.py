@@ -29,10 +29,10 @@ from partition_log import MAX_FETCH_WAIT_MS
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     JITTER,
-    Channels,
     CoordinatorClient,
     Deadline,
     MetadataCache,
+    client_channels,
     transport_error,
 )
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
@@ -46,6 +46,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.records import ConsumerRecord, TopicPartition
 from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.limits import id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
@@ -109,7 +110,7 @@ class Consumer:
         fetch_min_bytes: int = 1,
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
-        channels: Channels | None = None,
+        channels: ChannelCache | None = None,
     ) -> None:
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {sorted(_ISOLATION)}")
@@ -131,7 +132,7 @@ class Consumer:
         self._fetch_max_wait_s = fetch_max_wait_ms / 1000
         self._fetch_min_bytes = fetch_min_bytes
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
-        self._channels = channels or Channels()
+        self._channels = channels or client_channels()
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
         self._metadata = MetadataCache(self._coordinators)
         self._assignment: list[TopicPartition] = []
