@@ -31,7 +31,6 @@ from raftcoord.client import (
     TransactionalProducer,
 )
 from raftcoord.client._accumulator import (
-    MAX_SEQUENCE,
     PendingRecord,
     ProduceAction,
     RecordAccumulator,
@@ -50,6 +49,7 @@ from raftcoord.client.partitioner import DefaultPartitioner, murmur2, to_positiv
 from raftcoord.client.records import RecordMetadata
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.limits import MAX_SEQUENCE
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 E = common_pb2.ErrorCode

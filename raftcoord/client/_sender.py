@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from partition_log.producer_state import MAX_EPOCH
 from raftcoord.client._accumulator import (
     BATCH_HEADER_SIZE,
     PendingRecord,
@@ -56,6 +55,7 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ class Sender:
         if self.identity is None:
             return
         producer_id, epoch = self.identity
-        self.identity = (producer_id, epoch + 1) if epoch < MAX_EPOCH else None
+        self.identity = (producer_id, epoch + 1) if epoch < KAFKA_MAX_PRODUCER_EPOCH else None
         log.info("producer %d: epoch bumped, now %s", producer_id, self.identity)
 
     def _init_idempotent_producer_id(self) -> tuple[int, int]:

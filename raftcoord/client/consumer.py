@@ -25,7 +25,6 @@ from typing import Any
 
 import grpc
 
-from partition_log import MAX_FETCH_WAIT_MS
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     JITTER,
@@ -47,7 +46,7 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import ConsumerRecord, TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.limits import id_error
+from raftcoord.protocol.limits import MAX_FETCH_WAIT_MS, id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["Consumer"]
