@@ -38,7 +38,7 @@ from raftcoord.client._accumulator import (
     produce_action,
 )
 from raftcoord.client._net import CHANNEL_OPTIONS, Deadline, client_closed
-from raftcoord.client._txn_state import TRANSITIONS, TxnState, check_transition
+from raftcoord.client._producer_txn_state import TRANSITIONS, ProducerTxnState, check_transition
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
     CorruptMessageError,
@@ -293,7 +293,7 @@ def test_every_error_code_has_a_produce_action(transactional: bool) -> None:
 
 # --- the transactional producer's states ------------------------------------------------------
 
-S = TxnState
+S = ProducerTxnState
 
 
 def test_state_table_walk_every_pair() -> None:
