@@ -40,11 +40,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pysyncobj
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObj, replicated
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal as rj
+from raftcoord.coordinator.raft import raft_conf
 
 TICKS: dict[str, tuple[float, float]] = {
     "default 0.05/0.1": (0.05, 0.1),
@@ -88,19 +89,15 @@ def run_one(
     nodes: list[Counter] = []
     try:
         for i, addr in enumerate(addrs):
-            conf = SyncObjConf(
-                journalFile=journals[i],
-                fullDumpFile=os.path.join(workdir, f"node{i}.dump"),
-                dynamicMembershipChange=False,
-                useFork=False,
-                appendEntriesUseBatch=True,
-                autoTick=True,
-                autoTickPeriod=tick,
-                appendEntriesPeriod=append,
-                raftMinTimeout=0.4,
-                raftMaxTimeout=0.8,
-                connectionRetryTime=0.05,
-                bindRetryTime=0.05,
+            conf = raft_conf(
+                append,
+                (0.4, 0.8),
+                journals[i],
+                os.path.join(workdir, f"node{i}.dump"),
+                auto_tick_s=tick,
+                bind_retry_s=0.05,
+                connection_retry_s=0.05,
+                commands_wait_leader=True,
             )
             nodes.append(Counter(addr, [a for a in addrs if a != addr], conf))
 

@@ -14,11 +14,11 @@ The package knows nothing of gRPC, Raft or the node: everything it needs
 comes through :class:`MarkerTransport` and a clock.
 
 Modules: ``model`` (participants, destinations, requests), ``transport``
-(the interface), ``errors`` (answer classes), ``backoff``, ``book`` (the
-bookkeeping, no threads or clock) and ``writer`` (threads and logs).
+(the interface), ``errors`` (answer classes), ``book`` (the
+bookkeeping, no threads or clock) and ``writer`` (threads and logs). Its
+retries wait :class:`raftcoord.protocol.backoff.Backoff` (re-exported here).
 """
 
-from marker_writer.backoff import Backoff
 from marker_writer.errors import (
     CompletionDisposition,
     MarkerDisposition,
@@ -39,6 +39,7 @@ from marker_writer.model import (
 )
 from marker_writer.transport import Clock, MarkerTransport, TransportError
 from marker_writer.writer import MarkerWriter
+from raftcoord.protocol.backoff import Backoff
 
 __all__ = [
     "Backoff",

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marker_writer.backoff import Backoff
 from marker_writer.errors import (
     CompletionDisposition,
     MarkerDisposition,
@@ -44,6 +43,7 @@ from marker_writer.model import (
     Participant,
     TxnKey,
 )
+from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.types import WriteMarkers
 

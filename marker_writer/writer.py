@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from marker_writer.backoff import Backoff
 from marker_writer.book import (
     CompletionBatch,
     CompletionReport,
@@ -41,6 +40,7 @@ from marker_writer.model import (
     TxnKey,
 )
 from marker_writer.transport import Clock, MarkerTransport, TransportError
+from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.types import WriteMarkers
 

@@ -23,10 +23,11 @@ from typing import Any
 
 import grpc
 
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.errors import ErrorCode as E
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import TopicPartition
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -34,25 +35,6 @@ log = logging.getLogger("raftcoord.partition_log")
 CALL_TIMEOUT_S = 3.0
 #: A miss of one topic refreshes the metadata at most this often.
 MIN_REFRESH_INTERVAL_S = 0.1
-
-
-class CoordinatorChannels:
-    """Cached channels to the coordinator nodes."""
-
-    def __init__(self, addresses: Sequence[str]) -> None:
-        self.addresses = list(addresses)
-        self._stubs: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def stub(self, address: str) -> Any:
-        with self._lock:
-            stub = self._stubs.get(address)
-            if stub is None:
-                channel = grpc.insecure_channel(address)
-                stub = self._stubs[address] = coordinator_pb2_grpc.TransactionCoordinatorStub(
-                    channel
-                )
-            return stub
 
 
 @dataclass(frozen=True)
@@ -66,8 +48,9 @@ class Placement:
 class ClusterView:
     """Topic placement, from any coordinator's Metadata answer."""
 
-    def __init__(self, coordinators: CoordinatorChannels, node_id: int) -> None:
-        self._coordinators = coordinators
+    def __init__(self, channels: ChannelCache, coordinators: Sequence[str], node_id: int) -> None:
+        self._channels = channels
+        self._addresses = list(coordinators)
         self.node_id = node_id
         self._lock = threading.Lock()
         self._topics: dict[str, tuple[int, ...]] = {}
@@ -84,13 +67,15 @@ class ClusterView:
         missed) the answer comes through a read barrier on shard 0's
         leader, so a topic created before the miss is found.
         """
-        addresses = self._coordinators.addresses
+        addresses = self._addresses
         request = coordinator_pb2.MetadataRequest(read_barrier=wanted is not None)
         answer: Any = None
         for i in range(len(addresses)):
             address = addresses[(self._next + i) % len(addresses)]
             try:
-                answer = self._coordinators.stub(address).Metadata(request, timeout=CALL_TIMEOUT_S)
+                answer = self._channels.coordinator(address).Metadata(
+                    request, timeout=CALL_TIMEOUT_S
+                )
             except grpc.RpcError:
                 continue
             self._next = (self._next + i) % len(addresses)
@@ -166,8 +151,11 @@ _FINAL = {
 class TxnVerifier:
     """Asks transaction coordinators whether partitions are in a transaction."""
 
-    def __init__(self, coordinators: CoordinatorChannels, view: ClusterView) -> None:
-        self._coordinators = coordinators
+    def __init__(
+        self, channels: ChannelCache, coordinators: Sequence[str], view: ClusterView
+    ) -> None:
+        self._channels = channels
+        self._addresses = list(coordinators)
         self._view = view
         self._leaders: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -203,7 +191,7 @@ class TxnVerifier:
                 break
             try:
                 self.calls += 1
-                answer = self._coordinators.stub(address).AddPartitionsToTxn(
+                answer = self._channels.coordinator(address).AddPartitionsToTxn(
                     request, timeout=CALL_TIMEOUT_S
                 )
             except grpc.RpcError as exc:
@@ -242,9 +230,9 @@ class TxnVerifier:
             known = self._leaders.get(shard)
         if known is not None:
             return known
-        for address in self._coordinators.addresses:
+        for address in self._addresses:
             try:
-                answer = self._coordinators.stub(address).FindCoordinator(
+                answer = self._channels.coordinator(address).FindCoordinator(
                     coordinator_pb2.FindCoordinatorRequest(
                         key=transactional_id, key_type=coordinator_pb2.TRANSACTION
                     ),

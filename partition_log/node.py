@@ -20,10 +20,11 @@ from pathlib import Path
 
 import grpc
 
-from partition_log.cluster_view import ClusterView, CoordinatorChannels, TxnVerifier
+from partition_log.cluster_view import ClusterView, TxnVerifier
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.errors import ErrorCode as E
 from raftcoord.protocol.process import serve
@@ -51,9 +52,10 @@ class PartitionNode:
         self.data_dir = data_dir
         settings = config.settings
         self._fsync = FsyncPolicy(settings.log_flush_policy)
-        coordinators = CoordinatorChannels([n.grpc for n in config.coordinators])
-        self.view = ClusterView(coordinators, node_id)
-        self.verifier = TxnVerifier(coordinators, self.view)
+        coordinators = [n.grpc for n in config.coordinators]
+        channels = ChannelCache()
+        self.view = ClusterView(channels, coordinators, node_id)
+        self.verifier = TxnVerifier(channels, coordinators, self.view)
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.changes = LogChanges()
         self._lock = threading.Lock()

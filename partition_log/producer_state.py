@@ -28,13 +28,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.limits import MAX_SEQUENCE
 
 #: Batches remembered per producer for deduplication (Kafka's constant).
 DEDUP_WINDOW = 5
-#: Sequences are int32 and wrap to 0 after this (Kafka's DefaultRecordBatch).
-MAX_SEQUENCE = 2**31 - 1
-#: The largest producer epoch (Kafka's Short.MAX_VALUE).
-MAX_EPOCH = 2**15 - 1
 
 
 def next_sequence(sequence: int, increment: int = 1) -> int:

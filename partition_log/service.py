@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from partition_log import MAX_FETCH_WAIT_MS, codec
+from partition_log import codec
 from partition_log.cluster_view import TopicPartition, TxnVerifier
 from partition_log.partition import BatchSpec, Partition
-from partition_log.producer_state import MAX_EPOCH, MAX_SEQUENCE, AppendCheck, Verdict
+from partition_log.producer_state import AppendCheck, Verdict
 from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, MAX_FETCH_WAIT_MS, MAX_SEQUENCE
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2_grpc
 from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
@@ -160,8 +161,11 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 return E.INVALID_REQUEST, "a transactional batch needs a producer id"
             epoch, sequence = -1, -1
         else:
-            if not 0 <= epoch <= MAX_EPOCH:
-                return E.INVALID_REQUEST, f"producer_epoch must be in 0..{MAX_EPOCH}, got {epoch}"
+            if not 0 <= epoch <= KAFKA_MAX_PRODUCER_EPOCH:
+                return (
+                    E.INVALID_REQUEST,
+                    f"producer_epoch must be in 0..{KAFKA_MAX_PRODUCER_EPOCH}, got {epoch}",
+                )
             if not 0 <= sequence <= MAX_SEQUENCE:
                 return E.INVALID_REQUEST, f"base_sequence must be in 0..{MAX_SEQUENCE}"
             if len(records) > MAX_SEQUENCE:
@@ -392,8 +396,10 @@ def _fetch_problem(request: Any) -> str | None:
 def _marker_problem(marker: Any) -> str | None:
     if marker.producer_id < 0:
         return f"producer_id must be >= 0, got {marker.producer_id}"
-    if not 0 <= marker.producer_epoch <= MAX_EPOCH:
-        return f"producer_epoch must be in 0..{MAX_EPOCH}, got {marker.producer_epoch}"
+    if not 0 <= marker.producer_epoch <= KAFKA_MAX_PRODUCER_EPOCH:
+        return (
+            f"producer_epoch must be in 0..{KAFKA_MAX_PRODUCER_EPOCH}, got {marker.producer_epoch}"
+        )
     if marker.coordinator_epoch < 0:
         return f"coordinator_epoch must be >= 0, got {marker.coordinator_epoch}"
     if marker.groups:

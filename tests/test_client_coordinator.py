@@ -35,7 +35,7 @@ from raftcoord.client import (
     TransactionAbortedError,
     TransactionalProducer,
 )
-from raftcoord.client._net import Channels
+from raftcoord.client._net import CHANNEL_OPTIONS, client_closed
 from raftcoord.client.errors import (
     InvalidPartitionsError,
     InvalidTopicError,
@@ -44,6 +44,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.partitioner import murmur2
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import (
     common_pb2,
@@ -353,12 +354,12 @@ class Settled:
         callback(self)
 
 
-class RecordingChannels(Channels):
+class RecordingChannels(ChannelCache):
     """Real channels whose Produce calls are recorded and can be faulted, and
     whose coordinator calls are counted per method."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(CHANNEL_OPTIONS, closed_error=client_closed)
         self.lock = threading.Lock()
         self.produced: list[tuple[str, Any]] = []
         self.coordinator_calls: Counter[str] = Counter()

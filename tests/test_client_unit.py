@@ -31,15 +31,14 @@ from raftcoord.client import (
     TransactionalProducer,
 )
 from raftcoord.client._accumulator import (
-    MAX_SEQUENCE,
     PendingRecord,
     ProduceAction,
     RecordAccumulator,
     SequenceNumbers,
     produce_action,
 )
-from raftcoord.client._net import Backoff, Channels, Deadline
-from raftcoord.client._txn_state import TRANSITIONS, TxnState, check_transition
+from raftcoord.client._net import CHANNEL_OPTIONS, Deadline, client_closed
+from raftcoord.client._producer_txn_state import TRANSITIONS, ProducerTxnState, check_transition
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
     CorruptMessageError,
@@ -48,6 +47,9 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.partitioner import DefaultPartitioner, murmur2, to_positive
 from raftcoord.client.records import RecordMetadata
+from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.limits import MAX_SEQUENCE
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 E = common_pb2.ErrorCode
@@ -291,7 +293,7 @@ def test_every_error_code_has_a_produce_action(transactional: bool) -> None:
 
 # --- the transactional producer's states ------------------------------------------------------
 
-S = TxnState
+S = ProducerTxnState
 
 
 def test_state_table_walk_every_pair() -> None:
@@ -361,7 +363,7 @@ def test_deadline_attempts_are_capped_and_the_timeout_error_names_the_cause() ->
 
 
 def test_backoff_doubles_from_20ms_to_1s_with_jitter() -> None:
-    backoff = Backoff(0.02, 1.0, random.Random(3))
+    backoff = Backoff(0.02, 1.0, jitter=0.2, rng=random.Random(3))
     delays = [backoff.next_delay() for _ in range(10)]
     nominal = [min(1.0, 0.02 * 2**i) for i in range(10)]
     for delay, expected in zip(delays, nominal, strict=True):
@@ -537,9 +539,9 @@ class FakeCluster:
         return [m for m, _ in self.calls if m not in ("Metadata", "FindCoordinator")]
 
 
-class FakeChannels(Channels):
+class FakeChannels(ChannelCache):
     def __init__(self, cluster: FakeCluster) -> None:
-        super().__init__()
+        super().__init__(CHANNEL_OPTIONS, closed_error=client_closed)
         self.cluster = cluster
 
     def coordinator(self, address: str) -> Any:

@@ -286,8 +286,9 @@ def test_backoff_is_capped() -> None:
         2.0,
         2.0,
     ]
-    with pytest.raises(ValueError):
-        Backoff(initial_s=0)
+    for invalid in ({"initial_s": -1}, {"initial_s": 1, "max_s": 0.5}, {"multiplier": 0.5}):
+        with pytest.raises(ValueError):
+            Backoff(**invalid)
 
 
 def test_a_failed_call_retries_every_marker_in_it(

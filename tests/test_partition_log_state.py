@@ -7,12 +7,12 @@ import pytest
 from fsm.errors import ErrorCode as E
 from partition_log.producer_state import (
     DEDUP_WINDOW,
-    MAX_SEQUENCE,
     MarkerAction,
     ProducerStates,
     Verdict,
     next_sequence,
 )
+from raftcoord.protocol.limits import MAX_SEQUENCE
 
 PID = 7
 

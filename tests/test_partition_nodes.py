@@ -15,9 +15,10 @@ from fsm import ErrorCode
 from partition_log import codec
 from partition_log.log import PartitionLogStore
 from raftcoord.client import Consumer, TopicPartition
-from raftcoord.client._net import Channels
+from raftcoord.client._net import CHANNEL_OPTIONS, client_closed
 from raftcoord.client.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2
 from raftcoord.protocol.v1 import coordinator_pb2 as cpb
 from raftcoord.protocol.v1 import partition_log_pb2 as pb
@@ -330,11 +331,11 @@ def test_a_poison_batch_is_refused_and_an_unreadable_one_fails_only_its_partitio
     assert produce(node, "poison", bad, [b"c"]).base_offset == 5
 
 
-class CountingChannels(Channels):
+class CountingChannels(ChannelCache):
     """Real channels that count the Fetch requests sent to partition-log nodes."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(CHANNEL_OPTIONS, closed_error=client_closed)
         self.fetches = 0
 
     def partition_log(self, address: str) -> Any:

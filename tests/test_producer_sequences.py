@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 
 from partition_log.producer_state import ProducerStates, Verdict
 from raftcoord.client import Producer
-from raftcoord.client._net import Channels
+from raftcoord.client._net import CHANNEL_OPTIONS, client_closed
 from raftcoord.client.records import RecordMetadata
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from tests.test_client_unit import Done, InjectedTransportError
 
@@ -152,9 +153,9 @@ class FlakyLogs:
         assert tried, f"record {value!r}: fewer than {count} attempts in {WAIT_S} s"
 
 
-class FlakyChannels(Channels):
+class FlakyChannels(ChannelCache):
     def __init__(self, logs: FlakyLogs) -> None:
-        super().__init__()
+        super().__init__(CHANNEL_OPTIONS, closed_error=client_closed)
         self.logs = logs
 
     def coordinator(self, address: str) -> Any:

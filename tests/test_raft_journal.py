@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObj, replicated
 from pysyncobj import journal as pj
 from pysyncobj import syncobj as ps
 
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal as rj
+from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.raft_journal import DurableFileJournal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -528,19 +529,15 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
 def start_cluster(tmp_path: Path, addrs: list[str]) -> list[Counter]:
     nodes: list[Counter] = []
     for i, addr in enumerate(addrs):
-        conf = SyncObjConf(
-            journalFile=str(tmp_path / f"node{i}.journal"),
-            fullDumpFile=str(tmp_path / f"node{i}.dump"),
-            dynamicMembershipChange=False,
-            useFork=False,
-            appendEntriesUseBatch=True,
-            autoTick=True,
-            autoTickPeriod=0.002,
-            appendEntriesPeriod=0.005,
-            raftMinTimeout=0.3,
-            raftMaxTimeout=0.6,
-            bindRetryTime=0.05,
-            connectionRetryTime=0.05,
+        conf = raft_conf(
+            0.005,
+            (0.3, 0.6),
+            str(tmp_path / f"node{i}.journal"),
+            str(tmp_path / f"node{i}.dump"),
+            auto_tick_s=0.002,
+            bind_retry_s=0.05,
+            connection_retry_s=0.05,
+            commands_wait_leader=True,
         )
         nodes.append(Counter(addr, [a for a in addrs if a != addr], conf))
     return nodes

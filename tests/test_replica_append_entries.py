@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
 
 from fsm import AllocatePidBlock, ErrorCode, InitProducerId, TransactionStateMachine, encode_entry
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import APPEND_ENTRIES, ShardReplica
 
 NO_OP = b"\x01"  # pysyncobj's no-op command: applying it changes nothing
@@ -33,18 +33,13 @@ def make_replica(
     journal, dump = str(tmp_path / f"{address}.journal"), str(tmp_path / f"{address}.snapshot")
     raft_journal.install()
     raft_journal.register_journal(journal, "always", snapshot_file=dump)
-    conf = SyncObjConf(
-        autoTick=False,
-        appendEntriesUseBatch=False,
-        journalFile=journal,
-        fullDumpFile=dump,
-        useFork=False,
-        dynamicMembershipChange=False,
-        raftMinTimeout=election_timeout_s,
-        raftMaxTimeout=election_timeout_s * 2,
-        connectionTimeout=election_timeout_s * 2,
-        appendEntriesPeriod=0.01,
-        connectionRetryTime=0.05,
+    conf = raft_conf(
+        0.01,
+        (election_timeout_s, election_timeout_s * 2),
+        journal,
+        dump,
+        connection_timeout_s=election_timeout_s * 2,
+        connection_retry_s=0.05,
     )
     machine = TransactionStateMachine(3, 4)
     return ShardReplica(address, partners, conf, machine, lambda *_: None, node_id=2)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from pysyncobj import SyncObjConf
 
 from fsm import (
     AllocatePidBlock,
@@ -21,6 +20,7 @@ from fsm import (
 )
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
 
 
@@ -28,17 +28,7 @@ def make_replica(tmp_path: Path, address: str, applied: list[int]) -> ShardRepli
     journal, dump = str(tmp_path / "journal"), str(tmp_path / "snapshot")
     raft_journal.install()
     raft_journal.register_journal(journal, "always", snapshot_file=dump)
-    conf = SyncObjConf(
-        autoTick=False,
-        appendEntriesUseBatch=False,
-        journalFile=journal,
-        fullDumpFile=dump,
-        useFork=False,
-        dynamicMembershipChange=False,
-        raftMinTimeout=0.05,
-        raftMaxTimeout=0.1,
-        appendEntriesPeriod=0.01,
-    )
+    conf = raft_conf(0.01, (0.05, 0.1), journal, dump)
     machine = TransactionStateMachine(0, 1)
     return ShardReplica(
         address, [], conf, machine, lambda index, term, outcomes: applied.append(index), node_id=1

@@ -27,11 +27,11 @@ from enum import Enum
 
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
+from raftcoord.protocol.limits import MAX_SEQUENCE
 from raftcoord.protocol.v1 import common_pb2
 
 __all__ = [
     "BATCH_HEADER_SIZE",
-    "MAX_SEQUENCE",
     "PendingRecord",
     "ProduceAction",
     "ProducerBatch",
@@ -41,8 +41,6 @@ __all__ = [
 ]
 
 E = common_pb2.ErrorCode
-#: Sequences are int32 and wrap to 0 after this, as in Kafka's record batches.
-MAX_SEQUENCE = 2**31 - 1
 #: Size of a Kafka v2 record batch's header: what a batch adds to its records.
 BATCH_HEADER_SIZE = 61
 #: A record's fixed fields at their widest: attributes, timestamp delta

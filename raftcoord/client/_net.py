@@ -27,11 +27,11 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import TopicPartition
+from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2,
-    coordinator_pb2_grpc,
-    partition_log_pb2_grpc,
 )
 
 E = common_pb2.ErrorCode
@@ -42,6 +42,8 @@ ATTEMPT_TIMEOUT_S = 12.0
 #: Longest single FindCoordinator / Metadata attempt against one node.
 LOOKUP_TIMEOUT_S = 2.0
 
+#: How much shorter than the nominal one a retry's delay may be, so clients spread out.
+JITTER = 0.2
 #: Backoff (first, longest) between retries of CONCURRENT_TRANSACTIONS answers.
 CONCURRENT_BACKOFF_S = (0.005, 0.05)
 #: Answers that mean "ask FindCoordinator again, then retry".
@@ -49,7 +51,7 @@ REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUES
 #: Answers that mean "same coordinator, retry after a backoff".
 BACK_OFF = frozenset({E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS})
 
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     # A restarted node is found again within a second, not after gRPC's
     # default reconnect backoff of up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -117,38 +119,17 @@ class Deadline:
         error.__cause__ = last
         return error
 
-
-class Backoff:
-    """Exponential backoff with jitter: ``initial_s`` doubling up to ``max_s``."""
-
-    def __init__(
-        self, initial_s: float = 0.02, max_s: float = 1.0, rng: random.Random | None = None
-    ) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self._rng = rng or random.Random()
-        self._attempts = 0
-
-    def next_delay(self) -> float:
-        """The next delay (up to 20% less than the nominal one, so clients spread out)."""
-        nominal = min(self.max_s, self.initial_s * 2.0 ** min(self._attempts, 30))
-        self._attempts += 1
-        return nominal * (0.8 + 0.2 * self._rng.random())
-
-    def reset(self) -> None:
-        self._attempts = 0
-
-    def sleep(self, deadline: Deadline, last: BaseException | None = None) -> None:
-        """Sleep the next delay, but never past ``deadline``.
+    def back_off(self, backoff: Backoff, last: BaseException | None = None) -> None:
+        """Sleep ``backoff``'s next delay, but never past this deadline.
 
         Raises:
             KafkaTimeoutError: the deadline has passed (``last`` is its cause).
         """
-        if deadline.expired():
-            raise deadline.timeout_error(last)
-        time.sleep(min(self.next_delay(), deadline.remaining()))
-        if deadline.expired():
-            raise deadline.timeout_error(last)
+        if self.expired():
+            raise self.timeout_error(last)
+        backoff.sleep(self)
+        if self.expired():
+            raise self.timeout_error(last)
 
 
 def transport_error(exc: grpc.RpcError, address: str) -> KafkaConnectionError:
@@ -159,52 +140,14 @@ def transport_error(exc: grpc.RpcError, address: str) -> KafkaConnectionError:
     return KafkaConnectionError(f"{address}: {name}: {details}")
 
 
-class Channels:
-    """One gRPC channel per address, shared by all stubs; thread-safe."""
+def client_closed() -> KafkaConnectionError:
+    """What a closed client's channels raise."""
+    return KafkaConnectionError("the client is closed")
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._coordinators: dict[str, Any] = {}
-        self._partition_logs: dict[str, Any] = {}
-        self._closed = False
 
-    def _channel(self, address: str) -> grpc.Channel:
-        if self._closed:
-            raise KafkaConnectionError("the client is closed")
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-            self._channels[address] = channel
-        return channel
-
-    def coordinator(self, address: str) -> Any:
-        """A TransactionCoordinator stub for ``address``."""
-        with self._lock:
-            stub = self._coordinators.get(address)
-            if stub is None:
-                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(self._channel(address))  # type: ignore[no-untyped-call]
-                self._coordinators[address] = stub
-            return stub
-
-    def partition_log(self, address: str) -> Any:
-        """A PartitionLog stub for ``address``."""
-        with self._lock:
-            stub = self._partition_logs.get(address)
-            if stub is None:
-                stub = partition_log_pb2_grpc.PartitionLogStub(self._channel(address))  # type: ignore[no-untyped-call]
-                self._partition_logs[address] = stub
-            return stub
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels = list(self._channels.values())
-            self._channels.clear()
-            self._coordinators.clear()
-            self._partition_logs.clear()
-        for channel in channels:
-            channel.close()
+def client_channels() -> ChannelCache:
+    """The channels of one client (or of several sharing them)."""
+    return ChannelCache(CHANNEL_OPTIONS, closed_error=client_closed)
 
 
 def _top_level_error(response: Any) -> int:
@@ -223,7 +166,7 @@ class CoordinatorClient:
     def __init__(
         self,
         bootstrap: str | Sequence[str],
-        channels: Channels,
+        channels: ChannelCache,
         backoff_initial_s: float = 0.02,
         backoff_max_s: float = 1.0,
     ) -> None:
@@ -237,7 +180,7 @@ class CoordinatorClient:
         self._rotation = itertools.count(random.randrange(len(self.bootstrap)))
 
     def backoff(self) -> Backoff:
-        return Backoff(self.backoff_initial_s, self.backoff_max_s)
+        return Backoff(self.backoff_initial_s, self.backoff_max_s, jitter=JITTER)
 
     # --- nodes ---------------------------------------------------------------------
 
@@ -284,7 +227,7 @@ class CoordinatorClient:
                 last = transport_error(exc, address)
             failures += 1
             if failures % len(self.addresses()) == 0:
-                backoff.sleep(deadline, last)  # every node failed once: pause
+                deadline.back_off(backoff, last)  # every node failed once: pause
             elif deadline.expired():
                 raise deadline.timeout_error(last)
 
@@ -317,7 +260,7 @@ class CoordinatorClient:
                 return str(answer.address)
             if answer.error_code not in (E.COORDINATOR_NOT_AVAILABLE, E.NONE):
                 raise error_for(answer.error_code, answer.error_message)
-            backoff.sleep(deadline, error_for(E.COORDINATOR_NOT_AVAILABLE, answer.error_message))
+            deadline.back_off(backoff, error_for(E.COORDINATOR_NOT_AVAILABLE, answer.error_message))
 
     def call(
         self,
@@ -345,6 +288,7 @@ class CoordinatorClient:
         concurrent = Backoff(
             min(self.backoff_initial_s, CONCURRENT_BACKOFF_S[0]),
             min(self.backoff_max_s, CONCURRENT_BACKOFF_S[1]),
+            jitter=JITTER,
         )
         unanswered = False  # an attempt that may have been applied, its answer lost
         try:
@@ -367,9 +311,9 @@ class CoordinatorClient:
                         return answer
                     last = error_for(code, answer.error_message)
                     if code == E.CONCURRENT_TRANSACTIONS:
-                        concurrent.sleep(deadline, last)
+                        deadline.back_off(concurrent, last)
                         continue
-                backoff.sleep(deadline, last)
+                deadline.back_off(backoff, last)
         except KafkaTimeoutError as exc:
             exc.outcome_unknown = unanswered
             raise
@@ -472,7 +416,7 @@ class MetadataCache:
         with self._lock:
             self._wanted.add(topic)
         count = self.partition_count(topic)
-        backoff = Backoff(0.05, 1.0)
+        backoff = Backoff(0.05, 1.0, jitter=JITTER)
         answered = False
         while count is None:
             try:
@@ -489,7 +433,7 @@ class MetadataCache:
                         f"topic {topic!r} not present in metadata after "
                         f"{deadline.timeout_s * 1000:.0f} ms"
                     )
-                time.sleep(min(backoff.next_delay(), deadline.remaining()))
+                backoff.sleep(deadline)
         return count
 
     def check_exists(self, tp: TopicPartition, deadline: Deadline) -> None:

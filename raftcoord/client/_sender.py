@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from partition_log.producer_state import MAX_EPOCH
 from raftcoord.client._accumulator import (
     BATCH_HEADER_SIZE,
     PendingRecord,
@@ -39,8 +38,7 @@ from raftcoord.client._accumulator import (
     produce_action,
 )
 from raftcoord.client._net import (
-    Backoff,
-    Channels,
+    JITTER,
     CoordinatorClient,
     Deadline,
     MetadataCache,
@@ -55,6 +53,9 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import TopicPartition
+from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class Sender:
     def __init__(
         self,
         settings: SenderSettings,
-        channels: Channels,
+        channels: ChannelCache,
         coordinators: CoordinatorClient,
         metadata: MetadataCache,
         transactions: TransactionManager | None,
@@ -119,7 +120,7 @@ class Sender:
         #: A partition's sequence was lost: bump the epoch before numbering again.
         self._epoch_bump_needed = False
         self._identity_retry_at = 0.0
-        self._identity_backoff = Backoff(*settings.backoff_s)
+        self._identity_backoff = Backoff(*settings.backoff_s, jitter=JITTER)
         self._completions: list[Callable[[], None]] = []
         self.flushing = 0
         self._wakeup = False
@@ -314,7 +315,7 @@ class Sender:
         if self.identity is None:
             return
         producer_id, epoch = self.identity
-        self.identity = (producer_id, epoch + 1) if epoch < MAX_EPOCH else None
+        self.identity = (producer_id, epoch + 1) if epoch < KAFKA_MAX_PRODUCER_EPOCH else None
         log.info("producer %d: epoch bumped, now %s", producer_id, self.identity)
 
     def _init_idempotent_producer_id(self) -> tuple[int, int]:
@@ -329,7 +330,7 @@ class Sender:
             error = error_for(answer.error_code, answer.error_message)
             if not error.retriable:
                 raise error
-            backoff.sleep(deadline, error)
+            deadline.back_off(backoff, error)
 
     def _expire_batches(self) -> None:
         delivery_timeout_s = self.settings.delivery_timeout_s
@@ -469,8 +470,7 @@ class Sender:
                     self._sequences.forget(batch.tp)
                     self._epoch_bump_needed = True
                 batch.last_error = error
-                backoff = Backoff(*self.settings.backoff_s)
-                delay = min(backoff.max_s, backoff.initial_s * 2 ** min(batch.attempts - 1, 30))
+                delay = Backoff(*self.settings.backoff_s).nominal(batch.attempts)
                 self.accumulator.retry(batch, now() + delay)
                 log.debug("retrying %r after %s", batch, error)
                 return

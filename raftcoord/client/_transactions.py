@@ -1,6 +1,6 @@
 """The transactional producer's transaction manager (Kafka's TransactionManager).
 
-It owns the client side of a transaction: the state (:mod:`._txn_state`),
+It owns the client side of a transaction: the state (:mod:`._producer_txn_state`),
 the producer id and epoch the coordinator hands out, the partitions and
 groups added, and the coordinator calls (InitProducerId, AddPartitionsToTxn,
 AddOffsetsToTxn, TxnOffsetCommit, EndTxn). The :class:`~._sender.Sender`
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from raftcoord.client._net import Deadline
+from raftcoord.client._producer_txn_state import ProducerTxnState, check_transition
 from raftcoord.client._sender import Sender, now
-from raftcoord.client._txn_state import TxnState, check_transition
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
 from raftcoord.client.errors import (
     FatalError,
@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "TransactionManager"]
 
 log = logging.getLogger("raftcoord.client.producer")
 E = common_pb2.ErrorCode
-S = TxnState
+S = ProducerTxnState
 
 #: Kafka's transaction.timeout.ms default (see TransactionalProducer for when
 #: a longer one is used).

@@ -14,10 +14,10 @@ from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     BACK_OFF,
     REDISCOVER,
-    Channels,
     CoordinatorClient,
     Deadline,
     MetadataCache,
+    client_channels,
     transport_error,
 )
 from raftcoord.client._wire import topic_partitions
@@ -35,6 +35,7 @@ from raftcoord.client.records import (
     TransactionDescription,
     TransactionListing,
 )
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
@@ -79,11 +80,11 @@ class Admin:
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
-        channels: Channels | None = None,
+        channels: ChannelCache | None = None,
     ) -> None:
         self._request_timeout_s = request_timeout_ms / 1000
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
-        self._channels = channels or Channels()
+        self._channels = channels or client_channels()
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
         self._metadata = MetadataCache(self._coordinators)
         #: The node that last created topics (it leads the shard holding topics).
@@ -175,7 +176,7 @@ class Admin:
                 if len(tried) < len(self._coordinators.addresses()):
                     continue
                 tried.clear()
-            backoff.sleep(deadline, last)
+            deadline.back_off(backoff, last)
         if failures:
             raise failures[0]
         self._metadata.request_update()
@@ -441,7 +442,7 @@ class Admin:
                     self._metadata.request_update()
             pending = [tp for tp in pending if tp not in done]
             if pending:
-                backoff.sleep(deadline, last)
+                deadline.back_off(backoff, last)
         return done
 
 

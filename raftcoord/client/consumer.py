@@ -25,14 +25,13 @@ from typing import Any
 
 import grpc
 
-from partition_log import MAX_FETCH_WAIT_MS
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
-    Backoff,
-    Channels,
+    JITTER,
     CoordinatorClient,
     Deadline,
     MetadataCache,
+    client_channels,
     transport_error,
 )
 from raftcoord.client._wire import first_error, offset_topics, topic_partitions
@@ -45,7 +44,9 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import ConsumerRecord, TopicPartition
-from raftcoord.protocol.limits import id_error
+from raftcoord.protocol.backoff import Backoff
+from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.limits import MAX_FETCH_WAIT_MS, id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["Consumer"]
@@ -108,7 +109,7 @@ class Consumer:
         fetch_min_bytes: int = 1,
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
-        channels: Channels | None = None,
+        channels: ChannelCache | None = None,
     ) -> None:
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {sorted(_ISOLATION)}")
@@ -130,7 +131,7 @@ class Consumer:
         self._fetch_max_wait_s = fetch_max_wait_ms / 1000
         self._fetch_min_bytes = fetch_min_bytes
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
-        self._channels = channels or Channels()
+        self._channels = channels or client_channels()
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
         self._metadata = MetadataCache(self._coordinators)
         self._assignment: list[TopicPartition] = []
@@ -274,7 +275,7 @@ class Consumer:
         if held is not None and self._positions.get(held[0]) == held[1]:
             raise held[2]
         deadline = Deadline(timeout_ms / 1000, "poll")
-        backoff = Backoff(0.01, 0.1)
+        backoff = Backoff(0.01, 0.1, jitter=JITTER)
         while True:
             # Even poll(0) gets a real chance to learn where to start.
             resolving = Deadline(max(_MIN_ATTEMPT_S, deadline.remaining()), "positions")
@@ -290,7 +291,7 @@ class Consumer:
             self._metadata.maybe_refresh(deadline)
             if deadline.expired():
                 return records
-            time.sleep(min(backoff.next_delay(), deadline.remaining()))
+            backoff.sleep(deadline)
 
     def _positions_failing(self, error: KafkaTimeoutError) -> None:
         """Starting positions could not be learned in this poll: raise once that
@@ -433,7 +434,7 @@ class Consumer:
         self._check_open()
         found: dict[TopicPartition, int] = {}
         pending = list(dict.fromkeys(tps))
-        backoff = Backoff(*self._coordinators_backoff())
+        backoff = Backoff(*self._coordinators_backoff(), jitter=JITTER)
         last: KafkaError | None = None
         while pending:
             by_node: dict[str, list[TopicPartition]] = {}
@@ -477,7 +478,7 @@ class Consumer:
                         self._metadata.request_update()
             pending = [tp for tp in pending if tp not in found]
             if pending:
-                backoff.sleep(deadline, last)
+                deadline.back_off(backoff, last)
                 self._metadata.maybe_refresh(deadline)
         return {tp: found[tp] for tp in dict.fromkeys(tps)}
 
@@ -501,7 +502,7 @@ class Consumer:
         request = coordinator_pb2.OffsetFetchRequest(
             group_id=group_id, topics=topic_partitions(tps), require_stable=True
         )
-        backoff = Backoff(*self._coordinators_backoff())
+        backoff = Backoff(*self._coordinators_backoff(), jitter=JITTER)
         while True:
             answer = self._coordinators.call(
                 coordinator_pb2.GROUP, group_id, "OffsetFetch", request, deadline
@@ -520,7 +521,7 @@ class Consumer:
                     result[tp] = int(p.offset) if p.offset >= 0 else None
             if unstable is None:
                 return result
-            backoff.sleep(deadline, unstable)
+            deadline.back_off(backoff, unstable)
 
     def commit(
         self, offsets: Mapping[TopicPartition, int] | None = None, timeout_ms: int | None = None

@@ -30,12 +30,13 @@ from types import TracebackType
 from typing import Any
 
 from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
-from raftcoord.client._net import Channels, CoordinatorClient, Deadline, MetadataCache
+from raftcoord.client._net import CoordinatorClient, Deadline, MetadataCache, client_channels
 from raftcoord.client._sender import Sender, SenderSettings
 from raftcoord.client._transactions import TransactionManager
 from raftcoord.client.errors import RecordTooLargeError
 from raftcoord.client.partitioner import DefaultPartitioner
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.limits import id_error
 
 __all__ = ["Producer", "TransactionalProducer"]
@@ -124,7 +125,7 @@ class Producer:
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
         partitioner: DefaultPartitioner | None = None,
-        channels: Channels | None = None,
+        channels: ChannelCache | None = None,
     ) -> None:
         for name, value in (
             ("request_timeout_ms", request_timeout_ms),
@@ -157,7 +158,7 @@ class Producer:
             backoff_s=(retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000),
         )
         self._max_block_s = max_block_ms / 1000
-        channels = channels or Channels()
+        channels = channels or client_channels()
         coordinators = CoordinatorClient(bootstrap, channels, *settings.backoff_s)
         self._metadata = MetadataCache(coordinators)
         self._partitioner = partitioner or DefaultPartitioner(batch_size)

@@ -43,15 +43,14 @@ from marker_writer import (
 )
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.shard import Shard, Shards
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import (
     common_pb2,
-    coordinator_pb2_grpc,
     partition_log_pb2,
-    partition_log_pb2_grpc,
 )
 
 log = logging.getLogger("raftcoord.coordinator.markers")
@@ -66,29 +65,8 @@ METADATA_SHARD = 0
 _STOP_CHECK_S = 0.1
 
 
-class ChannelCache:
-    """One gRPC channel per address, shared by every writer of the node."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._closed = False
-
-    def get(self, address: str) -> grpc.Channel:
-        with self._lock:
-            if self._closed:
-                raise TransportError("the node is stopping")
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address)
-            return channel
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            channel.close()
+def _node_stopping() -> TransportError:
+    return TransportError("the node is stopping")
 
 
 class GrpcMarkerTransport:
@@ -142,12 +120,10 @@ class GrpcMarkerTransport:
         request = partition_log_pb2.WriteTxnMarkersRequest(
             markers=[_txn_marker(m) for m in markers]
         )
-        channel = self.channels.get(destination.address)
-        stub: Any
         if destination.kind is DestinationKind.PARTITION_LOG:
-            stub = partition_log_pb2_grpc.PartitionLogStub(channel)  # type: ignore[no-untyped-call]
+            stub = self.channels.partition_log(destination.address)
         else:
-            stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)  # type: ignore[no-untyped-call]
+            stub = self.channels.coordinator(destination.address)
         try:
             response = stub.WriteTxnMarkers(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
@@ -231,7 +207,8 @@ class MarkerWriters:
         self.shards = shards
         self.config = config
         self.node_id = node_id
-        self.channels = ChannelCache()
+        #: One channel per address, shared by every writer of the node.
+        self.channels = ChannelCache(closed_error=_node_stopping)
         self._lock = threading.Lock()
         self._writers: dict[int, MarkerWriter] = {}
         self._stopping = threading.Event()

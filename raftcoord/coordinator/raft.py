@@ -25,18 +25,39 @@ MessageHandler = Callable[[Any, Any], None]
 
 
 def raft_conf(
-    heartbeat_s: float, election_timeout_s: tuple[float, float], journal: str, snapshot: str
+    heartbeat_s: float,
+    election_timeout_s: tuple[float, float],
+    journal: str,
+    snapshot: str,
+    *,
+    auto_tick_s: float | None = None,
+    connection_retry_s: float = 0.2,
+    connection_timeout_s: float = 1.0,
+    bind_retry_s: float | None = None,
+    commands_wait_leader: bool = False,
 ) -> SyncObjConf:
     """The configuration of a coordinator shard's Raft group (periods in seconds).
 
     The owner ticks the group itself and batches requests into one entry
     per tick, journal and snapshot live in files (both are needed: see
     :mod:`raftcoord.raft_journal`), and membership is fixed.
+
+    The keyword arguments serve benchmarks and tests of plain pysyncobj
+    groups: ``auto_tick_s`` lets pysyncobj tick its own thread that often
+    (and batch appends itself); ``bind_retry_s`` None keeps pysyncobj's
+    default; ``commands_wait_leader`` makes a command sent before a leader
+    is known wait for one instead of failing.
     """
     low, high = election_timeout_s
+    extra: dict[str, Any] = {}
+    if auto_tick_s is not None:
+        extra["autoTickPeriod"] = auto_tick_s
+    if bind_retry_s is not None:
+        extra["bindRetryTime"] = bind_retry_s
     return SyncObjConf(
-        autoTick=False,
-        appendEntriesUseBatch=False,  # the owner batches: one entry per tick per shard
+        autoTick=auto_tick_s is not None,
+        # Ticked by the owner, which batches: one entry per tick per shard.
+        appendEntriesUseBatch=auto_tick_s is not None,
         appendEntriesPeriod=heartbeat_s,
         raftMinTimeout=low,
         raftMaxTimeout=high,
@@ -44,12 +65,13 @@ def raft_conf(
         fullDumpFile=snapshot,
         useFork=False,  # gRPC's threads make fork unsafe
         dynamicMembershipChange=False,
-        commandsWaitLeader=False,
+        commandsWaitLeader=commands_wait_leader,
         logCompactionMinEntries=20_000,
         logCompactionMinTime=60,
-        connectionRetryTime=0.2,
-        connectionTimeout=1.0,
+        connectionRetryTime=connection_retry_s,
+        connectionTimeout=connection_timeout_s,
         leaderFallbackTimeout=max(2.0, 4 * high),
+        **extra,
     )
 
 

@@ -1,3 +1,4 @@
 """The contract every component may import: the cluster config, the serve
-helpers and the generated gRPC code of the ``raftcoord.protocol.v1`` protocol
-(:mod:`.v1`)."""
+helpers, the retry backoff (:mod:`.backoff`), the gRPC channel cache
+(:mod:`.channels`) and the generated gRPC code of the
+``raftcoord.protocol.v1`` protocol (:mod:`.v1`)."""

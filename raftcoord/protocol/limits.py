@@ -1,6 +1,7 @@
 """Kafka's limits on what a request may name: ids, topic names, producer
-epochs. The coordinator refuses requests past them; the client checks them
-before it sends anything. Pure: no I/O."""
+epochs and sequences, fetch waits. The coordinators and partition-log nodes
+refuse requests past them; the client checks them before it sends anything.
+Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ from typing import Final
 
 #: Kafka's producer epoch is a 16-bit signed integer.
 KAFKA_MAX_PRODUCER_EPOCH: Final = 32767
+
+#: Sequences are int32 and wrap to 0 after this (Kafka's DefaultRecordBatch).
+MAX_SEQUENCE: Final = 2**31 - 1
+
+#: The longest ``max_wait_ms`` a Fetch may ask for (Kafka bounds fetch.max.wait.ms
+#: by the request timeout, whose default is 30 s); the consumer checks it too.
+MAX_FETCH_WAIT_MS: Final = 30_000
 
 #: The longest transactional.id or group id, in bytes of UTF-8. Kafka's
 #: protocol sends both as a STRING, whose length is a signed 16-bit integer.

@@ -9,10 +9,14 @@ from enum import Enum
 
 from raftcoord.client.errors import IllegalStateError
 
-__all__ = ["TRANSITIONS", "TxnState", "check_transition"]
+__all__ = ["TRANSITIONS", "ProducerTxnState", "check_transition"]
 
 
-class TxnState(Enum):
+class ProducerTxnState(Enum):
+    """Where a transactional producer is, as the producer sees it (Kafka's
+    TransactionManager.State). Not the coordinator's state of the transaction
+    (fsm's TxnState), which the producer only learns from answers."""
+
     UNINITIALIZED = "uninitialized"
     INITIALIZING = "initializing"
     READY = "ready"
@@ -24,11 +28,11 @@ class TxnState(Enum):
     CLOSED = "closed"
 
 
-S = TxnState
+S = ProducerTxnState
 
 #: state -> the states it may move to. Every state may also move to
 #: FATAL_ERROR and CLOSED (see :func:`check_transition`).
-TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
+TRANSITIONS: dict[ProducerTxnState, frozenset[ProducerTxnState]] = {
     # init_transactions; a timed-out init may be called again.
     S.UNINITIALIZED: frozenset({S.INITIALIZING}),
     S.INITIALIZING: frozenset({S.INITIALIZING, S.READY}),
@@ -44,7 +48,7 @@ TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
 }
 
 
-def check_transition(current: TxnState, target: TxnState, operation: str) -> None:
+def check_transition(current: ProducerTxnState, target: ProducerTxnState, operation: str) -> None:
     """Raise unless ``current`` may move to ``target``.
 
     Raises:

@@ -1,0 +1,77 @@
+"""Cached gRPC channels, for every component that calls another: the client,
+the coordinator's marker writers, the partition-log nodes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from raftcoord.protocol.v1 import coordinator_pb2_grpc, partition_log_pb2_grpc
+
+
+def _closed() -> Exception:
+    return RuntimeError("the channels are closed")
+
+
+class ChannelCache:
+    """One gRPC channel per address, shared by every stub made on it; thread-safe.
+
+    Args:
+        options: the gRPC channel options of every channel (message size
+            limits, reconnect backoff, ...).
+        closed_error: makes the exception raised when a channel or stub is
+            asked for after :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        options: Sequence[tuple[str, Any]] = (),
+        closed_error: Callable[[], Exception] = _closed,
+    ) -> None:
+        self.options = list(options)
+        self._closed_error = closed_error
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[tuple[str, str], Any] = {}
+        self._closed = False
+
+    def _channel(self, address: str) -> grpc.Channel:
+        if self._closed:
+            raise self._closed_error()
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address, options=self.options)
+        return channel
+
+    def channel(self, address: str) -> grpc.Channel:
+        """The channel to ``address``, opened on first use."""
+        with self._lock:
+            return self._channel(address)
+
+    def _stub(self, address: str, kind: str, make: Callable[[grpc.Channel], Any]) -> Any:
+        with self._lock:
+            stub = self._stubs.get((address, kind))
+            if stub is None:
+                stub = self._stubs[(address, kind)] = make(self._channel(address))
+            return stub
+
+    def coordinator(self, address: str) -> Any:
+        """A TransactionCoordinator stub for ``address``."""
+        return self._stub(address, "coordinator", coordinator_pb2_grpc.TransactionCoordinatorStub)
+
+    def partition_log(self, address: str) -> Any:
+        """A PartitionLog stub for ``address``."""
+        return self._stub(address, "partition_log", partition_log_pb2_grpc.PartitionLogStub)
+
+    def close(self) -> None:
+        """Close every channel; asking for one afterwards raises ``closed_error()``."""
+        with self._lock:
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for channel in channels:
+            channel.close()
