@@ -27,3 +27,14 @@ def spark() -> Iterator[Any]:
     spark = session("local[2]", shuffle_partitions=1)
     yield spark
     spark.stop()
+
+
+@pytest.fixture
+def pysyncobj_restored() -> Iterator[None]:
+    """Leaves pysyncobj as the test found it: a test that builds replicas
+    installs the durable journal, and the journal's own tests check that
+    uninstalling restores pysyncobj's."""
+    yield
+    from raftcoord.coordinator import raft_journal
+
+    raft_journal.uninstall()

@@ -23,6 +23,8 @@ from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import APPEND_ENTRIES, ShardReplica
 
+pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
+
 NO_OP = b"\x01"  # pysyncobj's no-op command: applying it changes nothing
 TERM = 5
 

@@ -23,6 +23,8 @@ from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
 
+pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
+
 
 def make_replica(tmp_path: Path, address: str, applied: list[int]) -> ShardReplica:
     journal, dump = str(tmp_path / "journal"), str(tmp_path / "snapshot")
@@ -76,12 +78,6 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
         assert len(again.machine.state.transactions) == 20
     finally:
         again.destroy()
-
-
-@pytest.fixture(autouse=True)
-def _restore_pysyncobj() -> object:
-    yield
-    raft_journal.uninstall()
 
 
 def test_an_entry_that_cannot_be_applied_stops_the_replica_with_its_index(
