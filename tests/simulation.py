@@ -75,7 +75,7 @@ from marker_writer import (
 from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from pid_allocator import PidBlock, PidCursor
-from raftcoord.coordinator.service import _verify
+from raftcoord.coordinator.services.transactions import verify_partitions
 
 E = ErrorCode
 
@@ -809,7 +809,9 @@ class Simulation:
         answered by the shard's ready leader."""
         if self.leadership is None or not self.leadership.ready:
             return E.NOT_COORDINATOR
-        [(_, error)] = _verify(self.leadership.replica.machine, tid, producer_id, epoch, (tp,))
+        [(_, error)] = verify_partitions(
+            self.leadership.replica.machine, tid, producer_id, epoch, (tp,)
+        )
         return error
 
     def commit_offsets(self, client: Client) -> None:
