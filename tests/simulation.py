@@ -77,8 +77,6 @@ from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from pid_allocator import PidBlock, PidCursor
 from raftcoord.coordinator.services.transactions import verify_partitions
 
-E = ErrorCode
-
 REPLICAS = 3
 MAJORITY = REPLICAS // 2 + 1
 TXN_IDS = ("tx-a", "tx-b", "tx-c")
@@ -98,10 +96,20 @@ QUIET_STEPS = 3_000
 
 #: Answers a client retries as they are: the outcome is unknown or not yet possible.
 RETRIABLE = frozenset(
-    {E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS}
+    {
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+    }
 )
 #: Answers no well-formed request may get: a refused entry or a malformed command.
-NEVER = frozenset({E.INVALID_REQUEST, E.UNKNOWN_SERVER_ERROR, E.INVALID_TRANSACTION_TIMEOUT})
+NEVER = frozenset(
+    {
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.UNKNOWN_SERVER_ERROR,
+        ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -260,14 +268,14 @@ class Partition:
         producer_id: int,
         epoch: int,
         sequence: int,
-        verify: Callable[[tuple[str, int]], E],
-    ) -> E:
+        verify: Callable[[tuple[str, int]], ErrorCode],
+    ) -> ErrorCode:
         """A transactional batch of one record; ``verify`` asks the coordinator
         whether this partition is in the producer's ongoing transaction."""
         check = self.states.check_append(producer_id, epoch, sequence, 1, True)
         if check.verdict is Verdict.VERIFY:
             verified = verify(self.tp)
-            if verified is not E.NONE:
+            if verified is not ErrorCode.NONE:
                 return verified
             check = self.states.check_append(producer_id, epoch, sequence, 1, True, True)
         if not check.ok:
@@ -276,14 +284,16 @@ class Partition:
             offset = len(self.records)
             self.records.append(Record(producer_id, epoch))
             self.states.on_append(producer_id, epoch, sequence, offset, offset, True)
-        return E.NONE
+        return ErrorCode.NONE
 
-    def write_marker(self, marker: MarkerRequest, written: Callable[[Partition, int], None]) -> E:
+    def write_marker(
+        self, marker: MarkerRequest, written: Callable[[Partition, int], None]
+    ) -> ErrorCode:
         """Apply one marker; ``written`` checks it with the offset of the data it closes."""
         pid, epoch = marker.producer_id, marker.producer_epoch
         action = self.states.check_marker(pid, epoch, marker.coordinator_epoch)
         if action is MarkerAction.FENCED:
-            return E.TRANSACTION_COORDINATOR_FENCED
+            return ErrorCode.TRANSACTION_COORDINATOR_FENCED
         entry = self.states.producers.get(pid)
         first = None if entry is None else entry.txn_first_offset
         buggy = (
@@ -293,7 +303,7 @@ class Partition:
             and entry.epoch == epoch
         )
         if action is MarkerAction.NOOP and not buggy:
-            return E.NONE
+            return ErrorCode.NONE
         written(self, -1 if first is None else first)
         offset = len(self.records)
         self.records.append(Record(pid, epoch, marker.commit))
@@ -302,7 +312,7 @@ class Partition:
             entry.txn_first_offset = None
             del self.states.open_txns[pid]
         self.states.on_marker(pid, epoch, marker.coordinator_epoch, marker.commit, offset)
-        return E.NONE
+        return ErrorCode.NONE
 
 
 # --- clients -------------------------------------------------------------------------
@@ -488,7 +498,7 @@ class Simulation:
         self.stats.truncated += len(self.log) - keep
         del self.log[keep:]
         for request in failed:
-            request.reply(Outcome(error=E.NOT_COORDINATOR))
+            request.reply(Outcome(error=ErrorCode.NOT_COORDINATOR))
 
     def elect(self) -> None:
         up = [r for r in self.replicas if r.up]
@@ -505,9 +515,9 @@ class Simulation:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
         if leadership is None:
-            reply(Outcome(error=E.NOT_COORDINATOR))
+            reply(Outcome(error=ErrorCode.NOT_COORDINATOR))
         elif not leadership.ready:
-            reply(Outcome(error=E.COORDINATOR_LOAD_IN_PROGRESS))
+            reply(Outcome(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
         else:
             leadership.queue.append(Request(command, reply))
 
@@ -798,17 +808,17 @@ class Simulation:
             if error in RETRIABLE:
                 client.next_at = self.now + self.rng.randint(10, 100)
                 return
-            if error is not E.NONE:
+            if error is not ErrorCode.NONE:
                 self.restart_client(client)
                 return
             client.produced += 1
         client.phase = "add_offsets" if client.with_offsets else "end"
 
-    def verify(self, tid: str, producer_id: int, epoch: int, tp: tuple[str, int]) -> E:
+    def verify(self, tid: str, producer_id: int, epoch: int, tp: tuple[str, int]) -> ErrorCode:
         """KIP-890 verification of ``tp`` (a verify-only AddPartitionsToTxn),
         answered by the shard's ready leader."""
         if self.leadership is None or not self.leadership.ready:
-            return E.NOT_COORDINATOR
+            return ErrorCode.NOT_COORDINATOR
         [(_, error)] = verify_partitions(
             self.leadership.replica.machine, tid, producer_id, epoch, (tp,)
         )
@@ -820,7 +830,7 @@ class Simulation:
             return
         meta = self.leadership.replica.machine.describe(client.tid)
         error = verify_group(meta, client.producer_id, client.epoch, GROUP)[0]
-        if error is not E.NONE:
+        if error is not ErrorCode.NONE:
             self.restart_client(client)
             return
         offsets = (OffsetEntry("t", 0, self.step_no, ""),)

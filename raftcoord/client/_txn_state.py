@@ -24,23 +24,23 @@ class TxnState(Enum):
     CLOSED = "closed"
 
 
-S = TxnState
-
 #: state -> the states it may move to. Every state may also move to
 #: FATAL_ERROR and CLOSED (see :func:`check_transition`).
 TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
     # init_transactions; a timed-out init may be called again.
-    S.UNINITIALIZED: frozenset({S.INITIALIZING}),
-    S.INITIALIZING: frozenset({S.INITIALIZING, S.READY}),
-    S.READY: frozenset({S.IN_TRANSACTION}),
-    S.IN_TRANSACTION: frozenset({S.COMMITTING, S.ABORTING, S.ABORTABLE_ERROR}),
+    TxnState.UNINITIALIZED: frozenset({TxnState.INITIALIZING}),
+    TxnState.INITIALIZING: frozenset({TxnState.INITIALIZING, TxnState.READY}),
+    TxnState.READY: frozenset({TxnState.IN_TRANSACTION}),
+    TxnState.IN_TRANSACTION: frozenset(
+        {TxnState.COMMITTING, TxnState.ABORTING, TxnState.ABORTABLE_ERROR}
+    ),
     # A commit that timed out may be called again (EndTxn is retried), or a
     # send failed during its flush (abortable).
-    S.COMMITTING: frozenset({S.COMMITTING, S.READY, S.ABORTABLE_ERROR}),
-    S.ABORTING: frozenset({S.ABORTING, S.READY}),
-    S.ABORTABLE_ERROR: frozenset({S.ABORTABLE_ERROR, S.ABORTING}),
-    S.FATAL_ERROR: frozenset(),
-    S.CLOSED: frozenset(),
+    TxnState.COMMITTING: frozenset({TxnState.COMMITTING, TxnState.READY, TxnState.ABORTABLE_ERROR}),
+    TxnState.ABORTING: frozenset({TxnState.ABORTING, TxnState.READY}),
+    TxnState.ABORTABLE_ERROR: frozenset({TxnState.ABORTABLE_ERROR, TxnState.ABORTING}),
+    TxnState.FATAL_ERROR: frozenset(),
+    TxnState.CLOSED: frozenset(),
 }
 
 
@@ -50,8 +50,8 @@ def check_transition(current: TxnState, target: TxnState, operation: str) -> Non
     Raises:
         IllegalStateError: the move is not in the table.
     """
-    if current is S.CLOSED:
+    if current is TxnState.CLOSED:
         raise IllegalStateError(f"cannot {operation}: the producer is closed")
-    if target in (S.FATAL_ERROR, S.CLOSED) or target in TRANSITIONS[current]:
+    if target in (TxnState.FATAL_ERROR, TxnState.CLOSED) or target in TRANSITIONS[current]:
         return
     raise IllegalStateError(f"cannot {operation} in state {current.value}")
