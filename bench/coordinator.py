@@ -53,8 +53,7 @@ from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.config import FSYNC_POLICIES
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
-from raftcoord.protocol.v1 import coordinator_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 COORDINATORS = 3
 SHARDS = 3
@@ -147,7 +146,9 @@ class Client:
             return self._leaders[shard]
 
     def _find(self, key: str) -> str:
-        request = pb.FindCoordinatorRequest(key=key, key_type=pb.TRANSACTION)
+        request = coordinator_pb2.FindCoordinatorRequest(
+            key=key, key_type=coordinator_pb2.TRANSACTION
+        )
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while time.monotonic() < deadline:
             for stub in self.stubs.values():
@@ -186,11 +187,13 @@ class Client:
 
 
 def init_request(tid: str) -> Any:
-    return pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=TXN_TIMEOUT_MS)
+    return coordinator_pb2.InitProducerIdRequest(
+        transactional_id=tid, transaction_timeout_ms=TXN_TIMEOUT_MS
+    )
 
 
 def add_request(tid: str, producer: Any, partition: int) -> Any:
-    return pb.AddPartitionsToTxnRequest(
+    return coordinator_pb2.AddPartitionsToTxnRequest(
         transactional_id=tid,
         producer_id=producer.producer_id,
         producer_epoch=producer.producer_epoch,
@@ -206,7 +209,7 @@ def transaction(client: Client, tid: str, tally: Tally) -> bool:
         return False
     if client.call(tid, "AddPartitionsToTxn", add_request(tid, producer, 0), tally) is None:
         return False
-    end = pb.EndTxnRequest(
+    end = coordinator_pb2.EndTxnRequest(
         transactional_id=tid,
         producer_id=producer.producer_id,
         producer_epoch=producer.producer_epoch,
@@ -319,7 +322,9 @@ def round_trip(client: Client, address: str, n: int) -> Phase:
     """FindCoordinator on one node, one thread (no Raft, no cluster counters)."""
     stub = client.stubs[address]
     tally = Tally()
-    request = pb.FindCoordinatorRequest(key="bench-find", key_type=pb.TRANSACTION)
+    request = coordinator_pb2.FindCoordinatorRequest(
+        key="bench-find", key_type=coordinator_pb2.TRANSACTION
+    )
     for _ in range(50):  # warm the channel
         stub.FindCoordinator(request, timeout=CALL_TIMEOUT_S)
     started = time.perf_counter()
@@ -427,8 +432,10 @@ def run_policy(policy: str, args: argparse.Namespace) -> PolicyResult:
             # AddPartitionsToTxn refuses partitions that do not exist; b adds
             # partitions 0..sync_n (shard 0 holds the topics).
             created = client.stubs[routes[0]].CreateTopics(
-                pb.CreateTopicsRequest(
-                    topics=[pb.CreatableTopic(name=TOPIC, num_partitions=args.sync_n + 1)]
+                coordinator_pb2.CreateTopicsRequest(
+                    topics=[
+                        coordinator_pb2.CreatableTopic(name=TOPIC, num_partitions=args.sync_n + 1)
+                    ]
                 ),
                 timeout=CALL_TIMEOUT_S,
             )

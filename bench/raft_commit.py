@@ -44,7 +44,7 @@ from pysyncobj import SyncObj, replicated
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
 from raftcoord.cluster.launcher import free_ports
-from raftcoord.coordinator import raft_journal as rj
+from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.raft import raft_conf
 
 TICKS: dict[str, tuple[float, float]] = {
@@ -85,7 +85,9 @@ def run_one(
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
     journals = [os.path.join(workdir, f"node{i}.journal") for i in range(3)]
     for i, path in enumerate(journals):
-        rj.register_journal(path, policy, snapshot_file=os.path.join(workdir, f"node{i}.dump"))
+        raft_journal.register_journal(
+            path, policy, snapshot_file=os.path.join(workdir, f"node{i}.dump")
+        )
     nodes: list[Counter] = []
     try:
         for i, addr in enumerate(addrs):
@@ -109,7 +111,7 @@ def run_one(
         leader = next(nd for nd in nodes if nd._isLeader())
         leader.add(0, sync=True, timeout=10)  # leader's no-op committed, warm path
 
-        live = [rj.journal_for(p) for p in journals]
+        live = [raft_journal.journal_for(p) for p in journals]
         fsyncs0 = sum(j.fsync_count for j in live if j is not None)
         latencies = []
         for _ in range(n):
@@ -153,7 +155,7 @@ def run_one(
         for nd in nodes:
             nd.destroy_synchronous()
         for path in journals:
-            rj.unregister_journal(path)
+            raft_journal.unregister_journal(path)
 
 
 def main() -> None:
@@ -168,11 +170,11 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="directory for journals (default: system tmp)")
     args = parser.parse_args()
 
-    rj.install()
+    raft_journal.install()
     started = time.monotonic()
     rows = []
     for tick_name, (tick, append) in TICKS.items():
-        for policy in rj.POLICIES:
+        for policy in raft_journal.POLICIES:
             n = args.n if (args.full or tick < 0.01) else args.n_default_tick
             with tempfile.TemporaryDirectory(prefix="raft-bench-", dir=args.dir) as workdir:
                 r = run_one(workdir, policy, tick, append, n, args.tput_s, args.idle_s)
@@ -183,7 +185,7 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    rj.uninstall()
+    raft_journal.uninstall()
 
     fs_dir = args.dir or tempfile.gettempdir()
     print(

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from fsm import offsets as group_offsets
-from fsm import transactions as txn
+from fsm import transactions
 from fsm.commands import (
     AbortTimedOut,
     AddOffsets,
@@ -37,7 +37,6 @@ from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
 SNAPSHOT_VERSION = 1
-E = ErrorCode
 #: In the answer to a command whose handler attempted a transition the rules
 #: forbid (:class:`~fsm.errors.IllegalTransition`): a bug, never a property of
 #: the request. Tests assert no command sequence produces it.
@@ -98,19 +97,19 @@ class TransactionStateMachine:
         """Apply one command; returns the result and the effects to perform."""
         handler = self._HANDLERS.get(type(command))
         if handler is None:
-            return fail(E.INVALID_REQUEST, f"unknown command {type(command).__name__}")
+            return fail(ErrorCode.INVALID_REQUEST, f"unknown command {type(command).__name__}")
         try:
             outcome: Outcome = handler(self, command)
         except (MemoryError, RecursionError):
             raise  # a property of this process, not of the command: not deterministic
         except IllegalTransition as exc:  # a handler bug: it moved against the rules table
             return fail(
-                E.UNKNOWN_SERVER_ERROR,
+                ErrorCode.UNKNOWN_SERVER_ERROR,
                 f"{type(command).__name__} refused, {HANDLER_BUG}: {exc}",
             )
         except Exception as exc:  # a bug or a hostile entry; every replica refuses alike
             return fail(
-                E.UNKNOWN_SERVER_ERROR,
+                ErrorCode.UNKNOWN_SERVER_ERROR,
                 f"{type(command).__name__} refused, it breaks an invariant: "
                 f"{type(exc).__name__}: {exc}",
             )
@@ -126,21 +125,23 @@ class TransactionStateMachine:
         try:
             commands = decode_entry(data)
         except CommandError as exc:
-            return [fail(E.INVALID_REQUEST, str(exc))]
+            return [fail(ErrorCode.INVALID_REQUEST, str(exc))]
         return [
-            fail(E.INVALID_REQUEST, str(c)) if isinstance(c, CommandError) else self.apply(c)
+            fail(ErrorCode.INVALID_REQUEST, str(c))
+            if isinstance(c, CommandError)
+            else self.apply(c)
             for c in commands
         ]
 
     def _transaction_step(
         self,
         transactional_id: str,
-        step: Callable[[TransactionMetadata | None], txn.Step],
+        step: Callable[[TransactionMetadata | None], transactions.Step],
         new_producer_id: int = NO_PRODUCER_ID,
     ) -> Outcome:
         if new_producer_id != NO_PRODUCER_ID and not self._fresh_producer_id(new_producer_id):
             return fail(
-                E.INVALID_REQUEST,
+                ErrorCode.INVALID_REQUEST,
                 f"producer id {new_producer_id} is not a fresh id of a block granted to this shard",
             )
         before = self.state.transactions.get(transactional_id)
@@ -164,35 +165,35 @@ class TransactionStateMachine:
     def _init(self, cmd: InitProducerId) -> Outcome:
         return self._transaction_step(
             cmd.transactional_id,
-            lambda meta: txn.init_producer_id(meta, cmd, self.config),
+            lambda meta: transactions.init_producer_id(meta, cmd, self.config),
             cmd.new_producer_id,
         )
 
     def _add_partitions(self, cmd: AddPartitions) -> Outcome:
         return self._transaction_step(
-            cmd.transactional_id, lambda meta: txn.add_partitions(meta, cmd, self.config)
+            cmd.transactional_id, lambda meta: transactions.add_partitions(meta, cmd, self.config)
         )
 
     def _add_offsets(self, cmd: AddOffsets) -> Outcome:
         return self._transaction_step(
-            cmd.transactional_id, lambda meta: txn.add_offsets(meta, cmd, self.config)
+            cmd.transactional_id, lambda meta: transactions.add_offsets(meta, cmd, self.config)
         )
 
     def _end_txn(self, cmd: EndTxn) -> Outcome:
         return self._transaction_step(
             cmd.transactional_id,
-            lambda meta: txn.end_txn(meta, cmd, self.config),
+            lambda meta: transactions.end_txn(meta, cmd, self.config),
             cmd.new_producer_id,
         )
 
     def _markers_written(self, cmd: MarkersWritten) -> Outcome:
         return self._transaction_step(
-            cmd.transactional_id, lambda meta: txn.markers_written(meta, cmd)
+            cmd.transactional_id, lambda meta: transactions.markers_written(meta, cmd)
         )
 
     def _abort_timed_out(self, cmd: AbortTimedOut) -> Outcome:
         return self._transaction_step(
-            cmd.transactional_id, lambda meta: txn.abort_timed_out(meta, cmd, self.config)
+            cmd.transactional_id, lambda meta: transactions.abort_timed_out(meta, cmd, self.config)
         )
 
     def _expire(self, cmd: ExpireTransactionalIds) -> Outcome:
@@ -200,11 +201,11 @@ class TransactionStateMachine:
         effects: list[Effect] = []
         for transactional_id in dict.fromkeys(cmd.transactional_ids):
             meta = self.state.transactions.get(transactional_id)
-            if meta is None or not txn.expirable(meta, cmd.now_ms, self.config):
+            if meta is None or not transactions.expirable(meta, cmd.now_ms, self.config):
                 continue
-            dead = txn.expire(meta, cmd.now_ms)
+            dead = transactions.expire(meta, cmd.now_ms)
             expired.append(transactional_id)
-            effects.append(txn.moved(meta, dead, cmd.now_ms))
+            effects.append(transactions.moved(meta, dead, cmd.now_ms))
         for transactional_id in expired:  # all or nothing (see the class docstring)
             del self.state.transactions[transactional_id]
         return Outcome(expired=tuple(expired), effects=tuple(effects))
@@ -241,7 +242,7 @@ class TransactionStateMachine:
             layout.block_size,
         ):
             return fail(
-                E.INVALID_REQUEST,
+                ErrorCode.INVALID_REQUEST,
                 f"block request for shard {cmd.shard}/{cmd.shard_count} (block size "
                 f"{cmd.block_size}) does not match shard {layout.shard}/{layout.shard_count} "
                 f"(block size {layout.block_size})",
@@ -249,23 +250,23 @@ class TransactionStateMachine:
         try:
             block = self.state.pids.allocate()
         except PidExhausted as exc:
-            return fail(E.UNKNOWN_SERVER_ERROR, str(exc))
+            return fail(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc))
         return Outcome(block_first=block.first, block_end=block.end)
 
     def _create_topic(self, cmd: CreateTopic) -> Outcome:
         bad_name = topic_error(cmd.name)
         if bad_name is not None:
-            return fail(E.INVALID_TOPIC_EXCEPTION, bad_name)
+            return fail(ErrorCode.INVALID_TOPIC_EXCEPTION, bad_name)
         if not 1 <= len(cmd.partition_nodes) <= self.config.max_partitions_per_request:
             return fail(
-                E.INVALID_PARTITIONS,
+                ErrorCode.INVALID_PARTITIONS,
                 f"a topic needs 1..{self.config.max_partitions_per_request} partitions, "
                 f"got {len(cmd.partition_nodes)}",
             )
         if any(node < 0 for node in cmd.partition_nodes):
-            return fail(E.INVALID_REQUEST, "partition-log node ids must not be negative")
+            return fail(ErrorCode.INVALID_REQUEST, "partition-log node ids must not be negative")
         if cmd.name in self.state.topics:
-            return fail(E.TOPIC_ALREADY_EXISTS, f"topic {cmd.name!r} already exists")
+            return fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {cmd.name!r} already exists")
         self.state.topics[cmd.name] = cmd.partition_nodes
         return Outcome()
 
@@ -294,7 +295,7 @@ class TransactionStateMachine:
         """
         meta = self.state.transactions.get(command.transactional_id)
         if isinstance(command, EndTxn):
-            return txn.end_txn_needs_producer_id(meta, command, self.config)
+            return transactions.end_txn_needs_producer_id(meta, command, self.config)
         return meta is None or self.config.bump_exhausts(meta.producer_epoch)
 
     def timed_out(self, now_ms: int) -> list[AbortTimedOut]:
@@ -303,7 +304,7 @@ class TransactionStateMachine:
         return [
             AbortTimedOut(m.transactional_id, m.producer_id, m.producer_epoch, now_ms, 0)
             for m in self.state.transactions.values()
-            if txn.has_timed_out(m, now_ms)
+            if transactions.has_timed_out(m, now_ms)
         ]
 
     def expirable_ids(self, now_ms: int) -> list[str]:
@@ -311,13 +312,13 @@ class TransactionStateMachine:
         return sorted(
             m.transactional_id
             for m in self.state.transactions.values()
-            if txn.expirable(m, now_ms, self.config)
+            if transactions.expirable(m, now_ms, self.config)
         )
 
     def pending_markers(self) -> list[WriteMarkers]:
         """The markers every Prepare* transaction still owes (a new leader resends them)."""
         return [
-            txn.markers_for(m)
+            transactions.markers_for(m)
             for _, m in sorted(self.state.transactions.items())
             if m.state in PREPARE_STATES
         ]
@@ -396,7 +397,7 @@ class TransactionStateMachine:
             pids = PidBlockRecord.from_wire(payload["pids"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        transactions = [TransactionMetadata.from_wire(w) for w in as_list(payload["transactions"])]
+        txn_metas = [TransactionMetadata.from_wire(w) for w in as_list(payload["transactions"])]
         groups = [
             (as_str(gid), GroupOffsets.from_wire(w)) for gid, w in as_list(payload["groups"], 2)
         ]
@@ -404,7 +405,7 @@ class TransactionStateMachine:
         machine.state = ShardState(
             pids=pids,
             last_assigned_pid=as_int(payload["last_assigned_pid"]),
-            transactions={m.transactional_id: m for m in transactions},
+            transactions={m.transactional_id: m for m in txn_metas},
             groups=dict(groups),
             topics={
                 as_str(name): tuple(as_int(n) for n in as_list(nodes))

@@ -25,7 +25,6 @@ from fsm.errors import CommandError, ErrorCode
 from fsm.metadata import TopicPartition
 from fsm.wire import as_int, as_list, as_str
 
-E = ErrorCode
 NO_OFFSET = -1
 
 
@@ -138,10 +137,10 @@ def txn_offset_commit(
     if problem is None and (cmd.producer_id < 0 or cmd.producer_epoch < 0):
         problem = "a transactional offset commit needs a producer id and epoch"
     if problem is not None:
-        return group, fail(E.INVALID_REQUEST, problem)
+        return group, fail(ErrorCode.INVALID_REQUEST, problem)
     current = group or GroupOffsets()
     if cmd.producer_epoch < current.producer_epochs.get(cmd.producer_id, -1):
-        return group, fail(E.PRODUCER_FENCED, "a newer epoch of this producer was seen")
+        return group, fail(ErrorCode.PRODUCER_FENCED, "a newer epoch of this producer was seen")
     before = current.pending.get(cmd.producer_id)
     merged = _as_map(cmd.offsets, cmd.now_ms)
     if before is not None and before.producer_epoch == cmd.producer_epoch:
@@ -161,7 +160,9 @@ def group_marker(
 ) -> tuple[GroupOffsets | None, Outcome]:
     """Apply a COMMIT/ABORT marker to the producer's pending offsets."""
     if not cmd.group_id or cmd.producer_id < 0 or cmd.producer_epoch < 0:
-        return group, fail(E.INVALID_REQUEST, "a marker needs a group id, producer id and epoch")
+        return group, fail(
+            ErrorCode.INVALID_REQUEST, "a marker needs a group id, producer id and epoch"
+        )
     current = group or GroupOffsets()
     seen = current.producer_epochs.get(cmd.producer_id, -1)
     pending = current.pending.get(cmd.producer_id)
@@ -184,7 +185,7 @@ def offset_commit(
     """A plain consumer commit: the offsets are committed at once."""
     problem = _validate(cmd.group_id, cmd.offsets, config)
     if problem is not None:
-        return group, fail(E.INVALID_REQUEST, problem)
+        return group, fail(ErrorCode.INVALID_REQUEST, problem)
     current = group or GroupOffsets()
     committed = {**current.committed, **_as_map(cmd.offsets, cmd.now_ms)}
     return GroupOffsets(committed, current.pending, current.producer_epochs), Outcome()
@@ -217,7 +218,9 @@ def offset_fetch(
     answers = []
     for topic, partition in wanted:
         if require_stable and (topic, partition) in unstable:
-            answers.append(FetchedOffset(topic, partition, NO_OFFSET, "", E.UNSTABLE_OFFSET_COMMIT))
+            answers.append(
+                FetchedOffset(topic, partition, NO_OFFSET, "", ErrorCode.UNSTABLE_OFFSET_COMMIT)
+            )
             continue
         found = current.committed.get(TopicPartition(topic, partition))
         answers.append(
@@ -226,7 +229,7 @@ def offset_fetch(
                 partition,
                 NO_OFFSET if found is None else found.offset,
                 "" if found is None else found.metadata,
-                E.NONE,
+                ErrorCode.NONE,
             )
         )
     return answers

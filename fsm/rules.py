@@ -20,9 +20,6 @@ from enum import Enum
 from fsm.errors import ErrorCode
 from fsm.states import IDLE_STATES, PREPARE_STATES, TRANSIENT_STATES, VALID_PREVIOUS, TxnState
 
-S = TxnState
-E = ErrorCode
-
 
 class Request(Enum):
     """The requests and commands that act on one transactional.id."""
@@ -47,13 +44,13 @@ class Rule:
     ``why`` (``{state}`` stands for the state's name).
     """
 
-    error: ErrorCode = E.NONE
+    error: ErrorCode = ErrorCode.NONE
     to: TxnState | None = None
     why: str = ""
 
     @property
     def refused(self) -> bool:
-        return self.to is None and self.error is not E.NONE
+        return self.to is None and self.error is not ErrorCode.NONE
 
     def message(self, state: TxnState) -> str:
         return self.why.format(state=state.name)
@@ -67,7 +64,7 @@ def _each(states: frozenset[TxnState], rule_: Rule) -> dict[TxnState, Rule]:
 #: waits), or a state that never outlives one command was found: busy.
 _BUSY = _each(
     PREPARE_STATES | TRANSIENT_STATES,
-    Rule(E.CONCURRENT_TRANSACTIONS, why="transaction is {state}"),
+    Rule(ErrorCode.CONCURRENT_TRANSACTIONS, why="transaction is {state}"),
 )
 
 
@@ -75,12 +72,15 @@ def _end_retry(commit: bool) -> dict[TxnState, Rule]:
     """EndTxn retried with the ended transaction's identity (only a Prepare*
     or Complete* state has one): the same decision waits for its markers,
     then succeeds without a change; the other decision is refused."""
-    same, other = (S.PREPARE_COMMIT, S.COMPLETE_COMMIT), (S.PREPARE_ABORT, S.COMPLETE_ABORT)
+    same, other = (
+        (TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT),
+        (TxnState.PREPARE_ABORT, TxnState.COMPLETE_ABORT),
+    )
     if not commit:
         same, other = other, same
-    wrong = Rule(E.INVALID_TXN_STATE, why="transaction is {state}")
+    wrong = Rule(ErrorCode.INVALID_TXN_STATE, why="transaction is {state}")
     return {
-        same[0]: Rule(E.CONCURRENT_TRANSACTIONS, why="markers are being written"),
+        same[0]: Rule(ErrorCode.CONCURRENT_TRANSACTIONS, why="markers are being written"),
         same[1]: Rule(),
         other[0]: wrong,
         other[1]: wrong,
@@ -88,47 +88,49 @@ def _end_retry(commit: bool) -> dict[TxnState, Rule]:
 
 
 #: Marker acknowledgements for no Prepare* transaction (or another identity's).
-STALE_MARKERS = Rule(E.INVALID_TXN_STATE, why="no Prepare* transaction with these markers")
+STALE_MARKERS = Rule(ErrorCode.INVALID_TXN_STATE, why="no Prepare* transaction with these markers")
 #: A timeout abort of a transaction that is not Ongoing (or not yet past its timeout).
-NOT_TIMED_OUT = Rule(E.INVALID_TXN_STATE, why="transaction has not timed out")
+NOT_TIMED_OUT = Rule(ErrorCode.INVALID_TXN_STATE, why="transaction has not timed out")
 
 #: For each request, what it does in each state (see :class:`Rule`).
 REQUESTS: Mapping[Request, Mapping[TxnState, Rule]] = {
     Request.INIT_PRODUCER_ID: {
-        **_each(IDLE_STATES, Rule(to=S.EMPTY)),
+        **_each(IDLE_STATES, Rule(to=TxnState.EMPTY)),
         # The open transaction is fenced and aborted; the producer retries.
-        S.ONGOING: Rule(E.CONCURRENT_TRANSACTIONS, S.PREPARE_ABORT),
+        TxnState.ONGOING: Rule(ErrorCode.CONCURRENT_TRANSACTIONS, TxnState.PREPARE_ABORT),
         **_BUSY,
     },
     Request.ADD_TO_TXN: {
-        **_each(IDLE_STATES | {S.ONGOING}, Rule(to=S.ONGOING)),
+        **_each(IDLE_STATES | {TxnState.ONGOING}, Rule(to=TxnState.ONGOING)),
         **_BUSY,
     },
     Request.END_COMMIT: {
-        **_each(IDLE_STATES, Rule(E.INVALID_TXN_STATE, why="no transaction to commit ({state})")),
-        S.ONGOING: Rule(to=S.PREPARE_COMMIT),
+        **_each(
+            IDLE_STATES, Rule(ErrorCode.INVALID_TXN_STATE, why="no transaction to commit ({state})")
+        ),
+        TxnState.ONGOING: Rule(to=TxnState.PREPARE_COMMIT),
         **_BUSY,
     },
     Request.END_ABORT: {
         # With nothing open, an empty transaction is aborted (the epoch bumps).
-        **_each(IDLE_STATES, Rule(to=S.COMPLETE_ABORT)),
-        S.ONGOING: Rule(to=S.PREPARE_ABORT),
+        **_each(IDLE_STATES, Rule(to=TxnState.COMPLETE_ABORT)),
+        TxnState.ONGOING: Rule(to=TxnState.PREPARE_ABORT),
         **_BUSY,
     },
     Request.END_COMMIT_RETRY: _end_retry(commit=True),
     Request.END_ABORT_RETRY: _end_retry(commit=False),
     Request.MARKERS_WRITTEN: {
-        **{s: STALE_MARKERS for s in S},
-        S.PREPARE_COMMIT: Rule(to=S.COMPLETE_COMMIT),
-        S.PREPARE_ABORT: Rule(to=S.COMPLETE_ABORT),
+        **{s: STALE_MARKERS for s in TxnState},
+        TxnState.PREPARE_COMMIT: Rule(to=TxnState.COMPLETE_COMMIT),
+        TxnState.PREPARE_ABORT: Rule(to=TxnState.COMPLETE_ABORT),
     },
     Request.TIMEOUT_ABORT: {
-        **{s: NOT_TIMED_OUT for s in S},
-        S.ONGOING: Rule(to=S.PREPARE_ABORT),
+        **{s: NOT_TIMED_OUT for s in TxnState},
+        TxnState.ONGOING: Rule(to=TxnState.PREPARE_ABORT),
     },
     Request.EXPIRE: {
-        **{s: Rule() for s in S},
-        **_each(IDLE_STATES, Rule(to=S.DEAD)),
+        **{s: Rule() for s in TxnState},
+        **_each(IDLE_STATES, Rule(to=TxnState.DEAD)),
     },
 }
 
@@ -149,23 +151,23 @@ def state_title(state: TxnState) -> str:
 
 def _cell(rule_: Rule) -> str:
     if rule_.to is None:
-        return "—" if rule_.error is E.NONE else rule_.error.name
+        return "—" if rule_.error is ErrorCode.NONE else rule_.error.name
     moved = f"→ {state_title(rule_.to)}"
-    return moved if rule_.error is E.NONE else f"{moved}, {rule_.error.name}"
+    return moved if rule_.error is ErrorCode.NONE else f"{moved}, {rule_.error.name}"
 
 
 def markdown_tables() -> str:
     """The transition table and the request table, as markdown."""
     lines = ["| state | may be entered from |", "|---|---|"]
-    for state in S:
+    for state in TxnState:
         sources = ", ".join(state_title(s) for s in sorted(VALID_PREVIOUS[state]))
         lines.append(f"| {state_title(state)} | {sources} |")
     lines += [
         "",
-        "| request | " + " | ".join(state_title(s) for s in S) + " |",
-        "|---" * (len(S) + 1) + "|",
+        "| request | " + " | ".join(state_title(s) for s in TxnState) + " |",
+        "|---" * (len(TxnState) + 1) + "|",
     ]
     for request, row in REQUESTS.items():
-        cells = (_cell(row[s]) if s in row else "n/a" for s in S)
+        cells = (_cell(row[s]) if s in row else "n/a" for s in TxnState)
         lines.append(f"| {request.value} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -19,32 +19,38 @@ class TxnState(IntEnum):
     PREPARE_EPOCH_FENCE = 7
 
 
-S = TxnState
-
 #: For each state, the states it may be entered from.
 VALID_PREVIOUS: Mapping[TxnState, frozenset[TxnState]] = {
-    S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.ONGOING: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARE_COMMIT: frozenset({S.ONGOING}),
-    S.PREPARE_ABORT: frozenset(
-        {S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
+    TxnState.EMPTY: frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT}),
+    TxnState.ONGOING: frozenset(
+        {TxnState.ONGOING, TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT}
     ),
-    S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
-    S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
-    S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
-    S.PREPARE_EPOCH_FENCE: frozenset({S.ONGOING}),
+    TxnState.PREPARE_COMMIT: frozenset({TxnState.ONGOING}),
+    TxnState.PREPARE_ABORT: frozenset(
+        {
+            TxnState.ONGOING,
+            TxnState.PREPARE_EPOCH_FENCE,
+            TxnState.EMPTY,
+            TxnState.COMPLETE_COMMIT,
+            TxnState.COMPLETE_ABORT,
+        }
+    ),
+    TxnState.COMPLETE_COMMIT: frozenset({TxnState.PREPARE_COMMIT}),
+    TxnState.COMPLETE_ABORT: frozenset({TxnState.PREPARE_ABORT}),
+    TxnState.DEAD: frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT}),
+    TxnState.PREPARE_EPOCH_FENCE: frozenset({TxnState.ONGOING}),
 }
 
 #: States in which a two-phase transition waits for its second half.
-PREPARE_STATES = frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT})
+PREPARE_STATES = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
 #: States with no transaction in progress; the transactional.id may expire.
-IDLE_STATES = frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT})
+IDLE_STATES = frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
 #: States that never outlive one command; found in a snapshot they mean "busy".
-TRANSIENT_STATES = frozenset({S.DEAD, S.PREPARE_EPOCH_FENCE})
+TRANSIENT_STATES = frozenset({TxnState.DEAD, TxnState.PREPARE_EPOCH_FENCE})
 #: The Complete* state that ends each Prepare* state.
 COMPLETION_OF: Mapping[TxnState, TxnState] = {
-    S.PREPARE_COMMIT: S.COMPLETE_COMMIT,
-    S.PREPARE_ABORT: S.COMPLETE_ABORT,
+    TxnState.PREPARE_COMMIT: TxnState.COMPLETE_COMMIT,
+    TxnState.PREPARE_ABORT: TxnState.COMPLETE_ABORT,
 }
 
 

@@ -40,8 +40,6 @@ from fsm.metadata import (
 from fsm.rules import NOT_TIMED_OUT, STALE_MARKERS, Request, Rule, rule
 from fsm.states import COMPLETION_OF, IDLE_STATES, PREPARE_STATES, TRANSIENT_STATES, TxnState
 
-S = TxnState
-E = ErrorCode
 INT32_MAX = 2**31 - 1
 
 
@@ -66,7 +64,7 @@ def refusal(meta: TransactionMetadata, request: Request) -> Step | None:
 
 def refuse_by(meta: TransactionMetadata | None, refused: Rule) -> Step:
     """A step that changes nothing, answered as the refusal rule ``refused`` says."""
-    state = S.EMPTY if meta is None else meta.state
+    state = TxnState.EMPTY if meta is None else meta.state
     return refuse(meta, refused.error, refused.message(state))
 
 
@@ -91,7 +89,7 @@ def markers_for(meta: TransactionMetadata) -> WriteMarkers:
         producer_id=meta.producer_id,
         producer_epoch=meta.producer_epoch,
         coordinator_epoch=meta.coordinator_epoch,
-        commit=meta.state is S.PREPARE_COMMIT,
+        commit=meta.state is TxnState.PREPARE_COMMIT,
         partitions=tuple(sorted(meta.partitions)),
         groups=tuple(sorted(meta.groups)),
     )
@@ -110,25 +108,25 @@ def init_producer_id(
     completes. An exhausted epoch rotates to ``cmd.new_producer_id``.
     """
     if not cmd.transactional_id:
-        return refuse(meta, E.INVALID_REQUEST, "transactional.id must not be empty")
+        return refuse(meta, ErrorCode.INVALID_REQUEST, "transactional.id must not be empty")
     if not 0 < cmd.timeout_ms <= config.transaction_max_timeout_ms:
         return refuse(
             meta,
-            E.INVALID_TRANSACTION_TIMEOUT,
+            ErrorCode.INVALID_TRANSACTION_TIMEOUT,
             f"transaction timeout {cmd.timeout_ms} ms is not in "
             f"(0, {config.transaction_max_timeout_ms}] (transaction.max.timeout.ms)",
         )
     expected = cmd.expected_producer_id != NO_PRODUCER_ID
     if expected != (cmd.expected_producer_epoch != NO_PRODUCER_EPOCH):
-        return refuse(meta, E.INVALID_REQUEST, "expected producer id and epoch go together")
+        return refuse(meta, ErrorCode.INVALID_REQUEST, "expected producer id and epoch go together")
     if meta is None:
         if cmd.new_producer_id == NO_PRODUCER_ID:
-            return refuse(meta, E.CONCURRENT_TRANSACTIONS, "no producer id was stamped")
+            return refuse(meta, ErrorCode.CONCURRENT_TRANSACTIONS, "no producer id was stamped")
         created = TransactionMetadata(
             transactional_id=cmd.transactional_id,
             producer_id=cmd.new_producer_id,
             producer_epoch=0,
-            state=S.EMPTY,
+            state=TxnState.EMPTY,
             timeout_ms=cmd.timeout_ms,
             last_update_ms=cmd.now_ms,
             coordinator_epoch=cmd.coordinator_epoch,
@@ -138,8 +136,8 @@ def init_producer_id(
     if refused is not None:
         return refused
     if expected and not _expected_id_valid(meta, cmd, config):
-        return refuse(meta, E.PRODUCER_FENCED, "expected producer id does not match")
-    if meta.state is S.ONGOING:
+        return refuse(meta, ErrorCode.PRODUCER_FENCED, "expected producer id does not match")
+    if meta.state is TxnState.ONGOING:
         fenced = fence_and_abort(
             meta, cmd.now_ms, cmd.coordinator_epoch, "init_producer_id", config
         )
@@ -147,7 +145,7 @@ def init_producer_id(
             fenced.meta,
             replace(
                 fenced.outcome,
-                error=E.CONCURRENT_TRANSACTIONS,
+                error=ErrorCode.CONCURRENT_TRANSACTIONS,
                 message="an open transaction was fenced and is being aborted; retry",
             ),
         )
@@ -183,16 +181,16 @@ def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
     if cmd.expected_producer_epoch not in (NO_PRODUCER_EPOCH, meta.producer_epoch) or (
         cmd.expected_producer_id not in (NO_PRODUCER_ID, meta.producer_id)
     ):
-        return refuse(meta, E.PRODUCER_FENCED, "expected epoch is not the current one")
+        return refuse(meta, ErrorCode.PRODUCER_FENCED, "expected epoch is not the current one")
     if config.bump_exhausts(meta.producer_epoch):
         # An exhausted epoch is never handed out: rotate to a new producer id.
         if cmd.new_producer_id == NO_PRODUCER_ID:
             return refuse(
-                meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped"
+                meta, ErrorCode.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped"
             )
         new = transition(
             meta,
-            S.EMPTY,
+            TxnState.EMPTY,
             producer_id=cmd.new_producer_id,
             producer_epoch=0,
             last_producer_id=meta.producer_id,
@@ -202,7 +200,7 @@ def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
     else:
         new = transition(
             meta,
-            S.EMPTY,
+            TxnState.EMPTY,
             producer_epoch=meta.producer_epoch + 1,
             last_producer_id=meta.producer_id,
             last_producer_epoch=(
@@ -241,13 +239,13 @@ def fence_and_abort(
         raise InvariantViolation(f"{meta.transactional_id!r}: Ongoing at the largest epoch")
     fence = transition(
         meta,
-        S.PREPARE_EPOCH_FENCE,
+        TxnState.PREPARE_EPOCH_FENCE,
         producer_epoch=meta.producer_epoch + 1,
         last_producer_epoch=NO_PRODUCER_EPOCH,
         last_update_ms=now_ms,
         coordinator_epoch=coordinator_epoch,
     )
-    aborting = transition(fence, S.PREPARE_ABORT, last_update_ms=now_ms)
+    aborting = transition(fence, TxnState.PREPARE_ABORT, last_update_ms=now_ms)
     effects: tuple[Effect, ...] = (
         ProducerFenced(
             meta.transactional_id,
@@ -284,20 +282,23 @@ def check_producer(
     larger epoch left for a transaction's markers, and the next
     InitProducerId rotates the producer id."""
     if meta is None:
-        return E.INVALID_PRODUCER_ID_MAPPING, ""
+        return ErrorCode.INVALID_PRODUCER_ID_MAPPING, ""
     if meta.state in TRANSIENT_STATES:
-        return E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}"
+        return ErrorCode.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}"
     if producer_id != meta.producer_id:
         if meta.pending_state is not None and producer_id == meta.next_producer_id:
-            return E.CONCURRENT_TRANSACTIONS, "the producer id is rotating; retry"
-        return E.INVALID_PRODUCER_ID_MAPPING, ""
+            return ErrorCode.CONCURRENT_TRANSACTIONS, "the producer id is rotating; retry"
+        return ErrorCode.INVALID_PRODUCER_ID_MAPPING, ""
     if producer_epoch != meta.producer_epoch:
-        return E.PRODUCER_FENCED, ""
+        return ErrorCode.PRODUCER_FENCED, ""
     if config.epoch_exhausted(producer_epoch):
-        return E.PRODUCER_FENCED, f"epoch {producer_epoch} is exhausted; InitProducerId rotates"
+        return (
+            ErrorCode.PRODUCER_FENCED,
+            f"epoch {producer_epoch} is exhausted; InitProducerId rotates",
+        )
     if meta.pending_state is not None:
-        return E.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}"
-    return E.NONE, ""
+        return ErrorCode.CONCURRENT_TRANSACTIONS, f"transaction is {meta.state.name}"
+    return ErrorCode.NONE, ""
 
 
 def verify_ongoing(
@@ -307,12 +308,15 @@ def verify_ongoing(
     producer's write: is (``producer_id``, ``producer_epoch``) the producer of
     an ongoing transaction? NONE, or the error and why."""
     if meta is None or producer_id != meta.producer_id:
-        return E.INVALID_PRODUCER_ID_MAPPING, "not the transactional id's current producer id"
+        return (
+            ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+            "not the transactional id's current producer id",
+        )
     if producer_epoch != meta.producer_epoch:
-        return E.PRODUCER_FENCED, f"epoch {producer_epoch} is not the current one"
-    if meta.state is not S.ONGOING:
-        return E.INVALID_TXN_STATE, f"no ongoing transaction (state {meta.state.name})"
-    return E.NONE, ""
+        return ErrorCode.PRODUCER_FENCED, f"epoch {producer_epoch} is not the current one"
+    if meta.state is not TxnState.ONGOING:
+        return ErrorCode.INVALID_TXN_STATE, f"no ongoing transaction (state {meta.state.name})"
+    return ErrorCode.NONE, ""
 
 
 def verify_group(
@@ -321,9 +325,9 @@ def verify_group(
     """TxnOffsetCommit's verification: is ``group_id`` in this producer's
     ongoing transaction (added with AddOffsetsToTxn)?"""
     error, why = verify_ongoing(meta, producer_id, producer_epoch)
-    if error is E.NONE and meta is not None and group_id not in meta.groups:
+    if error is ErrorCode.NONE and meta is not None and group_id not in meta.groups:
         why = f"group {group_id!r} is not in the transaction (AddOffsetsToTxn first)"
-        return E.INVALID_TXN_STATE, why
+        return ErrorCode.INVALID_TXN_STATE, why
     return error, why
 
 
@@ -345,7 +349,7 @@ def add_partitions(meta: TransactionMetadata | None, cmd: AddPartitions, config:
     """AddPartitionsToTxn: start or extend the transaction; idempotent."""
     problem = validate_partitions(cmd.partitions, config)
     if problem is not None:
-        return refuse(meta, E.INVALID_REQUEST, problem)
+        return refuse(meta, ErrorCode.INVALID_REQUEST, problem)
     return _add_participants(
         meta,
         cmd.producer_id,
@@ -361,7 +365,7 @@ def add_partitions(meta: TransactionMetadata | None, cmd: AddPartitions, config:
 def add_offsets(meta: TransactionMetadata | None, cmd: AddOffsets, config: FsmConfig) -> Step:
     """AddOffsetsToTxn: the group's offsets shard joins the transaction."""
     if not cmd.group_id:
-        return refuse(meta, E.INVALID_REQUEST, "group id must not be empty")
+        return refuse(meta, ErrorCode.INVALID_REQUEST, "group id must not be empty")
     return _add_participants(
         meta,
         cmd.producer_id,
@@ -385,17 +389,17 @@ def _add_participants(
     config: FsmConfig,
 ) -> Step:
     error, why = check_producer(meta, producer_id, producer_epoch, config)
-    if error is not E.NONE or meta is None:
+    if error is not ErrorCode.NONE or meta is None:
         return refuse(meta, error, why)
     refused = refusal(meta, Request.ADD_TO_TXN)
     if refused is not None:
         return refused
-    ongoing = meta.state is S.ONGOING
+    ongoing = meta.state is TxnState.ONGOING
     if ongoing and partitions <= meta.partitions and groups <= meta.groups:
         return Step(meta, _answer(meta))
     new = transition(
         meta,
-        S.ONGOING,
+        TxnState.ONGOING,
         partitions=(meta.partitions | partitions) if ongoing else partitions,
         groups=(meta.groups | groups) if ongoing else groups,
         txn_start_ms=meta.txn_start_ms if ongoing else now_ms,
@@ -415,7 +419,7 @@ def end_txn_needs_producer_id(
     return (
         meta is not None
         and (cmd.producer_id, cmd.producer_epoch) == (meta.producer_id, meta.producer_epoch)
-        and meta.state in IDLE_STATES | {S.ONGOING}
+        and meta.state in IDLE_STATES | {TxnState.ONGOING}
         and config.bump_exhausts(meta.producer_epoch)
         and not config.epoch_exhausted(meta.producer_epoch)
     )
@@ -434,18 +438,18 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
     transaction (bumping the epoch).
     """
     if meta is None:
-        return refuse(meta, E.INVALID_PRODUCER_ID_MAPPING)
+        return refuse(meta, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
     is_retry = (
         meta.last_producer_epoch != NO_PRODUCER_EPOCH
         and (cmd.producer_id, cmd.producer_epoch)
         == (meta.last_producer_id, meta.last_producer_epoch)
-        and meta.state in PREPARE_STATES | {S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
+        and meta.state in PREPARE_STATES | {TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT}
     )
     if is_retry:
         refused = refusal(meta, Request.END_COMMIT_RETRY if cmd.commit else Request.END_ABORT_RETRY)
         return Step(meta, _answer(meta)) if refused is None else refused
     error, why = check_producer(meta, cmd.producer_id, cmd.producer_epoch, config)
-    if error is not E.NONE:
+    if error is not ErrorCode.NONE:
         return refuse(meta, error, why)
     refused = refusal(meta, Request.END_COMMIT if cmd.commit else Request.END_ABORT)
     return _end(meta, cmd, config) if refused is None else refused
@@ -456,10 +460,12 @@ def _end(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
     empty transaction) the Complete* state follows at once."""
     rotate = config.epoch_exhausted(meta.producer_epoch + 1)
     if rotate and cmd.new_producer_id == NO_PRODUCER_ID:
-        return refuse(meta, E.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped")
+        return refuse(
+            meta, ErrorCode.CONCURRENT_TRANSACTIONS, "epoch exhausted; no producer id stamped"
+        )
     prepared = transition(
         meta,
-        S.PREPARE_COMMIT if cmd.commit else S.PREPARE_ABORT,
+        TxnState.PREPARE_COMMIT if cmd.commit else TxnState.PREPARE_ABORT,
         producer_epoch=meta.producer_epoch + 1,
         last_producer_id=meta.producer_id,
         last_producer_epoch=meta.producer_epoch,
@@ -520,7 +526,7 @@ def markers_written(meta: TransactionMetadata | None, cmd: MarkersWritten) -> St
 def has_timed_out(meta: TransactionMetadata, now_ms: int) -> bool:
     """Whether an Ongoing transaction has outlived its timeout at ``now_ms``."""
     return (
-        meta.state is S.ONGOING
+        meta.state is TxnState.ONGOING
         and meta.pending_state is None
         and meta.txn_start_ms + meta.timeout_ms < now_ms
     )
@@ -531,9 +537,9 @@ def abort_timed_out(
 ) -> Step:
     """The sweeper's abort: fence the epoch, then abort (same as Kafka)."""
     if meta is None:
-        return refuse(meta, E.INVALID_PRODUCER_ID_MAPPING)
+        return refuse(meta, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
     if (cmd.producer_id, cmd.producer_epoch) != (meta.producer_id, meta.producer_epoch):
-        return refuse(meta, E.PRODUCER_FENCED, "the transaction moved on since it was seen")
+        return refuse(meta, ErrorCode.PRODUCER_FENCED, "the transaction moved on since it was seen")
     refused = refusal(meta, Request.TIMEOUT_ABORT)
     if refused is not None:
         return refused
@@ -545,7 +551,7 @@ def abort_timed_out(
 def expirable(meta: TransactionMetadata, now_ms: int, config: FsmConfig) -> bool:
     """Whether the id has been idle for transactional.id.expiration.ms."""
     return (
-        rule(Request.EXPIRE, meta.state).to is S.DEAD
+        rule(Request.EXPIRE, meta.state).to is TxnState.DEAD
         and meta.pending_state is None
         and meta.last_update_ms + config.transactional_id_expiration_ms <= now_ms
     )
@@ -553,4 +559,4 @@ def expirable(meta: TransactionMetadata, now_ms: int, config: FsmConfig) -> bool
 
 def expire(meta: TransactionMetadata, now_ms: int) -> TransactionMetadata:
     """Move an expirable id to Dead (the caller then removes it)."""
-    return transition(meta, S.DEAD, last_update_ms=now_ms)
+    return transition(meta, TxnState.DEAD, last_update_ms=now_ms)

@@ -24,8 +24,6 @@ from enum import Enum
 
 from raftcoord.protocol.errors import ErrorCode
 
-E = ErrorCode
-
 
 class MarkerDisposition(Enum):
     DONE = "done"
@@ -44,33 +42,37 @@ class CompletionDisposition(Enum):
 
 RETRIABLE_MARKER_ERRORS = frozenset(
     {
-        E.NOT_LEADER_OR_FOLLOWER,
-        E.NOT_COORDINATOR,
-        E.COORDINATOR_NOT_AVAILABLE,
-        E.COORDINATOR_LOAD_IN_PROGRESS,
-        E.REQUEST_TIMED_OUT,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.REQUEST_TIMED_OUT,
         # The destination's metadata may lag behind the topic's creation.
-        E.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     }
 )
 
 FENCING_MARKER_ERRORS = frozenset(
-    {E.TRANSACTION_COORDINATOR_FENCED, E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED}
+    {
+        ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+        ErrorCode.PRODUCER_FENCED,
+    }
 )
 
 _COMPLETION: dict[int, CompletionDisposition] = {
-    E.NONE: CompletionDisposition.DONE,
-    E.REQUEST_TIMED_OUT: CompletionDisposition.RETRY,
-    E.NOT_COORDINATOR: CompletionDisposition.LEADERSHIP_LOST,
-    E.COORDINATOR_LOAD_IN_PROGRESS: CompletionDisposition.LEADERSHIP_LOST,
-    E.COORDINATOR_NOT_AVAILABLE: CompletionDisposition.LEADERSHIP_LOST,
-    E.INVALID_TXN_STATE: CompletionDisposition.STALE,
+    ErrorCode.NONE: CompletionDisposition.DONE,
+    ErrorCode.REQUEST_TIMED_OUT: CompletionDisposition.RETRY,
+    ErrorCode.NOT_COORDINATOR: CompletionDisposition.LEADERSHIP_LOST,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: CompletionDisposition.LEADERSHIP_LOST,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE: CompletionDisposition.LEADERSHIP_LOST,
+    ErrorCode.INVALID_TXN_STATE: CompletionDisposition.STALE,
 }
 
 
 def classify_marker_error(code: int) -> MarkerDisposition:
     """The class of one participant's answer (unknown numbers included)."""
-    if code == E.NONE:
+    if code == ErrorCode.NONE:
         return MarkerDisposition.DONE
     if code in RETRIABLE_MARKER_ERRORS:
         return MarkerDisposition.RETRY

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
@@ -41,7 +41,7 @@ MIN_REFRESH_INTERVAL_S = 0.1
 class Placement:
     """Where a topic-partition lives, as this node knows it."""
 
-    error: E  # NONE (owned here), NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION
+    error: ErrorCode  # NONE (owned here), NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION
     message: str = ""
 
 
@@ -86,7 +86,7 @@ class ClusterView:
         topics = {
             t.name: tuple(p.node_id for p in sorted(t.partitions, key=lambda p: p.partition))
             for t in answer.topics
-            if t.error_code == E.NONE
+            if t.error_code == ErrorCode.NONE
         }
         with self._lock:
             # Topics are only ever added: a stale answer never hides a known one.
@@ -107,7 +107,7 @@ class ClusterView:
     def locate(self, topic: str, partition: int) -> Placement:
         """Whether this node owns ``topic``/``partition``; refreshes once on a miss."""
         placement = self._locate(topic, partition)
-        if placement.error is E.NONE:
+        if placement.error is ErrorCode.NONE:
             return placement
         now = time.monotonic()
         with self._lock:
@@ -124,27 +124,27 @@ class ClusterView:
         with self._lock:
             nodes = self._topics.get(topic)
         if nodes is None:
-            return Placement(E.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
+            return Placement(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
         if not 0 <= partition < len(nodes):
             return Placement(
-                E.UNKNOWN_TOPIC_OR_PARTITION,
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}",
             )
         if nodes[partition] != self.node_id:
             return Placement(
-                E.NOT_LEADER_OR_FOLLOWER,
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
                 f"{topic}-{partition} is on partition-log node {nodes[partition]}",
             )
-        return Placement(E.NONE)
+        return Placement(ErrorCode.NONE)
 
 
 #: Answers of the coordinator that reject the batch as they are.
 _FINAL = {
-    E.INVALID_TXN_STATE,
-    E.PRODUCER_FENCED,
-    E.INVALID_PRODUCER_ID_MAPPING,
-    E.INVALID_PRODUCER_EPOCH,
-    E.TRANSACTION_ABORTABLE,
+    ErrorCode.INVALID_TXN_STATE,
+    ErrorCode.PRODUCER_FENCED,
+    ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+    ErrorCode.INVALID_PRODUCER_EPOCH,
+    ErrorCode.TRANSACTION_ABORTABLE,
 }
 
 
@@ -167,7 +167,7 @@ class TxnVerifier:
         producer_id: int,
         producer_epoch: int,
         partitions: Sequence[TopicPartition],
-    ) -> dict[TopicPartition, tuple[E, str]]:
+    ) -> dict[TopicPartition, tuple[ErrorCode, str]]:
         """Per partition: NONE (in the ongoing transaction) or why not.
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
@@ -198,27 +198,36 @@ class TxnVerifier:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {exc.code().name}"
                 continue
-            if answer.error_code in (E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE):
+            if answer.error_code in (
+                ErrorCode.NOT_COORDINATOR,
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            ):
                 self._forget(transactional_id)
-                problem = f"coordinator {address}: {E(answer.error_code).name}"
+                problem = f"coordinator {address}: {ErrorCode(answer.error_code).name}"
                 continue
-            if answer.error_code != E.NONE:
-                code = _produce_code(E(answer.error_code))
-                final = code if code in _FINAL else E.REQUEST_TIMED_OUT
+            if answer.error_code != ErrorCode.NONE:
+                code = _produce_code(ErrorCode(answer.error_code))
+                final = code if code in _FINAL else ErrorCode.REQUEST_TIMED_OUT
                 return {tp: (final, f"verification: {answer.error_message}") for tp in partitions}
-            results: dict[TopicPartition, tuple[E, str]] = {}
+            results: dict[TopicPartition, tuple[ErrorCode, str]] = {}
             for r in answer.results:
-                code = E(r.error_code)
-                message = "" if code is E.NONE else _not_in_transaction(transactional_id, code)
+                code = ErrorCode(r.error_code)
+                message = (
+                    "" if code is ErrorCode.NONE else _not_in_transaction(transactional_id, code)
+                )
                 code = _produce_code(code)
                 results[(r.topic, r.partition)] = (
-                    code if code in _FINAL or code is E.NONE else E.REQUEST_TIMED_OUT,
+                    code
+                    if code in _FINAL or code is ErrorCode.NONE
+                    else ErrorCode.REQUEST_TIMED_OUT,
                     message,
                 )
             missing = "the coordinator did not answer for this partition"
-            return {tp: results.get(tp, (E.REQUEST_TIMED_OUT, missing)) for tp in partitions}
+            return {
+                tp: results.get(tp, (ErrorCode.REQUEST_TIMED_OUT, missing)) for tp in partitions
+            }
         message = f"cannot verify the transaction: {problem}"
-        return {tp: (E.REQUEST_TIMED_OUT, message) for tp in partitions}
+        return {tp: (ErrorCode.REQUEST_TIMED_OUT, message) for tp in partitions}
 
     def _leader(self, transactional_id: str) -> str | None:
         if self._view.shard_count == 0:
@@ -240,7 +249,7 @@ class TxnVerifier:
                 )
             except grpc.RpcError:
                 continue
-            if answer.error_code == E.NONE and answer.address:
+            if answer.error_code == ErrorCode.NONE and answer.address:
                 with self._lock:
                     self._leaders[shard] = answer.address
                 return str(answer.address)
@@ -252,14 +261,14 @@ class TxnVerifier:
                 self._leaders.pop(shard_for(transactional_id, self._view.shard_count), None)
 
 
-def _produce_code(code: E) -> E:
+def _produce_code(code: ErrorCode) -> ErrorCode:
     """The Produce answer for a verification answer: INVALID_TXN_STATE (the
     partition is not in an ongoing transaction) becomes TRANSACTION_ABORTABLE."""
-    return E.TRANSACTION_ABORTABLE if code is E.INVALID_TXN_STATE else code
+    return ErrorCode.TRANSACTION_ABORTABLE if code is ErrorCode.INVALID_TXN_STATE else code
 
 
-def _not_in_transaction(transactional_id: str, code: E) -> str:
-    if code is E.INVALID_TXN_STATE:
+def _not_in_transaction(transactional_id: str, code: ErrorCode) -> str:
+    if code is ErrorCode.INVALID_TXN_STATE:
         return (
             f"the partition is not in the ongoing transaction of {transactional_id!r} "
             "(AddPartitionsToTxn first)"

@@ -26,7 +26,7 @@ from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
-from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import serve
 from raftcoord.protocol.v1 import partition_log_pb2_grpc
 
@@ -90,13 +90,13 @@ class PartitionNode:
                 )
             return partition
 
-    def lookup(self, topic: str, index: int) -> Partition | tuple[E, str]:
+    def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
         """The partition if this node owns it, else the error code and message."""
         partition = self.partitions.get((topic, index))
         if partition is not None:
             return partition
         placement = self.view.locate(topic, index)
-        if placement.error is not E.NONE:
+        if placement.error is not ErrorCode.NONE:
             return placement.error, placement.message
         return self._open(topic, index)
 

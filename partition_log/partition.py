@@ -30,7 +30,7 @@ from partition_log.producer_state import (
     decode_snapshot,
     encode_snapshot,
 )
-from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.errors import ErrorCode
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -58,7 +58,7 @@ class FetchedBatch:
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
-    error: E
+    error: ErrorCode
     message: str
     high_watermark: int
     last_stable_offset: int
@@ -195,7 +195,7 @@ class Partition:
                 log.error(
                     "partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc
                 )
-                return AppendCheck(None, E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
+                return AppendCheck(None, ErrorCode.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
             self.states.on_append(
                 spec.producer_id,
                 spec.producer_epoch,
@@ -215,7 +215,7 @@ class Partition:
         commit: bool,
         timestamp_ms: int,
         admin_abort: bool = False,
-    ) -> tuple[E, str]:
+    ) -> tuple[ErrorCode, str]:
         """Append a COMMIT/ABORT control record for ``producer_id`` (if it is
         due). An ``admin_abort`` (an ABORT from an administrator, not the
         coordinator) is refused unless it ends the producer's open transaction
@@ -223,13 +223,13 @@ class Partition:
         with self.lock:
             if admin_abort:
                 code, message = self.states.check_admin_abort(producer_id, epoch, coordinator_epoch)
-                if code is not E.NONE:
+                if code is not ErrorCode.NONE:
                     return code, message
             action = self.states.check_marker(producer_id, epoch, coordinator_epoch)
             if action is MarkerAction.FENCED:
                 seen = self.states.producers[producer_id].coordinator_epoch
                 return (
-                    E.TRANSACTION_COORDINATOR_FENCED,
+                    ErrorCode.TRANSACTION_COORDINATOR_FENCED,
                     f"coordinator epoch {coordinator_epoch} is older than {seen}",
                 )
             if action is MarkerAction.WRITE:
@@ -246,7 +246,7 @@ class Partition:
                     log.error(
                         "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
                     )
-                    return E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}"
+                    return ErrorCode.UNKNOWN_SERVER_ERROR, f"storage error: {exc}"
                 self.states.on_marker(
                     producer_id,
                     epoch,
@@ -255,7 +255,7 @@ class Partition:
                     offset,
                     timestamp_ms=timestamp_ms,
                 )
-            return E.NONE, ""
+            return ErrorCode.NONE, ""
 
     def _append(self, batch: bytearray) -> int:
         """Append to the store; when that rolled a new segment, snapshot the state as of
@@ -296,20 +296,24 @@ class Partition:
             end = self.store.log_end_offset
             lso = self.states.last_stable_offset(end)
 
-            def failed(code: E, message: str) -> FetchResult:
+            def failed(code: ErrorCode, message: str) -> FetchResult:
                 return FetchResult(code, message, end, lso, start, offset, [])
 
             if not start <= offset <= end:
-                return failed(E.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside [{start}, {end}]")
+                return failed(
+                    ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside [{start}, {end}]"
+                )
             upto = lso if read_committed else end
             try:
                 raw = self.store.read(offset, max_bytes, upto)
             except (OSError, StoreFailed) as exc:
                 self._log_unreadable(offset, exc)
-                return failed(E.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
+                return failed(ErrorCode.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
             except CorruptLog as exc:
                 self._log_unreadable(offset, exc)
-                return failed(E.CORRUPT_MESSAGE, f"the log cannot be read at {offset}: {exc}")
+                return failed(
+                    ErrorCode.CORRUPT_MESSAGE, f"the log cannot be read at {offset}: {exc}"
+                )
             aborted = self.states.aborted_between(offset, upto) if read_committed else []
         batches = []
         next_offset = offset
@@ -323,7 +327,7 @@ class Partition:
                         break  # serve what precedes it; the next fetch starts here
                     self._log_unreadable(header.base_offset, exc)
                     return failed(
-                        E.CORRUPT_MESSAGE,
+                        ErrorCode.CORRUPT_MESSAGE,
                         f"the batch at offsets {header.base_offset}..{header.last_offset} "
                         f"cannot be read: {exc}",
                     )
@@ -336,7 +340,7 @@ class Partition:
                     )
                 )
             next_offset = header.next_offset
-        return FetchResult(E.NONE, "", end, lso, start, next_offset, batches)
+        return FetchResult(ErrorCode.NONE, "", end, lso, start, next_offset, batches)
 
     def _log_unreadable(self, offset: int, exc: Exception) -> None:
         log.error(

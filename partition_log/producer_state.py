@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import MAX_SEQUENCE
 
 #: Batches remembered per producer for deduplication (Kafka's constant).
@@ -113,14 +113,14 @@ class AppendCheck:
     """The answer of :meth:`ProducerStates.check_append`."""
 
     verdict: Verdict | None
-    error: E = E.NONE
+    error: ErrorCode = ErrorCode.NONE
     message: str = ""
     #: For DUPLICATE: the original batch's base offset.
     base_offset: int = -1
 
     @property
     def ok(self) -> bool:
-        return self.error is E.NONE
+        return self.error is ErrorCode.NONE
 
 
 class MarkerAction(Enum):
@@ -134,7 +134,7 @@ class MarkerAction(Enum):
     FENCED = "fenced"
 
 
-def _fail(error: E, message: str) -> AppendCheck:
+def _fail(error: ErrorCode, message: str) -> AppendCheck:
     return AppendCheck(None, error, message)
 
 
@@ -173,14 +173,14 @@ class ProducerStates:
         if entry is None:
             if first_sequence != 0:
                 return _fail(
-                    E.UNKNOWN_PRODUCER_ID,
+                    ErrorCode.UNKNOWN_PRODUCER_ID,
                     f"producer {producer_id} has no state here; its first batch must have "
                     f"sequence 0, got {first_sequence}",
                 )
             return self._transaction_check(None, epoch, transactional, verified)
         if epoch < entry.epoch:
             return _fail(
-                E.INVALID_PRODUCER_EPOCH,
+                ErrorCode.INVALID_PRODUCER_EPOCH,
                 f"producer {producer_id} epoch {epoch} is older than {entry.epoch}",
             )
         if epoch == entry.epoch:
@@ -192,7 +192,7 @@ class ProducerStates:
             expected = 0
         if first_sequence != expected:
             return _fail(
-                E.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
                 f"producer {producer_id} epoch {epoch}: expected sequence {expected}, "
                 f"got {first_sequence}",
             )
@@ -205,7 +205,7 @@ class ProducerStates:
         if not transactional:
             if open_txn:
                 return _fail(
-                    E.INVALID_TXN_STATE,
+                    ErrorCode.INVALID_TXN_STATE,
                     "a non-transactional batch from a producer with an open transaction here",
                 )
             return AppendCheck(Verdict.APPEND)
@@ -213,7 +213,7 @@ class ProducerStates:
             assert entry is not None
             if entry.epoch != epoch:
                 return _fail(
-                    E.INVALID_TXN_STATE,
+                    ErrorCode.INVALID_TXN_STATE,
                     f"the producer's transaction at epoch {entry.epoch} is still open here",
                 )
             return AppendCheck(Verdict.APPEND)
@@ -264,26 +264,29 @@ class ProducerStates:
 
     def check_admin_abort(
         self, producer_id: int, epoch: int, coordinator_epoch: int
-    ) -> tuple[E, str]:
+    ) -> tuple[ErrorCode, str]:
         """Whether an administrator's ABORT marker at marker ``epoch`` may be
         written: only for the producer's open transaction here, whose data
         epoch must be ``epoch - 1``, and not from an older coordinator epoch
         than this partition has seen for the producer. (NONE, "") if so."""
         entry = self.producers.get(producer_id)
         if entry is None or entry.txn_first_offset is None:
-            return E.INVALID_TXN_STATE, f"producer {producer_id} has no open transaction here"
+            return (
+                ErrorCode.INVALID_TXN_STATE,
+                f"producer {producer_id} has no open transaction here",
+            )
         if coordinator_epoch < entry.coordinator_epoch:
             return (
-                E.TRANSACTION_COORDINATOR_FENCED,
+                ErrorCode.TRANSACTION_COORDINATOR_FENCED,
                 f"coordinator epoch {coordinator_epoch} is older than {entry.coordinator_epoch}",
             )
         if entry.epoch != epoch - 1:
             return (
-                E.INVALID_PRODUCER_EPOCH,
+                ErrorCode.INVALID_PRODUCER_EPOCH,
                 f"the open transaction of producer {producer_id} here is at epoch "
                 f"{entry.epoch}, not {epoch - 1}",
             )
-        return E.NONE, ""
+        return ErrorCode.NONE, ""
 
     def on_marker(
         self,

@@ -25,17 +25,16 @@ from partition_log import codec
 from partition_log.cluster_view import TopicPartition, TxnVerifier
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import AppendCheck, Verdict
-from raftcoord.protocol.errors import ErrorCode as E
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, MAX_FETCH_WAIT_MS, MAX_SEQUENCE
-from raftcoord.protocol.v1 import common_pb2, partition_log_pb2_grpc
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2, partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 
 #: Fetch limits when the request leaves them 0.
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
 #: A partition lookup: the partition, or the error code and message.
-Lookup = Callable[[str, int], "Partition | tuple[E, str]"]
+Lookup = Callable[[str, int], "Partition | tuple[ErrorCode, str]"]
 
 
 @dataclass
@@ -134,44 +133,47 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 )
                 for p in group:
                     code, message = answers[p.tp]
-                    if code is not E.NONE:
+                    if code is not ErrorCode.NONE:
                         results[p.index] = _produce_result(p.tp, code, message)
                         continue
                     check = p.partition.append(p.spec, p.batch, verified=True)
                     results[p.index] = _appended(p.tp, check)
-        return pb.ProduceResponse(partitions=results)
+        return partition_log_pb2.ProduceResponse(partitions=results)
 
     def _prepare(
         self, index: int, entry: Any, transactional_id: str | None, duplicate: bool
-    ) -> _Pending | tuple[E, str]:
+    ) -> _Pending | tuple[ErrorCode, str]:
         if duplicate:
-            return E.INVALID_REQUEST, "the partition appears twice in the request"
+            return ErrorCode.INVALID_REQUEST, "the partition appears twice in the request"
         found = self.lookup(entry.topic, entry.partition)
         if isinstance(found, tuple):
             return found
         batch = entry.batch
         records = batch.records
         if not records:
-            return E.INVALID_REQUEST, "a batch needs at least one record"
+            return ErrorCode.INVALID_REQUEST, "a batch needs at least one record"
         pid, epoch, sequence = batch.producer_id, batch.producer_epoch, batch.base_sequence
         if pid < -1:
-            return E.INVALID_REQUEST, f"producer_id must be >= -1, got {pid}"
+            return ErrorCode.INVALID_REQUEST, f"producer_id must be >= -1, got {pid}"
         if pid == -1:
             if batch.is_transactional:
-                return E.INVALID_REQUEST, "a transactional batch needs a producer id"
+                return ErrorCode.INVALID_REQUEST, "a transactional batch needs a producer id"
             epoch, sequence = -1, -1
         else:
             if not 0 <= epoch <= KAFKA_MAX_PRODUCER_EPOCH:
                 return (
-                    E.INVALID_REQUEST,
+                    ErrorCode.INVALID_REQUEST,
                     f"producer_epoch must be in 0..{KAFKA_MAX_PRODUCER_EPOCH}, got {epoch}",
                 )
             if not 0 <= sequence <= MAX_SEQUENCE:
-                return E.INVALID_REQUEST, f"base_sequence must be in 0..{MAX_SEQUENCE}"
+                return ErrorCode.INVALID_REQUEST, f"base_sequence must be in 0..{MAX_SEQUENCE}"
             if len(records) > MAX_SEQUENCE:
-                return E.INVALID_REQUEST, "too many records in one batch"
+                return ErrorCode.INVALID_REQUEST, "too many records in one batch"
         if batch.is_transactional and not transactional_id:
-            return E.INVALID_REQUEST, "a transactional batch needs the request's transactional_id"
+            return (
+                ErrorCode.INVALID_REQUEST,
+                "a transactional batch needs the request's transactional_id",
+            )
         data = [
             codec.RecordData(
                 key=record.key if record.HasField("key") else None,
@@ -190,10 +192,10 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 transactional=batch.is_transactional,
             )
         except (TypeError, ValueError, OverflowError) as exc:
-            return E.CORRUPT_MESSAGE, f"cannot encode the batch: {exc}"
+            return ErrorCode.CORRUPT_MESSAGE, f"cannot encode the batch: {exc}"
         if len(encoded) > self.message_max_bytes:
             return (
-                E.MESSAGE_TOO_LARGE,
+                ErrorCode.MESSAGE_TOO_LARGE,
                 f"batch of {len(encoded)} bytes exceeds message.max.bytes={self.message_max_bytes}",
             )
         try:
@@ -208,12 +210,12 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
     def Fetch(self, request: Any, context: Any) -> Any:
         problem = _fetch_problem(request)
         if problem is not None:
-            return pb.FetchResponse(
+            return partition_log_pb2.FetchResponse(
                 partitions=[
-                    pb.FetchPartitionResponse(
+                    partition_log_pb2.FetchPartitionResponse(
                         topic=entry.topic,
                         partition=entry.partition,
-                        error_code=E.INVALID_REQUEST,
+                        error_code=ErrorCode.INVALID_REQUEST,
                         error_message=problem,
                         next_fetch_offset=entry.fetch_offset,
                         high_watermark=-1,
@@ -246,7 +248,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 with self._parked_lock:
                     self.parked_fetches -= 1
                 self._parking.release()
-        return pb.FetchResponse(partitions=answers)
+        return partition_log_pb2.FetchResponse(partitions=answers)
 
     def _read(self, request: Any) -> tuple[list[Any], int, bool]:
         """One pass over the partitions of a Fetch: (answers, bytes of keys and values
@@ -257,7 +259,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         failed = False
         answers = []
         for entry in request.partitions:
-            answer = pb.FetchPartitionResponse(
+            answer = partition_log_pb2.FetchPartitionResponse(
                 topic=entry.topic,
                 partition=entry.partition,
                 next_fetch_offset=entry.fetch_offset,
@@ -280,7 +282,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
             result = found.fetch(entry.fetch_offset, min(limit, budget), read_committed)
             answer.error_code = result.error
             answer.error_message = result.message
-            failed = failed or result.error is not E.NONE
+            failed = failed or result.error is not ErrorCode.NONE
             answer.high_watermark = result.high_watermark
             answer.last_stable_offset = result.last_stable_offset
             answer.log_start_offset = result.log_start_offset
@@ -290,7 +292,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                     record = answer.records.add(
                         offset=r.offset,
                         timestamp_ms=r.timestamp_ms,
-                        headers=[pb.RecordHeader(key=k, value=v) for k, v in r.headers],
+                        headers=[
+                            partition_log_pb2.RecordHeader(key=k, value=v) for k, v in r.headers
+                        ],
                         producer_id=batch.producer_id,
                         producer_epoch=batch.producer_epoch,
                         is_transactional=batch.transactional,
@@ -310,7 +314,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         read_committed = request.isolation_level == common_pb2.READ_COMMITTED
         answers = []
         for entry in request.partitions:
-            answer = pb.ListOffsetsPartitionResponse(
+            answer = partition_log_pb2.ListOffsetsPartitionResponse(
                 topic=entry.topic, partition=entry.partition, offset=-1
             )
             answers.append(answer)
@@ -319,13 +323,13 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 answer.error_code, answer.error_message = found
                 continue
             start, lso, end = found.offsets()
-            if entry.spec == pb.OFFSET_SPEC_EARLIEST:
+            if entry.spec == partition_log_pb2.OFFSET_SPEC_EARLIEST:
                 answer.offset = start
-            elif entry.spec == pb.OFFSET_SPEC_LAST_STABLE or read_committed:
+            elif entry.spec == partition_log_pb2.OFFSET_SPEC_LAST_STABLE or read_committed:
                 answer.offset = lso
             else:
                 answer.offset = end
-        return pb.ListOffsetsResponse(partitions=answers)
+        return partition_log_pb2.ListOffsetsResponse(partitions=answers)
 
     # --- WriteTxnMarkers -----------------------------------------------------------
 
@@ -333,18 +337,18 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         now_ms = int(time.time() * 1000)
         answers = []
         for marker in request.markers:
-            answer = pb.TxnMarkerResult(
+            answer = partition_log_pb2.TxnMarkerResult(
                 producer_id=marker.producer_id, producer_epoch=marker.producer_epoch
             )
             answers.append(answer)
             problem = _marker_problem(marker)
             for group in marker.groups:
-                answer.groups.add(group_id=group, error_code=E.INVALID_REQUEST)
+                answer.groups.add(group_id=group, error_code=ErrorCode.INVALID_REQUEST)
             for topic in marker.topics:
                 for index in topic.partitions:
                     result = answer.partitions.add(topic=topic.topic, partition=index)
                     if problem is not None:
-                        result.error_code, result.error_message = E.INVALID_REQUEST, problem
+                        result.error_code, result.error_message = ErrorCode.INVALID_REQUEST, problem
                         continue
                     found = self.lookup(topic.topic, index)
                     if isinstance(found, tuple):
@@ -359,7 +363,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                         marker.admin_abort,
                     )
                     result.error_code, result.error_message = code, message
-        return pb.WriteTxnMarkersResponse(markers=answers)
+        return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)
 
     # --- DescribeProducers ---------------------------------------------------------
 
@@ -367,7 +371,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         answers = []
         for topic in request.topics:
             for index in topic.partitions:
-                answer = pb.DescribeProducersPartitionResponse(topic=topic.topic, partition=index)
+                answer = partition_log_pb2.DescribeProducersPartitionResponse(
+                    topic=topic.topic, partition=index
+                )
                 answers.append(answer)
                 found = self.lookup(topic.topic, index)
                 if isinstance(found, tuple):
@@ -382,7 +388,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                         coordinator_epoch=producer.coordinator_epoch,
                         current_txn_start_offset=producer.current_txn_start_offset,
                     )
-        return pb.DescribeProducersResponse(partitions=answers)
+        return partition_log_pb2.DescribeProducersResponse(partitions=answers)
 
 
 def _fetch_problem(request: Any) -> str | None:
@@ -409,8 +415,10 @@ def _marker_problem(marker: Any) -> str | None:
     return None
 
 
-def _produce_result(tp: TopicPartition, code: E, message: str, base_offset: int = -1) -> Any:
-    return pb.PartitionProduceResponse(
+def _produce_result(
+    tp: TopicPartition, code: ErrorCode, message: str, base_offset: int = -1
+) -> Any:
+    return partition_log_pb2.PartitionProduceResponse(
         topic=tp[0],
         partition=tp[1],
         error_code=code,
@@ -424,5 +432,5 @@ def _appended(tp: TopicPartition, check: AppendCheck) -> Any:
     if not check.ok:
         return _produce_result(tp, check.error, check.message)
     if check.verdict is Verdict.VERIFY:  # only when verification raced a marker
-        return _produce_result(tp, E.REQUEST_TIMED_OUT, "the transaction changed; retry")
-    return _produce_result(tp, E.NONE, "", check.base_offset)
+        return _produce_result(tp, ErrorCode.REQUEST_TIMED_OUT, "the transaction changed; retry")
+    return _produce_result(tp, ErrorCode.NONE, "", check.base_offset)

@@ -10,8 +10,7 @@ from typing import Any
 import grpc
 
 from fsm import ErrorCode
-from raftcoord.protocol.v1 import coordinator_pb2 as pb
-from raftcoord.protocol.v1 import coordinator_pb2_grpc
+from raftcoord.protocol.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 RETRIABLE = {
     ErrorCode.NOT_COORDINATOR,
@@ -40,7 +39,10 @@ class Coordinators:
             for stub in self.stubs.values():
                 try:
                     answer = stub.FindCoordinator(
-                        pb.FindCoordinatorRequest(key=key, key_type=pb.TRANSACTION), timeout=1.0
+                        coordinator_pb2.FindCoordinatorRequest(
+                            key=key, key_type=coordinator_pb2.TRANSACTION
+                        ),
+                        timeout=1.0,
                     )
                 except grpc.RpcError:
                     continue
@@ -71,8 +73,8 @@ class Coordinators:
 
     def create_topic(self, name: str, num_partitions: int, timeout_s: float = 20.0) -> None:
         """Create ``name`` (or find it created) on shard 0's leader, whichever node that is."""
-        request = pb.CreateTopicsRequest(
-            topics=[pb.CreatableTopic(name=name, num_partitions=num_partitions)]
+        request = coordinator_pb2.CreateTopicsRequest(
+            topics=[coordinator_pb2.CreatableTopic(name=name, num_partitions=num_partitions)]
         )
 
         def created() -> bool:

@@ -12,9 +12,9 @@ from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
+    partition_log_pb2,
     partition_log_pb2_grpc,
 )
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
 
 
 def stub(address: str) -> Any:
@@ -42,7 +42,7 @@ def create_topic(cluster: LocalCluster, name: str, partitions: int) -> dict[int,
 def records(*values: bytes, key: bytes | None = b"k") -> list[Any]:
     made = []
     for i, value in enumerate(values):
-        record = pb.Record(value=value, timestamp_ms=1_700_000_000_000 + i)
+        record = partition_log_pb2.Record(value=value, timestamp_ms=1_700_000_000_000 + i)
         if key is not None:
             record.key = key
         made.append(record)
@@ -61,12 +61,12 @@ def produce(
     transactional_id: str | None = None,
 ) -> Any:
     """Produce one batch; returns the partition's PartitionProduceResponse."""
-    request = pb.ProduceRequest(
+    request = partition_log_pb2.ProduceRequest(
         partitions=[
-            pb.PartitionProduceData(
+            partition_log_pb2.PartitionProduceData(
                 topic=topic,
                 partition=partition,
-                batch=pb.RecordBatch(
+                batch=partition_log_pb2.RecordBatch(
                     producer_id=producer_id,
                     producer_epoch=epoch,
                     base_sequence=sequence,
@@ -89,10 +89,12 @@ def read_all(
     position, seen = start, []
     while True:
         answer = node.Fetch(
-            pb.FetchRequest(
+            partition_log_pb2.FetchRequest(
                 isolation_level=isolation,
                 partitions=[
-                    pb.FetchPartition(topic=topic, partition=partition, fetch_offset=position)
+                    partition_log_pb2.FetchPartition(
+                        topic=topic, partition=partition, fetch_offset=position
+                    )
                 ],
             ),
             timeout=10,
@@ -115,9 +117,9 @@ def write_marker(
 ) -> Any:
     """One marker for one partition; returns its PartitionResult."""
     answer = node.WriteTxnMarkers(
-        pb.WriteTxnMarkersRequest(
+        partition_log_pb2.WriteTxnMarkersRequest(
             markers=[
-                pb.TxnMarker(
+                partition_log_pb2.TxnMarker(
                     producer_id=producer_id,
                     producer_epoch=epoch,
                     coordinator_epoch=coordinator_epoch,
@@ -133,8 +135,10 @@ def write_marker(
 
 def list_offset(node: Any, topic: str, partition: int, spec: int) -> int:
     answer = node.ListOffsets(
-        pb.ListOffsetsRequest(
-            partitions=[pb.ListOffsetsPartition(topic=topic, partition=partition, spec=spec)]
+        partition_log_pb2.ListOffsetsRequest(
+            partitions=[
+                partition_log_pb2.ListOffsetsPartition(topic=topic, partition=partition, spec=spec)
+            ]
         ),
         timeout=5,
     ).partitions[0]

@@ -82,10 +82,8 @@ from marker_writer import (
 from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from raftcoord.coordinator.leader import CHECK_ONLY, LeaderCore, Unstamped, timed_out_abort
-from raftcoord.coordinator.service import _verify
+from raftcoord.coordinator.services.transactions import verify_partitions
 from raftcoord.protocol.types import TopicPartition
-
-E = ErrorCode
 
 REPLICAS = 3
 MAJORITY = REPLICAS // 2 + 1
@@ -106,10 +104,20 @@ QUIET_STEPS = 3_000
 
 #: Answers a client retries as they are: the outcome is unknown or not yet possible.
 RETRIABLE = frozenset(
-    {E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS}
+    {
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+    }
 )
 #: Answers no well-formed request may get: a refused entry or a malformed command.
-NEVER = frozenset({E.INVALID_REQUEST, E.UNKNOWN_SERVER_ERROR, E.INVALID_TRANSACTION_TIMEOUT})
+NEVER = frozenset(
+    {
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.UNKNOWN_SERVER_ERROR,
+        ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -240,14 +248,14 @@ class Partition:
         producer_id: int,
         epoch: int,
         sequence: int,
-        verify: Callable[[TopicPartition], E],
-    ) -> E:
+        verify: Callable[[TopicPartition], ErrorCode],
+    ) -> ErrorCode:
         """A transactional batch of one record; ``verify`` asks the coordinator
         whether this partition is in the producer's ongoing transaction."""
         check = self.states.check_append(producer_id, epoch, sequence, 1, True)
         if check.verdict is Verdict.VERIFY:
             verified = verify(self.tp)
-            if verified is not E.NONE:
+            if verified is not ErrorCode.NONE:
                 return verified
             check = self.states.check_append(producer_id, epoch, sequence, 1, True, True)
         if not check.ok:
@@ -256,14 +264,16 @@ class Partition:
             offset = len(self.records)
             self.records.append(Record(producer_id, epoch))
             self.states.on_append(producer_id, epoch, sequence, offset, offset, True)
-        return E.NONE
+        return ErrorCode.NONE
 
-    def write_marker(self, marker: MarkerRequest, written: Callable[[Partition, int], None]) -> E:
+    def write_marker(
+        self, marker: MarkerRequest, written: Callable[[Partition, int], None]
+    ) -> ErrorCode:
         """Apply one marker; ``written`` checks it with the offset of the data it closes."""
         pid, epoch = marker.producer_id, marker.producer_epoch
         action = self.states.check_marker(pid, epoch, marker.coordinator_epoch)
         if action is MarkerAction.FENCED:
-            return E.TRANSACTION_COORDINATOR_FENCED
+            return ErrorCode.TRANSACTION_COORDINATOR_FENCED
         entry = self.states.producers.get(pid)
         first = None if entry is None else entry.txn_first_offset
         buggy = (
@@ -273,7 +283,7 @@ class Partition:
             and entry.epoch == epoch
         )
         if action is MarkerAction.NOOP and not buggy:
-            return E.NONE
+            return ErrorCode.NONE
         written(self, -1 if first is None else first)
         offset = len(self.records)
         self.records.append(Record(pid, epoch, marker.commit))
@@ -282,7 +292,7 @@ class Partition:
             entry.txn_first_offset = None
             del self.states.open_txns[pid]
         self.states.on_marker(pid, epoch, marker.coordinator_epoch, marker.commit, offset)
-        return E.NONE
+        return ErrorCode.NONE
 
 
 # --- clients -------------------------------------------------------------------------
@@ -477,7 +487,7 @@ class Simulation:
         self.stats.truncated += len(self.log) - keep
         del self.log[keep:]
         for reply in failed:
-            reply(Outcome(error=E.NOT_COORDINATOR))
+            reply(Outcome(error=ErrorCode.NOT_COORDINATOR))
 
     def elect(self) -> None:
         up = [r for r in self.replicas if r.up]
@@ -494,9 +504,9 @@ class Simulation:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
         if leadership is None:
-            reply(Outcome(error=E.NOT_COORDINATOR))
+            reply(Outcome(error=ErrorCode.NOT_COORDINATOR))
         elif not leadership.ready:
-            reply(Outcome(error=E.COORDINATOR_LOAD_IN_PROGRESS))
+            reply(Outcome(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
         else:
             leadership.queue.append(Request(build, reply))
 
@@ -785,18 +795,20 @@ class Simulation:
             if error in RETRIABLE:
                 client.next_at = self.now + self.rng.randint(10, 100)
                 return
-            if error is not E.NONE:
+            if error is not ErrorCode.NONE:
                 self.restart_client(client)
                 return
             client.produced += 1
         client.phase = "add_offsets" if client.with_offsets else "end"
 
-    def verify(self, tid: str, producer_id: int, epoch: int, tp: TopicPartition) -> E:
+    def verify(self, tid: str, producer_id: int, epoch: int, tp: TopicPartition) -> ErrorCode:
         """KIP-890 verification of ``tp`` (a verify-only AddPartitionsToTxn),
         answered by the shard's ready leader."""
         if self.leadership is None or not self.leadership.ready:
-            return E.NOT_COORDINATOR
-        [(_, error)] = _verify(self.leadership.replica.machine, tid, producer_id, epoch, (tp,))
+            return ErrorCode.NOT_COORDINATOR
+        [(_, error)] = verify_partitions(
+            self.leadership.replica.machine, tid, producer_id, epoch, (tp,)
+        )
         return error
 
     def commit_offsets(self, client: Client) -> None:
@@ -805,7 +817,7 @@ class Simulation:
             return
         meta = self.leadership.replica.machine.describe(client.tid)
         error = verify_group(meta, client.producer_id, client.epoch, GROUP)[0]
-        if error is not E.NONE:
+        if error is not ErrorCode.NONE:
             self.restart_client(client)
             return
         offsets = (OffsetEntry("t", 0, self.step_no, ""),)

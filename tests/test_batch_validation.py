@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log import codec
 from partition_log.codec import (
     CorruptBatch,
@@ -32,8 +32,7 @@ from partition_log.codec import (
 from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
 
 INT64_MAX = 2**63 - 1
 #: The batch of the issue: answered NONE, then every fetch over it failed.
@@ -160,9 +159,9 @@ def test_malformed_batches_are_refused_with_kafkas_code(name: str) -> None:
     with pytest.raises(error, match=match) as raised:
         read_batch(make())
     expected = {
-        CorruptBatch: E.CORRUPT_MESSAGE,
-        InvalidRecord: E.INVALID_RECORD,
-        InvalidTimestamp: E.INVALID_TIMESTAMP,
+        CorruptBatch: ErrorCode.CORRUPT_MESSAGE,
+        InvalidRecord: ErrorCode.INVALID_RECORD,
+        InvalidTimestamp: ErrorCode.INVALID_TIMESTAMP,
     }[error]
     assert raised.value.code is expected
 
@@ -175,10 +174,10 @@ def test_extreme_timestamps_that_fit_are_accepted() -> None:
 def fetchable(records: list[StoredRecord]) -> None:
     """Every record fits the Fetch answer's protobuf fields (raises if not)."""
     for r in records:
-        pb.FetchedRecord(
+        partition_log_pb2.FetchedRecord(
             offset=r.offset,
             timestamp_ms=r.timestamp_ms,
-            headers=[pb.RecordHeader(key=k, value=v) for k, v in r.headers],
+            headers=[partition_log_pb2.RecordHeader(key=k, value=v) for k, v in r.headers],
         )
 
 
@@ -260,23 +259,23 @@ def test_an_unreadable_stored_batch_fails_only_fetches_that_start_at_it(
 ) -> None:
     bad, _ = poisoned
     before = bad.fetch(0, 1 << 20, committed)
-    assert before.error is E.NONE
+    assert before.error is ErrorCode.NONE
     assert [r.offset for b in before.batches for r in b.records] == [0]
     assert before.next_fetch_offset == 1  # stops in front of the unreadable batch
     for offset in (1, 2):
         at = bad.fetch(offset, 1 << 20, committed)
-        assert at.error is E.CORRUPT_MESSAGE
+        assert at.error is ErrorCode.CORRUPT_MESSAGE
         assert "offsets 1..2" in at.message
         assert (at.next_fetch_offset, at.batches, at.high_watermark) == (offset, [], 4)
     after = bad.fetch(3, 1 << 20, committed)
-    assert after.error is E.NONE
+    assert after.error is ErrorCode.NONE
     assert [r.offset for b in after.batches for r in b.records] == [3]
 
 
 def service_over(*partitions: Partition) -> PartitionLogService:
     by_topic = {p.topic: p for p in partitions}
     return PartitionLogService(
-        lambda topic, i: by_topic.get(topic) or (E.UNKNOWN_TOPIC_OR_PARTITION, "no"),
+        lambda topic, i: by_topic.get(topic) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no"),
         None,  # type: ignore[arg-type]  # no transactional batches here
         1 << 20,
     )
@@ -288,18 +287,18 @@ def test_a_fetch_serves_the_healthy_partition_beside_an_unreadable_one(
 ) -> None:
     service = service_over(*poisoned)
     answer = service.Fetch(
-        pb.FetchRequest(
+        partition_log_pb2.FetchRequest(
             isolation_level=isolation,  # type: ignore[arg-type]
             partitions=[
-                pb.FetchPartition(topic="bad", partition=0, fetch_offset=1),
-                pb.FetchPartition(topic="t", partition=0, fetch_offset=0),
+                partition_log_pb2.FetchPartition(topic="bad", partition=0, fetch_offset=1),
+                partition_log_pb2.FetchPartition(topic="t", partition=0, fetch_offset=0),
             ],
         ),
         None,
     )
     bad, good = answer.partitions
-    assert (bad.error_code, list(bad.records)) == (E.CORRUPT_MESSAGE, [])
-    assert good.error_code == E.NONE
+    assert (bad.error_code, list(bad.records)) == (ErrorCode.CORRUPT_MESSAGE, [])
+    assert good.error_code == ErrorCode.NONE
     assert [(r.offset, r.timestamp_ms) for r in good.records] == [(0, 7), (1, 8)]
 
 
@@ -307,26 +306,28 @@ def test_produce_refuses_the_poison_batch_and_appends_nothing(tmp_path: Path) ->
     part = open_partition(tmp_path / "t-0")
     service = service_over(part)
 
-    def produce(*timestamps: int) -> pb.PartitionProduceResponse:
-        batch = pb.RecordBatch(
+    def produce(*timestamps: int) -> partition_log_pb2.PartitionProduceResponse:
+        batch = partition_log_pb2.RecordBatch(
             producer_id=-1,
             producer_epoch=-1,
             base_sequence=-1,
-            records=[pb.Record(value=b"v", timestamp_ms=ts) for ts in timestamps],
+            records=[partition_log_pb2.Record(value=b"v", timestamp_ms=ts) for ts in timestamps],
         )
-        request = pb.ProduceRequest(
-            partitions=[pb.PartitionProduceData(topic="t", partition=0, batch=batch)]
+        request = partition_log_pb2.ProduceRequest(
+            partitions=[partition_log_pb2.PartitionProduceData(topic="t", partition=0, batch=batch)]
         )
-        answer: pb.PartitionProduceResponse = service.Produce(request, None).partitions[0]
+        answer: partition_log_pb2.PartitionProduceResponse = service.Produce(
+            request, None
+        ).partitions[0]
         return answer
 
     try:
         for timestamps in (POISON_TIMESTAMPS, (3, -5)):
             refused = produce(*timestamps)
-            assert (refused.error_code, refused.base_offset) == (E.INVALID_TIMESTAMP, -1)
+            assert (refused.error_code, refused.base_offset) == (ErrorCode.INVALID_TIMESTAMP, -1)
             assert "timestamp" in refused.error_message
         assert part.offsets() == (0, 0, 0)
-        assert produce(INT64_MAX, -1).error_code == E.NONE
+        assert produce(INT64_MAX, -1).error_code == ErrorCode.NONE
         assert [
             r.timestamp_ms for b in part.fetch(0, 1 << 20, False).batches for r in b.records
         ] == [

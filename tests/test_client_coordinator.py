@@ -47,15 +47,14 @@ from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import (
-    common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
     partition_log_pb2,
 )
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
-E = common_pb2.ErrorCode
 
 
 @pytest.fixture(scope="module")
@@ -428,7 +427,7 @@ class _Produce:
                         partition_log_pb2.PartitionProduceResponse(
                             topic=p.topic,
                             partition=p.partition,
-                            error_code=E.NOT_LEADER_OR_FOLLOWER,
+                            error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
                             base_offset=-1,
                         )
                         for p in request.partitions

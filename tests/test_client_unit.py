@@ -51,8 +51,8 @@ from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.limits import MAX_SEQUENCE
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
-E = common_pb2.ErrorCode
 TP0 = TopicPartition("orders", 0)
 TP1 = TopicPartition("orders", 1)
 
@@ -260,25 +260,25 @@ def test_batches_expire_after_the_delivery_timeout_unless_in_flight() -> None:
 @pytest.mark.parametrize(
     ("code", "transactional", "action"),
     [
-        (E.NONE, True, ProduceAction.COMPLETE),
-        (E.DUPLICATE_SEQUENCE_NUMBER, False, ProduceAction.COMPLETE),
+        (ErrorCode.NONE, True, ProduceAction.COMPLETE),
+        (ErrorCode.DUPLICATE_SEQUENCE_NUMBER, False, ProduceAction.COMPLETE),
         (None, True, ProduceAction.RETRY),  # transport failure
-        (E.REQUEST_TIMED_OUT, False, ProduceAction.RETRY),
-        (E.NOT_LEADER_OR_FOLLOWER, True, ProduceAction.RETRY_REFRESH),
-        (E.UNKNOWN_TOPIC_OR_PARTITION, False, ProduceAction.RETRY_REFRESH),
-        (E.PRODUCER_FENCED, True, ProduceAction.FATAL),
-        (E.INVALID_PRODUCER_EPOCH, True, ProduceAction.FATAL),
-        (E.INVALID_TXN_STATE, True, ProduceAction.FAIL),
-        (E.TRANSACTION_ABORTABLE, True, ProduceAction.FAIL),
-        (E.UNKNOWN_PRODUCER_ID, True, ProduceAction.FAIL),
-        (E.OUT_OF_ORDER_SEQUENCE_NUMBER, True, ProduceAction.FAIL),
-        (E.CORRUPT_MESSAGE, True, ProduceAction.FAIL),
-        (E.MESSAGE_TOO_LARGE, False, ProduceAction.FAIL),
-        (E.INVALID_REQUEST, False, ProduceAction.FAIL),
-        (E.UNKNOWN_PRODUCER_ID, False, ProduceAction.RETRY_BUMP_EPOCH),
-        (E.OUT_OF_ORDER_SEQUENCE_NUMBER, False, ProduceAction.FAIL_BUMP_EPOCH),
-        (E.INVALID_PRODUCER_EPOCH, False, ProduceAction.FAIL_BUMP_EPOCH),
-        (E.UNKNOWN_SERVER_ERROR, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (ErrorCode.REQUEST_TIMED_OUT, False, ProduceAction.RETRY),
+        (ErrorCode.NOT_LEADER_OR_FOLLOWER, True, ProduceAction.RETRY_REFRESH),
+        (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, False, ProduceAction.RETRY_REFRESH),
+        (ErrorCode.PRODUCER_FENCED, True, ProduceAction.FATAL),
+        (ErrorCode.INVALID_PRODUCER_EPOCH, True, ProduceAction.FATAL),
+        (ErrorCode.INVALID_TXN_STATE, True, ProduceAction.FAIL),
+        (ErrorCode.TRANSACTION_ABORTABLE, True, ProduceAction.FAIL),
+        (ErrorCode.UNKNOWN_PRODUCER_ID, True, ProduceAction.FAIL),
+        (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, True, ProduceAction.FAIL),
+        (ErrorCode.CORRUPT_MESSAGE, True, ProduceAction.FAIL),
+        (ErrorCode.MESSAGE_TOO_LARGE, False, ProduceAction.FAIL),
+        (ErrorCode.INVALID_REQUEST, False, ProduceAction.FAIL),
+        (ErrorCode.UNKNOWN_PRODUCER_ID, False, ProduceAction.RETRY_BUMP_EPOCH),
+        (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (ErrorCode.INVALID_PRODUCER_EPOCH, False, ProduceAction.FAIL_BUMP_EPOCH),
+        (ErrorCode.UNKNOWN_SERVER_ERROR, False, ProduceAction.FAIL_BUMP_EPOCH),
     ],
 )
 def test_produce_action(code: int | None, transactional: bool, action: ProduceAction) -> None:
@@ -293,14 +293,13 @@ def test_every_error_code_has_a_produce_action(transactional: bool) -> None:
 
 # --- the transactional producer's states ------------------------------------------------------
 
-S = ProducerTxnState
-
 
 def test_state_table_walk_every_pair() -> None:
-    for current in S:
-        for target in S:
-            allowed = current is not S.CLOSED and (
-                target in TRANSITIONS[current] or target in (S.FATAL_ERROR, S.CLOSED)
+    for current in ProducerTxnState:
+        for target in ProducerTxnState:
+            allowed = current is not ProducerTxnState.CLOSED and (
+                target in TRANSITIONS[current]
+                or target in (ProducerTxnState.FATAL_ERROR, ProducerTxnState.CLOSED)
             )
             if allowed:
                 check_transition(current, target, "op")
@@ -311,17 +310,17 @@ def test_state_table_walk_every_pair() -> None:
 
 def test_the_happy_path_and_the_retries_are_legal() -> None:
     path = [
-        S.UNINITIALIZED,
-        S.INITIALIZING,
-        S.READY,
-        S.IN_TRANSACTION,
-        S.COMMITTING,
-        S.COMMITTING,  # commit_transaction again after a timeout
-        S.READY,
-        S.IN_TRANSACTION,
-        S.ABORTABLE_ERROR,
-        S.ABORTING,
-        S.READY,
+        ProducerTxnState.UNINITIALIZED,
+        ProducerTxnState.INITIALIZING,
+        ProducerTxnState.READY,
+        ProducerTxnState.IN_TRANSACTION,
+        ProducerTxnState.COMMITTING,
+        ProducerTxnState.COMMITTING,  # commit_transaction again after a timeout
+        ProducerTxnState.READY,
+        ProducerTxnState.IN_TRANSACTION,
+        ProducerTxnState.ABORTABLE_ERROR,
+        ProducerTxnState.ABORTING,
+        ProducerTxnState.READY,
     ]
     for a, b in itertools.pairwise(path):
         check_transition(a, b, "op")
@@ -329,13 +328,17 @@ def test_the_happy_path_and_the_retries_are_legal() -> None:
 
 def test_misuse_is_refused_with_the_operation_named() -> None:
     with pytest.raises(IllegalStateError, match="cannot send in state ready"):
-        check_transition(S.READY, S.COMMITTING, "send")
+        check_transition(ProducerTxnState.READY, ProducerTxnState.COMMITTING, "send")
     with pytest.raises(IllegalStateError, match="closed"):
-        check_transition(S.CLOSED, S.READY, "begin_transaction")
+        check_transition(ProducerTxnState.CLOSED, ProducerTxnState.READY, "begin_transaction")
     with pytest.raises(IllegalStateError):
-        check_transition(S.ABORTABLE_ERROR, S.COMMITTING, "commit_transaction")
+        check_transition(
+            ProducerTxnState.ABORTABLE_ERROR, ProducerTxnState.COMMITTING, "commit_transaction"
+        )
     with pytest.raises(IllegalStateError):
-        check_transition(S.FATAL_ERROR, S.ABORTING, "abort_transaction")
+        check_transition(
+            ProducerTxnState.FATAL_ERROR, ProducerTxnState.ABORTING, "abort_transaction"
+        )
 
 
 # --- deadlines, backoff, request helpers --------------------------------------------------------
@@ -387,18 +390,20 @@ def test_first_error_prefers_the_request_level_code() -> None:
     ok = coordinator_pb2.AddPartitionsToTxnResponse(
         results=[common_pb2.PartitionResult(topic="t", partition=0)]
     )
-    assert first_error(ok) == (E.NONE, "")
+    assert first_error(ok) == (ErrorCode.NONE, "")
     partial = coordinator_pb2.AddPartitionsToTxnResponse(
         results=[
             common_pb2.PartitionResult(topic="t", partition=0),
-            common_pb2.PartitionResult(topic="t", partition=1, error_code=E.INVALID_TXN_STATE),
+            common_pb2.PartitionResult(
+                topic="t", partition=1, error_code=ErrorCode.INVALID_TXN_STATE
+            ),
         ]
     )
-    assert first_error(partial) == (E.INVALID_TXN_STATE, "partition t-1")
+    assert first_error(partial) == (ErrorCode.INVALID_TXN_STATE, "partition t-1")
     fenced = coordinator_pb2.AddPartitionsToTxnResponse(
-        error_code=E.PRODUCER_FENCED, error_message="old epoch"
+        error_code=ErrorCode.PRODUCER_FENCED, error_message="old epoch"
     )
-    assert first_error(fenced) == (E.PRODUCER_FENCED, "old epoch")
+    assert first_error(fenced) == (ErrorCode.PRODUCER_FENCED, "old epoch")
 
 
 def test_pending_record_futures_are_not_cancellable_once_queued() -> None:
@@ -458,18 +463,17 @@ class FakeCluster:
             fault = self.coordinator_faults.get(method)
         if fault == "down":
             raise InjectedTransportError()
-        pb = coordinator_pb2
         if method == "FindCoordinator":
-            return pb.FindCoordinatorResponse(address="fake-coordinator", node_id=1)
+            return coordinator_pb2.FindCoordinatorResponse(address="fake-coordinator", node_id=1)
         if method == "Metadata":
-            return pb.MetadataResponse(
-                coordinators=[pb.NodeInfo(node_id=1, address="fake-coordinator")],
-                partition_nodes=[pb.NodeInfo(node_id=7, address="fake-log")],
+            return coordinator_pb2.MetadataResponse(
+                coordinators=[coordinator_pb2.NodeInfo(node_id=1, address="fake-coordinator")],
+                partition_nodes=[coordinator_pb2.NodeInfo(node_id=7, address="fake-log")],
                 topics=[
-                    pb.TopicMetadata(
+                    coordinator_pb2.TopicMetadata(
                         name="t",
                         partitions=[
-                            pb.PartitionMetadata(partition=p, node_id=7)
+                            coordinator_pb2.PartitionMetadata(partition=p, node_id=7)
                             for p in range(self.partitions)
                         ],
                     )
@@ -478,19 +482,23 @@ class FakeCluster:
         if method == "InitProducerId":
             with self.lock:
                 if request.HasField("transactional_id"):
-                    return pb.InitProducerIdResponse(producer_id=1, producer_epoch=self.epoch)
+                    return coordinator_pb2.InitProducerIdResponse(
+                        producer_id=1, producer_epoch=self.epoch
+                    )
                 self.next_pid += 1
-                return pb.InitProducerIdResponse(producer_id=self.next_pid, producer_epoch=0)
+                return coordinator_pb2.InitProducerIdResponse(
+                    producer_id=self.next_pid, producer_epoch=0
+                )
         if method == "EndTxn":
             with self.lock:
                 self.epoch += 1
-                return pb.EndTxnResponse(producer_id=1, producer_epoch=self.epoch)
+                return coordinator_pb2.EndTxnResponse(producer_id=1, producer_epoch=self.epoch)
         answers = {
-            "AddPartitionsToTxn": pb.AddPartitionsToTxnResponse,
-            "AddOffsetsToTxn": pb.AddOffsetsToTxnResponse,
-            "TxnOffsetCommit": pb.TxnOffsetCommitResponse,
+            "AddPartitionsToTxn": coordinator_pb2.AddPartitionsToTxnResponse,
+            "AddOffsetsToTxn": coordinator_pb2.AddOffsetsToTxnResponse,
+            "TxnOffsetCommit": coordinator_pb2.TxnOffsetCommitResponse,
         }
-        return answers[method](error_code=fault or E.NONE)
+        return answers[method](error_code=fault or ErrorCode.NONE)
 
     # partition log ------------------------------------------------------------------
 
@@ -578,7 +586,7 @@ def test_idempotent_sequences_advance_per_partition_only_on_success() -> None:
             producer.send("t", b"a", partition=0).result(5)
         producer.send("t", b"b", partition=1).result(5)
         # A corrupt batch is refused: its sequence is not used up.
-        fake.script = [E.CORRUPT_MESSAGE]
+        fake.script = [ErrorCode.CORRUPT_MESSAGE]
         refused = producer.send("t", b"bad", partition=0)
         assert isinstance(refused.exception(5), CorruptMessageError)
         assert producer.send("t", b"c", partition=0).result(5).offset == 3
@@ -591,7 +599,12 @@ def test_idempotent_retries_keep_the_sequence_and_get_the_original_offset() -> N
     fake = FakeCluster()
     with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"first", partition=0).result(5)
-        fake.script = ["lost", "down", E.NOT_LEADER_OR_FOLLOWER, E.REQUEST_TIMED_OUT]
+        fake.script = [
+            "lost",
+            "down",
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            ErrorCode.REQUEST_TIMED_OUT,
+        ]
         future = producer.send("t", b"second", partition=0)
         assert future.result(5) == RecordMetadata("t", 0, 1)
     attempts = [r for m, r in fake.calls if m == "Produce"][1:]
@@ -605,13 +618,13 @@ def test_idempotent_producer_bumps_its_epoch_when_out_of_step() -> None:
     with Producer(["fake-coordinator:9092"], channels=FakeChannels(fake), **FAST) as producer:
         producer.send("t", b"x", partition=0).result(5)
         pid = producer.producer_id
-        fake.script = [E.OUT_OF_ORDER_SEQUENCE_NUMBER]
+        fake.script = [ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER]
         failed = producer.send("t", b"y", partition=0)
         assert isinstance(failed.exception(5), OutOfOrderSequenceError)
         producer.send("t", b"z", partition=0).result(5)
         assert (producer.producer_id, producer.producer_epoch) == (pid, 1)
         # UNKNOWN_PRODUCER_ID: the batch is retried under the next epoch from sequence 0.
-        fake.script = [E.UNKNOWN_PRODUCER_ID]
+        fake.script = [ErrorCode.UNKNOWN_PRODUCER_ID]
         producer.send("t", b"w", partition=1).result(5)
         assert (producer.producer_id, producer.producer_epoch) == (pid, 2)
     assert fake.sequences(0) == [(pid, 0, 0), (pid, 1, 0)]
@@ -654,7 +667,7 @@ def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch(
     assert (last.producer_epoch, last.base_sequence) == (1, 0)  # new epoch: sequences from 0
 
 
-@pytest.mark.parametrize("code", [E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED])
+@pytest.mark.parametrize("code", [ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED])
 def test_fenced_while_producing_is_fatal_for_every_later_call(code: int) -> None:
     fake = FakeCluster()
     with TransactionalProducer(["fake-coordinator:9092"], "tx", channels=FakeChannels(fake)) as p:
@@ -674,7 +687,7 @@ def test_fenced_while_producing_is_fatal_for_every_later_call(code: int) -> None
     assert "EndTxn" not in fake.methods()
 
 
-@pytest.mark.parametrize("code", [E.TRANSACTION_ABORTABLE, E.INVALID_TXN_STATE])
+@pytest.mark.parametrize("code", [ErrorCode.TRANSACTION_ABORTABLE, ErrorCode.INVALID_TXN_STATE])
 def test_an_abortable_send_error_blocks_the_commit_until_aborted(code: int) -> None:
     """A partition refusing a batch because it is not in the transaction
     (KIP-890 verification; INVALID_TXN_STATE from older nodes): abort, go on."""
@@ -709,7 +722,7 @@ def test_abort_skips_end_txn_when_the_coordinator_refused_every_add(add: str) ->
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
-        fake.coordinator_faults[add] = E.CONCURRENT_TRANSACTIONS
+        fake.coordinator_faults[add] = ErrorCode.CONCURRENT_TRANSACTIONS
         with pytest.raises(TransactionAbortableError):
             if add == "AddOffsetsToTxn":
                 producer.send_offsets_to_transaction({TopicPartition("in", 0): 1}, "g")
@@ -794,7 +807,9 @@ class FetchChannels(FakeChannels):
         return stub
 
 
-def fetched(topic: str, partition: int, offset: int, *values: bytes, code: int = E.NONE) -> Any:
+def fetched(
+    topic: str, partition: int, offset: int, *values: bytes, code: int = ErrorCode.NONE
+) -> Any:
     return partition_log_pb2.FetchPartitionResponse(
         topic=topic,
         partition=partition,
@@ -810,7 +825,7 @@ def fetched(topic: str, partition: int, offset: int, *values: bytes, code: int =
 
 def test_one_partitions_error_does_not_cost_the_others_their_records() -> None:
     t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
-    corrupt = fetched("t", 0, 0, code=E.CORRUPT_MESSAGE)
+    corrupt = fetched("t", 0, 0, code=ErrorCode.CORRUPT_MESSAGE)
     channels = FetchChannels(
         [
             [corrupt, fetched("t", 1, 0, b"a", b"b")],

@@ -15,13 +15,11 @@ import pytest
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import coordinator_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
-E = ErrorCode
 ABORT_SWEEP_MS = 100
 
 
@@ -66,9 +64,11 @@ def client_for(cluster: LocalCluster) -> Coordinators:
     return Coordinators([n.grpc for n in cluster.coordinators()])
 
 
-def describe(client: Coordinators, tid: str) -> pb.TransactionDescription:
+def describe(client: Coordinators, tid: str) -> coordinator_pb2.TransactionDescription:
     answer = client.call(
-        tid, "DescribeTransactions", pb.DescribeTransactionsRequest(transactional_ids=[tid])
+        tid,
+        "DescribeTransactions",
+        coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]),
     )
     return answer.transactions[0]
 
@@ -92,13 +92,15 @@ def agreed_digests(cluster: LocalCluster) -> list[str]:
 
 
 def init_producer(client: Coordinators, tid: str, timeout_ms: int = 60_000) -> Any:
-    request = pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=timeout_ms)
+    request = coordinator_pb2.InitProducerIdRequest(
+        transactional_id=tid, transaction_timeout_ms=timeout_ms
+    )
     return client.call(tid, "InitProducerId", request)
 
 
 def add_partitions(client: Coordinators, tid: str, ident: Any, *numbers: int) -> Any:
     """AddPartitionsToTxn of TOPIC with ``ident``'s producer id and epoch."""
-    request = pb.AddPartitionsToTxnRequest(
+    request = coordinator_pb2.AddPartitionsToTxnRequest(
         transactional_id=tid,
         producer_id=ident.producer_id,
         producer_epoch=ident.producer_epoch,
@@ -108,7 +110,7 @@ def add_partitions(client: Coordinators, tid: str, ident: Any, *numbers: int) ->
 
 
 def end_txn(client: Coordinators, tid: str, ident: Any, commit: bool = True) -> Any:
-    request = pb.EndTxnRequest(
+    request = coordinator_pb2.EndTxnRequest(
         transactional_id=tid,
         producer_id=ident.producer_id,
         producer_epoch=ident.producer_epoch,
@@ -120,18 +122,18 @@ def end_txn(client: Coordinators, tid: str, ident: Any, commit: bool = True) -> 
 def run_transaction(client: Coordinators, tid: str) -> tuple[int, int]:
     """init → add → commit; returns (producer id, epoch of the committed transaction)."""
     init = init_producer(client, tid)
-    assert init.error_code == E.NONE, init
+    assert init.error_code == ErrorCode.NONE, init
     added = add_partitions(client, tid, init, 0, 1)
-    assert added.error_code == E.NONE, added
+    assert added.error_code == ErrorCode.NONE, added
     end = end_txn(client, tid, init)
-    if end.error_code == E.CONCURRENT_TRANSACTIONS:
+    if end.error_code == ErrorCode.CONCURRENT_TRANSACTIONS:
         # The first EndTxn was applied but its answer was lost with a leader;
         # the retry is told the commit is in progress (Kafka's answer until
         # the markers complete). The decision is durable either way.
         meta = describe(client, tid)
         assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT, meta
     else:
-        assert end.error_code == E.NONE, end
+        assert end.error_code == ErrorCode.NONE, end
     return init.producer_id, init.producer_epoch
 
 
@@ -148,7 +150,9 @@ def test_every_shard_elects_a_leader_and_all_nodes_agree(shared_cluster: LocalCl
         for key in [f"key-{i}" for i in range(12)]:
             answers = {
                 stub.FindCoordinator(
-                    pb.FindCoordinatorRequest(key=key, key_type=pb.TRANSACTION)
+                    coordinator_pb2.FindCoordinatorRequest(
+                        key=key, key_type=coordinator_pb2.TRANSACTION
+                    )
                 ).address
                 for stub in client.stubs.values()
             }
@@ -162,7 +166,7 @@ def test_transaction_flow_through_grpc(shared_cluster: LocalCluster) -> None:
     try:
         pid, epoch = run_transaction(client, "flow-1")
         meta = describe(client, "flow-1")
-        assert meta.error_code == E.NONE
+        assert meta.error_code == ErrorCode.NONE
         # The marker writer completes the transaction once the partition-log
         # nodes are back; until then it waits in PrepareCommit.
         assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT
@@ -173,19 +177,21 @@ def test_transaction_flow_through_grpc(shared_cluster: LocalCluster) -> None:
 
         def markers_failed() -> bool:
             owed = describe(client, "flow-1").pending_markers
-            return all(m.last_error_code != E.NONE for m in owed)
+            return all(m.last_error_code != ErrorCode.NONE for m in owed)
 
         client.until(markers_failed, 15, "the failed marker calls were not reported")
         for owed in describe(client, "flow-1").pending_markers:
-            assert owed.last_error_code == E.UNKNOWN_SERVER_ERROR, owed
+            assert owed.last_error_code == ErrorCode.UNKNOWN_SERVER_ERROR, owed
             assert "WriteTxnMarkers call to partition_log-" in owed.last_error_message, owed
         # A non-leader answers NOT_COORDINATOR and names the leader.
         leader = client.find("flow-1", deadline=float("inf"))
         other = next(a for a in client.addresses if a != leader)
         answer = client.stubs[other].InitProducerId(
-            pb.InitProducerIdRequest(transactional_id="flow-1", transaction_timeout_ms=1000)
+            coordinator_pb2.InitProducerIdRequest(
+                transactional_id="flow-1", transaction_timeout_ms=1000
+            )
         )
-        assert answer.error_code == E.NOT_COORDINATOR and leader in answer.error_message
+        assert answer.error_code == ErrorCode.NOT_COORDINATOR and leader in answer.error_message
     finally:
         client.close()
 
@@ -197,16 +203,16 @@ def test_fencing_bumps_the_epoch_and_aborts_the_open_transaction(
     try:
         tid = "fence-1"
         first = init_producer(client, tid)
-        assert add_partitions(client, tid, first, 3).error_code == E.NONE
+        assert add_partitions(client, tid, first, 3).error_code == ErrorCode.NONE
         second = init_producer(client, tid)
-        assert second.error_code == E.CONCURRENT_TRANSACTIONS  # fenced, abort under way
+        assert second.error_code == ErrorCode.CONCURRENT_TRANSACTIONS  # fenced, abort under way
         meta = describe(client, tid)
         assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT
         assert meta.producer_epoch == first.producer_epoch + 1
         zombie_add = add_partitions(client, tid, first, 4)
-        assert zombie_add.error_code == E.PRODUCER_FENCED
-        assert all(r.error_code == E.PRODUCER_FENCED for r in zombie_add.results)
-        assert end_txn(client, tid, first).error_code == E.PRODUCER_FENCED
+        assert zombie_add.error_code == ErrorCode.PRODUCER_FENCED
+        assert all(r.error_code == ErrorCode.PRODUCER_FENCED for r in zombie_add.results)
+        assert end_txn(client, tid, first).error_code == ErrorCode.PRODUCER_FENCED
     finally:
         client.close()
 
@@ -220,50 +226,56 @@ def test_bad_input_gets_error_codes_and_changes_nothing(shared_cluster: LocalClu
             (
                 "",
                 "InitProducerId",
-                pb.InitProducerIdRequest(transactional_id="", transaction_timeout_ms=1000),
-                E.INVALID_REQUEST,
+                coordinator_pb2.InitProducerIdRequest(
+                    transactional_id="", transaction_timeout_ms=1000
+                ),
+                ErrorCode.INVALID_REQUEST,
             ),
             (
                 "bad-1",
                 "InitProducerId",
-                pb.InitProducerIdRequest(transactional_id="bad-1", transaction_timeout_ms=-5),
-                E.INVALID_TRANSACTION_TIMEOUT,
+                coordinator_pb2.InitProducerIdRequest(
+                    transactional_id="bad-1", transaction_timeout_ms=-5
+                ),
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
             ),
             (
                 "bad-1",
                 "InitProducerId",
-                pb.InitProducerIdRequest(transactional_id="bad-1", transaction_timeout_ms=900_001),
-                E.INVALID_TRANSACTION_TIMEOUT,
+                coordinator_pb2.InitProducerIdRequest(
+                    transactional_id="bad-1", transaction_timeout_ms=900_001
+                ),
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
             ),
             (
                 "bad-1",
                 "AddPartitionsToTxn",
-                pb.AddPartitionsToTxnRequest(
+                coordinator_pb2.AddPartitionsToTxnRequest(
                     transactional_id="bad-1",
                     producer_id=987654,
                     producer_epoch=0,
                     topics=partitions(TOPIC, 0),
                 ),
-                E.INVALID_PRODUCER_ID_MAPPING,
+                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
             ),
             (
                 "bad-input-anchor",
                 "AddPartitionsToTxn",
-                pb.AddPartitionsToTxnRequest(
+                coordinator_pb2.AddPartitionsToTxnRequest(
                     transactional_id="bad-input-anchor",
                     producer_id=0,
                     producer_epoch=0,
                     topics=partitions(TOPIC, *range(10_001)),
                 ),
-                E.INVALID_REQUEST,
+                ErrorCode.INVALID_REQUEST,
             ),
             (
                 "bad-1",
                 "EndTxn",
-                pb.EndTxnRequest(
+                coordinator_pb2.EndTxnRequest(
                     transactional_id="bad-1", producer_id=5, producer_epoch=0, committed=True
                 ),
-                E.INVALID_PRODUCER_ID_MAPPING,
+                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
             ),
         ]
         for key, method, request, expected in cases:
@@ -331,7 +343,7 @@ def test_leader_kill_during_traffic_loses_no_acknowledged_transaction(
         owners: dict[int, str] = {}
         for tid, (pid, epoch) in acknowledged.items():
             meta = describe(client, tid)
-            assert meta.error_code == E.NONE, (tid, meta)
+            assert meta.error_code == ErrorCode.NONE, (tid, meta)
             assert meta.state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT and (
                 meta.producer_id,
                 meta.producer_epoch,
@@ -378,7 +390,7 @@ def test_whole_cluster_restart_loses_no_committed_transaction(cluster: LocalClus
             ) == (pid, epoch + 1)
         # New producer ids never repeat the old ones.
         fresh = init_producer(client, "after-restart")
-        assert fresh.error_code == E.NONE
+        assert fresh.error_code == ErrorCode.NONE
         assert fresh.producer_id not in {pid for pid, _ in committed.values()}
     finally:
         client.close()
@@ -391,14 +403,14 @@ def test_timed_out_transaction_is_aborted_and_its_producer_fenced(
     try:
         tid = "slow-producer"
         init = init_producer(client, tid, timeout_ms=300)
-        assert add_partitions(client, tid, init, 7).error_code == E.NONE
+        assert add_partitions(client, tid, init, 7).error_code == ErrorCode.NONE
         client.until(
             lambda: describe(client, tid).state == common_pb2.TRANSACTION_STATE_PREPARE_ABORT,
             10,
             "the coordinator did not abort the timed-out transaction",
         )
         assert describe(client, tid).producer_epoch == init.producer_epoch + 1
-        assert end_txn(client, tid, init).error_code == E.PRODUCER_FENCED
+        assert end_txn(client, tid, init).error_code == ErrorCode.PRODUCER_FENCED
     finally:
         client.close()
 
@@ -415,44 +427,48 @@ def test_group_offsets_listing_and_topics_through_grpc(shared_cluster: LocalClus
         }
         assert (
             client.call(
-                tid, "AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(group_id=group, **ident)
+                tid,
+                "AddOffsetsToTxn",
+                coordinator_pb2.AddOffsetsToTxnRequest(group_id=group, **ident),
             ).error_code
-            == E.NONE
+            == ErrorCode.NONE
         )
         offsets = [
-            pb.OffsetCommitTopic(
+            coordinator_pb2.OffsetCommitTopic(
                 topic="in",
-                partitions=[pb.OffsetCommitPartition(partition=0, offset=42, metadata="m")],
+                partitions=[
+                    coordinator_pb2.OffsetCommitPartition(partition=0, offset=42, metadata="m")
+                ],
             )
         ]
         committed = client.call(
             group,
             "TxnOffsetCommit",
-            pb.TxnOffsetCommitRequest(group_id=group, topics=offsets, **ident),
+            coordinator_pb2.TxnOffsetCommitRequest(group_id=group, topics=offsets, **ident),
         )
-        assert committed.error_code == E.NONE
+        assert committed.error_code == ErrorCode.NONE
         assert [(r.topic, r.partition, r.error_code) for r in committed.results] == [("in", 0, 0)]
-        fetch = pb.OffsetFetchRequest(
+        fetch = coordinator_pb2.OffsetFetchRequest(
             group_id=group, topics=partitions("in", 0), require_stable=True
         )
         [pending] = client.call(group, "OffsetFetch", fetch).partitions
-        assert pending.error_code == E.UNSTABLE_OFFSET_COMMIT
-        plain = pb.OffsetCommitRequest(group_id="plain-group", topics=offsets)
-        assert client.call("plain-group", "OffsetCommit", plain).error_code == E.NONE
+        assert pending.error_code == ErrorCode.UNSTABLE_OFFSET_COMMIT
+        plain = coordinator_pb2.OffsetCommitRequest(group_id="plain-group", topics=offsets)
+        assert client.call("plain-group", "OffsetCommit", plain).error_code == ErrorCode.NONE
         [stable] = client.call(
             "plain-group",
             "OffsetFetch",
-            pb.OffsetFetchRequest(
+            coordinator_pb2.OffsetFetchRequest(
                 group_id="plain-group", topics=partitions("in", 0), require_stable=True
             ),
         ).partitions
-        assert (stable.error_code, stable.offset, stable.metadata) == (E.NONE, 42, "m")
+        assert (stable.error_code, stable.offset, stable.metadata) == (ErrorCode.NONE, 42, "m")
 
         # ListTransactions: each node lists the shards it leads; together they list all.
         listed = {}
         for stub in client.stubs.values():
             answer = stub.ListTransactions(
-                pb.ListTransactionsRequest(
+                coordinator_pb2.ListTransactionsRequest(
                     state_filters=[common_pb2.TRANSACTION_STATE_ONGOING], duration_filter_ms=-1
                 )
             )
@@ -464,27 +480,27 @@ def test_group_offsets_listing_and_topics_through_grpc(shared_cluster: LocalClus
         shard0 = shared_cluster.leaders()[0]
         leader_stub = client.stubs[shared_cluster.state.node(shard0).grpc]  # type: ignore[union-attr]
         created = leader_stub.CreateTopics(
-            pb.CreateTopicsRequest(
+            coordinator_pb2.CreateTopicsRequest(
                 topics=[
-                    pb.CreatableTopic(name="orders-topic", num_partitions=3),
-                    pb.CreatableTopic(name="bad/name", num_partitions=1),
-                    pb.CreatableTopic(name="zero", num_partitions=0),
+                    coordinator_pb2.CreatableTopic(name="orders-topic", num_partitions=3),
+                    coordinator_pb2.CreatableTopic(name="bad/name", num_partitions=1),
+                    coordinator_pb2.CreatableTopic(name="zero", num_partitions=0),
                 ]
             )
         )
         assert [r.error_code for r in created.results] == [
-            E.NONE,
-            E.INVALID_TOPIC_EXCEPTION,
-            E.INVALID_PARTITIONS,
+            ErrorCode.NONE,
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            ErrorCode.INVALID_PARTITIONS,
         ]
         again = leader_stub.CreateTopics(
-            pb.CreateTopicsRequest(
-                topics=[pb.CreatableTopic(name="orders-topic", num_partitions=1)]
+            coordinator_pb2.CreateTopicsRequest(
+                topics=[coordinator_pb2.CreatableTopic(name="orders-topic", num_partitions=1)]
             )
         )
-        assert again.results[0].error_code == E.TOPIC_ALREADY_EXISTS
+        assert again.results[0].error_code == ErrorCode.TOPIC_ALREADY_EXISTS
         for stub in client.stubs.values():
-            meta = stub.Metadata(pb.MetadataRequest())
+            meta = stub.Metadata(coordinator_pb2.MetadataRequest())
             assert meta.shard_count == 3 and len(meta.coordinators) == 3
             assert len(meta.partition_nodes) == 3
     finally:
@@ -526,8 +542,8 @@ def test_idempotent_producer_ids_from_any_node_are_unique(shared_cluster: LocalC
         seen: list[int] = []
         for _ in range(5):
             for stub in client.stubs.values():
-                answer = stub.InitProducerId(pb.InitProducerIdRequest())
-                assert answer.error_code == E.NONE and answer.producer_epoch == 0
+                answer = stub.InitProducerId(coordinator_pb2.InitProducerIdRequest())
+                assert answer.error_code == ErrorCode.NONE and answer.producer_epoch == 0
                 seen.append(answer.producer_id)
         transactional = [run_transaction(client, f"idem-mix-{i}")[0] for i in range(3)]
         assert len(set(seen + transactional)) == len(seen) + len(transactional)
@@ -540,12 +556,12 @@ def test_verify_only_asks_without_changing_anything(shared_cluster: LocalCluster
     try:
         tid = "verify-1"
         init = init_producer(client, tid)
-        assert add_partitions(client, tid, init, 0).error_code == E.NONE
+        assert add_partitions(client, tid, init, 0).error_code == ErrorCode.NONE
         before = agreed_digests(shared_cluster)
         answer = client.call(
             tid,
             "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(
+            coordinator_pb2.AddPartitionsToTxnRequest(
                 transactional_id=tid,
                 producer_id=init.producer_id,
                 producer_epoch=init.producer_epoch,
@@ -554,13 +570,13 @@ def test_verify_only_asks_without_changing_anything(shared_cluster: LocalCluster
             ),
         )
         assert [(r.partition, r.error_code) for r in answer.results] == [
-            (0, E.NONE),
-            (5, E.INVALID_TXN_STATE),
+            (0, ErrorCode.NONE),
+            (5, ErrorCode.INVALID_TXN_STATE),
         ]
         stale = client.call(
             tid,
             "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(
+            coordinator_pb2.AddPartitionsToTxnRequest(
                 transactional_id=tid,
                 producer_id=init.producer_id,
                 producer_epoch=init.producer_epoch + 1,
@@ -568,7 +584,7 @@ def test_verify_only_asks_without_changing_anything(shared_cluster: LocalCluster
                 verify_only=True,
             ),
         )
-        assert [r.error_code for r in stale.results] == [E.PRODUCER_FENCED]
+        assert [r.error_code for r in stale.results] == [ErrorCode.PRODUCER_FENCED]
         assert agreed_digests(shared_cluster) == before
     finally:
         client.close()
@@ -581,7 +597,7 @@ def test_partitions_that_do_not_exist_are_refused_and_change_nothing(
     try:
         tid = "unknown-topic-1"
         init = init_producer(client, tid)
-        assert add_partitions(client, tid, init, 0).error_code == E.NONE
+        assert add_partitions(client, tid, init, 0).error_code == ErrorCode.NONE
         before = agreed_digests(shared_cluster)
         ident = {
             "transactional_id": tid,
@@ -593,32 +609,34 @@ def test_partitions_that_do_not_exist_are_refused_and_change_nothing(
             *partitions("no-such-topic", 0),
         ]
         answer = client.call(
-            tid, "AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(topics=topics, **ident)
+            tid,
+            "AddPartitionsToTxn",
+            coordinator_pb2.AddPartitionsToTxnRequest(topics=topics, **ident),
         )
-        assert answer.error_code == E.UNKNOWN_TOPIC_OR_PARTITION, answer
+        assert answer.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, answer
         assert "no-such-topic" in answer.error_message
         assert [(r.topic, r.partition, r.error_code) for r in answer.results] == [
-            (TOPIC, 1, E.OPERATION_NOT_ATTEMPTED),
-            (TOPIC, TOPIC_PARTITIONS, E.UNKNOWN_TOPIC_OR_PARTITION),
-            ("no-such-topic", 0, E.UNKNOWN_TOPIC_OR_PARTITION),
+            (TOPIC, 1, ErrorCode.OPERATION_NOT_ATTEMPTED),
+            (TOPIC, TOPIC_PARTITIONS, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+            ("no-such-topic", 0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
         ]
         verified = client.call(
             tid,
             "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(topics=topics, verify_only=True, **ident),
+            coordinator_pb2.AddPartitionsToTxnRequest(topics=topics, verify_only=True, **ident),
         )
-        assert verified.error_code == E.NONE, verified
+        assert verified.error_code == ErrorCode.NONE, verified
         assert [r.error_code for r in verified.results] == [
-            E.INVALID_TXN_STATE,  # exists, not in the transaction
-            E.UNKNOWN_TOPIC_OR_PARTITION,
-            E.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.INVALID_TXN_STATE,  # exists, not in the transaction
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ]
         assert agreed_digests(shared_cluster) == before, "a refused request changed the state"
         meta = describe(client, tid)
         assert meta.state == common_pb2.TRANSACTION_STATE_ONGOING
         assert [(t.topic, list(t.partitions)) for t in meta.topics] == [(TOPIC, [0])]
         # The transaction goes on, and commits with what it has.
-        assert end_txn(client, tid, init).error_code == E.NONE
+        assert end_txn(client, tid, init).error_code == ErrorCode.NONE
     finally:
         client.close()
 
@@ -643,13 +661,13 @@ def test_a_topic_just_created_is_never_refused(shared_cluster: LocalCluster) -> 
             answer = client.call(
                 tid,
                 "AddPartitionsToTxn",
-                pb.AddPartitionsToTxnRequest(
+                coordinator_pb2.AddPartitionsToTxnRequest(
                     transactional_id=tid,
                     producer_id=ident.producer_id,
                     producer_epoch=ident.producer_epoch,
                     topics=partitions(topic, 0),
                 ),
             )
-            assert answer.error_code == E.NONE, (topic, answer)
+            assert answer.error_code == ErrorCode.NONE, (topic, answer)
     finally:
         client.close()

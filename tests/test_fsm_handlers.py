@@ -22,9 +22,6 @@ from fsm.errors import ErrorCode
 from fsm.transactions import verify_group
 from tests.fsm_driver import Leader
 
-S = TxnState
-E = ErrorCode
-
 
 def markers_of(outcome_effects: tuple[object, ...]) -> WriteMarkers:
     (markers,) = [e for e in outcome_effects if isinstance(e, WriteMarkers)]
@@ -41,9 +38,9 @@ def test_commit_across_partitions_and_group_offsets() -> None:
     assert leader.add_offsets("tx", pid, 0, "g").ok
     assert leader.offsets("g", "tx", pid, 0, ("in", 0, 42)).ok
     [unstable] = leader.machine.offset_fetch("g", [("in", 0)])
-    assert unstable.error is E.UNSTABLE_OFFSET_COMMIT
+    assert unstable.error is ErrorCode.UNSTABLE_OFFSET_COMMIT
     [plain] = leader.machine.offset_fetch("g", [("in", 0)], require_stable=False)
-    assert (plain.error, plain.offset) == (E.NONE, -1)
+    assert (plain.error, plain.offset) == (ErrorCode.NONE, -1)
 
     end = leader.end("tx", pid, 0, commit=True)
     assert end.ok and (end.producer_id, end.producer_epoch) == (pid, 1)
@@ -51,18 +48,18 @@ def test_commit_across_partitions_and_group_offsets() -> None:
     assert markers.commit and markers.producer_epoch == 1  # strictly above the data epoch 0
     assert markers.partitions == (("a", 0), ("b", 1)) and markers.groups == ("g",)
     assert leader.machine.pending_markers() == [markers]
-    assert leader.machine.describe("tx").state is S.PREPARE_COMMIT  # type: ignore[union-attr]
+    assert leader.machine.describe("tx").state is TxnState.PREPARE_COMMIT  # type: ignore[union-attr]
 
     for outcome in leader.deliver(markers):
         assert outcome.ok
     meta = leader.machine.describe("tx")
-    assert meta is not None and meta.state is S.COMPLETE_COMMIT and not meta.has_participants
+    assert meta is not None and meta.state is TxnState.COMPLETE_COMMIT and not meta.has_participants
     [stable] = leader.machine.offset_fetch("g", [("in", 0)])
-    assert (stable.error, stable.offset) == (E.NONE, 42)
+    assert (stable.error, stable.offset) == (ErrorCode.NONE, 42)
     assert leader.machine.pending_markers() == []
     # The next transaction uses the bumped epoch.
     assert leader.add("tx", pid, 1, ("a", 0)).ok
-    assert leader.add("tx", pid, 0, ("a", 0)).error is E.PRODUCER_FENCED
+    assert leader.add("tx", pid, 0, ("a", 0)).error is ErrorCode.PRODUCER_FENCED
 
 
 def test_markers_acknowledged_in_parts() -> None:
@@ -72,13 +69,13 @@ def test_markers_acknowledged_in_parts() -> None:
     markers = markers_of(leader.end("tx", pid, 0, commit=False).effects)
     assert not markers.commit
     half = leader.apply(MarkersWritten("tx", pid, 1, (("a", 0),), (), leader.now_ms))
-    assert half.ok and leader.machine.describe("tx").state is S.PREPARE_ABORT  # type: ignore[union-attr]
+    assert half.ok and leader.machine.describe("tx").state is TxnState.PREPARE_ABORT  # type: ignore[union-attr]
     # A repeated acknowledgement is a no-op; a stale identity is refused.
     assert leader.apply(MarkersWritten("tx", pid, 1, (("a", 0),), (), leader.now_ms)).ok
     stale = leader.apply(MarkersWritten("tx", pid, 0, (("b", 0),), (), leader.now_ms))
-    assert stale.error is E.INVALID_TXN_STATE
+    assert stale.error is ErrorCode.INVALID_TXN_STATE
     done = leader.apply(MarkersWritten("tx", pid, 1, (("b", 0),), (), leader.now_ms))
-    assert done.ok and leader.machine.describe("tx").state is S.COMPLETE_ABORT  # type: ignore[union-attr]
+    assert done.ok and leader.machine.describe("tx").state is TxnState.COMPLETE_ABORT  # type: ignore[union-attr]
 
 
 def test_zombie_is_fenced_and_its_open_transaction_aborted() -> None:
@@ -88,17 +85,17 @@ def test_zombie_is_fenced_and_its_open_transaction_aborted() -> None:
     leader.add("tx", pid, 0, ("a", 0))
     leader.tick()
     second = leader.init("tx")  # a new instance with the same transactional.id
-    assert second.error is E.CONCURRENT_TRANSACTIONS
+    assert second.error is ErrorCode.CONCURRENT_TRANSACTIONS
     fenced = [e for e in second.effects if isinstance(e, ProducerFenced)]
     assert fenced and (fenced[0].old_epoch, fenced[0].new_epoch) == (0, 1)
     markers = markers_of(second.effects)
     assert not markers.commit and markers.producer_epoch == 1
     # The zombie can neither commit nor add.
-    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
-    assert leader.add("tx", pid, 0, ("b", 0)).error is E.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=True).error is ErrorCode.PRODUCER_FENCED
+    assert leader.add("tx", pid, 0, ("b", 0)).error is ErrorCode.PRODUCER_FENCED
     leader.deliver_all()
-    assert leader.add("tx", pid, 0, ("b", 0)).error is E.PRODUCER_FENCED
-    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
+    assert leader.add("tx", pid, 0, ("b", 0)).error is ErrorCode.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=True).error is ErrorCode.PRODUCER_FENCED
     retry = leader.init("tx")
     assert retry.ok and (retry.producer_id, retry.producer_epoch) == (pid, 2)
 
@@ -113,11 +110,11 @@ def test_kip360_recovery_with_expected_id_and_epoch() -> None:
     again = leader.init("tx", expected=(pid, 0))
     assert again.ok and again.producer_epoch == 1
     assert leader.machine.describe("tx").producer_epoch == 1  # type: ignore[union-attr]
-    assert leader.init("tx", expected=(pid, 5)).error is E.PRODUCER_FENCED
-    assert leader.init("tx", expected=(pid + 77, 1)).error is E.PRODUCER_FENCED
+    assert leader.init("tx", expected=(pid, 5)).error is ErrorCode.PRODUCER_FENCED
+    assert leader.init("tx", expected=(pid + 77, 1)).error is ErrorCode.PRODUCER_FENCED
     before = leader.machine.snapshot()
     half = leader.apply(InitProducerId("tx", 1000, leader.now_ms, 1, -1, pid, -1))
-    assert half.error is E.INVALID_REQUEST and leader.machine.snapshot() == before
+    assert half.error is ErrorCode.INVALID_REQUEST and leader.machine.snapshot() == before
 
 
 def test_epoch_exhaustion_rotates_on_init() -> None:
@@ -149,7 +146,7 @@ def test_epoch_exhaustion_rotates_on_end_txn() -> None:
     markers = markers_of(end.effects)
     assert (markers.producer_id, markers.producer_epoch) == (pid, 3)
     # While the markers are written, the new identity is told to wait.
-    assert leader.add("tx", new_pid, 0, ("a", 0)).error is E.CONCURRENT_TRANSACTIONS
+    assert leader.add("tx", new_pid, 0, ("a", 0)).error is ErrorCode.CONCURRENT_TRANSACTIONS
     leader.deliver_all()
     retry = leader.end("tx", pid, 2, commit=True)
     assert retry.ok and (retry.producer_id, retry.producer_epoch) == (new_pid, 0)
@@ -176,7 +173,7 @@ def test_an_exhausted_epoch_is_never_handed_out_nor_accepted() -> None:
     assert aborted.ok and markers_of(aborted.effects).producer_epoch == 5
     leader.deliver_all()
     meta = leader.machine.describe("tx")
-    assert meta is not None and (meta.state, meta.producer_epoch) == (S.COMPLETE_ABORT, 5)
+    assert meta is not None and (meta.state, meta.producer_epoch) == (TxnState.COMPLETE_ABORT, 5)
     before = leader.machine.snapshot()
     for refused in (
         leader.add("tx", pid, 5, ("a", 0)),
@@ -184,10 +181,10 @@ def test_an_exhausted_epoch_is_never_handed_out_nor_accepted() -> None:
         leader.end("tx", pid, 5, commit=True),
         leader.end("tx", pid, 5, commit=False),
     ):
-        assert refused.error is E.PRODUCER_FENCED and "exhausted" in refused.message
+        assert refused.error is ErrorCode.PRODUCER_FENCED and "exhausted" in refused.message
     assert leader.machine.snapshot() == before
     # The fenced producer cannot recover its epoch; a new instance can, on a new id.
-    assert leader.init("tx", timeout_ms=1_000, expected=(pid, 4)).error is E.PRODUCER_FENCED
+    assert leader.init("tx", timeout_ms=1_000, expected=(pid, 4)).error is ErrorCode.PRODUCER_FENCED
     fresh = leader.init("tx", timeout_ms=1_000)
     assert fresh.ok and fresh.producer_id != pid and fresh.producer_epoch == 0
     assert leader.add("tx", fresh.producer_id, 0, ("a", 0)).ok
@@ -203,15 +200,15 @@ def test_next_transaction_waits_while_the_previous_markers_are_written() -> None
     leader.add("tx", pid, 0, ("a", 0))
     assert leader.end("tx", pid, 0, commit=True).producer_epoch == 1  # N: PrepareCommit
     before = leader.machine.snapshot()
-    assert leader.add("tx", pid, 1, ("b", 0)).error is E.CONCURRENT_TRANSACTIONS  # N + 1
-    assert leader.end("tx", pid, 1, commit=False).error is E.CONCURRENT_TRANSACTIONS
-    assert leader.end("tx", pid, 1, commit=True).error is E.CONCURRENT_TRANSACTIONS
+    assert leader.add("tx", pid, 1, ("b", 0)).error is ErrorCode.CONCURRENT_TRANSACTIONS  # N + 1
+    assert leader.end("tx", pid, 1, commit=False).error is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert leader.end("tx", pid, 1, commit=True).error is ErrorCode.CONCURRENT_TRANSACTIONS
     # A retry of N's own EndTxn with the other decision is a real conflict.
-    assert leader.end("tx", pid, 0, commit=False).error is E.INVALID_TXN_STATE
+    assert leader.end("tx", pid, 0, commit=False).error is ErrorCode.INVALID_TXN_STATE
     assert leader.machine.snapshot() == before
     leader.deliver_all()
     meta = leader.machine.describe("tx")
-    assert meta is not None and meta.state is S.COMPLETE_COMMIT  # N stayed committed
+    assert meta is not None and meta.state is TxnState.COMPLETE_COMMIT  # N stayed committed
     abort = leader.end("tx", pid, 1, commit=False)  # N + 1, empty, aborts
     assert abort.ok and (abort.producer_id, abort.producer_epoch) == (pid, 2)
 
@@ -223,7 +220,9 @@ def test_end_txn_without_a_stamped_id_when_rotation_is_due() -> None:
     assert leader.machine.needs_new_producer_id(EndTxn("tx", pid, 0, True, 0, 1))
     before = leader.machine.snapshot()
     outcome = leader.apply(EndTxn("tx", pid, 0, True, leader.now_ms, 1))
-    assert outcome.error is E.CONCURRENT_TRANSACTIONS and leader.machine.snapshot() == before
+    assert (
+        outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS and leader.machine.snapshot() == before
+    )
 
 
 def test_timeout_abort_fences_the_producer() -> None:
@@ -238,11 +237,11 @@ def test_timeout_abort_fences_the_producer() -> None:
     assert [e.reason for e in aborted.effects if isinstance(e, ProducerFenced)] == ["timeout"]
     assert markers_of(aborted.effects).producer_epoch == 1
     leader.deliver_all()
-    assert leader.machine.describe("tx").state is S.COMPLETE_ABORT  # type: ignore[union-attr]
+    assert leader.machine.describe("tx").state is TxnState.COMPLETE_ABORT  # type: ignore[union-attr]
     # The zombie learns it was fenced, not that its retry succeeded.
-    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
-    assert leader.end("tx", pid, 0, commit=False).error is E.PRODUCER_FENCED
-    assert leader.add("tx", pid, 0, ("a", 0)).error is E.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=True).error is ErrorCode.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=False).error is ErrorCode.PRODUCER_FENCED
+    assert leader.add("tx", pid, 0, ("a", 0)).error is ErrorCode.PRODUCER_FENCED
 
 
 def test_stale_timeout_abort_changes_nothing() -> None:
@@ -254,7 +253,7 @@ def test_stale_timeout_abort_changes_nothing() -> None:
     leader.end("tx", pid, 0, commit=True)  # the producer won the race
     before = leader.machine.snapshot()
     late = leader.apply(candidate)
-    assert late.error is E.PRODUCER_FENCED and leader.machine.snapshot() == before
+    assert late.error is ErrorCode.PRODUCER_FENCED and leader.machine.snapshot() == before
 
 
 def test_transactional_id_expiration() -> None:
@@ -268,7 +267,9 @@ def test_transactional_id_expiration() -> None:
     assert leader.machine.expirable_ids(leader.now_ms) == ["idle"]
     outcome = leader.expire()
     assert outcome.expired == ("idle",)
-    assert [(e.from_state, e.to_state) for e in outcome.effects] == [(S.EMPTY, S.DEAD)]
+    assert [(e.from_state, e.to_state) for e in outcome.effects] == [
+        (TxnState.EMPTY, TxnState.DEAD)
+    ]
     assert leader.machine.describe("idle") is None and leader.machine.describe("busy")
     # The id starts over with a fresh producer id; the old one is never reused.
     again = leader.init("idle")
@@ -288,13 +289,13 @@ def test_duplicate_marker_never_closes_the_next_transactions_offsets() -> None:
     leader.offsets("g", "tx", pid, 1, ("in", 0, 20))
     assert leader.apply(GroupMarker("g", pid, 1, True, leader.now_ms)).ok
     [pending] = leader.machine.offset_fetch("g", [("in", 0)])
-    assert pending.error is E.UNSTABLE_OFFSET_COMMIT
+    assert pending.error is ErrorCode.UNSTABLE_OFFSET_COMMIT
     second = markers_of(leader.end("tx", pid, 1, commit=False).effects)
     leader.deliver(second)
     [fetched] = leader.machine.offset_fetch("g", [("in", 0)])
-    assert (fetched.error, fetched.offset) == (E.NONE, 10)  # the aborted 20 was dropped
+    assert (fetched.error, fetched.offset) == (ErrorCode.NONE, 10)  # the aborted 20 was dropped
     # A zombie offset commit with an old epoch is fenced.
-    assert leader.offsets("g", "tx", pid, 1, ("in", 0, 99)).error is E.PRODUCER_FENCED
+    assert leader.offsets("g", "tx", pid, 1, ("in", 0, 99)).error is ErrorCode.PRODUCER_FENCED
 
 
 def test_plain_offset_commit_and_fetch_all() -> None:
@@ -312,22 +313,22 @@ def test_plain_offset_commit_and_fetch_all() -> None:
 @pytest.mark.parametrize(
     ("command", "error"),
     [
-        (InitProducerId("", 1000, 1, 1), E.INVALID_REQUEST),
-        (InitProducerId("tx", 0, 1, 1), E.INVALID_TRANSACTION_TIMEOUT),
-        (InitProducerId("tx", -5, 1, 1), E.INVALID_TRANSACTION_TIMEOUT),
-        (InitProducerId("tx", 900_001, 1, 1), E.INVALID_TRANSACTION_TIMEOUT),
-        (AddPartitions("tx", 0, 0, (), 1, 1), E.INVALID_REQUEST),
-        (AddPartitions("tx", 0, 0, (("", 0),), 1, 1), E.INVALID_REQUEST),
-        (AddPartitions("tx", 0, 0, (("a", -1),), 1, 1), E.INVALID_REQUEST),
+        (InitProducerId("", 1000, 1, 1), ErrorCode.INVALID_REQUEST),
+        (InitProducerId("tx", 0, 1, 1), ErrorCode.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("tx", -5, 1, 1), ErrorCode.INVALID_TRANSACTION_TIMEOUT),
+        (InitProducerId("tx", 900_001, 1, 1), ErrorCode.INVALID_TRANSACTION_TIMEOUT),
+        (AddPartitions("tx", 0, 0, (), 1, 1), ErrorCode.INVALID_REQUEST),
+        (AddPartitions("tx", 0, 0, (("", 0),), 1, 1), ErrorCode.INVALID_REQUEST),
+        (AddPartitions("tx", 0, 0, (("a", -1),), 1, 1), ErrorCode.INVALID_REQUEST),
         (
             AddPartitions("tx", 0, 0, tuple(("a", i) for i in range(10_001)), 1, 1),
-            E.INVALID_REQUEST,
+            ErrorCode.INVALID_REQUEST,
         ),
-        (AddPartitions("unknown", 0, 0, (("a", 0),), 1, 1), E.INVALID_PRODUCER_ID_MAPPING),
-        (EndTxn("unknown", 0, 0, True, 1, 1), E.INVALID_PRODUCER_ID_MAPPING),
-        (OffsetCommit("g", (OffsetEntry("in", 0, -1, ""),), 1), E.INVALID_REQUEST),
-        (OffsetCommit("", (OffsetEntry("in", 0, 1, ""),), 1), E.INVALID_REQUEST),
-        (GroupMarker("g", -1, 0, True, 1), E.INVALID_REQUEST),
+        (AddPartitions("unknown", 0, 0, (("a", 0),), 1, 1), ErrorCode.INVALID_PRODUCER_ID_MAPPING),
+        (EndTxn("unknown", 0, 0, True, 1, 1), ErrorCode.INVALID_PRODUCER_ID_MAPPING),
+        (OffsetCommit("g", (OffsetEntry("in", 0, -1, ""),), 1), ErrorCode.INVALID_REQUEST),
+        (OffsetCommit("", (OffsetEntry("in", 0, 1, ""),), 1), ErrorCode.INVALID_REQUEST),
+        (GroupMarker("g", -1, 0, True, 1), ErrorCode.INVALID_REQUEST),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(command: object, error: ErrorCode) -> None:
@@ -349,12 +350,12 @@ def test_list_and_describe() -> None:
     leader.tick(500)
     rows = leader.machine.list_transactions(leader.now_ms)
     assert [(r.transactional_id, r.state, r.duration_ms) for r in rows] == [
-        ("a", S.ONGOING, 500),
-        ("b", S.EMPTY, -1),
+        ("a", TxnState.ONGOING, 500),
+        ("b", TxnState.EMPTY, -1),
     ]
     assert [
         r.transactional_id
-        for r in leader.machine.list_transactions(leader.now_ms, states=[S.EMPTY])
+        for r in leader.machine.list_transactions(leader.now_ms, states=[TxnState.EMPTY])
     ] == ["b"]
     assert [
         r.transactional_id
@@ -380,8 +381,8 @@ def test_fenced_epoch_is_never_taken_for_a_retry() -> None:
     assert aborted.ok
     leader.deliver_all()
     # A late retry of the first transaction's EndTxn no longer passes for a retry.
-    assert leader.end("tx", pid, 0, commit=True).error is E.PRODUCER_FENCED
-    assert leader.end("tx", pid, 1, commit=True).error is E.PRODUCER_FENCED
+    assert leader.end("tx", pid, 0, commit=True).error is ErrorCode.PRODUCER_FENCED
+    assert leader.end("tx", pid, 1, commit=True).error is ErrorCode.PRODUCER_FENCED
 
 
 def test_create_topic() -> None:
@@ -390,12 +391,12 @@ def test_create_topic() -> None:
     assert leader.machine.state.topics == {"orders": (1, 2, 3)}
     before = leader.machine.snapshot()
     for command, error in [
-        (CreateTopic("orders", (1,), 0), E.TOPIC_ALREADY_EXISTS),
-        (CreateTopic("", (1,), 0), E.INVALID_TOPIC_EXCEPTION),
-        (CreateTopic("bad/name", (1,), 0), E.INVALID_TOPIC_EXCEPTION),
-        (CreateTopic("..", (1,), 0), E.INVALID_TOPIC_EXCEPTION),
-        (CreateTopic("x" * 250, (1,), 0), E.INVALID_TOPIC_EXCEPTION),
-        (CreateTopic("empty", (), 0), E.INVALID_PARTITIONS),
+        (CreateTopic("orders", (1,), 0), ErrorCode.TOPIC_ALREADY_EXISTS),
+        (CreateTopic("", (1,), 0), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("bad/name", (1,), 0), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("..", (1,), 0), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("x" * 250, (1,), 0), ErrorCode.INVALID_TOPIC_EXCEPTION),
+        (CreateTopic("empty", (), 0), ErrorCode.INVALID_PARTITIONS),
     ]:
         assert leader.apply(command).error is error, command
     assert leader.machine.snapshot() == before
@@ -409,13 +410,13 @@ def test_offsets_verification_asks_for_the_group_in_the_ongoing_transaction() ->
     def verdict(producer_id: int, epoch: int, group: str, tid: str = "tx") -> ErrorCode:
         return verify_group(describe(tid), producer_id, epoch, group)[0]
 
-    assert verdict(pid, 0, "g") is E.INVALID_TXN_STATE  # no transaction yet
+    assert verdict(pid, 0, "g") is ErrorCode.INVALID_TXN_STATE  # no transaction yet
     assert leader.add_offsets("tx", pid, 0, "g").ok
-    assert verdict(pid, 0, "g") is E.NONE
-    assert verdict(pid, 0, "other") is E.INVALID_TXN_STATE  # never added
-    assert verdict(pid + 1, 0, "g") is E.INVALID_PRODUCER_ID_MAPPING
-    assert verdict(pid, 0, "g", tid="unknown") is E.INVALID_PRODUCER_ID_MAPPING
-    assert verdict(pid, 1, "g") is E.PRODUCER_FENCED  # not the current epoch
+    assert verdict(pid, 0, "g") is ErrorCode.NONE
+    assert verdict(pid, 0, "other") is ErrorCode.INVALID_TXN_STATE  # never added
+    assert verdict(pid + 1, 0, "g") is ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    assert verdict(pid, 0, "g", tid="unknown") is ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    assert verdict(pid, 1, "g") is ErrorCode.PRODUCER_FENCED  # not the current epoch
     assert leader.end("tx", pid, 0, commit=True).ok
-    assert verdict(pid, 0, "g") is E.PRODUCER_FENCED  # the epoch moved on
-    assert verdict(pid, 1, "g") is E.INVALID_TXN_STATE  # PrepareCommit: not ongoing
+    assert verdict(pid, 0, "g") is ErrorCode.PRODUCER_FENCED  # the epoch moved on
+    assert verdict(pid, 1, "g") is ErrorCode.INVALID_TXN_STATE  # PrepareCommit: not ongoing

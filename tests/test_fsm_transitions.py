@@ -28,38 +28,40 @@ from fsm import (
     TransactionStateMachine,
     Transition,
     TxnState,
+    transactions,
     transition,
 )
-from fsm import transactions as txn
 from fsm.errors import ErrorCode
 from fsm.rules import REQUESTS, Request, Rule, markdown_tables, rule
 from fsm.states import COMPLETION_OF
 
-S = TxnState
-E = ErrorCode
-
 # The legal transitions ("may be entered from"), copied as data.
 DESIGN_TABLE = {
-    S.EMPTY: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
-    S.ONGOING: {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
-    S.PREPARE_COMMIT: {S.ONGOING},
-    S.PREPARE_ABORT: {
-        S.ONGOING,
-        S.PREPARE_EPOCH_FENCE,
-        S.EMPTY,
-        S.COMPLETE_COMMIT,
-        S.COMPLETE_ABORT,
+    TxnState.EMPTY: {TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT},
+    TxnState.ONGOING: {
+        TxnState.ONGOING,
+        TxnState.EMPTY,
+        TxnState.COMPLETE_COMMIT,
+        TxnState.COMPLETE_ABORT,
     },
-    S.COMPLETE_COMMIT: {S.PREPARE_COMMIT},
-    S.COMPLETE_ABORT: {S.PREPARE_ABORT},
-    S.DEAD: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
-    S.PREPARE_EPOCH_FENCE: {S.ONGOING},
+    TxnState.PREPARE_COMMIT: {TxnState.ONGOING},
+    TxnState.PREPARE_ABORT: {
+        TxnState.ONGOING,
+        TxnState.PREPARE_EPOCH_FENCE,
+        TxnState.EMPTY,
+        TxnState.COMPLETE_COMMIT,
+        TxnState.COMPLETE_ABORT,
+    },
+    TxnState.COMPLETE_COMMIT: {TxnState.PREPARE_COMMIT},
+    TxnState.COMPLETE_ABORT: {TxnState.PREPARE_ABORT},
+    TxnState.DEAD: {TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT},
+    TxnState.PREPARE_EPOCH_FENCE: {TxnState.ONGOING},
 }
 
 
 def test_table_is_the_design_table() -> None:
     assert {k: set(v) for k, v in VALID_PREVIOUS.items()} == DESIGN_TABLE
-    assert [int(s) for s in S] == list(range(8))
+    assert [int(s) for s in TxnState] == list(range(8))
 
 
 def meta_in(state: TxnState) -> TransactionMetadata:
@@ -73,7 +75,7 @@ def meta_in(state: TxnState) -> TransactionMetadata:
     )
 
 
-@pytest.mark.parametrize(("source", "target"), list(itertools.product(S, S)))
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(TxnState, TxnState)))
 def test_transition_pair(source: TxnState, target: TxnState) -> None:
     before = meta_in(source)
     if source in DESIGN_TABLE[target]:
@@ -103,9 +105,19 @@ def machine_with(state: TxnState) -> TransactionStateMachine:
     machine.state.pids.allocate()  # ids 0..999 granted
     machine.state.last_assigned_pid = PID
     meta = replace(meta_in(state), txn_start_ms=1_000)
-    if state in (S.ONGOING, S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
+    if state in (
+        TxnState.ONGOING,
+        TxnState.PREPARE_COMMIT,
+        TxnState.PREPARE_ABORT,
+        TxnState.PREPARE_EPOCH_FENCE,
+    ):
         meta = replace(meta, partitions=frozenset({("a", 0)}))
-    if state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
+    if state in (
+        TxnState.PREPARE_COMMIT,
+        TxnState.PREPARE_ABORT,
+        TxnState.COMPLETE_COMMIT,
+        TxnState.COMPLETE_ABORT,
+    ):
         meta = replace(meta, last_producer_id=PID, last_producer_epoch=EPOCH - 1)
     meta = replace(meta, pending_state=COMPLETION_OF.get(state))
     machine.state.transactions["t"] = meta
@@ -125,76 +137,80 @@ def events(pid: int = PID, epoch: int = EPOCH) -> dict[str, Command]:
     }
 
 
-OK, UNCHANGED, GONE = E.NONE, None, "gone"
-C, INV, F = E.CONCURRENT_TRANSACTIONS, E.INVALID_TXN_STATE, E.PRODUCER_FENCED
+OK, UNCHANGED, GONE = ErrorCode.NONE, None, "gone"
+C, INV, F = (
+    ErrorCode.CONCURRENT_TRANSACTIONS,
+    ErrorCode.INVALID_TXN_STATE,
+    ErrorCode.PRODUCER_FENCED,
+)
 
 # (state, event) -> (error, state afterwards: a TxnState, UNCHANGED or GONE)
 EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
-    S.EMPTY: {
-        "init": (OK, S.EMPTY),
-        "add_partitions": (OK, S.ONGOING),
-        "add_offsets": (OK, S.ONGOING),
+    TxnState.EMPTY: {
+        "init": (OK, TxnState.EMPTY),
+        "add_partitions": (OK, TxnState.ONGOING),
+        "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (INV, UNCHANGED),
-        "end_abort": (OK, S.COMPLETE_ABORT),
+        "end_abort": (OK, TxnState.COMPLETE_ABORT),
         "markers": (INV, UNCHANGED),
         "timeout": (INV, UNCHANGED),
         "expire": (OK, GONE),
     },
-    S.ONGOING: {
+    TxnState.ONGOING: {
         # InitProducerId fences and aborts the open transaction, then says "retry".
-        "init": (C, S.PREPARE_ABORT),
-        "add_partitions": (OK, S.ONGOING),
-        "add_offsets": (OK, S.ONGOING),
-        "end_commit": (OK, S.PREPARE_COMMIT),
-        "end_abort": (OK, S.PREPARE_ABORT),
+        "init": (C, TxnState.PREPARE_ABORT),
+        "add_partitions": (OK, TxnState.ONGOING),
+        "add_offsets": (OK, TxnState.ONGOING),
+        "end_commit": (OK, TxnState.PREPARE_COMMIT),
+        "end_abort": (OK, TxnState.PREPARE_ABORT),
         "markers": (INV, UNCHANGED),
-        "timeout": (OK, S.PREPARE_ABORT),
+        "timeout": (OK, TxnState.PREPARE_ABORT),
         "expire": (OK, UNCHANGED),
     },
     # The current identity in Prepare* is the next transaction's: it waits,
     # whatever its decision (the retry identity's rows are below).
-    S.PREPARE_COMMIT: {
+    TxnState.PREPARE_COMMIT: {
         "init": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
         "end_commit": (C, UNCHANGED),
         "end_abort": (C, UNCHANGED),
-        "markers": (OK, S.COMPLETE_COMMIT),
+        "markers": (OK, TxnState.COMPLETE_COMMIT),
         "timeout": (INV, UNCHANGED),
         "expire": (OK, UNCHANGED),
     },
-    S.PREPARE_ABORT: {
+    TxnState.PREPARE_ABORT: {
         "init": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
         "end_commit": (C, UNCHANGED),
         "end_abort": (C, UNCHANGED),
-        "markers": (OK, S.COMPLETE_ABORT),
+        "markers": (OK, TxnState.COMPLETE_ABORT),
         "timeout": (INV, UNCHANGED),
         "expire": (OK, UNCHANGED),
     },
-    S.COMPLETE_COMMIT: {
-        "init": (OK, S.EMPTY),
-        "add_partitions": (OK, S.ONGOING),
-        "add_offsets": (OK, S.ONGOING),
+    TxnState.COMPLETE_COMMIT: {
+        "init": (OK, TxnState.EMPTY),
+        "add_partitions": (OK, TxnState.ONGOING),
+        "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (INV, UNCHANGED),
-        "end_abort": (OK, S.COMPLETE_ABORT),
+        "end_abort": (OK, TxnState.COMPLETE_ABORT),
         "markers": (INV, UNCHANGED),
         "timeout": (INV, UNCHANGED),
         "expire": (OK, GONE),
     },
-    S.COMPLETE_ABORT: {
-        "init": (OK, S.EMPTY),
-        "add_partitions": (OK, S.ONGOING),
-        "add_offsets": (OK, S.ONGOING),
+    TxnState.COMPLETE_ABORT: {
+        "init": (OK, TxnState.EMPTY),
+        "add_partitions": (OK, TxnState.ONGOING),
+        "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (INV, UNCHANGED),
-        "end_abort": (OK, S.COMPLETE_ABORT),
+        "end_abort": (OK, TxnState.COMPLETE_ABORT),
         "markers": (INV, UNCHANGED),
         "timeout": (INV, UNCHANGED),
         "expire": (OK, GONE),
     },
     # Dead and PrepareEpochFence never outlive one command; found anyway, they are busy.
-    S.DEAD: {
+    TxnState.DEAD: {
         "init": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
@@ -204,7 +220,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
         "timeout": (INV, UNCHANGED),
         "expire": (OK, UNCHANGED),
     },
-    S.PREPARE_EPOCH_FENCE: {
+    TxnState.PREPARE_EPOCH_FENCE: {
         "init": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
@@ -218,42 +234,47 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
 
 # The same events carrying the retry identity (5, 2) of the transaction that ended.
 EXPECTED_RETRY: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
-    S.PREPARE_COMMIT: {
+    TxnState.PREPARE_COMMIT: {
         "end_commit": (C, UNCHANGED),
         "end_abort": (INV, UNCHANGED),
         "add_partitions": (F, UNCHANGED),
     },
-    S.PREPARE_ABORT: {
+    TxnState.PREPARE_ABORT: {
         "end_commit": (INV, UNCHANGED),
         "end_abort": (C, UNCHANGED),
         "add_partitions": (F, UNCHANGED),
     },
-    S.COMPLETE_COMMIT: {
+    TxnState.COMPLETE_COMMIT: {
         "end_commit": (OK, UNCHANGED),
         "end_abort": (INV, UNCHANGED),
         "add_partitions": (F, UNCHANGED),
     },
-    S.COMPLETE_ABORT: {
+    TxnState.COMPLETE_ABORT: {
         "end_commit": (INV, UNCHANGED),
         "end_abort": (OK, UNCHANGED),
         "add_partitions": (F, UNCHANGED),
     },
-    S.ONGOING: {
+    TxnState.ONGOING: {
         "end_commit": (F, UNCHANGED),
         "add_partitions": (F, UNCHANGED),
         "timeout": (F, UNCHANGED),
         "markers": (INV, UNCHANGED),
     },
-    S.EMPTY: {"end_abort": (F, UNCHANGED), "add_offsets": (F, UNCHANGED)},
+    TxnState.EMPTY: {"end_abort": (F, UNCHANGED), "add_offsets": (F, UNCHANGED)},
 }
 
 # A producer id the shard never gave to "t".
 EXPECTED_WRONG_PID: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     state: {
-        "add_partitions": (E.INVALID_PRODUCER_ID_MAPPING, UNCHANGED),
-        "end_commit": (E.INVALID_PRODUCER_ID_MAPPING, UNCHANGED),
+        "add_partitions": (ErrorCode.INVALID_PRODUCER_ID_MAPPING, UNCHANGED),
+        "end_commit": (ErrorCode.INVALID_PRODUCER_ID_MAPPING, UNCHANGED),
     }
-    for state in (S.EMPTY, S.ONGOING, S.COMPLETE_COMMIT, S.COMPLETE_ABORT)
+    for state in (
+        TxnState.EMPTY,
+        TxnState.ONGOING,
+        TxnState.COMPLETE_COMMIT,
+        TxnState.COMPLETE_ABORT,
+    )
 }
 
 
@@ -275,7 +296,7 @@ CASES = (
 
 
 def test_every_state_event_pair_is_covered() -> None:
-    assert set(EXPECTED) == set(S)
+    assert set(EXPECTED) == set(TxnState)
     for row in EXPECTED.values():
         assert set(row) == set(events())
 
@@ -322,7 +343,7 @@ RETRY_OF_EVENT = {"end_commit": Request.END_COMMIT_RETRY, "end_abort": Request.E
 
 
 def _as_expected(found: Rule) -> tuple[ErrorCode, object]:
-    if found.to is S.DEAD:  # an expired id is removed
+    if found.to is TxnState.DEAD:  # an expired id is removed
         return found.error, GONE
     return found.error, found.to
 
@@ -340,7 +361,7 @@ def test_rules_table_is_the_matrix() -> None:
         for state, found in by_state.items():
             if found.to is not None:  # one legal transition, or two (an empty abort)
                 assert state in DESIGN_TABLE[found.to] or any(
-                    state in DESIGN_TABLE[via] and via in DESIGN_TABLE[found.to] for via in S
+                    state in DESIGN_TABLE[via] and via in DESIGN_TABLE[found.to] for via in TxnState
                 ), (request, state)
 
 
@@ -352,19 +373,19 @@ def test_the_docs_hold_the_tables() -> None:
 def pure_step(meta: TransactionMetadata, command: Command, config: FsmConfig) -> object:
     """The pure handler for ``command`` (which raises, unlike ``apply``)."""
     if isinstance(command, InitProducerId):
-        return txn.init_producer_id(meta, command, config)
+        return transactions.init_producer_id(meta, command, config)
     if isinstance(command, AddPartitions):
-        return txn.add_partitions(meta, command, config)
+        return transactions.add_partitions(meta, command, config)
     if isinstance(command, AddOffsets):
-        return txn.add_offsets(meta, command, config)
+        return transactions.add_offsets(meta, command, config)
     if isinstance(command, EndTxn):
-        return txn.end_txn(meta, command, config)
+        return transactions.end_txn(meta, command, config)
     if isinstance(command, MarkersWritten):
-        return txn.markers_written(meta, command)
+        return transactions.markers_written(meta, command)
     if isinstance(command, AbortTimedOut):
-        return txn.abort_timed_out(meta, command, config)
+        return transactions.abort_timed_out(meta, command, config)
     assert isinstance(command, ExpireTransactionalIds)
-    return txn.expire(meta, NOW) if txn.expirable(meta, NOW, config) else None
+    return transactions.expire(meta, NOW) if transactions.expirable(meta, NOW, config) else None
 
 
 @pytest.mark.parametrize(

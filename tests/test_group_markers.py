@@ -15,13 +15,11 @@ import pytest
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
-from raftcoord.protocol.v1 import coordinator_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
-E = ErrorCode
 SHARDS = 3
 COMPLETE_COMMIT = common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
 COMPLETE_ABORT = common_pb2.TRANSACTION_STATE_COMPLETE_ABORT
@@ -56,31 +54,37 @@ def begin_with_offsets(client: Coordinators, tid: str, group: str, offset: int) 
     init = client.call(
         tid,
         "InitProducerId",
-        pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+        coordinator_pb2.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
     )
-    assert init.error_code == E.NONE, init
+    assert init.error_code == ErrorCode.NONE, init
     ident = {
         "transactional_id": tid,
         "producer_id": init.producer_id,
         "producer_epoch": init.producer_epoch,
     }
-    added = client.call(tid, "AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(group_id=group, **ident))
-    assert added.error_code == E.NONE, added
+    added = client.call(
+        tid, "AddOffsetsToTxn", coordinator_pb2.AddOffsetsToTxnRequest(group_id=group, **ident)
+    )
+    assert added.error_code == ErrorCode.NONE, added
     offsets = [
-        pb.OffsetCommitTopic(
+        coordinator_pb2.OffsetCommitTopic(
             topic="in",
-            partitions=[pb.OffsetCommitPartition(partition=0, offset=offset, metadata=tid)],
+            partitions=[
+                coordinator_pb2.OffsetCommitPartition(partition=0, offset=offset, metadata=tid)
+            ],
         )
     ]
     committed = client.call(
-        group, "TxnOffsetCommit", pb.TxnOffsetCommitRequest(group_id=group, topics=offsets, **ident)
+        group,
+        "TxnOffsetCommit",
+        coordinator_pb2.TxnOffsetCommitRequest(group_id=group, topics=offsets, **ident),
     )
-    assert committed.error_code == E.NONE, committed
+    assert committed.error_code == ErrorCode.NONE, committed
     return init
 
 
 def end_request(tid: str, init: Any, commit: bool) -> Any:
-    return pb.EndTxnRequest(
+    return coordinator_pb2.EndTxnRequest(
         transactional_id=tid,
         producer_id=init.producer_id,
         producer_epoch=init.producer_epoch,
@@ -90,7 +94,9 @@ def end_request(tid: str, init: Any, commit: bool) -> Any:
 
 def state_of(client: Coordinators, tid: str) -> int:
     answer = client.call(
-        tid, "DescribeTransactions", pb.DescribeTransactionsRequest(transactional_ids=[tid])
+        tid,
+        "DescribeTransactions",
+        coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]),
     )
     return int(answer.transactions[0].state)
 
@@ -108,7 +114,9 @@ def stable_offset(client: Coordinators, group: str) -> tuple[int, int, str]:
     answer = client.call(
         group,
         "OffsetFetch",
-        pb.OffsetFetchRequest(group_id=group, topics=partitions("in", 0), require_stable=True),
+        coordinator_pb2.OffsetFetchRequest(
+            group_id=group, topics=partitions("in", 0), require_stable=True
+        ),
     )
     [found] = answer.partitions
     return int(found.error_code), int(found.offset), str(found.metadata)
@@ -123,23 +131,23 @@ def test_commit_completes_and_makes_the_offsets_visible(
     client = client_for(shared_cluster)
     try:
         init = begin_with_offsets(client, tid, group, offset=42)
-        assert stable_offset(client, group)[0] == E.UNSTABLE_OFFSET_COMMIT
+        assert stable_offset(client, group)[0] == ErrorCode.UNSTABLE_OFFSET_COMMIT
         ended = client.call(tid, "EndTxn", end_request(tid, init, commit=True))
-        assert ended.error_code == E.NONE, ended
+        assert ended.error_code == ErrorCode.NONE, ended
         wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=15)
-        assert stable_offset(client, group) == (E.NONE, 42, tid)
+        assert stable_offset(client, group) == (ErrorCode.NONE, 42, tid)
         # The producer goes on: its next transaction starts from CompleteCommit.
         again = client.call(
             tid,
             "AddOffsetsToTxn",
-            pb.AddOffsetsToTxnRequest(
+            coordinator_pb2.AddOffsetsToTxnRequest(
                 transactional_id=tid,
                 producer_id=ended.producer_id,
                 producer_epoch=ended.producer_epoch,
                 group_id=group,
             ),
         )
-        assert again.error_code == E.NONE, again
+        assert again.error_code == ErrorCode.NONE, again
     finally:
         client.close()
 
@@ -149,14 +157,18 @@ def test_abort_completes_and_drops_the_offsets(shared_cluster: LocalCluster) -> 
     client = client_for(shared_cluster)
     try:
         first = begin_with_offsets(client, tid, group, offset=10)
-        assert client.call(tid, "EndTxn", end_request(tid, first, True)).error_code == E.NONE
+        assert (
+            client.call(tid, "EndTxn", end_request(tid, first, True)).error_code == ErrorCode.NONE
+        )
         wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=15)
 
         second = begin_with_offsets(client, tid, group, offset=20)
-        assert client.call(tid, "EndTxn", end_request(tid, second, False)).error_code == E.NONE
+        assert (
+            client.call(tid, "EndTxn", end_request(tid, second, False)).error_code == ErrorCode.NONE
+        )
         wait_for_state(client, tid, COMPLETE_ABORT, timeout_s=15)
         # The aborted offsets are gone; the committed ones stay.
-        assert stable_offset(client, group) == (E.NONE, 10, tid)
+        assert stable_offset(client, group) == (ErrorCode.NONE, 10, tid)
     finally:
         client.close()
 
@@ -197,12 +209,15 @@ def test_write_txn_markers_answers_per_group_and_refuses_data_partitions(
         ]
         assert results == [
             (
-                [("orders", 0, E.INVALID_REQUEST), ("orders", 1, E.INVALID_REQUEST)],
-                [(group, E.NONE)],  # nothing pending for this producer: a no-op
+                [
+                    ("orders", 0, ErrorCode.INVALID_REQUEST),
+                    ("orders", 1, ErrorCode.INVALID_REQUEST),
+                ],
+                [(group, ErrorCode.NONE)],  # nothing pending for this producer: a no-op
             ),
-            ([], [(group, E.INVALID_REQUEST)]),
-            ([], [("", E.INVALID_REQUEST)]),
-            ([], [(group, E.INVALID_REQUEST)]),
+            ([], [(group, ErrorCode.INVALID_REQUEST)]),
+            ([], [("", ErrorCode.INVALID_REQUEST)]),
+            ([], [(group, ErrorCode.INVALID_REQUEST)]),
         ]
         assert [(r.producer_id, r.producer_epoch) for r in answer.markers] == [
             (5, 1),
@@ -217,7 +232,7 @@ def test_write_txn_markers_answers_per_group_and_refuses_data_partitions(
             partition_log_pb2.WriteTxnMarkersRequest(markers=request.markers[:1]), timeout=10
         )
         assert [(g.group_id, g.error_code) for g in refused.markers[0].groups] == [
-            (group, E.NOT_COORDINATOR)
+            (group, ErrorCode.NOT_COORDINATOR)
         ]
         empty = client.stubs[other.grpc].WriteTxnMarkers(
             partition_log_pb2.WriteTxnMarkersRequest(), timeout=10
@@ -247,12 +262,12 @@ def test_a_new_leader_completes_what_a_killed_leader_prepared(cluster: LocalClus
             ended = client.stubs[cluster.state.node(victim).grpc].EndTxn(
                 end_request(tid, init, commit=True), timeout=5
             )
-            assert ended.error_code == E.NONE, ended
+            assert ended.error_code == ErrorCode.NONE, ended
             cluster.kill(victim, "KILL")
         finally:
             cluster.kill(paused, "CONT")
         wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=30)
-        assert stable_offset(client, group) == (E.NONE, 77, tid)
+        assert stable_offset(client, group) == (ErrorCode.NONE, 77, tid)
     finally:
         client.close()
 
@@ -313,21 +328,28 @@ def test_a_stray_txn_offset_commit_is_refused_and_stores_nothing(
         init = begin_with_offsets(client, tid, group, offset=5)
         pid, epoch = init.producer_id, init.producer_epoch
         offsets = [
-            pb.OffsetCommitTopic(
-                topic="in", partitions=[pb.OffsetCommitPartition(partition=0, offset=666)]
+            coordinator_pb2.OffsetCommitTopic(
+                topic="in",
+                partitions=[coordinator_pb2.OffsetCommitPartition(partition=0, offset=666)],
             )
         ]
         strays = [
-            (victim, tid, pid, epoch, E.INVALID_TXN_STATE),  # no AddOffsetsToTxn
-            (victim, tid, pid, epoch + 5, E.PRODUCER_FENCED),  # an epoch not the current one
-            (group, tid, pid + 1000, epoch, E.INVALID_PRODUCER_ID_MAPPING),
-            (victim, "stray-unknown-tx", pid, epoch, E.INVALID_PRODUCER_ID_MAPPING),
+            (victim, tid, pid, epoch, ErrorCode.INVALID_TXN_STATE),  # no AddOffsetsToTxn
+            (
+                victim,
+                tid,
+                pid,
+                epoch + 5,
+                ErrorCode.PRODUCER_FENCED,
+            ),  # an epoch not the current one
+            (group, tid, pid + 1000, epoch, ErrorCode.INVALID_PRODUCER_ID_MAPPING),
+            (victim, "stray-unknown-tx", pid, epoch, ErrorCode.INVALID_PRODUCER_ID_MAPPING),
         ]
         for group_id, transactional_id, producer_id, producer_epoch, expected in strays:
             answer = client.call(
                 group_id,
                 "TxnOffsetCommit",
-                pb.TxnOffsetCommitRequest(
+                coordinator_pb2.TxnOffsetCommitRequest(
                     group_id=group_id,
                     transactional_id=transactional_id,
                     producer_id=producer_id,
@@ -338,31 +360,31 @@ def test_a_stray_txn_offset_commit_is_refused_and_stores_nothing(
             assert answer.error_code == expected, (group_id, producer_epoch, answer)
             assert [r.error_code for r in answer.results] == [expected]
         # Nothing is pending on the victim group: its offset reads as stable.
-        assert stable_offset(client, victim) == (E.NONE, -1, "")
+        assert stable_offset(client, victim) == (ErrorCode.NONE, -1, "")
 
         ended = client.call(tid, "EndTxn", end_request(tid, init, commit=True))
-        assert ended.error_code == E.NONE, ended
+        assert ended.error_code == ErrorCode.NONE, ended
         wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=15)
-        assert stable_offset(client, group) == (E.NONE, 5, tid)
+        assert stable_offset(client, group) == (ErrorCode.NONE, 5, tid)
         # The real producer's next transaction commits to the victim group: the
         # stray commit with a larger epoch did not fence it there.
         nxt = {"transactional_id": tid, "producer_id": pid, "producer_epoch": ended.producer_epoch}
         added = client.call(
-            tid, "AddOffsetsToTxn", pb.AddOffsetsToTxnRequest(group_id=victim, **nxt)
+            tid, "AddOffsetsToTxn", coordinator_pb2.AddOffsetsToTxnRequest(group_id=victim, **nxt)
         )
-        assert added.error_code == E.NONE, added
-        real = pb.OffsetCommitTopic(
-            topic="in", partitions=[pb.OffsetCommitPartition(partition=0, offset=7)]
+        assert added.error_code == ErrorCode.NONE, added
+        real = coordinator_pb2.OffsetCommitTopic(
+            topic="in", partitions=[coordinator_pb2.OffsetCommitPartition(partition=0, offset=7)]
         )
         committed = client.call(
             victim,
             "TxnOffsetCommit",
-            pb.TxnOffsetCommitRequest(group_id=victim, topics=[real], **nxt),
+            coordinator_pb2.TxnOffsetCommitRequest(group_id=victim, topics=[real], **nxt),
         )
-        assert committed.error_code == E.NONE, committed
-        again = pb.EndTxnRequest(committed=True, **nxt)
-        assert client.call(tid, "EndTxn", again).error_code == E.NONE
+        assert committed.error_code == ErrorCode.NONE, committed
+        again = coordinator_pb2.EndTxnRequest(committed=True, **nxt)
+        assert client.call(tid, "EndTxn", again).error_code == ErrorCode.NONE
         wait_for_state(client, tid, COMPLETE_COMMIT, timeout_s=15)
-        assert stable_offset(client, victim) == (E.NONE, 7, "")
+        assert stable_offset(client, victim) == (ErrorCode.NONE, 7, "")
     finally:
         client.close()

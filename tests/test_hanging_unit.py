@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
 from raftcoord.cli.txn import OpenTransaction, is_candidate, is_hanging
 from raftcoord.client import ProducerState, TopicPartition, TransactionDescription
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
 
 TP = TopicPartition("t", 0)
 MINUTE_MS = 60_000
@@ -106,9 +105,9 @@ class RefusingVerifier:
 
     def verify(
         self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], tuple[E, str]]:
+    ) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
         self.calls += 1
-        return {tp: (E.INVALID_TXN_STATE, "not in the transaction") for tp in partitions}
+        return {tp: (ErrorCode.INVALID_TXN_STATE, "not in the transaction") for tp in partitions}
 
 
 def open_partition(path: Path) -> Partition:
@@ -131,28 +130,28 @@ class Node:
             verify_transactions=verify,
         )
 
-    def lookup(self, topic: str, index: int) -> Partition | tuple[E, str]:
+    def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
         if (topic, index) == TP:
             return self.partition
-        return E.UNKNOWN_TOPIC_OR_PARTITION, "no such partition"
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no such partition"
 
     def produce(
         self, pid: int, epoch: int, sequence: int, timestamp_ms: int, transactional: bool = True
     ) -> Any:
-        request = pb.ProduceRequest(
+        request = partition_log_pb2.ProduceRequest(
             transactional_id="tx",
             partitions=[
-                pb.PartitionProduceData(
+                partition_log_pb2.PartitionProduceData(
                     topic="t",
                     partition=0,
-                    batch=pb.RecordBatch(
+                    batch=partition_log_pb2.RecordBatch(
                         producer_id=pid,
                         producer_epoch=epoch,
                         base_sequence=sequence,
                         is_transactional=transactional,
                         records=[
-                            pb.Record(value=b"a", timestamp_ms=timestamp_ms - 5),
-                            pb.Record(value=b"b", timestamp_ms=timestamp_ms),
+                            partition_log_pb2.Record(value=b"a", timestamp_ms=timestamp_ms - 5),
+                            partition_log_pb2.Record(value=b"b", timestamp_ms=timestamp_ms),
                         ],
                     ),
                 )
@@ -161,7 +160,7 @@ class Node:
         return self.service.Produce(request, None).partitions[0]
 
     def producers(self) -> Any:
-        request = pb.DescribeProducersRequest(
+        request = partition_log_pb2.DescribeProducersRequest(
             topics=[common_pb2.TopicPartitions(topic="t", partitions=[0, 9])]
         )
         return self.service.DescribeProducers(request, None).partitions
@@ -169,9 +168,9 @@ class Node:
     def marker(
         self, pid: int, epoch: int, coordinator_epoch: int, admin: bool, commit: bool = False
     ) -> Any:
-        request = pb.WriteTxnMarkersRequest(
+        request = partition_log_pb2.WriteTxnMarkersRequest(
             markers=[
-                pb.TxnMarker(
+                partition_log_pb2.TxnMarker(
                     producer_id=pid,
                     producer_epoch=epoch,
                     coordinator_epoch=coordinator_epoch,
@@ -196,7 +195,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 def test_verification_on_asks_the_coordinator(tmp_path: Path) -> None:
     on = Node(tmp_path / "t-0", verify=True)
     try:
-        assert on.produce(7, 3, 0, 1_000).error_code == E.INVALID_TXN_STATE
+        assert on.produce(7, 3, 0, 1_000).error_code == ErrorCode.INVALID_TXN_STATE
         assert on.verifier.calls == 1
         assert on.partition.offsets() == (0, 0, 0)
     finally:
@@ -204,7 +203,7 @@ def test_verification_on_asks_the_coordinator(tmp_path: Path) -> None:
 
 
 def test_verification_off_appends_without_asking(node: Node) -> None:
-    assert node.produce(7, 3, 0, 1_000).error_code == E.NONE
+    assert node.produce(7, 3, 0, 1_000).error_code == ErrorCode.NONE
     assert node.verifier.calls == 0
     assert node.partition.offsets() == (0, 0, 2)  # the open transaction holds the LSO at 0
 
@@ -215,7 +214,7 @@ def test_describe_producers_reports_open_transactions_also_after_a_restart(node:
     node.produce(7, 3, 2, 2_000)  # offsets 4-5
     node.produce(8, 0, 0, 3_000, transactional=False)  # offsets 6-7
     expected = [
-        pb.ActiveProducer(
+        partition_log_pb2.ActiveProducer(
             producer_id=7,
             producer_epoch=3,
             last_sequence=3,
@@ -223,7 +222,7 @@ def test_describe_producers_reports_open_transactions_also_after_a_restart(node:
             coordinator_epoch=-1,
             current_txn_start_offset=2,
         ),
-        pb.ActiveProducer(
+        partition_log_pb2.ActiveProducer(
             producer_id=8,
             producer_epoch=0,
             last_sequence=1,
@@ -233,8 +232,8 @@ def test_describe_producers_reports_open_transactions_also_after_a_restart(node:
         ),
     ]
     found, unknown = node.producers()
-    assert found.error_code == E.NONE and list(found.active_producers) == expected
-    assert unknown.partition == 9 and unknown.error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+    assert found.error_code == ErrorCode.NONE and list(found.active_producers) == expected
+    assert unknown.partition == 9 and unknown.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     node.partition.close()
     node.partition = open_partition(node.path)  # the state is rebuilt from the log
     assert list(node.producers()[0].active_producers) == expected
@@ -245,22 +244,22 @@ def test_an_admin_abort_must_name_the_open_transaction(node: Node) -> None:
     node.marker(9, 1, 5, admin=False)  # producer 9 has seen coordinator epoch 5
     before = node.partition.offsets()
     refusals = [
-        (node.marker(7, 5, 0, admin=True), E.INVALID_PRODUCER_EPOCH),  # names data epoch 4
-        (node.marker(7, 3, 0, admin=True), E.INVALID_PRODUCER_EPOCH),  # names data epoch 2
-        (node.marker(8, 1, 0, admin=True), E.INVALID_TXN_STATE),  # no such producer
-        (node.marker(9, 2, 5, admin=True), E.INVALID_TXN_STATE),  # nothing open
-        (node.marker(7, 4, 0, admin=True, commit=True), E.INVALID_REQUEST),  # only aborts
+        (node.marker(7, 5, 0, admin=True), ErrorCode.INVALID_PRODUCER_EPOCH),  # names data epoch 4
+        (node.marker(7, 3, 0, admin=True), ErrorCode.INVALID_PRODUCER_EPOCH),  # names data epoch 2
+        (node.marker(8, 1, 0, admin=True), ErrorCode.INVALID_TXN_STATE),  # no such producer
+        (node.marker(9, 2, 5, admin=True), ErrorCode.INVALID_TXN_STATE),  # nothing open
+        (node.marker(7, 4, 0, admin=True, commit=True), ErrorCode.INVALID_REQUEST),  # only aborts
     ]
     for result, code in refusals:
         assert result.error_code == code, result
         assert result.error_message
     assert node.partition.offsets() == before  # nothing was written
-    assert node.marker(7, 4, 0, admin=True).error_code == E.NONE
+    assert node.marker(7, 4, 0, admin=True).error_code == ErrorCode.NONE
     _, lso, end = node.partition.offsets()
     assert lso == end == before[2] + 1  # the marker closed it: the LSO moved to the end
     assert node.producers()[0].active_producers[0].current_txn_start_offset == -1
     again = node.marker(7, 4, 0, admin=True)  # a second abort finds nothing open
-    assert again.error_code == E.INVALID_TXN_STATE
+    assert again.error_code == ErrorCode.INVALID_TXN_STATE
 
 
 def test_an_admin_abort_is_fenced_by_a_newer_coordinator_epoch(node: Node) -> None:
@@ -269,6 +268,6 @@ def test_an_admin_abort_is_fenced_by_a_newer_coordinator_epoch(node: Node) -> No
     node.produce(7, 4, 0, 2_000)  # the next transaction, open at epoch 4
     before = node.partition.offsets()
     fenced = node.marker(7, 5, 5, admin=True)
-    assert fenced.error_code == E.TRANSACTION_COORDINATOR_FENCED
+    assert fenced.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
     assert node.partition.offsets() == before
-    assert node.marker(7, 5, 6, admin=True).error_code == E.NONE
+    assert node.marker(7, 5, 6, admin=True).error_code == ErrorCode.NONE

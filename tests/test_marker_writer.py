@@ -40,7 +40,6 @@ from marker_writer import (
     classify_marker_error,
 )
 
-E = ErrorCode
 TERM = 7
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +253,7 @@ def test_retriable_answers_are_retried_with_growing_backoff(
     def answer(destination: Destination, request: MarkerRequest, participant: Participant) -> int:
         if participant == DataPartition("orders", 1) and failures["left"] > 0:
             failures["left"] -= 1
-            return int(E.NOT_LEADER_OR_FOLLOWER)
+            return int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         return 0
 
     transport.answer = answer
@@ -339,8 +338,8 @@ def test_fenced_drops_the_whole_transaction_and_never_completes_it(
             return 0
         attempts[participant] = attempts.get(participant, 0) + 1
         if participant == DataPartition("orders", 0) and attempts[participant] == 2:
-            return int(E.TRANSACTION_COORDINATOR_FENCED)
-        return int(E.NOT_LEADER_OR_FOLLOWER)  # keeps the siblings retrying
+            return int(ErrorCode.TRANSACTION_COORDINATOR_FENCED)
+        return int(ErrorCode.NOT_LEADER_OR_FOLLOWER)  # keeps the siblings retrying
 
     transport.answer = answer
     caplog.set_level(logging.INFO, logger="test.marker_writer")
@@ -365,7 +364,7 @@ def test_fenced_drops_the_whole_transaction_and_never_completes_it(
     assert not writer.add(markers("zombie", [("orders", 0), ("orders", 1)], ["g"]), TERM)
 
 
-@pytest.mark.parametrize("code", [E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED])
+@pytest.mark.parametrize("code", [ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED])
 def test_a_newer_producer_epoch_also_drops_the_transaction(
     writer: MarkerWriter, transport: FakeTransport, code: ErrorCode
 ) -> None:
@@ -375,7 +374,9 @@ def test_a_newer_producer_epoch_also_drops_the_transaction(
     assert transport.completions == [] and writer.metrics()["fenced_transactions"] == 1
 
 
-@pytest.mark.parametrize("code", [9999, int(E.INVALID_REQUEST), int(E.UNKNOWN_SERVER_ERROR)])
+@pytest.mark.parametrize(
+    "code", [9999, int(ErrorCode.INVALID_REQUEST), int(ErrorCode.UNKNOWN_SERVER_ERROR)]
+)
 def test_unexpected_answers_are_logged_as_warnings_and_retried(
     writer: MarkerWriter,
     transport: FakeTransport,
@@ -422,18 +423,22 @@ def test_a_participant_missing_from_the_answer_is_retried(
 
 def test_every_error_code_has_a_class() -> None:
     retriable = {
-        E.NOT_LEADER_OR_FOLLOWER,
-        E.NOT_COORDINATOR,
-        E.COORDINATOR_NOT_AVAILABLE,
-        E.COORDINATOR_LOAD_IN_PROGRESS,
-        E.REQUEST_TIMED_OUT,
-        E.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     }
-    fenced = {E.TRANSACTION_COORDINATOR_FENCED, E.INVALID_PRODUCER_EPOCH, E.PRODUCER_FENCED}
+    fenced = {
+        ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+        ErrorCode.PRODUCER_FENCED,
+    }
     for code in ErrorCode:
         expected = (
             MarkerDisposition.DONE
-            if code is E.NONE
+            if code is ErrorCode.NONE
             else MarkerDisposition.RETRY
             if code in retriable
             else MarkerDisposition.FENCED
@@ -443,9 +448,11 @@ def test_every_error_code_has_a_class() -> None:
         assert classify_marker_error(int(code)) is expected, code
     assert classify_marker_error(12345) is MarkerDisposition.UNEXPECTED
     assert classify_completion(0) is CompletionDisposition.DONE
-    assert classify_completion(int(E.NOT_COORDINATOR)) is CompletionDisposition.LEADERSHIP_LOST
-    assert classify_completion(int(E.INVALID_TXN_STATE)) is CompletionDisposition.STALE
-    assert classify_completion(int(E.REQUEST_TIMED_OUT)) is CompletionDisposition.RETRY
+    assert (
+        classify_completion(int(ErrorCode.NOT_COORDINATOR)) is CompletionDisposition.LEADERSHIP_LOST
+    )
+    assert classify_completion(int(ErrorCode.INVALID_TXN_STATE)) is CompletionDisposition.STALE
+    assert classify_completion(int(ErrorCode.REQUEST_TIMED_OUT)) is CompletionDisposition.RETRY
     assert classify_completion(777) is CompletionDisposition.UNEXPECTED
 
 
@@ -474,7 +481,7 @@ def test_an_unroutable_participant_waits_and_is_sent_once_routable(
     owed = writer.pending(TxnKey("tx", sent.producer_id, sent.producer_epoch))
     assert owed is not None and list(owed) == [group]  # orders-0 is written
     problem = owed[group]
-    assert problem is not None and problem.code == E.COORDINATOR_NOT_AVAILABLE
+    assert problem is not None and problem.code == ErrorCode.COORDINATOR_NOT_AVAILABLE
     assert "unroutable" in problem.message
     transport.routes[group] = COORD_3
     clock.advance(2.0)
@@ -489,7 +496,7 @@ def test_a_retried_marker_follows_the_new_leader(
     group = ConsumerGroup("g")
     moved = Destination(DestinationKind.COORDINATOR, 2, "coord-2:1")
     transport.answer = lambda destination, request, participant: (
-        int(E.NOT_COORDINATOR) if destination == COORD_3 else 0
+        int(ErrorCode.NOT_COORDINATOR) if destination == COORD_3 else 0
     )
     writer.add(markers("tx", [], ["g"]), TERM)
     writer.dispatch()
@@ -509,7 +516,7 @@ def test_complete_is_called_once_when_the_last_participant_acknowledges(
     pending = {DataPartition("orders", 1), ConsumerGroup("g")}
 
     def answer(destination: Destination, request: MarkerRequest, participant: Participant) -> int:
-        return int(E.REQUEST_TIMED_OUT) if participant in pending else 0
+        return int(ErrorCode.REQUEST_TIMED_OUT) if participant in pending else 0
 
     transport.answer = answer
     writer.add(markers("tx", [("orders", 0), ("orders", 1)], ["g"]), TERM)
@@ -542,7 +549,7 @@ def test_complete_is_called_once_when_the_last_participant_acknowledges(
 def test_a_completion_that_times_out_is_retried(
     writer: MarkerWriter, transport: FakeTransport, clock: FakeClock
 ) -> None:
-    transport.complete_codes = [int(E.REQUEST_TIMED_OUT)]
+    transport.complete_codes = [int(ErrorCode.REQUEST_TIMED_OUT)]
     writer.add(markers("tx"), TERM)
     writer.dispatch()
     assert len(transport.completions) == 1
@@ -556,7 +563,7 @@ def test_a_completion_that_times_out_is_retried(
 
 
 def test_a_stale_completion_is_forgotten(writer: MarkerWriter, transport: FakeTransport) -> None:
-    transport.complete_codes = [int(E.INVALID_TXN_STATE)]
+    transport.complete_codes = [int(ErrorCode.INVALID_TXN_STATE)]
     writer.add(markers("tx"), TERM)
     writer.dispatch()
     metrics = writer.metrics()
@@ -566,7 +573,7 @@ def test_a_stale_completion_is_forgotten(writer: MarkerWriter, transport: FakeTr
 def test_losing_leadership_on_completion_stops_the_writer(
     writer: MarkerWriter, transport: FakeTransport, clock: FakeClock
 ) -> None:
-    transport.complete_codes = [int(E.NOT_COORDINATOR)]
+    transport.complete_codes = [int(ErrorCode.NOT_COORDINATOR)]
     writer.add(markers("tx-1"), TERM)
     writer.dispatch()
     assert writer.stopped
@@ -717,7 +724,7 @@ def test_the_dispatcher_thread_delivers_and_completes(transport: FakeTransport) 
     def answer(destination: Destination, request: MarkerRequest, participant: Participant) -> int:
         if failures["left"] > 0:
             failures["left"] -= 1
-            return int(E.NOT_LEADER_OR_FOLLOWER)
+            return int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
         return 0
 
     transport.answer = answer
@@ -782,7 +789,9 @@ def test_pending_markers_carry_the_last_problem_of_their_delivery(
     key = TxnKey("tx", sent.producer_id, sent.producer_epoch)
     transport.fail_destinations.add(PLOG_2)  # orders-1
     transport.routes[DataPartition("gone", 0)] = None
-    transport.answer = lambda destination, request, participant: int(E.NOT_LEADER_OR_FOLLOWER)
+    transport.answer = lambda destination, request, participant: int(
+        ErrorCode.NOT_LEADER_OR_FOLLOWER
+    )
     writer.add(sent, TERM)
     assert writer.pending(key) == {
         DataPartition("gone", 0): None,  # not tried yet
@@ -793,12 +802,12 @@ def test_pending_markers_carry_the_last_problem_of_their_delivery(
     owed = writer.pending(key)
     assert owed is not None
     problems = {str(p): (v.code, v.message) for p, v in owed.items() if v is not None}
-    assert problems["gone-0"][0] == E.UNKNOWN_TOPIC_OR_PARTITION
+    assert problems["gone-0"][0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert "no partition-log node is known" in problems["gone-0"][1]
     assert problems["orders-0"] == (
-        E.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
         f"{PLOG_1} answered NOT_LEADER_OR_FOLLOWER(6); retrying",
     )
-    assert problems["orders-1"][0] == E.UNKNOWN_SERVER_ERROR
+    assert problems["orders-1"][0] == ErrorCode.UNKNOWN_SERVER_ERROR
     assert "UNAVAILABLE" in problems["orders-1"][1]
     assert writer.pending(TxnKey("other", 1, 1)) is None

@@ -16,7 +16,6 @@ from tests.local_cluster import running_cluster
 from tests.plog_client import create_topic, stub
 
 pytestmark = pytest.mark.slow
-E = ErrorCode
 #: How long the idle cluster is watched.
 IDLE_WINDOW_S = 3.0
 #: How often the shard-0 index is read while waiting.
@@ -68,7 +67,7 @@ def test_an_idle_cluster_appends_nothing_and_still_learns_new_topics(tmp_path: P
                 ),
                 timeout=5,
             )
-            return bool(answer.partitions[0].error_code == E.NONE)
+            return bool(answer.partitions[0].error_code == ErrorCode.NONE)
 
         for partition in owners:
             cluster.wait_until(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log import codec
 from raftcoord.client import TransactionAbortableError, TransactionalProducer
 from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
@@ -47,16 +47,16 @@ def test_the_node_answers_message_too_large_and_takes_the_largest_legal_batch(
     owners = create_topic(cluster, "big-raw", 1)
     node = stub(owners[0])
     refused = produce(node, "big-raw", 0, [b"x" * TEN_MB])
-    assert (refused.error_code, refused.base_offset) == (E.MESSAGE_TOO_LARGE, -1), refused
+    assert (refused.error_code, refused.base_offset) == (ErrorCode.MESSAGE_TOO_LARGE, -1), refused
     assert "message.max.bytes" in refused.error_message
     size = MESSAGE_MAX_BYTES - 100
     while batch_bytes(size) < MESSAGE_MAX_BYTES:
         size += 1
     assert batch_bytes(size) == MESSAGE_MAX_BYTES
     one_more = produce(node, "big-raw", 0, [b"y" * (size + 1)])
-    assert one_more.error_code == E.MESSAGE_TOO_LARGE
+    assert one_more.error_code == ErrorCode.MESSAGE_TOO_LARGE
     largest = produce(node, "big-raw", 0, [b"y" * size])
-    assert (largest.error_code, largest.base_offset) == (E.NONE, 0)
+    assert (largest.error_code, largest.base_offset) == (ErrorCode.NONE, 0)
     seen, _ = read_all(node, "big-raw", 0, committed=True)
     assert [(offset, len(value)) for offset, value in seen] == [(0, size)]
 

@@ -13,18 +13,17 @@ from typing import Any
 
 import pytest
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log import codec
 from partition_log.cluster_view import TopicPartition
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import LogChanges, PartitionLogService
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
 
 
 class NoVerifier:
-    def verify(self, *args: Any) -> dict[TopicPartition, tuple[E, str]]:
+    def verify(self, *args: Any) -> dict[TopicPartition, tuple[ErrorCode, str]]:
         raise AssertionError("not used")
 
 
@@ -48,10 +47,10 @@ def node(tmp_path: Path) -> Iterator[tuple[Partition, LogChanges]]:
 
 
 def service_for(part: Partition, changes: LogChanges, parking: int = 4) -> PartitionLogService:
-    def lookup(topic: str, index: int) -> Partition | tuple[E, str]:
+    def lookup(topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
         if (topic, index) == ("t", 0):
             return part
-        return E.UNKNOWN_TOPIC_OR_PARTITION, "unknown"
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "unknown"
 
     return PartitionLogService(lookup, NoVerifier(), 1 << 20, changes, parking)  # type: ignore[arg-type]
 
@@ -59,11 +58,13 @@ def service_for(part: Partition, changes: LogChanges, parking: int = 4) -> Parti
 def fetch_request(
     offset: int, max_wait_ms: int, min_bytes: int = 1, committed: bool = False, topic: str = "t"
 ) -> Any:
-    return pb.FetchRequest(
+    return partition_log_pb2.FetchRequest(
         isolation_level=common_pb2.READ_COMMITTED if committed else common_pb2.READ_UNCOMMITTED,
         max_wait_ms=max_wait_ms,
         min_bytes=min_bytes,
-        partitions=[pb.FetchPartition(topic=topic, partition=0, fetch_offset=offset)],
+        partitions=[
+            partition_log_pb2.FetchPartition(topic=topic, partition=0, fetch_offset=offset)
+        ],
     )
 
 
@@ -110,7 +111,7 @@ def test_a_parked_fetch_returns_as_soon_as_a_record_arrives(
     wait_for(lambda: service.parked_fetches == 1, "the Fetch to park")
     send(part, b"hello")
     answer = parked.result()
-    assert answer.error_code == E.NONE
+    assert answer.error_code == ErrorCode.NONE
     assert [r.value for r in answer.records] == [b"hello"]
     assert service.parked_fetches == 0
 
@@ -124,7 +125,7 @@ def test_read_committed_waits_for_the_lso_not_for_the_data(
     parked = InBackground(service, fetch_request(0, max_wait_ms=30_000, committed=True))
     wait_for(lambda: service.parked_fetches == 1, "the Fetch to park")
     assert parked.thread.is_alive()
-    assert part.write_marker(7, 1, 1, True, 1) == (E.NONE, "")
+    assert part.write_marker(7, 1, 1, True, 1) == (ErrorCode.NONE, "")
     answer = parked.result()
     assert [r.value for r in answer.records] == [b"in-txn"]
 
@@ -151,9 +152,9 @@ def test_no_wait_errors_and_full_parking_answer_at_once(
     assert not service.Fetch(fetch_request(0, 30_000, min_bytes=0), None).partitions[0].records
     # An error is answered at once.
     unknown = service.Fetch(fetch_request(0, 30_000, topic="nope"), None).partitions[0]
-    assert unknown.error_code == E.UNKNOWN_TOPIC_OR_PARTITION
+    assert unknown.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     out_of_range = service.Fetch(fetch_request(5, 30_000), None).partitions[0]
-    assert out_of_range.error_code == E.OFFSET_OUT_OF_RANGE
+    assert out_of_range.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
     # The one parking place is taken: the next Fetch is answered at once.
     parked = InBackground(service, fetch_request(0, max_wait_ms=30_000))
     wait_for(lambda: service.parked_fetches == 1, "the Fetch to park")
@@ -166,7 +167,7 @@ def test_no_wait_errors_and_full_parking_answer_at_once(
 def test_the_wait_ends_after_max_wait_ms(node: tuple[Partition, LogChanges]) -> None:
     part, changes = node
     answer = service_for(part, changes).Fetch(fetch_request(0, max_wait_ms=20), None)
-    assert answer.partitions[0].error_code == E.NONE
+    assert answer.partitions[0].error_code == ErrorCode.NONE
     assert not answer.partitions[0].records
 
 
@@ -176,5 +177,5 @@ def test_bad_wait_settings_are_invalid_requests(
 ) -> None:
     part, changes = node
     answer = service_for(part, changes).Fetch(fetch_request(0, max_wait_ms, min_bytes), None)
-    assert answer.partitions[0].error_code == E.INVALID_REQUEST
+    assert answer.partitions[0].error_code == ErrorCode.INVALID_REQUEST
     assert "must be" in answer.partitions[0].error_message

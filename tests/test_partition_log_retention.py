@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log import codec
 from partition_log.log import FsyncPolicy, OffsetOutOfRange, PartitionLogStore
 from partition_log.partition import BatchSpec, Partition
@@ -105,7 +105,7 @@ def test_partition_retention_stops_at_the_lso_and_trims_the_state(tmp_path: Path
     part = open_partition(tmp_path / "t-0")
     send(part, 1, 0, txn=True)  # offset 0: producer 1's transaction, aborted below
     send(part, 2, 0, txn=False)  # offset 1: producer 2, nothing more from it
-    assert part.write_marker(1, 1, 1, False, NOW_MS) == (E.NONE, "")  # offset 2
+    assert part.write_marker(1, 1, 1, False, NOW_MS) == (ErrorCode.NONE, "")  # offset 2
     send(part, 5, 0, txn=False)  # offset 3: producer 5, nothing more from it
     send(part, 3, 0, txn=True)  # offset 4: producer 3's transaction stays open
     for seq in range(8):
@@ -118,9 +118,9 @@ def test_partition_retention_stops_at_the_lso_and_trims_the_state(tmp_path: Path
     assert part.states.aborted == []
     assert set(part.states.producers) == {3, 4}  # 1, 2, 5 had nothing left; 3 is open
     assert part.offsets()[1] == 4  # the LSO
-    assert part.fetch(0, 1 << 20, False).error is E.OFFSET_OUT_OF_RANGE
+    assert part.fetch(0, 1 << 20, False).error is ErrorCode.OFFSET_OUT_OF_RANGE
 
-    assert part.write_marker(3, 1, 1, True, NOW_MS) == (E.NONE, "")
+    assert part.write_marker(3, 1, 1, True, NOW_MS) == (ErrorCode.NONE, "")
     assert part.apply_retention(NOW_MS, -1, 0) >= 1
     start = part.store.log_start_offset
     assert start > 4

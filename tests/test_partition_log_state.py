@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log.producer_state import (
     DEDUP_WINDOW,
     MarkerAction,
@@ -40,7 +40,7 @@ def test_sequence_wraps_like_kafka() -> None:
 def test_first_batch_of_a_new_producer_must_start_at_zero() -> None:
     states = ProducerStates()
     check = states.check_append(PID, 0, 5, 1, False)
-    assert check.error is E.UNKNOWN_PRODUCER_ID
+    assert check.error is ErrorCode.UNKNOWN_PRODUCER_ID
     assert states.check_append(PID, 0, 0, 1, False).verdict is Verdict.APPEND
 
 
@@ -51,7 +51,7 @@ def test_duplicates_within_the_window_return_the_original_offsets() -> None:
         append(states, offset, batch * 3, count=3)
         offset += 3
     # The oldest batch left the window; the five newest are recognised.
-    assert states.check_append(PID, 0, 0, 3, False).error is E.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert states.check_append(PID, 0, 0, 3, False).error is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     for batch in range(1, DEDUP_WINDOW + 1):
         check = states.check_append(PID, 0, batch * 3, 3, False)
         assert check.verdict is Verdict.DUPLICATE
@@ -61,10 +61,10 @@ def test_duplicates_within_the_window_return_the_original_offsets() -> None:
 def test_gap_is_out_of_order_and_an_older_epoch_is_refused() -> None:
     states = ProducerStates()
     append(states, 0, 0, epoch=3)
-    assert states.check_append(PID, 3, 2, 1, False).error is E.OUT_OF_ORDER_SEQUENCE_NUMBER
-    assert states.check_append(PID, 2, 1, 1, False).error is E.INVALID_PRODUCER_EPOCH
+    assert states.check_append(PID, 3, 2, 1, False).error is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert states.check_append(PID, 2, 1, 1, False).error is ErrorCode.INVALID_PRODUCER_EPOCH
     # A new epoch restarts at sequence 0, and only at 0.
-    assert states.check_append(PID, 4, 1, 1, False).error is E.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert states.check_append(PID, 4, 1, 1, False).error is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert states.check_append(PID, 4, 0, 1, False).verdict is Verdict.APPEND
 
 
@@ -80,7 +80,7 @@ def test_first_transactional_batch_needs_verification_later_ones_do_not() -> Non
 def test_non_transactional_write_with_an_open_transaction_is_refused() -> None:
     states = ProducerStates()
     append(states, 0, 0, transactional=True)
-    assert states.check_append(PID, 0, 1, 1, False).error is E.INVALID_TXN_STATE
+    assert states.check_append(PID, 0, 1, 1, False).error is ErrorCode.INVALID_TXN_STATE
 
 
 def test_commit_marker_closes_and_moves_the_lso() -> None:
@@ -95,7 +95,7 @@ def test_commit_marker_closes_and_moves_the_lso() -> None:
     assert states.check_marker(PID, 1, 3) is MarkerAction.NOOP
     # The next transaction uses the bumped epoch from sequence 0.
     assert states.check_append(PID, 1, 0, 1, True).verdict is Verdict.VERIFY
-    assert states.check_append(PID, 0, 2, 1, True).error is E.INVALID_PRODUCER_EPOCH
+    assert states.check_append(PID, 0, 2, 1, True).error is ErrorCode.INVALID_PRODUCER_EPOCH
 
 
 def test_abort_marker_records_the_aborted_range() -> None:
@@ -131,7 +131,7 @@ def test_marker_for_an_unknown_producer_is_written_and_fences_its_old_epoch() ->
     assert states.check_marker(PID, 4, 0) is MarkerAction.WRITE
     states.on_marker(PID, 4, 0, False, 0)
     assert states.aborted == []  # nothing was open here
-    assert states.check_append(PID, 3, 0, 1, True).error is E.INVALID_PRODUCER_EPOCH
+    assert states.check_append(PID, 3, 0, 1, True).error is ErrorCode.INVALID_PRODUCER_EPOCH
 
 
 @pytest.mark.parametrize("transactional", [False, True])

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from fsm.errors import ErrorCode as E
+from fsm.errors import ErrorCode
 from partition_log import codec
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import PartitionLogService
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import partition_log_pb2
 
 
 def open_partition(path: Path) -> Partition:
@@ -49,7 +49,7 @@ def send(part: Partition, pid: int, seq: int, *values: bytes, txn: bool, epoch: 
 
 def visible(part: Partition, committed: bool) -> list[bytes]:
     result = part.fetch(0, 1 << 20, committed)
-    assert result.error is E.NONE
+    assert result.error is ErrorCode.NONE
     return [r.value or b"" for b in result.batches for r in b.records]
 
 
@@ -65,10 +65,10 @@ def test_interleaved_transactions_read_committed_sees_exactly_the_committed(
     assert partition.offsets() == (0, 1, 6)
     assert visible(partition, committed=True) == [b"plain-0"]  # stops at the LSO
 
-    assert partition.write_marker(2, 1, 0, False, 0) == (E.NONE, "")  # ABORT at offset 6
+    assert partition.write_marker(2, 1, 0, False, 0) == (ErrorCode.NONE, "")  # ABORT at offset 6
     assert partition.offsets() == (0, 1, 7)  # producer 1 still open at offset 1
     send(partition, 3, 0, b"open", txn=True)  # offset 7, stays open
-    assert partition.write_marker(1, 1, 0, True, 0) == (E.NONE, "")  # COMMIT at offset 8
+    assert partition.write_marker(1, 1, 0, True, 0) == (ErrorCode.NONE, "")  # COMMIT at offset 8
     assert partition.offsets() == (0, 7, 9)  # the LSO moves to the open transaction
     send(partition, -1, -1, b"plain-2", txn=False)
 
@@ -83,7 +83,7 @@ def test_interleaved_transactions_read_committed_sees_exactly_the_committed(
         b"open",
         b"plain-2",
     ]
-    assert partition.write_marker(3, 1, 0, True, 0) == (E.NONE, "")
+    assert partition.write_marker(3, 1, 0, True, 0) == (ErrorCode.NONE, "")
     assert visible(partition, committed=True)[-2:] == [b"open", b"plain-2"]
     assert partition.offsets() == (0, 11, 11)
 
@@ -114,7 +114,7 @@ def test_state_is_rebuilt_from_the_log(tmp_path: Path) -> None:
             (2, 1, 2)
         ]
         assert again.states.producers[2].coordinator_epoch == 4
-        assert again.write_marker(2, 2, 3, True, 0)[0] is E.TRANSACTION_COORDINATOR_FENCED
+        assert again.write_marker(2, 2, 3, True, 0)[0] is ErrorCode.TRANSACTION_COORDINATOR_FENCED
         retry = again.append(
             BatchSpec(5, 0, 0, 2, False),
             codec.encode_batch(
@@ -140,10 +140,12 @@ class CountingVerifier:
 
     def verify(
         self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], tuple[E, str]]:
+    ) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
         self.calls.append((tid, pid, epoch, list(partitions)))
         return {
-            tp: (E.NONE, "") if tp in self.allowed else (E.INVALID_TXN_STATE, "not added")
+            tp: (ErrorCode.NONE, "")
+            if tp in self.allowed
+            else (ErrorCode.INVALID_TXN_STATE, "not added")
             for tp in partitions
         }
 
@@ -152,24 +154,24 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
     parts = {("t", i): open_partition(tmp_path / f"t-{i}") for i in range(3)}
     verifier = CountingVerifier({("t", 0), ("t", 1)})
     service = PartitionLogService(
-        lambda topic, i: parts.get((topic, i)) or (E.UNKNOWN_TOPIC_OR_PARTITION, "no"),
+        lambda topic, i: parts.get((topic, i)) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no"),
         verifier,  # type: ignore[arg-type]
         1 << 20,
     )
 
-    def request(sequence: int) -> pb.ProduceRequest:
-        return pb.ProduceRequest(
+    def request(sequence: int) -> partition_log_pb2.ProduceRequest:
+        return partition_log_pb2.ProduceRequest(
             transactional_id="tx",
             partitions=[
-                pb.PartitionProduceData(
+                partition_log_pb2.PartitionProduceData(
                     topic="t",
                     partition=i,
-                    batch=pb.RecordBatch(
+                    batch=partition_log_pb2.RecordBatch(
                         producer_id=9,
                         producer_epoch=0,
                         base_sequence=sequence,
                         is_transactional=True,
-                        records=[pb.Record(value=b"v")],
+                        records=[partition_log_pb2.Record(value=b"v")],
                     ),
                 )
                 for i in range(3)
@@ -178,14 +180,18 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
 
     try:
         first = service.Produce(request(0), None)
-        assert [p.error_code for p in first.partitions] == [E.NONE, E.NONE, E.INVALID_TXN_STATE]
+        assert [p.error_code for p in first.partitions] == [
+            ErrorCode.NONE,
+            ErrorCode.NONE,
+            ErrorCode.INVALID_TXN_STATE,
+        ]
         assert verifier.calls == [("tx", 9, 0, [("t", 0), ("t", 1), ("t", 2)])]
         assert parts[("t", 2)].offsets() == (0, 0, 0)  # refused: nothing appended
         second = service.Produce(request(1), None)
         assert [p.error_code for p in second.partitions] == [
-            E.NONE,
-            E.NONE,
-            E.UNKNOWN_PRODUCER_ID,  # its first batch was refused, so sequence 1 is unknown
+            ErrorCode.NONE,
+            ErrorCode.NONE,
+            ErrorCode.UNKNOWN_PRODUCER_ID,  # its first batch was refused, so sequence 1 is unknown
         ]
         assert len(verifier.calls) == 1  # the open transactions need no second question
     finally:

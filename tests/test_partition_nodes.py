@@ -19,9 +19,7 @@ from raftcoord.client._net import CHANNEL_OPTIONS, client_closed
 from raftcoord.client.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import coordinator_pb2 as cpb
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 from tests.plog_client import (
@@ -34,7 +32,6 @@ from tests.plog_client import (
 )
 
 pytestmark = pytest.mark.slow
-E = ErrorCode
 NO_PRODUCER: dict[str, Any] = {
     "producer_id": -1,
     "producer_epoch": -1,
@@ -74,45 +71,60 @@ def test_produce_fetch_round_trip_and_bad_input(shared_cluster: LocalCluster) ->
         values = [b"p%d-%d" % (partition, i) for i in range(5)]
         first = produce(node, "roundtrip", partition, values[:2])
         second = produce(node, "roundtrip", partition, values[2:])
-        assert (first.error_code, first.base_offset) == (E.NONE, 0)
-        assert (second.error_code, second.base_offset) == (E.NONE, 2)
+        assert (first.error_code, first.base_offset) == (ErrorCode.NONE, 0)
+        assert (second.error_code, second.base_offset) == (ErrorCode.NONE, 2)
         for committed in (False, True):
             seen, answer = read_all(node, "roundtrip", partition, committed)
             assert seen == list(enumerate(values))
             assert answer.high_watermark == answer.last_stable_offset == 5
-        assert list_offset(node, "roundtrip", partition, pb.OFFSET_SPEC_EARLIEST) == 0
-        assert list_offset(node, "roundtrip", partition, pb.OFFSET_SPEC_LATEST) == 5
-        assert list_offset(node, "roundtrip", partition, pb.OFFSET_SPEC_LAST_STABLE) == 5
+        assert (
+            list_offset(node, "roundtrip", partition, partition_log_pb2.OFFSET_SPEC_EARLIEST) == 0
+        )
+        assert list_offset(node, "roundtrip", partition, partition_log_pb2.OFFSET_SPEC_LATEST) == 5
+        assert (
+            list_offset(node, "roundtrip", partition, partition_log_pb2.OFFSET_SPEC_LAST_STABLE)
+            == 5
+        )
 
     node = stub(owners[0])
     wrong = stub(owners[1])
     bad: list[tuple[Any, ErrorCode]] = [
-        (produce(node, "no-such-topic", 0, [b"x"]), E.UNKNOWN_TOPIC_OR_PARTITION),
-        (produce(node, "roundtrip", 7, [b"x"]), E.UNKNOWN_TOPIC_OR_PARTITION),
-        (produce(wrong, "roundtrip", 0, [b"x"]), E.NOT_LEADER_OR_FOLLOWER),
-        (produce(node, "roundtrip", 0, [b"x" * (1 << 20)]), E.MESSAGE_TOO_LARGE),
-        (produce(node, "roundtrip", 0, []), E.INVALID_REQUEST),
-        (produce(node, "roundtrip", 0, [b"x"], 5, 70000, 0), E.INVALID_REQUEST),
-        (produce(node, "roundtrip", 0, [b"x"], 5, 0, 0, transactional=True), E.INVALID_REQUEST),
-        (produce(node, "roundtrip", 0, [b"x"], -5, 0, 0), E.INVALID_REQUEST),
-        (produce(node, "roundtrip", 0, [b"x"], 9, 0, 3), E.UNKNOWN_PRODUCER_ID),
+        (produce(node, "no-such-topic", 0, [b"x"]), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+        (produce(node, "roundtrip", 7, [b"x"]), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+        (produce(wrong, "roundtrip", 0, [b"x"]), ErrorCode.NOT_LEADER_OR_FOLLOWER),
+        (produce(node, "roundtrip", 0, [b"x" * (1 << 20)]), ErrorCode.MESSAGE_TOO_LARGE),
+        (produce(node, "roundtrip", 0, []), ErrorCode.INVALID_REQUEST),
+        (produce(node, "roundtrip", 0, [b"x"], 5, 70000, 0), ErrorCode.INVALID_REQUEST),
+        (
+            produce(node, "roundtrip", 0, [b"x"], 5, 0, 0, transactional=True),
+            ErrorCode.INVALID_REQUEST,
+        ),
+        (produce(node, "roundtrip", 0, [b"x"], -5, 0, 0), ErrorCode.INVALID_REQUEST),
+        (produce(node, "roundtrip", 0, [b"x"], 9, 0, 3), ErrorCode.UNKNOWN_PRODUCER_ID),
     ]
     for answer, code in bad:
         assert (answer.error_code, answer.base_offset) == (code, -1), answer
         assert answer.error_message
-    assert list_offset(node, "roundtrip", 0, pb.OFFSET_SPEC_LATEST) == 5  # nothing appended
+    assert (
+        list_offset(node, "roundtrip", 0, partition_log_pb2.OFFSET_SPEC_LATEST) == 5
+    )  # nothing appended
     beyond = node.Fetch(
-        pb.FetchRequest(
-            partitions=[pb.FetchPartition(topic="roundtrip", partition=0, fetch_offset=99)]
+        partition_log_pb2.FetchRequest(
+            partitions=[
+                partition_log_pb2.FetchPartition(topic="roundtrip", partition=0, fetch_offset=99)
+            ]
         ),
         timeout=5,
     ).partitions[0]
-    assert beyond.error_code == E.OFFSET_OUT_OF_RANGE
+    assert beyond.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
     marker = node.WriteTxnMarkers(
-        pb.WriteTxnMarkersRequest(markers=[pb.TxnMarker(producer_id=-3, groups=["g"])]), timeout=5
+        partition_log_pb2.WriteTxnMarkersRequest(
+            markers=[partition_log_pb2.TxnMarker(producer_id=-3, groups=["g"])]
+        ),
+        timeout=5,
     ).markers[0]
-    assert [g.error_code for g in marker.groups] == [E.INVALID_REQUEST]
-    assert list_offset(node, "roundtrip", 0, pb.OFFSET_SPEC_LATEST) == 5
+    assert [g.error_code for g in marker.groups] == [ErrorCode.INVALID_REQUEST]
+    assert list_offset(node, "roundtrip", 0, partition_log_pb2.OFFSET_SPEC_LATEST) == 5
 
 
 def test_transactional_batches_are_verified_with_the_coordinator(
@@ -126,7 +138,9 @@ def test_transactional_batches_are_verified_with_the_coordinator(
         init = coordinators.call(
             tid,
             "InitProducerId",
-            cpb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+            coordinator_pb2.InitProducerIdRequest(
+                transactional_id=tid, transaction_timeout_ms=60_000
+            ),
         )
         pid, epoch = init.producer_id, init.producer_epoch
         txn = {"transactional": True, "transactional_id": tid}
@@ -134,32 +148,32 @@ def test_transactional_batches_are_verified_with_the_coordinator(
         # Partition 0 was never added to a transaction: refused (the producer
         # must abort, as in KIP-890), never readable.
         refused = produce(node, "verified", 0, [b"ghost"], pid, epoch, 0, **txn)
-        assert refused.error_code == E.TRANSACTION_ABORTABLE, refused
+        assert refused.error_code == ErrorCode.TRANSACTION_ABORTABLE, refused
         assert "not in the ongoing transaction" in refused.error_message
         assert read_all(node, "verified", 0, committed=False)[0] == []
 
         added = coordinators.call(
             tid,
             "AddPartitionsToTxn",
-            cpb.AddPartitionsToTxnRequest(
+            coordinator_pb2.AddPartitionsToTxnRequest(
                 transactional_id=tid,
                 producer_id=pid,
                 producer_epoch=epoch,
                 topics=partitions("verified", 0),
             ),
         )
-        assert added.error_code == E.NONE
+        assert added.error_code == ErrorCode.NONE
         ok = produce(node, "verified", 0, [b"a", b"b"], pid, epoch, 0, **txn)
-        assert (ok.error_code, ok.base_offset) == (E.NONE, 0)
+        assert (ok.error_code, ok.base_offset) == (ErrorCode.NONE, 0)
         more = produce(node, "verified", 0, [b"c"], pid, epoch, 2, **txn)
-        assert (more.error_code, more.base_offset) == (E.NONE, 2)
+        assert (more.error_code, more.base_offset) == (ErrorCode.NONE, 2)
         retried = produce(node, "verified", 0, [b"c"], pid, epoch, 2, **txn)
-        assert (retried.error_code, retried.base_offset) == (E.NONE, 2)
+        assert (retried.error_code, retried.base_offset) == (ErrorCode.NONE, 2)
         # The same producer may not write outside its open transaction here.
         plain = produce(node, "verified", 0, [b"z"], pid, epoch, 3)
-        assert plain.error_code == E.INVALID_TXN_STATE
+        assert plain.error_code == ErrorCode.INVALID_TXN_STATE
         other = produce(node, "verified", 0, [b"plain"])  # someone else's plain record
-        assert (other.error_code, other.base_offset) == (E.NONE, 3)
+        assert (other.error_code, other.base_offset) == (ErrorCode.NONE, 3)
 
         seen, answer = read_all(node, "verified", 0, committed=True)
         assert seen == [] and answer.last_stable_offset == 0 and answer.high_watermark == 4
@@ -168,20 +182,20 @@ def test_transactional_batches_are_verified_with_the_coordinator(
         end = coordinators.call(
             tid,
             "EndTxn",
-            cpb.EndTxnRequest(
+            coordinator_pb2.EndTxnRequest(
                 transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True
             ),
         )
-        assert end.error_code == E.NONE and end.producer_epoch == epoch + 1
+        assert end.error_code == ErrorCode.NONE and end.producer_epoch == epoch + 1
         # The marker as the coordinator sends it (it may already have arrived).
         marker = write_marker(node, "verified", 0, pid, end.producer_epoch, commit=True)
-        assert marker.error_code == E.NONE
+        assert marker.error_code == ErrorCode.NONE
         seen, answer = read_all(node, "verified", 0, committed=True)
         assert seen == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"plain")]
         assert answer.last_stable_offset == answer.high_watermark == 5  # + the COMMIT record
         # A late batch of the finished transaction is refused.
         late = produce(node, "verified", 0, [b"late"], pid, epoch, 3, **txn)
-        assert late.error_code == E.INVALID_PRODUCER_EPOCH
+        assert late.error_code == ErrorCode.INVALID_PRODUCER_EPOCH
     finally:
         coordinators.close()
 
@@ -195,17 +209,19 @@ def test_idempotent_retry_is_deduplicated_across_a_restart(cluster: LocalCluster
     assert (first.base_offset, second.base_offset) == (0, 2)
     assert produce(node, "dedupe", 0, [b"c"], 42, 0, 2).base_offset == 2
     gap = produce(node, "dedupe", 0, [b"d"], 42, 0, 5)
-    assert gap.error_code == E.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert gap.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
     node_id = node_id_of(cluster, address)
     cluster.kill(node_id)
     cluster.start(node_id)
     node = stub(address)
     again = produce(node, "dedupe", 0, [b"c"], 42, 0, 2)
-    assert (again.error_code, again.base_offset) == (E.NONE, 2)
+    assert (again.error_code, again.base_offset) == (ErrorCode.NONE, 2)
     assert produce(node, "dedupe", 0, [b"d"], 42, 0, 3).base_offset == 3
     assert produce(node, "dedupe", 0, [b"e"], 42, 1, 0).base_offset == 4  # new epoch
-    assert produce(node, "dedupe", 0, [b"f"], 42, 0, 4).error_code == E.INVALID_PRODUCER_EPOCH
+    assert (
+        produce(node, "dedupe", 0, [b"f"], 42, 0, 4).error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+    )
     assert [v for _, v in read_all(node, "dedupe", 0, committed=True)[0]] == [
         b"a",
         b"b",
@@ -237,7 +253,7 @@ def test_kill_9_mid_append_and_torn_tail_lose_nothing_acknowledged(
                 answer = produce(node, "durable", 0, [value])
             except Exception:
                 return  # the node died under us
-            if answer.error_code == E.NONE:
+            if answer.error_code == ErrorCode.NONE:
                 acked[answer.base_offset] = value
 
     writer = threading.Thread(target=produce_until_failure)
@@ -258,17 +274,18 @@ def test_kill_9_mid_append_and_torn_tail_lose_nothing_acknowledged(
     seen = dict(read_all(node, "durable", 0, committed=False)[0])
     assert {o: seen.get(o) for o in acked} == acked
     after = produce(node, "durable", 0, [b"after-restart"])
-    assert after.error_code == E.NONE and after.base_offset == max(seen) + 1
+    assert after.error_code == ErrorCode.NONE and after.base_offset == max(seen) + 1
 
 
 def fetch_both(node: Any, wanted: list[tuple[str, int, int]], committed: bool) -> list[Any]:
     """One Fetch for several (topic, partition, offset); the partition answers."""
     return list(
         node.Fetch(
-            pb.FetchRequest(
+            partition_log_pb2.FetchRequest(
                 isolation_level=common_pb2.READ_COMMITTED if committed else 0,
                 partitions=[
-                    pb.FetchPartition(topic=t, partition=p, fetch_offset=o) for t, p, o in wanted
+                    partition_log_pb2.FetchPartition(topic=t, partition=p, fetch_offset=o)
+                    for t, p, o in wanted
                 ],
             ),
             timeout=10,
@@ -285,26 +302,28 @@ def test_a_poison_batch_is_refused_and_an_unreadable_one_fails_only_its_partitio
         by_node.setdefault(address, []).append(partition)
     address, (bad, good) = next((a, ps[:2]) for a, ps in by_node.items() if len(ps) >= 2)
     node = stub(address)
-    poison = pb.RecordBatch(
+    poison = partition_log_pb2.RecordBatch(
         producer_id=-1,
         producer_epoch=-1,
         base_sequence=-1,
-        records=[pb.Record(value=b"v", timestamp_ms=ts) for ts in (-1, 2**63 - 1)],
+        records=[partition_log_pb2.Record(value=b"v", timestamp_ms=ts) for ts in (-1, 2**63 - 1)],
     )
     refused = node.Produce(
-        pb.ProduceRequest(
-            partitions=[pb.PartitionProduceData(topic="poison", partition=bad, batch=poison)]
+        partition_log_pb2.ProduceRequest(
+            partitions=[
+                partition_log_pb2.PartitionProduceData(topic="poison", partition=bad, batch=poison)
+            ]
         ),
         timeout=10,
     ).partitions[0]
-    assert (refused.error_code, refused.base_offset) == (E.INVALID_TIMESTAMP, -1), refused
+    assert (refused.error_code, refused.base_offset) == (ErrorCode.INVALID_TIMESTAMP, -1), refused
     for partition in (bad, good):
         assert produce(node, "poison", partition, [b"a", b"b"]).base_offset == 0
     for committed in (False, True):
         answers = fetch_both(node, [("poison", bad, 0), ("poison", good, 0)], committed)
         assert [(a.error_code, [r.value for r in a.records]) for a in answers] == [
-            (E.NONE, [b"a", b"b"]),
-            (E.NONE, [b"a", b"b"]),
+            (ErrorCode.NONE, [b"a", b"b"]),
+            (ErrorCode.NONE, [b"a", b"b"]),
         ]
 
     # The same batch written to disk before the checks existed (the node
@@ -320,14 +339,14 @@ def test_a_poison_batch_is_refused_and_an_unreadable_one_fails_only_its_partitio
     node = stub(address)
     for committed in (False, True):
         before, other = fetch_both(node, [("poison", bad, 0), ("poison", good, 0)], committed)
-        assert (before.error_code, [r.offset for r in before.records]) == (E.NONE, [0, 1])
+        assert (before.error_code, [r.offset for r in before.records]) == (ErrorCode.NONE, [0, 1])
         assert before.next_fetch_offset == 2
         assert [r.value for r in other.records] == [b"a", b"b"]
         at, other = fetch_both(node, [("poison", bad, 2), ("poison", good, 1)], committed)
-        assert at.error_code == E.CORRUPT_MESSAGE and not at.records, at
-        assert (other.error_code, [r.offset for r in other.records]) == (E.NONE, [1])
+        assert at.error_code == ErrorCode.CORRUPT_MESSAGE and not at.records, at
+        assert (other.error_code, [r.offset for r in other.records]) == (ErrorCode.NONE, [1])
         (past,) = fetch_both(node, [("poison", bad, 4)], committed)
-        assert (past.error_code, [r.offset for r in past.records]) == (E.NONE, [4])
+        assert (past.error_code, [r.offset for r in past.records]) == (ErrorCode.NONE, [4])
     assert produce(node, "poison", bad, [b"c"]).base_offset == 5
 
 
@@ -371,7 +390,7 @@ def test_an_idle_consumer_long_polls_instead_of_spinning(shared_cluster: LocalCl
         got: list[Any] = []
         poller = threading.Thread(target=lambda: got.extend(consumer.poll(timeout_ms=20_000)))
         poller.start()
-        assert produce(stub(owners[0]), "idle", 0, [b"wake"]).error_code == E.NONE
+        assert produce(stub(owners[0]), "idle", 0, [b"wake"]).error_code == ErrorCode.NONE
         poller.join(timeout=30)
         assert not poller.is_alive()
         assert [r.value for r in got] == [b"wake"]
@@ -388,28 +407,32 @@ def test_retention_deletes_segments_and_a_consumer_from_0_resets(tmp_path: Path)
     ) as small:
         owners = create_topic(small, "retained", 1)
         node = stub(owners[0])
-        known = pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(topic="retained")])
+        known = partition_log_pb2.ListOffsetsRequest(
+            partitions=[partition_log_pb2.ListOffsetsPartition(topic="retained")]
+        )
         small.wait_until(
-            lambda: node.ListOffsets(known, timeout=5).partitions[0].error_code == E.NONE,
+            lambda: node.ListOffsets(known, timeout=5).partitions[0].error_code == ErrorCode.NONE,
             30,
             "the node did not learn the topic",
         )
         for i in range(40):
             answer = produce(node, "retained", 0, [b"value-%03d-" % i + b"x" * 200])
-            assert (answer.error_code, answer.base_offset) == (E.NONE, i)
+            assert (answer.error_code, answer.base_offset) == (ErrorCode.NONE, i)
 
         def log_start() -> int:
-            return list_offset(node, "retained", 0, pb.OFFSET_SPEC_EARLIEST)
+            return list_offset(node, "retained", 0, partition_log_pb2.OFFSET_SPEC_EARLIEST)
 
         small.wait_until(lambda: log_start() > 0, 30, "retention deleted nothing")
         start = log_start()
         assert 0 < start < 40
-        assert list_offset(node, "retained", 0, pb.OFFSET_SPEC_LATEST) == 40
+        assert list_offset(node, "retained", 0, partition_log_pb2.OFFSET_SPEC_LATEST) == 40
         below = node.Fetch(
-            pb.FetchRequest(partitions=[pb.FetchPartition(topic="retained", fetch_offset=0)]),
+            partition_log_pb2.FetchRequest(
+                partitions=[partition_log_pb2.FetchPartition(topic="retained", fetch_offset=0)]
+            ),
             timeout=5,
         ).partitions[0]
-        assert below.error_code == E.OFFSET_OUT_OF_RANGE
+        assert below.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
         assert below.log_start_offset >= start
 
         tp = TopicPartition("retained", 0)

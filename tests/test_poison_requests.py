@@ -16,13 +16,11 @@ from fsm import ErrorCode
 from raftcoord.cluster.launcher import LocalCluster, write_config
 from raftcoord.coordinator.node import EXIT_APPLY_FAILED
 from raftcoord.protocol.config import load_config
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import coordinator_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
-E = ErrorCode
 MAX_EPOCH = 6  # epochs 5 and 6 are exhausted
 
 
@@ -38,8 +36,8 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         yield cluster
 
 
-def describe(client: Coordinators, tid: str) -> pb.TransactionDescription:
-    request = pb.DescribeTransactionsRequest(transactional_ids=[tid])
+def describe(client: Coordinators, tid: str) -> coordinator_pb2.TransactionDescription:
+    request = coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid])
     return client.call(tid, "DescribeTransactions", request).transactions[0]
 
 
@@ -49,14 +47,18 @@ def test_an_exhausted_epoch_is_refused_and_the_shard_keeps_working(cluster: Loca
     try:
         leader = cluster.state.node(cluster.leaders()[0]).grpc  # type: ignore[union-attr]
         created = client.stubs[leader].CreateTopics(
-            pb.CreateTopicsRequest(topics=[pb.CreatableTopic(name="orders", num_partitions=1)])
+            coordinator_pb2.CreateTopicsRequest(
+                topics=[coordinator_pb2.CreatableTopic(name="orders", num_partitions=1)]
+            )
         )
-        assert created.results[0].error_code == E.NONE
+        assert created.results[0].error_code == ErrorCode.NONE
 
-        def init() -> pb.InitProducerIdResponse:
-            request = pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=500)
+        def init() -> coordinator_pb2.InitProducerIdResponse:
+            request = coordinator_pb2.InitProducerIdRequest(
+                transactional_id=tid, transaction_timeout_ms=500
+            )
             answer = client.call(tid, "InitProducerId", request)
-            assert answer.error_code == E.NONE, answer
+            assert answer.error_code == ErrorCode.NONE, answer
             return answer
 
         # InitProducerId walks the epoch up and rotates the id before the
@@ -76,8 +78,8 @@ def test_an_exhausted_epoch_is_refused_and_the_shard_keeps_working(cluster: Loca
             last = init()
         assert (last.producer_id, last.producer_epoch) == (pid, 4)
 
-        def add(epoch: int) -> pb.AddPartitionsToTxnResponse:
-            request = pb.AddPartitionsToTxnRequest(
+        def add(epoch: int) -> coordinator_pb2.AddPartitionsToTxnResponse:
+            request = coordinator_pb2.AddPartitionsToTxnRequest(
                 transactional_id=tid,
                 producer_id=pid,
                 producer_epoch=epoch,
@@ -87,7 +89,7 @@ def test_an_exhausted_epoch_is_refused_and_the_shard_keeps_working(cluster: Loca
 
         # A transaction at the last usable epoch times out: the coordinator's
         # fence takes the id to epoch 5, which is exhausted.
-        assert add(4).error_code == E.NONE
+        assert add(4).error_code == ErrorCode.NONE
         client.until(
             lambda: describe(client, tid).state == common_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
             20,
@@ -96,23 +98,27 @@ def test_an_exhausted_epoch_is_refused_and_the_shard_keeps_working(cluster: Loca
         assert describe(client, tid).producer_epoch == 5
         # A raw request with that epoch must not open a transaction there.
         refused = add(5)
-        assert refused.error_code == E.PRODUCER_FENCED and "exhausted" in refused.error_message
+        assert (
+            refused.error_code == ErrorCode.PRODUCER_FENCED and "exhausted" in refused.error_message
+        )
         end = client.call(
             tid,
             "EndTxn",
-            pb.EndTxnRequest(
+            coordinator_pb2.EndTxnRequest(
                 transactional_id=tid, producer_id=pid, producer_epoch=5, committed=True
             ),
         )
-        assert end.error_code == E.PRODUCER_FENCED
+        assert end.error_code == ErrorCode.PRODUCER_FENCED
         assert describe(client, tid).state == common_pb2.TRANSACTION_STATE_COMPLETE_ABORT
 
         # The id starts over on a new producer id, and the shard serves others.
         fresh = init()
         assert fresh.producer_id != pid and fresh.producer_epoch == 0
         for other in ("other-a", "other-b"):
-            request = pb.InitProducerIdRequest(transactional_id=other, transaction_timeout_ms=9_000)
-            assert client.call(other, "InitProducerId", request).error_code == E.NONE
+            request = coordinator_pb2.InitProducerIdRequest(
+                transactional_id=other, transaction_timeout_ms=9_000
+            )
+            assert client.call(other, "InitProducerId", request).error_code == ErrorCode.NONE
         statuses = [cluster.node_status(n.node_id) for n in cluster.coordinators()]
         assert all(s is not None for s in statuses), "a coordinator died"
     finally:
@@ -156,9 +162,13 @@ def test_a_node_that_cannot_apply_a_committed_entry_stops_with_its_index(
     )
     client = Coordinators([address])
     try:
-        request = pb.InitProducerIdRequest(transactional_id="a", transaction_timeout_ms=1_000)
-        assert client.call("a", "InitProducerId", request).error_code == E.NONE
-        poison = pb.InitProducerIdRequest(transactional_id="poison", transaction_timeout_ms=1_000)
+        request = coordinator_pb2.InitProducerIdRequest(
+            transactional_id="a", transaction_timeout_ms=1_000
+        )
+        assert client.call("a", "InitProducerId", request).error_code == ErrorCode.NONE
+        poison = coordinator_pb2.InitProducerIdRequest(
+            transactional_id="poison", transaction_timeout_ms=1_000
+        )
         with contextlib.suppress(grpc.RpcError):  # the node may die before it answers
             client.stubs[address].InitProducerId(poison, timeout=5)
         assert process.wait(timeout=20) == EXIT_APPLY_FAILED

@@ -32,10 +32,9 @@ from raftcoord.client import Producer
 from raftcoord.client._net import CHANNEL_OPTIONS, client_closed
 from raftcoord.client.records import RecordMetadata
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import coordinator_pb2, partition_log_pb2
 from tests.test_client_unit import Done, InjectedTransportError
 
-E = common_pb2.ErrorCode
 PARTITIONS = 3
 DELIVERY_TIMEOUT_MS = 400
 #: Attempts an outage batch gets before the next step is sent (so later
@@ -65,17 +64,18 @@ class FlakyLogs:
     next_pid: int = 1000
 
     def metadata(self) -> Any:
-        pb = coordinator_pb2
-        return pb.MetadataResponse(
-            coordinators=[pb.NodeInfo(node_id=1, address="coordinator")],
+        return coordinator_pb2.MetadataResponse(
+            coordinators=[coordinator_pb2.NodeInfo(node_id=1, address="coordinator")],
             partition_nodes=[
-                pb.NodeInfo(node_id=10 + p, address=f"log-{p}") for p in range(PARTITIONS)
+                coordinator_pb2.NodeInfo(node_id=10 + p, address=f"log-{p}")
+                for p in range(PARTITIONS)
             ],
             topics=[
-                pb.TopicMetadata(
+                coordinator_pb2.TopicMetadata(
                     name="t",
                     partitions=[
-                        pb.PartitionMetadata(partition=p, node_id=10 + p) for p in range(PARTITIONS)
+                        coordinator_pb2.PartitionMetadata(partition=p, node_id=10 + p)
+                        for p in range(PARTITIONS)
                     ],
                 )
             ],

@@ -15,17 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pysyncobj import SyncObj, replicated
-from pysyncobj import journal as pj
-from pysyncobj import syncobj as ps
+from pysyncobj import SyncObj, journal, replicated, syncobj
 
 from raftcoord.cluster.launcher import free_ports
-from raftcoord.coordinator import raft_journal as rj
+from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.raft_journal import DurableFileJournal
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER = pj.FIRST_RECORD_OFFSET
+HEADER = journal.FIRST_RECORD_OFFSET
 
 
 def cmd(i: int) -> bytes:
@@ -41,7 +39,7 @@ def read_with_pysyncobj(path: Path) -> tuple[list[Any], int, Any, int]:
     with warnings.catch_warnings():
         # MetaStorer.getMeta leaves a file object to the garbage collector.
         warnings.simplefilter("ignore", ResourceWarning)
-        j = pj.FileJournal(str(path))
+        j = journal.FileJournal(str(path))
         try:
             entries = [(bytes(c), i, t) for c, i, t in j[:]]
             return entries, j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()
@@ -51,7 +49,7 @@ def read_with_pysyncobj(path: Path) -> tuple[list[Any], int, Any, int]:
 
 def last_record_offset(path: Path) -> int:
     with open(path, "rb") as f:
-        f.seek(pj.LAST_RECORD_OFFSET_OFFSET)
+        f.seek(journal.LAST_RECORD_OFFSET_OFFSET)
         value: int = struct.unpack("<I", f.read(4))[0]
         return value
 
@@ -114,7 +112,7 @@ def _apply(op: str, arg: int, journals: list[Any]) -> None:
             j.clear()
 
 
-@pytest.mark.parametrize("policy", rj.POLICIES)
+@pytest.mark.parametrize("policy", raft_journal.POLICIES)
 @pytest.mark.parametrize(
     "ops",
     [
@@ -134,7 +132,7 @@ def test_deletions_and_clear_match_memory_journal_and_pysyncobj(
     tmp_path: Path, policy: str, ops: list[tuple[str, int]]
 ) -> None:
     path = tmp_path / "journal"
-    model = pj.MemoryJournal()
+    model = journal.MemoryJournal()
     j = DurableFileJournal(str(path), policy)
     for e in fill(j, 10):
         model.add(*e)
@@ -160,7 +158,7 @@ def test_reads_journal_written_by_pysyncobj(tmp_path: Path) -> None:
     path = tmp_path / "journal"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
-        old = pj.FileJournal(str(path))
+        old = journal.FileJournal(str(path))
         entries = fill(old, 30)
         old.deleteEntriesFrom(25)
         old.setCurrentTerm(9, "a:1")
@@ -188,7 +186,7 @@ def test_str_commands_are_stored_as_utf8_like_pysyncobj(tmp_path: Path) -> None:
 def test_rejects_foreign_file_and_bad_policy(tmp_path: Path) -> None:
     path = tmp_path / "journal"
     path.write_bytes(b"definitely not a journal, but long enough for a header")
-    with pytest.raises(rj.JournalCorruptError):
+    with pytest.raises(raft_journal.JournalCorruptError):
         DurableFileJournal(str(path))
     with pytest.raises(ValueError):
         DurableFileJournal(str(tmp_path / "other"), "sometimes")
@@ -198,7 +196,7 @@ def test_unreadable_meta_refuses_to_forget_the_vote(tmp_path: Path) -> None:
     path = tmp_path / "journal"
     DurableFileJournal(str(path))._destroy()
     Path(str(path) + ".meta").write_bytes(b"")  # e.g. an unsynced rename after power loss
-    with pytest.raises(rj.JournalCorruptError):
+    with pytest.raises(raft_journal.JournalCorruptError):
         DurableFileJournal(str(path))
     never = DurableFileJournal(str(path), "never")  # pysyncobj's behaviour: start blank
     assert never.getCurrentTerm() == 0
@@ -211,12 +209,12 @@ def test_unreadable_meta_refuses_to_forget_the_vote(tmp_path: Path) -> None:
 def test_policy_always_syncs_every_change(tmp_path: Path) -> None:
     j = DurableFileJournal(str(tmp_path / "journal"), "always")
     try:
-        total0, fs0 = rj.fsync_total(), j.fsync_count
+        total0, fs0 = raft_journal.fsync_total(), j.fsync_count
         for i in range(1, 21):
             j.add(cmd(i), i, 1)
             assert j.entry_sync_count == i
         assert j.fsync_count - fs0 == 20
-        assert rj.fsync_total() - total0 == 20
+        assert raft_journal.fsync_total() - total0 == 20
 
         before = j.fsync_count
         j.setCurrentTerm(2, "x")  # meta file + its directory
@@ -240,7 +238,7 @@ def test_policy_always_syncs_every_change(tmp_path: Path) -> None:
 
 
 def test_policy_never_does_not_fsync(tmp_path: Path) -> None:
-    total0 = rj.fsync_total()
+    total0 = raft_journal.fsync_total()
     j = DurableFileJournal(str(tmp_path / "journal"), "never")
     fill(j, 20)
     j.setCurrentTerm(2, "x")
@@ -251,7 +249,7 @@ def test_policy_never_does_not_fsync(tmp_path: Path) -> None:
     j.clear()
     j._destroy()
     assert j.fsync_count == 0 and j.entry_sync_count == 0 and j.meta_sync_count == 0
-    assert rj.fsync_total() == total0
+    assert raft_journal.fsync_total() == total0
 
 
 class FakeClock:
@@ -329,7 +327,7 @@ def test_snapshot_file_is_fsynced_before_compaction(tmp_path: Path) -> None:
 # ------------------------------------------------------------- kill -9
 
 
-@pytest.mark.parametrize("policy", rj.POLICIES)
+@pytest.mark.parametrize("policy", raft_journal.POLICIES)
 def test_kill_minus_nine_loses_nothing(tmp_path: Path, policy: str) -> None:
     path = tmp_path / "journal"
     n = 300
@@ -449,7 +447,7 @@ def test_header_pointing_at_a_torn_record_ends_the_log_there(tmp_path: Path, dam
 
 
 def test_empty_or_zero_header_file_opens_as_empty_journal(tmp_path: Path) -> None:
-    for content in (b"", bytes(100), pj.APP_NAME[:5]):
+    for content in (b"", bytes(100), journal.APP_NAME[:5]):
         path = tmp_path / f"journal-{len(content)}"
         path.write_bytes(content)
         j = DurableFileJournal(str(path))
@@ -464,36 +462,36 @@ def test_empty_or_zero_header_file_opens_as_empty_journal(tmp_path: Path) -> Non
 
 @pytest.fixture
 def installed() -> Iterator[None]:
-    original = ps.createJournal
-    rj.install()
+    original = syncobj.createJournal
+    raft_journal.install()
     try:
         yield
     finally:
-        rj.uninstall()
-        rj._registry.clear()
-        assert ps.createJournal is original
+        raft_journal.uninstall()
+        raft_journal._registry.clear()
+        assert syncobj.createJournal is original
 
 
 def test_install_is_idempotent_and_routes_policies(installed: None, tmp_path: Path) -> None:
-    rj.install()  # again: still one wrapper, original kept for uninstall
-    assert rj.is_installed()
-    assert isinstance(ps.createJournal(None), pj.MemoryJournal)
+    raft_journal.install()  # again: still one wrapper, original kept for uninstall
+    assert raft_journal.is_installed()
+    assert isinstance(syncobj.createJournal(None), journal.MemoryJournal)
 
-    rj.register_journal(str(tmp_path / "a"), "batch", batch_interval_s=0.5)
-    a = ps.createJournal(str(tmp_path / "a"))
-    b = ps.createJournal(str(tmp_path / "b"))
+    raft_journal.register_journal(str(tmp_path / "a"), "batch", batch_interval_s=0.5)
+    a = syncobj.createJournal(str(tmp_path / "a"))
+    b = syncobj.createJournal(str(tmp_path / "b"))
     try:
         assert isinstance(a, DurableFileJournal) and a.policy == "batch"
         assert a.batch_interval_s == 0.5
         assert isinstance(b, DurableFileJournal) and b.policy == "always"
-        assert rj.journal_for(str(tmp_path / "a")) is a
+        assert raft_journal.journal_for(str(tmp_path / "a")) is a
     finally:
         a._destroy()
         b._destroy()
 
-    rj.install(lambda p: "never" if p.endswith("c") else None)
-    c = ps.createJournal(str(tmp_path / "c"))
-    d = ps.createJournal(str(tmp_path / "d"))
+    raft_journal.install(lambda p: "never" if p.endswith("c") else None)
+    c = syncobj.createJournal(str(tmp_path / "c"))
+    d = syncobj.createJournal(str(tmp_path / "d"))
     try:
         assert c.policy == "never" and d.policy == "always"
     finally:
@@ -556,7 +554,7 @@ def test_pysyncobj_cluster_recovers_counter_from_durable_journals(
 ) -> None:
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
     for i in range(3):
-        rj.register_journal(
+        raft_journal.register_journal(
             str(tmp_path / f"node{i}.journal"),
             "always",
             snapshot_file=str(tmp_path / f"node{i}.dump"),
@@ -569,7 +567,7 @@ def test_pysyncobj_cluster_recovers_counter_from_durable_journals(
             assert nodes[i % 3].add(i, sync=True, timeout=5) is not None
         expected = sum(range(1, 21))
         wait_until(lambda: all(n.value() == expected for n in nodes), 5, "replication")
-        journals = [rj.journal_for(str(tmp_path / f"node{i}.journal")) for i in range(3)]
+        journals = [raft_journal.journal_for(str(tmp_path / f"node{i}.journal")) for i in range(3)]
         assert all(isinstance(j, DurableFileJournal) for j in journals)
         assert all(j is not None and j.entry_sync_count >= 20 for j in journals)
         assert all(j is not None and j.meta_sync_count >= 1 for j in journals)

@@ -15,7 +15,7 @@ from raftcoord.client import Producer, TransactionAbortableError, TransactionalP
 from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
 from raftcoord.client.errors import RecordTooLargeError
 from raftcoord.protocol.config import REQUEST_BYTES_PER_BATCH_BYTE
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import partition_log_pb2
 from tests.test_client_unit import FAST, FakeChannels, FakeCluster
 
 LIMIT = 1000
@@ -39,11 +39,11 @@ def encoded(batch: list[PendingRecord]) -> bytearray:
     )
 
 
-def request_of(batch: list[PendingRecord]) -> pb.ProduceRequest:
+def request_of(batch: list[PendingRecord]) -> partition_log_pb2.ProduceRequest:
     made = []
     for r in batch:
-        record = pb.Record(
-            headers=[pb.RecordHeader(key=k, value=v) for k, v in r.headers],
+        record = partition_log_pb2.Record(
+            headers=[partition_log_pb2.RecordHeader(key=k, value=v) for k, v in r.headers],
             timestamp_ms=r.timestamp_ms,
         )
         if r.key is not None:
@@ -51,13 +51,13 @@ def request_of(batch: list[PendingRecord]) -> pb.ProduceRequest:
         if r.value is not None:
             record.value = r.value
         made.append(record)
-    return pb.ProduceRequest(
+    return partition_log_pb2.ProduceRequest(
         transactional_id="a-transactional-id",
         partitions=[
-            pb.PartitionProduceData(
+            partition_log_pb2.PartitionProduceData(
                 topic="a-topic",
                 partition=7,
-                batch=pb.RecordBatch(
+                batch=partition_log_pb2.RecordBatch(
                     producer_id=1, producer_epoch=0, base_sequence=0, records=made
                 ),
             )
@@ -144,7 +144,7 @@ def test_batches_sent_to_one_node_are_split_into_requests_of_max_request_size() 
         assert len(encoded_request([p.batch for p in request.partitions])) <= LIMIT
 
 
-def encoded_request(batches: list[pb.RecordBatch]) -> bytes:
+def encoded_request(batches: list[partition_log_pb2.RecordBatch]) -> bytes:
     return b"".join(
         bytes(
             encoded(

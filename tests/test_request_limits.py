@@ -27,12 +27,10 @@ from raftcoord.client import Consumer, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.limits import MAX_ID_BYTES, MAX_TOPIC_NAME_CHARS
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.v1 import common_pb2
-from raftcoord.protocol.v1 import coordinator_pb2 as pb
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 from tests.coord_client import Coordinators, partitions
 from tests.local_cluster import running_cluster
 
-E = ErrorCode
 SHARDS = 3
 #: Ids of exactly MAX_ID_BYTES bytes of UTF-8, all but one byte non-ASCII.
 LARGEST_TID = "é" * (MAX_ID_BYTES // 2) + "t"
@@ -56,12 +54,12 @@ def test_ids_are_limited_in_bytes_of_utf8() -> None:
     # Fewer characters than the limit, more bytes.
     refusal = request_refusal(init("é" * (MAX_ID_BYTES // 2 + 1)), config)
     assert refusal is not None
-    assert refusal[0] is E.INVALID_REQUEST
+    assert refusal[0] is ErrorCode.INVALID_REQUEST
     assert f"limit of {MAX_ID_BYTES} bytes" in refusal[1]
     refusal = request_refusal(AddOffsets("t", 1, 0, "g" * (MAX_ID_BYTES + 1), 0, 0), config)
     assert refusal is not None and refusal[1].startswith("group_id is 32768 bytes")
     assert request_refusal(init(""), config) == (
-        E.INVALID_REQUEST,
+        ErrorCode.INVALID_REQUEST,
         "transactional_id must not be empty",
     )
 
@@ -78,7 +76,7 @@ def test_topic_names_follow_kafkas_rule() -> None:
         ):
             refusal = request_refusal(command, config)
             assert refusal is not None, (bad, command)
-            assert refusal[0] is E.INVALID_TOPIC_EXCEPTION, refusal
+            assert refusal[0] is ErrorCode.INVALID_TOPIC_EXCEPTION, refusal
             assert f"1-{MAX_TOPIC_NAME_CHARS} characters" in refusal[1]
     assert request_refusal(AddPartitions("t", 1, 0, (("", 0),), 0, 0), config) is not None
     refusal = request_refusal(CreateTopic("x" * 10_000, (1,), 0), config)
@@ -89,9 +87,9 @@ def test_partition_lists_are_checked_before_proposing() -> None:
     config = FsmConfig(max_partitions_per_request=3)
     many = tuple(("t", p) for p in range(4))
     refusal = request_refusal(AddPartitions("t", 1, 0, many, 0, 0), config)
-    assert refusal == (E.INVALID_REQUEST, "4 partitions exceed the limit of 3")
+    assert refusal == (ErrorCode.INVALID_REQUEST, "4 partitions exceed the limit of 3")
     refusal = request_refusal(AddPartitions("t", 1, 0, (), 0, 0), config)
-    assert refusal == (E.INVALID_REQUEST, "no partitions given")
+    assert refusal == (ErrorCode.INVALID_REQUEST, "no partitions given")
 
 
 def test_client_refuses_a_too_long_id_when_constructed() -> None:
@@ -130,9 +128,9 @@ def begin(client: Coordinators, tid: str) -> dict[str, Any]:
     answer = client.call(
         tid,
         "InitProducerId",
-        pb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
+        coordinator_pb2.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000),
     )
-    assert answer.error_code == E.NONE, answer
+    assert answer.error_code == ErrorCode.NONE, answer
     return {
         "transactional_id": tid,
         "producer_id": answer.producer_id,
@@ -156,10 +154,12 @@ def test_too_long_ids_are_refused_at_once_and_the_largest_legal_ones_replicate(
         before = digests(cluster)
 
         # Every node refuses, leader of the id's shard or not: nothing is proposed.
-        init = pb.InitProducerIdRequest(transactional_id=TOO_LONG_TID, transaction_timeout_ms=1000)
+        init = coordinator_pb2.InitProducerIdRequest(
+            transactional_id=TOO_LONG_TID, transaction_timeout_ms=1000
+        )
         for stub in client.stubs.values():
             answer = stub.InitProducerId(init, timeout=5)
-            assert answer.error_code == E.INVALID_REQUEST, answer.error_message
+            assert answer.error_code == ErrorCode.INVALID_REQUEST, answer.error_message
             assert answer.error_message == (
                 f"transactional_id is 80000 bytes of UTF-8, "
                 f"more than the limit of {MAX_ID_BYTES} bytes"
@@ -168,24 +168,26 @@ def test_too_long_ids_are_refused_at_once_and_the_largest_legal_ones_replicate(
         refused = client.call(
             anchor,
             "AddOffsetsToTxn",
-            pb.AddOffsetsToTxnRequest(group_id="g" * (MAX_ID_BYTES + 1), **ident),
+            coordinator_pb2.AddOffsetsToTxnRequest(group_id="g" * (MAX_ID_BYTES + 1), **ident),
         )
-        assert refused.error_code == E.INVALID_REQUEST, refused
+        assert refused.error_code == ErrorCode.INVALID_REQUEST, refused
         refused = client.call(
             anchor,
             "AddPartitionsToTxn",
-            pb.AddPartitionsToTxnRequest(topics=partitions("no/slash", 0), **ident),
+            coordinator_pb2.AddPartitionsToTxnRequest(topics=partitions("no/slash", 0), **ident),
         )
-        assert refused.error_code == E.INVALID_TOPIC_EXCEPTION, refused
+        assert refused.error_code == ErrorCode.INVALID_TOPIC_EXCEPTION, refused
         assert digests(cluster) == before, "a refused request changed the replicated state"
 
         # The shard of the refused id goes on working.
         added = client.call(
             anchor,
             "AddOffsetsToTxn",
-            pb.AddOffsetsToTxnRequest(group_id="anchor-group", **begin(client, anchor)),
+            coordinator_pb2.AddOffsetsToTxnRequest(
+                group_id="anchor-group", **begin(client, anchor)
+            ),
         )
-        assert added.error_code == E.NONE, added
+        assert added.error_code == ErrorCode.NONE, added
 
         # The largest legal ids: every command of this transaction is a Raft
         # entry of more than 64 KiB, sent to the followers in chunks.
@@ -193,23 +195,24 @@ def test_too_long_ids_are_refused_at_once_and_the_largest_legal_ones_replicate(
         added = client.call(
             LARGEST_TID,
             "AddOffsetsToTxn",
-            pb.AddOffsetsToTxnRequest(group_id=LARGEST_GROUP, **ident),
+            coordinator_pb2.AddOffsetsToTxnRequest(group_id=LARGEST_GROUP, **ident),
         )
-        assert added.error_code == E.NONE, added
+        assert added.error_code == ErrorCode.NONE, added
         # As many offsets as one request may carry, some on a longest-named topic.
         longest = "t" * MAX_TOPIC_NAME_CHARS
         most = FsmConfig().max_partitions_per_request
         offsets = [
-            pb.OffsetCommitTopic(
+            coordinator_pb2.OffsetCommitTopic(
                 topic=longest,
                 partitions=[
-                    pb.OffsetCommitPartition(partition=p, offset=p + 7) for p in range(100)
+                    coordinator_pb2.OffsetCommitPartition(partition=p, offset=p + 7)
+                    for p in range(100)
                 ],
             ),
-            pb.OffsetCommitTopic(
+            coordinator_pb2.OffsetCommitTopic(
                 topic="in",
                 partitions=[
-                    pb.OffsetCommitPartition(partition=p, offset=p, metadata="é")
+                    coordinator_pb2.OffsetCommitPartition(partition=p, offset=p, metadata="é")
                     for p in range(most - 100)
                 ],
             ),
@@ -217,30 +220,36 @@ def test_too_long_ids_are_refused_at_once_and_the_largest_legal_ones_replicate(
         committed = client.call(
             LARGEST_GROUP,
             "TxnOffsetCommit",
-            pb.TxnOffsetCommitRequest(group_id=LARGEST_GROUP, topics=offsets, **ident),
+            coordinator_pb2.TxnOffsetCommitRequest(group_id=LARGEST_GROUP, topics=offsets, **ident),
         )
-        assert committed.error_code == E.NONE, committed
-        ended = client.call(LARGEST_TID, "EndTxn", pb.EndTxnRequest(committed=True, **ident))
-        assert ended.error_code == E.NONE, ended
+        assert committed.error_code == ErrorCode.NONE, committed
+        ended = client.call(
+            LARGEST_TID, "EndTxn", coordinator_pb2.EndTxnRequest(committed=True, **ident)
+        )
+        assert ended.error_code == ErrorCode.NONE, ended
 
         def visible() -> bool:
             answer = client.call(
                 LARGEST_GROUP,
                 "OffsetFetch",
-                pb.OffsetFetchRequest(
+                coordinator_pb2.OffsetFetchRequest(
                     group_id=LARGEST_GROUP,
                     topics=[*partitions(longest, 0, 99), *partitions("in", most - 101)],
                     require_stable=True,
                 ),
             )
             found = [(p.error_code, p.offset) for p in answer.partitions]
-            return found == [(E.NONE, 7), (E.NONE, 106), (E.NONE, most - 101)]
+            return found == [
+                (ErrorCode.NONE, 7),
+                (ErrorCode.NONE, 106),
+                (ErrorCode.NONE, most - 101),
+            ]
 
         client.until(visible, 15, "the committed offsets did not become visible")
         described = client.call(
             LARGEST_TID,
             "DescribeTransactions",
-            pb.DescribeTransactionsRequest(transactional_ids=[LARGEST_TID]),
+            coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[LARGEST_TID]),
         )
         assert described.transactions[0].state == common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
         digests(cluster)  # every replica applied the same entries

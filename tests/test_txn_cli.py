@@ -18,7 +18,7 @@ import pytest
 
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
-from raftcoord.protocol.v1 import partition_log_pb2 as pb
+from raftcoord.protocol.v1 import partition_log_pb2
 from tests import plog_client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,8 +90,8 @@ def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def offsets(node: Any) -> tuple[int, int]:
     """(last stable offset, high watermark) of the hanging partition."""
     return (
-        plog_client.list_offset(node, TOPIC, 1, pb.OFFSET_SPEC_LAST_STABLE),
-        plog_client.list_offset(node, TOPIC, 1, pb.OFFSET_SPEC_LATEST),
+        plog_client.list_offset(node, TOPIC, 1, partition_log_pb2.OFFSET_SPEC_LAST_STABLE),
+        plog_client.list_offset(node, TOPIC, 1, partition_log_pb2.OFFSET_SPEC_LATEST),
     )
 
 

@@ -28,7 +28,7 @@ from enum import Enum
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
 from raftcoord.protocol.limits import MAX_SEQUENCE
-from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = [
     "BATCH_HEADER_SIZE",
@@ -40,7 +40,6 @@ __all__ = [
     "produce_action",
 ]
 
-E = common_pb2.ErrorCode
 #: Size of a Kafka v2 record batch's header: what a batch adds to its records.
 BATCH_HEADER_SIZE = 61
 #: A record's fixed fields at their widest: attributes, timestamp delta
@@ -343,11 +342,11 @@ class ProduceAction(Enum):
 
 _RETRIABLE_PRODUCE = frozenset(
     {
-        E.REQUEST_TIMED_OUT,
-        E.NOT_COORDINATOR,
-        E.COORDINATOR_NOT_AVAILABLE,
-        E.COORDINATOR_LOAD_IN_PROGRESS,
-        E.CONCURRENT_TRANSACTIONS,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
     }
 )
 #: Produce answers that end a transactional producer. Any other refusal
@@ -355,17 +354,17 @@ _RETRIABLE_PRODUCE = frozenset(
 #: producer) only makes the transaction abortable.
 _FATAL_TRANSACTIONAL = frozenset(
     {
-        E.PRODUCER_FENCED,
-        E.INVALID_PRODUCER_EPOCH,
-        E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        ErrorCode.PRODUCER_FENCED,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+        ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
 _OUT_OF_STEP = frozenset(
     {
-        E.OUT_OF_ORDER_SEQUENCE_NUMBER,
-        E.INVALID_PRODUCER_EPOCH,
-        E.PRODUCER_FENCED,
-        E.UNKNOWN_SERVER_ERROR,
+        ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+        ErrorCode.PRODUCER_FENCED,
+        ErrorCode.UNKNOWN_SERVER_ERROR,
     }
 )
 
@@ -380,15 +379,15 @@ def produce_action(code: int | None, transactional: bool) -> ProduceAction:
             failure that is not retried also makes the transaction abortable
             (or the producer fatal); the caller does that.
     """
-    if code in (E.NONE, E.DUPLICATE_SEQUENCE_NUMBER):
+    if code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
         return ProduceAction.COMPLETE
     if code is None or code in _RETRIABLE_PRODUCE:
         return ProduceAction.RETRY
-    if code in (E.NOT_LEADER_OR_FOLLOWER, E.UNKNOWN_TOPIC_OR_PARTITION):
+    if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
         return ProduceAction.RETRY_REFRESH
     if transactional:
         return ProduceAction.FATAL if code in _FATAL_TRANSACTIONAL else ProduceAction.FAIL
-    if code == E.UNKNOWN_PRODUCER_ID:
+    if code == ErrorCode.UNKNOWN_PRODUCER_ID:
         return ProduceAction.RETRY_BUMP_EPOCH
     if code in _OUT_OF_STEP:
         return ProduceAction.FAIL_BUMP_EPOCH

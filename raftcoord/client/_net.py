@@ -34,7 +34,7 @@ from raftcoord.protocol.v1 import (
     coordinator_pb2,
 )
 
-E = common_pb2.ErrorCode
+ErrorCode = common_pb2.ErrorCode
 
 #: Longest single attempt of a coordinator call (the server gives up on a
 #: Raft commit after 10 s and answers REQUEST_TIMED_OUT).
@@ -47,9 +47,11 @@ JITTER = 0.2
 #: Backoff (first, longest) between retries of CONCURRENT_TRANSACTIONS answers.
 CONCURRENT_BACKOFF_S = (0.005, 0.05)
 #: Answers that mean "ask FindCoordinator again, then retry".
-REDISCOVER = frozenset({E.NOT_COORDINATOR, E.COORDINATOR_NOT_AVAILABLE, E.REQUEST_TIMED_OUT})
+REDISCOVER = frozenset(
+    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.REQUEST_TIMED_OUT}
+)
 #: Answers that mean "same coordinator, retry after a backoff".
-BACK_OFF = frozenset({E.COORDINATOR_LOAD_IN_PROGRESS, E.CONCURRENT_TRANSACTIONS})
+BACK_OFF = frozenset({ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.CONCURRENT_TRANSACTIONS})
 
 CHANNEL_OPTIONS = [
     # A restarted node is found again within a second, not after gRPC's
@@ -252,15 +254,17 @@ class CoordinatorClient:
         backoff = self.backoff()
         while True:
             answer = self.call_any("FindCoordinator", request, deadline)
-            if answer.error_code == E.NONE and answer.address:
+            if answer.error_code == ErrorCode.NONE and answer.address:
                 with self._lock:
                     self._coordinators[(key_type, key)] = answer.address
                     if answer.address not in self._known:
                         self._known.append(answer.address)
                 return str(answer.address)
-            if answer.error_code not in (E.COORDINATOR_NOT_AVAILABLE, E.NONE):
+            if answer.error_code not in (ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NONE):
                 raise error_for(answer.error_code, answer.error_message)
-            deadline.back_off(backoff, error_for(E.COORDINATOR_NOT_AVAILABLE, answer.error_message))
+            deadline.back_off(
+                backoff, error_for(ErrorCode.COORDINATOR_NOT_AVAILABLE, answer.error_message)
+            )
 
     def call(
         self,
@@ -310,7 +314,7 @@ class CoordinatorClient:
                     elif code not in retry:
                         return answer
                     last = error_for(code, answer.error_message)
-                    if code == E.CONCURRENT_TRANSACTIONS:
+                    if code == ErrorCode.CONCURRENT_TRANSACTIONS:
                         deadline.back_off(concurrent, last)
                         continue
                 deadline.back_off(backoff, last)
@@ -360,16 +364,18 @@ class MetadataCache:
         with self._lock:
             self._nodes = {n.node_id: n.address for n in answer.partition_nodes}
             for topic in answer.topics:
-                if topic.error_code == E.NONE:
+                if topic.error_code == ErrorCode.NONE:
                     placement = [-1] * len(topic.partitions)
                     for p in topic.partitions:
                         if 0 <= p.partition < len(placement):
-                            placement[p.partition] = p.node_id if p.error_code == E.NONE else -1
+                            placement[p.partition] = (
+                                p.node_id if p.error_code == ErrorCode.NONE else -1
+                            )
                     self._topics[topic.name] = placement
                     self._missing.discard(topic.name)
                 else:
                     self._topics.pop(topic.name, None)
-                    if topic.error_code == E.UNKNOWN_TOPIC_OR_PARTITION:
+                    if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                         self._missing.add(topic.name)
             self._stale = False
             self._last_refresh = time.monotonic()

@@ -28,23 +28,29 @@ class ProducerTxnState(Enum):
     CLOSED = "closed"
 
 
-S = ProducerTxnState
-
 #: state -> the states it may move to. Every state may also move to
 #: FATAL_ERROR and CLOSED (see :func:`check_transition`).
 TRANSITIONS: dict[ProducerTxnState, frozenset[ProducerTxnState]] = {
     # init_transactions; a timed-out init may be called again.
-    S.UNINITIALIZED: frozenset({S.INITIALIZING}),
-    S.INITIALIZING: frozenset({S.INITIALIZING, S.READY}),
-    S.READY: frozenset({S.IN_TRANSACTION}),
-    S.IN_TRANSACTION: frozenset({S.COMMITTING, S.ABORTING, S.ABORTABLE_ERROR}),
+    ProducerTxnState.UNINITIALIZED: frozenset({ProducerTxnState.INITIALIZING}),
+    ProducerTxnState.INITIALIZING: frozenset(
+        {ProducerTxnState.INITIALIZING, ProducerTxnState.READY}
+    ),
+    ProducerTxnState.READY: frozenset({ProducerTxnState.IN_TRANSACTION}),
+    ProducerTxnState.IN_TRANSACTION: frozenset(
+        {ProducerTxnState.COMMITTING, ProducerTxnState.ABORTING, ProducerTxnState.ABORTABLE_ERROR}
+    ),
     # A commit that timed out may be called again (EndTxn is retried), or a
     # send failed during its flush (abortable).
-    S.COMMITTING: frozenset({S.COMMITTING, S.READY, S.ABORTABLE_ERROR}),
-    S.ABORTING: frozenset({S.ABORTING, S.READY}),
-    S.ABORTABLE_ERROR: frozenset({S.ABORTABLE_ERROR, S.ABORTING}),
-    S.FATAL_ERROR: frozenset(),
-    S.CLOSED: frozenset(),
+    ProducerTxnState.COMMITTING: frozenset(
+        {ProducerTxnState.COMMITTING, ProducerTxnState.READY, ProducerTxnState.ABORTABLE_ERROR}
+    ),
+    ProducerTxnState.ABORTING: frozenset({ProducerTxnState.ABORTING, ProducerTxnState.READY}),
+    ProducerTxnState.ABORTABLE_ERROR: frozenset(
+        {ProducerTxnState.ABORTABLE_ERROR, ProducerTxnState.ABORTING}
+    ),
+    ProducerTxnState.FATAL_ERROR: frozenset(),
+    ProducerTxnState.CLOSED: frozenset(),
 }
 
 
@@ -54,8 +60,11 @@ def check_transition(current: ProducerTxnState, target: ProducerTxnState, operat
     Raises:
         IllegalStateError: the move is not in the table.
     """
-    if current is S.CLOSED:
+    if current is ProducerTxnState.CLOSED:
         raise IllegalStateError(f"cannot {operation}: the producer is closed")
-    if target in (S.FATAL_ERROR, S.CLOSED) or target in TRANSITIONS[current]:
+    if (
+        target in (ProducerTxnState.FATAL_ERROR, ProducerTxnState.CLOSED)
+        or target in TRANSITIONS[current]
+    ):
         return
     raise IllegalStateError(f"cannot {operation} in state {current.value}")

@@ -56,7 +56,8 @@ from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
+from raftcoord.protocol.v1 import coordinator_pb2
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 if TYPE_CHECKING:
     from raftcoord.client._transactions import TransactionManager
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 __all__ = ["Sender", "SenderSettings", "now"]
 
 log = logging.getLogger("raftcoord.client.producer")
-E = common_pb2.ErrorCode
 
 FINAL_FAILURES = frozenset({ProduceAction.FAIL, ProduceAction.FAIL_BUMP_EPOCH, ProduceAction.FATAL})
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
@@ -325,7 +325,7 @@ class Sender:
             answer = self.coordinators.call_any(
                 "InitProducerId", coordinator_pb2.InitProducerIdRequest(), deadline
             )
-            if answer.error_code == E.NONE:
+            if answer.error_code == ErrorCode.NONE:
                 return int(answer.producer_id), int(answer.producer_epoch)
             error = error_for(answer.error_code, answer.error_message)
             if not error.retriable:
@@ -434,7 +434,7 @@ class Sender:
             if answer is None:
                 missing = KafkaConnectionError(f"{address}: no answer for {batch.tp}")
                 self._handle_batch(batch, None, missing, -1)
-            elif answer.error_code in (E.NONE, E.DUPLICATE_SEQUENCE_NUMBER):
+            elif answer.error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
                 self._handle_batch(batch, int(answer.error_code), None, int(answer.base_offset))
             else:
                 error = self._produce_error(int(answer.error_code), answer.error_message)

@@ -29,13 +29,12 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import TopicPartition
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
+from raftcoord.protocol.v1 import coordinator_pb2
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "TransactionManager"]
 
 log = logging.getLogger("raftcoord.client.producer")
-E = common_pb2.ErrorCode
-S = ProducerTxnState
 
 #: Kafka's transaction.timeout.ms default (see TransactionalProducer for when
 #: a longer one is used).
@@ -56,7 +55,7 @@ class TransactionManager:
         self._requested_timeout_ms = timeout_ms
         #: transaction.timeout.ms as sent to the coordinator (resolved by :meth:`attach`).
         self.timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS if timeout_ms is None else timeout_ms
-        self.state = S.UNINITIALIZED
+        self.state = ProducerTxnState.UNINITIALIZED
         self._partitions: set[TopicPartition] = set()
         self._groups: set[str] = set()
         # Whether the coordinator may know of the transaction (something was
@@ -94,24 +93,24 @@ class TransactionManager:
         cond = self.sender.cond
         with cond:
             self._raise_if_fatal()
-            check_transition(self.state, S.INITIALIZING, "init_transactions")
-            self.state = S.INITIALIZING
+            check_transition(self.state, ProducerTxnState.INITIALIZING, "init_transactions")
+            self.state = ProducerTxnState.INITIALIZING
         request = coordinator_pb2.InitProducerIdRequest(
             transactional_id=self.transactional_id, transaction_timeout_ms=self.timeout_ms
         )
         answer = self._call("InitProducerId", request, "init_transactions")
-        if answer.error_code != E.NONE:
+        if answer.error_code != ErrorCode.NONE:
             raise self._fail_fatally(self._coordinator_error(answer))
         with cond:
             self.sender.identity = (int(answer.producer_id), int(answer.producer_epoch))
-            self.state = S.READY
+            self.state = ProducerTxnState.READY
 
     def begin(self) -> None:
         with self.sender.cond:
             self._raise_if_fatal()
-            check_transition(self.state, S.IN_TRANSACTION, "begin_transaction")
+            check_transition(self.state, ProducerTxnState.IN_TRANSACTION, "begin_transaction")
             self._reset_locked()
-            self.state = S.IN_TRANSACTION
+            self.state = ProducerTxnState.IN_TRANSACTION
 
     def send_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str) -> None:
         topics = offset_topics(offsets)
@@ -133,7 +132,7 @@ class TransactionManager:
                         group_id=group_id,
                     ),
                 )
-                if answer.error_code != E.NONE:
+                if answer.error_code != ErrorCode.NONE:
                     raise self._coordinator_error(answer)
                 with self.sender.cond:
                     self._groups.add(group_id)
@@ -153,7 +152,7 @@ class TransactionManager:
                 self._deadline("TxnOffsetCommit"),
             )
             code, message = first_error(answer)
-            if code != E.NONE:
+            if code != ErrorCode.NONE:
                 raise self._coordinator_error_code(code, message)
         except KafkaError as exc:
             raise self._transaction_failed(exc) from None
@@ -162,19 +161,19 @@ class TransactionManager:
         cond = self.sender.cond
         with cond:
             self._raise_if_fatal()
-            if self.state is S.ABORTABLE_ERROR:
+            if self.state is ProducerTxnState.ABORTABLE_ERROR:
                 raise self._abortable("cannot commit")
-            check_transition(self.state, S.COMMITTING, "commit_transaction")
-            self.state = S.COMMITTING
+            check_transition(self.state, ProducerTxnState.COMMITTING, "commit_transaction")
+            self.state = ProducerTxnState.COMMITTING
         self.sender.flush(None)
         with cond:
             self._raise_if_fatal()
             if self._error is not None:
-                self.state = S.ABORTABLE_ERROR
+                self.state = ProducerTxnState.ABORTABLE_ERROR
                 raise self._abortable("cannot commit")
             if not self._started:  # nothing reached the coordinator: nothing to end
                 self._reset_locked()
-                self.state = S.READY
+                self.state = ProducerTxnState.READY
                 return
         self._end(commit=True)
 
@@ -182,8 +181,8 @@ class TransactionManager:
         sender = self.sender
         with sender.cond:
             self._raise_if_fatal()
-            check_transition(self.state, S.ABORTING, "abort_transaction")
-            self.state = S.ABORTING
+            check_transition(self.state, ProducerTxnState.ABORTING, "abort_transaction")
+            self.state = ProducerTxnState.ABORTING
         sender.drop_undrained(
             TransactionAbortedError("the transaction was aborted before the batch was sent")
         )
@@ -194,22 +193,26 @@ class TransactionManager:
             self._raise_if_fatal()
             if not self._started:
                 self._reset_locked()
-                self.state = S.READY
+                self.state = ProducerTxnState.READY
                 return
         self._end(commit=False)
 
     def close(self) -> None:
         """Abort an open transaction, then refuse everything (before the sender closes)."""
         with self.sender.cond:
-            open_transaction = self.state in (S.IN_TRANSACTION, S.ABORTABLE_ERROR, S.ABORTING)
+            open_transaction = self.state in (
+                ProducerTxnState.IN_TRANSACTION,
+                ProducerTxnState.ABORTABLE_ERROR,
+                ProducerTxnState.ABORTING,
+            )
         if open_transaction:
             try:
                 self.abort()
             except KafkaError as exc:
                 log.warning("could not abort the open transaction on close: %s", exc)
         with self.sender.cond:
-            if self.state is not S.FATAL_ERROR:
-                self.state = S.CLOSED
+            if self.state is not ProducerTxnState.FATAL_ERROR:
+                self.state = ProducerTxnState.CLOSED
         # Nothing of an unfinished transaction will be sent any more.
         self.sender.drop_undrained(KafkaError("the producer was closed before the batch was sent"))
 
@@ -218,15 +221,15 @@ class TransactionManager:
         the transaction can no longer commit. Nothing reached the
         coordinator, so this alone needs no EndTxn."""
         with self.sender.cond:
-            if self.state is S.IN_TRANSACTION:
+            if self.state is ProducerTxnState.IN_TRANSACTION:
                 self._error = error
-                self.state = S.ABORTABLE_ERROR
+                self.state = ProducerTxnState.ABORTABLE_ERROR
 
     def check_in_transaction_locked(self, operation: str) -> None:
         self._raise_if_fatal()
-        if self.state is S.ABORTABLE_ERROR:
+        if self.state is ProducerTxnState.ABORTABLE_ERROR:
             raise self._abortable(f"cannot {operation}")
-        if self.state is not S.IN_TRANSACTION:
+        if self.state is not ProducerTxnState.IN_TRANSACTION:
             raise IllegalStateError(
                 f"cannot {operation} in state {self.state.value} (call begin_transaction first)"
             )
@@ -234,7 +237,7 @@ class TransactionManager:
     # --- the sender's questions and news ---------------------------------------------
 
     def may_send_locked(self) -> bool:
-        return self.state in (S.IN_TRANSACTION, S.COMMITTING)
+        return self.state in (ProducerTxnState.IN_TRANSACTION, ProducerTxnState.COMMITTING)
 
     def has_partition(self, tp: TopicPartition) -> bool:
         """Whether ``tp`` was added to the transaction (lock held)."""
@@ -275,7 +278,7 @@ class TransactionManager:
         refuses a batch because of the transaction's state (older nodes'
         answer to a failed KIP-890 verification) only makes the transaction
         abortable."""
-        if code == E.INVALID_TXN_STATE:
+        if code == ErrorCode.INVALID_TXN_STATE:
             return TransactionAbortableError(message or "INVALID_TXN_STATE")
         return self._coordinator_error_code(code, message)
 
@@ -305,7 +308,7 @@ class TransactionManager:
         answer = self._call(
             "EndTxn", request, "commit_transaction" if commit else "abort_transaction"
         )
-        if answer.error_code != E.NONE:
+        if answer.error_code != ErrorCode.NONE:
             error = self._coordinator_error(answer)
             if commit and not isinstance(error, FatalError):
                 raise self._transaction_failed(error)
@@ -315,7 +318,7 @@ class TransactionManager:
             # id/epoch, and its sequences start at 0.
             self.sender.identity = (int(answer.producer_id), int(answer.producer_epoch))
             self._reset_locked()
-            self.state = S.READY
+            self.state = ProducerTxnState.READY
 
     def _reset_locked(self) -> None:
         self._partitions.clear()
@@ -328,7 +331,7 @@ class TransactionManager:
         fatal = self.sender.fatal
         if fatal is not None:
             raise fatal.again() from fatal
-        if self.state is S.CLOSED:
+        if self.state is ProducerTxnState.CLOSED:
             raise IllegalStateError("the producer is closed")
 
     def _abortable(self, what: str) -> TransactionAbortableError:
@@ -347,7 +350,7 @@ class TransactionManager:
         # As Kafka's transactional producer: an old epoch means another
         # producer with this transactional id took over, or the coordinator
         # aborted the transaction for running too long (and bumped the epoch).
-        if code == E.INVALID_PRODUCER_EPOCH:
+        if code == ErrorCode.INVALID_PRODUCER_EPOCH:
             error: KafkaError = ProducerFencedError(message or "INVALID_PRODUCER_EPOCH")
         else:
             error = error_for(code, message)
@@ -372,7 +375,7 @@ class TransactionManager:
         with self.sender.cond:
             if self.sender.fatal is None:
                 self.sender.fatal = error
-            self.state = S.FATAL_ERROR
+            self.state = ProducerTxnState.FATAL_ERROR
         self.sender.drop_undrained(error)
         return error
 
@@ -384,8 +387,8 @@ class TransactionManager:
         with self.sender.cond:
             if self._error is None:
                 self._error = error
-            if self.state in (S.IN_TRANSACTION, S.COMMITTING):
-                self.state = S.ABORTABLE_ERROR
+            if self.state in (ProducerTxnState.IN_TRANSACTION, ProducerTxnState.COMMITTING):
+                self.state = ProducerTxnState.ABORTABLE_ERROR
             dropped = self.sender.accumulator.take_undrained()
             self.sender.wake_locked()
         if dropped:
@@ -412,7 +415,7 @@ class TransactionManager:
         except KafkaError as exc:
             return exc
         code, message = first_error(answer)
-        return None if code == E.NONE else self._coordinator_error_code(code, message)
+        return None if code == ErrorCode.NONE else self._coordinator_error_code(code, message)
 
     def _add_to_transaction(self, method: str, request: Any) -> Any:
         """AddPartitionsToTxn or AddOffsetsToTxn; notes that the transaction
@@ -425,7 +428,7 @@ class TransactionManager:
                 with self.sender.cond:
                     self._mark_started_locked()
             raise
-        if answer.error_code == E.NONE:  # all or nothing on the coordinator
+        if answer.error_code == ErrorCode.NONE:  # all or nothing on the coordinator
             with self.sender.cond:
                 self._mark_started_locked()
         return answer

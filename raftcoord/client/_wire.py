@@ -9,8 +9,7 @@ from typing import Any
 from raftcoord.client._accumulator import ProducerBatch
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
-
-E = common_pb2.ErrorCode
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 
 def topic_partitions(tps: Iterable[TopicPartition]) -> list[common_pb2.TopicPartitions]:
@@ -38,13 +37,13 @@ def offset_topics(offsets: Mapping[TopicPartition, int]) -> list[coordinator_pb2
 
 def first_error(answer: Any) -> tuple[int, str]:
     """The request-level error of an answer, else its first per-partition error."""
-    if answer.error_code != E.NONE:
+    if answer.error_code != ErrorCode.NONE:
         return int(answer.error_code), str(answer.error_message)
     for result in answer.results:
-        if result.error_code != E.NONE:
+        if result.error_code != ErrorCode.NONE:
             where = f"{result.topic}-{result.partition}"
             return int(result.error_code), result.error_message or f"partition {where}"
-    return E.NONE, ""
+    return ErrorCode.NONE, ""
 
 
 def produce_request(

@@ -37,11 +37,11 @@ from raftcoord.client.records import (
 )
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
 
 log = logging.getLogger("raftcoord.client.admin")
-E = common_pb2.ErrorCode
 
 #: Kafka's names of the transaction states, by protocol value.
 TRANSACTION_STATES: dict[int, str] = {
@@ -163,7 +163,7 @@ class Admin:
                     last = error_for(code, result.error_message)
                     continue
                 pending.pop(result.name, None)
-                if code == E.NONE or (code == E.TOPIC_ALREADY_EXISTS and exist_ok):
+                if code == ErrorCode.NONE or (code == ErrorCode.TOPIC_ALREADY_EXISTS and exist_ok):
                     self._topic_leader = address
                     continue
                 failures.append(error_for(code, f"{result.name}: {result.error_message}"))
@@ -201,7 +201,7 @@ class Admin:
         return {
             t.name: len(t.partitions)
             for t in sorted(answer.topics, key=lambda t: t.name)
-            if t.error_code == E.NONE
+            if t.error_code == ErrorCode.NONE
         }
 
     def describe_cluster(self, timeout_ms: int | None = None) -> dict[str, dict[int, str]]:
@@ -262,7 +262,7 @@ class Admin:
             except grpc.RpcError as exc:
                 log.info("list_transactions skips %s", transport_error(exc, address))
                 continue
-            if answer.error_code != E.NONE:
+            if answer.error_code != ErrorCode.NONE:
                 log.info("list_transactions: %s answered %s", address, answer.error_code)
                 continue
             for t in answer.transactions:
@@ -300,7 +300,7 @@ class Admin:
                 error_of=_first_description_error,
             )
             description = answer.transactions[0]
-            if description.error_code != E.NONE:
+            if description.error_code != ErrorCode.NONE:
                 failures.append(error_for(description.error_code, f"transactional id {tid!r}"))
                 continue
             described[tid] = _description(description)
@@ -429,7 +429,7 @@ class Admin:
                     continue
                 for result in results_of(answer):
                     tp = TopicPartition(result.topic, result.partition)
-                    if result.error_code == E.NONE:
+                    if result.error_code == ErrorCode.NONE:
                         done[tp] = result
                         continue
                     error = error_for(
@@ -448,7 +448,7 @@ class Admin:
 
 def _first_description_error(answer: Any) -> int:
     if not answer.transactions:
-        return int(E.UNKNOWN_SERVER_ERROR)
+        return int(ErrorCode.UNKNOWN_SERVER_ERROR)
     return int(answer.transactions[0].error_code)
 
 

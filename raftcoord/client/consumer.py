@@ -48,11 +48,11 @@ from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.limits import MAX_FETCH_WAIT_MS, id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = ["Consumer"]
 
 log = logging.getLogger("raftcoord.client.consumer")
-E = common_pb2.ErrorCode
 
 _ISOLATION = {
     "read_committed": common_pb2.READ_COMMITTED,
@@ -63,7 +63,9 @@ _RESET = {
     "latest": partition_log_pb2.OFFSET_SPEC_LATEST,
 }
 #: Answers after which the partition's placement is fetched again.
-_STALE_METADATA = frozenset({E.NOT_LEADER_OR_FOLLOWER, E.UNKNOWN_TOPIC_OR_PARTITION})
+_STALE_METADATA = frozenset(
+    {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+)
 #: A Fetch or ListOffsets attempt gets at least this long, even in poll(0).
 _MIN_ATTEMPT_S = 1.0
 
@@ -371,19 +373,19 @@ class Consumer:
         if answer.error_code in _STALE_METADATA:
             self._metadata.request_update()
             return []
-        if answer.error_code == E.OFFSET_OUT_OF_RANGE and self.auto_offset_reset == "none":
+        if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and self.auto_offset_reset == "none":
             raise OffsetOutOfRangeError(
                 f"{tp}: offset {position} is outside the log "
                 f"[{answer.log_start_offset}, {answer.high_watermark}]"
             )
-        if answer.error_code == E.OFFSET_OUT_OF_RANGE:
+        if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             log.info(
                 "%s: offset %d out of range, reset to %s", tp, position, self.auto_offset_reset
             )
             del self._positions[tp]
             self._reset_by_policy.add(tp)
             return []
-        if answer.error_code != E.NONE:
+        if answer.error_code != ErrorCode.NONE:
             error = error_for(answer.error_code, answer.error_message)
             if error.retriable:
                 return []
@@ -467,7 +469,7 @@ class Consumer:
                     continue
                 for answer in response.partitions:
                     tp = TopicPartition(answer.topic, answer.partition)
-                    if answer.error_code == E.NONE:
+                    if answer.error_code == ErrorCode.NONE:
                         found[tp] = int(answer.offset)
                         continue
                     error = error_for(answer.error_code, answer.error_message)
@@ -507,15 +509,15 @@ class Consumer:
             answer = self._coordinators.call(
                 coordinator_pb2.GROUP, group_id, "OffsetFetch", request, deadline
             )
-            if answer.error_code != E.NONE:
+            if answer.error_code != ErrorCode.NONE:
                 raise error_for(answer.error_code, answer.error_message)
             result: dict[TopicPartition, int | None] = {tp: None for tp in tps}
             unstable: KafkaError | None = None
             for p in answer.partitions:
                 tp = TopicPartition(p.topic, p.partition)
-                if p.error_code == E.UNSTABLE_OFFSET_COMMIT:
+                if p.error_code == ErrorCode.UNSTABLE_OFFSET_COMMIT:
                     unstable = error_for(p.error_code, f"{tp}: a transactional commit is pending")
-                elif p.error_code != E.NONE:
+                elif p.error_code != ErrorCode.NONE:
                     raise error_for(p.error_code, f"{tp}")
                 elif tp in result:
                     result[tp] = int(p.offset) if p.offset >= 0 else None
@@ -554,7 +556,7 @@ class Consumer:
             Deadline(self._timeout_s(timeout_ms), "commit"),
         )
         code, message = first_error(answer)
-        if code != E.NONE:
+        if code != ErrorCode.NONE:
             raise error_for(code, message)
 
     # --- helpers -------------------------------------------------------------------

@@ -286,8 +286,3 @@ class MarkerWriters:
         with self._lock:
             writer = self._writers.get(shard)
         return None if writer is None else writer.pending(key)
-
-    def metrics(self) -> dict[int, dict[str, Any]]:
-        with self._lock:
-            writers = dict(self._writers)
-        return {shard: writer.metrics() for shard, writer in sorted(writers.items())}

@@ -27,7 +27,7 @@ from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
-from raftcoord.coordinator.service import AdminService, CoordinatorService
+from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Reader, Shard, ShardStatus, ShardTimers, TransitionsLog
 from raftcoord.protocol.config import ClusterConfig, NodeAddress

@@ -111,8 +111,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final, Literal, overload
 
-import pysyncobj.journal as _pj
-import pysyncobj.syncobj as _ps
+import pysyncobj.journal
+import pysyncobj.syncobj
 from pysyncobj.pickle import dumps as _pickle_dumps
 from pysyncobj.pickle import loads as _pickle_loads
 from pysyncobj.pickle import to_bytes as _to_bytes
@@ -140,13 +140,13 @@ POLICIES: Final[tuple[str, ...]] = ("always", "batch", "never")
 DEFAULT_BATCH_INTERVAL_S: Final = 0.005
 
 # pysyncobj.journal's format, taken from the module so the two cannot drift.
-_NAME_SIZE: Final[int] = _pj.NAME_SIZE
-_VERSION_SIZE: Final[int] = _pj.VERSION_SIZE
-_APP_NAME: Final[bytes] = _pj.APP_NAME
-_APP_VERSION: Final[bytes] = _pj.APP_VERSION
-_FORMAT_VERSION: Final[int] = _pj.JOURNAL_FORMAT_VERSION
-_FIRST_RECORD_OFFSET: Final[int] = _pj.FIRST_RECORD_OFFSET
-_LAST_RECORD_OFFSET_OFFSET: Final[int] = _pj.LAST_RECORD_OFFSET_OFFSET
+_NAME_SIZE: Final[int] = pysyncobj.journal.NAME_SIZE
+_VERSION_SIZE: Final[int] = pysyncobj.journal.VERSION_SIZE
+_APP_NAME: Final[bytes] = pysyncobj.journal.APP_NAME
+_APP_VERSION: Final[bytes] = pysyncobj.journal.APP_VERSION
+_FORMAT_VERSION: Final[int] = pysyncobj.journal.JOURNAL_FORMAT_VERSION
+_FIRST_RECORD_OFFSET: Final[int] = pysyncobj.journal.FIRST_RECORD_OFFSET
+_LAST_RECORD_OFFSET_OFFSET: Final[int] = pysyncobj.journal.LAST_RECORD_OFFSET_OFFSET
 _RECORD_HEAD: Final = struct.Struct("<IQQ")  # n, idx, term
 _U32: Final = struct.Struct("<I")
 _MIN_RECORD_BODY: Final = 16  # idx + term
@@ -194,7 +194,7 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
-class DurableFileJournal(_pj.Journal):  # type: ignore[misc]  # pysyncobj is untyped
+class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # pysyncobj is untyped
     """pysyncobj ``Journal`` on a file, with fsync points chosen by ``policy``.
 
     Same on-disk format as ``pysyncobj.journal.FileJournal``; see the module
@@ -629,7 +629,7 @@ def unregister_journal(path: str) -> None:
 def create_journal(journalFile: str | None = None) -> Any:
     """Drop-in for ``pysyncobj.journal.createJournal``."""
     if journalFile is None:
-        return _pj.MemoryJournal()
+        return pysyncobj.journal.MemoryJournal()
     path = os.path.abspath(journalFile)
     with _install_lock:
         opts = _registry.get(path)
@@ -664,8 +664,8 @@ def install(
         _policy_for_path = policy_for_path
         _default_policy = default_policy
         if _original_create_journal is None:
-            _original_create_journal = _ps.createJournal
-            _ps.createJournal = create_journal
+            _original_create_journal = pysyncobj.syncobj.createJournal
+            pysyncobj.syncobj.createJournal = create_journal
 
 
 def uninstall() -> None:
@@ -673,14 +673,14 @@ def uninstall() -> None:
     global _original_create_journal, _policy_for_path, _default_policy
     with _install_lock:
         if _original_create_journal is not None:
-            _ps.createJournal = _original_create_journal
+            pysyncobj.syncobj.createJournal = _original_create_journal
             _original_create_journal = None
         _policy_for_path = None
         _default_policy = "always"
 
 
 def is_installed() -> bool:
-    return _ps.createJournal is create_journal
+    return pysyncobj.syncobj.createJournal is create_journal
 
 
 def journal_for(path: str) -> DurableFileJournal | None:

@@ -1,0 +1,92 @@
+"""gRPC services of a coordinator node: TransactionCoordinator and CoordinatorAdmin.
+
+gRPC takes one servicer per service of the proto: :class:`CoordinatorService`
+is TransactionCoordinator's, and hands each RPC to the family that serves it:
+
+=================  =====================================================
+``common``         routing to the shard's leader, replicating, reading,
+                   forwarding (:class:`~.common.ShardRouter`)
+``transactions``   FindCoordinator, InitProducerId, AddPartitionsToTxn,
+                   AddOffsetsToTxn, EndTxn
+``groups``         TxnOffsetCommit, OffsetCommit, OffsetFetch,
+                   WriteTxnMarkers (group markers)
+``topics``         Metadata, CreateTopics
+``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
+=================  =====================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.services.admin import AdminService, TransactionQueries
+from raftcoord.coordinator.services.common import ShardRouter
+from raftcoord.coordinator.services.groups import GroupRPCs
+from raftcoord.coordinator.services.topics import TopicRPCs
+from raftcoord.coordinator.services.transactions import TransactionRPCs
+from raftcoord.coordinator.shard import Shards
+from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.v1 import coordinator_pb2_grpc
+
+__all__ = ["AdminService", "CoordinatorService"]
+
+
+class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
+    """The TransactionCoordinator servicer: every RPC is its family's."""
+
+    def __init__(
+        self, shards: Shards, config: ClusterConfig, node_id: int, markers: MarkerWriters
+    ) -> None:
+        router = ShardRouter(shards, config, node_id)
+        self.topics = TopicRPCs(router)
+        self.transactions = TransactionRPCs(router, self.topics)
+        self.groups = GroupRPCs(router)
+        self.queries = TransactionQueries(router, markers)
+
+    # --- transactions ----------------------------------------------------------
+
+    def FindCoordinator(self, request: Any, context: Any) -> Any:
+        return self.transactions.FindCoordinator(request, context)
+
+    def InitProducerId(self, request: Any, context: Any) -> Any:
+        return self.transactions.InitProducerId(request, context)
+
+    def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:
+        return self.transactions.AddPartitionsToTxn(request, context)
+
+    def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
+        return self.transactions.AddOffsetsToTxn(request, context)
+
+    def EndTxn(self, request: Any, context: Any) -> Any:
+        return self.transactions.EndTxn(request, context)
+
+    # --- group offsets ---------------------------------------------------------
+
+    def TxnOffsetCommit(self, request: Any, context: Any) -> Any:
+        return self.groups.TxnOffsetCommit(request, context)
+
+    def OffsetCommit(self, request: Any, context: Any) -> Any:
+        return self.groups.OffsetCommit(request, context)
+
+    def OffsetFetch(self, request: Any, context: Any) -> Any:
+        return self.groups.OffsetFetch(request, context)
+
+    def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
+        return self.groups.WriteTxnMarkers(request, context)
+
+    # --- operator queries ------------------------------------------------------
+
+    def DescribeTransactions(self, request: Any, context: Any) -> Any:
+        return self.queries.DescribeTransactions(request, context)
+
+    def ListTransactions(self, request: Any, context: Any) -> Any:
+        return self.queries.ListTransactions(request, context)
+
+    # --- cluster metadata ------------------------------------------------------
+
+    def Metadata(self, request: Any, context: Any) -> Any:
+        return self.topics.Metadata(request, context)
+
+    def CreateTopics(self, request: Any, context: Any) -> Any:
+        return self.topics.CreateTopics(request, context)

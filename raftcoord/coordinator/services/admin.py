@@ -1,0 +1,156 @@
+"""Operator queries: DescribeTransactions and ListTransactions (served by
+TransactionCoordinator) and the CoordinatorAdmin service (NodeStatus)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fsm import ErrorCode, TxnState
+from fsm.metadata import TransactionMetadata
+from fsm.states import PREPARE_STATES
+from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
+from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.services.common import Refused, ShardRouter
+from raftcoord.coordinator.shard import Shards, now_ms
+from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, common_pb2, coordinator_pb2
+
+
+class TransactionQueries:
+    def __init__(self, router: ShardRouter, markers: MarkerWriters) -> None:
+        self.router = router
+        self.markers = markers
+
+    def DescribeTransactions(self, request: Any, context: Any) -> Any:
+        descriptions = []
+        for tid in request.transactional_ids:
+            shard = self.router.shard_of(tid)
+            try:
+                meta = self.router.read(shard, lambda machine, tid=tid: machine.describe(tid))
+            except Refused as refused:
+                descriptions.append(_no_description(tid, refused.error))
+                continue
+            if meta is None:
+                descriptions.append(_no_description(tid, ErrorCode.TRANSACTIONAL_ID_NOT_FOUND))
+                continue
+            topics: dict[str, list[int]] = {}
+            for topic, partition in sorted(meta.partitions):
+                topics.setdefault(topic, []).append(partition)
+            descriptions.append(
+                coordinator_pb2.TransactionDescription(
+                    error_code=ErrorCode.NONE,
+                    transactional_id=tid,
+                    state=int(meta.state),
+                    producer_id=meta.producer_id,
+                    producer_epoch=meta.producer_epoch,
+                    transaction_timeout_ms=meta.timeout_ms,
+                    transaction_start_time_ms=meta.txn_start_ms,
+                    last_update_time_ms=meta.last_update_ms,
+                    topics=[
+                        common_pb2.TopicPartitions(topic=t, partitions=ps)
+                        for t, ps in topics.items()
+                    ],
+                    groups=sorted(meta.groups),
+                    coordinator_epoch=meta.coordinator_epoch,
+                    pending_markers=self._pending_markers(shard, meta),
+                )
+            )
+        return coordinator_pb2.DescribeTransactionsResponse(transactions=descriptions)
+
+    def _pending_markers(self, shard: int, meta: TransactionMetadata) -> list[Any]:
+        """The markers a Prepare* transaction still owes, each with the last
+        problem its delivery met, as this node's marker writer knows them."""
+        if meta.state not in PREPARE_STATES:
+            return []
+        key = TxnKey(meta.transactional_id, meta.producer_id, meta.producer_epoch)
+        owed = self.markers.pending(shard, key)
+        if owed is None:  # not taken up by a writer yet: nothing tried
+            participants: list[Participant] = [DataPartition(*tp) for tp in sorted(meta.partitions)]
+            participants.extend(ConsumerGroup(g) for g in sorted(meta.groups))
+            owed = dict.fromkeys(participants)
+        return [_pending_marker(p, problem) for p, problem in owed.items()]
+
+    def ListTransactions(self, request: Any, context: Any) -> Any:
+        """Transactions of the shards this node leads (ask every node for all)."""
+        states = [TxnState(s) for s in request.state_filters if s in TxnState._value2member_map_]
+        listings = []
+        for shard in range(self.router.config.shard_count):
+            if self.router.shards.availability(shard) is not ErrorCode.NONE:
+                continue
+            try:
+                rows = self.router.read(
+                    shard,
+                    lambda machine: machine.list_transactions(
+                        now_ms(), states, request.producer_id_filters, request.duration_filter_ms
+                    ),
+                )
+            except Refused:
+                continue
+            listings.extend(
+                coordinator_pb2.TransactionListing(
+                    transactional_id=r.transactional_id,
+                    producer_id=r.producer_id,
+                    state=int(r.state),
+                    duration_ms=r.duration_ms,
+                )
+                for r in rows
+            )
+        return coordinator_pb2.ListTransactionsResponse(
+            error_code=ErrorCode.NONE, transactions=listings
+        )
+
+
+class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):  # type: ignore[misc]
+    def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
+        self.shards = shards
+        self.config = config
+        self.node_id = node_id
+
+    def NodeStatus(self, request: Any, context: Any) -> Any:
+        statuses = []
+        for shard in range(self.config.shard_count):
+            leader = self.shards.leader_of(shard)
+            status = self.shards.status(shard)
+            statuses.append(
+                admin_pb2.ShardStatus(
+                    shard=shard,
+                    is_leader=status.ready_leader,
+                    term=status.term,
+                    leader_node_id=-1 if leader is None else leader.node_id,
+                    leader_address="" if leader is None else leader.grpc,
+                    commit_index=status.commit_index,
+                    applied_index=status.applied_index,
+                    state_digest=status.state_digest,
+                    transactional_ids=status.transactional_ids,
+                )
+            )
+        return admin_pb2.NodeStatusResponse(
+            node_id=self.node_id,
+            address=self.config.coordinator(self.node_id).grpc,
+            pid=os.getpid(),
+            shards=statuses,
+        )
+
+
+def _pending_marker(participant: Participant, problem: DeliveryProblem | None) -> Any:
+    marker = coordinator_pb2.PendingMarker(
+        last_error_code=ErrorCode.NONE if problem is None else problem.code,
+        last_error_message="" if problem is None else problem.message,
+    )
+    if isinstance(participant, DataPartition):
+        marker.topic, marker.partition = participant.topic, participant.partition
+    else:
+        marker.group_id = participant.group_id
+    return marker
+
+
+def _no_description(transactional_id: str, error: ErrorCode) -> Any:
+    """A DescribeTransactions entry for an id that cannot be described."""
+    return coordinator_pb2.TransactionDescription(
+        error_code=error,
+        transactional_id=transactional_id,
+        producer_id=-1,
+        producer_epoch=-1,
+        transaction_start_time_ms=-1,
+    )

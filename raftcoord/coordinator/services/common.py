@@ -1,0 +1,160 @@
+"""What every RPC family of a coordinator node shares: routing a request to
+its shard, refusing it here when it cannot be served, replicating or reading
+through the shard's log, and asking another node that leads the shard.
+
+Requests are translated into :mod:`fsm` commands for the shard that owns the
+key (``crc32(key) % S``); a node that does not lead that shard answers
+NOT_COORDINATOR naming the leader it knows, a leader that has not applied
+its log yet answers COORDINATOR_LOAD_IN_PROGRESS, and every answer comes after
+the command is committed by Raft and applied. Reads go through a log barrier
+so a deposed leader never serves stale state as current; topic metadata is
+the exception (see :meth:`raftcoord.coordinator.services.topics.TopicRPCs.Metadata`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+import grpc
+
+from fsm import ErrorCode, Outcome
+from fsm.limits import request_refusal
+from fsm.metadata import TopicPartition
+from raftcoord.coordinator.leader import CHECK_ONLY, Unstamped
+from raftcoord.coordinator.settings import fsm_config
+from raftcoord.coordinator.shard import Reader, Shards
+from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
+
+REQUEST_TIMEOUT_S = 10.0
+FORWARDED_HEADER = "x-raftcoord-forwarded-by"
+#: Deadline of a request forwarded to another node.
+FORWARD_TIMEOUT_S = 2.0
+T = TypeVar("T")
+
+
+class Refused(Exception):
+    """The shard cannot serve the request here; carries the answer."""
+
+    def __init__(self, error: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+class NotForwarded(Exception):
+    """A request could not be asked of another node; says why."""
+
+
+class ShardRouter:
+    """A node's way to its shards, shared by the RPC families."""
+
+    def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
+        self.shards = shards
+        self.config = config
+        self.node_id = node_id
+        self.fsm_config = fsm_config(config.settings)
+
+    def shard_of(self, key: str) -> int:
+        return shard_for(key, self.config.shard_count)
+
+    def check(self, shard: int) -> None:
+        """Return when this node is the ready leader of ``shard``.
+
+        Raises:
+            Refused: NOT_COORDINATOR naming the leader known, or
+                COORDINATOR_LOAD_IN_PROGRESS.
+        """
+        error = self.shards.availability(shard)
+        if error is ErrorCode.NONE:
+            return
+        if error is ErrorCode.NOT_COORDINATOR:
+            leader = self.shards.leader_of(shard)
+            where = "unknown" if leader is None else f"node {leader.node_id} at {leader.grpc}"
+            raise Refused(error, f"not the coordinator of shard {shard}; leader: {where}")
+        raise Refused(error, f"shard {shard} is loading its state")
+
+    def refusal(self, build: Unstamped) -> Outcome | None:
+        """The answer to a request that must not be proposed (fsm.limits), or None."""
+        refusal = request_refusal(build(CHECK_ONLY), self.fsm_config)
+        return None if refusal is None else Outcome(error=refusal[0], message=refusal[1])
+
+    def run(
+        self,
+        shard: int,
+        build: Unstamped,
+        precheck: Callable[[], Outcome | None] | None = None,
+    ) -> Outcome:
+        """Replicate the command of ``build`` on ``shard``; a refusal comes back
+        as an error outcome.
+
+        ``precheck`` validates what the command's own shard cannot (state of
+        other shards) once this node is known to lead ``shard``: its outcome,
+        if any, is the answer and nothing is proposed.
+        """
+        # A request that breaks a limit is refused by any node, before routing
+        # to a leader: it never reaches the log.
+        refused_here = self.refusal(build)
+        if refused_here is not None:
+            return refused_here
+        try:
+            self.check(shard)
+            refused_before = None if precheck is None else precheck()
+        except Refused as refused:
+            return Outcome(error=refused.error, message=refused.message)
+        if refused_before is not None:
+            return refused_before
+        result: Outcome = wait(self.shards.submit(shard, build))
+        return result
+
+    def read(self, shard: int, reader: Reader[T]) -> T:
+        """``reader``'s answer from ``shard``'s leader (this node), through its log.
+
+        Raises:
+            Refused: this node cannot answer (not the ready leader, timed out).
+        """
+        self.check(shard)
+        result = wait(self.shards.read(shard, reader))
+        if isinstance(result, Outcome):  # refused or timed out
+            raise Refused(result.error, result.message)
+        return result
+
+    def forward(self, shard: int, context: Any, method: str, request: Any) -> Any:
+        """The answer of ``shard``'s leader, another node, to ``method`` with
+        ``request``. A request that was itself forwarded is not forwarded
+        again (no loops).
+
+        Raises:
+            NotForwarded: already forwarded, no other node leads ``shard``
+                as far as this node knows, or the call failed.
+        """
+        if dict(context.invocation_metadata()).get(FORWARDED_HEADER):
+            raise NotForwarded("already forwarded")
+        leader = self.shards.leader_of(shard)
+        if leader is None or leader.node_id == self.node_id:
+            raise NotForwarded("no leader")
+        try:
+            with grpc.insecure_channel(leader.grpc) as channel:
+                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)  # type: ignore[no-untyped-call]
+                return getattr(stub, method)(
+                    request,
+                    timeout=FORWARD_TIMEOUT_S,
+                    metadata=[(FORWARDED_HEADER, str(self.node_id))],
+                )
+        except grpc.RpcError as exc:
+            raise NotForwarded(exc.code().name) from exc
+
+
+def wait(future: Future[T]) -> T | Outcome:
+    try:
+        return future.result(timeout=REQUEST_TIMEOUT_S)
+    except FutureTimeout:
+        return Outcome(error=ErrorCode.REQUEST_TIMED_OUT, message="not committed in time; retry")
+
+
+def partition_result(tp: TopicPartition, error: ErrorCode) -> Any:
+    return common_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=error)

@@ -1,0 +1,186 @@
+"""Topic RPCs of TransactionCoordinator: Metadata and CreateTopics, and the
+topic lookups the transaction RPCs need. Topics live in shard 0."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import grpc
+
+from fsm import CreateTopic, ErrorCode, Outcome
+from fsm.metadata import TopicPartition
+from raftcoord.coordinator.leader import Unstamped
+from raftcoord.coordinator.markers import METADATA_SHARD
+from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
+from raftcoord.protocol.v1 import coordinator_pb2
+
+
+class TopicRPCs:
+    def __init__(self, router: ShardRouter) -> None:
+        self.router = router
+
+    def local_topics(self) -> dict[str, tuple[int, ...]]:
+        """Topic placement in this node's replica of shard 0 (it may lag)."""
+        return self.router.shards.query(METADATA_SHARD, lambda machine: dict(machine.state.topics))
+
+    def leader_topics(self, context: Any, read_barrier: bool) -> dict[str, tuple[int, ...]] | None:
+        """Topic placement as shard 0's leader has it (topics live in shard 0),
+        or None when no leader answers.
+
+        The leader answers from its applied state, or with ``read_barrier``
+        through its log (so that a deposed leader cannot answer); another
+        node asks the leader once, so that a node that is behind (just
+        restarted, cut off) does not answer with a stale list.
+        """
+        if self.router.shards.availability(METADATA_SHARD) is ErrorCode.NONE:
+            if not read_barrier:
+                return self.local_topics()
+            try:
+                topics: dict[str, tuple[int, ...]] = self.router.read(
+                    METADATA_SHARD, lambda machine: dict(machine.state.topics)
+                )
+                return topics
+            except Refused:
+                return None
+        try:
+            answer = self.router.forward(
+                METADATA_SHARD,
+                context,
+                "Metadata",
+                coordinator_pb2.MetadataRequest(read_barrier=read_barrier),
+            )
+        except NotForwarded:
+            return None
+        return {
+            t.name: tuple(p.node_id for p in t.partitions)
+            for t in answer.topics
+            if t.error_code == ErrorCode.NONE
+        }
+
+    def unknown_partitions(
+        self, partitions: tuple[TopicPartition, ...], context: Any
+    ) -> dict[TopicPartition, str]:
+        """The partitions that do not exist, with why.
+
+        This node's replica of shard 0 may lag behind a topic just created, so
+        a miss there is confirmed with shard 0's leader through a read barrier
+        before it counts: a topic created and acknowledged before the request
+        is never reported unknown.
+
+        Raises:
+            Refused: a miss could not be confirmed (shard 0 has no leader).
+        """
+        unknown = _missing(self.local_topics(), partitions)
+        if not unknown:
+            return unknown
+        topics = self.leader_topics(context, read_barrier=True)
+        if topics is None:
+            raise Refused(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                f"cannot confirm topic {next(iter(unknown))[0]!r} with the leader "
+                f"of shard {METADATA_SHARD}; retry",
+            )
+        return _missing(topics, tuple(unknown))
+
+    def Metadata(self, request: Any, context: Any) -> Any:
+        """Topic placement from shard 0's leader, without writing to its log
+        unless ``read_barrier`` asks to confirm (a miss). Without it, a node
+        with no leader to ask answers from its own replica; with it, such a
+        node fails the call (UNAVAILABLE) rather than answer unconfirmed."""
+        topics = self.leader_topics(context, request.read_barrier)
+        if topics is None:
+            if request.read_barrier:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"shard {METADATA_SHARD} has no leader to confirm the topics with",
+                )
+            topics = self.local_topics()
+        wanted = list(request.topics) or sorted(topics)
+        config = self.router.config
+        return coordinator_pb2.MetadataResponse(
+            coordinators=[
+                coordinator_pb2.NodeInfo(node_id=n.node_id, address=n.grpc)
+                for n in config.coordinators
+            ],
+            partition_nodes=[
+                coordinator_pb2.NodeInfo(node_id=n.node_id, address=n.grpc)
+                for n in config.partition_nodes
+            ],
+            shard_count=config.shard_count,
+            topics=[_topic_metadata(name, topics.get(name)) for name in wanted],
+        )
+
+    def CreateTopics(self, request: Any, context: Any) -> Any:
+        nodes = [n.node_id for n in self.router.config.partition_nodes]
+        results = []
+        for topic in request.topics:
+            if not nodes:
+                results.append(
+                    coordinator_pb2.CreateTopicResult(
+                        name=topic.name,
+                        error_code=ErrorCode.INVALID_REQUEST,
+                        error_message="the cluster has no partition-log nodes",
+                    )
+                )
+                continue
+            most = self.router.fsm_config.max_partitions_per_request
+            if not 1 <= topic.num_partitions <= most:
+                results.append(
+                    coordinator_pb2.CreateTopicResult(
+                        name=topic.name,
+                        error_code=ErrorCode.INVALID_PARTITIONS,
+                        error_message=f"num_partitions {topic.num_partitions} not in 1..{most}",
+                    )
+                )
+                continue
+            start = zlib.crc32(topic.name.encode()) % len(nodes)
+            placement = tuple(nodes[(start + i) % len(nodes)] for i in range(topic.num_partitions))
+            command = _create_topic(topic.name, placement)
+            if request.validate_only:
+                outcome = self.router.refusal(command) or Outcome()
+            else:
+                outcome = self.router.run(METADATA_SHARD, command)
+            results.append(
+                coordinator_pb2.CreateTopicResult(
+                    name=topic.name,
+                    error_code=outcome.error,
+                    error_message="" if outcome.ok else outcome.message,
+                )
+            )
+        return coordinator_pb2.CreateTopicsResponse(results=results)
+
+
+def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:
+    return lambda stamp: CreateTopic(name, placement, stamp.now_ms)
+
+
+def _missing(
+    topics: dict[str, tuple[int, ...]], partitions: tuple[TopicPartition, ...]
+) -> dict[TopicPartition, str]:
+    """The partitions ``topics`` does not have, with why."""
+    missing = {}
+    for topic, partition in partitions:
+        nodes = topics.get(topic)
+        if nodes is None:
+            missing[(topic, partition)] = f"topic {topic!r} does not exist"
+        elif not 0 <= partition < len(nodes):
+            missing[(topic, partition)] = (
+                f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}"
+            )
+    return missing
+
+
+def _topic_metadata(name: str, nodes: tuple[int, ...] | None) -> Any:
+    if nodes is None:
+        return coordinator_pb2.TopicMetadata(
+            name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
+    return coordinator_pb2.TopicMetadata(
+        name=name,
+        error_code=ErrorCode.NONE,
+        partitions=[
+            coordinator_pb2.PartitionMetadata(partition=i, node_id=n, error_code=ErrorCode.NONE)
+            for i, n in enumerate(nodes)
+        ],
+    )

@@ -1,0 +1,250 @@
+"""Transaction RPCs of TransactionCoordinator: FindCoordinator,
+InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsm import (
+    AddOffsets,
+    AddPartitions,
+    Command,
+    EndTxn,
+    ErrorCode,
+    InitProducerId,
+    Outcome,
+    TransactionStateMachine,
+)
+from fsm.metadata import TopicPartition
+from fsm.transactions import verify_group, verify_ongoing
+from raftcoord.coordinator.leader import Stamp
+from raftcoord.coordinator.services.common import (
+    NotForwarded,
+    Refused,
+    ShardRouter,
+    partition_result,
+)
+from raftcoord.coordinator.services.topics import TopicRPCs
+from raftcoord.protocol.v1 import coordinator_pb2
+
+
+class TransactionRPCs:
+    def __init__(self, router: ShardRouter, topics: TopicRPCs) -> None:
+        self.router = router
+        self.topics = topics
+
+    def FindCoordinator(self, request: Any, context: Any) -> Any:
+        if not request.key:
+            return coordinator_pb2.FindCoordinatorResponse(
+                error_code=ErrorCode.INVALID_REQUEST,
+                error_message="key must not be empty",
+                node_id=-1,
+            )
+        shard = self.router.shard_of(request.key)
+        leader = self.router.shards.leader_of(shard)
+        if leader is None:
+            return coordinator_pb2.FindCoordinatorResponse(
+                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                error_message=f"shard {shard} has no leader",
+                node_id=-1,
+                shard=shard,
+            )
+        return coordinator_pb2.FindCoordinatorResponse(
+            error_code=ErrorCode.NONE, node_id=leader.node_id, address=leader.grpc, shard=shard
+        )
+
+    def InitProducerId(self, request: Any, context: Any) -> Any:
+        if not request.HasField("transactional_id"):
+            return self._idempotent_producer_id(context)
+        has_pid, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
+        expected_producer_id = request.producer_id if has_pid else -1
+        expected_producer_epoch = request.producer_epoch if has_epoch else -1
+
+        def command(stamp: Stamp) -> Command:
+            return InitProducerId(
+                transactional_id=request.transactional_id,
+                timeout_ms=request.transaction_timeout_ms,
+                now_ms=stamp.now_ms,
+                coordinator_epoch=stamp.coordinator_epoch,
+                new_producer_id=stamp.new_producer_id,
+                expected_producer_id=expected_producer_id,
+                expected_producer_epoch=expected_producer_epoch,
+            )
+
+        if has_pid != has_epoch or (
+            has_pid and (request.producer_id < 0 or request.producer_epoch < 0)
+        ):
+            return coordinator_pb2.InitProducerIdResponse(
+                error_code=ErrorCode.INVALID_REQUEST,
+                error_message="expected producer id and epoch go together and are >= 0",
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        outcome = self.router.run(self.router.shard_of(request.transactional_id), command)
+        return coordinator_pb2.InitProducerIdResponse(
+            error_code=outcome.error,
+            error_message=outcome.message,
+            producer_id=outcome.producer_id,
+            producer_epoch=outcome.producer_epoch,
+        )
+
+    def _idempotent_producer_id(self, context: Any) -> Any:
+        # Any shard this node leads can hand out an id from its cursor. A node
+        # that leads none asks a node that does.
+        pid = self.router.shards.take_producer_id()
+        if pid is not None:
+            return coordinator_pb2.InitProducerIdResponse(
+                error_code=ErrorCode.NONE, producer_id=pid, producer_epoch=0
+            )
+        for shard in range(self.router.config.shard_count):
+            try:
+                answer = self.router.forward(
+                    shard, context, "InitProducerId", coordinator_pb2.InitProducerIdRequest()
+                )
+            except NotForwarded:
+                continue
+            if answer.error_code == ErrorCode.NONE:
+                return answer
+        return coordinator_pb2.InitProducerIdResponse(
+            error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            error_message="no shard leader has producer ids ready; retry",
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+
+    def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:
+        """Partitions of topics that do not exist are UNKNOWN_TOPIC_OR_PARTITION
+        and the request changes nothing: the other partitions are
+        OPERATION_NOT_ATTEMPTED (verify-only: verified as usual)."""
+        partitions = tuple((t.topic, p) for t in request.topics for p in t.partitions)
+        shard = self.router.shard_of(request.transactional_id)
+        unknown: dict[TopicPartition, str] = {}
+        if request.verify_only:
+            try:
+                errors = self.router.read(
+                    shard,
+                    lambda machine: verify_partitions(
+                        machine,
+                        request.transactional_id,
+                        request.producer_id,
+                        request.producer_epoch,
+                        partitions,
+                    ),
+                )
+                unknown = self.topics.unknown_partitions(partitions, context)
+            except Refused as refused:
+                outcome = Outcome(error=refused.error, message=refused.message)
+            else:
+                return coordinator_pb2.AddPartitionsToTxnResponse(
+                    error_code=ErrorCode.NONE,
+                    results=[
+                        partition_result(
+                            tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else error
+                        )
+                        for tp, error in errors
+                    ],
+                )
+        else:
+
+            def topics_exist() -> Outcome | None:
+                unknown.update(self.topics.unknown_partitions(partitions, context))
+                if not unknown:
+                    return None
+                return Outcome(
+                    error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    message="; ".join(unknown.values()) + "; nothing was added",
+                )
+
+            def command(stamp: Stamp) -> Command:
+                return AddPartitions(
+                    request.transactional_id,
+                    request.producer_id,
+                    request.producer_epoch,
+                    partitions,
+                    stamp.now_ms,
+                    stamp.coordinator_epoch,
+                )
+
+            outcome = self.router.run(shard, command, topics_exist)
+        return coordinator_pb2.AddPartitionsToTxnResponse(
+            error_code=outcome.error,
+            error_message=outcome.message,
+            results=[
+                partition_result(
+                    tp,
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    if tp in unknown
+                    else (ErrorCode.OPERATION_NOT_ATTEMPTED if unknown else outcome.error),
+                )
+                for tp in partitions
+            ],
+        )
+
+    def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
+        if request.verify_only:
+            try:
+                error, message = self.router.read(
+                    self.router.shard_of(request.transactional_id),
+                    lambda machine: verify_group(
+                        machine.describe(request.transactional_id),
+                        request.producer_id,
+                        request.producer_epoch,
+                        request.group_id,
+                    ),
+                )
+            except Refused as refused:
+                error, message = refused.error, refused.message
+            return coordinator_pb2.AddOffsetsToTxnResponse(error_code=error, error_message=message)
+
+        def command(stamp: Stamp) -> Command:
+            return AddOffsets(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.group_id,
+                stamp.now_ms,
+                stamp.coordinator_epoch,
+            )
+
+        outcome = self.router.run(self.router.shard_of(request.transactional_id), command)
+        return coordinator_pb2.AddOffsetsToTxnResponse(
+            error_code=outcome.error, error_message=outcome.message
+        )
+
+    def EndTxn(self, request: Any, context: Any) -> Any:
+        def command(stamp: Stamp) -> Command:
+            return EndTxn(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.committed,
+                stamp.now_ms,
+                stamp.coordinator_epoch,
+                stamp.new_producer_id,
+            )
+
+        outcome = self.router.run(self.router.shard_of(request.transactional_id), command)
+        return coordinator_pb2.EndTxnResponse(
+            error_code=outcome.error,
+            error_message=outcome.message,
+            producer_id=outcome.producer_id,
+            producer_epoch=outcome.producer_epoch,
+        )
+
+
+def verify_partitions(
+    machine: TransactionStateMachine,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    partitions: tuple[TopicPartition, ...],
+) -> list[tuple[TopicPartition, ErrorCode]]:
+    """KIP-890 verification: is each partition in this producer's ongoing transaction?"""
+    meta = machine.describe(transactional_id)
+    error, _why = verify_ongoing(meta, producer_id, producer_epoch)
+    if error is not ErrorCode.NONE or meta is None:
+        return [(tp, error) for tp in partitions]
+    return [
+        (tp, ErrorCode.NONE if tp in meta.partitions else ErrorCode.INVALID_TXN_STATE)
+        for tp in partitions
+    ]
