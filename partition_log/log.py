@@ -13,6 +13,10 @@ The newest segment is the *active* one; appends go to it through an
 :meth:`PartitionLogStore.append` returns, the batch is in the kernel's page
 cache and survives the death of the process. The :class:`FsyncPolicy` decides
 when it reaches the disk, i.e. what a machine crash can lose.
+
+One file on purpose (about 930 lines): :class:`PartitionLogStore` owns the
+segment files, their index and their recovery; append, read, roll,
+retention and recovery all keep the same on-disk invariants.
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ up), then the ``final`` read and the summary.
 Deterministic given the seed: topic names, values, the number and placement
 of writes, commit/abort choices and the fault schedule (which nodes a fault
 hits, and which records a worker's poll returns, depend on the cluster).
+
+One file on purpose (about 850 lines): the three kinds of client process,
+their plans and the run that drives them share one history and one options
+object, and the history's format (docs/history.md) is easiest to check
+against the one place that writes it.
 """
 
 from __future__ import annotations

@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
     pnode.set_defaults(func=_partition_node)
     from raftcoord.chaos import commands as chaos
+    from raftcoord.cli import cluster
     from raftcoord.cli import txn as txn_cli
-    from raftcoord.cluster import launcher as cluster
     from spark import cli as audit_cli
 
     cluster.add_parser(commands)

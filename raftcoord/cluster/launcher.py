@@ -1,4 +1,5 @@
-"""A local cluster: ``raftcoord cluster up|status|down|kill|start|partition|heal``.
+"""A local cluster, as ``raftcoord cluster up|status|down|kill|start`` runs it
+(the command line is :mod:`raftcoord.cli.cluster`).
 
 The launcher writes the cluster config from ``deploy/cluster.toml.template``,
 starts every node as its own OS process (same data dir and ports on a
@@ -8,11 +9,13 @@ Nodes listen on 127.0.0.1 with free ports, or with ``--netns`` each in its
 own network namespace with its own address and the ports a host of a real
 deployment uses (:mod:`raftcoord.cluster.netns`). The tests drive clusters through
 :class:`LocalCluster`, the same code the command line uses.
+
+About 600 lines: :class:`LocalCluster` is one object whose start, stop,
+restart and status share the recorded state of ``cluster.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -23,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -594,177 +596,3 @@ class LocalCluster:
             for r in [header, *rows]
         ]
         return "\n".join(lines)
-
-
-# --- command line --------------------------------------------------------------------
-
-
-_DATA_DIR_HELP = "the cluster's directory: config, node data and logs (default: %(default)s)"
-
-
-def add_parser(commands: Any) -> None:
-    cluster = commands.add_parser(
-        "cluster", help="run a local cluster (on 127.0.0.1, or in network namespaces)"
-    )
-    sub = cluster.add_subparsers(dest="cluster_command", required=True)
-    up = sub.add_parser(
-        "up",
-        help="write the config, start all nodes, wait for leaders",
-        description="Write the cluster config into the data directory, start every node, "
-        "and wait until every shard has a leader and every partition-log node answers. "
-        "If they do not in time, the nodes started are stopped again.",
-    )
-    up.add_argument(
-        "--coordinators",
-        type=int,
-        default=3,
-        help="coordinator nodes (1..9), one Raft group (default: %(default)s)",
-    )
-    up.add_argument(
-        "--shards",
-        type=int,
-        default=3,
-        help="shards of the transaction state (1..64), each replicated by every "
-        "coordinator (default: %(default)s)",
-    )
-    up.add_argument(
-        "--partition-nodes",
-        type=int,
-        default=3,
-        help="partition-log nodes (0..50) (default: %(default)s)",
-    )
-    up.add_argument(
-        "--fsync",
-        choices=["always", "batch", "never"],
-        default="always",
-        help="when the coordinators' Raft journals are fsynced (default: %(default)s)",
-    )
-    up.add_argument(
-        "--log-flush",
-        choices=["always", "interval", "never"],
-        default="always",
-        help="partition logs' fsync policy (log.flush.policy) (default: %(default)s)",
-    )
-    up.add_argument(
-        "--timeout",
-        type=float,
-        default=30.0,
-        help="seconds to wait for shard leaders and partition-log nodes (default: %(default)s)",
-    )
-    up.add_argument(
-        "--setting",
-        action="append",
-        default=[],
-        type=_setting,
-        metavar="NAME=VALUE",
-        help="add a [settings] entry to the config (a TOML value, e.g. "
-        "transaction.partition.verification.enable=false); repeatable",
-    )
-    up.add_argument(
-        "--netns",
-        action="store_true",
-        help="run every node in a network namespace of its own (root only; "
-        "'raftcoord cluster partition' can then cut the network)",
-    )
-    up.add_argument(
-        "--config",
-        help="with --netns: start the nodes of this multi-host config (e.g. "
-        "deploy/cluster.toml), each host a namespace; its shape and settings replace "
-        "the options above",
-    )
-    partition = sub.add_parser(
-        "partition",
-        help="cut the network (--netns clusters) between groups of nodes, replacing any cut",
-    )
-    partition.add_argument(
-        "groups",
-        nargs="+",
-        type=_group,
-        help="comma-separated node ids per group, e.g. '1 2,3,101'; "
-        "nodes in no group keep reaching everyone",
-    )
-    for p in (
-        up,
-        partition,
-        sub.add_parser("heal", help="remove every cut of 'cluster partition'"),
-        sub.add_parser("status", help="node, role and term per shard, pid, alive"),
-        sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound"),
-    ):
-        p.add_argument("--data-dir", default=".raftcoord", help=_DATA_DIR_HELP)
-    kill = sub.add_parser("kill", help="send a signal to one node")
-    kill.add_argument("node", type=int)
-    kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
-    start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
-    start.add_argument("node", type=int)
-    for p in (kill, start):
-        p.add_argument("--data-dir", default=".raftcoord", help=_DATA_DIR_HELP)
-    cluster.set_defaults(func=_run)
-
-
-def _setting(text: str) -> tuple[str, Any]:
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"not NAME=VALUE: {text!r}")
-    try:
-        parsed = tomllib.loads(f"value = {value}")["value"]
-    except tomllib.TOMLDecodeError:
-        parsed = value  # a bare word is a string
-    return name, parsed
-
-
-def _group(text: str) -> list[int]:
-    try:
-        return [int(node) for node in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not comma-separated node ids: {text!r}") from None
-
-
-def _run(args: argparse.Namespace) -> int:
-    cluster = LocalCluster(args.data_dir)
-    try:
-        if args.cluster_command == "up":
-            if not 1 <= args.coordinators <= 9 or not 1 <= args.shards <= 64:
-                raise ClusterError("use 1..9 coordinators and 1..64 shards")
-            if not 0 <= args.partition_nodes <= 50:
-                raise ClusterError("use 0..50 partition-log nodes")
-            what = (
-                f"the nodes of {args.config}"
-                if args.config
-                else f"{args.coordinators} coordinators, {args.shards} shards, "
-                f"{args.partition_nodes} partition-log nodes"
-            )
-            where = " in network namespaces" if args.netns else ""
-            print(f"starting {what}{where} in {cluster.data_dir} ...", flush=True)
-            cluster.up(
-                args.coordinators,
-                args.shards,
-                args.fsync,
-                timeout_s=args.timeout,
-                partition_nodes=args.partition_nodes,
-                log_flush=args.log_flush,
-                settings=dict(args.setting),
-                netns=args.netns,
-                config=args.config,
-            )
-            print(cluster.status_table())
-        elif args.cluster_command == "status":
-            print(cluster.status_table())
-        elif args.cluster_command == "down":
-            cluster.down()
-            print(f"stopped the cluster in {cluster.data_dir}")
-        elif args.cluster_command == "kill":
-            cluster.kill(args.node, args.signal)
-            print(f"sent SIG{args.signal} to node {args.node}")
-        elif args.cluster_command == "start":
-            cluster.start(args.node)
-            print(f"started node {args.node}")
-        elif args.cluster_command == "partition":
-            namespaces.partition(cluster, args.groups)
-            print("cut the network between " + " | ".join(map(str, args.groups)))
-        elif args.cluster_command == "heal":
-            namespaces.heal(cluster)
-            print("healed the network")
-    except (ClusterError, ConfigError, namespaces.NetnsError) as exc:
-        print(f"raftcoord cluster: {exc}", file=sys.stderr)
-        return 1
-    return 0

@@ -98,6 +98,10 @@ restarted node then has neither. Always set both.
 Fsyncs are counted per journal (``fsync_count``, ``entry_sync_count``,
 ``meta_sync_count``) and for the process (:func:`fsync_total`), so tests can
 check that a policy is honoured.
+
+One file on purpose (about 700 lines): one class implements pysyncobj's
+journal interface over one file format, and its recovery, append, truncate
+and fsync paths must agree on that format byte for byte.
 """
 
 from __future__ import annotations
