@@ -50,6 +50,9 @@ The definitions follow Jepsen's Kafka workload where it has them:
 ``python -m tests.history_checker HISTORY`` prints a table of the counts and
 the violations, and exits 1 when there is any (2 when the file cannot be
 read).
+
+One file on purpose (about 760 lines): it is a standalone program that
+shares no code with the workload, so a bug in one cannot hide in the other.
 """
 
 from __future__ import annotations

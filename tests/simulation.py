@@ -36,6 +36,10 @@ After every step the invariants are checked (see :class:`Simulation`); after
 the faults stop, a quiet period must bring every transaction to completion
 (liveness). ``python -m tests.simulation --seeds 10000`` runs many seeds; a
 failure prints its seed and a command that replays it exactly.
+
+One file on purpose (about 1,050 lines): the simulated log, network,
+clients and invariants share one seeded random source and one step loop,
+and a seed replays exactly only if nothing else takes part in it.
 """
 
 from __future__ import annotations
