@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-TYPED = fsm pid_allocator marker_writer raftcoord/coordinator/leader.py partition_log/producer_state.py partition_log/codec.py partition_log/log.py raftcoord/chaos tests/history_checker.py
+TYPED = fsm pid_allocator marker_writer raftcoord partition_log spark tests/history_checker.py tests/simulation.py
 
 .PHONY: help install test test-fast lint typecheck proto demo clean
 
@@ -15,7 +15,7 @@ help:
 	@echo "make demo       the main job: local cluster, chaos workload with every fault, Spark audit, verdict"
 	@echo "make test       create .venv if needed, install, run the whole test suite"
 	@echo "make test-fast  only the fast layer (no multi-process tests)"
-	@echo "make lint       ruff + mypy --strict on the typed packages"
+	@echo "make lint       ruff + mypy --strict on every package"
 	@echo "make proto      regenerate raftcoord/protocol/v1 from proto/"
 
 $(STAMP): pyproject.toml

@@ -98,7 +98,7 @@ class ClusterView:
         """The topic-partitions this node owns."""
         with self._lock:
             return [
-                (topic, i)
+                TopicPartition(topic, i)
                 for topic, nodes in self._topics.items()
                 for i, node in enumerate(nodes)
                 if node == self.node_id
@@ -216,7 +216,7 @@ class TxnVerifier:
                     "" if code is ErrorCode.NONE else _not_in_transaction(transactional_id, code)
                 )
                 code = _produce_code(code)
-                results[(r.topic, r.partition)] = (
+                results[TopicPartition(r.topic, r.partition)] = (
                     code
                     if code in _FINAL or code is ErrorCode.NONE
                     else ErrorCode.REQUEST_TIMED_OUT,

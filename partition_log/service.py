@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from partition_log import codec
-from partition_log.cluster_view import TopicPartition, TxnVerifier
+from partition_log.cluster_view import TxnVerifier
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import AppendCheck, Verdict
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, MAX_FETCH_WAIT_MS, MAX_SEQUENCE
+from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2, partition_log_pb2_grpc
+from raftcoord.protocol.wire import wire_error
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -74,7 +76,7 @@ class LogChanges:
             self._cond.wait_for(lambda: self.closed or self.generation != generation, timeout_s)
 
 
-class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type: ignore[misc]
+class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def __init__(
         self,
         lookup: Lookup,
@@ -107,7 +109,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         pending: list[_Pending] = []
         seen: set[TopicPartition] = set()
         for i, entry in enumerate(request.partitions):
-            tp = (entry.topic, entry.partition)
+            tp = TopicPartition(entry.topic, entry.partition)
             prepared = self._prepare(i, entry, transactional_id, tp in seen)
             seen.add(tp)
             if isinstance(prepared, tuple):
@@ -203,7 +205,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
         except codec.InvalidBatch as exc:
             return exc.code, str(exc)
         spec = BatchSpec(pid, epoch, sequence, len(records), batch.is_transactional)
-        return _Pending(index, (entry.topic, entry.partition), found, spec, encoded)
+        return _Pending(index, TopicPartition(entry.topic, entry.partition), found, spec, encoded)
 
     # --- Fetch ---------------------------------------------------------------------
 
@@ -215,7 +217,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                     partition_log_pb2.FetchPartitionResponse(
                         topic=entry.topic,
                         partition=entry.partition,
-                        error_code=ErrorCode.INVALID_REQUEST,
+                        error_code=wire_error(ErrorCode.INVALID_REQUEST),
                         error_message=problem,
                         next_fetch_offset=entry.fetch_offset,
                         high_watermark=-1,
@@ -270,7 +272,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
             answers.append(answer)
             found = self.lookup(entry.topic, entry.partition)
             if isinstance(found, tuple):
-                answer.error_code, answer.error_message = found
+                answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                 failed = True
                 continue
             if budget <= 0:  # the response is full: tell the offsets, read nothing
@@ -280,7 +282,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 continue
             limit = entry.partition_max_bytes or DEFAULT_FETCH_MAX_BYTES
             result = found.fetch(entry.fetch_offset, min(limit, budget), read_committed)
-            answer.error_code = result.error
+            answer.error_code = wire_error(result.error)
             answer.error_message = result.message
             failed = failed or result.error is not ErrorCode.NONE
             answer.high_watermark = result.high_watermark
@@ -320,7 +322,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
             answers.append(answer)
             found = self.lookup(entry.topic, entry.partition)
             if isinstance(found, tuple):
-                answer.error_code, answer.error_message = found
+                answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                 continue
             start, lso, end = found.offsets()
             if entry.spec == partition_log_pb2.OFFSET_SPEC_EARLIEST:
@@ -348,11 +350,12 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 for index in topic.partitions:
                     result = answer.partitions.add(topic=topic.topic, partition=index)
                     if problem is not None:
-                        result.error_code, result.error_message = ErrorCode.INVALID_REQUEST, problem
+                        result.error_code = wire_error(ErrorCode.INVALID_REQUEST)
+                        result.error_message = problem
                         continue
                     found = self.lookup(topic.topic, index)
                     if isinstance(found, tuple):
-                        result.error_code, result.error_message = found
+                        result.error_code, result.error_message = wire_error(found[0]), found[1]
                         continue
                     code, message = found.write_marker(
                         marker.producer_id,
@@ -362,7 +365,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                         now_ms,
                         marker.admin_abort,
                     )
-                    result.error_code, result.error_message = code, message
+                    result.error_code, result.error_message = wire_error(code), message
         return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)
 
     # --- DescribeProducers ---------------------------------------------------------
@@ -377,7 +380,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):  # type:
                 answers.append(answer)
                 found = self.lookup(topic.topic, index)
                 if isinstance(found, tuple):
-                    answer.error_code, answer.error_message = found
+                    answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                     continue
                 for producer in found.active_producers():
                     answer.active_producers.add(
@@ -421,7 +424,7 @@ def _produce_result(
     return partition_log_pb2.PartitionProduceResponse(
         topic=tp[0],
         partition=tp[1],
-        error_code=code,
+        error_code=wire_error(code),
         error_message=message,
         base_offset=base_offset,
         log_start_offset=-1,

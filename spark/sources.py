@@ -25,7 +25,7 @@ import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -79,7 +79,7 @@ _MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 _HISTORY_SPLIT_BYTES = 32 * 1024 * 1024
 
 
-class FilePartition(InputPartition):  # type: ignore[misc]
+class FilePartition(InputPartition):
     """One input partition: a file or directory, and a byte range of it."""
 
     def __init__(self, path: str, node: int = -1, shard: int = -1, start: int = 0, end: int = -1):
@@ -91,6 +91,12 @@ class FilePartition(InputPartition):  # type: ignore[misc]
         self.end = end
 
 
+def _file_partition(partition: InputPartition) -> FilePartition:
+    """A partition Spark hands back to ``read``: one of the reader's own
+    ``partitions()``, so a :class:`FilePartition`."""
+    return cast(FilePartition, partition)
+
+
 def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "backslashreplace")
 
@@ -98,7 +104,7 @@ def _text(raw: bytes | None) -> str | None:
 # --- segments --------------------------------------------------------------------------------
 
 
-class SegmentsSource(DataSource):  # type: ignore[misc]
+class SegmentsSource(DataSource):
     """``spark.read.format("raftcoord_segments").load(CLUSTER_DIR)``."""
 
     @classmethod
@@ -112,7 +118,7 @@ class SegmentsSource(DataSource):  # type: ignore[misc]
         return SegmentsReader(self.options["path"])
 
 
-class SegmentsReader(DataSourceReader):  # type: ignore[misc]
+class SegmentsReader(DataSourceReader):
     def __init__(self, cluster_dir: str) -> None:
         self.cluster_dir = cluster_dir
 
@@ -127,7 +133,8 @@ class SegmentsReader(DataSourceReader):  # type: ignore[misc]
                     found.append(FilePartition(str(part_dir), node=int(node["node"])))
         return found or [FilePartition("")]
 
-    def read(self, partition: FilePartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        partition = _file_partition(partition)
         if partition.path:
             yield from read_partition_dir(Path(partition.path), partition.node)
 
@@ -248,7 +255,7 @@ def _problem_row(
 # --- applied transitions ---------------------------------------------------------------------
 
 
-class TransitionsSource(DataSource):  # type: ignore[misc]
+class TransitionsSource(DataSource):
     """``spark.read.format("raftcoord_transitions").load(CLUSTER_DIR)``."""
 
     @classmethod
@@ -262,7 +269,7 @@ class TransitionsSource(DataSource):  # type: ignore[misc]
         return TransitionsReader(self.options["path"])
 
 
-class TransitionsReader(DataSourceReader):  # type: ignore[misc]
+class TransitionsReader(DataSourceReader):
     def __init__(self, cluster_dir: str) -> None:
         self.cluster_dir = cluster_dir
 
@@ -281,7 +288,8 @@ class TransitionsReader(DataSourceReader):  # type: ignore[misc]
                     )
         return found or [FilePartition("")]
 
-    def read(self, partition: FilePartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        partition = _file_partition(partition)
         if not partition.path:
             return
         with open(partition.path, encoding="utf-8", errors="backslashreplace") as f:
@@ -343,7 +351,7 @@ def _int(value: Any) -> int | None:
 # --- history ---------------------------------------------------------------------------------
 
 
-class HistorySource(DataSource):  # type: ignore[misc]
+class HistorySource(DataSource):
     """``spark.read.format("raftcoord_history").load(HISTORY_FILE)``."""
 
     @classmethod
@@ -359,7 +367,7 @@ class HistorySource(DataSource):  # type: ignore[misc]
         )
 
 
-class HistoryReader(DataSourceReader):  # type: ignore[misc]
+class HistoryReader(DataSourceReader):
     def __init__(self, path: str, split_bytes: int) -> None:
         self.path = path
         self.split_bytes = split_bytes
@@ -371,7 +379,8 @@ class HistoryReader(DataSourceReader):  # type: ignore[misc]
             FilePartition(self.path, start=s, end=min(s + self.split_bytes, size)) for s in starts
         ]
 
-    def read(self, partition: FilePartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        partition = _file_partition(partition)
         # A range owns the lines that start inside it.
         with open(partition.path, "rb") as f:
             pos = partition.start

@@ -40,6 +40,8 @@ GROUP = "copier"
 START_MS = 1_790_000_000_000
 _INDEX_INTERVAL = 4096
 _INDEX_ENTRY = struct.Struct(">II")
+#: One write of a transaction: topic, partition, value, and the record it copies (or None).
+Write = tuple[str, int, str, list[Any] | None]
 
 
 class _ControlBatchBuilder(DefaultRecordBatchBuilder):  # type: ignore[misc]
@@ -47,7 +49,8 @@ class _ControlBatchBuilder(DefaultRecordBatchBuilder):  # type: ignore[misc]
 
     def _get_attributes(self, include_compression_type: bool = True) -> int:
         attributes: int = super()._get_attributes(include_compression_type)
-        return attributes | self.CONTROL_MASK
+        control: int = self.CONTROL_MASK
+        return attributes | control
 
 
 @dataclass
@@ -273,7 +276,7 @@ class _Builder:
         pid: int,
         epoch: int,
         n: int,
-        writes: list[tuple[str, int, str, list[Any] | None]],
+        writes: list[Write],
         commit: bool,
         state: str,
         offsets: list[list[Any]] | None = None,
@@ -346,7 +349,7 @@ class _Builder:
 
     def poll(self, poller: str) -> None:
         upto = self.read_upto.setdefault(poller, dict.fromkeys(self.visible, 0))
-        reads = []
+        reads: list[list[str | int | None]] = []
         for tp, values in sorted(self.visible.items()):
             reads.extend([tp[0], tp[1], None, v] for v in values[upto[tp] :])
             upto[tp] = len(values)
@@ -382,7 +385,7 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
 
     def step(
         proc: str,
-        writes: list[tuple[str, int, str, list[Any] | None]],
+        writes: list[Write],
         commit: bool,
         offsets: list[list[Any]] | None = None,
     ) -> None:
@@ -416,7 +419,7 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
         proc = procs[rng.randrange(producers)]
         n = state[proc][2]
         count = min(rng.randint(1, 4), target - written)
-        writes = [
+        writes: list[Write] = [
             (rng.choice((INPUT, EVENTS)), rng.randrange(partitions), f"{proc}-{n}-{i}", None)
             for i in range(count)
         ]

@@ -449,7 +449,7 @@ class _PartitionLogStub:
 def placement(bootstrap: list[str], topic: str) -> dict[TopicPartition, str]:
     """partition -> address of its partition-log node, from the coordinators."""
     with grpc.insecure_channel(bootstrap[0]) as channel:
-        stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)  # type: ignore[no-untyped-call]
+        stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
         answer = stub.Metadata(coordinator_pb2.MetadataRequest(topics=[topic]), timeout=5)
     nodes = {n.node_id: n.address for n in answer.partition_nodes}
     [meta] = answer.topics

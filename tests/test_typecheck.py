@@ -1,6 +1,6 @@
-"""The pure core, the marker writer, the partition storage, the chaos
-workload and the tests' history checker type-check under ``mypy --strict``
-(the Makefile's TYPED list); everything lints clean."""
+"""Every package (the generated protocol code aside), the tests' history
+checker and the simulation type-check under ``mypy --strict`` (the Makefile's
+TYPED list); everything lints clean."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def typed_paths() -> list[str]:
     raise AssertionError("the Makefile has no TYPED line")
 
 
-def test_mypy_strict_on_the_pure_core() -> None:
+def test_mypy_strict_on_every_package() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", *typed_paths()],
         cwd=ROOT,

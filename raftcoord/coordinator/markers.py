@@ -47,7 +47,7 @@ from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.types import WriteMarkers
+from raftcoord.protocol.types import TopicPartition, WriteMarkers
 from raftcoord.protocol.v1 import (
     common_pb2,
     partition_log_pb2,
@@ -179,7 +179,7 @@ def _markers_written(completion: Completion) -> Unstamped:
         completion.transactional_id,
         completion.producer_id,
         completion.producer_epoch,
-        tuple((p.topic, p.partition) for p in completion.partitions),
+        tuple(TopicPartition(p.topic, p.partition) for p in completion.partitions),
         tuple(g.group_id for g in completion.groups),
         stamp.now_ms,
     )

@@ -280,7 +280,7 @@ class ShardReplica(RaftGroup):
         with self.lock:
             return reader(self.machine)
 
-    @replicated  # type: ignore[misc]
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def apply_entry(self, term: int, entry: bytes) -> list[Outcome]:
         """The replicated entry point: apply one msgpack entry of commands.
 

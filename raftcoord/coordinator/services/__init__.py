@@ -32,7 +32,7 @@ from raftcoord.protocol.v1 import coordinator_pb2_grpc
 __all__ = ["AdminService", "CoordinatorService"]
 
 
-class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):  # type: ignore[misc]
+class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
     """The TransactionCoordinator servicer: every RPC is its family's."""
 
     def __init__(

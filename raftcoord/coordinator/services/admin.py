@@ -12,9 +12,10 @@ from fsm.states import PREPARE_STATES
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.services.common import Refused, ShardRouter
-from raftcoord.coordinator.shard import Shards, now_ms
+from raftcoord.coordinator.shard import Reader, Shards, now_ms
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, common_pb2, coordinator_pb2
+from raftcoord.protocol.wire import wire_error, wire_state
 
 
 class TransactionQueries:
@@ -27,7 +28,7 @@ class TransactionQueries:
         for tid in request.transactional_ids:
             shard = self.router.shard_of(tid)
             try:
-                meta = self.router.read(shard, lambda machine, tid=tid: machine.describe(tid))
+                meta = self.router.read(shard, _describe(tid))
             except Refused as refused:
                 descriptions.append(_no_description(tid, refused.error))
                 continue
@@ -39,9 +40,9 @@ class TransactionQueries:
                 topics.setdefault(topic, []).append(partition)
             descriptions.append(
                 coordinator_pb2.TransactionDescription(
-                    error_code=ErrorCode.NONE,
+                    error_code=wire_error(ErrorCode.NONE),
                     transactional_id=tid,
-                    state=int(meta.state),
+                    state=wire_state(int(meta.state)),
                     producer_id=meta.producer_id,
                     producer_epoch=meta.producer_epoch,
                     transaction_timeout_ms=meta.timeout_ms,
@@ -74,7 +75,7 @@ class TransactionQueries:
     def ListTransactions(self, request: Any, context: Any) -> Any:
         """Transactions of the shards this node leads (ask every node for all)."""
         states = [TxnState(s) for s in request.state_filters if s in TxnState._value2member_map_]
-        listings = []
+        listings: list[coordinator_pb2.TransactionListing] = []
         for shard in range(self.router.config.shard_count):
             if self.router.shards.availability(shard) is not ErrorCode.NONE:
                 continue
@@ -91,17 +92,17 @@ class TransactionQueries:
                 coordinator_pb2.TransactionListing(
                     transactional_id=r.transactional_id,
                     producer_id=r.producer_id,
-                    state=int(r.state),
+                    state=wire_state(int(r.state)),
                     duration_ms=r.duration_ms,
                 )
                 for r in rows
             )
         return coordinator_pb2.ListTransactionsResponse(
-            error_code=ErrorCode.NONE, transactions=listings
+            error_code=wire_error(ErrorCode.NONE), transactions=listings
         )
 
 
-class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):  # type: ignore[misc]
+class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):
     def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
         self.shards = shards
         self.config = config
@@ -133,9 +134,13 @@ class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):  # type: ignore[mis
         )
 
 
+def _describe(transactional_id: str) -> Reader[TransactionMetadata | None]:
+    return lambda machine: machine.describe(transactional_id)
+
+
 def _pending_marker(participant: Participant, problem: DeliveryProblem | None) -> Any:
     marker = coordinator_pb2.PendingMarker(
-        last_error_code=ErrorCode.NONE if problem is None else problem.code,
+        last_error_code=wire_error(ErrorCode.NONE if problem is None else problem.code),
         last_error_message="" if problem is None else problem.message,
     )
     if isinstance(participant, DataPartition):
@@ -148,7 +153,7 @@ def _pending_marker(participant: Participant, problem: DeliveryProblem | None) -
 def _no_description(transactional_id: str, error: ErrorCode) -> Any:
     """A DescribeTransactions entry for an id that cannot be described."""
     return coordinator_pb2.TransactionDescription(
-        error_code=error,
+        error_code=wire_error(error),
         transactional_id=transactional_id,
         producer_id=-1,
         producer_epoch=-1,

@@ -29,6 +29,7 @@ from raftcoord.coordinator.shard import Reader, Shards
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.wire import wire_error
 
 REQUEST_TIMEOUT_S = 10.0
 FORWARDED_HEADER = "x-raftcoord-forwarded-by"
@@ -139,7 +140,7 @@ class ShardRouter:
             raise NotForwarded("no leader")
         try:
             with grpc.insecure_channel(leader.grpc) as channel:
-                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)  # type: ignore[no-untyped-call]
+                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
                 return getattr(stub, method)(
                     request,
                     timeout=FORWARD_TIMEOUT_S,
@@ -157,4 +158,4 @@ def wait(future: Future[T]) -> T | Outcome:
 
 
 def partition_result(tp: TopicPartition, error: ErrorCode) -> Any:
-    return common_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=error)
+    return common_pb2.PartitionResult(topic=tp[0], partition=tp[1], error_code=wire_error(error))

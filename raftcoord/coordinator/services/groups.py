@@ -17,6 +17,7 @@ from fsm import (
     TxnOffsetCommit,
 )
 from fsm.limits import id_error
+from fsm.metadata import TopicPartition
 from fsm.transactions import verify_group
 from raftcoord.coordinator.leader import Stamp, Unstamped
 from raftcoord.coordinator.services.common import (
@@ -27,6 +28,7 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.wire import wire_error
 
 #: What a transaction's shard answers when it cannot verify now (retriable).
 _UNVERIFIABLE = (
@@ -62,9 +64,12 @@ class GroupRPCs:
 
         outcome = self.router.run(self.router.shard_of(request.group_id), command, in_transaction)
         return coordinator_pb2.TxnOffsetCommitResponse(
-            error_code=outcome.error,
+            error_code=wire_error(outcome.error),
             error_message=outcome.message,
-            results=[partition_result((o.topic, o.partition), outcome.error) for o in offsets],
+            results=[
+                partition_result(TopicPartition(o.topic, o.partition), outcome.error)
+                for o in offsets
+            ],
         )
 
     def _verify_group(self, request: Any, context: Any) -> tuple[ErrorCode, str]:
@@ -119,17 +124,21 @@ class GroupRPCs:
             lambda stamp: OffsetCommit(request.group_id, offsets, stamp.now_ms),
         )
         return coordinator_pb2.OffsetCommitResponse(
-            error_code=outcome.error,
+            error_code=wire_error(outcome.error),
             error_message=outcome.message,
-            results=[partition_result((o.topic, o.partition), outcome.error) for o in offsets],
+            results=[
+                partition_result(TopicPartition(o.topic, o.partition), outcome.error)
+                for o in offsets
+            ],
         )
 
     def OffsetFetch(self, request: Any, context: Any) -> Any:
         if not request.group_id:
             return coordinator_pb2.OffsetFetchResponse(
-                error_code=ErrorCode.INVALID_REQUEST, error_message="group id must not be empty"
+                error_code=wire_error(ErrorCode.INVALID_REQUEST),
+                error_message="group id must not be empty",
             )
-        wanted = [(t.topic, p) for t in request.topics for p in t.partitions] or None
+        wanted = [TopicPartition(t.topic, p) for t in request.topics for p in t.partitions] or None
         try:
             fetched = self.router.read(
                 self.router.shard_of(request.group_id),
@@ -139,17 +148,17 @@ class GroupRPCs:
             )
         except Refused as refused:
             return coordinator_pb2.OffsetFetchResponse(
-                error_code=refused.error, error_message=refused.message
+                error_code=wire_error(refused.error), error_message=refused.message
             )
         return coordinator_pb2.OffsetFetchResponse(
-            error_code=ErrorCode.NONE,
+            error_code=wire_error(ErrorCode.NONE),
             partitions=[
                 coordinator_pb2.OffsetFetchPartition(
                     topic=f.topic,
                     partition=f.partition,
                     offset=f.offset,
                     metadata=f.metadata,
-                    error_code=f.error,
+                    error_code=wire_error(f.error),
                 )
                 for f in fetched
             ],
@@ -179,7 +188,7 @@ class GroupRPCs:
                 result = answer.groups.add(group_id=group_id)
                 error = self._group_marker_refusal(marker, group_id)
                 if error is not ErrorCode.NONE:
-                    result.error_code = error
+                    result.error_code = wire_error(error)
                     continue
                 # Submitted together, the markers share one Raft entry per shard.
                 future = self.router.shards.submit(

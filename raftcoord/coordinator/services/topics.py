@@ -14,6 +14,7 @@ from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
 from raftcoord.protocol.v1 import coordinator_pb2
+from raftcoord.protocol.wire import wire_error
 
 
 class TopicRPCs:
@@ -119,7 +120,7 @@ class TopicRPCs:
                 results.append(
                     coordinator_pb2.CreateTopicResult(
                         name=topic.name,
-                        error_code=ErrorCode.INVALID_REQUEST,
+                        error_code=wire_error(ErrorCode.INVALID_REQUEST),
                         error_message="the cluster has no partition-log nodes",
                     )
                 )
@@ -129,7 +130,7 @@ class TopicRPCs:
                 results.append(
                     coordinator_pb2.CreateTopicResult(
                         name=topic.name,
-                        error_code=ErrorCode.INVALID_PARTITIONS,
+                        error_code=wire_error(ErrorCode.INVALID_PARTITIONS),
                         error_message=f"num_partitions {topic.num_partitions} not in 1..{most}",
                     )
                 )
@@ -144,7 +145,7 @@ class TopicRPCs:
             results.append(
                 coordinator_pb2.CreateTopicResult(
                     name=topic.name,
-                    error_code=outcome.error,
+                    error_code=wire_error(outcome.error),
                     error_message="" if outcome.ok else outcome.message,
                 )
             )
@@ -159,13 +160,13 @@ def _missing(
     topics: dict[str, tuple[int, ...]], partitions: tuple[TopicPartition, ...]
 ) -> dict[TopicPartition, str]:
     """The partitions ``topics`` does not have, with why."""
-    missing = {}
+    missing: dict[TopicPartition, str] = {}
     for topic, partition in partitions:
         nodes = topics.get(topic)
         if nodes is None:
-            missing[(topic, partition)] = f"topic {topic!r} does not exist"
+            missing[TopicPartition(topic, partition)] = f"topic {topic!r} does not exist"
         elif not 0 <= partition < len(nodes):
-            missing[(topic, partition)] = (
+            missing[TopicPartition(topic, partition)] = (
                 f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}"
             )
     return missing
@@ -174,13 +175,15 @@ def _missing(
 def _topic_metadata(name: str, nodes: tuple[int, ...] | None) -> Any:
     if nodes is None:
         return coordinator_pb2.TopicMetadata(
-            name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            name=name, error_code=wire_error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         )
     return coordinator_pb2.TopicMetadata(
         name=name,
-        error_code=ErrorCode.NONE,
+        error_code=wire_error(ErrorCode.NONE),
         partitions=[
-            coordinator_pb2.PartitionMetadata(partition=i, node_id=n, error_code=ErrorCode.NONE)
+            coordinator_pb2.PartitionMetadata(
+                partition=i, node_id=n, error_code=wire_error(ErrorCode.NONE)
+            )
             for i, n in enumerate(nodes)
         ],
     )

@@ -26,6 +26,7 @@ from raftcoord.coordinator.services.common import (
 )
 from raftcoord.coordinator.services.topics import TopicRPCs
 from raftcoord.protocol.v1 import coordinator_pb2
+from raftcoord.protocol.wire import wire_error
 
 
 class TransactionRPCs:
@@ -36,7 +37,7 @@ class TransactionRPCs:
     def FindCoordinator(self, request: Any, context: Any) -> Any:
         if not request.key:
             return coordinator_pb2.FindCoordinatorResponse(
-                error_code=ErrorCode.INVALID_REQUEST,
+                error_code=wire_error(ErrorCode.INVALID_REQUEST),
                 error_message="key must not be empty",
                 node_id=-1,
             )
@@ -44,13 +45,16 @@ class TransactionRPCs:
         leader = self.router.shards.leader_of(shard)
         if leader is None:
             return coordinator_pb2.FindCoordinatorResponse(
-                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                error_code=wire_error(ErrorCode.COORDINATOR_NOT_AVAILABLE),
                 error_message=f"shard {shard} has no leader",
                 node_id=-1,
                 shard=shard,
             )
         return coordinator_pb2.FindCoordinatorResponse(
-            error_code=ErrorCode.NONE, node_id=leader.node_id, address=leader.grpc, shard=shard
+            error_code=wire_error(ErrorCode.NONE),
+            node_id=leader.node_id,
+            address=leader.grpc,
+            shard=shard,
         )
 
     def InitProducerId(self, request: Any, context: Any) -> Any:
@@ -75,14 +79,14 @@ class TransactionRPCs:
             has_pid and (request.producer_id < 0 or request.producer_epoch < 0)
         ):
             return coordinator_pb2.InitProducerIdResponse(
-                error_code=ErrorCode.INVALID_REQUEST,
+                error_code=wire_error(ErrorCode.INVALID_REQUEST),
                 error_message="expected producer id and epoch go together and are >= 0",
                 producer_id=-1,
                 producer_epoch=-1,
             )
         outcome = self.router.run(self.router.shard_of(request.transactional_id), command)
         return coordinator_pb2.InitProducerIdResponse(
-            error_code=outcome.error,
+            error_code=wire_error(outcome.error),
             error_message=outcome.message,
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
@@ -94,7 +98,7 @@ class TransactionRPCs:
         pid = self.router.shards.take_producer_id()
         if pid is not None:
             return coordinator_pb2.InitProducerIdResponse(
-                error_code=ErrorCode.NONE, producer_id=pid, producer_epoch=0
+                error_code=wire_error(ErrorCode.NONE), producer_id=pid, producer_epoch=0
             )
         for shard in range(self.router.config.shard_count):
             try:
@@ -106,7 +110,7 @@ class TransactionRPCs:
             if answer.error_code == ErrorCode.NONE:
                 return answer
         return coordinator_pb2.InitProducerIdResponse(
-            error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+            error_code=wire_error(ErrorCode.COORDINATOR_NOT_AVAILABLE),
             error_message="no shard leader has producer ids ready; retry",
             producer_id=-1,
             producer_epoch=-1,
@@ -116,7 +120,7 @@ class TransactionRPCs:
         """Partitions of topics that do not exist are UNKNOWN_TOPIC_OR_PARTITION
         and the request changes nothing: the other partitions are
         OPERATION_NOT_ATTEMPTED (verify-only: verified as usual)."""
-        partitions = tuple((t.topic, p) for t in request.topics for p in t.partitions)
+        partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
         unknown: dict[TopicPartition, str] = {}
         if request.verify_only:
@@ -136,7 +140,7 @@ class TransactionRPCs:
                 outcome = Outcome(error=refused.error, message=refused.message)
             else:
                 return coordinator_pb2.AddPartitionsToTxnResponse(
-                    error_code=ErrorCode.NONE,
+                    error_code=wire_error(ErrorCode.NONE),
                     results=[
                         partition_result(
                             tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else error
@@ -167,7 +171,7 @@ class TransactionRPCs:
 
             outcome = self.router.run(shard, command, topics_exist)
         return coordinator_pb2.AddPartitionsToTxnResponse(
-            error_code=outcome.error,
+            error_code=wire_error(outcome.error),
             error_message=outcome.message,
             results=[
                 partition_result(
@@ -194,7 +198,9 @@ class TransactionRPCs:
                 )
             except Refused as refused:
                 error, message = refused.error, refused.message
-            return coordinator_pb2.AddOffsetsToTxnResponse(error_code=error, error_message=message)
+            return coordinator_pb2.AddOffsetsToTxnResponse(
+                error_code=wire_error(error), error_message=message
+            )
 
         def command(stamp: Stamp) -> Command:
             return AddOffsets(
@@ -208,7 +214,7 @@ class TransactionRPCs:
 
         outcome = self.router.run(self.router.shard_of(request.transactional_id), command)
         return coordinator_pb2.AddOffsetsToTxnResponse(
-            error_code=outcome.error, error_message=outcome.message
+            error_code=wire_error(outcome.error), error_message=outcome.message
         )
 
     def EndTxn(self, request: Any, context: Any) -> Any:
@@ -225,7 +231,7 @@ class TransactionRPCs:
 
         outcome = self.router.run(self.router.shard_of(request.transactional_id), command)
         return coordinator_pb2.EndTxnResponse(
-            error_code=outcome.error,
+            error_code=wire_error(outcome.error),
             error_message=outcome.message,
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
