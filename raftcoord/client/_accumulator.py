@@ -27,8 +27,8 @@ from enum import Enum
 
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import MAX_SEQUENCE
-from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = [
     "BATCH_HEADER_SIZE",

@@ -29,12 +29,10 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import (
-    common_pb2,
     coordinator_pb2,
 )
-
-ErrorCode = common_pb2.ErrorCode
 
 #: Longest single attempt of a coordinator call (the server gives up on a
 #: Raft commit after 10 s and answers REQUEST_TIMED_OUT).

@@ -55,9 +55,9 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.v1 import coordinator_pb2
-from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 if TYPE_CHECKING:
     from raftcoord.client._transactions import TransactionManager

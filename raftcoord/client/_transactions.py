@@ -29,8 +29,8 @@ from raftcoord.client.errors import (
     error_for,
 )
 from raftcoord.client.records import TopicPartition
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import coordinator_pb2
-from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "TransactionManager"]
 

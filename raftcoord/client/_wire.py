@@ -8,8 +8,8 @@ from typing import Any
 
 from raftcoord.client._accumulator import ProducerBatch
 from raftcoord.client.records import TopicPartition
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
-from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 
 def topic_partitions(tps: Iterable[TopicPartition]) -> list[common_pb2.TopicPartitions]:

@@ -36,8 +36,8 @@ from raftcoord.client.records import (
     TransactionListing,
 )
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
-from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
 

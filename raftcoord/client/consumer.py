@@ -46,9 +46,9 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import ConsumerRecord, TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import MAX_FETCH_WAIT_MS, id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
-from raftcoord.protocol.v1.common_pb2 import ErrorCode
 
 __all__ = ["Consumer"]
 

@@ -30,7 +30,7 @@ The tree mirrors the Kafka clients' exceptions::
     ├── IllegalStateError                        a call the producer's state does not allow
     └── NotACoordinatorNodeError                 a bootstrap address is not a coordinator
 
-Every code of ``raftcoord.v1.ErrorCode`` except NONE maps to exactly one
+Every code of :class:`raftcoord.protocol.errors.ErrorCode` except NONE maps to exactly one
 class (:func:`error_for`); the classes a code maps to carry it in ``code``.
 Whether an error is fatal or abortable can depend on who answered it: the
 producer turns INVALID_PRODUCER_EPOCH on a transactional Produce into
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from raftcoord.protocol.v1 import common_pb2
+from raftcoord.protocol.errors import ErrorCode
 
 __all__ = [
     "CODE_CLASSES",
@@ -89,8 +89,6 @@ __all__ = [
     "error_for",
 ]
 
-_codes = common_pb2.ErrorCode
-
 
 class KafkaError(Exception):
     """Base of every error the client raises.
@@ -134,7 +132,7 @@ class FatalError(KafkaError):
 class TransactionAbortableError(KafkaError):
     """The current transaction cannot commit: call ``abort_transaction`` and go on."""
 
-    code = _codes.TRANSACTION_ABORTABLE
+    code = ErrorCode.TRANSACTION_ABORTABLE
 
 
 # --- retriable -----------------------------------------------------------------------
@@ -143,50 +141,50 @@ class TransactionAbortableError(KafkaError):
 class NotCoordinatorError(RetriableError):
     """The node does not lead the shard that owns the key."""
 
-    code = _codes.NOT_COORDINATOR
+    code = ErrorCode.NOT_COORDINATOR
 
 
 class CoordinatorNotAvailableError(RetriableError):
     """The shard that owns the key has no leader right now."""
 
-    code = _codes.COORDINATOR_NOT_AVAILABLE
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 
 class CoordinatorLoadInProgressError(RetriableError):
     """The shard leader is still loading its state."""
 
-    code = _codes.COORDINATOR_LOAD_IN_PROGRESS
+    code = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 
 
 class ConcurrentTransactionsError(RetriableError):
     """Another state change of this transactional id is in flight (for example
     the previous transaction's markers are still being written)."""
 
-    code = _codes.CONCURRENT_TRANSACTIONS
+    code = ErrorCode.CONCURRENT_TRANSACTIONS
 
 
 class RequestTimedOutError(RetriableError):
     """The server did not complete the request in time."""
 
-    code = _codes.REQUEST_TIMED_OUT
+    code = ErrorCode.REQUEST_TIMED_OUT
 
 
 class NotLeaderOrFollowerError(RetriableError):
     """The partition-log node does not own the partition (metadata is stale)."""
 
-    code = _codes.NOT_LEADER_OR_FOLLOWER
+    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 class UnknownTopicOrPartitionError(RetriableError):
     """The topic or partition does not exist (or the metadata is stale)."""
 
-    code = _codes.UNKNOWN_TOPIC_OR_PARTITION
+    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 class UnstableOffsetCommitError(RetriableError):
     """A transactional offset commit for the partition is still pending."""
 
-    code = _codes.UNSTABLE_OFFSET_COMMIT
+    code = ErrorCode.UNSTABLE_OFFSET_COMMIT
 
 
 class KafkaConnectionError(RetriableError):
@@ -210,25 +208,25 @@ class KafkaTimeoutError(RetriableError):
 class ProducerFencedError(FatalError):
     """A newer producer with the same transactional id exists."""
 
-    code = _codes.PRODUCER_FENCED
+    code = ErrorCode.PRODUCER_FENCED
 
 
 class InvalidProducerEpochError(FatalError):
     """The producer's epoch is older than the current one."""
 
-    code = _codes.INVALID_PRODUCER_EPOCH
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
 
 
 class InvalidTxnStateError(FatalError):
     """The request is not allowed in the transaction's current state."""
 
-    code = _codes.INVALID_TXN_STATE
+    code = ErrorCode.INVALID_TXN_STATE
 
 
 class TransactionalIdAuthorizationFailedError(FatalError):
     """The client may not use this transactional id."""
 
-    code = _codes.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 # --- abortable -----------------------------------------------------------------------
@@ -237,13 +235,13 @@ class TransactionalIdAuthorizationFailedError(FatalError):
 class UnknownProducerIdError(TransactionAbortableError):
     """The partition or coordinator has no state for the producer id."""
 
-    code = _codes.UNKNOWN_PRODUCER_ID
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
 
 
 class InvalidProducerIdMappingError(TransactionAbortableError):
     """The producer id is not the transactional id's current producer id."""
 
-    code = _codes.INVALID_PRODUCER_ID_MAPPING
+    code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
 
 
 # --- everything else -----------------------------------------------------------------
@@ -252,14 +250,14 @@ class InvalidProducerIdMappingError(TransactionAbortableError):
 class UnknownServerError(KafkaError):
     """An unexpected server-side failure."""
 
-    code = _codes.UNKNOWN_SERVER_ERROR
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 class OffsetOutOfRangeError(KafkaError):
     """The fetch offset is outside the partition's log (raised by a consumer whose
     ``auto_offset_reset`` is "none"; otherwise it resets the position)."""
 
-    code = _codes.OFFSET_OUT_OF_RANGE
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
 
 
 class NoOffsetForPartitionError(KafkaError):
@@ -273,7 +271,7 @@ class CorruptMessageError(KafkaError):
     Not retriable here (Kafka retries it): the client builds batches as
     protobuf messages, so a batch the server calls corrupt stays corrupt."""
 
-    code = _codes.CORRUPT_MESSAGE
+    code = ErrorCode.CORRUPT_MESSAGE
 
 
 class RecordTooLargeError(KafkaError):
@@ -281,80 +279,80 @@ class RecordTooLargeError(KafkaError):
     without sending it), or a batch is larger than the partition-log node's
     ``message.max.bytes``. Kafka's RecordTooLargeException."""
 
-    code = _codes.MESSAGE_TOO_LARGE
+    code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 class InvalidTimestampError(KafkaError):
     """A record's timestamp is out of range."""
 
-    code = _codes.INVALID_TIMESTAMP
+    code = ErrorCode.INVALID_TIMESTAMP
 
 
 class InvalidRecordError(KafkaError):
     """The partition-log node refused a batch that breaks the record format's rules."""
 
-    code = _codes.INVALID_RECORD
+    code = ErrorCode.INVALID_RECORD
 
 
 class InvalidTopicError(KafkaError):
     """The topic name is empty, too long or has characters outside [a-zA-Z0-9._-]."""
 
-    code = _codes.INVALID_TOPIC_EXCEPTION
+    code = ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
 class TopicAlreadyExistsError(KafkaError):
     """CreateTopics: the topic exists already."""
 
-    code = _codes.TOPIC_ALREADY_EXISTS
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
 
 
 class InvalidPartitionsError(KafkaError):
     """CreateTopics: the partition count is out of range."""
 
-    code = _codes.INVALID_PARTITIONS
+    code = ErrorCode.INVALID_PARTITIONS
 
 
 class InvalidRequestError(KafkaError):
     """The request is malformed."""
 
-    code = _codes.INVALID_REQUEST
+    code = ErrorCode.INVALID_REQUEST
 
 
 class OutOfOrderSequenceError(KafkaError):
     """A produce batch's sequence number is not the next one the partition expects."""
 
-    code = _codes.OUT_OF_ORDER_SEQUENCE_NUMBER
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
 class DuplicateSequenceError(KafkaError):
     """A produce batch was written already."""
 
-    code = _codes.DUPLICATE_SEQUENCE_NUMBER
+    code = ErrorCode.DUPLICATE_SEQUENCE_NUMBER
 
 
 class InvalidTransactionTimeoutError(KafkaError):
     """The transaction timeout is outside the range the coordinator allows."""
 
-    code = _codes.INVALID_TRANSACTION_TIMEOUT
+    code = ErrorCode.INVALID_TRANSACTION_TIMEOUT
 
 
 class TransactionCoordinatorFencedError(KafkaError):
     """A marker carried an older coordinator epoch than the partition has seen."""
 
-    code = _codes.TRANSACTION_COORDINATOR_FENCED
+    code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 class TransactionalIdNotFoundError(KafkaError):
     """The coordinator does not know the transactional id."""
 
-    code = _codes.TRANSACTIONAL_ID_NOT_FOUND
+    code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
 
 
 class OperationNotAttemptedError(KafkaError):
     """Not attempted because another part of the same request failed (e.g. the
     other partitions of an AddPartitionsToTxn naming an unknown partition)."""
 
-    code = _codes.OPERATION_NOT_ATTEMPTED
+    code = ErrorCode.OPERATION_NOT_ATTEMPTED
 
 
 # --- raised by the client on its own -------------------------------------------------
@@ -397,7 +395,7 @@ def error_for(code: int, message: str = "") -> KafkaError:
     """The exception for a protocol error code.
 
     Args:
-        code: a ``raftcoord.v1.ErrorCode`` value other than NONE.
+        code: an :class:`~raftcoord.protocol.errors.ErrorCode` value other than NONE.
         message: the server's detail, kept as the exception's message.
 
     Returns:
@@ -408,7 +406,7 @@ def error_for(code: int, message: str = "") -> KafkaError:
     Raises:
         ValueError: ``code`` is NONE (success is not an error).
     """
-    if code == _codes.NONE:
+    if code == ErrorCode.NONE:
         raise ValueError("error code NONE is success, not an error")
     cls = CODE_CLASSES.get(code)
     if cls is None:
@@ -418,6 +416,6 @@ def error_for(code: int, message: str = "") -> KafkaError:
 
 def _name_of(code: int) -> str:
     try:
-        return str(_codes.Name(code))
+        return ErrorCode(code).name
     except ValueError:
         return str(code)
