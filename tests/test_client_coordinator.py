@@ -7,6 +7,9 @@ and a shard leader killed between calls. The second half writes and reads
 records through the partition-log nodes; faults (lost answers, failing
 nodes) are injected through the client's channel factory, so the real
 nodes see exactly what a real network would deliver.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 sequence bookkeeping, the reaction to Produce answers, the transactional
 producer's state table, deadlines and backoff; then the producers over an
 in-memory transport (a fake coordinator and partition log injected through
-the channel factory, no sockets)."""
+the channel factory, no sockets).
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Real coordinator processes on loopback: elections, the transaction flow,
-fencing, leader kill -9 under traffic, restarts, timeouts and bad input."""
+fencing, leader kill -9 under traffic, restarts, timeouts and bad input.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
+"""
 
 from __future__ import annotations
 

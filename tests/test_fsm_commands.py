@@ -1,4 +1,8 @@
-"""The msgpack command codec (fsm.commands) and shard snapshots (fsm.machine)."""
+"""The msgpack command codec (fsm.commands) and shard snapshots (fsm.machine).
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
+"""
 
 from __future__ import annotations
 

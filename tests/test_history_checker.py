@@ -6,6 +6,9 @@ consumer group's committed offsets) that records what a workload would:
 producers committing and aborting over several partitions, commits of
 unknown outcome, a fenced producer, a consume-transform-produce worker that
 aborts and rewinds, pollers, faults and the final read.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
 """
 
 from __future__ import annotations

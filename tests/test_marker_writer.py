@@ -3,6 +3,9 @@
 Calls run inline (an executor that runs each job as it is submitted) and
 the tests drive the dispatcher by calling ``dispatch()``, so every test is
 deterministic; two tests run the real dispatcher thread and pool.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 kafka-python is imported inside the tests that use its reader directly: importing it
 first thing warns (legacy importlib.resources calls), and ``partition_log.codec``
 imports it with those warnings silenced.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
 """
 
 from __future__ import annotations

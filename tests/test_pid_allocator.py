@@ -1,5 +1,9 @@
 """Producer-id allocation: block layout, the replicated record, the leader's cursor,
-uniqueness under leader changes and restarts, and the record inside the state machine."""
+uniqueness under leader changes and restarts, and the record inside the state machine.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
+"""
 
 from __future__ import annotations
 

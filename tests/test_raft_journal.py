@@ -1,4 +1,8 @@
-"""raftcoord.coordinator.raft_journal: a durable pysyncobj journal with an fsync policy."""
+"""raftcoord.coordinator.raft_journal: a durable pysyncobj journal with an fsync policy.
+
+Long on purpose: the cases of one component, sharing this module's helpers
+and fixtures.
+"""
 
 from __future__ import annotations
 
