@@ -58,9 +58,7 @@ from fsm import (
     Command,
     EndTxn,
     FsmConfig,
-    GroupMarker,
     InitProducerId,
-    MarkersWritten,
     OffsetEntry,
     Outcome,
     TransactionStateMachine,
@@ -74,7 +72,6 @@ from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.transactions import verify_group
 from marker_writer import (
     Backoff,
-    Completion,
     ConsumerGroup,
     DataPartition,
     Destination,
@@ -86,6 +83,8 @@ from marker_writer import (
 from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from raftcoord.coordinator.leader import CHECK_ONLY, LeaderCore, Unstamped, timed_out_abort
+from raftcoord.coordinator.markers import markers_written
+from raftcoord.coordinator.services.groups import group_marker
 from raftcoord.coordinator.services.transactions import verify_partitions
 from raftcoord.protocol.types import TopicPartition
 
@@ -662,7 +661,12 @@ class Simulation:
         for request, errors in zip(batch.requests, answers, strict=True):
             for group in request.groups:
                 self.check_group_marker(request, group.group_id)
-                self.submit(_group_marker(request, group.group_id), group_answer(errors, group))
+                self.submit(
+                    group_marker(
+                        group.group_id, request.producer_id, request.producer_epoch, request.commit
+                    ),
+                    group_answer(errors, group),
+                )
         waiting[0] -= 1
         if waiting[0] == 0:
             done()
@@ -689,7 +693,7 @@ class Simulation:
             return reply
 
         for i, completion in enumerate(batch.completions):
-            leadership.queue.append(Request(_markers_written(completion), reply_for(i)))
+            leadership.queue.append(Request(markers_written(completion), reply_for(i)))
 
     def timed_out(self, outcome: Outcome) -> None:
         """The answer to a sweeper's abort (a failed one is found again next sweep)."""
@@ -1034,23 +1038,6 @@ def _end_txn(tid: str, producer_id: int, epoch: int, commit: bool) -> Unstamped:
         stamp.now_ms,
         stamp.coordinator_epoch,
         stamp.new_producer_id,
-    )
-
-
-def _group_marker(marker: MarkerRequest, group_id: str) -> Unstamped:
-    return lambda stamp: GroupMarker(
-        group_id, marker.producer_id, marker.producer_epoch, marker.commit, stamp.now_ms
-    )
-
-
-def _markers_written(completion: Completion) -> Unstamped:
-    return lambda stamp: MarkersWritten(
-        completion.transactional_id,
-        completion.producer_id,
-        completion.producer_epoch,
-        tuple(TopicPartition(p.topic, p.partition) for p in completion.partitions),
-        tuple(g.group_id for g in completion.groups),
-        stamp.now_ms,
     )
 
 

@@ -152,7 +152,7 @@ class GrpcMarkerTransport:
         if not self._still_leading():
             return [int(ErrorCode.NOT_COORDINATOR)] * len(completions)
         # Submitted together, they go out in one Raft entry (group commit).
-        futures: list[Future[Any]] = [self.shard.submit(_markers_written(c)) for c in completions]
+        futures: list[Future[Any]] = [self.shard.submit(markers_written(c)) for c in completions]
         deadline = time.monotonic() + COMPLETE_TIMEOUT_S
         return [self._outcome_code(future, deadline) for future in futures]
 
@@ -174,7 +174,8 @@ class GrpcMarkerTransport:
         return shard.is_leader and shard.ready and shard.leader_term == self.term
 
 
-def _markers_written(completion: Completion) -> Unstamped:
+def markers_written(completion: Completion) -> Unstamped:
+    """The MarkersWritten command that ends ``completion``'s transaction."""
     return lambda stamp: MarkersWritten(
         completion.transactional_id,
         completion.producer_id,

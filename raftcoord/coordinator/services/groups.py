@@ -192,7 +192,13 @@ class GroupRPCs:
                     continue
                 # Submitted together, the markers share one Raft entry per shard.
                 future = self.router.shards.submit(
-                    self.router.shard_of(group_id), _group_marker(marker, group_id)
+                    self.router.shard_of(group_id),
+                    group_marker(
+                        group_id,
+                        marker.producer_id,
+                        marker.producer_epoch,
+                        marker.result == common_pb2.COMMIT,
+                    ),
                 )
                 waiting.append((result, future))
         for result, future in waiting:
@@ -210,14 +216,9 @@ class GroupRPCs:
         return self.router.shards.availability(self.router.shard_of(group_id))
 
 
-def _group_marker(marker: Any, group_id: str) -> Unstamped:
-    return lambda stamp: GroupMarker(
-        group_id,
-        marker.producer_id,
-        marker.producer_epoch,
-        marker.result == common_pb2.COMMIT,
-        stamp.now_ms,
-    )
+def group_marker(group_id: str, producer_id: int, producer_epoch: int, commit: bool) -> Unstamped:
+    """The GroupMarker command that resolves a transaction's pending offsets."""
+    return lambda stamp: GroupMarker(group_id, producer_id, producer_epoch, commit, stamp.now_ms)
 
 
 def _offset_entries(topics: Any) -> tuple[OffsetEntry, ...]:
