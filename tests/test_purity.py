@@ -119,31 +119,13 @@ def test_the_leader_core_imports_no_io_clock_randomness_or_threads() -> None:
     assert not found, "forbidden imports in the leader core:\n" + "\n".join(found)
 
 
-def test_importing_the_leader_core_loads_no_raft_grpc_or_protobuf() -> None:
+def modules_loaded_by(modules: str) -> list[str]:
+    """The Raft, gRPC, protobuf, Spark and raftcoord modules that importing
+    ``modules`` (comma-separated) loads in a fresh interpreter, transitively
+    (stdlib modules are loaded by the interpreter itself, so only these
+    stacks are looked at)."""
     code = (
-        "import sys, json, raftcoord.coordinator.leader\n"
-        "allowed = ('raftcoord', 'raftcoord.coordinator', 'raftcoord.coordinator.leader')\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('grpc', 'pysyncobj', 'google', 'pyspark') or m.startswith('raftcoord.') "
-        "and m not in allowed and not m.startswith('raftcoord.protocol'))))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == []
-
-
-def test_importing_fsm_loads_no_raft_grpc_or_protobuf() -> None:
-    # Transitively too (stdlib modules are loaded by the interpreter itself, so
-    # only the third-party stacks are checked here).
-    code = (
-        "import sys, json, fsm, pid_allocator\n"
+        f"import sys, json, {modules}\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('grpc', 'pysyncobj', 'google', 'raftcoord', 'pyspark'))))\n"
     )
@@ -156,7 +138,18 @@ def test_importing_fsm_loads_no_raft_grpc_or_protobuf() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    loaded = json.loads(result.stdout)
+    loaded: list[str] = json.loads(result.stdout)
+    return loaded
+
+
+def test_importing_the_leader_core_loads_no_raft_grpc_or_protobuf() -> None:
+    leader = ["raftcoord.coordinator", "raftcoord.coordinator.leader"]
+    loaded = modules_loaded_by("raftcoord.coordinator.leader")
+    assert [m for m in loaded if m not in PURE_PROTOCOL + leader] == [], loaded
+
+
+def test_importing_fsm_loads_no_raft_grpc_or_protobuf() -> None:
+    loaded = modules_loaded_by("fsm, pid_allocator")
     assert [m for m in loaded if m not in PURE_PROTOCOL] == [], loaded
 
 
