@@ -17,8 +17,14 @@ from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
 from raftcoord.cli.txn import OpenTransaction, is_candidate, is_hanging
-from raftcoord.client import ProducerState, TopicPartition, TransactionDescription
-from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
+from raftcoord.client import (
+    PendingMarker,
+    ProducerState,
+    TopicPartition,
+    TransactionDescription,
+)
+from raftcoord.client import admin as admin_module
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 TP = TopicPartition("t", 0)
 MINUTE_MS = 60_000
@@ -271,3 +277,35 @@ def test_an_admin_abort_is_fenced_by_a_newer_coordinator_epoch(node: Node) -> No
     assert fenced.error_code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
     assert node.partition.offsets() == before
     assert node.marker(7, 5, 6, admin=True).error_code == ErrorCode.NONE
+
+
+def test_a_description_carries_the_markers_still_owed_and_why() -> None:
+    """What DescribeTransactions says of undelivered markers reaches
+    Admin.describe_transactions and the `txn describe` table."""
+    answer = coordinator_pb2.TransactionDescription(
+        transactional_id="stuck",
+        state=common_pb2.TRANSACTION_STATE_PREPARE_COMMIT,
+        pending_markers=[
+            coordinator_pb2.PendingMarker(
+                topic="orders",
+                partition=3,
+                last_error_code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                last_error_message="no partition-log node is known for orders-3",
+            ),
+            coordinator_pb2.PendingMarker(group_id="billing"),
+        ],
+    )
+    description = admin_module._description(answer)
+    assert description.pending_markers == (
+        PendingMarker(
+            TopicPartition("orders", 3),
+            None,
+            "UNKNOWN_TOPIC_OR_PARTITION",
+            "no partition-log node is known for orders-3",
+        ),
+        PendingMarker(None, "billing", "NONE", ""),
+    )
+    assert [str(m) for m in description.pending_markers] == [
+        "orders-3: UNKNOWN_TOPIC_OR_PARTITION (no partition-log node is known for orders-3)",
+        "group billing",
+    ]

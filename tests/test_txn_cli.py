@@ -145,6 +145,7 @@ def test_find_and_abort_a_hanging_transaction(cluster_dir: Path) -> None:
         assert described["topic_partitions"] == [f"{TOPIC}-1"]
         assert described["producer_id"] == live.producer_id
         assert described["coordinator"] in bootstrap
+        assert described["pending_markers"] == []  # an Ongoing transaction owes none
         producers = {
             p["producer_id"]: p for p in txn(cluster_dir, "describe-producers", TOPIC, "1")
         }

@@ -129,6 +129,7 @@ def _describe(admin: Admin, args: argparse.Namespace) -> Any:
         "transaction_start_time_ms": start,
         "transaction_duration_ms": _now_ms() - start if start >= 0 else -1,
         "topic_partitions": [f"{t}-{p}" for t, p in sorted(description.partitions)],
+        "pending_markers": [str(m) for m in description.pending_markers],
     }
     columns = [
         ("Coordinator", "coordinator"),
@@ -140,6 +141,7 @@ def _describe(admin: Admin, args: argparse.Namespace) -> Any:
         ("CurrentTransactionStartTimeMs", "transaction_start_time_ms"),
         ("TransactionDurationMs", "transaction_duration_ms"),
         ("TopicPartitions", "topic_partitions"),
+        ("PendingMarkers", "pending_markers"),
     ]
     return [row], columns
 

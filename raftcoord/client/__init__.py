@@ -49,6 +49,7 @@ from raftcoord.client.producer import Producer, TransactionalProducer
 from raftcoord.client.records import (
     AbortTransactionSpec,
     ConsumerRecord,
+    PendingMarker,
     ProducerState,
     RecordMetadata,
     TopicPartition,
@@ -70,6 +71,7 @@ __all__ = [
     "KafkaTimeoutError",
     "NotACoordinatorNodeError",
     "OutOfOrderSequenceError",
+    "PendingMarker",
     "Producer",
     "ProducerFencedError",
     "ProducerState",

@@ -30,6 +30,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.records import (
     AbortTransactionSpec,
+    PendingMarker,
     ProducerState,
     TopicPartition,
     TransactionDescription,
@@ -464,4 +465,21 @@ def _description(d: Any) -> TransactionDescription:
         partitions=frozenset(TopicPartition(t.topic, p) for t in d.topics for p in t.partitions),
         groups=frozenset(d.groups),
         coordinator_epoch=int(d.coordinator_epoch),
+        pending_markers=tuple(_pending_marker(m) for m in d.pending_markers),
     )
+
+
+def _pending_marker(m: Any) -> PendingMarker:
+    return PendingMarker(
+        partition=None if m.group_id else TopicPartition(m.topic, m.partition),
+        group_id=m.group_id or None,
+        last_error=_error_name(int(m.last_error_code)),
+        last_error_message=m.last_error_message,
+    )
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)

@@ -52,6 +52,32 @@ class TransactionListing:
 
 
 @dataclass(frozen=True)
+class PendingMarker:
+    """A marker a PrepareCommit/PrepareAbort transaction still owes one
+    participant, with the last problem its delivery met."""
+
+    #: The data partition, or None for a consumer group's offsets.
+    partition: TopicPartition | None
+    #: The consumer group, or None for a data partition.
+    group_id: str | None
+    #: The last error's name (e.g. UNKNOWN_TOPIC_OR_PARTITION); NONE when no
+    #: delivery failed yet.
+    last_error: str
+    last_error_message: str
+
+    def __str__(self) -> str:
+        where = (
+            f"group {self.group_id}"
+            if self.partition is None
+            else f"{self.partition.topic}-{self.partition.partition}"
+        )
+        if self.last_error == "NONE":
+            return where
+        detail = f" ({self.last_error_message})" if self.last_error_message else ""
+        return f"{where}: {self.last_error}{detail}"
+
+
+@dataclass(frozen=True)
 class TransactionDescription:
     """The coordinator's state of one transactional id
     (:meth:`Admin.describe_transactions`)."""
@@ -68,6 +94,8 @@ class TransactionDescription:
     groups: frozenset[str]
     #: The answering shard leader's Raft term.
     coordinator_epoch: int
+    #: In PrepareCommit/PrepareAbort: the markers not delivered yet.
+    pending_markers: tuple[PendingMarker, ...] = ()
 
 
 @dataclass(frozen=True)
