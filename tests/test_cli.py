@@ -32,7 +32,7 @@ def test_demo_runs_the_workload_with_faults_audits_it_and_passes(tmp_path: Path)
         "300",
         "--seed",
         "7",
-        "--data-dir",
+        "--cluster-dir",
         str(tmp_path / "demo"),
         timeout=420,
     )

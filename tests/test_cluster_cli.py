@@ -58,7 +58,7 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     data = str(tmp_path / "c")
     pids: list[int] = []
     try:
-        up = raftcoord("cluster", "up", "--data-dir", data, "--shards", "2")
+        up = raftcoord("cluster", "up", "--cluster-dir", data, "--shards", "2")
         assert up.returncode == 0, up.stderr
         state = json.loads((Path(data) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
@@ -66,22 +66,23 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         assert [n["kind"] for n in state["nodes"]] == ["coordinator"] * 3 + ["partition-log"] * 3
         assert up.stdout.count("leader") == 2  # one leader per shard in the table
         assert up.stdout.count("partition-log, serving") == 3
-        killed = raftcoord("cluster", "kill", "102", "--data-dir", data)
+        killed = raftcoord("cluster", "kill", "102", "--cluster-dir", data)
         assert killed.returncode == 0
-        started = raftcoord("cluster", "start", "102", "--data-dir", data)
+        started = raftcoord("cluster", "start", "102", "--cluster-dir", data)
         assert started.returncode == 0, started.stderr
-        killed = raftcoord("cluster", "kill", "2", "--data-dir", data)
+        killed = raftcoord("cluster", "kill", "2", "--cluster-dir", data)
         assert killed.returncode == 0
-        status = raftcoord("cluster", "status", "--data-dir", data)
+        status = raftcoord("cluster", "status", "--cluster-dir", data)
         assert "no" in status.stdout.splitlines()[2].split()  # node 2 not alive
-        started = raftcoord("cluster", "start", "2", "--data-dir", data)
+        started = raftcoord("cluster", "start", "2", "--cluster-dir", data)
         assert started.returncode == 0, started.stderr
         state = json.loads((Path(data) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
     finally:
-        down = raftcoord("cluster", "down", "--data-dir", data)
+        down = raftcoord("cluster", "down", "--cluster-dir", data)
     assert down.returncode == 0, down.stderr
     assert not any(running(pid) for pid in pids)
+    # --data-dir, the option's older name, still works
     assert raftcoord("cluster", "status", "--data-dir", data).stdout.count(" no ") >= 6
 
 
@@ -94,17 +95,17 @@ def test_cluster_up_refuses_another_shape_on_the_same_data(tmp_path: Path) -> No
 
     data = tmp_path / "c"
     try:
-        up = raftcoord("cluster", "up", "--data-dir", str(data))
+        up = raftcoord("cluster", "up", "--cluster-dir", str(data))
         assert up.returncode == 0, up.stderr
         bootstrap = [n["grpc"] for n in json.loads((data / "cluster.json").read_text())["nodes"]]
         offsets = {TopicPartition("in", 0): 42}
         with Consumer(bootstrap[:3], group_id="g") as consumer:
             consumer.commit(offsets)
-        assert raftcoord("cluster", "down", "--data-dir", str(data)).returncode == 0
+        assert raftcoord("cluster", "down", "--cluster-dir", str(data)).returncode == 0
         config_before = (data / "cluster.toml").read_text()
 
         other = raftcoord(
-            "cluster", "up", "--data-dir", str(data), "--shards", "5", "--partition-nodes", "2"
+            "cluster", "up", "--cluster-dir", str(data), "--shards", "5", "--partition-nodes", "2"
         )
         assert other.returncode != 0
         assert "shard_count must stay 3" in other.stderr, other.stderr
@@ -114,13 +115,13 @@ def test_cluster_up_refuses_another_shape_on_the_same_data(tmp_path: Path) -> No
         state = json.loads((data / "cluster.json").read_text())
         assert not any(running(n["pid"]) for n in state["nodes"])
 
-        again = raftcoord("cluster", "up", "--data-dir", str(data))
+        again = raftcoord("cluster", "up", "--cluster-dir", str(data))
         assert again.returncode == 0, again.stderr
         bootstrap = [n["grpc"] for n in json.loads((data / "cluster.json").read_text())["nodes"]]
         with Consumer(bootstrap[:3], group_id="g") as consumer:
             assert consumer.committed(TopicPartition("in", 0)) == 42
     finally:
-        raftcoord("cluster", "down", "--data-dir", str(data))
+        raftcoord("cluster", "down", "--cluster-dir", str(data))
 
 
 def test_a_node_started_by_hand_on_data_of_another_shape_is_a_clear_error(
@@ -152,7 +153,7 @@ def test_cluster_up_on_an_unusable_data_dir_is_a_clear_error(tmp_path: Path, whe
     afile = tmp_path / "afile"
     afile.write_text("not a directory")
     data = {"a file": afile, "under a file": afile / "sub", "unwritable": Path("/proc/raftcoord")}
-    result = raftcoord("cluster", "up", "--data-dir", str(data[where]))
+    result = raftcoord("cluster", "up", "--cluster-dir", str(data[where]))
     assert result.returncode == 1
     assert f"cannot use {data[where]} as the data directory" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -163,14 +164,14 @@ def test_cluster_up_on_an_unusable_data_dir_is_a_clear_error(tmp_path: Path, whe
 def test_a_cluster_up_that_fails_stops_the_nodes_it_started(tmp_path: Path) -> None:
     data = tmp_path / "c"
     try:
-        result = raftcoord("cluster", "up", "--data-dir", str(data), "--timeout", "0.01")
+        result = raftcoord("cluster", "up", "--cluster-dir", str(data), "--timeout", "0.01")
         assert result.returncode == 1
         assert "stopped the nodes started" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
         state = json.loads((data / "cluster.json").read_text())
         assert state["nodes"] and not any(running(n["pid"]) for n in state["nodes"])
     finally:
-        raftcoord("cluster", "down", "--data-dir", str(data))
+        raftcoord("cluster", "down", "--cluster-dir", str(data))
 
 
 def test_cluster_up_help_explains_every_option_with_its_default() -> None:
@@ -184,7 +185,7 @@ def test_cluster_up_help_explains_every_option_with_its_default() -> None:
         ("--fsync", "always"),
         ("--log-flush", "always"),
         ("--timeout", "30.0"),
-        ("--data-dir", ".raftcoord"),
+        ("--cluster-dir", ".raftcoord"),
     ]:
         text = options.split(option, 1)[1].split("\n  --", 1)[0]
         assert f"(default: {default})" in " ".join(text.split()), (option, text)

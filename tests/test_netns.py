@@ -240,7 +240,7 @@ def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -
             "2",
             "--partition-nodes",
             "2",
-            "--data-dir",
+            "--cluster-dir",
             data,
         )
         assert up.returncode == 0, up.stderr
@@ -257,7 +257,7 @@ def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -
 
         old = cluster.wait_for_leaders()[0]
         others = ",".join(str(n["node_id"]) for n in state["nodes"] if n["node_id"] != old)
-        cut = raftcoord("cluster", "partition", str(old), others, "--data-dir", data)
+        cut = raftcoord("cluster", "partition", str(old), others, "--cluster-dir", data)
         assert cut.returncode == 0, cut.stderr
 
         def new_leader() -> bool:
@@ -265,7 +265,7 @@ def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -
             return leader is not None and leader != old
 
         cluster.wait_until(new_leader, 60, "the majority elected no new leader of shard 0")
-        healed = raftcoord("cluster", "heal", "--data-dir", data)
+        healed = raftcoord("cluster", "heal", "--cluster-dir", data)
         assert healed.returncode == 0, healed.stderr
 
         def converged() -> bool:
@@ -280,19 +280,19 @@ def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -
 
         cluster.wait_until(converged, 60, "shard 0 did not converge after the heal")
 
-        assert raftcoord("cluster", "kill", "2", "--data-dir", data).returncode == 0
+        assert raftcoord("cluster", "kill", "2", "--cluster-dir", data).returncode == 0
         assert not cluster.alive(2)
-        started = raftcoord("cluster", "start", "2", "--data-dir", data)
+        started = raftcoord("cluster", "start", "2", "--cluster-dir", data)
         assert started.returncode == 0, started.stderr
-        status = raftcoord("cluster", "status", "--data-dir", data)
+        status = raftcoord("cluster", "status", "--cluster-dir", data)
         assert status.stdout.count("10.201.") == 5 and " no " not in status.stdout
     finally:
-        down = raftcoord("cluster", "down", "--data-dir", data)
+        down = raftcoord("cluster", "down", "--cluster-dir", data)
     assert down.returncode == 0, down.stderr
     assert not netns.enabled(LocalCluster(data))
     assert not any(netns.exists(ns) for ns in namespaces)
     assert not Path("/sys/class/net", network.bridge).exists()
-    start = raftcoord("cluster", "start", "1", "--data-dir", data)
+    start = raftcoord("cluster", "start", "1", "--cluster-dir", data)
     assert start.returncode == 1 and "namespace raftcoord-" in start.stderr
     assert "is gone" in start.stderr and "Traceback" not in start.stderr
 
@@ -304,7 +304,7 @@ def test_where_namespaces_cannot_be_made_netns_is_a_clear_error(
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     try:
         assert netns.unavailable() == "not root (network namespaces need root)"
-        assert main(["cluster", "up", "--netns", "--data-dir", str(tmp_path / "c")]) == 1
+        assert main(["cluster", "up", "--netns", "--cluster-dir", str(tmp_path / "c")]) == 1
     finally:
         netns.unavailable.cache_clear()
     err = capsys.readouterr().err
@@ -324,7 +324,7 @@ def test_partition_of_a_cluster_outside_namespaces_is_refused(
     with pytest.raises(netns.NetnsError, match="does not run in network namespaces"):
         netns.partition(cluster, [[1]])
     cluster._save()
-    assert main(["cluster", "heal", "--data-dir", str(tmp_path)]) == 1
+    assert main(["cluster", "heal", "--cluster-dir", str(tmp_path)]) == 1
     assert "cluster up --netns" in capsys.readouterr().err
 
 

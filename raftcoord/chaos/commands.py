@@ -30,7 +30,9 @@ def _faults(text: str) -> tuple[str, ...]:
 
 def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name: str) -> None:
     parser.add_argument(
-        "--cluster-dir", default=".raftcoord", help="a `raftcoord cluster up` data dir"
+        "--cluster-dir",
+        default=".raftcoord",
+        help="the directory of a `raftcoord cluster up` cluster",
     )
     parser.add_argument("--seed", type=int, help="replays a run (default: a random one, printed)")
     parser.add_argument(

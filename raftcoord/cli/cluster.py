@@ -13,7 +13,10 @@ from raftcoord.cluster import netns as namespaces
 from raftcoord.cluster.launcher import SIGNALS, ClusterError, LocalCluster
 from raftcoord.protocol.config import ConfigError
 
-_DATA_DIR_HELP = "the cluster's directory: config, node data and logs (default: %(default)s)"
+_CLUSTER_DIR_HELP = (
+    "the cluster's directory: config, node data and logs (default: %(default)s); "
+    "--data-dir is an older name for it"
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -104,14 +107,26 @@ def add_parser(commands: Any) -> None:
         sub.add_parser("status", help="node, role and term per shard, pid, alive"),
         sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound"),
     ):
-        p.add_argument("--data-dir", default=".raftcoord", help=_DATA_DIR_HELP)
+        p.add_argument(
+            "--cluster-dir",
+            "--data-dir",
+            dest="cluster_dir",
+            default=".raftcoord",
+            help=_CLUSTER_DIR_HELP,
+        )
     kill = sub.add_parser("kill", help="send a signal to one node")
     kill.add_argument("node", type=int)
     kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
     start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
     start.add_argument("node", type=int)
     for p in (kill, start):
-        p.add_argument("--data-dir", default=".raftcoord", help=_DATA_DIR_HELP)
+        p.add_argument(
+            "--cluster-dir",
+            "--data-dir",
+            dest="cluster_dir",
+            default=".raftcoord",
+            help=_CLUSTER_DIR_HELP,
+        )
     cluster.set_defaults(func=_run)
 
 
@@ -134,7 +149,7 @@ def _group(text: str) -> list[int]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    cluster = LocalCluster(args.data_dir)
+    cluster = LocalCluster(args.cluster_dir)
     try:
         if args.cluster_command == "up":
             if not 1 <= args.coordinators <= 9 or not 1 <= args.shards <= 64:

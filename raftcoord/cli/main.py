@@ -14,8 +14,8 @@ def _demo(args: argparse.Namespace) -> int:
     from raftcoord.cli.demo import run_demo
 
     seed = args.seed if args.seed is not None else secrets.randbelow(1_000_000_000)
-    data_dir = Path(args.data_dir) if args.data_dir else None
-    return run_demo(data_dir, args.duration, seed, args.input_records)
+    cluster_dir = Path(args.cluster_dir) if args.cluster_dir else None
+    return run_demo(cluster_dir, args.duration, seed, args.input_records)
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         "workers (default: %(default)s)",
     )
     demo.add_argument(
+        "--cluster-dir",
         "--data-dir",
+        dest="cluster_dir",
         help="where the cluster's files, the history and the audit report go "
-        "(default: a new temporary directory)",
+        "(default: a new temporary directory); --data-dir is an older name for it",
     )
     demo.set_defaults(func=_demo)
     node = commands.add_parser("node", help="run one coordinator node")
