@@ -11,8 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partition_log import codec
-from raftcoord.client import Producer, TransactionAbortableError, TransactionalProducer
-from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
+from raftcoord.client import (
+    Producer,
+    TopicPartition,
+    TransactionAbortableError,
+    TransactionalProducer,
+)
+from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord, ProducerBatch
+from raftcoord.client._wire import produce_request
 from raftcoord.client.errors import RecordTooLargeError
 from raftcoord.protocol.config import REQUEST_BYTES_PER_BATCH_BYTE
 from raftcoord.protocol.v1 import partition_log_pb2
@@ -40,29 +46,12 @@ def encoded(batch: list[PendingRecord]) -> bytearray:
 
 
 def request_of(batch: list[PendingRecord]) -> partition_log_pb2.ProduceRequest:
-    made = []
-    for r in batch:
-        record = partition_log_pb2.Record(
-            headers=[partition_log_pb2.RecordHeader(key=k, value=v) for k, v in r.headers],
-            timestamp_ms=r.timestamp_ms,
-        )
-        if r.key is not None:
-            record.key = r.key
-        if r.value is not None:
-            record.value = r.value
-        made.append(record)
-    return partition_log_pb2.ProduceRequest(
-        transactional_id="a-transactional-id",
-        partitions=[
-            partition_log_pb2.PartitionProduceData(
-                topic="a-topic",
-                partition=7,
-                batch=partition_log_pb2.RecordBatch(
-                    producer_id=1, producer_epoch=0, base_sequence=0, records=made
-                ),
-            )
-        ],
-    )
+    """The Produce request the client's sender builds for ``batch``."""
+    produced = ProducerBatch(TopicPartition("a-topic", 7), created_s=0.0)
+    for record in batch:
+        produced.append(record)
+    produced.producer_id, produced.producer_epoch, produced.base_sequence = 1, 0, 0
+    return produce_request([produced], "a-transactional-id")
 
 
 @settings(max_examples=300, deadline=None)
