@@ -18,7 +18,6 @@ from fsm import (
 )
 from fsm.limits import id_error
 from fsm.metadata import TopicPartition
-from fsm.transactions import verify_group
 from raftcoord.coordinator.leader import Stamp, Unstamped
 from raftcoord.coordinator.services.common import (
     NotForwarded,
@@ -27,6 +26,7 @@ from raftcoord.coordinator.services.common import (
     partition_result,
     wait,
 )
+from raftcoord.coordinator.services.transactions import read_group_verification
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -82,16 +82,7 @@ class GroupRPCs:
         """
         shard = self.router.shard_of(request.transactional_id)
         if self.router.shards.availability(shard) is ErrorCode.NONE:
-            verified: tuple[ErrorCode, str] = self.router.read(
-                shard,
-                lambda machine: verify_group(
-                    machine.describe(request.transactional_id),
-                    request.producer_id,
-                    request.producer_epoch,
-                    request.group_id,
-                ),
-            )
-            return verified
+            return read_group_verification(self.router, request)
         unavailable = f"the coordinator of the transaction (shard {shard}) cannot verify it"
         try:
             answer = self.router.forward(

@@ -187,15 +187,7 @@ class TransactionRPCs:
     def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
         if request.verify_only:
             try:
-                error, message = self.router.read(
-                    self.router.shard_of(request.transactional_id),
-                    lambda machine: verify_group(
-                        machine.describe(request.transactional_id),
-                        request.producer_id,
-                        request.producer_epoch,
-                        request.group_id,
-                    ),
-                )
+                error, message = read_group_verification(self.router, request)
             except Refused as refused:
                 error, message = refused.error, refused.message
             return coordinator_pb2.AddOffsetsToTxnResponse(
@@ -254,3 +246,24 @@ def verify_partitions(
         (tp, ErrorCode.NONE if tp in meta.partitions else ErrorCode.INVALID_TXN_STATE)
         for tp in partitions
     ]
+
+
+def read_group_verification(router: ShardRouter, request: Any) -> tuple[ErrorCode, str]:
+    """Whether ``request.group_id`` is in the ongoing transaction of
+    ``request``'s producer (``transactional_id``, ``producer_id``,
+    ``producer_epoch``), read through the log of the transaction's shard,
+    which this node must lead.
+
+    Raises:
+        Refused: this node cannot answer for the shard now.
+    """
+    verified: tuple[ErrorCode, str] = router.read(
+        router.shard_of(request.transactional_id),
+        lambda machine: verify_group(
+            machine.describe(request.transactional_id),
+            request.producer_id,
+            request.producer_epoch,
+            request.group_id,
+        ),
+    )
+    return verified
