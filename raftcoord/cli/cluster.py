@@ -100,26 +100,15 @@ def add_parser(commands: Any) -> None:
         help="comma-separated node ids per group, e.g. '1 2,3,101'; "
         "nodes in no group keep reaching everyone",
     )
-    for p in (
-        up,
-        partition,
-        sub.add_parser("heal", help="remove every cut of 'cluster partition'"),
-        sub.add_parser("status", help="node, role and term per shard, pid, alive"),
-        sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound"),
-    ):
-        p.add_argument(
-            "--cluster-dir",
-            "--data-dir",
-            dest="cluster_dir",
-            default=".raftcoord",
-            help=_CLUSTER_DIR_HELP,
-        )
+    heal = sub.add_parser("heal", help="remove every cut of 'cluster partition'")
+    status = sub.add_parser("status", help="node, role and term per shard, pid, alive")
+    down = sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound")
     kill = sub.add_parser("kill", help="send a signal to one node")
     kill.add_argument("node", type=int)
     kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
     start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
     start.add_argument("node", type=int)
-    for p in (kill, start):
+    for p in (up, partition, heal, status, down, kill, start):
         p.add_argument(
             "--cluster-dir",
             "--data-dir",
