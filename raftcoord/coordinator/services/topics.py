@@ -4,6 +4,7 @@ topic lookups the transaction RPCs need. Topics live in shard 0."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -72,7 +73,9 @@ class TopicRPCs:
         Raises:
             Refused: a miss could not be confirmed (shard 0 has no leader).
         """
-        unknown = _missing(self.local_topics(), partitions)
+        unknown = self.router.shards.query(
+            METADATA_SHARD, lambda machine: _missing(machine.state.topics, partitions)
+        )
         if not unknown:
             return unknown
         topics = self.leader_topics(context, read_barrier=True)
@@ -157,7 +160,7 @@ def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:
 
 
 def _missing(
-    topics: dict[str, tuple[int, ...]], partitions: tuple[TopicPartition, ...]
+    topics: Mapping[str, tuple[int, ...]], partitions: tuple[TopicPartition, ...]
 ) -> dict[TopicPartition, str]:
     """The partitions ``topics`` does not have, with why."""
     missing: dict[TopicPartition, str] = {}
