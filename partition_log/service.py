@@ -94,9 +94,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         #: batches are appended without asking the coordinator.
         self.verify_transactions = verify_transactions
         self.changes = changes or LogChanges()
-        self._parking = threading.BoundedSemaphore(max_parked_fetches)
+        self.max_parked_fetches = max_parked_fetches
         self._parked_lock = threading.Lock()
-        #: Fetches parked now (for tests and diagnostics).
+        #: Fetches parked now (at most ``max_parked_fetches``).
         self.parked_fetches = 0
 
     # --- Produce -------------------------------------------------------------------
@@ -237,11 +237,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                 if size >= request.min_bytes or failed or remaining <= 0:
                     break
                 if not parked:
-                    parked = self._parking.acquire(blocking=False)
+                    parked = self._park()
                     if not parked:
                         break
-                    with self._parked_lock:
-                        self.parked_fetches += 1
                 if self.changes.closed or (context is not None and not context.is_active()):
                     break
                 self.changes.wait_past(generation, remaining)
@@ -249,8 +247,15 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             if parked:
                 with self._parked_lock:
                     self.parked_fetches -= 1
-                self._parking.release()
         return partition_log_pb2.FetchResponse(partitions=answers)
+
+    def _park(self) -> bool:
+        """Take one of the ``max_parked_fetches`` slots; False when all are taken."""
+        with self._parked_lock:
+            if self.parked_fetches >= self.max_parked_fetches:
+                return False
+            self.parked_fetches += 1
+            return True
 
     def _read(self, request: Any) -> tuple[list[Any], int, bool]:
         """One pass over the partitions of a Fetch: (answers, bytes of keys and values
