@@ -2,14 +2,18 @@
 
 * :class:`ClusterView`: topic placement from the coordinators' Metadata RPC
   (which partitions this node owns), refreshed periodically and on a miss.
-* :class:`TxnVerifier`: KIP-890 verification. Before a partition accepts
-  the first transactional batch of a (producer id, epoch), it asks the
-  coordinator of the transactional id, with AddPartitionsToTxn in
-  verify-only mode, whether the partition is in the producer's ongoing
-  transaction. The partitions of one Produce request are asked in one call.
-  A partition that is not in the transaction is refused with
-  TRANSACTION_ABORTABLE, as Kafka's brokers answer producers since KIP-890:
-  the producer aborts the transaction and goes on.
+* :class:`TxnVerifier`: KIP-890 verification (part 2). Before a partition
+  accepts the first transactional batch of a (producer id, epoch), it asks
+  the coordinator of the transactional id to add the partition to the
+  producer's transaction (AddPartitionsToTxn, not verify-only), which
+  starts the transaction if it is not open yet; the producer does not call
+  AddPartitionsToTxn itself. The partitions of one Produce request are one
+  transaction of the question; the questions of many Produce requests to
+  one coordinator go together in one batched AddPartitionsToTxn while one
+  is in flight (:class:`partition_log.coalescing.CoalescingSender`). A
+  refusal of the transaction's state is TRANSACTION_ABORTABLE, as Kafka's
+  brokers answer producers since KIP-890: the producer aborts the
+  transaction and goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from partition_log.coalescing import CoalescingSender
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
@@ -138,18 +143,22 @@ class ClusterView:
         return Placement(ErrorCode.NONE)
 
 
-#: Answers of the coordinator that reject the batch as they are.
+#: Answers of the coordinator that reject the batch as they are: final
+#: refusals, and CONCURRENT_TRANSACTIONS (the previous transaction is still
+#: completing), which the producer retries soon.
 _FINAL = {
     ErrorCode.INVALID_TXN_STATE,
     ErrorCode.PRODUCER_FENCED,
     ErrorCode.INVALID_PRODUCER_ID_MAPPING,
     ErrorCode.INVALID_PRODUCER_EPOCH,
     ErrorCode.TRANSACTION_ABORTABLE,
+    ErrorCode.CONCURRENT_TRANSACTIONS,
+    ErrorCode.INVALID_REQUEST,
 }
 
 
 class TxnVerifier:
-    """Asks transaction coordinators whether partitions are in a transaction."""
+    """Asks transaction coordinators to add partitions to transactions."""
 
     def __init__(
         self, channels: ChannelCache, coordinators: Sequence[str], view: ClusterView
@@ -159,7 +168,25 @@ class TxnVerifier:
         self._view = view
         self._leaders: dict[int, str] = {}
         self._lock = threading.Lock()
-        self.calls = 0
+        self._sender: CoalescingSender[Any, Any] = CoalescingSender(self._send)
+
+    @property
+    def calls(self) -> int:
+        """AddPartitionsToTxn calls made so far (each may carry many transactions)."""
+        return self._sender.calls
+
+    def _send(self, address: str, requests: Sequence[Any]) -> Sequence[Any]:
+        """One batched AddPartitionsToTxn to ``address``: one answer per request."""
+        answer = self._channels.coordinator(address).AddPartitionsToTxn(
+            coordinator_pb2.AddPartitionsToTxnRequest(transactions=requests),
+            timeout=CALL_TIMEOUT_S,
+        )
+        if answer.error_code != ErrorCode.NONE:  # the whole request was refused
+            refused = coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=answer.error_code, error_message=answer.error_message
+            )
+            return [refused] * len(requests)
+        return list(answer.transactions)
 
     def verify(
         self,
@@ -168,7 +195,8 @@ class TxnVerifier:
         producer_epoch: int,
         partitions: Sequence[TopicPartition],
     ) -> dict[TopicPartition, tuple[ErrorCode, str]]:
-        """Per partition: NONE (in the ongoing transaction) or why not.
+        """Add ``partitions`` to the producer's transaction (starting it if
+        needed); per partition: NONE (in the ongoing transaction now) or why not.
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
         which the producer retries.
@@ -181,7 +209,6 @@ class TxnVerifier:
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             topics=[common_pb2.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
-            verify_only=True,
         )
         problem = "no coordinator answered"
         for _ in range(3):
@@ -190,13 +217,13 @@ class TxnVerifier:
                 problem = "no coordinator known for the transactional id"
                 break
             try:
-                self.calls += 1
-                answer = self._channels.coordinator(address).AddPartitionsToTxn(
-                    request, timeout=CALL_TIMEOUT_S
-                )
+                answer = self._sender.call(address, request)
             except grpc.RpcError as exc:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {exc.code().name}"
+                continue
+            except RuntimeError as exc:  # an answer that does not match the request
+                problem = f"coordinator {address}: {exc}"
                 continue
             if answer.error_code in (
                 ErrorCode.NOT_COORDINATOR,

@@ -212,9 +212,12 @@ class ProducerStates:
         if open_txn:
             assert entry is not None
             if entry.epoch != epoch:
+                # The next transaction (a newer epoch) raced the marker that
+                # closes the previous one here: it comes within milliseconds.
                 return _fail(
-                    ErrorCode.INVALID_TXN_STATE,
-                    f"the producer's transaction at epoch {entry.epoch} is still open here",
+                    ErrorCode.CONCURRENT_TRANSACTIONS,
+                    f"the producer's transaction at epoch {entry.epoch} is still open here "
+                    "(its marker has not arrived yet); retry",
                 )
             return AppendCheck(Verdict.APPEND)
         return AppendCheck(Verdict.APPEND if verified else Verdict.VERIFY)

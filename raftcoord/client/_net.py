@@ -44,6 +44,17 @@ LOOKUP_TIMEOUT_S = 2.0
 JITTER = 0.2
 #: Backoff (first, longest) between retries of CONCURRENT_TRANSACTIONS answers.
 CONCURRENT_BACKOFF_S = (0.005, 0.05)
+
+
+def concurrent_backoff(initial_s: float, max_s: float) -> Backoff:
+    """The backoff after CONCURRENT_TRANSACTIONS: the previous transaction's
+    markers are being written (milliseconds), so look again soon; never
+    longer than the caller's own backoff (``initial_s``, ``max_s``)."""
+    return Backoff(
+        min(initial_s, CONCURRENT_BACKOFF_S[0]), min(max_s, CONCURRENT_BACKOFF_S[1]), jitter=JITTER
+    )
+
+
 #: Answers that mean "ask FindCoordinator again, then retry".
 REDISCOVER = frozenset(
     {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.REQUEST_TIMED_OUT}
@@ -287,11 +298,7 @@ class CoordinatorClient:
         backoff = self.backoff()
         # CONCURRENT_TRANSACTIONS usually means "the previous transaction's
         # markers are being written" (milliseconds): look again soon.
-        concurrent = Backoff(
-            min(self.backoff_initial_s, CONCURRENT_BACKOFF_S[0]),
-            min(self.backoff_max_s, CONCURRENT_BACKOFF_S[1]),
-            jitter=JITTER,
-        )
+        concurrent = concurrent_backoff(self.backoff_initial_s, self.backoff_max_s)
         unanswered = False  # an attempt that may have been applied, its answer lost
         try:
             while True:

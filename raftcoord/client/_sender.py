@@ -42,6 +42,7 @@ from raftcoord.client._net import (
     CoordinatorClient,
     Deadline,
     MetadataCache,
+    concurrent_backoff,
     transport_error,
 )
 from raftcoord.client._wire import produce_request
@@ -470,7 +471,7 @@ class Sender:
                     self._sequences.forget(batch.tp)
                     self._epoch_bump_needed = True
                 batch.last_error = error
-                delay = Backoff(*self.settings.backoff_s).nominal(batch.attempts)
+                delay = self._retry_delay(code, batch.attempts)
                 self.accumulator.retry(batch, now() + delay)
                 log.debug("retrying %r after %s", batch, error)
                 return
@@ -486,6 +487,15 @@ class Sender:
             error = self.transactions.not_retried_error(error)
         self._batch_failed(batch, error, action)
         batch.fail(error)
+
+    def _retry_delay(self, code: int | None, attempts: int) -> float:
+        """How long a batch waits before it is sent again. CONCURRENT_TRANSACTIONS
+        (the partition asked the coordinator to add it to a transaction while
+        the previous one is completing) clears in milliseconds: the short
+        backoff the coordinator calls use for it."""
+        if code == ErrorCode.CONCURRENT_TRANSACTIONS:
+            return concurrent_backoff(*self.settings.backoff_s).nominal(attempts)
+        return Backoff(*self.settings.backoff_s).nominal(attempts)
 
     def _batch_failed(self, batch: ProducerBatch, error: KafkaError, action: ProduceAction) -> None:
         """A batch failed for good (sender thread, lock not held)."""

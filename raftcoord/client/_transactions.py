@@ -66,6 +66,10 @@ class TransactionManager:
         self._error: KafkaError | None = None
         #: When the coordinator may have opened the transaction (monotonic s).
         self._opened_at: float | None = None
+        #: KIP-890 part 2, as InitProducerId tells: the partition-log nodes add
+        #: a partition to the transaction with its first batch, so this
+        #: manager does not call AddPartitionsToTxn.
+        self._produce_adds_partitions = False
 
     def attach(self, sender: Sender) -> None:
         """Work with ``sender`` (its lock guards this manager's state too)."""
@@ -103,6 +107,7 @@ class TransactionManager:
             raise self._fail_fatally(self._coordinator_error(answer))
         with cond:
             self.sender.identity = (int(answer.producer_id), int(answer.producer_epoch))
+            self._produce_adds_partitions = bool(answer.produce_adds_partitions)
             self.state = ProducerTxnState.READY
 
     def begin(self) -> None:
@@ -247,7 +252,13 @@ class TransactionManager:
         """Once some batch is ready to go, add the partitions of every queued
         batch that are not yet in the transaction, all in one
         AddPartitionsToTxn call (sender thread, lock not held). Returns
-        whether batches may be sent."""
+        whether batches may be sent.
+
+        When the partition-log nodes add partitions themselves (KIP-890
+        part 2), no call is made: the partitions count as added, and the
+        transaction as started, from the moment their batches may go (a
+        Produce may open it on the coordinator).
+        """
         sender = self.sender
         with sender.cond:
             if not self.may_send_locked() or sender.identity is None:
@@ -257,6 +268,10 @@ class TransactionManager:
                 return True
             flush = sender.flushing > 0 or sender.closing
             if not sender.accumulator.ready(now(), flush):
+                return True
+            if self._produce_adds_partitions:
+                self._partitions.update(new)
+                self._mark_started_locked()
                 return True
             producer_id, epoch = sender.identity
             sender.busy += 1

@@ -94,10 +94,12 @@ class Settings:
     # MESSAGE_TOO_LARGE rather than refused by the transport.
     socket_request_max_bytes: int = 100 << 20
     # transaction.partition.verification.enable: a partition-log node asks the
-    # coordinator before the first transactional batch of a transaction
-    # (KIP-890). Off, it appends the batch unverified, so a producer writing
-    # to a partition its coordinator never heard of leaves a hanging
-    # transaction there (`raftcoord txn find-hanging` finds it).
+    # coordinator to add the partition to the transaction before it appends
+    # the transaction's first batch there (KIP-890 part 2), and producers
+    # (told by InitProducerId) do not call AddPartitionsToTxn. Off, the node
+    # appends the batch unverified and producers add partitions themselves;
+    # a producer writing to a partition its coordinator never heard of then
+    # leaves a hanging transaction there (`raftcoord txn find-hanging` finds it).
     transaction_partition_verification_enable: bool = True
 
 

@@ -97,20 +97,32 @@ class ShardRouter:
         other shards) once this node is known to lead ``shard``: its outcome,
         if any, is the answer and nothing is proposed.
         """
+        result: Outcome = wait(self.start(shard, build, precheck))
+        return result
+
+    def start(
+        self,
+        shard: int,
+        build: Unstamped,
+        precheck: Callable[[], Outcome | None] | None = None,
+    ) -> Future[Outcome]:
+        """:meth:`run` without the wait: the future of the command's outcome
+        (resolved already when the request is refused here). Commands started
+        one after the other are queued together and usually share one Raft
+        entry (group commit)."""
         # A request that breaks a limit is refused by any node, before routing
         # to a leader: it never reaches the log.
         refused_here = self.refusal(build)
         if refused_here is not None:
-            return refused_here
+            return answered(refused_here)
         try:
             self.check(shard)
             refused_before = None if precheck is None else precheck()
         except Refused as refused:
-            return Outcome(error=refused.error, message=refused.message)
+            return answered(Outcome(error=refused.error, message=refused.message))
         if refused_before is not None:
-            return refused_before
-        result: Outcome = wait(self.shards.submit(shard, build))
-        return result
+            return answered(refused_before)
+        return self.shards.submit(shard, build)
 
     def read(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from ``shard``'s leader (this node), through its log.
@@ -148,6 +160,13 @@ class ShardRouter:
                 )
         except grpc.RpcError as exc:
             raise NotForwarded(exc.code().name) from exc
+
+
+def answered(outcome: Outcome) -> Future[Outcome]:
+    """A future that already holds ``outcome``."""
+    future: Future[Outcome] = Future()
+    future.set_result(outcome)
+    return future
 
 
 def wait(future: Future[T]) -> T | Outcome:

@@ -3,6 +3,7 @@ InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fsm import (
@@ -22,7 +23,9 @@ from raftcoord.coordinator.services.common import (
     NotForwarded,
     Refused,
     ShardRouter,
+    answered,
     partition_result,
+    wait,
 )
 from raftcoord.coordinator.services.topics import TopicRPCs
 from raftcoord.protocol.v1 import coordinator_pb2
@@ -90,6 +93,7 @@ class TransactionRPCs:
             error_message=outcome.message,
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
+            produce_adds_partitions=self.router.config.settings.transaction_partition_verification_enable,
         )
 
     def _idempotent_producer_id(self, context: Any) -> Any:
@@ -119,11 +123,31 @@ class TransactionRPCs:
     def AddPartitionsToTxn(self, request: Any, context: Any) -> Any:
         """Partitions of topics that do not exist are UNKNOWN_TOPIC_OR_PARTITION
         and the request changes nothing: the other partitions are
-        OPERATION_NOT_ATTEMPTED (verify-only: verified as usual)."""
+        OPERATION_NOT_ATTEMPTED (verify-only: verified as usual).
+
+        A request with ``transactions`` (Kafka's v4+, sent by partition-log
+        nodes) carries many transactions: each is checked and queued on its
+        shard, and only then are the answers awaited, so the adds go out
+        together in one Raft entry per shard.
+        """
+        if request.transactions:
+            answers = [self._start_add(t, context) for t in request.transactions]
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=wire_error(ErrorCode.NONE),
+                transactions=[answer() for answer in answers],
+            )
+        return self._start_add(request, context)()
+
+    def _start_add(self, request: Any, context: Any) -> Callable[[], Any]:
+        """Check one transaction's AddPartitionsToTxn and queue its command;
+        returns the function that waits for and builds its answer."""
         partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
         unknown: dict[TopicPartition, str] = {}
-        if request.verify_only:
+        if request.transactions:
+            nested = "a transaction of a batched AddPartitionsToTxn must not carry transactions"
+            outcome = answered(Outcome(error=ErrorCode.INVALID_REQUEST, message=nested))
+        elif request.verify_only:
             try:
                 errors = self.router.read(
                     shard,
@@ -137,9 +161,9 @@ class TransactionRPCs:
                 )
                 unknown = self.topics.unknown_partitions(partitions, context)
             except Refused as refused:
-                outcome = Outcome(error=refused.error, message=refused.message)
+                outcome = answered(Outcome(error=refused.error, message=refused.message))
             else:
-                return coordinator_pb2.AddPartitionsToTxnResponse(
+                verified = coordinator_pb2.AddPartitionsToTxnResponse(
                     error_code=wire_error(ErrorCode.NONE),
                     results=[
                         partition_result(
@@ -148,6 +172,7 @@ class TransactionRPCs:
                         for tp, error in errors
                     ],
                 )
+                return lambda: verified
         else:
 
             def topics_exist() -> Outcome | None:
@@ -169,20 +194,25 @@ class TransactionRPCs:
                     stamp.coordinator_epoch,
                 )
 
-            outcome = self.router.run(shard, command, topics_exist)
-        return coordinator_pb2.AddPartitionsToTxnResponse(
-            error_code=wire_error(outcome.error),
-            error_message=outcome.message,
-            results=[
-                partition_result(
-                    tp,
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                    if tp in unknown
-                    else (ErrorCode.OPERATION_NOT_ATTEMPTED if unknown else outcome.error),
-                )
-                for tp in partitions
-            ],
-        )
+            outcome = self.router.start(shard, command, topics_exist)
+
+        def answer() -> Any:
+            result = wait(outcome)
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=wire_error(result.error),
+                error_message=result.message,
+                results=[
+                    partition_result(
+                        tp,
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        if tp in unknown
+                        else (ErrorCode.OPERATION_NOT_ATTEMPTED if unknown else result.error),
+                    )
+                    for tp in partitions
+                ],
+            )
+
+        return answer
 
     def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
         if request.verify_only:

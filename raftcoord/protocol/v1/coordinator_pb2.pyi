@@ -51,40 +51,46 @@ class InitProducerIdRequest(_message.Message):
     def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch", "produce_adds_partitions")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRODUCE_ADDS_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     producer_id: int
     producer_epoch: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+    produce_adds_partitions: bool
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., produce_adds_partitions: _Optional[bool] = ...) -> None: ...
 
 class AddPartitionsToTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics", "verify_only")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics", "verify_only", "transactions")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
     verify_only: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., verify_only: _Optional[bool] = ...) -> None: ...
+    transactions: _containers.RepeatedCompositeFieldContainer[AddPartitionsToTxnRequest]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., verify_only: _Optional[bool] = ..., transactions: _Optional[_Iterable[_Union[AddPartitionsToTxnRequest, _Mapping]]] = ...) -> None: ...
 
 class AddPartitionsToTxnResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "results")
+    __slots__ = ("error_code", "error_message", "results", "transactions")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionResult]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ...) -> None: ...
+    transactions: _containers.RepeatedCompositeFieldContainer[AddPartitionsToTxnResponse]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[_common_pb2.PartitionResult, _Mapping]]] = ..., transactions: _Optional[_Iterable[_Union[AddPartitionsToTxnResponse, _Mapping]]] = ...) -> None: ...
 
 class AddOffsetsToTxnRequest(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id", "verify_only")
