@@ -17,8 +17,8 @@ from fsm import (
     TransactionStateMachine,
 )
 from fsm.metadata import TopicPartition
-from fsm.transactions import verify_group, verify_ongoing
-from raftcoord.coordinator.leader import Stamp
+from fsm.transactions import add_partitions, verify_group, verify_ongoing
+from raftcoord.coordinator.leader import CHECK_ONLY, Stamp, Unstamped
 from raftcoord.coordinator.services.common import (
     NotForwarded,
     Refused,
@@ -175,15 +175,6 @@ class TransactionRPCs:
                 return lambda: verified
         else:
 
-            def topics_exist() -> Outcome | None:
-                unknown.update(self.topics.unknown_partitions(partitions, context))
-                if not unknown:
-                    return None
-                return Outcome(
-                    error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                    message="; ".join(unknown.values()) + "; nothing was added",
-                )
-
             def command(stamp: Stamp) -> Command:
                 return AddPartitions(
                     request.transactional_id,
@@ -194,7 +185,21 @@ class TransactionRPCs:
                     stamp.coordinator_epoch,
                 )
 
-            outcome = self.router.start(shard, command, topics_exist)
+            def precheck() -> Outcome | None:
+                refused = self.router.shards.query(
+                    shard, lambda machine: settled_refusal(machine, command, self.router)
+                )
+                if refused is not None:
+                    return refused
+                unknown.update(self.topics.unknown_partitions(partitions, context))
+                if not unknown:
+                    return None
+                return Outcome(
+                    error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    message="; ".join(unknown.values()) + "; nothing was added",
+                )
+
+            outcome = self.router.start(shard, command, precheck)
 
         def answer() -> Any:
             result = wait(outcome)
@@ -258,6 +263,33 @@ class TransactionRPCs:
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
         )
+
+
+#: Refusals of AddPartitionsToTxn that the leader's applied state gives
+#: before anything is proposed. Each stays right however far the log is
+#: ahead of the applied state: producer ids and epochs only move forward, and
+#: CONCURRENT_TRANSACTIONS is retried anyway.
+SETTLED_REFUSALS = frozenset(
+    {
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+        ErrorCode.PRODUCER_FENCED,
+        ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+    }
+)
+
+
+def settled_refusal(
+    machine: TransactionStateMachine, build: Unstamped, router: ShardRouter
+) -> Outcome | None:
+    """The answer the state machine would give the AddPartitions of ``build``
+    now, when it is a refusal in :data:`SETTLED_REFUSALS`; else None (propose
+    it). Partition-log nodes ask for every transaction's first batch, and a
+    producer retries while the previous transaction completes: refusing
+    these here keeps them out of the log."""
+    command = build(CHECK_ONLY)
+    assert isinstance(command, AddPartitions)
+    step = add_partitions(machine.describe(command.transactional_id), command, router.fsm_config)
+    return step.outcome if step.outcome.error in SETTLED_REFUSALS else None
 
 
 def verify_partitions(
