@@ -85,7 +85,7 @@ from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from raftcoord.coordinator.leader import CHECK_ONLY, LeaderCore, Unstamped, timed_out_abort
 from raftcoord.coordinator.markers import markers_written
 from raftcoord.coordinator.services.groups import group_marker
-from raftcoord.coordinator.services.transactions import verify_partitions
+from raftcoord.coordinator.services.transactions import settled_refusal
 from raftcoord.protocol.types import TopicPartition
 
 REPLICAS = 3
@@ -247,20 +247,14 @@ class Partition:
         self.records: list[Record] = []
 
     def append(
-        self,
-        producer_id: int,
-        epoch: int,
-        sequence: int,
-        verify: Callable[[TopicPartition], ErrorCode],
-    ) -> ErrorCode:
-        """A transactional batch of one record; ``verify`` asks the coordinator
-        whether this partition is in the producer's ongoing transaction."""
-        check = self.states.check_append(producer_id, epoch, sequence, 1, True)
+        self, producer_id: int, epoch: int, sequence: int, verified: bool = False
+    ) -> ErrorCode | None:
+        """A transactional batch of one record; None when the coordinator must
+        add this partition to the producer's transaction first (KIP-890 part
+        2), after which the batch comes again ``verified``."""
+        check = self.states.check_append(producer_id, epoch, sequence, 1, True, verified)
         if check.verdict is Verdict.VERIFY:
-            verified = verify(self.tp)
-            if verified is not ErrorCode.NONE:
-                return verified
-            check = self.states.check_append(producer_id, epoch, sequence, 1, True, True)
+            return None
         if not check.ok:
             return check.error
         if check.verdict is Verdict.APPEND:
@@ -740,10 +734,9 @@ class Simulation:
             client.with_offsets = self.chance(0.4)
             client.commit = self.chance(0.7)
             client.stalled = False
-            self.call(
-                client,
-                _add_partitions(client.tid, client.producer_id, client.epoch, client.partitions),
-            )
+            # The partitions add themselves to the transaction (KIP-890 part 2).
+            client.phase = "produce"
+            self.produce(client)
         elif phase == "produce":
             self.produce(client)
         elif phase == "add_offsets":
@@ -776,8 +769,6 @@ class Simulation:
         if isinstance(command, InitProducerId):
             client.producer_id, client.epoch = outcome.producer_id, outcome.producer_epoch
             client.phase = "begin"
-        elif isinstance(command, AddPartitions):
-            client.phase = "produce"
         elif isinstance(command, AddOffsets):
             client.phase = "commit_offsets"
         elif isinstance(command, TxnOffsetCommit):
@@ -794,30 +785,68 @@ class Simulation:
     def produce(self, client: Client) -> None:
         while client.produced < len(client.partitions):
             tp = client.partitions[client.produced]
-            error = self.partitions[tp].append(
-                client.producer_id,
-                client.epoch,
-                0,
-                lambda tp: self.verify(client.tid, client.producer_id, client.epoch, tp),
-            )
-            if error in RETRIABLE:
-                client.next_at = self.now + self.rng.randint(10, 100)
+            pid, epoch = client.producer_id, client.epoch
+            error = self.partitions[tp].append(pid, epoch, 0)
+            if error is None:
+                client.busy = True
+                self.partition_adds(
+                    tp, client.tid, pid, epoch, lambda error: self.produced(client, error)
+                )
                 return
-            if error is not ErrorCode.NONE:
-                self.restart_client(client)
-                return
-            client.produced += 1
+            self.produced(client, error)
+            if client.phase != "produce" or client.next_at > self.now:
+                return  # refused: retried later, or the client started over
         client.phase = "add_offsets" if client.with_offsets else "end"
 
-    def verify(self, tid: str, producer_id: int, epoch: int, tp: TopicPartition) -> ErrorCode:
-        """KIP-890 verification of ``tp`` (a verify-only AddPartitionsToTxn),
-        answered by the shard's ready leader."""
-        if self.leadership is None or not self.leadership.ready:
-            return ErrorCode.NOT_COORDINATOR
-        [(_, error)] = verify_partitions(
-            self.leadership.replica.machine, tid, producer_id, epoch, (tp,)
-        )
-        return error
+    def produced(self, client: Client, error: ErrorCode) -> None:
+        """The answer to the client's batch to its next partition."""
+        client.busy = False
+        self.check_answer(None, Outcome(error=error))
+        if error in RETRIABLE:
+            client.next_at = self.now + self.rng.randint(10, 100)
+        elif error is not ErrorCode.NONE:
+            self.restart_client(client)
+        else:
+            client.produced += 1
+
+    def partition_adds(
+        self,
+        tp: TopicPartition,
+        tid: str,
+        producer_id: int,
+        epoch: int,
+        answer: Callable[[ErrorCode], None],
+    ) -> None:
+        """KIP-890 part 2: the partition asks the shard's leader to add ``tp``
+        to the producer's transaction (the coordinator's service: refusals
+        its applied state settles are answered before proposing, the rest
+        goes through the log); once added, the batch comes again verified,
+        one network hop later (a marker may overtake it). The partition's
+        answer goes to ``answer``."""
+        partition = self.partitions[tp]
+        build = _add_partitions(tid, producer_id, epoch, (tp,))
+
+        def added(outcome: Outcome) -> None:
+            self.check_answer(build(CHECK_ONLY), outcome)
+            if not outcome.ok:
+                answer(outcome.error)
+                return
+
+            def append() -> None:
+                error = partition.append(producer_id, epoch, 0, verified=True)
+                answer(ErrorCode.NOT_COORDINATOR if error is None else error)
+
+            self.schedule(self.delay(), append)
+
+        leadership = self.leadership
+        if leadership is not None and leadership.ready:
+            command = build(CHECK_ONLY)
+            assert isinstance(command, AddPartitions)
+            refused = settled_refusal(leadership.replica.machine, command, CONFIG)
+            if refused is not None:
+                added(refused)
+                return
+        self.submit(build, added)
 
     def commit_offsets(self, client: Client) -> None:
         if self.leadership is None or not self.leadership.ready:
@@ -853,10 +882,13 @@ class Simulation:
         if action == 0:
             build = _add_partitions(tid, pid, epoch, (tp,))
         elif action == 1:
-            error = self.partitions[tp].append(
-                pid, epoch, self.rng.randint(0, 2), lambda tp: self.verify(tid, pid, epoch, tp)
-            )
-            self.check_answer(None, Outcome(error=error))
+            error = self.partitions[tp].append(pid, epoch, self.rng.randint(0, 2))
+            if error is None:
+                self.partition_adds(
+                    tp, tid, pid, epoch, lambda error: self.check_answer(None, Outcome(error=error))
+                )
+            else:
+                self.check_answer(None, Outcome(error=error))
             return
         else:
             build = _end_txn(tid, pid, epoch, self.chance(0.5))

@@ -12,13 +12,14 @@ from fsm import (
     Command,
     EndTxn,
     ErrorCode,
+    FsmConfig,
     InitProducerId,
     Outcome,
     TransactionStateMachine,
 )
 from fsm.metadata import TopicPartition
 from fsm.transactions import add_partitions, verify_group, verify_ongoing
-from raftcoord.coordinator.leader import CHECK_ONLY, Stamp, Unstamped
+from raftcoord.coordinator.leader import CHECK_ONLY, Stamp
 from raftcoord.coordinator.services.common import (
     NotForwarded,
     Refused,
@@ -175,7 +176,7 @@ class TransactionRPCs:
                 return lambda: verified
         else:
 
-            def command(stamp: Stamp) -> Command:
+            def command(stamp: Stamp) -> AddPartitions:
                 return AddPartitions(
                     request.transactional_id,
                     request.producer_id,
@@ -187,7 +188,10 @@ class TransactionRPCs:
 
             def precheck() -> Outcome | None:
                 refused = self.router.shards.query(
-                    shard, lambda machine: settled_refusal(machine, command, self.router)
+                    shard,
+                    lambda machine: settled_refusal(
+                        machine, command(CHECK_ONLY), self.router.fsm_config
+                    ),
                 )
                 if refused is not None:
                     return refused
@@ -279,16 +283,14 @@ SETTLED_REFUSALS = frozenset(
 
 
 def settled_refusal(
-    machine: TransactionStateMachine, build: Unstamped, router: ShardRouter
+    machine: TransactionStateMachine, command: AddPartitions, config: FsmConfig
 ) -> Outcome | None:
-    """The answer the state machine would give the AddPartitions of ``build``
-    now, when it is a refusal in :data:`SETTLED_REFUSALS`; else None (propose
-    it). Partition-log nodes ask for every transaction's first batch, and a
+    """The answer the state machine would give ``command`` now, when it is a
+    refusal in :data:`SETTLED_REFUSALS`; else None (propose it).
+    Partition-log nodes ask for every transaction's first batch, and a
     producer retries while the previous transaction completes: refusing
     these here keeps them out of the log."""
-    command = build(CHECK_ONLY)
-    assert isinstance(command, AddPartitions)
-    step = add_partitions(machine.describe(command.transactional_id), command, router.fsm_config)
+    step = add_partitions(machine.describe(command.transactional_id), command, config)
     return step.outcome if step.outcome.error in SETTLED_REFUSALS else None
 
 
