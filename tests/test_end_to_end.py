@@ -293,9 +293,11 @@ def test_aborting_the_next_transaction_while_markers_wait_is_not_fatal(
     shared_cluster: LocalCluster,
 ) -> None:
     """Commit N returns in PrepareCommit (its partition's node is paused);
-    N + 1 cannot add its partition on another node until N completes, so it
-    becomes abortable. Aborting it must neither fail the producer (it was
-    never fenced) nor touch N, which completes once the node resumes."""
+    N + 1's partition on another node cannot join N + 1 until N completes
+    (the coordinator answers its add CONCURRENT_TRANSACTIONS, retried until
+    the batch's delivery timeout), so N + 1 becomes abortable. Aborting it
+    must neither fail the producer (it was never fenced) nor touch N, which
+    completes once the node resumes."""
     cluster, topic, tid = shared_cluster, "e2e-next", "e2e-next"
     create(cluster, topic, 6)
     stub, pb = metadata(cluster)
@@ -305,7 +307,10 @@ def test_aborting_the_next_transaction_while_markers_wait_is_not_fatal(
         first_on.setdefault(int(p.node_id), int(p.partition))
     (paused, p_paused), (_, p_other) = list(first_on.items())[:2]
     with TransactionalProducer(
-        cluster.bootstrap(), transactional_id=tid, request_timeout_ms=1_500
+        cluster.bootstrap(),
+        transactional_id=tid,
+        request_timeout_ms=1_500,
+        delivery_timeout_ms=3_000,
     ) as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -328,7 +333,14 @@ def test_aborting_the_next_transaction_while_markers_wait_is_not_fatal(
             assert producer.state == "ready"
         finally:
             cluster.kill(paused, "CONT")
-        wait_for(lambda: state_of(cluster, tid) == "CompleteCommit", 30, "N did not complete")
+        # The abort of N + 1 reached the coordinator (a Produce may have opened
+        # N + 1, as far as the producer knows), so once N completes the
+        # coordinator aborts the empty N + 1 too.
+        wait_for(
+            lambda: state_of(cluster, tid) in ("CompleteCommit", "CompleteAbort"),
+            30,
+            "N did not complete",
+        )
         producer.begin_transaction()
         producer.send(topic, value=b"n+2", partition=p_other)
         producer.commit_transaction()
