@@ -1,0 +1,226 @@
+"""KIP-890 part 2 against real coordinator and partition-log processes: the
+partition-log node adds a partition to the transaction with the
+transaction's first batch there, so a producer commits and aborts across
+partitions without ever calling AddPartitionsToTxn; a fenced producer's
+batch is refused and changes nothing; the batched (many transactions)
+AddPartitionsToTxn answers each transaction on its own; and with
+``transaction.partition.verification.enable=false`` producers add their
+partitions themselves, end to end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from raftcoord.client import Admin, TransactionalProducer
+from raftcoord.client._net import CoordinatorClient
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from tests import plog_client
+from tests.local_cluster import running_cluster
+from tests.test_end_to_end import create, read
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("adds") / "cluster") as made:
+        yield made
+
+
+@pytest.fixture
+def coordinator_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The methods the client library calls on shard leaders, in order."""
+    calls: list[str] = []
+    original = CoordinatorClient.call
+
+    def spy(
+        self: CoordinatorClient, key_type: int, key: str, method: str, *a: Any, **k: Any
+    ) -> Any:
+        calls.append(method)
+        return original(self, key_type, key, method, *a, **k)
+
+    monkeypatch.setattr(CoordinatorClient, "call", spy)
+    return calls
+
+
+def leader_stub(cluster: LocalCluster, transactional_id: str) -> Any:
+    """A stub of the shard leader of ``transactional_id``."""
+    answer = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster.bootstrap()[0])
+    ).FindCoordinator(
+        coordinator_pb2.FindCoordinatorRequest(
+            key=transactional_id, key_type=coordinator_pb2.TRANSACTION
+        ),
+        timeout=5,
+    )
+    assert answer.error_code == ErrorCode.NONE, answer
+    return coordinator_pb2_grpc.TransactionCoordinatorStub(grpc.insecure_channel(answer.address))
+
+
+def init(stub: Any, transactional_id: str) -> tuple[int, int]:
+    answer = stub.InitProducerId(
+        coordinator_pb2.InitProducerIdRequest(
+            transactional_id=transactional_id, transaction_timeout_ms=60_000
+        ),
+        timeout=10,
+    )
+    assert answer.error_code == ErrorCode.NONE, answer
+    return int(answer.producer_id), int(answer.producer_epoch)
+
+
+def describe(cluster: LocalCluster, transactional_id: str) -> tuple[str, set[tuple[str, int]]]:
+    with Admin(cluster.bootstrap()) as admin:
+        found = admin.describe_transactions([transactional_id])[transactional_id]
+    return found.state, {(tp.topic, tp.partition) for tp in found.partitions}
+
+
+def test_a_producer_commits_and_aborts_without_adding_partitions(
+    cluster: LocalCluster, coordinator_calls: list[str]
+) -> None:
+    partitions = create(cluster, "adds-eos", 3)
+    with TransactionalProducer(cluster.bootstrap(), transactional_id="adds-eos") as producer:
+        producer.init_transactions()
+        for round_ in range(3):
+            producer.begin_transaction()
+            for tp in partitions:
+                producer.send(
+                    tp.topic, value=b"c%d-%d" % (round_, tp.partition), partition=tp.partition
+                )
+            producer.commit_transaction()
+        producer.begin_transaction()
+        for tp in partitions:
+            producer.send(tp.topic, value=b"a-%d" % tp.partition, partition=tp.partition)
+        producer.flush()
+        producer.abort_transaction()
+    assert "AddPartitionsToTxn" not in coordinator_calls
+    assert coordinator_calls.count("EndTxn") == 4
+    committed = sorted(read(cluster, partitions, committed=True))
+    assert committed == sorted(b"c%d-%d" % (r, p) for r in range(3) for p in range(3))
+    everything = read(cluster, partitions, committed=False)
+    assert sorted(everything) == sorted(committed + [b"a-%d" % p for p in range(3)])
+    assert describe(cluster, "adds-eos")[0] == "CompleteAbort"
+
+
+def test_a_fenced_producers_batch_is_refused_and_changes_nothing(cluster: LocalCluster) -> None:
+    topic, tid = "adds-zombie", "adds-zombie"
+    nodes = plog_client.create_topic(cluster, topic, 2)
+    stub = leader_stub(cluster, tid)
+    pid, zombie_epoch = init(stub, tid)
+    assert init(stub, tid) == (pid, zombie_epoch + 1)  # the successor fences the zombie
+
+    def produce(partition: int, epoch: int, value: bytes) -> Any:
+        return plog_client.produce(
+            plog_client.stub(nodes[partition]),
+            topic,
+            partition,
+            [value],
+            producer_id=pid,
+            epoch=epoch,
+            sequence=0,
+            transactional=True,
+            transactional_id=tid,
+        )
+
+    refused = produce(0, zombie_epoch, b"zombie")
+    assert refused.error_code == ErrorCode.PRODUCER_FENCED, refused
+    assert describe(cluster, tid) == ("Empty", set())  # no transaction started
+    assert produce(1, zombie_epoch + 1, b"successor").error_code == ErrorCode.NONE
+    assert describe(cluster, tid) == ("Ongoing", {(topic, 1)})
+    refused = produce(0, zombie_epoch, b"zombie-again")
+    assert refused.error_code == ErrorCode.PRODUCER_FENCED, refused
+    assert describe(cluster, tid) == ("Ongoing", {(topic, 1)})  # not added
+    for partition in (0, 1):
+        values = [
+            v
+            for _, v in plog_client.read_all(
+                plog_client.stub(nodes[partition]), topic, partition, committed=False
+            )[0]
+        ]
+        assert values == ([b"successor"] if partition == 1 else [])
+
+
+def test_one_batched_request_answers_each_transaction(cluster: LocalCluster) -> None:
+    topic = "adds-batched"
+    create(cluster, topic, 2)
+    bootstrap_stub = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster.bootstrap()[0])
+    )
+    # Two transactional ids whose shards one node leads.
+    by_leader: dict[str, list[str]] = {}
+    for i in range(200):
+        tid = f"adds-batched-{i}"
+        found = bootstrap_stub.FindCoordinator(
+            coordinator_pb2.FindCoordinatorRequest(key=tid, key_type=coordinator_pb2.TRANSACTION),
+            timeout=5,
+        )
+        by_leader.setdefault(found.address, []).append(tid)
+        if len(by_leader[found.address]) == 2:
+            address, (good, fenced) = found.address, by_leader[found.address]
+            break
+    stub = coordinator_pb2_grpc.TransactionCoordinatorStub(grpc.insecure_channel(address))
+    good_pid, good_epoch = init(stub, good)
+    fenced_pid, fenced_epoch = init(stub, fenced)
+
+    def add(tid: str, pid: int, epoch: int, **extra: Any) -> Any:
+        return coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=tid,
+            producer_id=pid,
+            producer_epoch=epoch,
+            topics=[common_pb2.TopicPartitions(topic=topic, partitions=[0, 1])],
+            **extra,
+        )
+
+    answer = stub.AddPartitionsToTxn(
+        coordinator_pb2.AddPartitionsToTxnRequest(
+            transactions=[
+                add(good, good_pid, good_epoch),
+                add(fenced, fenced_pid, fenced_epoch + 1),
+                add(good, good_pid, good_epoch, transactions=[add(good, good_pid, good_epoch)]),
+            ]
+        ),
+        timeout=10,
+    )
+    assert answer.error_code == ErrorCode.NONE, answer
+    assert [t.error_code for t in answer.transactions] == [
+        ErrorCode.NONE,
+        ErrorCode.PRODUCER_FENCED,
+        ErrorCode.INVALID_REQUEST,
+    ]
+    assert [r.error_code for r in answer.transactions[0].results] == [ErrorCode.NONE] * 2
+    assert describe(cluster, good) == ("Ongoing", {(topic, 0), (topic, 1)})
+    assert describe(cluster, fenced) == ("Empty", set())
+
+
+@pytest.fixture
+def unverified(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(
+        tmp_path / "cluster", settings={"transaction.partition.verification.enable": False}
+    ) as made:
+        yield made
+
+
+def test_without_verification_the_producer_adds_its_partitions(
+    unverified: LocalCluster, coordinator_calls: list[str]
+) -> None:
+    partitions = create(unverified, "adds-off", 2)
+    with TransactionalProducer(unverified.bootstrap(), transactional_id="adds-off") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for tp in partitions:
+            producer.send(tp.topic, value=b"commit-%d" % tp.partition, partition=tp.partition)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        for tp in partitions:
+            producer.send(tp.topic, value=b"abort-%d" % tp.partition, partition=tp.partition)
+        producer.flush()
+        producer.abort_transaction()
+    assert coordinator_calls.count("AddPartitionsToTxn") == 2
+    assert sorted(read(unverified, partitions, committed=True)) == [b"commit-0", b"commit-1"]
+    assert len(read(unverified, partitions, committed=False)) == 4
