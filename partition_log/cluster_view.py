@@ -161,7 +161,13 @@ class TxnVerifier:
     """Asks transaction coordinators to add partitions to transactions."""
 
     def __init__(
-        self, channels: ChannelCache, coordinators: Sequence[str], view: ClusterView
+        self,
+        channels: ChannelCache,
+        coordinators: Sequence[str],
+        view: ClusterView,
+        *,
+        retry_backoff_s: float = 0.005,
+        retry_max_s: float = 0.1,
     ) -> None:
         self._channels = channels
         self._addresses = list(coordinators)
@@ -169,6 +175,10 @@ class TxnVerifier:
         self._leaders: dict[int, str] = {}
         self._lock = threading.Lock()
         self._sender: CoalescingSender[Any, Any] = CoalescingSender(self._send)
+        #: add.partitions.to.txn.retry.backoff(.max).ms: CONCURRENT_TRANSACTIONS
+        #: is asked again after ``retry_backoff_s``, for ``retry_max_s`` in all.
+        self._retry_backoff_s = retry_backoff_s
+        self._retry_max_s = retry_max_s
 
     @property
     def calls(self) -> int:
@@ -199,7 +209,9 @@ class TxnVerifier:
         needed); per partition: NONE (in the ongoing transaction now) or why not.
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
-        which the producer retries.
+        which the producer retries. CONCURRENT_TRANSACTIONS (the producer's
+        previous transaction is completing) is asked again here for a while
+        (Kafka's server-side retry) before it goes to the producer.
         """
         by_topic: dict[str, list[int]] = {}
         for topic, partition in partitions:
@@ -211,7 +223,10 @@ class TxnVerifier:
             topics=[common_pb2.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
         )
         problem = "no coordinator answered"
-        for _ in range(3):
+        retry_until = time.monotonic() + self._retry_max_s
+        attempts = 0
+        while attempts < 3:
+            attempts += 1
             address = self._leader(transactional_id)
             if address is None:
                 problem = "no coordinator known for the transactional id"
@@ -231,6 +246,13 @@ class TxnVerifier:
             ):
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {ErrorCode(answer.error_code).name}"
+                continue
+            if (
+                answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
+                and time.monotonic() + self._retry_backoff_s < retry_until
+            ):
+                attempts -= 1  # not a failure of the coordinator
+                time.sleep(self._retry_backoff_s)
                 continue
             if answer.error_code != ErrorCode.NONE:
                 code = _produce_code(ErrorCode(answer.error_code))

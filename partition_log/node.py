@@ -55,7 +55,13 @@ class PartitionNode:
         coordinators = [n.grpc for n in config.coordinators]
         channels = ChannelCache()
         self.view = ClusterView(channels, coordinators, node_id)
-        self.verifier = TxnVerifier(channels, coordinators, self.view)
+        self.verifier = TxnVerifier(
+            channels,
+            coordinators,
+            self.view,
+            retry_backoff_s=config.settings.add_partitions_to_txn_retry_backoff_ms / 1000,
+            retry_max_s=config.settings.add_partitions_to_txn_retry_backoff_max_ms / 1000,
+        )
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.changes = LogChanges()
         self._lock = threading.Lock()

@@ -213,7 +213,11 @@ class ProducerStates:
             assert entry is not None
             if entry.epoch != epoch:
                 # The next transaction (a newer epoch) raced the marker that
-                # closes the previous one here: it comes within milliseconds.
+                # closes the previous one here. The coordinator adds this
+                # partition to the new transaction only once the previous one
+                # is complete, that is once its marker is here: ask it.
+                if not verified:
+                    return AppendCheck(Verdict.VERIFY)
                 return _fail(
                     ErrorCode.CONCURRENT_TRANSACTIONS,
                     f"the producer's transaction at epoch {entry.epoch} is still open here "

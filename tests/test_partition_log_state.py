@@ -77,6 +77,21 @@ def test_first_transactional_batch_needs_verification_later_ones_do_not() -> Non
     assert states.last_stable_offset(20) == 10
 
 
+def test_the_next_transaction_racing_the_previous_marker_asks_the_coordinator() -> None:
+    """EndTxn answers before its markers are written, so the next
+    transaction's first batch (epoch + 1) may come while the previous one is
+    still open here: the coordinator decides (it adds the partition only once
+    the previous transaction is complete, its marker here); unverified, the
+    batch is retried."""
+    states = ProducerStates()
+    append(states, 0, 0, transactional=True)
+    assert states.check_append(PID, 1, 0, 1, True).verdict is Verdict.VERIFY
+    raced = states.check_append(PID, 1, 0, 1, True, verified=True)
+    assert raced.error is ErrorCode.CONCURRENT_TRANSACTIONS
+    states.on_marker(PID, 1, 0, True, 1)
+    assert states.check_append(PID, 1, 0, 1, True, verified=True).verdict is Verdict.APPEND
+
+
 def test_non_transactional_write_with_an_open_transaction_is_refused() -> None:
     states = ProducerStates()
     append(states, 0, 0, transactional=True)

@@ -101,6 +101,14 @@ class Settings:
     # a producer writing to a partition its coordinator never heard of then
     # leaves a hanging transaction there (`raftcoord txn find-hanging` finds it).
     transaction_partition_verification_enable: bool = True
+    # add.partitions.to.txn.retry.backoff.ms / add.partitions.to.txn.retry.backoff.max.ms
+    # (Kafka's, since 4.0): a partition-log node whose add of a partition is
+    # answered CONCURRENT_TRANSACTIONS (the producer's previous transaction
+    # is still writing its markers) asks again after the backoff, for at most
+    # the max in all, before it passes the answer on to the producer. Kafka's
+    # backoff default is 20 ms; markers complete within milliseconds here.
+    add_partitions_to_txn_retry_backoff_ms: int = 5
+    add_partitions_to_txn_retry_backoff_max_ms: int = 100
 
 
 _SETTING_NAMES = {
@@ -128,6 +136,8 @@ _SETTING_NAMES = {
     "producer.epoch.max": "max_producer_epoch",
     "socket.request.max.bytes": "socket_request_max_bytes",
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
+    "add.partitions.to.txn.retry.backoff.ms": "add_partitions_to_txn_retry_backoff_ms",
+    "add.partitions.to.txn.retry.backoff.max.ms": "add_partitions_to_txn_retry_backoff_max_ms",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
