@@ -555,8 +555,9 @@ def test_transaction_with_records_is_atomic_for_read_committed(
         producer.send_offsets_to_transaction({TopicPartition("in", 0): 30}, "records-group")
         producer.commit_transaction()
         assert all(f.done() and f.exception() is None for f in futures)
-        # All three partitions joined the transaction in one AddPartitionsToTxn.
-        assert channels.coordinator_calls["AddPartitionsToTxn"] == 1
+        # The partition-log nodes added the three partitions to the transaction
+        # (KIP-890 part 2): the producer never calls AddPartitionsToTxn.
+        assert channels.coordinator_calls["AddPartitionsToTxn"] == 0
         first_round = list(channels.produced)
         assert len(first_round) == len({a for a, _ in first_round})  # one request per node
         for _, request in first_round:

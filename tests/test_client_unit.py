@@ -458,6 +458,9 @@ class FakeCluster:
         #: Coordinator methods answered with an ErrorCode, or failed with a
         #: transport error ("down"), while listed.
         self.coordinator_faults: dict[str, Any] = {}
+        #: InitProducerId's produce_adds_partitions: the partition-log node adds
+        #: partitions to transactions (KIP-890 part 2).
+        self.produce_adds_partitions = False
 
     # coordinator --------------------------------------------------------------------
 
@@ -487,7 +490,9 @@ class FakeCluster:
             with self.lock:
                 if request.HasField("transactional_id"):
                     return coordinator_pb2.InitProducerIdResponse(
-                        producer_id=1, producer_epoch=self.epoch
+                        producer_id=1,
+                        producer_epoch=self.epoch,
+                        produce_adds_partitions=self.produce_adds_partitions,
                     )
                 self.next_pid += 1
                 return coordinator_pb2.InitProducerIdResponse(
@@ -669,6 +674,51 @@ def test_transactional_producer_batches_partitions_and_adopts_the_end_txn_epoch(
         producer.commit_transaction()
     last = [r for m, r in fake.calls if m == "Produce"][-1].partitions[0].batch
     assert (last.producer_epoch, last.base_sequence) == (1, 0)  # new epoch: sequences from 0
+
+
+def test_when_partitions_add_themselves_the_producer_never_adds_them() -> None:
+    """KIP-890 part 2 (InitProducerId says so): no AddPartitionsToTxn; a
+    transaction whose batches went out is ended with EndTxn, one that sent
+    nothing ends locally."""
+    fake = FakeCluster(partitions=3)
+    fake.produce_adds_partitions = True
+    with TransactionalProducer(
+        ["fake-coordinator:9092"], "tx", channels=FakeChannels(fake), linger_ms=60_000
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for p in range(3):
+            producer.send("t", b"v", partition=p)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send("t", b"w", partition=0)
+        producer.flush()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.abort_transaction()  # nothing sent: nothing to end
+    assert fake.methods() == ["InitProducerId", "Produce", "EndTxn", "Produce", "EndTxn"]
+
+
+def test_a_batch_refused_while_the_previous_transaction_completes_is_retried_soon() -> None:
+    """CONCURRENT_TRANSACTIONS from a partition (its add waits for the
+    previous transaction's markers) is retried with the short backoff of
+    that answer, not retry_backoff_ms."""
+    fake = FakeCluster()
+    fake.produce_adds_partitions = True
+    fake.script = [ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.CONCURRENT_TRANSACTIONS]
+    with TransactionalProducer(
+        ["fake-coordinator:9092"],
+        "tx",
+        channels=FakeChannels(fake),
+        linger_ms=0,
+        retry_backoff_ms=60_000,
+        retry_backoff_max_ms=60_000,
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        assert producer.send("t", b"v", partition=0).result(10).offset == 0
+        producer.commit_transaction()
+    assert fake.methods().count("Produce") == 3
 
 
 @pytest.mark.parametrize("code", [ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED])

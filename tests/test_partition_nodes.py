@@ -20,7 +20,7 @@ from raftcoord.client.errors import NoOffsetForPartitionError, OffsetOutOfRangeE
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
-from tests.coord_client import Coordinators, partitions
+from tests.coord_client import Coordinators
 from tests.local_cluster import running_cluster
 from tests.plog_client import (
     create_topic,
@@ -127,7 +127,7 @@ def test_produce_fetch_round_trip_and_bad_input(shared_cluster: LocalCluster) ->
     assert list_offset(node, "roundtrip", 0, partition_log_pb2.OFFSET_SPEC_LATEST) == 5
 
 
-def test_transactional_batches_are_verified_with_the_coordinator(
+def test_the_first_transactional_batch_adds_the_partition_to_the_transaction(
     shared_cluster: LocalCluster,
 ) -> None:
     owners = create_topic(shared_cluster, "verified", 2)
@@ -145,26 +145,18 @@ def test_transactional_batches_are_verified_with_the_coordinator(
         pid, epoch = init.producer_id, init.producer_epoch
         txn = {"transactional": True, "transactional_id": tid}
 
-        # Partition 0 was never added to a transaction: refused (the producer
-        # must abort, as in KIP-890), never readable.
-        refused = produce(node, "verified", 0, [b"ghost"], pid, epoch, 0, **txn)
-        assert refused.error_code == ErrorCode.TRANSACTION_ABORTABLE, refused
-        assert "not in the ongoing transaction" in refused.error_message
-        assert read_all(node, "verified", 0, committed=False)[0] == []
-
-        added = coordinators.call(
-            tid,
-            "AddPartitionsToTxn",
-            coordinator_pb2.AddPartitionsToTxnRequest(
-                transactional_id=tid,
-                producer_id=pid,
-                producer_epoch=epoch,
-                topics=partitions("verified", 0),
-            ),
-        )
-        assert added.error_code == ErrorCode.NONE
+        # The first batch of the transaction here: the node has the coordinator
+        # add the partition to the producer's transaction (KIP-890 part 2),
+        # which starts it; the producer never called AddPartitionsToTxn.
         ok = produce(node, "verified", 0, [b"a", b"b"], pid, epoch, 0, **txn)
         assert (ok.error_code, ok.base_offset) == (ErrorCode.NONE, 0)
+        described = coordinators.call(
+            tid,
+            "DescribeTransactions",
+            coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]),
+        ).transactions[0]
+        assert described.state == common_pb2.TRANSACTION_STATE_ONGOING
+        assert [(t.topic, list(t.partitions)) for t in described.topics] == [("verified", [0])]
         more = produce(node, "verified", 0, [b"c"], pid, epoch, 2, **txn)
         assert (more.error_code, more.base_offset) == (ErrorCode.NONE, 2)
         retried = produce(node, "verified", 0, [b"c"], pid, epoch, 2, **txn)
