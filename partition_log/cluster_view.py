@@ -318,8 +318,5 @@ def _produce_code(code: ErrorCode) -> ErrorCode:
 
 def _not_in_transaction(transactional_id: str, code: ErrorCode) -> str:
     if code is ErrorCode.INVALID_TXN_STATE:
-        return (
-            f"the partition is not in the ongoing transaction of {transactional_id!r} "
-            "(AddPartitionsToTxn first)"
-        )
+        return f"the partition is not in the ongoing transaction of {transactional_id!r}"
     return f"verification with the coordinator of {transactional_id!r}: {code.name}"
