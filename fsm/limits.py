@@ -34,6 +34,11 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
         value = getattr(command, field, None)
         if isinstance(value, str) and (bad_id := id_error(field, value)) is not None:
             return ErrorCode.INVALID_REQUEST, bad_id
+    # Group members' ids may be empty (a first join, a simple consumer).
+    for field in ("member_id", "group_instance_id", "new_member_id", "client_id"):
+        value = getattr(command, field, None)
+        if value and (bad_id := id_error(field, value)) is not None:
+            return ErrorCode.INVALID_REQUEST, bad_id
     problem: str | None = None
     topics: list[str] = []
     if isinstance(command, AddPartitions):

@@ -52,14 +52,17 @@ class Coordinators:
                 raise TimeoutError(f"no coordinator for {key!r}")
             time.sleep(0.05)
 
-    def call(self, key: str, method: str, request: Any, timeout_s: float = 20.0) -> Any:
-        """Call ``method`` on the leader for ``key`` until a non-retriable answer."""
+    def call(
+        self, key: str, method: str, request: Any, timeout_s: float = 20.0, call_s: float = 5.0
+    ) -> Any:
+        """Call ``method`` on the leader for ``key`` until a non-retriable
+        answer; one call may take ``call_s`` (a JoinGroup waits for its rebalance)."""
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
             address = self._leader.get(key) or self.find(key, deadline)
             try:
-                answer = getattr(self.stubs[address], method)(request, timeout=5.0)
+                answer = getattr(self.stubs[address], method)(request, timeout=call_s)
             except grpc.RpcError:
                 answer = None
             if answer is not None and _error_of(answer) not in RETRIABLE:

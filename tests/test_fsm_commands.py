@@ -509,7 +509,9 @@ def test_restore_rejects_truncated_bytes() -> None:
         _restore_error(data[:cut])
 
 
-@pytest.mark.parametrize("key", ["pids", "last_assigned_pid", "transactions", "groups", "topics"])
+@pytest.mark.parametrize(
+    "key", ["pids", "last_assigned_pid", "transactions", "groups", "topics", "memberships"]
+)
 def test_restore_rejects_a_missing_key(key: str) -> None:
     payload = _payload()
     del payload[key]
