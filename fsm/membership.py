@@ -466,12 +466,11 @@ def _enter(group: GroupMembership, joining: Member, now_ms: int, config: FsmConf
     members = {**group.members, joining.member_id: joining}
     rebalancing = _prepare_rebalance(replace(group, members=members), now_ms, config)
     rebalancing = replace(rebalancing, members={**rebalancing.members, joining.member_id: joining})
-    # A member's rebalance timeout may be the group's longest.
-    deadline = max(rebalancing.rebalance_deadline_ms, now_ms + joining.rebalance_timeout_ms)
-    before = rebalancing.generation
-    settled = _settle(replace(rebalancing, rebalance_deadline_ms=deadline), now_ms)
-    answer = _answer(settled)
-    return settled, replace(answer[1], generation=before)
+    # The deadline was set when the rebalance began (Kafka's too): later
+    # joins do not extend it. The answer carries the generation before the
+    # join completes, which the caller waits to see passed.
+    settled = _settle(rebalancing, now_ms)
+    return settled, Outcome(generation=rebalancing.generation)
 
 
 def _join_static(group: GroupMembership, cmd: JoinGroup, config: FsmConfig) -> Step:
