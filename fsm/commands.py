@@ -284,11 +284,17 @@ class LeaveGroup(Command):
 @dataclass(frozen=True)
 class GroupTimeouts(Command):
     """The leader's sweeper found a session, a pending member id or a
-    rebalance of this group past its time (see :func:`fsm.membership.due`)."""
+    rebalance of this group past its time (see :func:`fsm.membership.due`).
+
+    ``leader_since_ms``: when the proposing leader's leadership began. A
+    session is not counted before it (as Kafka's coordinator restarts every
+    member's session when it loads a group), so members do not expire for
+    the heartbeats they could not deliver while the shard had no leader."""
 
     TYPE: ClassVar[int] = 17
     group_id: str
     now_ms: int
+    leader_since_ms: int
 
 
 COMMAND_TYPES: dict[int, type[Command]] = {

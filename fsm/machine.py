@@ -377,10 +377,15 @@ class TransactionStateMachine:
             if transactions.expirable(m, now_ms, self.config)
         )
 
-    def groups_due(self, now_ms: int) -> list[str]:
+    def groups_due(self, now_ms: int, leader_since_ms: int) -> list[str]:
         """Groups with a session, pending member id or rebalance past its
-        time at ``now_ms`` (the leader proposes GroupTimeouts for each)."""
-        return sorted(gid for gid, g in self.state.memberships.items() if membership.due(g, now_ms))
+        time at ``now_ms`` (the leader, leading since ``leader_since_ms``,
+        proposes GroupTimeouts for each)."""
+        return sorted(
+            gid
+            for gid, g in self.state.memberships.items()
+            if membership.due(g, now_ms, leader_since_ms)
+        )
 
     def pending_markers(self) -> list[WriteMarkers]:
         """The markers every Prepare* transaction still owes (a new leader resends them)."""

@@ -567,22 +567,25 @@ def leave_group(group: GroupMembership | None, cmd: LeaveGroup, config: FsmConfi
     return _answer(_without(group, {member_id}, cmd.now_ms, config))
 
 
-def _expired_members(group: GroupMembership, now_ms: int) -> set[str]:
-    """Members whose session timed out (those that joined the current
-    rebalance wait for its end instead, as in Kafka)."""
+def _expired_members(group: GroupMembership, now_ms: int, since_ms: int) -> set[str]:
+    """Members whose session, counted from their last sign of life but not
+    before ``since_ms``, timed out (those that joined the current rebalance
+    wait for its end instead, as in Kafka)."""
     rebalancing = group.state is GroupState.PREPARING_REBALANCE
     return {
         mid
         for mid, m in group.members.items()
-        if now_ms > m.last_seen_ms + m.session_timeout_ms and not (rebalancing and m.joined)
+        if now_ms > max(m.last_seen_ms, since_ms) + m.session_timeout_ms
+        and not (rebalancing and m.joined)
     }
 
 
-def due(group: GroupMembership, now_ms: int) -> bool:
-    """Whether :func:`group_timeouts` would change ``group`` at ``now_ms``."""
+def due(group: GroupMembership, now_ms: int, leader_since_ms: int) -> bool:
+    """Whether :func:`group_timeouts` would change ``group`` at ``now_ms``
+    for a leader whose leadership began at ``leader_since_ms``."""
     return (
-        bool(_expired_members(group, now_ms))
-        or any(now_ms > at for at in group.pending.values())
+        bool(_expired_members(group, now_ms, leader_since_ms))
+        or any(now_ms > max(at, leader_since_ms) for at in group.pending.values())
         or _join_ready(group, now_ms)
     )
 
@@ -591,7 +594,8 @@ def group_timeouts(group: GroupMembership | None, cmd: GroupTimeouts, config: Fs
     """Expire sessions and pending member ids, and complete a join that is due."""
     if group is None:
         return group, fail(ErrorCode.INVALID_REQUEST, "no such group")
-    pending = {mid: at for mid, at in group.pending.items() if cmd.now_ms <= at}
+    since = cmd.leader_since_ms
+    pending = {mid: at for mid, at in group.pending.items() if cmd.now_ms <= max(at, since)}
     trimmed = replace(group, pending=pending)
-    expired = _expired_members(trimmed, cmd.now_ms)
+    expired = _expired_members(trimmed, cmd.now_ms, since)
     return _answer(_settle(_without(trimmed, expired, cmd.now_ms, config), cmd.now_ms))

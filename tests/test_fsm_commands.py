@@ -32,9 +32,9 @@ from fsm import (
     LeaveGroup,
     MarkersWritten,
     MemberAssignment,
-    SyncGroup,
     OffsetCommit,
     OffsetEntry,
+    SyncGroup,
     TransactionStateMachine,
     TxnOffsetCommit,
     TxnState,
@@ -148,7 +148,7 @@ SAMPLES: list[Command] = [
         group_id="group-1", member_id="m1", group_instance_id="i", generation_id=4, now_ms=16
     ),
     LeaveGroup(group_id="group-1", member_id="", group_instance_id="i", now_ms=17),
-    GroupTimeouts(group_id="group-2", now_ms=18),
+    GroupTimeouts(group_id="group-2", now_ms=18, leader_since_ms=3),
     AllocatePidBlock(shard=2, shard_count=3, block_size=1000),
 ]
 

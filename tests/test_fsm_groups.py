@@ -62,8 +62,8 @@ def new_member(m: TransactionStateMachine, member_id: str, now: int) -> Outcome:
 
 def tick(m: TransactionStateMachine, now: int) -> None:
     """What the leader's sweeper does at ``now``."""
-    for group_id in m.groups_due(now):
-        assert m.apply(GroupTimeouts(group_id, now)).ok
+    for group_id in m.groups_due(now, 0):
+        assert m.apply(GroupTimeouts(group_id, now, 0)).ok
 
 
 def stable_pair(m: TransactionStateMachine) -> None:
@@ -81,7 +81,7 @@ def test_two_members_get_generation_one_with_one_leader() -> None:
     m = machine()
     assert new_member(m, "a", 0).ok
     assert new_member(m, "b", 10).ok
-    assert m.groups_due(DELAY_MS - 1) == []  # the initial delay holds the join
+    assert m.groups_due(DELAY_MS - 1, 0) == []  # the initial delay holds the join
     tick(m, DELAY_MS)
     group = m.group(G)
     assert group is not None
@@ -153,11 +153,23 @@ def test_leave_and_session_expiry_rebalance() -> None:
     assert m.apply(LeaveGroup(G, "b", "", 502)).error is ErrorCode.UNKNOWN_MEMBER_ID
     assert m.apply(SyncGroup(G, "a", "", 2, (MemberAssignment("a", b"all"),), 503)).ok
     # a stops heartbeating: its session ends, and the group is empty.
-    assert m.groups_due(503 + SESSION_MS) == []
+    assert m.groups_due(503 + SESSION_MS, 0) == []
     tick(m, 504 + SESSION_MS)
     group = m.group(G)
     assert group is not None
     assert (group.state, group.generation, dict(group.members)) == (GroupState.EMPTY, 3, {})
+
+
+def test_sessions_count_from_the_leaderships_start() -> None:
+    """A new leader does not expire members for the heartbeats they could
+    not deliver before it led."""
+    m = machine()
+    stable_pair(m)
+    elected = 200 + SESSION_MS
+    assert m.groups_due(elected + 1, elected) == []
+    assert m.apply(GroupTimeouts(G, elected + 1, elected)).ok
+    assert set(m.group(G).members) == {"a", "b"}  # type: ignore[union-attr]
+    assert m.groups_due(elected + SESSION_MS + 1, elected) == [G]
 
 
 def test_heartbeats_keep_a_session() -> None:

@@ -144,7 +144,7 @@ class Fuzzer:
             if name in ("group_id",):
                 return rng.choice(GROUPS) if plausible else self.string()
             if name in ("member_id", "new_member_id"):
-                return rng.choice(MEMBERS + [""]) if plausible else self.string()
+                return rng.choice([*MEMBERS, ""]) if plausible else self.string()
             if name == "group_instance_id":
                 return rng.choice(INSTANCES) if plausible else self.string()
             if name == "protocol_type":
