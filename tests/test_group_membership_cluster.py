@@ -15,7 +15,7 @@ from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import coordinator_pb2
-from tests.coord_client import Coordinators, describe_group, join_group
+from tests.coord_client import Coordinators, describe_group, join_group, partitions
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
@@ -212,8 +212,11 @@ def test_a_stale_generations_txn_offset_commit_stores_nothing(
     stale = commit(zombie, 1)
     assert stale.error_code in (ErrorCode.ILLEGAL_GENERATION, ErrorCode.UNKNOWN_MEMBER_ID)
     assert commit(live, 1).error_code == ErrorCode.ILLEGAL_GENERATION
-    fetch = coordinator_pb2.OffsetFetchRequest(group_id=group, require_stable=True)
-    assert list(client.call(group, "OffsetFetch", fetch).partitions) == []  # nothing pending
+    fetch = coordinator_pb2.OffsetFetchRequest(
+        group_id=group, topics=partitions("in", 0), require_stable=True
+    )
+    [nothing] = client.call(group, "OffsetFetch", fetch).partitions
+    assert (nothing.error_code, nothing.offset) == (ErrorCode.NONE, -1)  # not even pending
     assert commit(live, 2).error_code == ErrorCode.NONE
     [pending] = client.call(group, "OffsetFetch", fetch).partitions
     assert pending.error_code == ErrorCode.UNSTABLE_OFFSET_COMMIT
