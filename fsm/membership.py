@@ -49,7 +49,7 @@ from fsm.commands import (
 from fsm.config import FsmConfig
 from fsm.effects import Outcome, fail
 from fsm.errors import CommandError, ErrorCode
-from fsm.wire import as_bool, as_bytes, as_int, as_list, as_str
+from fsm.wire import INT64_MAX, as_bool, as_bytes, as_int, as_list, as_str
 
 #: Most members one group may hold (pending ones included).
 MAX_GROUP_MEMBERS = 1000
@@ -288,6 +288,11 @@ def offset_commit_refusal(
 # --- rebalancing ----------------------------------------------------------------------
 
 
+def _later(now_ms: int, delay_ms: int) -> int:
+    """``now_ms + delay_ms``, kept a 64-bit integer (stored times must be)."""
+    return min(now_ms + delay_ms, INT64_MAX)
+
+
 def _prepare_rebalance(group: GroupMembership, now_ms: int, config: FsmConfig) -> GroupMembership:
     """Begin a rebalance (no-op when one is under way): every member must join again."""
     if group.state is GroupState.PREPARING_REBALANCE:
@@ -298,8 +303,8 @@ def _prepare_rebalance(group: GroupMembership, now_ms: int, config: FsmConfig) -
         group,
         state=GroupState.PREPARING_REBALANCE,
         members={mid: replace(m, joined=False) for mid, m in group.members.items()},
-        rebalance_deadline_ms=now_ms + timeout,
-        join_not_before_ms=now_ms + delay if group.state is GroupState.EMPTY else now_ms,
+        rebalance_deadline_ms=_later(now_ms, timeout),
+        join_not_before_ms=_later(now_ms, delay) if group.state is GroupState.EMPTY else now_ms,
     )
 
 
@@ -420,7 +425,8 @@ def join_group(group: GroupMembership | None, cmd: JoinGroup, config: FsmConfig)
                 ErrorCode.INVALID_REQUEST, f"the group has {MAX_GROUP_MEMBERS} members"
             )
         if not cmd.group_instance_id:
-            pending = {**current.pending, cmd.new_member_id: cmd.now_ms + cmd.session_timeout_ms}
+            lapses = _later(cmd.now_ms, cmd.session_timeout_ms)
+            pending = {**current.pending, cmd.new_member_id: lapses}
             waiting = replace(current, pending=pending)
             return waiting, Outcome(
                 error=ErrorCode.MEMBER_ID_REQUIRED,

@@ -325,3 +325,12 @@ def test_leaving_during_a_rebalance_completes_it_without_the_member(member: str)
     assert m.apply(LeaveGroup(G, member, "", 1_003)).ok
     group = m.group(G)
     assert group is not None and group.generation == 2 and set(group.members) == others
+
+
+def test_deadlines_near_the_end_of_time_still_snapshot() -> None:
+    """A stamped time plus a timeout stays a 64-bit integer in the state."""
+    m = machine()
+    late = 2**63 - 10
+    assert join(m, "", late, new="a").error is ErrorCode.MEMBER_ID_REQUIRED
+    assert join(m, "a", late).ok
+    assert TransactionStateMachine.restore(m.snapshot(), CONFIG).snapshot() == m.snapshot()
