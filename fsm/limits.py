@@ -10,9 +10,18 @@ checks too.
 
 from __future__ import annotations
 
-from fsm.commands import AddPartitions, Command, CreateTopic, OffsetCommit, TxnOffsetCommit
+from fsm.commands import (
+    AddPartitions,
+    Command,
+    CreateTopic,
+    JoinGroup,
+    OffsetCommit,
+    SyncGroup,
+    TxnOffsetCommit,
+)
 from fsm.config import FsmConfig
 from fsm.errors import ErrorCode
+from fsm.membership import join_problem, sync_problem
 from fsm.offsets import validate_offsets
 from fsm.transactions import validate_partitions
 from raftcoord.protocol.limits import id_error, topic_error
@@ -49,6 +58,10 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
         topics = [entry.topic for entry in command.offsets]
     elif isinstance(command, CreateTopic):
         topics = [command.name]
+    elif isinstance(command, JoinGroup):
+        return join_problem(command, config)
+    elif isinstance(command, SyncGroup):
+        return sync_problem(command)
     if problem is not None:
         return ErrorCode.INVALID_REQUEST, problem
     for topic in dict.fromkeys(topics):

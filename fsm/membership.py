@@ -56,8 +56,10 @@ MAX_GROUP_MEMBERS = 1000
 #: Most protocols one member may offer, and longest protocol type or name.
 MAX_PROTOCOLS = 64
 MAX_NAME_LENGTH = 249
-#: Largest protocol metadata or assignment of one member, in bytes.
+#: Largest protocol metadata of one member, and of all of a SyncGroup's
+#: assignments, in bytes.
 MAX_METADATA_BYTES = 1 << 20
+MAX_ASSIGNMENT_BYTES = 4 << 20
 
 
 class GroupState(Enum):
@@ -233,6 +235,15 @@ def join_problem(cmd: JoinGroup, config: FsmConfig) -> tuple[ErrorCode, str] | N
         return ErrorCode.INVALID_REQUEST, f"protocol names are 1..{MAX_NAME_LENGTH} characters"
     if sum(len(p.metadata) for p in cmd.protocols) > MAX_METADATA_BYTES:
         return ErrorCode.INVALID_REQUEST, f"protocol metadata exceeds {MAX_METADATA_BYTES} bytes"
+    return None
+
+
+def sync_problem(cmd: SyncGroup) -> tuple[ErrorCode, str] | None:
+    """Why a SyncGroup's assignments are refused whatever the group's state, or None."""
+    if len(cmd.assignments) > MAX_GROUP_MEMBERS:
+        return ErrorCode.INVALID_REQUEST, f"more than {MAX_GROUP_MEMBERS} assignments"
+    if sum(len(a.assignment) for a in cmd.assignments) > MAX_ASSIGNMENT_BYTES:
+        return ErrorCode.INVALID_REQUEST, f"assignments exceed {MAX_ASSIGNMENT_BYTES} bytes"
     return None
 
 
@@ -524,8 +535,9 @@ def sync_group(group: GroupMembership | None, cmd: SyncGroup) -> Step:
         )
     if group.state is GroupState.PREPARING_REBALANCE:
         return group, fail(ErrorCode.REBALANCE_IN_PROGRESS, "the group is rebalancing")
-    if sum(len(a.assignment) for a in cmd.assignments) > MAX_METADATA_BYTES * 4:
-        return group, fail(ErrorCode.INVALID_REQUEST, "assignments are too large")
+    problem = sync_problem(cmd)
+    if problem is not None:
+        return group, fail(*problem)
     members = dict(group.members)
     members[cmd.member_id] = replace(members[cmd.member_id], last_seen_ms=cmd.now_ms)
     state = group.state

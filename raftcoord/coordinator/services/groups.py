@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from fsm import (
+    NO_GENERATION,
     Command,
     ErrorCode,
     GroupMarker,
@@ -97,7 +98,7 @@ class GroupRPCs:
                 request.producer_epoch,
                 offsets,
                 stamp.now_ms,
-                request.generation_id,
+                _generation(request),
                 request.member_id,
                 request.group_instance_id,
             )
@@ -160,7 +161,7 @@ class GroupRPCs:
                 request.group_id,
                 offsets,
                 stamp.now_ms,
-                request.generation_id,
+                _generation(request),
                 request.member_id,
                 request.group_instance_id,
             ),
@@ -463,6 +464,11 @@ class GroupRPCs:
 
 #: Per-member LeaveGroup answers (the others concern the whole request).
 _MEMBER_ERRORS = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID})
+
+
+def _generation(request: Any) -> int:
+    """An offset commit's generation; absent means no group membership."""
+    return int(request.generation_id) if request.HasField("generation_id") else NO_GENERATION
 
 
 def _leave(group_id: str, member_id: str, group_instance_id: str) -> Unstamped:
