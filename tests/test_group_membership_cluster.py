@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from raftcoord.client.admin import Admin
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
@@ -117,8 +118,15 @@ def test_two_members_get_generation_one_with_one_leader(
     assert sync(client, "g-two", leader, plan).assignment == b"partitions-0"
     synced = waiting.result(WAIT_S)
     assert (synced.error_code, synced.assignment) == (ErrorCode.NONE, b"partitions-1")
-    assert state_is(client, "g-two", "Stable")
     assert heartbeat(client, "g-two", follower) is ErrorCode.NONE
+
+    with Admin(client.addresses) as admin:
+        described = admin.describe_consumer_groups(["g-two", "g-never"])
+    assert described["g-never"].state == "Dead"
+    group = described["g-two"]
+    assert (group.state, group.generation_id, group.leader) == ("Stable", 1, leader.member_id)
+    assert group.partition_assignor == "range"
+    assert {m.member_id: m.assignment for m in group.members} == plan
 
 
 def test_a_third_member_leave_and_expiry_rebalance(
