@@ -256,3 +256,48 @@ def test_membership_survives_a_shard_leader_kill(
     ]
     for member in (a, b):
         assert heartbeat(client, group, member) is ErrorCode.NONE
+
+
+def test_a_waiting_join_is_answered_not_coordinator_when_the_leadership_ends(
+    cluster: LocalCluster, client: Coordinators, pool: ThreadPoolExecutor
+) -> None:
+    group = "g-deposed"
+    a, _b = first_generation(client, pool, group)
+    shard = shard_for(group, 3)
+    victim = cluster.leaders()[shard]
+    assert cluster.state is not None
+    stub = client.stubs[cluster.state.node(victim).grpc]
+
+    def request(member_id: str) -> Any:
+        return coordinator_pb2.JoinGroupRequest(
+            group_id=group,
+            session_timeout_ms=SESSION_MS,
+            rebalance_timeout_ms=20_000,
+            member_id=member_id,
+            protocol_type="consumer",
+            protocols=[coordinator_pb2.JoinGroupProtocol(name="range", metadata=b"s")],
+        )
+
+    first = stub.JoinGroup(request(""), timeout=WAIT_S)
+    assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    # The third member's join waits on the victim for a and b to join again.
+    waiting = pool.submit(stub.JoinGroup, request(first.member_id), timeout=60)
+    client.until(
+        lambda: heartbeat(client, group, a) is ErrorCode.REBALANCE_IN_PROGRESS,
+        WAIT_S,
+        "the third member's join did not start a rebalance",
+    )
+    assert not waiting.done()
+    cluster.kill(victim, "STOP")
+    try:
+        client.until(
+            lambda: cluster.leaders().get(shard, victim) != victim,
+            WAIT_S,
+            "no new leader while the old one was paused",
+        )
+    finally:
+        cluster.kill(victim, "CONT")
+    answer = waiting.result(WAIT_S)
+    assert answer.error_code == ErrorCode.NOT_COORDINATOR, answer
+    # The rebalance goes on under the new leader: the member's join stands.
+    assert str(describe_group(client, group).state) == "PreparingRebalance"
