@@ -200,10 +200,9 @@ Step = tuple[GroupMembership | None, Outcome]
 
 
 def _answer(group: GroupMembership, error: ErrorCode = ErrorCode.NONE, message: str = "") -> Step:
-    outcome = Outcome(
-        error=error, message=message or ("" if error is ErrorCode.NONE else error.name)
-    )
-    return group, replace(outcome, generation=group.generation)
+    if error is not ErrorCode.NONE and not message:
+        message = error.name
+    return group, Outcome(error=error, message=message, generation=group.generation)
 
 
 # --- validation -----------------------------------------------------------------------
