@@ -51,7 +51,8 @@ from fsm.effects import Outcome, fail
 from fsm.errors import CommandError, ErrorCode
 from fsm.wire import INT64_MAX, as_bool, as_bytes, as_int, as_list, as_str
 
-#: Most members one group may hold (pending ones included).
+#: Most members one group may hold, pending ones included (Kafka's
+#: group.max.size, fixed here): more joins are GROUP_MAX_SIZE_REACHED.
 MAX_GROUP_MEMBERS = 1000
 #: Most protocols one member may offer, and longest protocol type or name.
 MAX_PROTOCOLS = 64
@@ -432,7 +433,7 @@ def join_group(group: GroupMembership | None, cmd: JoinGroup, config: FsmConfig)
     if not member_id:
         if len(current.members) + len(current.pending) >= MAX_GROUP_MEMBERS:
             return group, fail(
-                ErrorCode.INVALID_REQUEST, f"the group has {MAX_GROUP_MEMBERS} members"
+                ErrorCode.GROUP_MAX_SIZE_REACHED, f"the group has {MAX_GROUP_MEMBERS} members"
             )
         if not cmd.group_instance_id:
             lapses = _later(cmd.now_ms, cmd.session_timeout_ms)

@@ -25,6 +25,7 @@ from fsm import (
     TransactionStateMachine,
     TxnOffsetCommit,
 )
+from fsm.membership import MAX_GROUP_MEMBERS
 
 DELAY_MS, SESSION_MS, REBALANCE_MS = 100, 10_000, 30_000
 CONFIG = FsmConfig(group_initial_rebalance_delay_ms=DELAY_MS)
@@ -334,3 +335,11 @@ def test_deadlines_near_the_end_of_time_still_snapshot() -> None:
     assert join(m, "", late, new="a").error is ErrorCode.MEMBER_ID_REQUIRED
     assert join(m, "a", late).ok
     assert TransactionStateMachine.restore(m.snapshot(), CONFIG).snapshot() == m.snapshot()
+
+
+def test_a_full_group_refuses_new_members() -> None:
+    m = machine()
+    for i in range(MAX_GROUP_MEMBERS):
+        assert join(m, "", 0, new=f"n{i}").error is ErrorCode.MEMBER_ID_REQUIRED
+    assert join(m, "", 0, new="one-more").error is ErrorCode.GROUP_MAX_SIZE_REACHED
+    assert join(m, "n0", 1).ok  # a pending member still joins

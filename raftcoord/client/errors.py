@@ -53,6 +53,7 @@ __all__ = [
     "DuplicateSequenceError",
     "FatalError",
     "FencedInstanceIdError",
+    "GroupMaxSizeReachedError",
     "IllegalGenerationError",
     "IllegalStateError",
     "InconsistentGroupProtocolError",
@@ -397,6 +398,12 @@ class MemberIdRequiredError(KafkaError):
     """JoinGroup: join again with the member id the coordinator assigned."""
 
     code = ErrorCode.MEMBER_ID_REQUIRED
+
+
+class GroupMaxSizeReachedError(KafkaError):
+    """JoinGroup: the consumer group has as many members as it may hold."""
+
+    code = ErrorCode.GROUP_MAX_SIZE_REACHED
 
 
 class FencedInstanceIdError(KafkaError):

@@ -42,6 +42,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPERATION_NOT_ATTEMPTED: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
     MEMBER_ID_REQUIRED: _ClassVar[ErrorCode]
+    GROUP_MAX_SIZE_REACHED: _ClassVar[ErrorCode]
     FENCED_INSTANCE_ID: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
     UNSTABLE_OFFSET_COMMIT: _ClassVar[ErrorCode]
@@ -102,6 +103,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 OPERATION_NOT_ATTEMPTED: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
 MEMBER_ID_REQUIRED: ErrorCode
+GROUP_MAX_SIZE_REACHED: ErrorCode
 FENCED_INSTANCE_ID: ErrorCode
 INVALID_RECORD: ErrorCode
 UNSTABLE_OFFSET_COMMIT: ErrorCode
