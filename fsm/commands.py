@@ -366,6 +366,13 @@ def _schema(cls: type[Command]) -> dict[str, Any]:
 
 
 _SCHEMAS = {type_id: _schema(cls) for type_id, cls in COMMAND_TYPES.items()}
+#: Fields added after their command first shipped: entries written before
+#: (an older version's Raft log) leave them out, and they decode to the
+#: field's default. Every other field must be on the wire.
+_ADDED_LATER: dict[int, frozenset[str]] = {
+    cls.TYPE: frozenset({"generation_id", "member_id", "group_instance_id"})
+    for cls in (TxnOffsetCommit, OffsetCommit)
+}
 
 
 def command_to_wire(command: Command) -> dict[str, Any]:
@@ -395,13 +402,16 @@ def command_from_wire(wire: Any) -> Command:
         raise CommandError(f"unknown command type {type_id!r}")
     schema = _SCHEMAS[cls.TYPE]
     names = set(wire) - {"v", "t"}
-    if names != set(schema):
-        missing, extra = sorted(set(schema) - names), sorted(names - set(schema))
-        raise CommandError(f"{cls.__name__}: missing fields {missing}, unknown fields {extra}")
+    missing = set(schema) - names - _ADDED_LATER.get(cls.TYPE, frozenset())
+    extra = names - set(schema)
+    if missing or extra:
+        raise CommandError(
+            f"{cls.__name__}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}"
+        )
     fields = {}
-    for name, decode in schema.items():
+    for name in names:
         try:
-            fields[name] = decode(wire[name])
+            fields[name] = schema[name](wire[name])
         except CommandError as exc:
             raise CommandError(f"{cls.__name__}.{name}: {exc}") from exc
     return cls(**fields)

@@ -467,9 +467,14 @@ class TransactionStateMachine:
         except Exception as exc:  # msgpack raises several unrelated types
             raise CommandError(f"snapshot is not valid msgpack: {exc}") from exc
         keys = {"v", "pids", "last_assigned_pid", "transactions", "groups", "topics", "memberships"}
-        if not isinstance(payload, dict) or set(payload) != keys:
+        if not isinstance(payload, dict):
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
-        check_version(payload["v"], SNAPSHOT_VERSION, "snapshot")
+        if type(payload.get("v")) is int and payload["v"] == 1 and "memberships" not in payload:
+            # Version 1 came before consumer-group membership: there are none.
+            payload = {**payload, "v": SNAPSHOT_VERSION, "memberships": []}
+        check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
+        if set(payload) != keys:
+            raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
         try:
             pids = PidBlockRecord.from_wire(payload["pids"])
         except ValueError as exc:
