@@ -6,6 +6,7 @@ effects (markers to write, transitions to log) come out.
 """
 
 from fsm.commands import (
+    NO_GENERATION,
     AbortTimedOut,
     AddOffsets,
     AddPartitions,
@@ -15,10 +16,17 @@ from fsm.commands import (
     EndTxn,
     ExpireTransactionalIds,
     GroupMarker,
+    GroupProtocol,
+    GroupTimeouts,
+    Heartbeat,
     InitProducerId,
+    JoinGroup,
+    LeaveGroup,
     MarkersWritten,
+    MemberAssignment,
     OffsetCommit,
     OffsetEntry,
+    SyncGroup,
     TxnOffsetCommit,
     decode_command,
     decode_entry,
@@ -29,11 +37,13 @@ from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, ProducerFenced, Transition, WriteMarkers
 from fsm.errors import CommandError, ErrorCode, IllegalTransition, InvariantViolation
 from fsm.machine import ShardState, TransactionListing, TransactionStateMachine
+from fsm.membership import GroupMembership, GroupState, Member
 from fsm.metadata import TransactionMetadata, transition
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import VALID_PREVIOUS, TxnState
 
 __all__ = [
+    "NO_GENERATION",
     "VALID_PREVIOUS",
     "AbortTimedOut",
     "AddOffsets",
@@ -49,16 +59,26 @@ __all__ = [
     "FetchedOffset",
     "FsmConfig",
     "GroupMarker",
+    "GroupMembership",
     "GroupOffsets",
+    "GroupProtocol",
+    "GroupState",
+    "GroupTimeouts",
+    "Heartbeat",
     "IllegalTransition",
     "InitProducerId",
     "InvariantViolation",
+    "JoinGroup",
+    "LeaveGroup",
     "MarkersWritten",
+    "Member",
+    "MemberAssignment",
     "OffsetCommit",
     "OffsetEntry",
     "Outcome",
     "ProducerFenced",
     "ShardState",
+    "SyncGroup",
     "TransactionListing",
     "TransactionMetadata",
     "TransactionStateMachine",

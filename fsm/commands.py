@@ -23,9 +23,12 @@ import msgpack
 
 from fsm.errors import CommandError
 from fsm.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
-from fsm.wire import as_bool, as_int, as_list, as_str, check_version
+from fsm.wire import as_bool, as_bytes, as_int, as_list, as_str, check_version
 
 COMMAND_VERSION = 1
+#: The generation of a consumer group that never completed a join; also
+#: what an offset commit from outside any group membership carries.
+NO_GENERATION = -1
 ENTRY_VERSION = 1
 
 
@@ -36,6 +39,20 @@ class OffsetEntry(NamedTuple):
     partition: int
     offset: int
     metadata: str
+
+
+class GroupProtocol(NamedTuple):
+    """One protocol a group member supports (JoinGroup), with its metadata."""
+
+    name: str
+    metadata: bytes
+
+
+class MemberAssignment(NamedTuple):
+    """The group leader's assignment for one member (SyncGroup)."""
+
+    member_id: str
+    assignment: bytes
 
 
 @dataclass(frozen=True)
@@ -144,7 +161,11 @@ class ExpireTransactionalIds(Command):
 
 @dataclass(frozen=True)
 class TxnOffsetCommit(Command):
-    """Offsets committed inside a transaction; pending until its marker."""
+    """Offsets committed inside a transaction; pending until its marker.
+
+    ``generation_id``/``member_id``/``group_instance_id`` name the consumer
+    group member that commits (KIP-447): -1/""/"" for a producer that is
+    not a group member."""
 
     TYPE: ClassVar[int] = 8
     group_id: str
@@ -153,6 +174,9 @@ class TxnOffsetCommit(Command):
     producer_epoch: int
     offsets: tuple[OffsetEntry, ...]
     now_ms: int
+    generation_id: int = NO_GENERATION
+    member_id: str = ""
+    group_instance_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,12 +193,16 @@ class GroupMarker(Command):
 
 @dataclass(frozen=True)
 class OffsetCommit(Command):
-    """A plain (non-transactional) consumer offset commit."""
+    """A plain (non-transactional) consumer offset commit; the member fields
+    as in :class:`TxnOffsetCommit` (-1/""/"": a simple consumer)."""
 
     TYPE: ClassVar[int] = 10
     group_id: str
     offsets: tuple[OffsetEntry, ...]
     now_ms: int
+    generation_id: int = NO_GENERATION
+    member_id: str = ""
+    group_instance_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,6 +226,77 @@ class CreateTopic(Command):
     now_ms: int
 
 
+@dataclass(frozen=True)
+class JoinGroup(Command):
+    """JoinGroup. A member joining with an empty ``member_id`` gets
+    ``new_member_id``, chosen by the node that proposes the command
+    (``client_id`` or the instance id, a dash and a random UUID)."""
+
+    TYPE: ClassVar[int] = 13
+    group_id: str
+    member_id: str
+    group_instance_id: str
+    client_id: str
+    protocol_type: str
+    protocols: tuple[GroupProtocol, ...]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    new_member_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class SyncGroup(Command):
+    """SyncGroup; ``assignments`` are the leader's (empty from a follower)."""
+
+    TYPE: ClassVar[int] = 14
+    group_id: str
+    member_id: str
+    group_instance_id: str
+    generation_id: int
+    assignments: tuple[MemberAssignment, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class Heartbeat(Command):
+    """A group member's heartbeat: keeps its session alive."""
+
+    TYPE: ClassVar[int] = 15
+    group_id: str
+    member_id: str
+    group_instance_id: str
+    generation_id: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class LeaveGroup(Command):
+    """One member leaves its group (a static one may be named by instance id alone)."""
+
+    TYPE: ClassVar[int] = 16
+    group_id: str
+    member_id: str
+    group_instance_id: str
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class GroupTimeouts(Command):
+    """The leader's sweeper found a session, a pending member id or a
+    rebalance of this group past its time (see :func:`fsm.membership.due`).
+
+    ``leader_since_ms``: when the proposing leader's leadership began. A
+    session is not counted before it (as Kafka's coordinator restarts every
+    member's session when it loads a group), so members do not expire for
+    the heartbeats they could not deliver while the shard had no leader."""
+
+    TYPE: ClassVar[int] = 17
+    group_id: str
+    now_ms: int
+    leader_since_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -213,6 +312,11 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         OffsetCommit,
         AllocatePidBlock,
         CreateTopic,
+        JoinGroup,
+        SyncGroup,
+        Heartbeat,
+        LeaveGroup,
+        GroupTimeouts,
     )
 }
 
@@ -235,6 +339,14 @@ def _offsets(value: Any) -> tuple[OffsetEntry, ...]:
     )
 
 
+def _protocols(value: Any) -> tuple[GroupProtocol, ...]:
+    return tuple(GroupProtocol(as_str(n), as_bytes(m)) for n, m in as_list(value, 2))
+
+
+def _assignments(value: Any) -> tuple[MemberAssignment, ...]:
+    return tuple(MemberAssignment(as_str(m), as_bytes(a)) for m, a in as_list(value, 2))
+
+
 _DECODERS: dict[Any, Any] = {
     int: as_int,
     bool: as_bool,
@@ -243,6 +355,8 @@ _DECODERS: dict[Any, Any] = {
     tuple[str, ...]: _strs,
     tuple[int, ...]: _ints,
     tuple[OffsetEntry, ...]: _offsets,
+    tuple[GroupProtocol, ...]: _protocols,
+    tuple[MemberAssignment, ...]: _assignments,
 }
 
 
@@ -252,6 +366,13 @@ def _schema(cls: type[Command]) -> dict[str, Any]:
 
 
 _SCHEMAS = {type_id: _schema(cls) for type_id, cls in COMMAND_TYPES.items()}
+#: Fields added after their command first shipped: entries written before
+#: (an older version's Raft log) leave them out, and they decode to the
+#: field's default. Every other field must be on the wire.
+_ADDED_LATER: dict[int, frozenset[str]] = {
+    cls.TYPE: frozenset({"generation_id", "member_id", "group_instance_id"})
+    for cls in (TxnOffsetCommit, OffsetCommit)
+}
 
 
 def command_to_wire(command: Command) -> dict[str, Any]:
@@ -281,13 +402,16 @@ def command_from_wire(wire: Any) -> Command:
         raise CommandError(f"unknown command type {type_id!r}")
     schema = _SCHEMAS[cls.TYPE]
     names = set(wire) - {"v", "t"}
-    if names != set(schema):
-        missing, extra = sorted(set(schema) - names), sorted(names - set(schema))
-        raise CommandError(f"{cls.__name__}: missing fields {missing}, unknown fields {extra}")
+    missing = set(schema) - names - _ADDED_LATER.get(cls.TYPE, frozenset())
+    extra = names - set(schema)
+    if missing or extra:
+        raise CommandError(
+            f"{cls.__name__}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}"
+        )
     fields = {}
-    for name, decode in schema.items():
+    for name in names:
         try:
-            fields[name] = decode(wire[name])
+            fields[name] = schema[name](wire[name])
         except CommandError as exc:
             raise CommandError(f"{cls.__name__}.{name}: {exc}") from exc
     return cls(**fields)

@@ -53,6 +53,7 @@ class Outcome:
     ``error`` NONE means success. ``producer_id``/``producer_epoch`` answer
     InitProducerId and EndTxn. ``block_first``/``block_end`` answer
     AllocatePidBlock. ``expired`` lists ids removed by ExpireTransactionalIds.
+    ``generation`` answers the group commands (see :mod:`fsm.membership`).
     An error outcome may still carry effects (InitProducerId on an open
     transaction fences and aborts it, then answers CONCURRENT_TRANSACTIONS).
     """
@@ -64,6 +65,7 @@ class Outcome:
     block_first: int = -1
     block_end: int = -1
     expired: tuple[str, ...] = ()
+    generation: int = -1
     effects: tuple[Effect, ...] = ()
 
     @property

@@ -10,9 +10,18 @@ checks too.
 
 from __future__ import annotations
 
-from fsm.commands import AddPartitions, Command, CreateTopic, OffsetCommit, TxnOffsetCommit
+from fsm.commands import (
+    AddPartitions,
+    Command,
+    CreateTopic,
+    JoinGroup,
+    OffsetCommit,
+    SyncGroup,
+    TxnOffsetCommit,
+)
 from fsm.config import FsmConfig
 from fsm.errors import ErrorCode
+from fsm.membership import join_problem, sync_problem
 from fsm.offsets import validate_offsets
 from fsm.transactions import validate_partitions
 from raftcoord.protocol.limits import id_error, topic_error
@@ -34,6 +43,11 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
         value = getattr(command, field, None)
         if isinstance(value, str) and (bad_id := id_error(field, value)) is not None:
             return ErrorCode.INVALID_REQUEST, bad_id
+    # Group members' ids may be empty (a first join, a simple consumer).
+    for field in ("member_id", "group_instance_id", "new_member_id", "client_id"):
+        value = getattr(command, field, None)
+        if value and (bad_id := id_error(field, value)) is not None:
+            return ErrorCode.INVALID_REQUEST, bad_id
     problem: str | None = None
     topics: list[str] = []
     if isinstance(command, AddPartitions):
@@ -44,6 +58,10 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
         topics = [entry.topic for entry in command.offsets]
     elif isinstance(command, CreateTopic):
         topics = [command.name]
+    elif isinstance(command, JoinGroup):
+        return join_problem(command, config)
+    elif isinstance(command, SyncGroup):
+        return sync_problem(command)
     if problem is not None:
         return ErrorCode.INVALID_REQUEST, problem
     for topic in dict.fromkeys(topics):

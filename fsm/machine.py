@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 import msgpack
 
+from fsm import membership, transactions
 from fsm import offsets as group_offsets
-from fsm import transactions
 from fsm.commands import (
     AbortTimedOut,
     AddOffsets,
@@ -20,9 +20,14 @@ from fsm.commands import (
     EndTxn,
     ExpireTransactionalIds,
     GroupMarker,
+    GroupTimeouts,
+    Heartbeat,
     InitProducerId,
+    JoinGroup,
+    LeaveGroup,
     MarkersWritten,
     OffsetCommit,
+    SyncGroup,
     TxnOffsetCommit,
     decode_entry,
 )
@@ -30,13 +35,14 @@ from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, WriteMarkers, fail
 from fsm.errors import CommandError, ErrorCode, IllegalTransition
 from fsm.limits import topic_error
+from fsm.membership import GroupMembership
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 #: In the answer to a command whose handler attempted a transition the rules
 #: forbid (:class:`~fsm.errors.IllegalTransition`): a bug, never a property of
 #: the request. Tests assert no command sequence produces it.
@@ -51,6 +57,8 @@ class ShardState:
     last_assigned_pid: int = NO_PRODUCER_ID
     transactions: dict[str, TransactionMetadata] = field(default_factory=dict)
     groups: dict[str, GroupOffsets] = field(default_factory=dict)
+    #: Consumer groups' members and generations (:mod:`fsm.membership`).
+    memberships: dict[str, GroupMembership] = field(default_factory=dict)
     #: Topic name -> the partition-log node owning each partition (shard 0 only).
     topics: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -222,6 +230,15 @@ class TransactionStateMachine:
         return outcome
 
     def _txn_offset_commit(self, cmd: TxnOffsetCommit) -> Outcome:
+        refusal = membership.offset_commit_refusal(
+            self.state.memberships.get(cmd.group_id),
+            cmd.generation_id,
+            cmd.member_id,
+            cmd.group_instance_id,
+            transactional=True,
+        )
+        if refusal is not None:
+            return fail(*refusal)
         return self._group_step(
             cmd.group_id, lambda g: group_offsets.txn_offset_commit(g, cmd, self.config)
         )
@@ -230,8 +247,48 @@ class TransactionStateMachine:
         return self._group_step(cmd.group_id, lambda g: group_offsets.group_marker(g, cmd))
 
     def _offset_commit(self, cmd: OffsetCommit) -> Outcome:
+        refusal = membership.offset_commit_refusal(
+            self.state.memberships.get(cmd.group_id),
+            cmd.generation_id,
+            cmd.member_id,
+            cmd.group_instance_id,
+            transactional=False,
+        )
+        if refusal is not None:
+            return fail(*refusal)
         return self._group_step(
             cmd.group_id, lambda g: group_offsets.offset_commit(g, cmd, self.config)
+        )
+
+    def _membership_step(
+        self,
+        group_id: str,
+        step: Callable[[GroupMembership | None], membership.Step],
+    ) -> Outcome:
+        after, outcome = step(self.state.memberships.get(group_id))
+        if after is not None:
+            self.state.memberships[group_id] = after
+        return outcome
+
+    def _join_group(self, cmd: JoinGroup) -> Outcome:
+        return self._membership_step(
+            cmd.group_id, lambda g: membership.join_group(g, cmd, self.config)
+        )
+
+    def _sync_group(self, cmd: SyncGroup) -> Outcome:
+        return self._membership_step(cmd.group_id, lambda g: membership.sync_group(g, cmd))
+
+    def _heartbeat(self, cmd: Heartbeat) -> Outcome:
+        return self._membership_step(cmd.group_id, lambda g: membership.heartbeat(g, cmd))
+
+    def _leave_group(self, cmd: LeaveGroup) -> Outcome:
+        return self._membership_step(
+            cmd.group_id, lambda g: membership.leave_group(g, cmd, self.config)
+        )
+
+    def _group_timeouts(self, cmd: GroupTimeouts) -> Outcome:
+        return self._membership_step(
+            cmd.group_id, lambda g: membership.group_timeouts(g, cmd, self.config)
         )
 
     def _allocate_pid_block(self, cmd: AllocatePidBlock) -> Outcome:
@@ -283,6 +340,11 @@ class TransactionStateMachine:
         OffsetCommit: _offset_commit,
         AllocatePidBlock: _allocate_pid_block,
         CreateTopic: _create_topic,
+        JoinGroup: _join_group,
+        SyncGroup: _sync_group,
+        Heartbeat: _heartbeat,
+        LeaveGroup: _leave_group,
+        GroupTimeouts: _group_timeouts,
     }
 
     # --- what the leader asks before proposing -------------------------------------
@@ -313,6 +375,16 @@ class TransactionStateMachine:
             m.transactional_id
             for m in self.state.transactions.values()
             if transactions.expirable(m, now_ms, self.config)
+        )
+
+    def groups_due(self, now_ms: int, leader_since_ms: int) -> list[str]:
+        """Groups with a session, pending member id or rebalance past its
+        time at ``now_ms`` (the leader, leading since ``leader_since_ms``,
+        proposes GroupTimeouts for each)."""
+        return sorted(
+            gid
+            for gid, g in self.state.memberships.items()
+            if membership.due(g, now_ms, leader_since_ms)
         )
 
     def pending_markers(self) -> list[WriteMarkers]:
@@ -363,6 +435,10 @@ class TransactionStateMachine:
             self.state.groups.get(group_id), partitions, require_stable
         )
 
+    def group(self, group_id: str) -> GroupMembership | None:
+        """The membership of one consumer group, or None (never joined)."""
+        return self.state.memberships.get(group_id)
+
     # --- snapshots -----------------------------------------------------------------
 
     def snapshot(self) -> bytes:
@@ -375,6 +451,7 @@ class TransactionStateMachine:
             "transactions": [m.to_wire() for _, m in sorted(s.transactions.items())],
             "groups": [[gid, g.to_wire()] for gid, g in sorted(s.groups.items())],
             "topics": [[name, list(nodes)] for name, nodes in sorted(s.topics.items())],
+            "memberships": [[gid, g.to_wire()] for gid, g in sorted(s.memberships.items())],
         }
         return bytes(msgpack.packb(payload, use_bin_type=True))
 
@@ -389,10 +466,15 @@ class TransactionStateMachine:
             payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
         except Exception as exc:  # msgpack raises several unrelated types
             raise CommandError(f"snapshot is not valid msgpack: {exc}") from exc
-        keys = {"v", "pids", "last_assigned_pid", "transactions", "groups", "topics"}
-        if not isinstance(payload, dict) or set(payload) != keys:
+        keys = {"v", "pids", "last_assigned_pid", "transactions", "groups", "topics", "memberships"}
+        if not isinstance(payload, dict):
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
-        check_version(payload["v"], SNAPSHOT_VERSION, "snapshot")
+        if type(payload.get("v")) is int and payload["v"] == 1 and "memberships" not in payload:
+            # Version 1 came before consumer-group membership: there are none.
+            payload = {**payload, "v": SNAPSHOT_VERSION, "memberships": []}
+        check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
+        if set(payload) != keys:
+            raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
         try:
             pids = PidBlockRecord.from_wire(payload["pids"])
         except ValueError as exc:
@@ -410,6 +492,10 @@ class TransactionStateMachine:
             topics={
                 as_str(name): tuple(as_int(n) for n in as_list(nodes))
                 for name, nodes in as_list(payload["topics"], 2)
+            },
+            memberships={
+                as_str(gid): GroupMembership.from_wire(w)
+                for gid, w in as_list(payload["memberships"], 2)
             },
         )
         return machine

@@ -28,6 +28,12 @@ def as_str(value: Any) -> str:
     return value
 
 
+def as_bytes(value: Any) -> bytes:
+    if type(value) is not bytes:
+        raise CommandError(f"expected bytes, got {value!r}")
+    return value
+
+
 def as_list(value: Any, arity: int | None = None) -> list[Any]:
     """``value`` as a list; with ``arity`` every item must be a list of that length."""
     if not isinstance(value, list | tuple):

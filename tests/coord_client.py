@@ -52,14 +52,17 @@ class Coordinators:
                 raise TimeoutError(f"no coordinator for {key!r}")
             time.sleep(0.05)
 
-    def call(self, key: str, method: str, request: Any, timeout_s: float = 20.0) -> Any:
-        """Call ``method`` on the leader for ``key`` until a non-retriable answer."""
+    def call(
+        self, key: str, method: str, request: Any, timeout_s: float = 20.0, call_s: float = 5.0
+    ) -> Any:
+        """Call ``method`` on the leader for ``key`` until a non-retriable
+        answer; one call may take ``call_s`` (a JoinGroup waits for its rebalance)."""
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
             address = self._leader.get(key) or self.find(key, deadline)
             try:
-                answer = getattr(self.stubs[address], method)(request, timeout=5.0)
+                answer = getattr(self.stubs[address], method)(request, timeout=call_s)
             except grpc.RpcError:
                 answer = None
             if answer is not None and _error_of(answer) not in RETRIABLE:
@@ -99,10 +102,51 @@ class Coordinators:
 
 
 def _error_of(answer: Any) -> ErrorCode:
-    """The answer's error code (DescribeTransactions: its first description's)."""
+    """The answer's error code (DescribeTransactions and DescribeGroups: the
+    first description's)."""
     if "error_code" in answer.DESCRIPTOR.fields_by_name:
         return ErrorCode(answer.error_code)
+    if "groups" in answer.DESCRIPTOR.fields_by_name:
+        return ErrorCode(answer.groups[0].error_code)
     return ErrorCode(answer.transactions[0].error_code)
+
+
+def join_group(
+    client: Coordinators,
+    group_id: str,
+    member_id: str = "",
+    session_timeout_ms: int = 10_000,
+    rebalance_timeout_ms: int = 20_000,
+    group_instance_id: str = "",
+    protocols: tuple[tuple[str, bytes], ...] = (("range", b"subscription"),),
+) -> Any:
+    """JoinGroup as a Kafka consumer sends it (v4+): a first join with an
+    empty member id is answered MEMBER_ID_REQUIRED, and joins again with the
+    id it was given. Returns the answer of the join that waited."""
+    wait_s = rebalance_timeout_ms / 1000 + 10
+
+    def request(member: str) -> Any:
+        return coordinator_pb2.JoinGroupRequest(
+            group_id=group_id,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            member_id=member,
+            group_instance_id=group_instance_id,
+            protocol_type="consumer",
+            protocols=[coordinator_pb2.JoinGroupProtocol(name=n, metadata=m) for n, m in protocols],
+            client_id="test-client",
+        )
+
+    answer = client.call(group_id, "JoinGroup", request(member_id), wait_s, wait_s)
+    if answer.error_code == ErrorCode.MEMBER_ID_REQUIRED:
+        answer = client.call(group_id, "JoinGroup", request(answer.member_id), wait_s, wait_s)
+    return answer
+
+
+def describe_group(client: Coordinators, group_id: str) -> Any:
+    """The DescribedGroup of ``group_id`` from its shard's leader."""
+    request = coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id])
+    return client.call(group_id, "DescribeGroups", request).groups[0]
 
 
 def partitions(topic: str, *numbers: int) -> list[Any]:

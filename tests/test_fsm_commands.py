@@ -24,10 +24,17 @@ from fsm import (
     ErrorCode,
     ExpireTransactionalIds,
     GroupMarker,
+    GroupProtocol,
+    GroupTimeouts,
+    Heartbeat,
     InitProducerId,
+    JoinGroup,
+    LeaveGroup,
     MarkersWritten,
+    MemberAssignment,
     OffsetCommit,
     OffsetEntry,
+    SyncGroup,
     TransactionStateMachine,
     TxnOffsetCommit,
     TxnState,
@@ -103,14 +110,45 @@ SAMPLES: list[Command] = [
         producer_epoch=4,
         offsets=(OffsetEntry("orders", 0, 100, "meta"), OffsetEntry("orders", 1, 0, "")),
         now_ms=10,
+        generation_id=3,
+        member_id="consumer-1-abc",
+        group_instance_id="instance-1",
     ),
     GroupMarker(group_id="group-1", producer_id=12, producer_epoch=5, commit=False, now_ms=11),
     OffsetCommit(
         group_id="group-2",
         offsets=(OffsetEntry("clicks", 3, 17, "m"), OffsetEntry("views", 0, 1, "x" * 300)),
         now_ms=12,
+        generation_id=2**31 - 1,
+        member_id="m",
+        group_instance_id="",
     ),
     CreateTopic(name="orders", partition_nodes=(1, 2, 3, 1), now_ms=13),
+    JoinGroup(
+        group_id="group-1",
+        member_id="",
+        group_instance_id="instance-1",
+        client_id="client-1",
+        protocol_type="consumer",
+        protocols=(GroupProtocol("range", b"\x00\x01"), GroupProtocol("roundrobin", b"")),
+        session_timeout_ms=45_000,
+        rebalance_timeout_ms=300_000,
+        new_member_id="instance-1-uuid",
+        now_ms=14,
+    ),
+    SyncGroup(
+        group_id="group-1",
+        member_id="m1",
+        group_instance_id="",
+        generation_id=4,
+        assignments=(MemberAssignment("m1", b"\xff"), MemberAssignment("m2", b"")),
+        now_ms=15,
+    ),
+    Heartbeat(
+        group_id="group-1", member_id="m1", group_instance_id="i", generation_id=4, now_ms=16
+    ),
+    LeaveGroup(group_id="group-1", member_id="", group_instance_id="i", now_ms=17),
+    GroupTimeouts(group_id="group-2", now_ms=18, leader_since_ms=3),
     AllocatePidBlock(shard=2, shard_count=3, block_size=1000),
 ]
 
@@ -215,7 +253,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 13, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 18, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message
@@ -491,7 +529,7 @@ def _restore_error(data: bytes) -> CommandError:
     return info.value
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, 3, "2", None, True])
 def test_restore_rejects_unknown_snapshot_version(version: Any) -> None:
     payload = _payload()
     payload["v"] = version
@@ -509,7 +547,9 @@ def test_restore_rejects_truncated_bytes() -> None:
         _restore_error(data[:cut])
 
 
-@pytest.mark.parametrize("key", ["pids", "last_assigned_pid", "transactions", "groups", "topics"])
+@pytest.mark.parametrize(
+    "key", ["pids", "last_assigned_pid", "transactions", "groups", "topics", "memberships"]
+)
 def test_restore_rejects_a_missing_key(key: str) -> None:
     payload = _payload()
     del payload[key]
@@ -569,3 +609,41 @@ def test_restore_rejects_a_transactions_entry_with_wrong_field_types(
     payload = _payload()
     payload["transactions"][0][index] = value
     _restore_error(_pack(payload))
+
+
+# --- data written before consumer-group membership ---------------------------------
+
+
+def test_offset_commits_logged_before_membership_still_decode() -> None:
+    """Raft entries of an older version carry no member fields: they decode
+    as simple-consumer commits, so replaying an old log keeps their offsets."""
+    offsets = (OffsetEntry("orders", 0, 42, "m"),)
+    for command in (
+        OffsetCommit("group-1", offsets, NOW),
+        TxnOffsetCommit("group-1", "txn-a", 0, 0, offsets, NOW),
+    ):
+        wire = command_to_wire(command)
+        for name in ("generation_id", "member_id", "group_instance_id"):
+            del wire[name]
+        old = msgpack.packb(wire, use_bin_type=True)
+        assert decode_command(old) == command
+
+
+def test_a_required_field_is_still_required() -> None:
+    wire = command_to_wire(OffsetCommit("group-1", (), NOW))
+    del wire["now_ms"]
+    with pytest.raises(CommandError, match="missing fields \\['now_ms'\\]"):
+        decode_command(msgpack.packb(wire, use_bin_type=True))
+
+
+def test_a_snapshot_from_before_membership_restores() -> None:
+    m = _busy_machine()
+    payload = msgpack.unpackb(m.snapshot(), raw=False)
+    assert payload.pop("memberships") == []
+    payload["v"] = 1
+    restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
+    assert restored.state == m.state
+    # A version-1 snapshot that names memberships is not one.
+    payload["memberships"] = []
+    with pytest.raises(CommandError, match="unknown snapshot version 1"):
+        TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)

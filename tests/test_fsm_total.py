@@ -33,8 +33,10 @@ from fsm import (
     Command,
     EndTxn,
     FsmConfig,
+    GroupProtocol,
     InitProducerId,
     MarkersWritten,
+    MemberAssignment,
     OffsetEntry,
     TransactionMetadata,
     TransactionStateMachine,
@@ -53,6 +55,9 @@ STEPS = 200
 IDS = ["t0", "t1", "t2"]
 GROUPS = ["g0", "g1"]
 TOPICS = ["a", "b"]
+MEMBERS = ["m0", "m1", "m2"]
+INSTANCES = ["", "", "i0", "i1"]
+PROTOCOLS = ["range", "roundrobin"]
 EXTREME_INTS = [
     INT64_MIN,
     INT64_MIN + 1,
@@ -138,6 +143,12 @@ class Fuzzer:
                 return tid
             if name in ("group_id",):
                 return rng.choice(GROUPS) if plausible else self.string()
+            if name in ("member_id", "new_member_id"):
+                return rng.choice([*MEMBERS, ""]) if plausible else self.string()
+            if name == "group_instance_id":
+                return rng.choice(INSTANCES) if plausible else self.string()
+            if name == "protocol_type":
+                return "consumer" if plausible else self.string()
             return rng.choice(TOPICS) if plausible else self.string()
         if kind is int:
             return self.integer(name, meta, machine, plausible)
@@ -171,6 +182,14 @@ class Fuzzer:
                 )
                 for _ in range(rng.randrange(0, 3))
             )
+        if kind == tuple[GroupProtocol, ...]:
+            names = rng.sample(PROTOCOLS, rng.randrange(1, 3)) if plausible else [self.string()]
+            return tuple(GroupProtocol(n, rng.randbytes(rng.randrange(0, 4))) for n in names)
+        if kind == tuple[MemberAssignment, ...]:
+            return tuple(
+                MemberAssignment(rng.choice(MEMBERS) if plausible else self.string(), b"x")
+                for _ in range(rng.randrange(0, 4))
+            )
         raise AssertionError(f"no generator for {name}: {kind}")
 
     def integer(
@@ -202,6 +221,13 @@ class Fuzzer:
                 [meta.producer_epoch] * 4
                 + [meta.last_producer_epoch, meta.producer_epoch + 1, top - 2, top - 1, top, -1]
             )
+        if name == "generation_id":
+            group = machine.group(rng.choice(GROUPS))
+            return rng.choice([-1, 0, 1, 2] + ([group.generation] * 3 if group else []))
+        if name == "session_timeout_ms":
+            return rng.choice([self.config.group_min_session_timeout_ms, 10_000, 45_000, 0])
+        if name == "rebalance_timeout_ms":
+            return rng.choice([1_000, 60_000, 300_000])
         if name in ("shard", "shard_count", "block_size"):
             return rng.choice([SHARD, SHARD_COUNT, BLOCK_SIZE, 0, 1000])
         return self.small_or_extreme()

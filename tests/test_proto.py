@@ -58,6 +58,18 @@ EXTRA_KAFKA_CODES: dict[str, int] = {
     "OPERATION_NOT_ATTEMPTED": 55,
 }
 
+# ... and those of the consumer-group protocol.
+GROUP_CODES: dict[str, int] = {
+    "ILLEGAL_GENERATION": 22,
+    "INCONSISTENT_GROUP_PROTOCOL": 23,
+    "UNKNOWN_MEMBER_ID": 25,
+    "INVALID_SESSION_TIMEOUT": 26,
+    "REBALANCE_IN_PROGRESS": 27,
+    "MEMBER_ID_REQUIRED": 79,
+    "GROUP_MAX_SIZE_REACHED": 81,
+    "FENCED_INSTANCE_ID": 82,
+}
+
 COORDINATOR_RPCS = {
     "FindCoordinator",
     "InitProducerId",
@@ -72,6 +84,11 @@ COORDINATOR_RPCS = {
     "Metadata",
     "CreateTopics",
     "WriteTxnMarkers",
+    "JoinGroup",
+    "SyncGroup",
+    "Heartbeat",
+    "LeaveGroup",
+    "DescribeGroups",
 }
 PARTITION_LOG_RPCS = {"Produce", "Fetch", "ListOffsets", "WriteTxnMarkers", "DescribeProducers"}
 
@@ -97,7 +114,7 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
 
 
 def test_error_codes_match_kafka() -> None:
-    assert dict(common_pb2.ErrorCode.items()) == ERROR_CODES | EXTRA_KAFKA_CODES
+    assert dict(common_pb2.ErrorCode.items()) == ERROR_CODES | EXTRA_KAFKA_CODES | GROUP_CODES
 
 
 def _design_error_codes(text: str) -> dict[str, int]:

@@ -48,7 +48,9 @@ from raftcoord.client.partitioner import DefaultPartitioner, murmur2
 from raftcoord.client.producer import Producer, TransactionalProducer
 from raftcoord.client.records import (
     AbortTransactionSpec,
+    ConsumerGroupDescription,
     ConsumerRecord,
+    MemberDescription,
     PendingMarker,
     ProducerState,
     RecordMetadata,
@@ -61,6 +63,7 @@ __all__ = [
     "AbortTransactionSpec",
     "Admin",
     "Consumer",
+    "ConsumerGroupDescription",
     "ConsumerRecord",
     "DefaultPartitioner",
     "FatalError",
@@ -69,6 +72,7 @@ __all__ = [
     "KafkaConnectionError",
     "KafkaError",
     "KafkaTimeoutError",
+    "MemberDescription",
     "NotACoordinatorNodeError",
     "OutOfOrderSequenceError",
     "PendingMarker",

@@ -30,6 +30,8 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.records import (
     AbortTransactionSpec,
+    ConsumerGroupDescription,
+    MemberDescription,
     PendingMarker,
     ProducerState,
     TopicPartition,
@@ -309,6 +311,29 @@ class Admin:
             raise failures[0]
         return described
 
+    def describe_consumer_groups(
+        self, group_ids: Iterable[str], timeout_ms: int | None = None
+    ) -> dict[str, ConsumerGroupDescription]:
+        """The membership of each consumer group (asked of the group's
+        coordinator). A group that never had a member is described as Dead.
+
+        Raises:
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("describe_consumer_groups", timeout_ms)
+        described: dict[str, ConsumerGroupDescription] = {}
+        for group_id in dict.fromkeys(group_ids):
+            answer = self._coordinators.call(
+                coordinator_pb2.GROUP,
+                group_id,
+                "DescribeGroups",
+                coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]),
+                deadline,
+                error_of=_first_group_error,
+            )
+            described[group_id] = _group_description(answer.groups[0])
+        return described
+
     def find_coordinator(self, transactional_id: str, timeout_ms: int | None = None) -> str:
         """The address of the coordinator node of ``transactional_id`` (the
         leader of its shard).
@@ -451,6 +476,32 @@ def _first_description_error(answer: Any) -> int:
     if not answer.transactions:
         return int(ErrorCode.UNKNOWN_SERVER_ERROR)
     return int(answer.transactions[0].error_code)
+
+
+def _first_group_error(answer: Any) -> int:
+    if not answer.groups:
+        return int(ErrorCode.UNKNOWN_SERVER_ERROR)
+    return int(answer.groups[0].error_code)
+
+
+def _group_description(g: Any) -> ConsumerGroupDescription:
+    return ConsumerGroupDescription(
+        group_id=g.group_id,
+        state=g.state,
+        protocol_type=g.protocol_type,
+        partition_assignor=g.protocol_name,
+        generation_id=int(g.generation_id),
+        leader=g.leader,
+        members=tuple(
+            MemberDescription(
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id or None,
+                client_id=m.client_id,
+                assignment=bytes(m.assignment),
+            )
+            for m in g.members
+        ),
+    )
 
 
 def _description(d: Any) -> TransactionDescription:

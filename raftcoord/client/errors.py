@@ -52,12 +52,17 @@ __all__ = [
     "CorruptMessageError",
     "DuplicateSequenceError",
     "FatalError",
+    "FencedInstanceIdError",
+    "GroupMaxSizeReachedError",
+    "IllegalGenerationError",
     "IllegalStateError",
+    "InconsistentGroupProtocolError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
     "InvalidProducerIdMappingError",
     "InvalidRecordError",
     "InvalidRequestError",
+    "InvalidSessionTimeoutError",
     "InvalidTimestampError",
     "InvalidTopicError",
     "InvalidTransactionTimeoutError",
@@ -65,6 +70,7 @@ __all__ = [
     "KafkaConnectionError",
     "KafkaError",
     "KafkaTimeoutError",
+    "MemberIdRequiredError",
     "NoOffsetForPartitionError",
     "NotACoordinatorNodeError",
     "NotCoordinatorError",
@@ -73,6 +79,7 @@ __all__ = [
     "OperationNotAttemptedError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "RebalanceInProgressError",
     "RecordTooLargeError",
     "RequestTimedOutError",
     "RetriableError",
@@ -82,6 +89,7 @@ __all__ = [
     "TransactionCoordinatorFencedError",
     "TransactionalIdAuthorizationFailedError",
     "TransactionalIdNotFoundError",
+    "UnknownMemberIdError",
     "UnknownProducerIdError",
     "UnknownServerError",
     "UnknownTopicOrPartitionError",
@@ -353,6 +361,55 @@ class OperationNotAttemptedError(KafkaError):
     other partitions of an AddPartitionsToTxn naming an unknown partition)."""
 
     code = ErrorCode.OPERATION_NOT_ATTEMPTED
+
+
+class IllegalGenerationError(KafkaError):
+    """The consumer group's generation moved on: the member must rejoin, and
+    its offset commits (transactional ones too, KIP-447) are refused."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+
+
+class InconsistentGroupProtocolError(KafkaError):
+    """JoinGroup: the member's protocol type or protocols do not match the group's."""
+
+    code = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+class UnknownMemberIdError(KafkaError):
+    """The member id is not a member of the consumer group: rejoin with an empty id."""
+
+    code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+class InvalidSessionTimeoutError(KafkaError):
+    """JoinGroup: the session timeout is outside the coordinator's range."""
+
+    code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+class RebalanceInProgressError(KafkaError):
+    """The consumer group is rebalancing: the member must rejoin."""
+
+    code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+class MemberIdRequiredError(KafkaError):
+    """JoinGroup: join again with the member id the coordinator assigned."""
+
+    code = ErrorCode.MEMBER_ID_REQUIRED
+
+
+class GroupMaxSizeReachedError(KafkaError):
+    """JoinGroup: the consumer group has as many members as it may hold."""
+
+    code = ErrorCode.GROUP_MAX_SIZE_REACHED
+
+
+class FencedInstanceIdError(KafkaError):
+    """Another member holds this group.instance.id now (static membership)."""
+
+    code = ErrorCode.FENCED_INSTANCE_ID
 
 
 # --- raised by the client on its own -------------------------------------------------

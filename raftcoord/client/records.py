@@ -99,6 +99,35 @@ class TransactionDescription:
 
 
 @dataclass(frozen=True)
+class MemberDescription:
+    """One member of a consumer group (:class:`ConsumerGroupDescription`)."""
+
+    member_id: str
+    #: group.instance.id of a static member; None for a dynamic one.
+    group_instance_id: str | None
+    client_id: str
+    #: The member's assignment as the group's leader encoded it.
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class ConsumerGroupDescription:
+    """A consumer group's membership (:meth:`Admin.describe_consumer_groups`)."""
+
+    group_id: str
+    #: Kafka's state name: Empty, PreparingRebalance, CompletingRebalance,
+    #: Stable, or Dead for a group that never had a member.
+    state: str
+    protocol_type: str
+    #: The chosen protocol (the partition assignor's name); empty without members.
+    partition_assignor: str
+    generation_id: int
+    #: The leader's member id; empty without members.
+    leader: str
+    members: tuple[MemberDescription, ...]
+
+
+@dataclass(frozen=True)
 class ProducerState:
     """One producer id's state on a partition (:meth:`Admin.describe_producers`)."""
 

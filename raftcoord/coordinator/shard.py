@@ -29,6 +29,7 @@ from fsm import (
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
+    GroupTimeouts,
     InitProducerId,
     Outcome,
     ProducerFenced,
@@ -44,6 +45,9 @@ from raftcoord.protocol.config import NodeAddress
 log = logging.getLogger("raftcoord.coordinator.shard")
 
 T = TypeVar("T")
+#: How often the leader looks for consumer groups with a session, pending
+#: member id or rebalance past its time (see fsm.membership.due).
+GROUP_SWEEP_INTERVAL_MS = 100
 Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
 
@@ -191,6 +195,9 @@ class Shard:
         self._waiting: list[Request] = []
         self._next_abort_sweep = 0
         self._next_expire_sweep = 0
+        self._next_group_sweep = 0
+        #: When the current leadership began (group sessions count from it).
+        self._leader_since_ms = 0
         self.replica = replica_factory(self._on_applied)
         self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), now_ms)
         # The shard thread drives the core; gRPC threads take producer ids from it.
@@ -281,6 +288,7 @@ class Shard:
             self.is_leader, self.ready = True, False
             with self._core_lock:
                 self.core.elected(term)
+            self._leader_since_ms = now_ms()
             log.info(
                 "node=%d shard=%d event=leader_elected term=%d", self.node_id, self.shard, term
             )
@@ -396,6 +404,11 @@ class Shard:
             ids = tuple(self.replica.query(lambda m: m.expirable_ids(now)))
             if ids:
                 self._queue.put(Request(lambda stamp: ExpireTransactionalIds(ids, stamp.now_ms)))
+        if now >= self._next_group_sweep:
+            self._next_group_sweep = now + GROUP_SWEEP_INTERVAL_MS
+            since = self._leader_since_ms
+            for group_id in self.replica.query(lambda m: m.groups_due(now, since)):
+                self._queue.put(Request(_group_timeouts(group_id, since)))
 
     # --- every replica, after an entry is applied ----------------------------------
 
@@ -437,6 +450,10 @@ class Shard:
                     self.shard,
                     ",".join(outcome.expired),
                 )
+
+
+def _group_timeouts(group_id: str, leader_since_ms: int) -> Unstamped:
+    return lambda stamp: GroupTimeouts(group_id, stamp.now_ms, leader_since_ms)
 
 
 def _fail(request: Request, code: ErrorCode) -> None:

@@ -109,6 +109,10 @@ class Settings:
     # backoff default is 20 ms; markers complete within milliseconds here.
     add_partitions_to_txn_retry_backoff_ms: int = 5
     add_partitions_to_txn_retry_backoff_max_ms: int = 100
+    # Consumer groups (docs/coordinator.md, "Consumer groups").
+    group_min_session_timeout_ms: int = 6_000  # group.min.session.timeout.ms
+    group_max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
+    group_initial_rebalance_delay_ms: int = 3_000  # group.initial.rebalance.delay.ms
 
 
 _SETTING_NAMES = {
@@ -138,6 +142,9 @@ _SETTING_NAMES = {
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
     "add.partitions.to.txn.retry.backoff.ms": "add_partitions_to_txn_retry_backoff_ms",
     "add.partitions.to.txn.retry.backoff.max.ms": "add_partitions_to_txn_retry_backoff_max_ms",
+    "group.min.session.timeout.ms": "group_min_session_timeout_ms",
+    "group.max.session.timeout.ms": "group_max_session_timeout_ms",
+    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
@@ -461,6 +468,8 @@ def _settings(raw: Any) -> Settings:
         raise ConfigError(f"producer.epoch.max must be in 2..{KAFKA_MAX_PRODUCER_EPOCH}")
     if settings.socket_request_max_bytes > 2**31 - 1:
         raise ConfigError("socket.request.max.bytes must fit in 32 bits")
+    if settings.group_min_session_timeout_ms > settings.group_max_session_timeout_ms:
+        raise ConfigError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
     if (
         settings.socket_request_max_bytes
         < REQUEST_BYTES_PER_BATCH_BYTE * settings.message_max_bytes

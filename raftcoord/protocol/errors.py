@@ -7,7 +7,8 @@ from enum import IntEnum
 
 class ErrorCode(IntEnum):
     """Kafka's error codes with Kafka's numbers (those of its transaction,
-    produce and fetch paths, plus its codes for topic creation).
+    produce and fetch paths, its consumer-group codes, plus its codes for topic
+    creation).
 
     The same numbers are the ``raftcoord.v1.ErrorCode`` protobuf enum; a test
     proves the two agree. Pure: the state machine answers with these codes.
@@ -22,6 +23,11 @@ class ErrorCode(IntEnum):
     REQUEST_TIMED_OUT = 7
     MESSAGE_TOO_LARGE = 10
     INVALID_TOPIC_EXCEPTION = 17
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
     INVALID_TIMESTAMP = 32
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
@@ -40,6 +46,9 @@ class ErrorCode(IntEnum):
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     OPERATION_NOT_ATTEMPTED = 55
     UNKNOWN_PRODUCER_ID = 59
+    MEMBER_ID_REQUIRED = 79
+    GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
     PRODUCER_FENCED = 90

@@ -9,7 +9,8 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
 ``transactions``   FindCoordinator, InitProducerId, AddPartitionsToTxn,
                    AddOffsetsToTxn, EndTxn
 ``groups``         TxnOffsetCommit, OffsetCommit, OffsetFetch,
-                   WriteTxnMarkers (group markers)
+                   WriteTxnMarkers (group markers); JoinGroup,
+                   SyncGroup, Heartbeat, LeaveGroup, DescribeGroups
 ``topics``         Metadata, CreateTopics
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
 =================  =====================================================
@@ -74,6 +75,23 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
         return self.groups.WriteTxnMarkers(request, context)
+
+    # --- group membership ------------------------------------------------------
+
+    def JoinGroup(self, request: Any, context: Any) -> Any:
+        return self.groups.JoinGroup(request, context)
+
+    def SyncGroup(self, request: Any, context: Any) -> Any:
+        return self.groups.SyncGroup(request, context)
+
+    def Heartbeat(self, request: Any, context: Any) -> Any:
+        return self.groups.Heartbeat(request, context)
+
+    def LeaveGroup(self, request: Any, context: Any) -> Any:
+        return self.groups.LeaveGroup(request, context)
+
+    def DescribeGroups(self, request: Any, context: Any) -> Any:
+        return self.groups.DescribeGroups(request, context)
 
     # --- operator queries ------------------------------------------------------
 

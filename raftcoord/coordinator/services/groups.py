@@ -1,19 +1,45 @@
 """Consumer-group RPCs of TransactionCoordinator: TxnOffsetCommit,
-OffsetCommit, OffsetFetch, and WriteTxnMarkers for groups (the marker
-writers' COMMIT/ABORT of a group's pending offsets)."""
+OffsetCommit, OffsetFetch, WriteTxnMarkers for groups (the marker writers'
+COMMIT/ABORT of a group's pending offsets), and group membership: JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, DescribeGroups.
+
+Membership changes are commands replicated like the others
+(:mod:`fsm.membership`). What Kafka's coordinator holds back, this layer
+waits for: a JoinGroup is answered once the group's join completes, a
+follower's SyncGroup once the leader's assignment is applied. A waiting
+request looks at the applied group every :data:`POLL_INTERVAL_S`; it is
+answered NOT_COORDINATOR as soon as this node stops leading the group's
+shard, and at most :data:`MAX_WAITING` requests wait at once on a node
+(more are answered COORDINATOR_NOT_AVAILABLE, which clients retry), so
+waiting requests never hold every gRPC thread.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from fsm import (
+    NO_GENERATION,
     Command,
     ErrorCode,
     GroupMarker,
+    GroupMembership,
+    GroupProtocol,
+    GroupState,
+    Heartbeat,
+    JoinGroup,
+    LeaveGroup,
+    MemberAssignment,
     OffsetCommit,
     OffsetEntry,
     Outcome,
+    SyncGroup,
+    TransactionStateMachine,
     TxnOffsetCommit,
 )
 from fsm.limits import id_error
@@ -30,6 +56,21 @@ from raftcoord.coordinator.services.transactions import read_group_verification
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_error
 
+T = TypeVar("T")
+
+#: How often a waiting JoinGroup or SyncGroup looks at the applied group.
+POLL_INTERVAL_S = 0.01
+#: Most JoinGroup/SyncGroup requests waiting at once on one node.
+MAX_WAITING = 16
+#: A JoinGroup waits for the rebalance timeout plus this (the leader's
+#: sweeper completes the join once the timeout passed), and a follower's
+#: SyncGroup for the session timeout plus this.
+WAIT_GRACE_S = 5.0
+#: The longest any request waits, whatever timeouts it asks for.
+MAX_WAIT_S = 330.0
+#: Longest client id kept as the prefix of an assigned member id.
+MEMBER_ID_PREFIX_CHARS = 100
+
 #: What a transaction's shard answers when it cannot verify now (retriable).
 _UNVERIFIABLE = (
     ErrorCode.NOT_COORDINATOR,
@@ -42,6 +83,7 @@ _UNVERIFIABLE = (
 class GroupRPCs:
     def __init__(self, router: ShardRouter) -> None:
         self.router = router
+        self._waiting = threading.BoundedSemaphore(MAX_WAITING)
 
     def TxnOffsetCommit(self, request: Any, context: Any) -> Any:
         """Stored only when the group is in the producer's ongoing transaction,
@@ -56,6 +98,9 @@ class GroupRPCs:
                 request.producer_epoch,
                 offsets,
                 stamp.now_ms,
+                _generation(request),
+                request.member_id,
+                request.group_instance_id,
             )
 
         def in_transaction() -> Outcome | None:
@@ -112,7 +157,14 @@ class GroupRPCs:
         offsets = _offset_entries(request.topics)
         outcome = self.router.run(
             self.router.shard_of(request.group_id),
-            lambda stamp: OffsetCommit(request.group_id, offsets, stamp.now_ms),
+            lambda stamp: OffsetCommit(
+                request.group_id,
+                offsets,
+                stamp.now_ms,
+                _generation(request),
+                request.member_id,
+                request.group_instance_id,
+            ),
         )
         return coordinator_pb2.OffsetCommitResponse(
             error_code=wire_error(outcome.error),
@@ -205,6 +257,284 @@ class GroupRPCs:
         if marker.result not in (common_pb2.COMMIT, common_pb2.ABORT):
             return ErrorCode.INVALID_REQUEST
         return self.router.shards.availability(self.router.shard_of(group_id))
+
+    # --- membership ----------------------------------------------------------------
+
+    def JoinGroup(self, request: Any, context: Any) -> Any:
+        shard = self.router.shard_of(request.group_id)
+        new_member_id = ""
+        if not request.member_id:
+            prefix = request.group_instance_id or request.client_id[:MEMBER_ID_PREFIX_CHARS]
+            new_member_id = f"{prefix or 'member'}-{uuid.uuid4()}"
+        protocols = tuple(GroupProtocol(p.name, p.metadata) for p in request.protocols)
+        outcome = self.router.run(
+            shard,
+            lambda stamp: JoinGroup(
+                request.group_id,
+                request.member_id,
+                request.group_instance_id,
+                request.client_id,
+                request.protocol_type,
+                protocols,
+                request.session_timeout_ms,
+                request.rebalance_timeout_ms,
+                new_member_id,
+                stamp.now_ms,
+            ),
+        )
+        member_id = request.member_id or new_member_id
+        if outcome.error is not ErrorCode.NONE:
+            return coordinator_pb2.JoinGroupResponse(
+                error_code=wire_error(outcome.error),
+                error_message=outcome.message,
+                generation_id=-1,
+                member_id=member_id if outcome.error is ErrorCode.MEMBER_ID_REQUIRED else "",
+            )
+
+        def joined(group: GroupMembership | None) -> Any:
+            if group is not None and (
+                group.state is GroupState.PREPARING_REBALANCE
+                and group.generation <= outcome.generation
+            ):
+                return None  # the join has not completed yet
+            return _join_answer(group, member_id)
+
+        wait_s = request.rebalance_timeout_ms / 1000 + WAIT_GRACE_S
+        try:
+            return self._await_group(shard, request.group_id, joined, wait_s)
+        except Refused as refused:
+            return coordinator_pb2.JoinGroupResponse(
+                error_code=wire_error(refused.error),
+                error_message=refused.message,
+                generation_id=-1,
+            )
+
+    def SyncGroup(self, request: Any, context: Any) -> Any:
+        shard = self.router.shard_of(request.group_id)
+        assignments = tuple(
+            MemberAssignment(a.member_id, a.assignment) for a in request.assignments
+        )
+        outcome = self.router.run(
+            shard,
+            lambda stamp: SyncGroup(
+                request.group_id,
+                request.member_id,
+                request.group_instance_id,
+                request.generation_id,
+                assignments,
+                stamp.now_ms,
+            ),
+        )
+        if outcome.error is not ErrorCode.NONE:
+            return coordinator_pb2.SyncGroupResponse(
+                error_code=wire_error(outcome.error), error_message=outcome.message
+            )
+
+        def synced(group: GroupMembership | None) -> Any:
+            if group is None or request.member_id not in group.members:
+                return _sync_error(ErrorCode.UNKNOWN_MEMBER_ID, "no longer a member")
+            if group.generation != request.generation_id:
+                return _sync_error(ErrorCode.ILLEGAL_GENERATION, "the group moved on")
+            if group.state is GroupState.PREPARING_REBALANCE:
+                return _sync_error(ErrorCode.REBALANCE_IN_PROGRESS, "the group rebalances")
+            if group.state is not GroupState.STABLE:
+                return None  # the leader's assignment has not come yet
+            for wanted, name in (
+                (request.protocol_type, group.protocol_type),
+                (request.protocol_name, group.protocol_name),
+            ):
+                if wanted and wanted != name:
+                    return _sync_error(
+                        ErrorCode.INCONSISTENT_GROUP_PROTOCOL, f"the group's protocol is {name!r}"
+                    )
+            return coordinator_pb2.SyncGroupResponse(
+                error_code=wire_error(ErrorCode.NONE),
+                protocol_type=group.protocol_type,
+                protocol_name=group.protocol_name,
+                assignment=group.members[request.member_id].assignment,
+            )
+
+        def session_s(group: GroupMembership | None) -> float:
+            member = None if group is None else group.members.get(request.member_id)
+            return 0.0 if member is None else member.session_timeout_ms / 1000
+
+        try:
+            wait_s = self.router.shards.query(shard, lambda m: session_s(m.group(request.group_id)))
+            return self._await_group(shard, request.group_id, synced, wait_s + WAIT_GRACE_S)
+        except Refused as refused:
+            return _sync_error(refused.error, refused.message)
+
+    def Heartbeat(self, request: Any, context: Any) -> Any:
+        outcome = self.router.run(
+            self.router.shard_of(request.group_id),
+            lambda stamp: Heartbeat(
+                request.group_id,
+                request.member_id,
+                request.group_instance_id,
+                request.generation_id,
+                stamp.now_ms,
+            ),
+        )
+        return coordinator_pb2.HeartbeatResponse(
+            error_code=wire_error(outcome.error), error_message=outcome.message
+        )
+
+    def LeaveGroup(self, request: Any, context: Any) -> Any:
+        shard = self.router.shard_of(request.group_id)
+        try:
+            self.router.check(shard)
+        except Refused as refused:
+            return coordinator_pb2.LeaveGroupResponse(
+                error_code=wire_error(refused.error), error_message=refused.message
+            )
+        if not request.members:
+            return coordinator_pb2.LeaveGroupResponse(
+                error_code=wire_error(ErrorCode.INVALID_REQUEST), error_message="no members given"
+            )
+        # One command per member (Kafka answers each member on its own).
+        outcomes = [
+            self.router.run(shard, _leave(request.group_id, m.member_id, m.group_instance_id))
+            for m in request.members
+        ]
+        shared = {o.error for o in outcomes} - _MEMBER_ERRORS - {ErrorCode.NONE}
+        top = next(iter(shared), ErrorCode.NONE)
+        return coordinator_pb2.LeaveGroupResponse(
+            error_code=wire_error(top),
+            error_message="" if top is ErrorCode.NONE else top.name,
+            members=[
+                coordinator_pb2.LeaveGroupMemberResponse(
+                    member_id=m.member_id,
+                    group_instance_id=m.group_instance_id,
+                    error_code=wire_error(o.error),
+                )
+                for m, o in zip(request.members, outcomes, strict=True)
+            ],
+        )
+
+    def DescribeGroups(self, request: Any, context: Any) -> Any:
+        described = []
+        for group_id in request.group_ids:
+            try:
+                if id_error("group_id", group_id):
+                    raise Refused(ErrorCode.INVALID_REQUEST, "invalid group id")
+                group = self.router.read(self.router.shard_of(group_id), _group_of(group_id))
+            except Refused as refused:
+                described.append(
+                    coordinator_pb2.DescribedGroup(
+                        error_code=wire_error(refused.error), group_id=group_id
+                    )
+                )
+                continue
+            described.append(_describe(group_id, group))
+        return coordinator_pb2.DescribeGroupsResponse(groups=described)
+
+    def _await_group(
+        self,
+        shard: int,
+        group_id: str,
+        answer: Callable[[GroupMembership | None], T | None],
+        timeout_s: float,
+    ) -> T:
+        """``answer`` of the applied group, once it is not None.
+
+        Raises:
+            Refused: this node stopped leading the shard (NOT_COORDINATOR),
+                too many requests wait already, or ``timeout_s`` passed.
+        """
+        if not self._waiting.acquire(blocking=False):
+            raise Refused(
+                ErrorCode.COORDINATOR_NOT_AVAILABLE, "too many group requests waiting; retry"
+            )
+        try:
+            deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+            while True:
+                if self.router.shards.availability(shard) is not ErrorCode.NONE:
+                    raise Refused(
+                        ErrorCode.NOT_COORDINATOR, "the group's coordinator changed; find it again"
+                    )
+                found = answer(self.router.shards.query(shard, lambda m: m.group(group_id)))
+                if found is not None:
+                    return found
+                if time.monotonic() >= deadline:
+                    raise Refused(ErrorCode.REBALANCE_IN_PROGRESS, "the rebalance did not end")
+                time.sleep(POLL_INTERVAL_S)
+        finally:
+            self._waiting.release()
+
+
+#: Per-member LeaveGroup answers (the others concern the whole request).
+_MEMBER_ERRORS = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID})
+
+
+def _generation(request: Any) -> int:
+    """An offset commit's generation; absent means no group membership."""
+    return int(request.generation_id) if request.HasField("generation_id") else NO_GENERATION
+
+
+def _leave(group_id: str, member_id: str, group_instance_id: str) -> Unstamped:
+    return lambda stamp: LeaveGroup(group_id, member_id, group_instance_id, stamp.now_ms)
+
+
+def _group_of(group_id: str) -> Callable[[TransactionStateMachine], GroupMembership | None]:
+    return lambda machine: machine.group(group_id)
+
+
+def _join_answer(group: GroupMembership | None, member_id: str) -> Any:
+    if group is None or member_id not in group.members:
+        return coordinator_pb2.JoinGroupResponse(
+            error_code=wire_error(ErrorCode.UNKNOWN_MEMBER_ID),
+            error_message="removed from the group before its join completed",
+            generation_id=-1,
+        )
+    leader = member_id == group.leader_id
+    return coordinator_pb2.JoinGroupResponse(
+        error_code=wire_error(ErrorCode.NONE),
+        generation_id=group.generation,
+        protocol_type=group.protocol_type,
+        protocol_name=group.protocol_name,
+        leader=group.leader_id,
+        member_id=member_id,
+        members=[
+            coordinator_pb2.JoinGroupMember(
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                metadata=m.metadata(group.protocol_name),
+            )
+            for m in group.members.values()
+        ]
+        if leader
+        else [],
+    )
+
+
+def _sync_error(error: ErrorCode, message: str) -> Any:
+    return coordinator_pb2.SyncGroupResponse(error_code=wire_error(error), error_message=message)
+
+
+def _describe(group_id: str, group: GroupMembership | None) -> Any:
+    if group is None:
+        return coordinator_pb2.DescribedGroup(
+            error_code=wire_error(ErrorCode.NONE), group_id=group_id, state="Dead"
+        )
+    return coordinator_pb2.DescribedGroup(
+        error_code=wire_error(ErrorCode.NONE),
+        group_id=group_id,
+        state=group.state.value,
+        protocol_type=group.protocol_type,
+        protocol_name=group.protocol_name,
+        generation_id=group.generation,
+        leader=group.leader_id,
+        members=[
+            coordinator_pb2.DescribedGroupMember(
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=m.client_id,
+                metadata=m.metadata(group.protocol_name),
+                assignment=m.assignment,
+            )
+            for m in group.members.values()
+        ],
+    )
 
 
 def group_marker(group_id: str, producer_id: int, producer_epoch: int, commit: bool) -> Unstamped:
