@@ -291,8 +291,8 @@ def run_load(
     cpu1 = node_cpu(cluster)
     applied1 = applied_on_leaders(cluster, leaders)
     tally = Tally()
-    for t in tallies:
-        tally.merge(t)
+    for part in tallies:
+        tally.merge(part)
     return Phase(
         name,
         threads,

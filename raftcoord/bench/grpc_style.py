@@ -3,9 +3,11 @@
 server, both serving the empty ``CoordinatorAdmin.Ping`` call.
 
 Run: ``raftcoord bench grpc`` (about a minute; ``--quick`` about 15 s). Each
-server runs alone in a process of its own on 127.0.0.1; the callers are
-spread over client processes (:func:`raftcoord.bench.load.run_load`) at 1, 8,
-32 and 128 concurrent callers for ``--seconds`` each. Reports calls/s,
+server runs in a process of its own on 127.0.0.1 (both at once, the idle one
+waiting); the callers are spread over client processes
+(:func:`raftcoord.bench.load.run_load`) at 1, 8, 32 and 128 concurrent
+callers for ``--seconds`` each, the two styles taking turns at each count so
+that a change in the machine's load falls on both. Reports calls/s,
 p50/p99 and the server process's CPU per call (utime + stime from /proc).
 """
 
@@ -13,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
-import time
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -79,51 +82,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_path", help="also write the results here as JSON")
 
 
-def measure(style: str, callers: list[int], seconds: float, processes: int) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def server(style: str) -> Iterator[tuple[str, int]]:
+    """A server of ``style`` in a process of its own: (address, pid)."""
     context = multiprocessing.get_context("spawn")
     address = f"127.0.0.1:{free_ports(1)[0]}"
     stop = context.Event()
-    server = context.Process(target=_serve, args=(style, address, stop), daemon=True)
-    server.start()
+    proc = context.Process(target=_serve, args=(style, address, stop), daemon=True)
+    proc.start()
     try:
-        deadline = time.monotonic() + 30
         with grpc.insecure_channel(address) as channel:
-            grpc.channel_ready_future(channel).result(timeout=max(0.0, deadline - time.monotonic()))
-        rows = []
-        assert server.pid is not None
-        for n in callers:
-            result = run_load(Work("ping", [address]), n, seconds, processes, [server.pid])
-            out = result.outcome
-            rows.append(
-                {
-                    "style": style,
-                    "callers": n,
-                    "calls": out.completed,
-                    "failed": out.failed,
-                    "calls_per_s": round(result.rate, 1),
-                    "p50_ms": round(percentile(out.latencies, 50) * 1000, 3),
-                    "p99_ms": round(percentile(out.latencies, 99) * 1000, 3),
-                    "server_cpu_us_per_call": round(
-                        result.cluster_cpu_s * 1e6 / out.completed if out.completed else 0.0, 1
-                    ),
-                }
-            )
-        return rows
+            grpc.channel_ready_future(channel).result(timeout=30)
+        assert proc.pid is not None
+        yield address, proc.pid
     finally:
         stop.set()
-        server.join(timeout=10)
-        if server.is_alive():
-            server.kill()
-            server.join(timeout=10)
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+def measure(
+    style: str, address: str, pid: int, callers: int, seconds: float, processes: int
+) -> dict[str, Any]:
+    result = run_load(Work("ping", [address]), callers, seconds, processes, [pid])
+    out = result.outcome
+    return {
+        "style": style,
+        "callers": callers,
+        "calls": out.completed,
+        "failed": out.failed,
+        "calls_per_s": round(result.rate, 1),
+        "p50_ms": round(percentile(out.latencies, 50) * 1000, 3),
+        "p99_ms": round(percentile(out.latencies, 99) * 1000, 3),
+        "server_cpu_us_per_call": round(
+            result.cluster_cpu_s * 1e6 / out.completed if out.completed else 0.0, 1
+        ),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     seconds = args.seconds or (1.0 if args.quick else 4.0)
     console = Console(stderr=True)
     rows = []
-    for style in STYLES:
-        console.log(f"{style}: {', '.join(map(str, args.callers))} callers, {seconds:g} s each")
-        rows += measure(style, args.callers, seconds, args.client_processes)
+    with contextlib.ExitStack() as stack:
+        servers = {style: stack.enter_context(server(style)) for style in STYLES}
+        for callers in args.callers:
+            for style, (address, pid) in servers.items():
+                console.log(f"{style}: {callers} callers for {seconds:g} s")
+                rows.append(measure(style, address, pid, callers, seconds, args.client_processes))
+    rows.sort(key=lambda r: (STYLES.index(r["style"]), r["callers"]))
     table = Table(
         title="empty unary call (Ping), server alone in its process", title_justify="left"
     )

@@ -7,6 +7,7 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -83,7 +84,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def machine() -> dict[str, object]:
+def machine() -> dict[str, Any]:
     """What the run ran on: cores, CPU model, load average, versions."""
     return {
         "nproc": os.cpu_count(),
