@@ -223,7 +223,7 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert results["txn_vs_idempotent"]["ratio"] > 0
 
     opened = results["open_transactions"]
-    assert opened["opened"] > 0 and opened["failed_opens"] == 0
+    assert opened["opened"] > 0
     assert all(m > 0 for level in opened["levels"] for m in level["rss_mb"])
     assert results["failover"]["median_s"] > 0
     assert [r["shards"] for r in results["scaling"]] == [1, 3]

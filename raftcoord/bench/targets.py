@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ TOPIC_PARTITIONS = 6
 TXN_TIMEOUT_MS = 900_000  # the maximum: no open transaction times out during a run
 CALL_TIMEOUT_S = 30.0
 OPEN_WINDOW = 256  # open-transaction requests in flight at once
+REFUSED_BACKOFF_S = 0.2  # before retrying refused opens
 
 
 def _ints(text: str) -> list[int]:
@@ -212,11 +214,6 @@ def load_figures(result: LoadResult) -> dict[str, Any]:
     }
 
 
-def leader_stub(admin: Admin, tid: str) -> Any:
-    address = admin.find_coordinator(tid)
-    return coordinator_pb2_grpc.TransactionCoordinatorStub(grpc.insecure_channel(address))
-
-
 def _error(answer: Any) -> ErrorCode:
     if answer.error_code != ErrorCode.NONE:
         return ErrorCode(answer.error_code)
@@ -250,17 +247,19 @@ def ceilings(
     step("ceilings: bare Raft commit")
     tid = "bench-raft-commit"
     with Admin(bootstrap(cluster)) as admin:
-        stub = leader_stub(admin, tid)
+        address = admin.find_coordinator(tid)
     latencies = []
     errors = 0
-    stub.InitProducerId(init_request(tid), timeout=CALL_TIMEOUT_S)
-    for _ in range(options.raft_n):
-        started = time.perf_counter()
-        answer = stub.InitProducerId(init_request(tid), timeout=CALL_TIMEOUT_S)
-        if _error(answer) is ErrorCode.NONE:
-            latencies.append(time.perf_counter() - started)
-        else:
-            errors += 1
+    with grpc.insecure_channel(address) as channel:
+        stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
+        stub.InitProducerId(init_request(tid), timeout=CALL_TIMEOUT_S)
+        for _ in range(options.raft_n):
+            started = time.perf_counter()
+            answer = stub.InitProducerId(init_request(tid), timeout=CALL_TIMEOUT_S)
+            if _error(answer) is ErrorCode.NONE:
+                latencies.append(time.perf_counter() - started)
+            else:
+                errors += 1
     step("ceilings: disk fsyncs/s")
     return {
         "ping": ping,
@@ -396,18 +395,28 @@ def open_transactions(
     cluster: LocalCluster, options: Options, step: Callable[[str], None]
 ) -> dict[str, Any]:
     """Open transactions (InitProducerId + AddPartitionsToTxn, never ended) with
-    the generated stubs, many in flight; RSS and cost per transaction at each level."""
+    the generated stubs, many in flight; RSS and cost per transaction at each level.
+    An id refused (a leader moved, say) is tried again with fresh routes."""
     assert cluster.state is not None
     coordinators = cluster.coordinators()
     shard_count = cluster.state.shard_count
-    with Admin(bootstrap(cluster)) as admin:
-        route = {
-            s: leader_stub(
-                admin,
-                next(f"open-{i}" for i in range(10**6) if shard_for(f"open-{i}", shard_count) == s),
-            )
-            for s in range(shard_count)
-        }
+    probes: dict[int, str] = {}
+    for i in range(10**6):
+        probes.setdefault(shard_for(f"open-{i}", shard_count), f"open-{i}")
+        if len(probes) == shard_count:
+            break
+    stubs: dict[str, Any] = {}
+    channels: list[grpc.Channel] = []
+
+    def routes(admin: Admin) -> dict[int, Any]:
+        found = {}
+        for shard, tid in probes.items():
+            address = admin.find_coordinator(tid)
+            if address not in stubs:
+                channels.append(grpc.insecure_channel(address))
+                stubs[address] = coordinator_pb2_grpc.TransactionCoordinatorStub(channels[-1])
+            found[shard] = stubs[address]
+        return found
 
     def rss_mb() -> list[float]:
         return [round(rss_bytes(n.pid) / 1e6, 1) for n in coordinators]
@@ -419,26 +428,39 @@ def open_transactions(
 
     levels: list[dict[str, Any]] = [{"open": 0, "rss_mb": rss_mb()}]
     opened = 0
-    failed = 0
+    next_id = 0
+    retry: list[str] = []
+    errors: Counter[str] = Counter()
     spent = 0.0
     budget_hit = False
-    for level in [100, *options.open_levels]:
-        step(f"open transactions: opening up to {level}")
-        started = time.perf_counter()
-        while opened < level and spent + (time.perf_counter() - started) < options.open_budget_s:
-            batch = [f"open-{i}" for i in range(opened, min(level, opened + OPEN_WINDOW))]
-            good, bad = _open_batch(route, shard_count, batch)
-            opened += good
-            failed += bad
-            if bad and not good:
-                break
-        spent += time.perf_counter() - started
-        budget_hit = opened < level
-        entry: dict[str, Any] = {"open": opened, "requested": level, "rss_mb": rss_mb()}
-        entry["cost"] = cost(opened)
-        levels.append(entry)
-        if budget_hit:
-            break
+    try:
+        with Admin(bootstrap(cluster)) as admin:
+            route = routes(admin)
+            for level in [100, *options.open_levels]:
+                step(f"open transactions: opening up to {level}")
+                started = time.perf_counter()
+                while (
+                    opened < level
+                    and spent + (time.perf_counter() - started) < options.open_budget_s
+                ):
+                    fresh = max(0, min(OPEN_WINDOW, level - opened) - len(retry))
+                    batch = retry + [f"open-{i}" for i in range(next_id, next_id + fresh)]
+                    next_id += fresh
+                    good, retry, refused = _open_batch(route, shard_count, batch)
+                    opened += good
+                    errors.update(refused)
+                    if retry:  # a leader moved or is loading: let it settle
+                        time.sleep(REFUSED_BACKOFF_S)
+                        route = routes(admin)
+                spent += time.perf_counter() - started
+                budget_hit = opened < level
+                levels.append({"open": opened, "requested": level, "rss_mb": rss_mb()})
+                levels[-1]["cost"] = cost(opened)
+                if budget_hit:
+                    break
+    finally:
+        for channel in channels:
+            channel.close()
     base = max(levels[0]["rss_mb"])
     top = levels[-1]
     per_10k = (max(top["rss_mb"]) - base) / top["open"] * 10_000 if top["open"] else 0.0
@@ -447,7 +469,7 @@ def open_transactions(
     return {
         "levels": levels,
         "opened": opened,
-        "failed_opens": failed,
+        "refused_and_retried": dict(errors),
         "open_rate_per_s": round(opened / spent, 1) if spent else 0.0,
         "budget_s": options.open_budget_s,
         "budget_hit": budget_hit,
@@ -456,24 +478,32 @@ def open_transactions(
     }
 
 
-def _open_batch(route: dict[int, Any], shard_count: int, tids: list[str]) -> tuple[int, int]:
+def _open_batch(
+    route: dict[int, Any], shard_count: int, tids: list[str]
+) -> tuple[int, list[str], Counter[str]]:
     """InitProducerId for every id at once, then AddPartitionsToTxn for those
-    that got one: (opened, failed)."""
+    that got one: (opened, the ids to try again, why they failed)."""
     stubs = {tid: route[shard_for(tid, shard_count)] for tid in tids}
     inits = {
         tid: stubs[tid].InitProducerId.future(init_request(tid), timeout=CALL_TIMEOUT_S)
         for tid in tids
     }
     adds = {}
-    failed = 0
+    failed: list[str] = []
+    why: Counter[str] = Counter()
+
+    def refused(tid: str, method: str, reason: str) -> None:
+        failed.append(tid)
+        why[f"{method} {reason}"] += 1
+
     for k, (tid, future) in enumerate(inits.items()):
         try:
             answer = future.result()
-        except grpc.RpcError:
-            failed += 1
+        except grpc.RpcError as exc:
+            refused(tid, "InitProducerId", exc.code().name)
             continue
         if _error(answer) is not ErrorCode.NONE:
-            failed += 1
+            refused(tid, "InitProducerId", _error(answer).name)
             continue
         request = coordinator_pb2.AddPartitionsToTxnRequest(
             transactional_id=tid,
@@ -482,15 +512,15 @@ def _open_batch(route: dict[int, Any], shard_count: int, tids: list[str]) -> tup
             topics=[common_pb2.TopicPartitions(topic=TOPIC, partitions=[k % TOPIC_PARTITIONS])],
         )
         adds[tid] = stubs[tid].AddPartitionsToTxn.future(request, timeout=CALL_TIMEOUT_S)
-    opened = 0
-    for future in adds.values():
+    for tid, future in adds.items():
         try:
-            ok = _error(future.result()) is ErrorCode.NONE
-        except grpc.RpcError:
-            ok = False
-        opened += ok
-        failed += not ok
-    return opened, failed
+            error = _error(future.result())
+        except grpc.RpcError as exc:
+            refused(tid, "AddPartitionsToTxn", exc.code().name)
+            continue
+        if error is not ErrorCode.NONE:
+            refused(tid, "AddPartitionsToTxn", error.name)
+    return len(tids) - len(failed), failed, why
 
 
 def scaling(options: Options, step: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -678,6 +708,9 @@ def tables(results: dict[str, Any]) -> list[Table]:
         )
         if opened["budget_hit"]:
             title += f"; budget of {opened['budget_s']:.0f} s hit at {opened['opened']}"
+        retried = sum(opened["refused_and_retried"].values())
+        if retried:
+            title += f"; {retried} refused and retried"
         rows = []
         for level in opened["levels"]:
             cost = level.get("cost")
