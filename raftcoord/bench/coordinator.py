@@ -27,8 +27,6 @@ cached per shard (resolved before the timed phases; looked up again after a
 NOT_COORDINATOR or gRPC failure). Requests are not retried: every answer's
 error code is checked, failures are counted per method and code, and the
 tables say when a phase had any. Progress goes to stderr, markdown to stdout.
-
-One program, one file: it is run as a script.
 """
 
 from __future__ import annotations
