@@ -66,6 +66,10 @@ OPEN_WINDOW = 256  # open-transaction requests in flight at once
 REFUSED_BACKOFF_S = 0.2  # before retrying refused opens
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -239,7 +243,7 @@ def ceilings(
     leader = cluster.state.node(cluster.leaders()[0]) if cluster.state else None
     assert leader is not None
     for callers in (1, 32):
-        step(f"ceilings: Ping, {callers} callers")
+        step(f"ceilings: Ping, {plural(callers, 'caller')}")
         work = Work("ping", [leader.grpc])
         ping.append(
             load_figures(run_load(work, callers, options.seconds, options.processes, pids(cluster)))
@@ -302,7 +306,7 @@ def end_to_end(
         (32 if 32 in options.producers else max(options.producers), 10)
     ]
     for producers, records in shapes:
-        step(f"end to end: {producers} producers, {records} records per transaction")
+        step(f"end to end: {plural(producers, 'producer')}, {records} records per transaction")
         work = txn_work(cluster, f"e2e-{producers}-{records}", records)
         figures = load_figures(
             run_load(work, producers, options.seconds, options.processes, pids(cluster))
@@ -526,7 +530,7 @@ def _open_batch(
 def scaling(options: Options, step: Callable[[str], None]) -> list[dict[str, Any]]:
     rows = []
     for shards in options.scale_shards:
-        step(f"scaling: {shards} shards")
+        step(f"scaling: {plural(shards, 'shard')}")
         with local_cluster(options.parent, shards) as cluster:
             work = txn_work(cluster, f"scale-{shards}")
             figures = load_figures(
@@ -648,7 +652,9 @@ def tables(results: dict[str, Any]) -> list[Table]:
     out = []
     ceil = results.get("ceilings")
     if ceil:
-        rows = [[f"Ping, {f['concurrency']} callers", *_load_cells(f)] for f in ceil["ping"]]
+        rows = [
+            [f"Ping, {plural(f['concurrency'], 'caller')}", *_load_cells(f)] for f in ceil["ping"]
+        ]
         raft = ceil["raft_commit"]
         rows.append(
             ["bare Raft commit, 1 caller", "", f"{raft['p50_ms']:.1f}", f"{raft['p99_ms']:.1f}"]
