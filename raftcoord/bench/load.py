@@ -130,20 +130,28 @@ class Actor:
             producer = TransactionalProducer(
                 list(work.bootstrap), transactional_id=f"{work.id_prefix}-{self.index}"
             )
-            producer.init_transactions()
-            producer.partitions_for(work.topic)
+            try:
+                producer.init_transactions()
+                producer.partitions_for(work.topic)
+            except KafkaError:
+                producer.close(0)
+                raise
             self.producer = producer
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         if self.producer is not None:
-            self.producer.close()
+            self.producer.close(timeout_s)
+            self.producer = None
         if self.channel is not None:
             self.channel.close()
+            self.channel = None
 
     def step(self, outcome: Outcome) -> bool:
         """One call, transaction or flush; False (counted in ``outcome``) on failure."""
         started = time.perf_counter()
         try:
+            if self.producer is None and self.channel is None:  # the last reopen failed
+                self._open()
             if self.work.kind == "ping":
                 self.stub.Ping(admin_pb2.PingRequest(), timeout=CALL_TIMEOUT_S)
                 committing, sent = started, 0
@@ -184,8 +192,9 @@ class Actor:
         return committing, sent
 
     def _recover(self) -> None:
-        """Abort a failed transaction; when even that fails, a new producer
-        (its InitProducerId fences the old one)."""
+        """Abort a failed transaction; when even that fails, drop the producer
+        (what it still holds fails at once): the next step opens a new one,
+        whose InitProducerId fences the old."""
         if isinstance(self.producer, TransactionalProducer):
             try:
                 self.producer.abort_transaction()
@@ -193,8 +202,7 @@ class Actor:
             except KafkaError:
                 pass
         if self.work.kind != "ping":
-            self.close()
-            self._open()
+            self.close(timeout_s=0)
 
 
 def _client_process(

@@ -348,17 +348,20 @@ def failover(
     work = txn_work(cluster, prefix)
     actors = [Actor(work, i) for i in indexes]
     commits: list[float] = []
-    outcome = Outcome()
+    outcomes = [Outcome() for _ in actors]
     stop = threading.Event()
     lock = threading.Lock()
 
-    def loop(actor: Actor) -> None:
+    def loop(actor: Actor, outcome: Outcome) -> None:
         while not stop.is_set():
             if actor.step(outcome):
                 with lock:
                     commits.append(time.monotonic())
 
-    threads = [threading.Thread(target=loop, args=(a,), daemon=True) for a in actors]
+    threads = [
+        threading.Thread(target=loop, args=pair, daemon=True)
+        for pair in zip(actors, outcomes, strict=True)
+    ]
     for thread in threads:
         thread.start()
     times: list[float] = []
@@ -387,6 +390,9 @@ def failover(
             thread.join(timeout=60)
         for actor in actors:
             actor.close()
+    outcome = Outcome()
+    for part in outcomes:
+        outcome.merge(part)
     return {
         "runs_s": [round(t, 3) for t in times],
         "median_s": round(statistics.median(times), 3) if times else 0.0,
