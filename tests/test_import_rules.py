@@ -2,7 +2,7 @@
 
 A component is a top-level package (fsm, pid_allocator, marker_writer,
 partition_log, spark) or a subpackage of raftcoord (protocol, coordinator,
-client, cluster, chaos, cli). Every import counts, also one inside a function
+client, cluster, chaos, cli, bench). Every import counts, also one inside a function
 or under ``TYPE_CHECKING``: a hidden arrow is still an arrow.
 """
 
@@ -17,7 +17,7 @@ from tests.test_purity import FORBIDDEN
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TOP_LEVEL = ("fsm", "pid_allocator", "marker_writer", "partition_log", "spark")
-RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli")
+RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli", "bench")
 
 #: The protocol's modules without I/O, the only part of raftcoord the pure core may import.
 PURE_PROTOCOL = frozenset(
@@ -82,6 +82,8 @@ def violations(module: str, imports: Iterable[tuple[int, str]]) -> list[str]:
             refuse(f"{owner} talks to the coordinators only through the protocol")
         if owner == "raftcoord.protocol" and other not in (None, "raftcoord.protocol"):
             refuse("the protocol imports no other component")
+        if other == "raftcoord.bench" and owner not in ("raftcoord.bench", "raftcoord.cli"):
+            refuse("only the command line imports the benchmarks")
     return problems
 
 
@@ -205,6 +207,13 @@ def test_the_checker_refuses_forbidden_arrows() -> None:
         " (the protocol imports no other component)",
     ]
     assert check("partition_log.node", "from raftcoord.protocol.config import load_config") == []
+    assert check("raftcoord.chaos.workload", "from raftcoord.bench import stats") == [
+        "raftcoord.chaos.workload:1: raftcoord.bench"
+        " (only the command line imports the benchmarks)",
+        "raftcoord.chaos.workload:1: raftcoord.bench.stats"
+        " (only the command line imports the benchmarks)",
+    ]
+    assert check("raftcoord.cli.bench", "from raftcoord.bench import targets") == []
 
 
 def test_the_checker_finds_a_cycle() -> None:

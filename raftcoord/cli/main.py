@@ -1,5 +1,5 @@
 """The raftcoord command line: a local cluster, its nodes, the chaos workload
-and nemesis, and the Spark audit."""
+and nemesis, the Spark audit and the benchmarks."""
 
 from __future__ import annotations
 
@@ -109,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
     pnode.set_defaults(func=_partition_node)
     from raftcoord.chaos import commands as chaos
-    from raftcoord.cli import cluster
+    from raftcoord.cli import bench, cluster
     from raftcoord.cli import txn as txn_cli
     from spark import cli as audit_cli
 
     cluster.add_parser(commands)
     chaos.add_parsers(commands)
     txn_cli.add_parser(commands)
+    bench.add_parser(commands)
     audit = commands.add_parser(
         "audit", help="Spark exactly-once audit of a run's logs and history (docs/audit.md)"
     )

@@ -133,6 +133,9 @@ class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):
             shards=statuses,
         )
 
+    def Ping(self, request: Any, context: Any) -> Any:
+        return admin_pb2.PingResponse()
+
 
 def _describe(transactional_id: str) -> Reader[TransactionMetadata | None]:
     return lambda machine: machine.describe(transactional_id)

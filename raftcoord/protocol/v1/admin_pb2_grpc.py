@@ -42,6 +42,11 @@ class CoordinatorAdminStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusResponse.FromString,
                 _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/raftcoord.v1.CoordinatorAdmin/Ping',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorAdminServicer:
@@ -57,6 +62,14 @@ class CoordinatorAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ping(self, request, context):
+        """An empty call answered at once, touching no shard: the cost of a bare
+        unary call on the node's gRPC server (`raftcoord bench` measures it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -64,6 +77,11 @@ def add_CoordinatorAdminServicer_to_server(servicer, server):
                     servicer.NodeStatus,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusResponse.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -96,6 +114,33 @@ class CoordinatorAdmin:
             '/raftcoord.v1.CoordinatorAdmin/NodeStatus',
             raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_admin__pb2.NodeStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.CoordinatorAdmin/Ping',
+            raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingResponse.FromString,
             options,
             channel_credentials,
             insecure,

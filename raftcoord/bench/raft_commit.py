@@ -1,6 +1,6 @@
 """Commit latency, throughput and idle CPU of a 3-node pysyncobj cluster per fsync policy.
 
-Run: ``.venv/bin/python bench/raft_commit.py`` (about a minute). For each fsync
+Run: ``raftcoord bench raft`` (about a minute). For each fsync
 policy of :mod:`raftcoord.coordinator.raft_journal` (always, batch, never) and two tick
 settings (pysyncobj's defaults, autoTickPeriod 0.05 s / appendEntriesPeriod
 0.1 s, and an aggressive 0.001 s / 0.002 s) it starts three SyncObj nodes in
@@ -34,15 +34,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pysyncobj
 from pysyncobj import SyncObj, replicated
 from pysyncobj.version import VERSION as PYSYNCOBJ_VERSION
 
+from raftcoord.bench.stats import percentile
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.raft import raft_conf
@@ -71,12 +69,6 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
         time.sleep(0.005)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def run_one(
@@ -158,8 +150,7 @@ def run_one(
             raft_journal.unregister_journal(path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=200, help="sync commits (aggressive tick)")
     parser.add_argument(
         "--n-default-tick", type=int, default=50, help="sync commits (default tick)"
@@ -168,7 +159,9 @@ def main() -> None:
     parser.add_argument("--tput-s", type=float, default=2.0)
     parser.add_argument("--idle-s", type=float, default=3.0)
     parser.add_argument("--dir", default=None, help="directory for journals (default: system tmp)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
 
     raft_journal.install()
     started = time.monotonic()
@@ -206,7 +199,4 @@ def main() -> None:
         )
     print()
     print(f"total run time {time.monotonic() - started:.0f} s")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
 """Benchmark of the Spark audit (``raftcoord audit``): time and rows/s by run size.
 
-    .venv/bin/python bench/audit.py [--sizes 10000 100000 1000000] [--master local[*]]
+    raftcoord bench audit [--sizes 10000 100000 1000000] [--master local[*]]
 
 For each size, generates a clean synthetic run of that many values
 (``spark/synthetic.py``: segments, transitions of 3 replicas, history), audits
@@ -21,17 +21,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from spark import audit, stats, synthetic
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--shuffle-partitions", type=int, default=8)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     spark = audit.session(args.master, args.shuffle_partitions)
     rows_out = []
     try:
@@ -78,7 +77,3 @@ def main() -> int:
             f"| {size:,} | {rows:,} | {mib:.0f} | {generated:.1f} | {elapsed:.1f} | {rate:,.0f} |"
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

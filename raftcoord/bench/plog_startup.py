@@ -1,6 +1,6 @@
 """Start-up time of one partition against its log size, with and without producer-state snapshots.
 
-Run: ``.venv/bin/python bench/plog_startup.py --sizes 10M,100M,1G`` (the 1 GB
+Run: ``raftcoord bench plog-startup --sizes 10M,100M,1G`` (the 1 GB
 log takes a few minutes to write; ``--sizes 10M`` is a quick run). For each
 size it writes a partition log in a temporary directory (on the disk given by
 ``--dir``) through :class:`partition_log.partition.Partition`, as a node
@@ -28,13 +28,10 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console
 from rich.table import Table
@@ -135,8 +132,7 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, {platform.system()}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="10M,100M", help="log sizes, e.g. 10M,100M,1G")
     parser.add_argument("--segment-bytes", type=parse_size, default=64 << 20)
     parser.add_argument("--records", type=int, default=10, help="records per batch")
@@ -144,7 +140,9 @@ def main() -> None:
     parser.add_argument("--txn-batches", type=int, default=20, help="batches per transaction")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where the temporary logs go")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
     table = Table(title=f"partition start-up time (median of {args.repeat} opens)")
@@ -185,7 +183,4 @@ def main() -> None:
     console = Console(width=160)
     console.print(table)
     console.print(f"segments of {args.segment_bytes >> 20} MiB; {machine()}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
 """Latency, throughput, group commit and idle CPU of a local raftcoord cluster.
 
-Run: ``.venv/bin/python bench/coordinator.py`` (about 50 s; ``--quick`` about
+Run: ``raftcoord bench coordinator`` (about 50 s; ``--quick`` about
 15 s). For each fsync policy (``--fsync always,never`` by default,
 ``always`` with ``--quick``) it starts a 3-coordinator, 3-shard
 :class:`raftcoord.cluster.launcher.LocalCluster` in a temporary directory (on the disk
@@ -27,8 +27,6 @@ cached per shard (resolved before the timed phases; looked up again after a
 NOT_COORDINATOR or gRPC failure). Requests are not retried: every answer's
 error code is checked, failures are counted per method and code, and the
 tables say when a phase had any. Progress goes to stderr, markdown to stdout.
-
-One program, one file: it is run as a script.
 """
 
 from __future__ import annotations
@@ -44,13 +42,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
 
+from raftcoord.bench.stats import cpu_model, cpu_seconds, percentile
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.config import FSYNC_POLICIES
 from raftcoord.protocol.errors import ErrorCode
@@ -64,17 +60,10 @@ CALL_TIMEOUT_S = 15.0
 TXN_TIMEOUT_MS = 900_000  # the maximum: nothing times out during a run
 TOPIC = "bench"
 REROUTE = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE}
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def progress(message: str) -> None:
     print(f"# {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def ms(values: list[float], q: float) -> str:
@@ -226,12 +215,6 @@ def transaction(client: Client, tid: str, tally: Tally) -> bool:
 # --- cluster observations --------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 def node_cpu(cluster: LocalCluster) -> dict[int, float]:
     assert cluster.state is not None
     return {n.node_id: cpu_seconds(n.pid) for n in cluster.state.nodes}
@@ -306,8 +289,8 @@ def run_load(
     cpu1 = node_cpu(cluster)
     applied1 = applied_on_leaders(cluster, leaders)
     tally = Tally()
-    for t in tallies:
-        tally.merge(t)
+    for part in tallies:
+        tally.merge(part)
     return Phase(
         name,
         threads,
@@ -496,16 +479,6 @@ def run_policy(policy: str, args: argparse.Namespace) -> PolicyResult:
 # --- report ----------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" if i < right_from else "---:" for i in range(len(header))) + "|")
@@ -691,8 +664,7 @@ def report(results: list[PolicyResult], args: argparse.Namespace, total_s: float
     print(f"total run time {total_s:.0f} s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller counts, one fsync policy")
     parser.add_argument(
         "--fsync",
@@ -712,7 +684,9 @@ def main() -> None:
     )
     parser.add_argument("--idle-s", type=float, default=5.0)
     parser.add_argument("--dir", default=None, help="parent of the cluster dir (default: tmp)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     quick = args.quick
     args.fsync = args.fsync or ("always" if quick else "always,never")
     args.find_n = args.find_n or (500 if quick else 2000)
@@ -721,12 +695,13 @@ def main() -> None:
     policies = [p.strip() for p in args.fsync.split(",") if p.strip()]
     for policy in policies:
         if policy not in FSYNC_POLICIES:
-            parser.error(f"unknown fsync policy {policy!r}; use {', '.join(FSYNC_POLICIES)}")
+            print(
+                f"unknown fsync policy {policy!r}; use {', '.join(FSYNC_POLICIES)}",
+                file=sys.stderr,
+            )
+            return 2
 
     started = time.monotonic()
     results = [run_policy(policy, args) for policy in policies]
     report(results, args, time.monotonic() - started)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,0 +1,51 @@
+"""``raftcoord bench [SUITE] [options]``: the benchmark suites of :mod:`raftcoord.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+#: suite name -> (module under raftcoord.bench, help)
+SUITES = {
+    "grpc": ("grpc_style", "the gRPC server style: thread pool against grpc.aio on an empty call"),
+    "coordinator": (
+        "coordinator",
+        "coordinator requests through the generated stubs per fsync policy, group commit, idle CPU",
+    ),
+    "raft": ("raft_commit", "plain pysyncobj commit latency and throughput per fsync policy"),
+    "plog-startup": ("plog_startup", "a partition's start-up time against its log size"),
+    "audit": ("audit", "the Spark audit's time by run size"),
+}
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"raftcoord.bench.{name}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    result: int = _module(args.bench_module).run(args)
+    return result
+
+
+def add_parser(commands: Any) -> None:
+    from raftcoord.bench import targets
+
+    bench = commands.add_parser(
+        "bench",
+        help="benchmarks: with no suite, a local cluster against its ceilings and the targets",
+        description="With no SUITE: start local clusters (3 coordinators x 3 shards, 3 "
+        "partition-log nodes, fsync always) and measure, in one run, the machine's ceilings "
+        "(an empty gRPC call, a bare Raft commit, fsyncs/s), transactions end to end through "
+        "the public client, transactional against idempotent throughput, failover, "
+        "coordinator memory and cost with many open transactions, and scaling by shard "
+        "count; prints the figures and the targets (docs/performance.md). A SUITE runs "
+        "one of the narrower benchmarks.",
+    )
+    targets.add_arguments(bench)
+    bench.set_defaults(func=_run, bench_module="targets")
+    suites = bench.add_subparsers(dest="suite", metavar="SUITE")
+    for name, (module, text) in SUITES.items():
+        suite = suites.add_parser(name, help=text, description=text)
+        _module(module).add_arguments(suite)
+        suite.set_defaults(bench_module=module)

@@ -1,0 +1,232 @@
+"""``raftcoord bench``: its pure helpers, and one quick run end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from raftcoord.bench.load import Outcome, split
+from raftcoord.bench.stats import (
+    CLK_TCK,
+    Target,
+    cpu_delta_s,
+    parse_stat_cpu_s,
+    parse_vm_rss_bytes,
+    percentile,
+)
+from raftcoord.bench.targets import failed_transactions, tables, targets
+
+# --- pure helpers ----------------------------------------------------------------------
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == 51.0  # round(0.5 * 99) = 50 -> the 51st
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile(values, 0) == 1.0
+    assert percentile(list(reversed(values)), 50) == 51.0  # order does not matter
+    assert percentile([7.0], 99.9) == 7.0
+    assert percentile([], 50) == 0.0
+
+
+def test_cpu_from_proc_stat_survives_spaces_and_parentheses_in_the_name() -> None:
+    fields = ["S"] + ["0"] * 10 + [str(3 * CLK_TCK), str(2 * CLK_TCK)] + ["0"] * 30
+    stat = "1234 (raft (coord) x) " + " ".join(fields)
+    assert parse_stat_cpu_s(stat) == 5.0
+    own = Path(f"/proc/{os.getpid()}/stat").read_text()
+    assert parse_stat_cpu_s(own) >= 0.0
+
+
+def test_cpu_delta_counts_only_processes_seen_twice() -> None:
+    before = {1: 10.0, 2: 20.0, 3: 30.0}
+    after = {1: 10.5, 2: 21.0, 4: 99.0}  # 3 was killed, 4 started in between
+    assert cpu_delta_s(before, after) == pytest.approx(1.5)
+
+
+def test_vm_rss_is_read_in_bytes() -> None:
+    status = "Name:\tpython\nVmPeak:\t  9000 kB\nVmRSS:\t  2048 kB\nThreads:\t4\n"
+    assert parse_vm_rss_bytes(status) == 2048 * 1024
+    with pytest.raises(ValueError, match="no VmRSS"):
+        parse_vm_rss_bytes("Name:\tkthread\n")
+
+
+def test_split_spreads_actors_evenly_over_processes() -> None:
+    assert split(1, 4) == [1]
+    assert split(8, 4) == [2, 2, 2, 2]
+    assert split(10, 4) == [3, 3, 2, 2]
+    assert split(128, 3) == [43, 43, 42]
+    assert sum(split(37, 5)) == 37
+
+
+def test_outcomes_merge_counts_and_take_the_longest_elapsed() -> None:
+    a = Outcome([0.1], [0.05], completed=1, records=2, elapsed_s=2.0, client_cpu_s=0.5)
+    b = Outcome([0.2, 0.3], [0.1, 0.1], completed=2, records=4, failed=1, elapsed_s=3.0)
+    b.errors["KafkaTimeoutError"] += 1
+    a.merge(b)
+    assert (a.completed, a.records, a.failed, a.elapsed_s) == (3, 6, 1, 3.0)
+    assert a.latencies == [0.1, 0.2, 0.3] and a.client_cpu_s == 0.5
+    assert a.errors == {"KafkaTimeoutError": 1}
+
+
+def test_a_target_says_how_far_and_whether_it_is_met() -> None:
+    at_most = Target("p99", 75.0, 50.0, at_most=True, unit="ms")
+    assert at_most.met is False and at_most.how_far == 1.5
+    assert at_most.as_row() == ["p99", "≤ 50 ms", "75 ms", "1.50", "NOT met"]
+    at_least = Target("ratio", 0.5, 0.35, at_most=False, unit="x")
+    assert at_least.met is True
+    missing = Target("failover", None, 1.0, at_most=True, unit="s")
+    assert missing.met is None and missing.as_row()[2:] == ["-", "-", "not measured"]
+
+
+def _load(per_s: float, p50: float, p99: float, cpu: float, failed: int = 0) -> dict[str, Any]:
+    return {
+        "concurrency": 1,
+        "completed": 100,
+        "failed": failed,
+        "errors": {},
+        "seconds": 1.0,
+        "per_s": per_s,
+        "records_per_s": per_s * 2,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "p999_ms": p99,
+        "commit_p50_ms": p50 / 2,
+        "cluster_cpu_ms_per_op": cpu,
+        "client_cpu_ms_per_op": 1.0,
+        "cluster_cores": 1.0,
+    }
+
+
+RESULTS: dict[str, Any] = {
+    "ceilings": {
+        "ping": [
+            {**_load(2000, 0.5, 1.0, 0.2), "concurrency": 1},
+            {**_load(6000, 4.0, 9.0, 0.2), "concurrency": 32},
+        ],
+        "raft_commit": {"request": "InitProducerId", "n": 50, "errors": 0, "p50_ms": 2.0},
+        "disk": {"fsyncs_per_s": 5000.0},
+    },
+    "end_to_end": [
+        {"producers": 1, "records_per_txn": 2, **_load(60, 15.0, 20.0, 14.0)},
+        {"producers": 32, "records_per_txn": 2, **_load(2400, 30.0, 45.0, 1.2, failed=2)},
+    ],
+    "txn_vs_idempotent": {
+        "producers": 8,
+        "commit_interval_ms": 100,
+        "transactions": _load(10, 110, 130, 30),
+        "idempotent": _load(11, 105, 120, 25, failed=1),
+        "ratio": 0.98,
+    },
+    "scaling": [{"shards": 1, **_load(200, 100, 200, 6)}],
+}
+RESULTS["ceilings"]["raft_commit"]["p99_ms"] = 3.0
+
+
+def test_targets_are_ratios_of_one_run_and_skipped_phases_are_not_measured() -> None:
+    found = {t.name: t for t in targets(RESULTS)}
+    assert found["1 producer: txn p50 / bare Raft commit p50"].value == 7.5
+    assert found["32 producers: txn/s / Ping calls/s (32 callers)"].value == 0.4
+    assert found["32 producers: txn p99"].met is True
+    assert found["32 producers: cluster CPU per txn"].met is True
+    assert found["100 ms commits: transactional / idempotent"].met is True
+    assert found["failover, median"].met is None
+    assert found["coordinator RSS per 10K open txns"].value is None
+
+
+def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
+    built = tables(RESULTS)
+    assert [str(t.title).split(":")[0].split(" (")[0] for t in built] == [
+        "ceilings",
+        "end to end, public client",
+        "8 producers committing",
+        "scaling",
+        "targets",
+    ]
+    console = Console(file=io.StringIO(), width=200)
+    for table in built:
+        console.print(table)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "32 x 2" in text and "2400" in text and "NOT met" in text and "not measured" in text
+
+
+def test_failed_transactions_leave_out_the_failover_phase() -> None:
+    with_failover = {**RESULTS, "failover": {"failed_during_failover": 5}}
+    assert failed_transactions(with_failover) == 3  # 2 end to end + 1 idempotent
+
+
+# --- one quick run ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable,
+        "-m",
+        "raftcoord.cli",
+        "bench",
+        "--quick",
+        "--json",
+        str(out),
+        "--dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)  # the run stops its clusters on the way out
+        try:
+            proc.communicate(timeout=60)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("raftcoord bench --quick did not finish in 420 s")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text
+    results = json.loads(out.read_text())
+    assert results["failed_transactions"] == 0, text
+
+    ceil = results["ceilings"]
+    assert [p["concurrency"] for p in ceil["ping"]] == [1, 32]
+    for row in ceil["ping"]:
+        assert row["per_s"] > 0 and row["p50_ms"] > 0 and row["failed"] == 0
+    assert ceil["raft_commit"]["p50_ms"] > 0 and ceil["raft_commit"]["errors"] == 0
+    assert ceil["disk"]["fsyncs_per_s"] > 0
+
+    loads = [*results["end_to_end"], *results["scaling"]]
+    loads += [results["txn_vs_idempotent"][k] for k in ("transactions", "idempotent")]
+    loads += [level["cost"] for level in results["open_transactions"]["levels"][1:]]
+    for row in loads:
+        assert row["completed"] > 0 and row["per_s"] > 0, row
+        assert row["p50_ms"] > 0 and row["cluster_cpu_ms_per_op"] > 0, row
+    assert {(r["producers"], r["records_per_txn"]) for r in results["end_to_end"]} >= {
+        (1, 2),
+        (32, 10),
+    }
+    assert results["txn_vs_idempotent"]["ratio"] > 0
+
+    opened = results["open_transactions"]
+    assert opened["opened"] > 0
+    assert all(m > 0 for level in opened["levels"] for m in level["rss_mb"])
+    assert results["failover"]["median_s"] > 0
+    assert [r["shards"] for r in results["scaling"]] == [1, 3]
+    assert len(results["targets"]) == 8
+    assert all(t["value"] is not None and t["value"] > 0 for t in results["targets"])
+    assert "targets" in text
