@@ -1,0 +1,242 @@
+"""Kafka request and response messages, through kio's schemas.
+
+kio's classes are generated from Kafka's own message schemas, one class per
+API, version and direction, flexible versions and tagged fields included.
+This module frames them (size prefix, request and response headers), keeps
+the table of the versions the gateway implements (what ApiVersions
+advertises), and builds a response of any version from one plain
+description: :func:`build` fills the fields that the chosen version has and
+drops the others, so that a handler is written once for all its versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import io
+import struct
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode as KafkaErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.protocol import Entity
+
+# API keys, Kafka's numbers.
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
+
+#: api key -> (lowest, highest) version the gateway implements; ApiVersions
+#: advertises exactly these (docs/kafka.md says why each range ends where it does).
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 7),
+    METADATA: (1, 9),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    FIND_COORDINATOR: (0, 3),
+    API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (2, 7),
+    INIT_PRODUCER_ID: (0, 4),
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 3),
+    TXN_OFFSET_COMMIT: (0, 3),
+}
+
+#: Kafka's UNSUPPORTED_VERSION (not one of the transaction paths' codes).
+UNSUPPORTED_VERSION = 35
+
+_SIZE = struct.Struct(">i")
+_KEY_VERSION = struct.Struct(">hh")
+
+
+class MalformedRequest(ValueError):
+    """A frame that is not a request of a supported API and version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A decoded request: its header fields and its body (a kio entity)."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+
+
+def api_of(frame: bytes) -> tuple[int, int]:
+    """(api key, api version) of a request frame, without decoding the rest.
+
+    Raises:
+        MalformedRequest: the frame is too short to hold them.
+    """
+    if len(frame) < _KEY_VERSION.size:
+        raise MalformedRequest("a request shorter than its api key and version")
+    key, version = _KEY_VERSION.unpack_from(frame)
+    return key, version
+
+
+def is_supported(api_key: int, api_version: int) -> bool:
+    span = SUPPORTED.get(api_key)
+    return span is not None and span[0] <= api_version <= span[1]
+
+
+def decode_request(frame: bytes) -> Request:
+    """The request in ``frame`` (a frame without its size prefix).
+
+    Raises:
+        MalformedRequest: the api or version is not supported, or the bytes do
+            not decode as that request.
+    """
+    key, version = api_of(frame)
+    if not is_supported(key, version):
+        raise MalformedRequest(f"api {key} version {version} is not supported")
+    schema = load_request_schema(key, version)
+    try:
+        header, used = entity_reader(schema.__header_schema__)(frame, 0)
+        body, _ = entity_reader(schema)(frame, used)
+    except Exception as exc:  # kio raises several kinds for bytes that do not decode
+        raise MalformedRequest(f"api {key} version {version}: {exc}") from exc
+    return Request(key, version, header.correlation_id, header.client_id, body)
+
+
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, data: Mapping[str, Any]
+) -> bytes:
+    """The size-prefixed response frame for ``data`` (see :func:`build`)."""
+    schema = load_response_schema(api_key, api_version)
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    header_schema = schema.__header_schema__
+    entity_writer(header_schema)(out, build(header_schema, {"correlation_id": correlation_id}))
+    entity_writer(schema)(out, build(schema, data))
+    frame = out.getbuffer()
+    _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
+    return bytes(frame)
+
+
+def correlation_only(frame: bytes) -> int | None:
+    """The correlation id of a request frame (after the api key and version), if any."""
+    if len(frame) < 8:
+        return None
+    (correlation_id,) = _SIZE.unpack_from(frame, 4)
+    return int(correlation_id)
+
+
+# --- building entities from plain descriptions -----------------------------------------
+
+
+def build(schema: type[Any], data: Mapping[str, Any]) -> Any:
+    """An instance of the kio entity ``schema`` from ``data``.
+
+    ``data`` names fields by kio's names; values are plain Python: ints
+    (converted to kio's int types, error codes and millisecond timedeltas),
+    strings, bytes, None, and for nested entities mappings or sequences of
+    mappings. Fields ``schema`` does not have are dropped (they belong to
+    other versions); fields ``data`` does not name take their schema
+    default, else Kafka's implicit default (0, empty, None).
+    """
+    hints = _hints(schema)  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(schema):
+        if field.name in data:
+            values[field.name] = _convert(hints[field.name], data[field.name])
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            values[field.name] = _implicit(hints[field.name])
+    return schema(**values)
+
+
+@cache
+def _hints(schema: type[Any]) -> dict[str, Any]:
+    return typing.get_type_hints(schema)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _convert(inner[0], value)
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return tuple(_convert(item, v) for v in value)
+    if isinstance(hint, type):
+        if dataclasses.is_dataclass(hint):
+            return value if isinstance(value, hint) else build(hint, value)
+        if issubclass(hint, enum.Enum):
+            return hint(int(value))
+        if issubclass(hint, datetime.timedelta):
+            return hint(datetime.timedelta(milliseconds=value))  # type: ignore[arg-type]
+        if issubclass(hint, bool):
+            return bool(value)
+        if issubclass(hint, int):
+            return hint(value)
+    return value
+
+
+def _implicit(hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return None
+    if origin is tuple:
+        return ()
+    if isinstance(hint, type):
+        if dataclasses.is_dataclass(hint):
+            return build(hint, {})
+        if issubclass(hint, KafkaErrorCode):
+            return KafkaErrorCode.none
+        if issubclass(hint, enum.Enum):
+            return next(iter(hint))
+        if issubclass(hint, datetime.timedelta):
+            return hint(datetime.timedelta(0))  # type: ignore[arg-type]
+        if issubclass(hint, bool):
+            return False
+        if issubclass(hint, int):
+            return hint(0)
+        if issubclass(hint, str):
+            return ""
+        if issubclass(hint, bytes):
+            return b""
+    return None
+
+
+def milliseconds(value: datetime.timedelta) -> int:
+    """A kio timedelta field as Kafka's millisecond count."""
+    return int(value.total_seconds() * 1000)
+
+
+__all__ = [
+    "SUPPORTED",
+    "UNSUPPORTED_VERSION",
+    "Entity",
+    "MalformedRequest",
+    "Request",
+    "api_of",
+    "build",
+    "decode_request",
+    "encode_response",
+    "is_supported",
+    "milliseconds",
+]
