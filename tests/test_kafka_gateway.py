@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.routing import shard_for
 from tests.local_cluster import running_cluster
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -75,13 +76,18 @@ def committed_values(cluster: LocalCluster, topic: str, expected: int) -> list[b
             msg = consumer.poll(0.25)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    at_end.add(msg.partition())
+            error = msg.error()
+            partition = msg.partition()
+            assert partition is not None
+            if error is not None:
+                if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                    at_end.add(partition)
                     continue
-                raise KafkaException(msg.error())
-            at_end.discard(msg.partition())
-            values.append(msg.value())
+                raise KafkaException(error)
+            at_end.discard(partition)
+            value = msg.value()
+            assert value is not None
+            values.append(value)
         return values
     finally:
         consumer.close()
@@ -125,3 +131,57 @@ def test_a_second_producer_fences_the_first(cluster: LocalCluster) -> None:
         confluent_kafka.KafkaError.PRODUCER_FENCED,
         confluent_kafka.KafkaError.INVALID_PRODUCER_EPOCH,
     ), error
+
+
+def test_a_killed_coordinator_leader_is_survived_exactly_once(cluster: LocalCluster) -> None:
+    """The leader of the producer's shard is killed with SIGKILL inside the
+    fourth transaction, after its records are written; librdkafka
+    rediscovers the coordinator by itself (COORDINATOR_NOT_AVAILABLE /
+    NOT_COORDINATOR through the gateway) and every acknowledged commit is
+    read exactly once."""
+    transactional_id = "failover-writer"
+    topic = "failover"
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
+    for future in admin.create_topics(
+        [NewTopic(topic, PARTITIONS, 1)], request_timeout=TIMEOUT_S
+    ).values():
+        future.result(timeout=TIMEOUT_S)
+    p = producer(cluster, transactional_id)
+    state = cluster.state
+    assert state is not None
+    leader = cluster.leaders()[shard_for(transactional_id, state.shard_count)]
+    committed: list[bytes] = []
+    for round_ in range(8):
+        values = [f"{round_}-{i}".encode() for i in range(PARTITIONS)]
+        for attempt in range(20):
+            try:
+                p.begin_transaction()
+                for i, value in enumerate(values):
+                    p.produce(topic, value=value, partition=i)
+                if round_ == 3 and attempt == 0:
+                    p.flush(TIMEOUT_S)
+                    cluster.kill(leader, "KILL")
+                commit_or_retry(p)
+                break
+            except KafkaException as exc:
+                error = exc.args[0]
+                assert not error.fatal(), error
+                assert error.txn_requires_abort(), error
+                p.abort_transaction(TIMEOUT_S)
+        else:
+            pytest.fail(f"round {round_} never committed (last attempt {attempt})")
+        committed += values
+    assert sorted(committed_values(cluster, topic, len(committed))) == sorted(committed)
+
+
+def commit_or_retry(p: Producer) -> None:
+    """commit_transaction, again while it fails with a retriable error (as
+    librdkafka's documentation asks)."""
+    for _ in range(20):
+        try:
+            p.commit_transaction(TIMEOUT_S)
+            return
+        except KafkaException as exc:
+            if not exc.args[0].retriable():
+                raise
+    pytest.fail("commit_transaction stayed retriable")

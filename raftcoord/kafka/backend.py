@@ -145,12 +145,14 @@ class Backend:
                 request, timeout=self.rpc_timeout_s
             )
         except grpc.aio.AioRpcError as exc:
+            log.info("shard %d leader %s unreachable: %s", shard, address, exc.code())
             self._leaders.pop(shard, None)
             return _failed(
                 method, ErrorCode.COORDINATOR_NOT_AVAILABLE, f"coordinator {address}: {exc.code()}"
             )
         code = getattr(answer, "error_code", ErrorCode.NONE)
         if code in REDISCOVER:
+            log.info("shard %d: %s answers %s", shard, address, ErrorCode(code).name)
             self._leaders.pop(shard, None)
         return answer
 

@@ -38,6 +38,10 @@ _LATEST, _EARLIEST = -1, -2
 Data = dict[str, Any]
 
 
+class CloseConnection(Exception):
+    """The connection must be closed instead of answered."""
+
+
 class Gateway:
     """One gateway: ``listener`` of ``config``'s [[kafka_listeners]]."""
 
@@ -47,6 +51,7 @@ class Gateway:
         self.backend = Backend(config)
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
         self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
             m.API_VERSIONS: self.api_versions,
             m.METADATA: self.metadata,
@@ -75,10 +80,18 @@ class Gateway:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
             await self._server.wait_closed()
         await self.backend.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests until the client closes; answer them in order."""
+        this = asyncio.current_task()
+        assert this is not None
+        self._connections.add(this)
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         try:
@@ -90,53 +103,67 @@ class Gateway:
                     break
                 frame = await reader.readexactly(size)
                 await answers.put(asyncio.create_task(self._answer(frame)))
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
-            await answers.put(None)
-            with contextlib.suppress(Exception):
+            writer.transport.abort()
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
                 await sender
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            while not answers.empty():
+                pending = answers.get_nowait()
+                if pending is not None:
+                    pending.cancel()
+            self._connections.discard(this)
 
     @staticmethod
     async def _send_in_order(
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter
     ) -> None:
+        """Write each answer when its turn comes. A request that cannot be
+        answered (malformed, or its handler failed) closes the connection,
+        as Kafka's brokers do; the client then retries on a new one."""
         while (task := await answers.get()) is not None:
-            frame = await task
-            if frame is None:
-                continue
-            writer.write(frame)
-            await writer.drain()
+            try:
+                frame = await task
+            except CloseConnection as exc:
+                log.info("closing a connection: %s", exc)
+                writer.transport.abort()
+                return
+            if frame is not None:
+                writer.write(frame)
+                await writer.drain()
 
     async def _answer(self, frame: bytes) -> bytes | None:
         """The response frame of one request frame, or None when none is sent
-        (acks=0 produce)."""
+        (acks=0 produce).
+
+        Raises:
+            CloseConnection: the frame is not a supported request, or its
+                handler failed.
+        """
         try:
             api_key, version = m.api_of(frame)
-        except m.MalformedRequest:
-            return None
+        except m.MalformedRequest as exc:
+            raise CloseConnection(str(exc)) from exc
         correlation_id = m.correlation_only(frame)
         if api_key == m.API_VERSIONS and not m.is_supported(api_key, version):
             # Kafka answers an unknown ApiVersions version with a v0 response
             # listing what it supports, so that the client can pick.
             if correlation_id is None:
-                return None
+                raise CloseConnection("an ApiVersions request without a correlation id")
             return m.encode_response(
                 api_key, 0, correlation_id, self._api_versions(m.UNSUPPORTED_VERSION)
             )
         try:
             request = m.decode_request(frame)
         except m.MalformedRequest as exc:
-            log.info("refusing a request: %s", exc)
-            return None
+            raise CloseConnection(str(exc)) from exc
         try:
             data = await self._handlers[api_key](request)
-        except Exception:
+        except Exception as exc:
             log.exception("api %d version %d failed", api_key, version)
-            raise
+            raise CloseConnection(f"api {api_key} version {version} failed") from exc
         if data is None:
             return None
         return m.encode_response(api_key, version, request.correlation_id, data)
