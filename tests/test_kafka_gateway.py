@@ -3,11 +3,14 @@
 confluent-kafka (librdkafka): transactions committed and aborted across
 partitions, a second producer with the same transactional.id fencing the
 first, and a read_committed consumer (assign(), no group membership) that
-sees exactly the committed records.
+sees exactly the committed records; a coordinator leader killed in the
+middle of a transaction. kafka-python and aiokafka: transactions committed
+and aborted, read back with read_committed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,3 +188,119 @@ def commit_or_retry(p: Producer) -> None:
             if not exc.args[0].retriable():
                 raise
     pytest.fail("commit_transaction stayed retriable")
+
+
+def create_topic(cluster: LocalCluster, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
+    for future in admin.create_topics(
+        [NewTopic(topic, PARTITIONS, 1)], request_timeout=TIMEOUT_S
+    ).values():
+        future.result(timeout=TIMEOUT_S)
+
+
+def test_kafka_python_commits_aborts_and_reads_committed(cluster: LocalCluster) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KafkaPythonPartition
+
+    topic = "kafka-python"
+    create_topic(cluster, topic)
+    p = KafkaProducer(
+        bootstrap_servers=cluster.kafka_bootstrap(),
+        transactional_id="kafka-python-writer",
+        enable_idempotence=True,
+        acks="all",
+        request_timeout_ms=int(TIMEOUT_S * 1000),
+    )
+    committed = []
+    try:
+        p.init_transactions()
+        for round_ in range(3):
+            p.begin_transaction()
+            for i in range(2 * PARTITIONS):
+                value = f"commit-{round_}-{i}".encode()
+                p.send(topic, value=value, partition=i % PARTITIONS)
+                committed.append(value)
+            p.commit_transaction()
+            p.begin_transaction()
+            for i in range(2 * PARTITIONS):
+                p.send(topic, value=f"abort-{round_}-{i}".encode(), partition=i % PARTITIONS)
+            p.flush(timeout=TIMEOUT_S)
+            p.abort_transaction()
+    finally:
+        p.close(timeout=TIMEOUT_S)
+    consumer = KafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap(),
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        consumer_timeout_ms=int(TIMEOUT_S * 1000),
+    )
+    try:
+        consumer.assign([KafkaPythonPartition(topic, i) for i in range(PARTITIONS)])
+        consumer.seek_to_beginning()
+        values = []
+        for message in consumer:
+            values.append(message.value)
+            if len(values) == len(committed):
+                break
+        assert sorted(values) == sorted(committed)
+        assert consumer.poll(timeout_ms=500) == {}  # nothing more: no aborted record
+    finally:
+        consumer.close()
+
+
+def test_aiokafka_commits_aborts_and_reads_committed(cluster: LocalCluster) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    topic = "aiokafka"
+    create_topic(cluster, topic)
+
+    async def run() -> tuple[list[bytes], list[bytes]]:
+        p = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            transactional_id="aiokafka-writer",
+            enable_idempotence=True,
+            request_timeout_ms=int(TIMEOUT_S * 1000),
+        )
+        committed = []
+        await p.start()
+        try:
+            for round_ in range(3):
+                async with p.transaction():
+                    for i in range(2 * PARTITIONS):
+                        value = f"commit-{round_}-{i}".encode()
+                        await p.send_and_wait(topic, value=value, partition=i % PARTITIONS)
+                        committed.append(value)
+                await p.begin_transaction()
+                for i in range(2 * PARTITIONS):
+                    value = f"abort-{round_}-{i}".encode()
+                    await p.send_and_wait(topic, value=value, partition=i % PARTITIONS)
+                await p.abort_transaction()
+        finally:
+            await p.stop()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        values: list[bytes] = []
+        try:
+            consumer.assign([TopicPartition(topic, i) for i in range(PARTITIONS)])
+            await consumer.seek_to_beginning()
+            for _ in range(200):
+                batches = await consumer.getmany(timeout_ms=250)
+                values += [m.value for ms in batches.values() for m in ms if m.value is not None]
+                if len(values) >= len(committed):
+                    break
+            values += [
+                m.value
+                for ms in (await consumer.getmany(timeout_ms=500)).values()
+                for m in ms
+                if m.value is not None
+            ]
+        finally:
+            await consumer.stop()
+        return committed, values
+
+    committed, values = asyncio.run(asyncio.wait_for(run(), TIMEOUT_S * 3))
+    assert sorted(values) == sorted(committed)
