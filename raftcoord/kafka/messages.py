@@ -18,7 +18,7 @@ import io
 import struct
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -151,49 +151,64 @@ def build(schema: type[Any], data: Mapping[str, Any]) -> Any:
     """An instance of the kio entity ``schema`` from ``data``.
 
     ``data`` names fields by kio's names; values are plain Python: ints
-    (converted to kio's int types, error codes and millisecond timedeltas),
-    strings, bytes, None, and for nested entities mappings or sequences of
-    mappings. Fields ``schema`` does not have are dropped (they belong to
-    other versions); fields ``data`` does not name take their schema
-    default, else Kafka's implicit default (0, empty, None).
+    (error codes and millisecond durations included), strings, bytes, None,
+    and for nested entities mappings or sequences of mappings. Fields
+    ``schema`` does not have are dropped (they belong to other versions);
+    fields ``data`` does not name take their schema default, else Kafka's
+    implicit default (0, empty, None).
     """
-    hints = _hints(schema)  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    for field in dataclasses.fields(schema):
-        if field.name in data:
-            values[field.name] = _convert(hints[field.name], data[field.name])
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            values[field.name] = _implicit(hints[field.name])
+    for name, convert, implicit in _plan(schema):  # type: ignore[arg-type]
+        if name in data:
+            value = data[name]
+            values[name] = value if value is None else convert(value)
+        elif implicit is not _SCHEMA_DEFAULT:
+            values[name] = implicit
     return schema(**values)
 
 
+_SCHEMA_DEFAULT = object()
+Converter = Callable[[Any], Any]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
 @cache
-def _hints(schema: type[Any]) -> dict[str, Any]:
-    return typing.get_type_hints(schema)
+def _plan(schema: type[Any]) -> list[tuple[str, Converter, Any]]:
+    """Per field of ``schema``: its name, the converter of a plain value, and
+    its implicit default (_SCHEMA_DEFAULT when the schema has a default)."""
+    hints = typing.get_type_hints(schema)
+    plan = []
+    for field in dataclasses.fields(schema):
+        hint = hints[field.name]
+        has_default = not (
+            field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        )
+        plan.append(
+            (field.name, _converter(hint), _SCHEMA_DEFAULT if has_default else _implicit(hint))
+        )
+    return plan
 
 
-def _convert(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
+def _converter(hint: Any) -> Converter:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-        return _convert(inner[0], value)
+        inner = _converter(next(a for a in typing.get_args(hint) if a is not type(None)))
+        return lambda value: None if value is None else inner(value)
     if origin is tuple:
-        item = typing.get_args(hint)[0]
-        return tuple(_convert(item, v) for v in value)
+        item = _converter(typing.get_args(hint)[0])
+        return lambda values: tuple(map(item, values))
     if isinstance(hint, type):
         if dataclasses.is_dataclass(hint):
-            return value if isinstance(value, hint) else build(hint, value)
+            entity = hint
+            return lambda value: value if isinstance(value, entity) else build(entity, value)
         if issubclass(hint, enum.Enum):
-            return hint(int(value))
+            return hint
         if issubclass(hint, datetime.timedelta):
-            return hint(datetime.timedelta(milliseconds=value))  # type: ignore[arg-type]
-        if issubclass(hint, bool):
-            return bool(value)
-        if issubclass(hint, int):
-            return hint(value)
-    return value
+            return lambda value: datetime.timedelta(milliseconds=value)
+    return _same  # kio's int, str and bytes types are their plain Python values
 
 
 def _implicit(hint: Any) -> Any:
@@ -210,11 +225,11 @@ def _implicit(hint: Any) -> Any:
         if issubclass(hint, enum.Enum):
             return next(iter(hint))
         if issubclass(hint, datetime.timedelta):
-            return hint(datetime.timedelta(0))  # type: ignore[arg-type]
+            return datetime.timedelta(0)
         if issubclass(hint, bool):
             return False
         if issubclass(hint, int):
-            return hint(0)
+            return 0
         if issubclass(hint, str):
             return ""
         if issubclass(hint, bytes):
