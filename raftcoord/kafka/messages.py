@@ -26,7 +26,6 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 from kio.serial import entity_reader, entity_writer
-from kio.static.protocol import Entity
 
 # API keys, Kafka's numbers.
 PRODUCE = 0
@@ -240,18 +239,3 @@ def _implicit(hint: Any) -> Any:
 def milliseconds(value: datetime.timedelta) -> int:
     """A kio timedelta field as Kafka's millisecond count."""
     return int(value.total_seconds() * 1000)
-
-
-__all__ = [
-    "SUPPORTED",
-    "UNSUPPORTED_VERSION",
-    "Entity",
-    "MalformedRequest",
-    "Request",
-    "api_of",
-    "build",
-    "decode_request",
-    "encode_response",
-    "is_supported",
-    "milliseconds",
-]
