@@ -154,6 +154,16 @@ def test_a_killed_coordinator_leader_is_survived_exactly_once(cluster: LocalClus
     assert state is not None
     leader = cluster.leaders()[shard_for(transactional_id, state.shard_count)]
     committed: list[bytes] = []
+    try:
+        write_rounds(cluster, p, topic, leader, committed)
+    finally:
+        cluster.start(leader)  # the cluster serves the module's other tests
+    assert sorted(committed_values(cluster, topic, len(committed))) == sorted(committed)
+
+
+def write_rounds(
+    cluster: LocalCluster, p: Producer, topic: str, leader: int, committed: list[bytes]
+) -> None:
     for round_ in range(8):
         values = [f"{round_}-{i}".encode() for i in range(PARTITIONS)]
         for attempt in range(20):
@@ -174,7 +184,6 @@ def test_a_killed_coordinator_leader_is_survived_exactly_once(cluster: LocalClus
         else:
             pytest.fail(f"round {round_} never committed (last attempt {attempt})")
         committed += values
-    assert sorted(committed_values(cluster, topic, len(committed))) == sorted(committed)
 
 
 def commit_or_retry(p: Producer) -> None:
@@ -304,3 +313,66 @@ def test_aiokafka_commits_aborts_and_reads_committed(cluster: LocalCluster) -> N
 
     committed, values = asyncio.run(asyncio.wait_for(run(), TIMEOUT_S * 3))
     assert sorted(values) == sorted(committed)
+
+
+def test_offsets_sent_in_a_transaction_are_committed_with_it(cluster: LocalCluster) -> None:
+    """send_offsets_to_transaction with an assign()-only consumer's group
+    metadata (no membership: generation -1): AddOffsetsToTxn and
+    TxnOffsetCommit through the gateway; the offsets are visible (OffsetFetch)
+    after the commit only, and an aborted transaction's offsets never."""
+    group = "copier"
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap(),
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    p = producer(cluster, "copier-writer")
+    try:
+        p.begin_transaction()
+        p.produce(TOPIC, value=b"copied", partition=0)
+        p.send_offsets_to_transaction(
+            [TopicPartition(TOPIC, 0, 7)], consumer.consumer_group_metadata(), TIMEOUT_S
+        )
+        p.abort_transaction(TIMEOUT_S)
+        [aborted] = consumer.committed([TopicPartition(TOPIC, 0)], TIMEOUT_S)
+        assert aborted.offset < 0  # nothing committed for the group
+        p.begin_transaction()
+        p.produce(TOPIC, value=b"copied", partition=0)
+        p.send_offsets_to_transaction(
+            [TopicPartition(TOPIC, 0, 9)], consumer.consumer_group_metadata(), TIMEOUT_S
+        )
+        p.commit_transaction(TIMEOUT_S)
+        [committed] = consumer.committed([TopicPartition(TOPIC, 0)], TIMEOUT_S)
+        assert committed.offset == 9
+    finally:
+        consumer.close()
+
+
+def test_kafka_admin_tools_list_and_describe_transactions(cluster: LocalCluster) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    p = producer(cluster, "described-writer")
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"open", partition=2)
+    p.flush(TIMEOUT_S)
+    admin = KafkaAdminClient(
+        bootstrap_servers=cluster.kafka_bootstrap(), request_timeout_ms=int(TIMEOUT_S * 1000)
+    )
+    try:
+        listed = {
+            t.transactional_id: t.state.value
+            for listings in admin.list_transactions().values()
+            for t in listings
+        }
+        assert listed["described-writer"] == "Ongoing"
+        described = admin.describe_transactions(["described-writer"])["described-writer"]
+        assert described.state.value == "Ongoing"
+        assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {(TOPIC, 2)}
+        p.commit_transaction(TIMEOUT_S)
+        described = admin.describe_transactions(["described-writer"])["described-writer"]
+        assert described.state.value in ("PrepareCommit", "CompleteCommit")
+    finally:
+        admin.close()

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc.aio
+
 from raftcoord.kafka import messages as m
 from raftcoord.kafka.backend import Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
@@ -23,6 +25,7 @@ from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.wire import wire_state
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,8 @@ class Gateway:
             m.FETCH: self.fetch,
             m.LIST_OFFSETS: self.list_offsets,
             m.CREATE_TOPICS: self.create_topics,
+            m.DESCRIBE_TRANSACTIONS: self.describe_transactions,
+            m.LIST_TRANSACTIONS: self.list_transactions,
         }
         assert set(self._handlers) == set(m.SUPPORTED)
 
@@ -355,6 +360,89 @@ class Gateway:
                 (answer.producer_id, answer.producer_epoch),
             )
         return {"error_code": answer.error_code}
+
+    async def describe_transactions(self, request: m.Request) -> Data:
+        ids = list(request.body.transactional_ids)
+
+        async def describe(transactional_id: str) -> Data:
+            answer = await self.backend.to_leader(
+                transactional_id,
+                "DescribeTransactions",
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
+            )
+            found = next(
+                (t for t in answer.transactions if t.transactional_id == transactional_id), None
+            )
+            if found is None:
+                return {
+                    "transactional_id": transactional_id,
+                    "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    "transaction_state": "",
+                    "transaction_start_time": -1,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                }
+            return {
+                "transactional_id": transactional_id,
+                "error_code": found.error_code,
+                "transaction_state": kafka_state_name(found.state),
+                "transaction_timeout": found.transaction_timeout_ms,
+                "transaction_start_time": found.transaction_start_time_ms,
+                "producer_id": found.producer_id,
+                "producer_epoch": found.producer_epoch,
+                "topics": [
+                    {"topic": t.topic, "partitions": list(t.partitions)} for t in found.topics
+                ],
+            }
+
+        return {"transaction_states": await asyncio.gather(*(describe(i) for i in ids))}
+
+    async def list_transactions(self, request: m.Request) -> Data:
+        """The transactions of the shards led by the coordinators this gateway
+        fronts (Kafka's admin client asks every broker and merges the answers)."""
+        body = request.body
+        by_name = {kafka_state_name(n): n for n in common_pb2.TransactionState.values()}
+        unknown = [s for s in body.state_filters if s not in by_name]
+        grpc_request = coordinator_pb2.ListTransactionsRequest(
+            state_filters=[wire_state(by_name[s]) for s in body.state_filters if s in by_name],
+            producer_id_filters=list(body.producer_id_filters),
+            duration_filter_ms=getattr(body, "duration_filter", -1),
+        )
+        listings: list[Data] = []
+        error = ErrorCode.NONE
+        for node in self._fronted_coordinators():
+            try:
+                answer = await self.backend.coordinator_stub(node).ListTransactions(
+                    grpc_request, timeout=self.backend.rpc_timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                # A coordinator that cannot be reached leads no shard the
+                # others could not see: its shards have moved to live ones.
+                log.info("ListTransactions: coordinator %s: %s", node, exc.code())
+                continue
+            if int(answer.error_code) != ErrorCode.NONE:
+                error = ErrorCode(answer.error_code)
+            listings += [
+                {
+                    "transactional_id": t.transactional_id,
+                    "producer_id": t.producer_id,
+                    "transaction_state": kafka_state_name(t.state),
+                }
+                for t in answer.transactions
+            ]
+        return {
+            "error_code": error,
+            "unknown_state_filters": unknown,
+            "transaction_states": listings,
+        }
+
+    def _fronted_coordinators(self) -> list[str]:
+        """The gRPC addresses of the coordinators this gateway fronts."""
+        return [
+            c.grpc
+            for c in self.config.coordinators
+            if self._gateway_of_coordinator(c.node_id) == self.listener
+        ]
 
     @staticmethod
     def _offset_topics(topics: Any) -> list[coordinator_pb2.OffsetCommitTopic]:
@@ -676,6 +764,13 @@ class Gateway:
                 for topic in body.topics
             ]
         }
+
+
+def kafka_state_name(state: int) -> str:
+    """Kafka's name of a transaction state (``TRANSACTION_STATE_COMPLETE_COMMIT``
+    -> ``CompleteCommit``), as DescribeTransactions and ListTransactions carry it."""
+    name = common_pb2.TransactionState.Name(state)
+    return "".join(part.capitalize() for part in name.removeprefix("TRANSACTION_STATE_").split("_"))
 
 
 def wire_isolation(level: int) -> common_pb2.IsolationLevel:

@@ -42,6 +42,8 @@ ADD_PARTITIONS_TO_TXN = 24
 ADD_OFFSETS_TO_TXN = 25
 END_TXN = 26
 TXN_OFFSET_COMMIT = 28
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 
 #: api key -> (lowest, highest) version the gateway implements; ApiVersions
 #: advertises exactly these (docs/kafka.md says why each range ends where it does).
@@ -60,6 +62,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
     TXN_OFFSET_COMMIT: (0, 3),
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 1),
 }
 
 #: Kafka's UNSUPPORTED_VERSION (not one of the transaction paths' codes).
@@ -150,7 +154,7 @@ def build(schema: type[Any], data: Mapping[str, Any]) -> Any:
     """An instance of the kio entity ``schema`` from ``data``.
 
     ``data`` names fields by kio's names; values are plain Python: ints
-    (error codes and millisecond durations included), strings, bytes, None,
+    (error codes, millisecond durations and timestamps included), strings, bytes, None,
     and for nested entities mappings or sequences of mappings. Fields
     ``schema`` does not have are dropped (they belong to other versions);
     fields ``data`` does not name take their schema default, else Kafka's
@@ -207,6 +211,8 @@ def _converter(hint: Any) -> Converter:
             return hint
         if issubclass(hint, datetime.timedelta):
             return lambda value: datetime.timedelta(milliseconds=value)
+        if issubclass(hint, datetime.datetime):
+            return lambda value: datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
     return _same  # kio's int, str and bytes types are their plain Python values
 
 
