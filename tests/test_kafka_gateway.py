@@ -5,18 +5,25 @@ partitions, a second producer with the same transactional.id fencing the
 first, and a read_committed consumer (assign(), no group membership) that
 sees exactly the committed records; a coordinator leader killed in the
 middle of a transaction. kafka-python and aiokafka: transactions committed
-and aborted, read back with read_committed.
+and aborted, read back with read_committed. Raw frames: bad input closes
+only its connection, answers come back in request order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
 
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.kafka.messages import build
 from raftcoord.protocol.routing import shard_for
 from tests.local_cluster import running_cluster
 
@@ -376,3 +383,117 @@ def test_kafka_admin_tools_list_and_describe_transactions(cluster: LocalCluster)
         assert described.state.value in ("PrepareCommit", "CompleteCommit")
     finally:
         admin.close()
+
+
+# --- the wire itself: bad frames, pipelining ------------------------------------------
+
+
+def request_frame(api_key: int, version: int, correlation_id: int, body: dict[str, Any]) -> bytes:
+    """A size-prefixed request frame, written with kio's schemas."""
+    schema = load_request_schema(api_key, version)
+    out = io.BytesIO()
+    entity_writer(schema.__header_schema__)(
+        out,
+        build(
+            schema.__header_schema__,
+            {
+                "request_api_key": api_key,
+                "request_api_version": version,
+                "correlation_id": correlation_id,
+                "client_id": "raw",
+            },
+        ),
+    )
+    entity_writer(schema)(out, build(schema, body))
+    payload = out.getvalue()
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    return exactly(int.from_bytes(exactly(4), "big"))
+
+
+def gateway_socket(cluster: LocalCluster) -> socket.socket:
+    host, port = cluster.kafka_bootstrap().split(",")[0].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=TIMEOUT_S)
+    return sock
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        (4).to_bytes(4, "big") + b"\x7f\x00\x00\x00",  # an unknown api key
+        (2**31 - 1).to_bytes(4, "big"),  # a frame larger than accepted
+        (8).to_bytes(4, "big") + b"\x00\x00\x00\x09" + b"\x00" * 4,  # Produce v9, cut short
+    ],
+    ids=["unknown-api", "huge-frame", "truncated-produce"],
+)
+def test_a_bad_frame_closes_its_connection_and_nothing_else(
+    cluster: LocalCluster, frame: bytes
+) -> None:
+    with gateway_socket(cluster) as bad:
+        bad.sendall(frame)
+        with pytest.raises(ConnectionError):
+            read_frame(bad)
+    with gateway_socket(cluster) as good:
+        good.sendall(request_frame(18, 0, 5, {}))
+        assert read_frame(good)[:4] == (5).to_bytes(4, "big")
+
+
+def test_a_corrupt_batch_is_refused_with_invalid_record(cluster: LocalCluster) -> None:
+    with gateway_socket(cluster) as sock:
+        partition = {"index": 0, "records": b"\x00" * 70}
+        sock.sendall(
+            request_frame(
+                0,
+                3,
+                11,
+                {
+                    "acks": -1,
+                    "timeout": 5000,
+                    "topic_data": [{"name": TOPIC, "partition_data": [partition]}],
+                },
+            )
+        )
+        answer = read_frame(sock)
+    response: Any = entity_reader(load_response_schema(0, 3))(answer, 4)[0]
+    [topic] = response.responses
+    [result] = topic.partition_responses
+    assert int(result.error_code) == 87  # INVALID_RECORD
+    assert result.base_offset == -1
+
+
+def test_pipelined_requests_are_answered_in_order(cluster: LocalCluster) -> None:
+    """A Fetch that waits (an empty partition, min_bytes not reached) first,
+    then two quick requests on the same connection: the answers come back
+    in request order."""
+    create_topic(cluster, "idle")
+    fetch = {
+        "max_wait": 1000,
+        "min_bytes": 1_000_000,
+        "max_bytes": 1_000_000,
+        "isolation_level": 1,
+        "topics": [
+            {
+                "topic": "idle",
+                "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1000}],
+            }
+        ],
+    }
+    with gateway_socket(cluster) as sock:
+        sock.sendall(
+            request_frame(1, 4, 1, fetch)
+            + request_frame(18, 0, 2, {})
+            + request_frame(3, 1, 3, {"topics": None})
+        )
+        order = [int.from_bytes(read_frame(sock)[:4], "big") for _ in range(3)]
+    assert order == [1, 2, 3]
