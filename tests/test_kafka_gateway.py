@@ -5,8 +5,9 @@ partitions, a second producer with the same transactional.id fencing the
 first, and a read_committed consumer (assign(), no group membership) that
 sees exactly the committed records; a coordinator leader killed in the
 middle of a transaction. kafka-python and aiokafka: transactions committed
-and aborted, read back with read_committed. Raw frames: bad input closes
-only its connection, answers come back in request order.
+and aborted, read back with read_committed, and the same kill -9 survived.
+Raw frames: bad input closes only its connection, answers come back in
+request order.
 """
 
 from __future__ import annotations
@@ -497,3 +498,79 @@ def test_pipelined_requests_are_answered_in_order(cluster: LocalCluster) -> None
         )
         order = [int.from_bytes(read_frame(sock)[:4], "big") for _ in range(3)]
     assert order == [1, 2, 3]
+
+
+def test_kafka_python_survives_a_killed_coordinator_leader_exactly_once(
+    cluster: LocalCluster,
+) -> None:
+    from kafka import KafkaProducer
+
+    transactional_id = "kafka-python-failover"
+    topic = "kafka-python-failover"
+    create_topic(cluster, topic)
+    state = cluster.state
+    assert state is not None
+    leader = cluster.leaders()[shard_for(transactional_id, state.shard_count)]
+    p = KafkaProducer(
+        bootstrap_servers=cluster.kafka_bootstrap(),
+        transactional_id=transactional_id,
+        enable_idempotence=True,
+        acks="all",
+        request_timeout_ms=int(TIMEOUT_S * 1000),
+    )
+    committed: list[bytes] = []
+    try:
+        p.init_transactions()
+        for round_ in range(6):
+            p.begin_transaction()
+            values = [f"{round_}-{i}".encode() for i in range(PARTITIONS)]
+            for i, value in enumerate(values):
+                p.send(topic, value=value, partition=i)
+            if round_ == 2:
+                p.flush(timeout=TIMEOUT_S)
+                cluster.kill(leader, "KILL")
+            p.commit_transaction()
+            committed += values
+    finally:
+        p.close(timeout=TIMEOUT_S)
+        cluster.start(leader)
+    assert sorted(committed_values(cluster, topic, len(committed))) == sorted(committed)
+
+
+def test_aiokafka_survives_a_killed_coordinator_leader_exactly_once(cluster: LocalCluster) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    transactional_id = "aiokafka-failover"
+    topic = "aiokafka-failover"
+    create_topic(cluster, topic)
+    state = cluster.state
+    assert state is not None
+    leader = cluster.leaders()[shard_for(transactional_id, state.shard_count)]
+
+    async def run() -> list[bytes]:
+        p = AIOKafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            transactional_id=transactional_id,
+            enable_idempotence=True,
+            request_timeout_ms=int(TIMEOUT_S * 1000),
+        )
+        committed: list[bytes] = []
+        await p.start()
+        try:
+            for round_ in range(6):
+                values = [f"{round_}-{i}".encode() for i in range(PARTITIONS)]
+                async with p.transaction():
+                    for i, value in enumerate(values):
+                        await p.send_and_wait(topic, value=value, partition=i)
+                    if round_ == 2:
+                        cluster.kill(leader, "KILL")
+                committed += values
+        finally:
+            await p.stop()
+        return committed
+
+    try:
+        committed = asyncio.run(asyncio.wait_for(run(), TIMEOUT_S * 3))
+    finally:
+        cluster.start(leader)
+    assert sorted(committed_values(cluster, topic, len(committed))) == sorted(committed)
