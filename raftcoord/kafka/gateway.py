@@ -213,7 +213,12 @@ class Gateway:
         names = None if asked is None else [t.name for t in asked]
         topics: list[Data] = []
         try:
-            answer = await self.backend.metadata(names)
+            # Kafka: null asks for every topic, an empty list for none (brokers only).
+            answer = (
+                coordinator_pb2.MetadataResponse()
+                if names == []
+                else await self.backend.metadata(names)
+            )
         except Unreachable:
             answer = coordinator_pb2.MetadataResponse()
             for name in names or ():
