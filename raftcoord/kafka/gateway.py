@@ -249,7 +249,9 @@ class Gateway:
 
     async def find_coordinator(self, request: m.Request) -> Data:
         body = request.body
-        key_type = coordinator_pb2.TRANSACTION if body.key_type == 1 else coordinator_pb2.GROUP
+        # Version 0 has no key type: it finds group coordinators only.
+        is_transaction = getattr(body, "key_type", 0) == 1
+        key_type = coordinator_pb2.TRANSACTION if is_transaction else coordinator_pb2.GROUP
         found = await self.backend.find_coordinator(body.key, key_type)
         if int(found.error_code) != ErrorCode.NONE:
             return {
