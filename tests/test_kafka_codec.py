@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import io
 import warnings
+from typing import Any
 
 import pytest
 from kio.index import load_response_schema
 from kio.schema.request_header.v2.header import RequestHeader
-from kio.serial import entity_writer
+from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from raftcoord.kafka import messages as m
@@ -107,6 +108,22 @@ def test_build_drops_fields_of_other_versions_and_fills_defaults() -> None:
     assert built.node_id == 3
     assert built.host == ""
     assert not hasattr(built, "error_message")  # only from version 1 on
+
+
+def test_producer_fenced_reaches_older_versions_as_invalid_producer_epoch() -> None:
+    def end_txn_error(version: int) -> int:
+        frame = m.encode_response(m.END_TXN, version, 1, {"error_code": 90})
+        schema = load_response_schema(m.END_TXN, version)
+        _, used = entity_reader(schema.__header_schema__)(frame, 4)
+        answer: Any = entity_reader(schema)(frame, 4 + used)[0]
+        return int(answer.error_code)
+
+    assert [end_txn_error(v) for v in range(4)] == [47, 47, 90, 90]
+    topics = [{"name": "t", "results_by_partition": [{"partition_error_code": 90}]}]
+    frame = m.encode_response(
+        m.ADD_PARTITIONS_TO_TXN, 1, 1, {"results_by_topic_v3_and_below": topics}
+    )
+    assert frame.endswith((47).to_bytes(2, "big"))
 
 
 # --- record batches ---------------------------------------------------------------------

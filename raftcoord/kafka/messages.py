@@ -69,6 +69,18 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 #: Kafka's UNSUPPORTED_VERSION (not one of the transaction paths' codes).
 UNSUPPORTED_VERSION = 35
 
+#: The first version of each API that may answer PRODUCER_FENCED (KIP-588);
+#: older versions get INVALID_PRODUCER_EPOCH instead, as from Kafka's brokers.
+PRODUCER_FENCED_SINCE = {
+    INIT_PRODUCER_ID: 4,
+    ADD_PARTITIONS_TO_TXN: 2,
+    ADD_OFFSETS_TO_TXN: 2,
+    END_TXN: 2,
+    TXN_OFFSET_COMMIT: 3,
+}
+_PRODUCER_FENCED = 90
+_INVALID_PRODUCER_EPOCH = 47
+
 _SIZE = struct.Struct(">i")
 _KEY_VERSION = struct.Struct(">hh")
 
@@ -127,7 +139,10 @@ def decode_request(frame: bytes) -> Request:
 def encode_response(
     api_key: int, api_version: int, correlation_id: int, data: Mapping[str, Any]
 ) -> bytes:
-    """The size-prefixed response frame for ``data`` (see :func:`build`)."""
+    """The size-prefixed response frame for ``data`` (see :func:`build`), with
+    the error codes ``api_version`` predates replaced as Kafka does."""
+    if api_version < PRODUCER_FENCED_SINCE.get(api_key, 0):
+        data = _without_producer_fenced(data)
     schema = load_response_schema(api_key, api_version)
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
@@ -137,6 +152,20 @@ def encode_response(
     frame = out.getbuffer()
     _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
     return bytes(frame)
+
+
+def _without_producer_fenced(data: Any) -> Any:
+    """``data`` with every PRODUCER_FENCED error code as INVALID_PRODUCER_EPOCH."""
+    if isinstance(data, Mapping):
+        return {
+            key: _INVALID_PRODUCER_EPOCH
+            if key.endswith("error_code") and value == _PRODUCER_FENCED
+            else _without_producer_fenced(value)
+            for key, value in data.items()
+        }
+    if isinstance(data, list | tuple):
+        return [_without_producer_fenced(item) for item in data]
+    return data
 
 
 def correlation_only(frame: bytes) -> int | None:
