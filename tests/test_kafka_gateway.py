@@ -39,10 +39,15 @@ PARTITIONS = 3
 TIMEOUT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-gateway", "2-gateways"])
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalCluster]:
+    """One cluster per gateway count: with two, partitions are led by both
+    gateways and transactional requests that reach the gateway not owning
+    their transactional id are relayed to its owner."""
     path: Path = tmp_path_factory.mktemp("kafka-cluster")
-    with running_cluster(path, partition_nodes=2, kafka_listeners=1) as running:
+    with running_cluster(path, partition_nodes=2, kafka_listeners=request.param) as running:
         bootstrap = running.kafka_bootstrap()
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics(

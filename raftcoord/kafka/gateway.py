@@ -22,8 +22,10 @@ from raftcoord.kafka import messages as m
 from raftcoord.kafka.backend import Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
+from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
 
@@ -55,6 +57,11 @@ class Gateway:
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._peers = {
+            k.node_id: Peer(k.address, self.backend.rpc_timeout_s * 3)
+            for k in config.kafka_listeners
+            if k != listener
+        }
         self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
             m.API_VERSIONS: self.api_versions,
             m.METADATA: self.metadata,
@@ -90,6 +97,8 @@ class Gateway:
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+        for peer in self._peers.values():
+            await peer.close()
         await self.backend.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -164,6 +173,11 @@ class Gateway:
             request = m.decode_request(frame)
         except m.MalformedRequest as exc:
             raise CloseConnection(str(exc)) from exc
+        transactional_id = _transactional_id(request)
+        if transactional_id is not None:
+            owner = self.owner_of(transactional_id)
+            if owner != self.listener:
+                return await self._relay(owner, frame, request)
         try:
             data = await self._handlers[api_key](request)
         except Exception as exc:
@@ -172,6 +186,21 @@ class Gateway:
         if data is None:
             return None
         return m.encode_response(api_key, version, request.correlation_id, data)
+
+    def owner_of(self, transactional_id: str) -> KafkaListener:
+        """The gateway that keeps ``transactional_id``'s epoch book and that
+        FindCoordinator names for it: a stable hash over the gateways."""
+        listeners = self.config.kafka_listeners
+        return listeners[shard_for(transactional_id, len(listeners))]
+
+    async def _relay(self, owner: KafkaListener, frame: bytes, request: m.Request) -> bytes | None:
+        """The owner's answer to ``frame``, as this gateway's (docs/kafka.md, "Epochs")."""
+        expect_answer = not (request.api_key == m.PRODUCE and request.body.acks == 0)
+        try:
+            answer = await self._peers[owner.node_id].call(frame, expect_answer)
+        except PeerUnavailable as exc:
+            raise CloseConnection(str(exc)) from exc
+        return None if answer is None else _SIZE.pack(len(answer)) + answer
 
     # --- brokers and coordinators --------------------------------------------------------
 
@@ -261,7 +290,11 @@ class Gateway:
                 "host": "",
                 "port": -1,
             }
-        gateway = self._gateway_of_coordinator(found.node_id)
+        gateway = (
+            self.owner_of(body.key)
+            if is_transaction
+            else self._gateway_of_coordinator(found.node_id)
+        )
         host, port = gateway.address.rsplit(":", 1)
         return {"error_code": 0, "node_id": gateway.node_id, "host": host, "port": int(port)}
 
@@ -771,6 +804,23 @@ class Gateway:
                 for topic in body.topics
             ]
         }
+
+
+def _transactional_id(request: m.Request) -> str | None:
+    """The transactional id a request acts for (whose epoch book it needs), if any."""
+    body = request.body
+    if request.api_key == m.ADD_PARTITIONS_TO_TXN:
+        return str(body.v3_and_below_transactional_id)
+    if request.api_key in (
+        m.PRODUCE,
+        m.INIT_PRODUCER_ID,
+        m.ADD_OFFSETS_TO_TXN,
+        m.END_TXN,
+        m.TXN_OFFSET_COMMIT,
+    ):
+        found = body.transactional_id
+        return None if found is None else str(found)
+    return None
 
 
 def kafka_state_name(state: int) -> str:
