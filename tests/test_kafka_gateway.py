@@ -638,3 +638,44 @@ def test_every_advertised_version_is_answered_in_its_own_version(cluster: LocalC
                 header, used = entity_reader(schema.__header_schema__)(answer, 0)
                 assert header.correlation_id == correlation_id, (api_key, version)
                 entity_reader(schema)(answer, used)
+
+
+def list_offsets(cluster: LocalCluster, topic: str, isolation: int, timestamp: int) -> int:
+    """ListOffsets v2 for partition 0 of ``topic`` over a raw connection."""
+    body = {
+        "replica_id": -1,
+        "isolation_level": isolation,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": timestamp}]}],
+    }
+    with gateway_socket(cluster) as sock:
+        sock.sendall(request_frame(2, 2, 7, body))
+        answer = read_frame(sock)
+    response: Any = entity_reader(load_response_schema(2, 2))(answer, 4)[0]
+    [result] = response.topics[0].partitions
+    assert int(result.error_code) == 0, result
+    return int(result.offset)
+
+
+def test_list_offsets_answers_the_last_stable_offset_under_read_committed(
+    cluster: LocalCluster,
+) -> None:
+    topic = "stable"
+    create_topic(cluster, topic)
+    p = producer(cluster, "stable-writer")
+    p.begin_transaction()
+    p.produce(topic, value=b"committed", partition=0)
+    p.commit_transaction(TIMEOUT_S)  # offsets 0 (record) and 1 (marker)
+    p.begin_transaction()
+    p.produce(topic, value=b"open", partition=0)  # offset 2, still open
+    p.flush(TIMEOUT_S)
+    earliest, latest, committed = -2, -1, 1
+    assert list_offsets(cluster, topic, 0, earliest) == 0
+    assert list_offsets(cluster, topic, 0, latest) == 3
+    assert list_offsets(cluster, topic, committed, latest) == 2  # the open transaction's start
+    p.commit_transaction(TIMEOUT_S)
+    # EndTxn answers before the markers are written (as Kafka's): wait for them.
+    cluster.wait_until(
+        lambda: list_offsets(cluster, topic, committed, latest) == 4,
+        TIMEOUT_S,
+        "the last stable offset did not pass the committed transaction",
+    )
