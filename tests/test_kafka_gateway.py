@@ -679,3 +679,24 @@ def test_list_offsets_answers_the_last_stable_offset_under_read_committed(
         TIMEOUT_S,
         "the last stable offset did not pass the committed transaction",
     )
+
+
+def test_a_simple_consumer_commits_and_fetches_its_offsets(cluster: LocalCluster) -> None:
+    """OffsetCommit and OffsetFetch without group membership (assign() only)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap(),
+            "group.id": "simple-consumer",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        partitions = [TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        consumer.commit(
+            offsets=[TopicPartition(TOPIC, 1, 3), TopicPartition(TOPIC, 2, 5)], asynchronous=False
+        )
+        found = consumer.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], TIMEOUT_S)
+        assert [(tp.partition, tp.offset) for tp in found] == [(0, -1001), (1, 3), (2, 5)]
+    finally:
+        consumer.close()
