@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -862,8 +863,6 @@ def _list_offsets_error(partition: int, code: int) -> Data:
 
 def run_gateway(config: ClusterConfig, listener: KafkaListener) -> int:
     """Serve until SIGTERM or SIGINT."""
-    import signal
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
     async def main() -> None:
