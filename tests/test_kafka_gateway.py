@@ -700,3 +700,23 @@ def test_a_simple_consumer_commits_and_fetches_its_offsets(cluster: LocalCluster
         assert [(tp.partition, tp.offset) for tp in found] == [(0, -1001), (1, 3), (2, 5)]
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches_are_read_back_exactly(cluster: LocalCluster, codec: str) -> None:
+    topic = f"compressed-{codec}"
+    create_topic(cluster, topic)
+    p = Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap(),
+            "transactional.id": f"compressing-{codec}",
+            "compression.type": codec,
+        }
+    )
+    p.init_transactions(TIMEOUT_S)
+    values = [f"{codec}-{i}-".encode() * 20 for i in range(30)]
+    p.begin_transaction()
+    for i, value in enumerate(values):
+        p.produce(topic, value=value, partition=i % PARTITIONS)
+    p.commit_transaction(TIMEOUT_S)
+    assert sorted(committed_values(cluster, topic, len(values))) == sorted(values)
