@@ -201,8 +201,6 @@ def write_config(
     each on its own address with the fixed ports COORDINATOR_PORT,
     RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
     Kafka gateways (only without ``hosts``) listen on 127.0.0.1 too."""
-    if hosts is not None and kafka_listeners:
-        raise ClusterError("Kafka gateways run only on 127.0.0.1 (not with --netns)")
     if hosts is None:
         ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes + kafka_listeners))
 
@@ -279,7 +277,8 @@ class LocalCluster:
         given ``config`` (a multi-host config such as deploy/cluster.toml,
         whose shape and settings are then used instead of the arguments),
         every host the config names becomes one namespace and its address is
-        replaced by the namespace's.
+        replaced by the namespace's. ``kafka_listeners`` Kafka gateways
+        (docs/kafka.md) start after the nodes, on 127.0.0.1 only.
 
         Raises:
             ClusterError: the data directory cannot be used, a cluster runs
@@ -291,6 +290,8 @@ class LocalCluster:
                 f"a cluster is already running in {self.data_dir}; "
                 "run `raftcoord cluster down` first"
             )
+        if kafka_listeners and netns:
+            raise ClusterError("Kafka gateways run only on 127.0.0.1 (not with --netns)")
         if config is not None and not netns:
             raise ClusterError(
                 "a multi-host config starts only with --netns (each of its hosts a namespace)"
