@@ -152,3 +152,21 @@ def test_a_shape_refusal_names_both_shapes() -> None:
     refusal = old.refusal(ClusterShape(5, (1, 2, 3), (101, 102)))
     assert refusal is not None
     assert str(old) in refusal and "5 shards" in refusal and "[103]" in refusal
+
+
+def test_kafka_listeners() -> None:
+    listeners = [{"id": 201, "address": "127.0.0.1:9092"}, {"id": 202, "address": "127.0.0.1:9093"}]
+    config = parse_config(minimal(kafka_listeners=listeners))
+    assert [(k.node_id, k.address) for k in config.kafka_listeners] == [
+        (201, "127.0.0.1:9092"),
+        (202, "127.0.0.1:9093"),
+    ]
+    assert parse_config(minimal()).kafka_listeners == ()
+    with pytest.raises(ConfigError, match="kafka_listeners"):
+        parse_config(minimal(kafka_listeners=[{"id": 1, "address": "127.0.0.1:9092"}]))
+    with pytest.raises(ConfigError, match="used twice"):
+        parse_config(minimal(kafka_listeners=[{"id": 201, "address": "127.0.0.1:7001"}]))
+    with pytest.raises(ConfigError, match="unknown keys"):
+        parse_config(minimal(kafka_listeners=[{"id": 201, "address": "h:1", "grpc": "h:2"}]))
+    with pytest.raises(ConfigError, match="host:port"):
+        parse_config(minimal(kafka_listeners=[{"id": 201, "address": "nohost"}]))

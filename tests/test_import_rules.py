@@ -2,7 +2,8 @@
 
 A component is a top-level package (fsm, pid_allocator, marker_writer,
 partition_log, spark) or a subpackage of raftcoord (protocol, coordinator,
-client, cluster, chaos, cli, bench). Every import counts, also one inside a function
+client, cluster, chaos, cli, bench, kafka). Every import counts, also one inside a
+function
 or under ``TYPE_CHECKING``: a hidden arrow is still an arrow.
 """
 
@@ -17,7 +18,7 @@ from tests.test_purity import FORBIDDEN
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TOP_LEVEL = ("fsm", "pid_allocator", "marker_writer", "partition_log", "spark")
-RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli", "bench")
+RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli", "bench", "kafka")
 
 #: The protocol's modules without I/O, the only part of raftcoord the pure core may import.
 PURE_PROTOCOL = frozenset(
@@ -26,7 +27,7 @@ PURE_PROTOCOL = frozenset(
 #: pid_allocator is part of the pure core (fsm.machine allocates producer ids
 #: with it; tests/test_purity.py keeps it pure too).
 #: Components that talk to the coordinators only through the protocol.
-PROTOCOL_ONLY = ("partition_log", "marker_writer", "raftcoord.client", "spark")
+PROTOCOL_ONLY = ("partition_log", "marker_writer", "raftcoord.client", "spark", "raftcoord.kafka")
 
 
 def component(module: str) -> str | None:

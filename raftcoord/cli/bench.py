@@ -16,6 +16,11 @@ SUITES = {
     "raft": ("raft_commit", "plain pysyncobj commit latency and throughput per fsync policy"),
     "plog-startup": ("plog_startup", "a partition's start-up time against its log size"),
     "audit": ("audit", "the Spark audit's time by run size"),
+    "kafka-codec": ("kafka_codec", "Kafka message codecs: kio against kafka-python's classes"),
+    "kafka-gateway": (
+        "kafka_gateway",
+        "confluent-kafka through the Kafka gateway against the native client over gRPC",
+    ),
 }
 
 

@@ -51,6 +51,13 @@ def add_parser(commands: Any) -> None:
         help="partition-log nodes (0..50) (default: %(default)s)",
     )
     up.add_argument(
+        "--kafka-listeners",
+        type=int,
+        default=0,
+        help="Kafka wire-protocol gateways (0..9) on 127.0.0.1, for unmodified Kafka "
+        "clients (docs/kafka.md) (default: %(default)s)",
+    )
+    up.add_argument(
         "--fsync",
         choices=["always", "batch", "never"],
         default="always",
@@ -145,6 +152,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise ClusterError("use 1..9 coordinators and 1..64 shards")
             if not 0 <= args.partition_nodes <= 50:
                 raise ClusterError("use 0..50 partition-log nodes")
+            if not 0 <= args.kafka_listeners <= 9:
+                raise ClusterError("use 0..9 Kafka gateways")
             what = (
                 f"the nodes of {args.config}"
                 if args.config
@@ -163,8 +172,11 @@ def _run(args: argparse.Namespace) -> int:
                 settings=dict(args.setting),
                 netns=args.netns,
                 config=args.config,
+                kafka_listeners=args.kafka_listeners,
             )
             print(cluster.status_table())
+            if args.kafka_listeners:
+                print(f"Kafka bootstrap.servers: {cluster.kafka_bootstrap()}")
         elif args.cluster_command == "status":
             print(cluster.status_table())
         elif args.cluster_command == "down":

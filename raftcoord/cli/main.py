@@ -54,6 +54,21 @@ def _partition_node(args: argparse.Namespace) -> int:
     return run_partition_node(config, args.id, data_dir)
 
 
+def _kafka_gateway(args: argparse.Namespace) -> int:
+    from raftcoord.kafka.gateway import run_gateway
+    from raftcoord.protocol.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+        listener = next((k for k in config.kafka_listeners if k.node_id == args.id), None)
+        if listener is None:
+            raise ConfigError(f"no [[kafka_listeners]] entry with id {args.id}")
+    except ConfigError as exc:
+        print(f"raftcoord kafka-gateway: {exc}", file=sys.stderr)
+        return 2
+    return run_gateway(config, listener)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
@@ -108,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
     pnode.set_defaults(func=_partition_node)
+    gateway = commands.add_parser(
+        "kafka-gateway", help="run one Kafka wire-protocol gateway (docs/kafka.md)"
+    )
+    gateway.add_argument("--config", required=True, help="cluster config (TOML)")
+    gateway.add_argument(
+        "--id", required=True, type=int, help="this gateway's id in [[kafka_listeners]]"
+    )
+    gateway.set_defaults(func=_kafka_gateway)
     from raftcoord.chaos import commands as chaos
     from raftcoord.cli import bench, cluster
     from raftcoord.cli import txn as txn_cli

@@ -69,11 +69,12 @@ class NodeRecord:
     """One process the launcher manages."""
 
     node_id: int
-    kind: str  # "coordinator" or "partition-log"
-    grpc: str
+    kind: str  # "coordinator", "partition-log" or "kafka-gateway"
+    grpc: str  # "" for a Kafka gateway
     pid: int = 0
     log: str = ""
     netns: str = ""  # the network namespace it runs in ("": the root namespace)
+    kafka: str = ""  # a Kafka gateway's address for Kafka clients
 
 
 @dataclass
@@ -108,7 +109,13 @@ def free_ports(count: int) -> list[int]:
 
 
 #: The ``raftcoord`` subcommand that runs each kind of node.
-NODE_COMMANDS = {"coordinator": "node", "partition-log": "partition-node"}
+NODE_COMMANDS = {
+    "coordinator": "node",
+    "partition-log": "partition-node",
+    "kafka-gateway": "kafka-gateway",
+}
+#: Kafka gateway ids ([[kafka_listeners]]) start here, after the partition-log nodes'.
+KAFKA_LISTENER_BASE_ID = 201
 
 
 def node_command(
@@ -116,18 +123,11 @@ def node_command(
 ) -> list[str]:
     """The command that runs one node: what the launcher starts (inside the
     node's namespace with --netns), and what deploy/'s systemd units run."""
-    return [
-        python,
-        "-m",
-        "raftcoord.cli",
-        NODE_COMMANDS[kind],
-        "--config",
-        config,
-        "--id",
-        str(node_id),
-        "--data-dir",
-        data_dir,
-    ]
+    command = [python, "-m", "raftcoord.cli", NODE_COMMANDS[kind], "--config", config]
+    command += ["--id", str(node_id)]
+    if kind != "kafka-gateway":  # a gateway keeps no data
+        command += ["--data-dir", data_dir]
+    return command
 
 
 def node_ids(coordinators: int, partition_nodes: int) -> list[int]:
@@ -193,14 +193,16 @@ def write_config(
     log_flush: str = "always",
     settings: dict[str, Any] | None = None,
     hosts: dict[int, str] | None = None,
+    kafka_listeners: int = 0,
 ) -> None:
     """Write a cluster config for a local cluster; ``settings`` adds entries
     to its ``[settings]`` table (Kafka-style names). Nodes listen on
     127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
     each on its own address with the fixed ports COORDINATOR_PORT,
-    RAFT_BASE_PORT + shard and PARTITION_NODE_PORT."""
+    RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
+    Kafka gateways (only without ``hosts``) listen on 127.0.0.1 too."""
     if hosts is None:
-        ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes))
+        ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes + kafka_listeners))
 
         def address(node_id: int, port: int) -> str:
             return f'"127.0.0.1:{next(ports)}"'
@@ -231,6 +233,9 @@ def write_config(
         coordinators="\n".join(blocks),
         partition_nodes="\n".join(partition_blocks),
     )
+    for i in range(kafka_listeners):
+        listener = address(KAFKA_LISTENER_BASE_ID + i, 0)
+        text += f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
     path.write_text(text)
 
 
@@ -263,6 +268,7 @@ class LocalCluster:
         settings: dict[str, Any] | None = None,
         netns: bool = False,
         config: str | Path | None = None,
+        kafka_listeners: int = 0,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         and every partition-log node answers.
@@ -271,7 +277,8 @@ class LocalCluster:
         given ``config`` (a multi-host config such as deploy/cluster.toml,
         whose shape and settings are then used instead of the arguments),
         every host the config names becomes one namespace and its address is
-        replaced by the namespace's.
+        replaced by the namespace's. ``kafka_listeners`` Kafka gateways
+        (docs/kafka.md) start after the nodes, on 127.0.0.1 only.
 
         Raises:
             ClusterError: the data directory cannot be used, a cluster runs
@@ -283,6 +290,8 @@ class LocalCluster:
                 f"a cluster is already running in {self.data_dir}; "
                 "run `raftcoord cluster down` first"
             )
+        if kafka_listeners and netns:
+            raise ClusterError("Kafka gateways run only on 127.0.0.1 (not with --netns)")
         if config is not None and not netns:
             raise ClusterError(
                 "a multi-host config starts only with --netns (each of its hosts a namespace)"
@@ -319,6 +328,7 @@ class LocalCluster:
                     log_flush,
                     settings,
                     hosts,
+                    kafka_listeners,
                 )
             cluster_config = load_config(candidate)
             if network is not None:
@@ -340,6 +350,10 @@ class LocalCluster:
         records = [
             NodeRecord(n.node_id, "coordinator", n.grpc) for n in cluster_config.coordinators
         ] + [NodeRecord(n.node_id, "partition-log", n.grpc) for n in cluster_config.partition_nodes]
+        records += [
+            NodeRecord(k.node_id, "kafka-gateway", "", kafka=k.address)
+            for k in cluster_config.kafka_listeners
+        ]
         if network is not None:
             for record in records:
                 record.netns = network.by_address(_host(record.grpc)).namespace
@@ -352,11 +366,11 @@ class LocalCluster:
                 self._spawn(record)
             self._save()
             self.wait_for_leaders(timeout_s)
-            for record in self.partition_nodes():
+            for record in self.partition_nodes() + self.kafka_gateways():
                 self.wait_until(
                     lambda r=record: self.node_status(r.node_id) is not None,
                     timeout_s,
-                    f"partition-log node {record.node_id} did not answer",
+                    f"{record.kind} node {record.node_id} did not answer",
                 )
         except BaseException as exc:
             self.down(grace_s=3)  # stop what was started
@@ -396,6 +410,13 @@ class LocalCluster:
 
     def partition_nodes(self) -> list[NodeRecord]:
         return [n for n in self._require().nodes if n.kind == "partition-log"]
+
+    def kafka_gateways(self) -> list[NodeRecord]:
+        return [n for n in self._require().nodes if n.kind == "kafka-gateway"]
+
+    def kafka_bootstrap(self) -> str:
+        """The Kafka gateways' addresses as Kafka's bootstrap.servers."""
+        return ",".join(n.kafka for n in self.kafka_gateways())
 
     def bootstrap(self) -> list[str]:
         """The coordinators' gRPC addresses: what a client is given to start from."""
@@ -512,8 +533,16 @@ class LocalCluster:
 
     def node_status(self, node_id: int, timeout_s: float = 1.0) -> Any | None:
         """A coordinator's NodeStatus (a partition-log node: an empty ListOffsets
-        answer), or None when the node does not answer."""
+        answer; a Kafka gateway: True once it accepts connections), or None
+        when the node does not answer."""
         record = self._require().node(node_id)
+        if record.kind == "kafka-gateway":
+            host, port = record.kafka.rsplit(":", 1)
+            try:
+                socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            except OSError:
+                return None
+            return True
         with grpc.insecure_channel(record.grpc) as channel:
             try:
                 if record.kind == "partition-log":
@@ -570,15 +599,18 @@ class LocalCluster:
     def status_table(self) -> str:
         """A readable table: node, pid, alive, then role@term per shard."""
         state = self._require()
-        header = ["node", "grpc", "pid", "alive"] + [f"shard {s}" for s in range(state.shard_count)]
+        header = ["node", "address", "pid", "alive"] + [
+            f"shard {s}" for s in range(state.shard_count)
+        ]
         rows = []
         for record in state.nodes:
             alive = self.alive(record.node_id)
             status = self.node_status(record.node_id, 0.5) if alive else None
-            cells = [str(record.node_id), record.grpc, str(record.pid), "yes" if alive else "no"]
-            if record.kind == "partition-log":
+            address = record.grpc or record.kafka
+            cells = [str(record.node_id), address, str(record.pid), "yes" if alive else "no"]
+            if record.kind != "coordinator":
                 answer = "no answer" if status is None else "serving"
-                cells += [f"partition-log, {answer}" if alive else "-"]
+                cells += [f"{record.kind}, {answer}" if alive else "-"]
                 cells += [""] * (state.shard_count - 1)
                 rows.append(cells)
                 continue

@@ -54,6 +54,15 @@ class NodeAddress:
 
 
 @dataclass(frozen=True)
+class KafkaListener:
+    """One Kafka gateway (docs/kafka.md): its broker id and the address Kafka
+    clients connect to."""
+
+    node_id: int
+    address: str
+
+
+@dataclass(frozen=True)
 class Settings:
     """Coordinator settings, Kafka names in comments."""
 
@@ -177,6 +186,8 @@ class ClusterConfig:
     #: Per-topic retention overrides ([topic_config.<topic>]); partial ones are
     #: completed from the settings' defaults.
     topic_config: dict[str, TopicRetention] = field(default_factory=dict)
+    #: Kafka wire-protocol gateways ([[kafka_listeners]], docs/kafka.md).
+    kafka_listeners: tuple[KafkaListener, ...] = ()
 
     def retention(self, topic: str) -> TopicRetention:
         """The retention of ``topic``: its override, else the node-wide defaults."""
@@ -334,6 +345,7 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
         "coordinators",
         "partition_nodes",
         "topic_config",
+        "kafka_listeners",
     }
     if unknown:
         raise ConfigError(f"unknown top-level keys: {sorted(unknown)}")
@@ -347,11 +359,39 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
     settings = _settings(raw.get("settings", {}))
     addresses = [n.grpc for n in coordinators + partition_nodes]
     addresses += [a for n in coordinators for a in n.raft]
+    topic_config = _topic_config(raw.get("topic_config", {}), settings)
+    kafka_listeners = _kafka_listeners(raw.get("kafka_listeners", []))
+    addresses += [k.address for k in kafka_listeners]
     duplicated = sorted({a for a in addresses if addresses.count(a) > 1})
     if duplicated:
         raise ConfigError(f"addresses used twice: {duplicated}")
-    topic_config = _topic_config(raw.get("topic_config", {}), settings)
-    return ClusterConfig(shard_count, coordinators, partition_nodes, settings, topic_config)
+    node_ids = {n.node_id for n in coordinators + partition_nodes}
+    listener_ids = [k.node_id for k in kafka_listeners]
+    if len(set(listener_ids)) != len(listener_ids) or node_ids & set(listener_ids):
+        raise ConfigError(
+            f"[[kafka_listeners]] ids must be unique and differ from the nodes' ids, "
+            f"got {listener_ids}"
+        )
+    return ClusterConfig(
+        shard_count, coordinators, partition_nodes, settings, topic_config, kafka_listeners
+    )
+
+
+def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("[[kafka_listeners]] must be an array of tables")
+    listeners = []
+    for i, entry in enumerate(raw):
+        where = f"kafka_listeners[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table")
+        if set(entry) - {"id", "address"}:
+            raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - {'id', 'address'})}")
+        node_id = entry.get("id")
+        if type(node_id) is not int or node_id < 1:
+            raise ConfigError(f"{where}.id must be a positive integer, got {node_id!r}")
+        listeners.append(KafkaListener(node_id, _address(entry.get("address"), f"{where}.address")))
+    return tuple(listeners)
 
 
 def _topic_config(raw: Any, settings: Settings) -> dict[str, TopicRetention]:

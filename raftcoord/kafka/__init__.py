@@ -1,0 +1,2 @@
+"""The Kafka wire-protocol gateway: unmodified Kafka clients against the
+cluster's coordinators and partition-log nodes (docs/kafka.md)."""

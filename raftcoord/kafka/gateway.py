@@ -1,0 +1,879 @@
+"""The Kafka gateway: an asyncio server speaking Kafka's protocol to clients
+and the cluster's gRPC API to the coordinators and partition-log nodes.
+
+Each connection reads requests as they come and answers them in request
+order (Kafka's pipelining): every request is handled in a task of its own,
+and one writer awaits the tasks in arrival order. How Kafka's brokers,
+partition leaders and coordinators map onto gateways is in docs/kafka.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc.aio
+
+from raftcoord.kafka import messages as m
+from raftcoord.kafka.backend import Backend, Unreachable
+from raftcoord.kafka.epochs import EpochBook
+from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
+from raftcoord.kafka.relay import Peer, PeerUnavailable
+from raftcoord.protocol.config import ClusterConfig, KafkaListener
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.wire import wire_state
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+#: Largest request frame accepted (Kafka's socket.request.max.bytes).
+MAX_REQUEST_BYTES = 100 * 1024 * 1024
+#: Requests of one connection handled at once before reading waits.
+MAX_IN_FLIGHT = 64
+CLUSTER_ID = "raftcoord"
+#: Kafka's timestamps for ListOffsets: latest and earliest.
+_LATEST, _EARLIEST = -1, -2
+
+Data = dict[str, Any]
+
+
+class CloseConnection(Exception):
+    """The connection must be closed instead of answered."""
+
+
+class Gateway:
+    """One gateway: ``listener`` of ``config``'s [[kafka_listeners]]."""
+
+    def __init__(self, config: ClusterConfig, listener: KafkaListener) -> None:
+        self.config = config
+        self.listener = listener
+        self.backend = Backend(config)
+        self.epochs = EpochBook()
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._peers = {
+            k.node_id: Peer(k.address, self.backend.rpc_timeout_s * 3)
+            for k in config.kafka_listeners
+            if k != listener
+        }
+        self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
+            m.API_VERSIONS: self.api_versions,
+            m.METADATA: self.metadata,
+            m.FIND_COORDINATOR: self.find_coordinator,
+            m.INIT_PRODUCER_ID: self.init_producer_id,
+            m.ADD_PARTITIONS_TO_TXN: self.add_partitions_to_txn,
+            m.ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn,
+            m.END_TXN: self.end_txn,
+            m.TXN_OFFSET_COMMIT: self.txn_offset_commit,
+            m.OFFSET_COMMIT: self.offset_commit,
+            m.OFFSET_FETCH: self.offset_fetch,
+            m.PRODUCE: self.produce,
+            m.FETCH: self.fetch,
+            m.LIST_OFFSETS: self.list_offsets,
+            m.CREATE_TOPICS: self.create_topics,
+            m.DESCRIBE_TRANSACTIONS: self.describe_transactions,
+            m.LIST_TRANSACTIONS: self.list_transactions,
+        }
+        assert set(self._handlers) == set(m.SUPPORTED)
+
+    # --- serving -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        host, port = self.listener.address.rsplit(":", 1)
+        self._server = await asyncio.start_server(self._connection, host, int(port))
+        log.info("kafka gateway %d listening on %s", self.listener.node_id, self.listener.address)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        for peer in self._peers.values():
+            await peer.close()
+        await self.backend.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read requests until the client closes; answer them in order."""
+        this = asyncio.current_task()
+        assert this is not None
+        self._connections.add(this)
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        sender = asyncio.create_task(self._send_in_order(answers, writer))
+        try:
+            while True:
+                size_bytes = await reader.readexactly(_SIZE.size)
+                (size,) = _SIZE.unpack(size_bytes)
+                if not 0 < size <= MAX_REQUEST_BYTES:
+                    log.info("closing a connection that sent a %d-byte frame", size)
+                    break
+                frame = await reader.readexactly(size)
+                await answers.put(asyncio.create_task(self._answer(frame)))
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.transport.abort()
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            while not answers.empty():
+                pending = answers.get_nowait()
+                if pending is not None:
+                    pending.cancel()
+            self._connections.discard(this)
+
+    @staticmethod
+    async def _send_in_order(
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter
+    ) -> None:
+        """Write each answer when its turn comes. A request that cannot be
+        answered (malformed, or its handler failed) closes the connection,
+        as Kafka's brokers do; the client then retries on a new one."""
+        while (task := await answers.get()) is not None:
+            try:
+                frame = await task
+            except CloseConnection as exc:
+                log.info("closing a connection: %s", exc)
+                writer.transport.abort()
+                return
+            if frame is not None:
+                writer.write(frame)
+                await writer.drain()
+
+    async def _answer(self, frame: bytes) -> bytes | None:
+        """The response frame of one request frame, or None when none is sent
+        (acks=0 produce).
+
+        Raises:
+            CloseConnection: the frame is not a supported request, or its
+                handler failed.
+        """
+        try:
+            api_key, version = m.api_of(frame)
+        except m.MalformedRequest as exc:
+            raise CloseConnection(str(exc)) from exc
+        correlation_id = m.correlation_only(frame)
+        if api_key == m.API_VERSIONS and not m.is_supported(api_key, version):
+            # Kafka answers an unknown ApiVersions version with a v0 response
+            # listing what it supports, so that the client can pick.
+            if correlation_id is None:
+                raise CloseConnection("an ApiVersions request without a correlation id")
+            return m.encode_response(
+                api_key, 0, correlation_id, self._api_versions(m.UNSUPPORTED_VERSION)
+            )
+        try:
+            request = m.decode_request(frame)
+        except m.MalformedRequest as exc:
+            raise CloseConnection(str(exc)) from exc
+        transactional_id = _transactional_id(request)
+        if transactional_id is not None:
+            owner = self.owner_of(transactional_id)
+            if owner != self.listener:
+                return await self._relay(owner, frame, request)
+        try:
+            data = await self._handlers[api_key](request)
+        except Exception as exc:
+            log.exception("api %d version %d failed", api_key, version)
+            raise CloseConnection(f"api {api_key} version {version} failed") from exc
+        if data is None:
+            return None
+        return m.encode_response(api_key, version, request.correlation_id, data)
+
+    def owner_of(self, transactional_id: str) -> KafkaListener:
+        """The gateway that keeps ``transactional_id``'s epoch book and that
+        FindCoordinator names for it: a stable hash over the gateways."""
+        listeners = self.config.kafka_listeners
+        return listeners[shard_for(transactional_id, len(listeners))]
+
+    async def _relay(self, owner: KafkaListener, frame: bytes, request: m.Request) -> bytes | None:
+        """The owner's answer to ``frame``, as this gateway's (docs/kafka.md, "Epochs")."""
+        expect_answer = not (request.api_key == m.PRODUCE and request.body.acks == 0)
+        try:
+            answer = await self._peers[owner.node_id].call(frame, expect_answer)
+        except PeerUnavailable as exc:
+            raise CloseConnection(str(exc)) from exc
+        return None if answer is None else _SIZE.pack(len(answer)) + answer
+
+    # --- brokers and coordinators --------------------------------------------------------
+
+    def _api_versions(self, error: int) -> Data:
+        return {
+            "error_code": error,
+            "api_keys": [
+                {"api_key": key, "min_version": low, "max_version": high}
+                for key, (low, high) in sorted(m.SUPPORTED.items())
+            ],
+        }
+
+    async def api_versions(self, request: m.Request) -> Data:
+        return self._api_versions(ErrorCode.NONE)
+
+    def _gateway_of_coordinator(self, node_id: int) -> KafkaListener:
+        """The gateway named as the coordinator when coordinator ``node_id`` leads:
+        gateway i fronts coordinator i (by position, modulo the gateway count)."""
+        ids = [c.node_id for c in self.config.coordinators]
+        position = ids.index(node_id) if node_id in ids else 0
+        return self.config.kafka_listeners[position % len(self.config.kafka_listeners)]
+
+    def _gateway_of_partition_node(self, node_id: int) -> KafkaListener:
+        """The gateway named as a partition's leader: partition-log node j's
+        partitions are led by gateway j (by position, modulo the gateway count)."""
+        ids = [n.node_id for n in self.config.partition_nodes]
+        position = ids.index(node_id) if node_id in ids else 0
+        return self.config.kafka_listeners[position % len(self.config.kafka_listeners)]
+
+    def _brokers(self) -> list[Data]:
+        brokers = []
+        for gateway in self.config.kafka_listeners:
+            host, port = gateway.address.rsplit(":", 1)
+            brokers.append({"node_id": gateway.node_id, "host": host, "port": int(port)})
+        return brokers
+
+    async def metadata(self, request: m.Request) -> Data:
+        asked = request.body.topics
+        names = None if asked is None else [t.name for t in asked]
+        topics: list[Data] = []
+        try:
+            # Kafka: null asks for every topic, an empty list for none (brokers only).
+            answer = (
+                coordinator_pb2.MetadataResponse()
+                if names == []
+                else await self.backend.metadata(names)
+            )
+        except Unreachable:
+            answer = coordinator_pb2.MetadataResponse()
+            for name in names or ():
+                topics.append({"name": name, "error_code": ErrorCode.REQUEST_TIMED_OUT})
+        for topic in answer.topics:
+            partitions = []
+            for p in topic.partitions:
+                leader = self._gateway_of_partition_node(p.node_id).node_id
+                partitions.append(
+                    {
+                        "error_code": p.error_code,
+                        "partition_index": p.partition,
+                        "leader_id": leader,
+                        "leader_epoch": 0,
+                        "replica_nodes": [leader],
+                        "isr_nodes": [leader],
+                    }
+                )
+            topics.append(
+                {"error_code": topic.error_code, "name": topic.name, "partitions": partitions}
+            )
+        return {
+            "brokers": self._brokers(),
+            "cluster_id": CLUSTER_ID,
+            "controller_id": self.config.kafka_listeners[0].node_id,
+            "topics": topics,
+        }
+
+    async def find_coordinator(self, request: m.Request) -> Data:
+        body = request.body
+        # Version 0 has no key type: it finds group coordinators only.
+        is_transaction = getattr(body, "key_type", 0) == 1
+        key_type = coordinator_pb2.TRANSACTION if is_transaction else coordinator_pb2.GROUP
+        found = await self.backend.find_coordinator(body.key, key_type)
+        if int(found.error_code) != ErrorCode.NONE:
+            return {
+                "error_code": found.error_code,
+                "error_message": found.error_message,
+                "node_id": -1,
+                "host": "",
+                "port": -1,
+            }
+        gateway = (
+            self.owner_of(body.key)
+            if is_transaction
+            else self._gateway_of_coordinator(found.node_id)
+        )
+        host, port = gateway.address.rsplit(":", 1)
+        return {"error_code": 0, "node_id": gateway.node_id, "host": host, "port": int(port)}
+
+    # --- transactions ----------------------------------------------------------------------
+
+    async def init_producer_id(self, request: m.Request) -> Data:
+        body = request.body
+        grpc_request = coordinator_pb2.InitProducerIdRequest(
+            transaction_timeout_ms=m.milliseconds(body.transaction_timeout)
+        )
+        if body.transactional_id is not None:
+            grpc_request.transactional_id = body.transactional_id
+        if getattr(body, "producer_id", -1) >= 0:
+            server = self.epochs.server(body.producer_id, body.producer_epoch)
+            grpc_request.producer_id, grpc_request.producer_epoch = server
+        key = body.transactional_id
+        if key is None:
+            answer = await self._any_coordinator("InitProducerId", grpc_request)
+        else:
+            answer = await self.backend.to_leader(key, "InitProducerId", grpc_request)
+        if answer.error_code == ErrorCode.NONE:
+            self.epochs.started(answer.producer_id, answer.producer_epoch)
+        return {
+            "error_code": answer.error_code,
+            "producer_id": answer.producer_id if answer.error_code == 0 else -1,
+            "producer_epoch": answer.producer_epoch if answer.error_code == 0 else -1,
+        }
+
+    async def _any_coordinator(self, method: str, grpc_request: Any) -> Any:
+        try:
+            return await self.backend.any_coordinator(
+                lambda stub: getattr(stub, method)(grpc_request, timeout=self.backend.rpc_timeout_s)
+            )
+        except Unreachable as exc:
+            response_type = getattr(coordinator_pb2, f"{method}Response")
+            return response_type(
+                error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, error_message=str(exc)
+            )
+
+    async def add_partitions_to_txn(self, request: m.Request) -> Data:
+        body = request.body
+        transactional_id = body.v3_and_below_transactional_id
+        topics = body.v3_and_below_topics
+        producer_id, epoch = self.epochs.server(
+            body.v3_and_below_producer_id, body.v3_and_below_producer_epoch
+        )
+        grpc_request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=epoch
+        )
+        for topic in topics:
+            grpc_request.topics.add(topic=topic.name, partitions=list(topic.partitions))
+        answer = await self.backend.to_leader(transactional_id, "AddPartitionsToTxn", grpc_request)
+        per_partition = {(r.topic, r.partition): r.error_code for r in answer.results}
+        return {
+            "results_by_topic_v3_and_below": [
+                {
+                    "name": topic.name,
+                    "results_by_partition": [
+                        {
+                            "partition_index": p,
+                            "partition_error_code": per_partition.get(
+                                (topic.name, p), answer.error_code
+                            ),
+                        }
+                        for p in topic.partitions
+                    ],
+                }
+                for topic in topics
+            ]
+        }
+
+    async def add_offsets_to_txn(self, request: m.Request) -> Data:
+        body = request.body
+        producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
+        answer = await self.backend.to_leader(
+            body.transactional_id,
+            "AddOffsetsToTxn",
+            coordinator_pb2.AddOffsetsToTxnRequest(
+                transactional_id=body.transactional_id,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                group_id=body.group_id,
+            ),
+        )
+        return {"error_code": answer.error_code}
+
+    async def end_txn(self, request: m.Request) -> Data:
+        body = request.body
+        producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
+        answer = await self.backend.to_leader(
+            body.transactional_id,
+            "EndTxn",
+            coordinator_pb2.EndTxnRequest(
+                transactional_id=body.transactional_id,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                committed=body.committed,
+            ),
+        )
+        if answer.error_code == ErrorCode.NONE:
+            self.epochs.ended(
+                (body.producer_id, body.producer_epoch),
+                (answer.producer_id, answer.producer_epoch),
+            )
+        return {"error_code": answer.error_code}
+
+    async def describe_transactions(self, request: m.Request) -> Data:
+        ids = list(request.body.transactional_ids)
+
+        async def describe(transactional_id: str) -> Data:
+            answer = await self.backend.to_leader(
+                transactional_id,
+                "DescribeTransactions",
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
+            )
+            found = next(
+                (t for t in answer.transactions if t.transactional_id == transactional_id), None
+            )
+            if found is None:
+                return {
+                    "transactional_id": transactional_id,
+                    "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    "transaction_state": "",
+                    "transaction_start_time": -1,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                }
+            return {
+                "transactional_id": transactional_id,
+                "error_code": found.error_code,
+                "transaction_state": kafka_state_name(found.state),
+                "transaction_timeout": found.transaction_timeout_ms,
+                "transaction_start_time": found.transaction_start_time_ms,
+                "producer_id": found.producer_id,
+                "producer_epoch": found.producer_epoch,
+                "topics": [
+                    {"topic": t.topic, "partitions": list(t.partitions)} for t in found.topics
+                ],
+            }
+
+        return {"transaction_states": await asyncio.gather(*(describe(i) for i in ids))}
+
+    async def list_transactions(self, request: m.Request) -> Data:
+        """The transactions of the shards led by the coordinators this gateway
+        fronts (Kafka's admin client asks every broker and merges the answers)."""
+        body = request.body
+        by_name = {kafka_state_name(n): n for n in common_pb2.TransactionState.values()}
+        unknown = [s for s in body.state_filters if s not in by_name]
+        grpc_request = coordinator_pb2.ListTransactionsRequest(
+            state_filters=[wire_state(by_name[s]) for s in body.state_filters if s in by_name],
+            producer_id_filters=list(body.producer_id_filters),
+            duration_filter_ms=getattr(body, "duration_filter", -1),
+        )
+        listings: list[Data] = []
+        error = ErrorCode.NONE
+        for node in self._fronted_coordinators():
+            try:
+                answer = await self.backend.coordinator_stub(node).ListTransactions(
+                    grpc_request, timeout=self.backend.rpc_timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                # A coordinator that cannot be reached leads no shard the
+                # others could not see: its shards have moved to live ones.
+                log.info("ListTransactions: coordinator %s: %s", node, exc.code())
+                continue
+            if int(answer.error_code) != ErrorCode.NONE:
+                error = ErrorCode(answer.error_code)
+            listings += [
+                {
+                    "transactional_id": t.transactional_id,
+                    "producer_id": t.producer_id,
+                    "transaction_state": kafka_state_name(t.state),
+                }
+                for t in answer.transactions
+            ]
+        return {
+            "error_code": error,
+            "unknown_state_filters": unknown,
+            "transaction_states": listings,
+        }
+
+    def _fronted_coordinators(self) -> list[str]:
+        """The gRPC addresses of the coordinators this gateway fronts."""
+        return [
+            c.grpc
+            for c in self.config.coordinators
+            if self._gateway_of_coordinator(c.node_id) == self.listener
+        ]
+
+    @staticmethod
+    def _offset_topics(topics: Any) -> list[coordinator_pb2.OffsetCommitTopic]:
+        return [
+            coordinator_pb2.OffsetCommitTopic(
+                topic=topic.name,
+                partitions=[
+                    coordinator_pb2.OffsetCommitPartition(
+                        partition=p.partition_index,
+                        offset=p.committed_offset,
+                        leader_epoch=getattr(p, "committed_leader_epoch", -1),
+                        metadata=p.committed_metadata or "",
+                    )
+                    for p in topic.partitions
+                ],
+            )
+            for topic in topics
+        ]
+
+    @staticmethod
+    def _partition_errors(topics: Any, answer: Any) -> list[Data]:
+        per_partition = {(r.topic, r.partition): r.error_code for r in answer.results}
+        return [
+            {
+                "name": topic.name,
+                "partitions": [
+                    {
+                        "partition_index": p.partition_index,
+                        "error_code": per_partition.get(
+                            (topic.name, p.partition_index), answer.error_code
+                        ),
+                    }
+                    for p in topic.partitions
+                ],
+            }
+            for topic in topics
+        ]
+
+    async def txn_offset_commit(self, request: m.Request) -> Data:
+        body = request.body
+        producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
+        answer = await self.backend.to_leader(
+            body.group_id,
+            "TxnOffsetCommit",
+            coordinator_pb2.TxnOffsetCommitRequest(
+                transactional_id=body.transactional_id,
+                group_id=body.group_id,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                generation_id=getattr(body, "generation_id", -1),
+                member_id=getattr(body, "member_id", ""),
+                topics=self._offset_topics(body.topics),
+            ),
+        )
+        return {"topics": self._partition_errors(body.topics, answer)}
+
+    async def offset_commit(self, request: m.Request) -> Data:
+        body = request.body
+        answer = await self.backend.to_leader(
+            body.group_id,
+            "OffsetCommit",
+            coordinator_pb2.OffsetCommitRequest(
+                group_id=body.group_id,
+                generation_id=getattr(body, "generation_id_or_member_epoch", -1),
+                member_id=body.member_id,
+                topics=self._offset_topics(body.topics),
+            ),
+        )
+        return {"topics": self._partition_errors(body.topics, answer)}
+
+    async def offset_fetch(self, request: m.Request) -> Data:
+        body = request.body
+        grpc_request = coordinator_pb2.OffsetFetchRequest(
+            group_id=body.group_id, require_stable=getattr(body, "require_stable", False)
+        )
+        for topic in body.topics or ():
+            grpc_request.topics.add(topic=topic.name, partitions=list(topic.partition_indexes))
+        answer = await self.backend.to_leader(body.group_id, "OffsetFetch", grpc_request)
+        by_topic: dict[str, list[Data]] = {}
+        for p in answer.partitions:
+            by_topic.setdefault(p.topic, []).append(
+                {
+                    "partition_index": p.partition,
+                    "committed_offset": p.offset,
+                    "committed_leader_epoch": -1,
+                    "metadata": p.metadata,
+                    "error_code": p.error_code,
+                }
+            )
+        if answer.error_code != ErrorCode.NONE:
+            for topic in body.topics or ():
+                by_topic[topic.name] = [
+                    {
+                        "partition_index": p,
+                        "committed_offset": -1,
+                        "committed_leader_epoch": -1,
+                        "metadata": "",
+                        "error_code": answer.error_code,
+                    }
+                    for p in topic.partition_indexes
+                ]
+        return {
+            "error_code": answer.error_code,
+            "topics": [{"name": name, "partitions": ps} for name, ps in by_topic.items()],
+        }
+
+    async def create_topics(self, request: m.Request) -> Data:
+        body = request.body
+        answer = await self.backend.accepting_coordinator(
+            "CreateTopics",
+            coordinator_pb2.CreateTopicsRequest(
+                topics=[
+                    coordinator_pb2.CreatableTopic(name=t.name, num_partitions=t.num_partitions)
+                    for t in body.topics
+                ],
+                validate_only=body.validate_only,
+            ),
+        )
+        by_name = {r.name: r for r in answer.results}
+        topics = []
+        for t in body.topics:
+            result = by_name.get(t.name)
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE if result is None else result.error_code
+            topics.append(
+                {
+                    "name": t.name,
+                    "error_code": code,
+                    "error_message": None if result is None else result.error_message or None,
+                    "num_partitions": t.num_partitions,
+                    "replication_factor": 1,
+                }
+            )
+        return {"topics": topics}
+
+    # --- the partitions ----------------------------------------------------------------------
+
+    async def produce(self, request: m.Request) -> Data | None:
+        body = request.body
+        items: list[tuple[str, int, partition_log_pb2.PartitionProduceData]] = []
+        results: dict[tuple[str, int], Data] = {}
+        for topic in body.topic_data:
+            for p in topic.partition_data:
+                try:
+                    batch = produced_batch(bytes(p.records or b""))
+                except BadBatch as exc:
+                    results[(topic.name, p.index)] = _produce_error(
+                        p.index, ErrorCode.INVALID_RECORD, str(exc)
+                    )
+                    continue
+                client = (batch.producer_id, batch.producer_epoch)
+                server = self.epochs.server(*client)
+                if batch.producer_id >= 0 and server != client:
+                    batch.producer_id, batch.producer_epoch = server
+                    batch.base_sequence = self.epochs.sequence(
+                        server, topic.name, p.index, batch.base_sequence
+                    )
+                items.append(
+                    (
+                        topic.name,
+                        p.index,
+                        partition_log_pb2.PartitionProduceData(
+                            topic=topic.name, partition=p.index, batch=batch
+                        ),
+                    )
+                )
+
+        async def call(stub: Any, parts: list[partition_log_pb2.PartitionProduceData]) -> Any:
+            grpc_request = partition_log_pb2.ProduceRequest(partitions=parts)
+            if body.transactional_id is not None:
+                grpc_request.transactional_id = body.transactional_id
+            return await stub.Produce(grpc_request, timeout=self.backend.rpc_timeout_s)
+
+        done, failed = await self.backend.per_owner(items, call)
+        for _, answer in done:
+            for r in answer.partitions:
+                if r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    self.backend.forget_topic(r.topic)
+                results[(r.topic, r.partition)] = {
+                    "index": r.partition,
+                    "error_code": r.error_code,
+                    "base_offset": r.base_offset,
+                    "log_start_offset": r.log_start_offset,
+                    "error_message": r.error_message or None,
+                }
+        for topic_name, partition, code in failed:
+            results[(topic_name, partition)] = _produce_error(partition, code, "")
+        if body.acks == 0:
+            return None
+        return {
+            "responses": [
+                {
+                    "name": topic.name,
+                    "partition_responses": [
+                        results[(topic.name, p.index)] for p in topic.partition_data
+                    ],
+                }
+                for topic in body.topic_data
+            ]
+        }
+
+    async def fetch(self, request: m.Request) -> Data:
+        body = request.body
+        isolation = wire_isolation(body.isolation_level)
+        items: list[tuple[str, int, partition_log_pb2.FetchPartition]] = [
+            (
+                topic.topic,
+                p.partition,
+                partition_log_pb2.FetchPartition(
+                    topic=topic.topic,
+                    partition=p.partition,
+                    fetch_offset=p.fetch_offset,
+                    partition_max_bytes=p.partition_max_bytes,
+                ),
+            )
+            for topic in body.topics
+            for p in topic.partitions
+        ]
+        wait_ms = m.milliseconds(body.max_wait)
+
+        async def call(stub: Any, parts: list[partition_log_pb2.FetchPartition]) -> Any:
+            return await stub.Fetch(
+                partition_log_pb2.FetchRequest(
+                    isolation_level=isolation,
+                    max_bytes=body.max_bytes,
+                    partitions=parts,
+                    max_wait_ms=wait_ms,
+                    min_bytes=body.min_bytes,
+                ),
+                timeout=self.backend.rpc_timeout_s + wait_ms / 1000,
+            )
+
+        done, failed = await self.backend.per_owner(items, call)
+        results: dict[tuple[str, int], Data] = {}
+        for asked, answer in done:
+            offsets = {(p.topic, p.partition): p.fetch_offset for p in asked}
+            for r in answer.partitions:
+                if r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    self.backend.forget_topic(r.topic)
+                if r.error_code != ErrorCode.NONE:
+                    results[(r.topic, r.partition)] = _fetch_error(r.partition, r.error_code)
+                    continue
+                fetch_offset = offsets[(r.topic, r.partition)]
+                results[(r.topic, r.partition)] = {
+                    "partition_index": r.partition,
+                    "error_code": 0,
+                    "high_watermark": r.high_watermark,
+                    "last_stable_offset": r.last_stable_offset,
+                    "log_start_offset": r.log_start_offset,
+                    # The partition log filters aborted records itself.
+                    "aborted_transactions": [] if isolation == common_pb2.READ_COMMITTED else None,
+                    "records": fetched_batches(r.records, fetch_offset, r.next_fetch_offset),
+                }
+        for topic_name, partition, code in failed:
+            results[(topic_name, partition)] = _fetch_error(partition, code)
+        return {
+            "error_code": 0,
+            "session_id": 0,
+            "responses": [
+                {
+                    "topic": topic.topic,
+                    "partitions": [results[(topic.topic, p.partition)] for p in topic.partitions],
+                }
+                for topic in body.topics
+            ],
+        }
+
+    async def list_offsets(self, request: m.Request) -> Data:
+        body = request.body
+        isolation = wire_isolation(getattr(body, "isolation_level", 0))
+        items: list[tuple[str, int, partition_log_pb2.ListOffsetsPartition]] = []
+        results: dict[tuple[str, int], Data] = {}
+        for topic in body.topics:
+            for p in topic.partitions:
+                if p.timestamp == _EARLIEST:
+                    spec = partition_log_pb2.OFFSET_SPEC_EARLIEST
+                elif p.timestamp == _LATEST:
+                    spec = partition_log_pb2.OFFSET_SPEC_LATEST
+                else:
+                    results[(topic.name, p.partition_index)] = _list_offsets_error(
+                        p.partition_index, ErrorCode.INVALID_REQUEST
+                    )
+                    continue
+                items.append(
+                    (
+                        topic.name,
+                        p.partition_index,
+                        partition_log_pb2.ListOffsetsPartition(
+                            topic=topic.name, partition=p.partition_index, spec=spec
+                        ),
+                    )
+                )
+
+        async def call(stub: Any, parts: list[partition_log_pb2.ListOffsetsPartition]) -> Any:
+            return await stub.ListOffsets(
+                partition_log_pb2.ListOffsetsRequest(isolation_level=isolation, partitions=parts),
+                timeout=self.backend.rpc_timeout_s,
+            )
+
+        done, failed = await self.backend.per_owner(items, call)
+        for _, answer in done:
+            for r in answer.partitions:
+                results[(r.topic, r.partition)] = {
+                    "partition_index": r.partition,
+                    "error_code": r.error_code,
+                    "timestamp": -1,
+                    "offset": r.offset,
+                    "leader_epoch": 0,
+                }
+        for topic_name, partition, code in failed:
+            results[(topic_name, partition)] = _list_offsets_error(partition, code)
+        return {
+            "topics": [
+                {
+                    "name": topic.name,
+                    "partitions": [
+                        results[(topic.name, p.partition_index)] for p in topic.partitions
+                    ],
+                }
+                for topic in body.topics
+            ]
+        }
+
+
+def _transactional_id(request: m.Request) -> str | None:
+    """The transactional id a request acts for (whose epoch book it needs), if any."""
+    body = request.body
+    if request.api_key == m.ADD_PARTITIONS_TO_TXN:
+        return str(body.v3_and_below_transactional_id)
+    if request.api_key in (
+        m.PRODUCE,
+        m.INIT_PRODUCER_ID,
+        m.ADD_OFFSETS_TO_TXN,
+        m.END_TXN,
+        m.TXN_OFFSET_COMMIT,
+    ):
+        found = body.transactional_id
+        return None if found is None else str(found)
+    return None
+
+
+def kafka_state_name(state: int) -> str:
+    """Kafka's name of a transaction state (``TRANSACTION_STATE_COMPLETE_COMMIT``
+    -> ``CompleteCommit``), as DescribeTransactions and ListTransactions carry it."""
+    name = common_pb2.TransactionState.Name(state)
+    return "".join(part.capitalize() for part in name.removeprefix("TRANSACTION_STATE_").split("_"))
+
+
+def wire_isolation(level: int) -> common_pb2.IsolationLevel:
+    """Kafka's isolation level (the same numbers) as the partition-log field."""
+    return common_pb2.READ_COMMITTED if level == 1 else common_pb2.READ_UNCOMMITTED
+
+
+def _produce_error(partition: int, code: int, message: str) -> Data:
+    return {
+        "index": partition,
+        "error_code": code,
+        "base_offset": -1,
+        "log_start_offset": -1,
+        "error_message": message or None,
+    }
+
+
+def _fetch_error(partition: int, code: int) -> Data:
+    return {
+        "partition_index": partition,
+        "error_code": code,
+        "high_watermark": -1,
+        "last_stable_offset": -1,
+        "log_start_offset": -1,
+        "records": None,
+    }
+
+
+def _list_offsets_error(partition: int, code: int) -> Data:
+    return {"partition_index": partition, "error_code": code, "timestamp": -1, "offset": -1}
+
+
+def run_gateway(config: ClusterConfig, listener: KafkaListener) -> int:
+    """Serve until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def main() -> None:
+        gateway = Gateway(config, listener)
+        await gateway.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await gateway.stop()
+
+    asyncio.run(main())
+    return 0

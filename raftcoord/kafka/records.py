@@ -1,0 +1,146 @@
+"""RecordBatch v2 between Kafka clients and the partition-log API.
+
+A produced batch is read with kafka-python's record codec (the one the
+partition logs store their segments with) into the partition-log
+``RecordBatch`` message, keeping its producer id, epoch, base sequence,
+transactional flag and every record's key, value, headers and timestamp;
+the partition log writes it back as a v2 batch. Fetched records are put into
+v2 batches again, one batch per run of records of one producer epoch, with
+their log offsets (gaps allowed, as after compaction); the last batch's last
+offset delta covers the offsets the log skipped after the last record
+(COMMIT/ABORT markers, aborted records under read_committed) so that the
+client's next fetch starts where the log's would.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from collections.abc import Sequence
+
+from raftcoord.protocol.v1 import partition_log_pb2
+
+with warnings.catch_warnings():
+    # kafka-python 3 loads its protocol schemas through importlib.resources'
+    # legacy read_text/open_text, which warn.
+    warnings.filterwarnings(
+        "ignore", message=r"(read|open)_text is deprecated", category=DeprecationWarning
+    )
+    from kafka.errors import KafkaError
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kafka.record.memory_records import MemoryRecords
+
+_INT32_MAX = 2**31 - 1
+_BASE_OFFSET = struct.Struct(">q")
+_MAGIC = 2
+
+
+class BadBatch(ValueError):
+    """Produced bytes that are not exactly one readable v2 record batch."""
+
+
+def produced_batch(data: bytes) -> partition_log_pb2.RecordBatch:
+    """The one v2 batch of a Produce request's partition as the partition-log message.
+
+    Raises:
+        BadBatch: ``data`` holds no batch, more than one (Kafka accepts exactly
+            one per partition from version 3 on), another magic, a control
+            batch, or bytes that do not decode.
+    """
+    try:
+        records = MemoryRecords(data)
+        batch = records.next_batch()
+        if batch is None:
+            raise BadBatch("no record batch")
+        if records.has_next():
+            raise BadBatch("more than one record batch for one partition")
+        if batch.magic != _MAGIC:
+            raise BadBatch(f"record batch magic {batch.magic}; only magic 2 is accepted")
+        if batch.is_control_batch:
+            raise BadBatch("a client may not produce a control batch")
+        if not batch.validate_crc():
+            raise BadBatch("record batch CRC mismatch")
+        out = partition_log_pb2.RecordBatch(
+            producer_id=batch.producer_id,
+            producer_epoch=batch.producer_epoch,
+            base_sequence=batch.base_sequence,
+            is_transactional=batch.is_transactional,
+        )
+        for record in batch:
+            out.records.append(
+                partition_log_pb2.Record(
+                    key=record.key,
+                    value=record.value,
+                    headers=[
+                        partition_log_pb2.RecordHeader(key=k, value=v or b"")
+                        for k, v in record.headers
+                    ],
+                    timestamp_ms=record.timestamp,
+                )
+            )
+    except (KafkaError, ValueError, struct.error, IndexError, TypeError) as exc:
+        if isinstance(exc, BadBatch):
+            raise
+        raise BadBatch(f"record batch does not decode: {exc}") from exc
+    return out
+
+
+class _CoveringBuilder(DefaultRecordBatchBuilder):  # type: ignore[misc]
+    """kafka-python's builder whose batch may end past its last record."""
+
+    def cover(self, last_offset_delta: int) -> None:
+        """Make the batch's last offset delta ``last_offset_delta`` (not lower than now)."""
+        self._last_offset: int = max(self._last_offset, last_offset_delta)
+
+
+def _builder(producer_id: int, producer_epoch: int, transactional: bool) -> _CoveringBuilder:
+    return _CoveringBuilder(
+        magic=_MAGIC,
+        compression_type=0,
+        is_transactional=transactional,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=-1,
+        batch_size=_INT32_MAX,
+    )
+
+
+def fetched_batches(
+    records: Sequence[partition_log_pb2.FetchedRecord], fetch_offset: int, next_fetch_offset: int
+) -> bytes:
+    """The v2 batches a Kafka client reads for ``records``, ending at ``next_fetch_offset``.
+
+    An empty answer whose next fetch offset moved (the log skipped markers or
+    aborted records) is one empty batch over the skipped offsets, as Kafka
+    leaves after compaction.
+    """
+    out = bytearray()
+
+    def flush(builder: _CoveringBuilder, base: int) -> None:
+        batch = builder.build()
+        _BASE_OFFSET.pack_into(batch, 0, base)
+        out.extend(batch)
+
+    builder: _CoveringBuilder | None = None
+    base = fetch_offset
+    key: tuple[int, int, bool] | None = None
+    for record in records:
+        this = (record.producer_id, record.producer_epoch, record.is_transactional)
+        if builder is None or this != key:
+            if builder is not None:
+                flush(builder, base)
+            builder, base, key = _builder(*this), record.offset, this
+        builder.append(
+            record.offset - base,
+            record.timestamp_ms,
+            record.key if record.HasField("key") else None,
+            record.value if record.HasField("value") else None,
+            [(h.key, h.value) for h in record.headers],
+        )
+    if builder is None:
+        if next_fetch_offset <= fetch_offset:
+            return b""
+        builder = _builder(-1, -1, False)
+    builder.cover(next_fetch_offset - 1 - base)
+    flush(builder, base)
+    return bytes(out)
