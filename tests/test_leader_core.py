@@ -3,7 +3,10 @@ and coordinator epoch, on a fake clock (no Raft, no threads)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import pytest
 
 from fsm import (
     AbortTimedOut,
@@ -15,14 +18,19 @@ from fsm import (
     InitProducerId,
     Outcome,
     TransactionStateMachine,
+    TxnState,
+    decode_command,
 )
 from raftcoord.coordinator.leader import (
     MAX_ENTRIES_IN_FLIGHT,
     LeaderCore,
+    Parking,
     Stamp,
     Unstamped,
+    park_key,
     timed_out_abort,
 )
+from tests.fsm_driver import Leader
 
 
 class FakeClock:
@@ -188,3 +196,99 @@ def test_a_timed_out_transaction_is_aborted_with_the_leaders_stamp() -> None:
     candidate = AbortTimedOut("t", 3, 1, 100, 0)
     command: Command = timed_out_abort(candidate)(Stamp(900, 7))
     assert command == AbortTimedOut("t", 3, 1, 900, 7)
+
+
+# --- parking behind a completing transaction ------------------------------------------
+
+
+def state_of(driver: Leader) -> Callable[[str], TxnState | None]:
+    def state(tid: str) -> TxnState | None:
+        meta = driver.machine.describe(tid)
+        return None if meta is None else meta.state
+
+    return state
+
+
+def committing(tid: str) -> tuple[Leader, Outcome]:
+    """A shard whose transaction ``tid`` is in PrepareCommit (markers
+    pending), and the identity of its next transaction (the epoch EndTxn gave)."""
+    driver = Leader.new()
+    ident = driver.init(tid)
+    assert driver.add(tid, ident.producer_id, ident.producer_epoch, ("t", 0)).ok
+    ended = driver.end(tid, ident.producer_id, ident.producer_epoch, commit=True)
+    assert ended.ok
+    return driver, ended
+
+
+def last_command(driver: Leader) -> Command:
+    return decode_command(driver.log[-1])
+
+
+@pytest.mark.parametrize("kind", ["init", "add", "add_offsets", "end_same_decision"])
+def test_a_request_answered_concurrent_while_markers_are_pending_parks(kind: str) -> None:
+    driver, ident = committing("a")
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    outcome = {
+        "init": lambda: driver.init("a"),
+        "add": lambda: driver.add("a", pid, epoch, ("t", 1)),
+        "add_offsets": lambda: driver.add_offsets("a", pid, epoch, "g"),
+        "end_same_decision": lambda: driver.end("a", pid, epoch, commit=True),
+    }[kind]()
+    assert outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert park_key(last_command(driver), outcome, state_of(driver)) == "a"
+
+
+def test_after_the_completion_the_answer_is_given() -> None:
+    driver, ident = committing("a")
+    driver.deliver_all()
+    outcome = driver.add("a", ident.producer_id, ident.producer_epoch, ("t", 1))
+    assert outcome.ok
+    assert park_key(last_command(driver), outcome, state_of(driver)) is None
+
+
+def test_other_refusals_are_answered_at_once() -> None:
+    driver = Leader.new()
+    ident = driver.init("a")
+    assert driver.add("a", ident.producer_id, ident.producer_epoch, ("t", 0)).ok
+    assert driver.end("a", ident.producer_id, ident.producer_epoch, commit=True).ok
+    # A retry of the ended transaction with the other decision is refused
+    # whatever the markers do.
+    wrong = driver.end("a", ident.producer_id, ident.producer_epoch, commit=False)
+    assert wrong.error is ErrorCode.INVALID_TXN_STATE
+    assert park_key(last_command(driver), wrong, state_of(driver)) is None
+    fenced = driver.add("a", ident.producer_id, ident.producer_epoch - 1, ("t", 1))
+    assert fenced.error is not ErrorCode.CONCURRENT_TRANSACTIONS
+    assert park_key(last_command(driver), fenced, state_of(driver)) is None
+
+
+def test_concurrent_without_a_completion_to_wait_for_is_answered_at_once() -> None:
+    # The completion applied later in the same entry: nothing left to wait for.
+    driver, ident = committing("a")
+    refused = driver.add("a", ident.producer_id, ident.producer_epoch, ("t", 1))
+    command = last_command(driver)
+    driver.deliver_all()
+    assert park_key(command, refused, state_of(driver)) is None
+
+
+def test_parked_requests_are_released_per_transactional_id_in_order() -> None:
+    parking: Parking[Queued] = Parking()
+    a1, a2, b = Queued(None), Queued(None), Queued(None)
+    parking.park("a", a1, 100)
+    parking.park("b", b, 100)
+    parking.park("a", a2, 100)
+    assert parking.release("a") == [a1, a2]
+    assert parking.release("a") == []
+    assert len(parking) == 1
+    assert parking.drain() == [b] and len(parking) == 0
+
+
+def test_parked_requests_past_their_deadline_are_expired() -> None:
+    parking: Parking[Queued] = Parking()
+    early, late, other = Queued(None), Queued(None), Queued(None)
+    parking.park("a", early, 100)
+    parking.park("a", late, 200)
+    parking.park("b", other, 150)
+    assert parking.expired(99) == []
+    assert parking.expired(150) == [early, other]
+    assert parking.release("a") == [late]
+    assert parking.release("b") == []

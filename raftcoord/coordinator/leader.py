@@ -12,6 +12,12 @@ entry and what the leader stamps into it.
   the requests queued meanwhile go out together in the next entry, in
   arrival order, up to the first one waiting for a producer-id block.
 * The coordinator epoch: the Raft term of the leadership, set when it begins.
+* Parking: a request the state machine answered CONCURRENT_TRANSACTIONS
+  because the transactional id's previous transaction is still completing
+  (Prepare*, markers pending) is held by :class:`Parking` and runs again
+  when the completion applies, instead of making the client back off; past
+  its bound (``transaction.park.timeout.ms``) it gets the
+  CONCURRENT_TRANSACTIONS answer.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
 clock is injected, so tests run it on a fake one.
@@ -23,14 +29,30 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from fsm import AbortTimedOut, AllocatePidBlock, Command, EndTxn, InitProducerId, Outcome
+from fsm import (
+    AbortTimedOut,
+    AddOffsets,
+    AddPartitions,
+    AllocatePidBlock,
+    Command,
+    EndTxn,
+    ErrorCode,
+    InitProducerId,
+    Outcome,
+    TxnState,
+)
 from fsm.metadata import NO_PRODUCER_ID
+from fsm.states import PREPARE_STATES
 from pid_allocator import PidBlock, PidCursor, PidLayout
 
 #: Group commit: a leader keeps at most this many entries of requests in
 #: flight; requests arriving meanwhile wait and go out together in the next
 #: entry, so under load one Raft entry (and one fsync) carries many requests.
 MAX_ENTRIES_IN_FLIGHT = 1
+
+#: The requests Kafka answers CONCURRENT_TRANSACTIONS while the previous
+#: transaction completes: these are parked instead.
+PARKABLE = (InitProducerId, AddPartitions, AddOffsets, EndTxn)
 
 
 @dataclass(frozen=True)
@@ -184,3 +206,58 @@ class LeaderCore:
         """An entry proposed with coordinator epoch ``epoch`` was applied or dropped."""
         if epoch == self.epoch:
             self.in_flight -= 1
+
+
+def park_key(
+    command: Command, outcome: Outcome, state_of: Callable[[str], TxnState | None]
+) -> str | None:
+    """The transactional id to park the request of ``command`` behind, or
+    None to answer ``outcome`` now: parked when the state machine answered
+    CONCURRENT_TRANSACTIONS to a :data:`PARKABLE` request and the id's
+    transaction, in state ``state_of(id)`` after the entry, is completing
+    (Prepare*: its completion will apply, or the leadership ends)."""
+    if (
+        isinstance(command, PARKABLE)
+        and outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
+        and state_of(command.transactional_id) in PREPARE_STATES
+    ):
+        return command.transactional_id
+    return None
+
+
+class Parking(Generic[Q]):
+    """Requests parked per transactional id until its transaction completes,
+    each with its deadline (ms). Ids do not wait for each other."""
+
+    def __init__(self) -> None:
+        self._parked: dict[str, list[tuple[int, Q]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(held) for held in self._parked.values())
+
+    def park(self, transactional_id: str, request: Q, deadline_ms: int) -> None:
+        self._parked.setdefault(transactional_id, []).append((deadline_ms, request))
+
+    def release(self, transactional_id: str) -> list[Q]:
+        """The requests parked behind ``transactional_id``, in parking order:
+        its transaction completed, they run again."""
+        return [request for _deadline, request in self._parked.pop(transactional_id, [])]
+
+    def expired(self, now_ms: int) -> list[Q]:
+        """The requests whose deadline has come, removed."""
+        out: list[Q] = []
+        for tid in list(self._parked):
+            held = self._parked[tid]
+            kept = [(d, r) for d, r in held if d > now_ms]
+            out.extend(r for d, r in held if d <= now_ms)
+            if kept:
+                self._parked[tid] = kept
+            else:
+                del self._parked[tid]
+        return out
+
+    def drain(self) -> list[Q]:
+        """Every parked request, removed (the leadership ended)."""
+        out = [request for held in self._parked.values() for _deadline, request in held]
+        self._parked.clear()
+        return out

@@ -148,6 +148,7 @@ class CoordinatorNode:
         timers = ShardTimers(
             settings.abort_timed_out_cleanup_interval_ms,
             settings.remove_expired_cleanup_interval_ms,
+            settings.transaction_park_timeout_ms,
         )
 
         def replica_factory(on_applied: object) -> ShardReplica:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
 from fsm import (
+    Command,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -34,10 +35,19 @@ from fsm import (
     ProducerFenced,
     TransactionStateMachine,
     Transition,
+    TxnState,
     WriteMarkers,
     encode_entry,
 )
-from raftcoord.coordinator.leader import LeaderCore, Stamp, Unstamped, timed_out_abort
+from fsm.states import PREPARE_STATES
+from raftcoord.coordinator.leader import (
+    LeaderCore,
+    Parking,
+    Stamp,
+    Unstamped,
+    park_key,
+    timed_out_abort,
+)
 from raftcoord.coordinator.replica import ShardReplica
 from raftcoord.protocol.config import NodeAddress
 
@@ -103,6 +113,8 @@ class Request:
     build: Unstamped | None
     future: Future[Any] = field(default_factory=Future)
     reader: Reader[Any] | None = None
+    #: Set when the request is first parked: until when it may stay parked.
+    park_deadline_ms: int | None = None
 
 
 @dataclass
@@ -111,6 +123,8 @@ class ShardTimers:
 
     abort_timed_out_interval_ms: int
     expire_interval_ms: int
+    #: How long a request may stay parked (from its first parking).
+    park_timeout_ms: int
 
 
 class TransitionsLog:
@@ -189,6 +203,8 @@ class Shard:
         self.ready = False
         self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._waiting: list[Request] = []
+        #: Requests waiting for their transactional id's transaction to complete.
+        self._parked: Parking[Request] = Parking()
         self._next_abort_sweep = 0
         self._next_expire_sweep = 0
         self.replica = replica_factory(self._on_applied)
@@ -269,6 +285,8 @@ class Shard:
         if self.is_leader and self.ready:
             stamp = self.core.stamp()
             self._sweep(stamp.now_ms)
+            for request in self._parked.expired(stamp.now_ms):
+                _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
             self._propose_batch(stamp)
         self.replica.tick(wait_s)
 
@@ -301,7 +319,7 @@ class Shard:
         self.is_leader = self.ready = False
         with self._core_lock:
             self.core.deposed()
-        for request in self._drain():
+        for request in self._drain() + self._parked.drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
 
     def _request_block(self, term: int, first: bool = False) -> None:
@@ -369,10 +387,12 @@ class Shard:
                 for request in batch.requests:
                     _fail(request, error)
                 return
-            outcomes = iter(result)
+            outcomes = iter(zip(batch.commands, result, strict=True))
             for request in batch.requests:
                 if request.build is not None:
-                    request.future.set_result(next(outcomes))
+                    command, outcome = next(outcomes)
+                    if not self._park(request, command, outcome):
+                        request.future.set_result(outcome)
                 else:
                     assert request.reader is not None
                     try:
@@ -381,6 +401,25 @@ class Shard:
                         request.future.set_exception(exc)
 
         self.replica.propose(term, encode_entry(batch.commands), applied)
+
+    def _park(self, request: Request, command: Command, outcome: Outcome) -> bool:
+        """Park ``request`` if its answer ``outcome`` only says that its
+        transactional id's previous transaction is still completing; whether
+        it was parked. Runs when its entry applies, on the tick thread."""
+        if not self.is_leader:
+            return False
+        key = park_key(
+            command, outcome, lambda tid: self.replica.query(lambda m: _state_of(m, tid))
+        )
+        if key is None:
+            return False
+        now = now_ms()
+        if request.park_deadline_ms is None:
+            request.park_deadline_ms = now + self.timers.park_timeout_ms
+        if now >= request.park_deadline_ms:
+            return False
+        self._parked.park(key, request, request.park_deadline_ms)
+        return True
 
     def _needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:
         return self.replica.query(lambda m: m.needs_new_producer_id(command))
@@ -413,6 +452,15 @@ class Shard:
                 )
         if not self.replica.is_leader():
             return
+        released = [
+            request
+            for t in effects
+            if isinstance(t, Transition) and t.from_state in PREPARE_STATES
+            for request in self._parked.release(t.transactional_id)
+        ]
+        if released:  # they run again, ahead of newer requests
+            self._waiting[:0] = released
+            self.wake()
         for effect in effects:
             if isinstance(effect, ProducerFenced):
                 event = "timeout_abort" if effect.reason == "timeout" else "producer_fenced"
@@ -437,6 +485,11 @@ class Shard:
                     self.shard,
                     ",".join(outcome.expired),
                 )
+
+
+def _state_of(machine: TransactionStateMachine, transactional_id: str) -> TxnState | None:
+    meta = machine.describe(transactional_id)
+    return None if meta is None else meta.state
 
 
 def _fail(request: Request, code: ErrorCode) -> None:

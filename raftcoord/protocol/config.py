@@ -99,6 +99,12 @@ class Settings:
     # to a partition its coordinator never heard of leaves a hanging
     # transaction there (`raftcoord txn find-hanging` finds it).
     transaction_partition_verification_enable: bool = True
+    # transaction.park.timeout.ms: how long a coordinator holds a request for
+    # a transactional.id whose previous transaction is still completing
+    # (markers being written) before answering CONCURRENT_TRANSACTIONS; the
+    # request runs as soon as the completion applies (Kafka answers at once
+    # and the client backs off).
+    transaction_park_timeout_ms: int = 1_000
 
 
 _SETTING_NAMES = {
@@ -126,6 +132,7 @@ _SETTING_NAMES = {
     "producer.epoch.max": "max_producer_epoch",
     "socket.request.max.bytes": "socket_request_max_bytes",
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
+    "transaction.park.timeout.ms": "transaction_park_timeout_ms",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
