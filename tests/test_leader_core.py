@@ -278,8 +278,8 @@ def test_parked_requests_are_released_per_transactional_id_in_order() -> None:
     parking.park("a", a2, 100)
     assert parking.release("a") == [a1, a2]
     assert parking.release("a") == []
-    assert len(parking) == 1
-    assert parking.drain() == [b] and len(parking) == 0
+    assert parking.count == 1
+    assert parking.drain() == [b] and parking.count == 0
 
 
 def test_parked_requests_past_their_deadline_are_expired() -> None:
@@ -290,5 +290,6 @@ def test_parked_requests_past_their_deadline_are_expired() -> None:
     parking.park("b", other, 150)
     assert parking.expired(99) == []
     assert parking.expired(150) == [early, other]
+    assert parking.count == 1
     assert parking.release("a") == [late]
     assert parking.release("b") == []

@@ -227,21 +227,24 @@ def park_key(
 
 class Parking(Generic[Q]):
     """Requests parked per transactional id until its transaction completes,
-    each with its deadline (ms). Ids do not wait for each other."""
+    each with its deadline (ms). Ids do not wait for each other. Its owner
+    serialises calls; :attr:`count` may be read from any thread."""
 
     def __init__(self) -> None:
         self._parked: dict[str, list[tuple[int, Q]]] = {}
-
-    def __len__(self) -> int:
-        return sum(len(held) for held in self._parked.values())
+        #: How many requests are parked.
+        self.count = 0
 
     def park(self, transactional_id: str, request: Q, deadline_ms: int) -> None:
         self._parked.setdefault(transactional_id, []).append((deadline_ms, request))
+        self.count += 1
 
     def release(self, transactional_id: str) -> list[Q]:
         """The requests parked behind ``transactional_id``, in parking order:
         its transaction completed, they run again."""
-        return [request for _deadline, request in self._parked.pop(transactional_id, [])]
+        released = [request for _deadline, request in self._parked.pop(transactional_id, [])]
+        self.count -= len(released)
+        return released
 
     def expired(self, now_ms: int) -> list[Q]:
         """The requests whose deadline has come, removed."""
@@ -254,10 +257,12 @@ class Parking(Generic[Q]):
                 self._parked[tid] = kept
             else:
                 del self._parked[tid]
+        self.count -= len(out)
         return out
 
     def drain(self) -> list[Q]:
         """Every parked request, removed (the leadership ended)."""
         out = [request for held in self._parked.values() for _deadline, request in held]
         self._parked.clear()
+        self.count = 0
         return out

@@ -73,6 +73,7 @@ class ShardStatus:
     applied_index: int
     state_digest: str  # sha256 of the state machine's snapshot
     transactional_ids: int
+    parked_requests: int
 
 
 class Shards(Protocol):
@@ -245,6 +246,7 @@ class Shard:
                 applied_index=self.replica.raftLastApplied,
                 state_digest=hashlib.sha256(machine.snapshot()).hexdigest(),
                 transactional_ids=len(machine.state.transactions),
+                parked_requests=self._parked.count,
             )
 
         return self.replica.query(read)
