@@ -787,3 +787,25 @@ def test_a_waiting_request_is_answered_not_coordinator_when_the_leadership_ends(
         assert answers[0].error_code == ErrorCode.NOT_COORDINATOR, answers
     finally:
         client.close()
+
+
+def test_shard_leaders_spread_and_return_to_their_preferred_coordinator(
+    cluster: LocalCluster,
+) -> None:
+    preferred = cluster.preferred_leaders()
+    assert len(set(preferred.values())) == 3
+    assert cluster.wait_for_leaders() == preferred  # the cluster started so
+    shard, node = 0, preferred[0]
+    cluster.kill(node, "KILL")
+    cluster.wait_until(
+        lambda: cluster.leaders().get(shard) not in (None, node),
+        30,
+        f"shard {shard} did not elect another leader",
+    )
+    cluster.start(node)
+    # Caught up again, the preferred node takes its shard back.
+    cluster.wait_until(
+        lambda: cluster.leaders() == preferred,
+        30,
+        f"shard {shard} did not return to node {node}",
+    )

@@ -23,6 +23,9 @@ from fsm import (
 )
 from raftcoord.coordinator.leader import (
     MAX_ENTRIES_IN_FLIGHT,
+    TRANSFER_AFTER_MS,
+    TRANSFER_HOLD_MS,
+    TRANSFER_RETRY_MS,
     LeaderCore,
     Parking,
     Stamp,
@@ -293,3 +296,58 @@ def test_parked_requests_past_their_deadline_are_expired() -> None:
     assert parking.count == 1
     assert parking.release("a") == [late]
     assert parking.release("b") == []
+
+
+# --- preferred leaders --------------------------------------------------------------
+
+
+def test_the_preferred_leader_never_transfers() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=True)
+    for _ in range(10):
+        clock.now_ms += TRANSFER_RETRY_MS
+        assert not leader.transfer_due(clock.now_ms)
+
+
+def test_another_leader_transfers_after_leading_a_while_with_no_entry_in_flight() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    assert not leader.transfer_due(clock.now_ms)  # not ready yet
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS - 1
+    assert not leader.transfer_due(clock.now_ms)
+    clock.now_ms += 1
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    assert not leader.transfer_due(clock.now_ms)  # the follower's log cannot match yet
+    leader.entry_done(7)
+    assert leader.transfer_due(clock.now_ms)
+
+
+def test_a_transfer_holds_new_entries_then_retries_later() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS
+    assert leader.transfer_due(clock.now_ms)
+    leader.transferred(clock.now_ms)
+    asked = clock.now_ms
+    assert not leader.transfer_due(clock.now_ms)
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is None
+    clock.now_ms = asked + TRANSFER_HOLD_MS  # the election did not end this leadership
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    leader.entry_done(7)
+    assert not leader.transfer_due(clock.now_ms)
+    clock.now_ms = asked + TRANSFER_RETRY_MS
+    assert leader.transfer_due(clock.now_ms)
+
+
+def test_a_new_leadership_starts_without_a_transfer_or_a_hold() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS
+    leader.transferred(clock.now_ms)
+    leader.elected(8)
+    assert not leader.transfer_due(clock.now_ms + TRANSFER_RETRY_MS)
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None

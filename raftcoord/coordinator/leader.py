@@ -12,6 +12,15 @@ entry and what the leader stamps into it.
   the requests queued meanwhile go out together in the next entry, in
   arrival order, up to the first one waiting for a producer-id block.
 * The coordinator epoch: the Raft term of the leadership, set when it begins.
+* Preferred leaders (Kafka's auto leader rebalance): shard ``s`` prefers
+  coordinator ``s mod n``. A leader that is not its shard's preferred one
+  asks the preferred follower to take over (Raft's TimeoutNow) once it has
+  led for :data:`TRANSFER_AFTER_MS`, whenever it has no entry in flight,
+  and holds new entries for :data:`TRANSFER_HOLD_MS` after asking. Only the
+  preferred node is ever asked and it never transfers, so leadership
+  cannot flap. A follower whose log does not match yet is asked again on a
+  later tick; after an election it lost, it is asked again
+  :data:`TRANSFER_RETRY_MS` after the last time.
 * Parking: a request the state machine answered CONCURRENT_TRANSACTIONS
   because the transactional id's previous transaction is still completing
   (Prepare*, markers pending) is held by :class:`Parking` and runs again
@@ -49,6 +58,16 @@ from pid_allocator import PidBlock, PidCursor, PidLayout
 #: flight; requests arriving meanwhile wait and go out together in the next
 #: entry, so under load one Raft entry (and one fsync) carries many requests.
 MAX_ENTRIES_IN_FLIGHT = 1
+
+#: A leadership that is not its shard's preferred one transfers its leadership no sooner
+#: than this after it became ready.
+TRANSFER_AFTER_MS = 1_000
+#: After asking the preferred follower to take over, new entries wait this
+#: long (its election normally ends the leadership first).
+TRANSFER_HOLD_MS = 500
+#: How soon a leadership asks again after it asked (an election the
+#: preferred follower lost).
+TRANSFER_RETRY_MS = 2_000
 
 #: The requests Kafka answers CONCURRENT_TRANSACTIONS while the previous
 #: transaction completes: these are parked instead.
@@ -118,6 +137,11 @@ class LeaderCore:
         self.epoch = -1
         #: Entries of requests proposed in this leadership and not yet applied.
         self.in_flight = 0
+        #: When to ask the preferred follower to take over; None: never (this
+        #: node is the preferred one, or the leadership is not ready).
+        self.transfer_at: int | None = None
+        #: No new entry before this time: a leadership transfer is under way.
+        self.hold_until = 0
 
     # --- leadership ----------------------------------------------------------------
 
@@ -126,11 +150,35 @@ class LeaderCore:
         the ids left from an earlier leadership are skipped, never reused."""
         self.epoch = epoch
         self.in_flight = 0
+        self.transfer_at = None
+        self.hold_until = 0
         self.cursor.reset()
+
+    def became_ready(self, now_ms: int, preferred: bool) -> None:
+        """The leadership is ready (its first entry applied); ``preferred``:
+        this node is the shard's preferred leader, or nobody is."""
+        self.transfer_at = None if preferred else now_ms + TRANSFER_AFTER_MS
 
     def deposed(self) -> None:
         """The leadership ended: its ids and block requests are dropped."""
         self.cursor.reset()
+
+    # --- preferred leaders -----------------------------------------------------------
+
+    def transfer_due(self, now_ms: int) -> bool:
+        """Whether to ask the preferred follower to take over now (it is
+        asked only if its log matches the leader's, so with no entry in flight)."""
+        return (
+            self.transfer_at is not None
+            and now_ms >= self.transfer_at
+            and now_ms >= self.hold_until
+            and self.in_flight == 0
+        )
+
+    def transferred(self, now_ms: int) -> None:
+        """The preferred follower was asked to take over: new entries wait."""
+        self.hold_until = now_ms + TRANSFER_HOLD_MS
+        self.transfer_at = now_ms + TRANSFER_RETRY_MS
 
     # --- stamping ------------------------------------------------------------------
 
@@ -182,10 +230,10 @@ class LeaderCore:
 
     def batch(self, queued: Sequence[Q], stamp: Stamp, needs: NeedsProducerId) -> Batch[Q] | None:
         """The next entry of ``queued`` (oldest first), or None while
-        :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight (all of ``queued``
-        then waits). A non-empty batch counts as in flight until
-        :meth:`entry_done`."""
-        if self.in_flight >= MAX_ENTRIES_IN_FLIGHT:
+        :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight or a leadership
+        transfer holds new entries (all of ``queued`` then waits). A non-empty
+        batch counts as in flight until :meth:`entry_done`."""
+        if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
         batch: Batch[Q] = Batch()
         for i, request in enumerate(queued):

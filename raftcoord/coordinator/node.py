@@ -162,7 +162,20 @@ class CoordinatorNode:
             )
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
-        made = Shard(shard, self.node_id, replica_factory, transitions, timers, self._hand_off)
+        preferred = self.config.coordinators[shard % len(self.config.coordinators)]
+        made = Shard(
+            shard,
+            self.node_id,
+            replica_factory,
+            transitions,
+            timers,
+            self._hand_off,
+            preferred_leader=(
+                preferred.raft[shard]
+                if settings.auto_leader_rebalance_enable and preferred.node_id != self.node_id
+                else None
+            ),
+        )
         raft_journal.attach_tick_sync(made.replica, journal)
         return made
 

@@ -194,9 +194,14 @@ class Shard:
         transitions: TransitionsLog,
         timers: ShardTimers,
         marker_sink: MarkerSink,
+        preferred_leader: str | None = None,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
+        #: The Raft address of the shard's preferred leader when it is another
+        #: node: leaderships here transfer to it. None: this node is the
+        #: preferred one, or leaders are not rebalanced.
+        self.preferred_leader = preferred_leader
         self.transitions = transitions
         self.timers = timers
         self.marker_sink = marker_sink
@@ -289,6 +294,7 @@ class Shard:
             self._sweep(stamp.now_ms)
             for request in self._parked.expired(stamp.now_ms):
                 _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
+            self._transfer_to_preferred(stamp.now_ms)
             self._propose_batch(stamp)
         self.replica.tick(wait_s)
 
@@ -324,6 +330,22 @@ class Shard:
         for request in self._drain() + self._parked.drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
 
+    def _transfer_to_preferred(self, now: int) -> None:
+        with self._core_lock:
+            due = self.core.transfer_due(now)
+        if not due or self.preferred_leader is None:
+            return
+        if self.replica.transfer_leadership(self.preferred_leader):
+            with self._core_lock:
+                self.core.transferred(now)
+            log.info(
+                "node=%d shard=%d event=leadership_transfer term=%d to=%s",
+                self.node_id,
+                self.shard,
+                self.leader_term,
+                self.preferred_leader,
+            )
+
     def _request_block(self, term: int, first: bool = False) -> None:
         with self._core_lock:
             command, token = self.core.request_block()
@@ -350,6 +372,8 @@ class Shard:
                 # The node's marker writer for this leadership starts from the
                 # applied state's pending markers.
                 self.ready = True
+                with self._core_lock:
+                    self.core.became_ready(now_ms(), preferred=self.preferred_leader is None)
                 log.info(
                     "node=%d shard=%d event=leader_ready term=%d", self.node_id, self.shard, term
                 )

@@ -105,6 +105,12 @@ class Settings:
     # request runs as soon as the completion applies (Kafka answers at once
     # and the client backs off).
     transaction_park_timeout_ms: int = 1_000
+    # auto.leader.rebalance.enable: shard s prefers coordinator s mod n (in
+    # the order of [[coordinators]]); a leader that is not the preferred one
+    # transfers its leadership to it once the preferred node is up and its
+    # Raft log matches the leader's (Raft's TimeoutNow; the election keeps
+    # every committed entry), so the shards' leaders spread over the nodes.
+    auto_leader_rebalance_enable: bool = True
 
 
 _SETTING_NAMES = {
@@ -133,6 +139,7 @@ _SETTING_NAMES = {
     "socket.request.max.bytes": "socket_request_max_bytes",
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
     "transaction.park.timeout.ms": "transaction_park_timeout_ms",
+    "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
