@@ -679,14 +679,21 @@ def test_a_topic_just_created_is_never_refused(shared_cluster: LocalCluster) -> 
 
 @pytest.fixture
 def parking_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    """A cluster of its own whose coordinators park requests for a long time
-    (markers wait: its partition-log nodes are stopped)."""
+    """A cluster of its own whose coordinators park requests for longer than
+    a request may wait, with TOPIC created and its partition-log nodes
+    paused (SIGSTOP): markers wait until the nodes are resumed."""
     with running_cluster(
         tmp_path / "cluster",
         abort_interval_ms=ABORT_SWEEP_MS,
         settings={"transaction.park.timeout.ms": 60_000},
     ) as cluster:
-        with_markers_waiting(cluster)
+        client = client_for(cluster)
+        try:
+            client.create_topic(TOPIC, TOPIC_PARTITIONS)
+        finally:
+            client.close()
+        for node in cluster.partition_nodes():
+            cluster.kill(node.node_id, "STOP")
         yield cluster
 
 
@@ -750,7 +757,7 @@ def test_a_request_behind_a_completing_transaction_runs_when_it_completes(
         # waiting request of the next transaction runs instead of being
         # answered CONCURRENT_TRANSACTIONS.
         for node in parking_cluster.partition_nodes():
-            parking_cluster.start(node.node_id)
+            parking_cluster.kill(node.node_id, "CONT")
         thread.join(timeout=120)
         assert not thread.is_alive()
         assert answers[0].error_code == ErrorCode.NONE, answers

@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,7 +207,8 @@ class Shard:
         self.marker_sink = marker_sink
         self.is_leader = False
         self.ready = False
-        self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        #: Requests queued together go out in the same entry.
+        self._queue: queue.SimpleQueue[list[Request]] = queue.SimpleQueue()
         self._waiting: list[Request] = []
         #: Requests waiting for their transactional id's transaction to complete.
         self._parked: Parking[Request] = Parking()
@@ -230,16 +231,21 @@ class Shard:
     def submit(self, build: Unstamped) -> Future[Any]:
         """Queue the command of ``build``, stamped when it is proposed; the
         future resolves to its :class:`Outcome`."""
-        request = Request(build)
-        self._enqueue(request)
-        return request.future
+        return self.submit_all([build])[0]
+
+    def submit_all(self, builds: Sequence[Unstamped]) -> list[Future[Any]]:
+        """Queue the commands of ``builds`` to go out together, in one entry
+        (the completions of many transactions); one future per command."""
+        requests = [Request(build) for build in builds]
+        self._enqueue(requests)
+        return [request.future for request in requests]
 
     def read(self, reader: Reader[T]) -> Future[T | Outcome]:
         """Run ``reader`` on the state once a log barrier proposed after this
         call is applied (a linearizable read); the future holds its result,
         or the refusal."""
         request = Request(None, reader=reader)
-        self._enqueue(request)
+        self._enqueue([request])
         return request.future
 
     def status(self) -> ShardStatus:
@@ -275,12 +281,13 @@ class Shard:
             self.wake()  # the shard thread asks for the next block at 90% use
         return pid
 
-    def _enqueue(self, request: Request) -> None:
+    def _enqueue(self, requests: list[Request]) -> None:
         error = self.availability()
         if error is not ErrorCode.NONE:
-            request.future.set_result(Outcome(error=error, message=error.name))
+            for request in requests:
+                request.future.set_result(Outcome(error=error, message=error.name))
             return
-        self._queue.put(request)
+        self._queue.put(requests)
         self.wake()
 
     # --- the tick thread -----------------------------------------------------------
@@ -384,7 +391,7 @@ class Shard:
         drained, self._waiting = self._waiting, []
         while True:
             try:
-                drained.append(self._queue.get_nowait())
+                drained.extend(self._queue.get_nowait())
             except queue.Empty:
                 return drained
 
@@ -455,12 +462,12 @@ class Shard:
             self._next_abort_sweep = now + self.timers.abort_timed_out_interval_ms
             candidates = self.replica.query(lambda m: m.timed_out(now))
             for candidate in candidates:
-                self._queue.put(Request(timed_out_abort(candidate)))
+                self._queue.put([Request(timed_out_abort(candidate))])
         if now >= self._next_expire_sweep:
             self._next_expire_sweep = now + self.timers.expire_interval_ms
             ids = tuple(self.replica.query(lambda m: m.expirable_ids(now)))
             if ids:
-                self._queue.put(Request(lambda stamp: ExpireTransactionalIds(ids, stamp.now_ms)))
+                self._queue.put([Request(lambda stamp: ExpireTransactionalIds(ids, stamp.now_ms))])
 
     # --- every replica, after an entry is applied ----------------------------------
 

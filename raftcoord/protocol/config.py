@@ -103,7 +103,8 @@ class Settings:
     # a transactional.id whose previous transaction is still completing
     # (markers being written) before answering CONCURRENT_TRANSACTIONS; the
     # request runs as soon as the completion applies (Kafka answers at once
-    # and the client backs off).
+    # and the client backs off). Keep it well below the 10 s a coordinator
+    # waits for a request's entry (longer, the request times out instead).
     transaction_park_timeout_ms: int = 1_000
     # auto.leader.rebalance.enable: shard s prefers coordinator s mod n (in
     # the order of [[coordinators]]); a leader that is not the preferred one
