@@ -23,6 +23,7 @@ from fsm import (
 )
 from raftcoord.coordinator.leader import (
     MAX_ENTRIES_IN_FLIGHT,
+    PARK_MARGIN_MS,
     TRANSFER_AFTER_MS,
     TRANSFER_HOLD_MS,
     TRANSFER_RETRY_MS,
@@ -30,6 +31,7 @@ from raftcoord.coordinator.leader import (
     Parking,
     Stamp,
     Unstamped,
+    park_deadline,
     park_key,
     timed_out_abort,
 )
@@ -271,6 +273,13 @@ def test_concurrent_without_a_completion_to_wait_for_is_answered_at_once() -> No
     command = last_command(driver)
     driver.deliver_all()
     assert park_key(command, refused, state_of(driver)) is None
+
+
+def test_a_request_stays_parked_until_the_timeout_and_never_past_its_callers_deadline() -> None:
+    assert park_deadline(1_000, 500, None) == 1_500
+    assert park_deadline(1_000, 500, 9_000) == 1_500
+    # Answered before the caller gives up: a request nobody waits for never runs.
+    assert park_deadline(1_000, 500, 1_300) == 1_300 - PARK_MARGIN_MS
 
 
 def test_parked_requests_are_released_per_transactional_id_in_order() -> None:

@@ -25,7 +25,8 @@ entry and what the leader stamps into it.
   because the transactional id's previous transaction is still completing
   (Prepare*, markers pending) is held by :class:`Parking` and runs again
   when the completion applies, instead of making the client back off; past
-  its bound (``transaction.park.timeout.ms``) it gets the
+  its bound (``transaction.park.timeout.ms``, and shortly before its
+  caller's deadline: :func:`park_deadline`) it gets the
   CONCURRENT_TRANSACTIONS answer.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
@@ -58,6 +59,11 @@ from pid_allocator import PidBlock, PidCursor, PidLayout
 #: flight; requests arriving meanwhile wait and go out together in the next
 #: entry, so under load one Raft entry (and one fsync) carries many requests.
 MAX_ENTRIES_IN_FLIGHT = 1
+
+#: A parked request is answered this long before its caller's deadline at
+#: the latest, leaving time for the answer to arrive: a request whose caller
+#: gave up never runs later.
+PARK_MARGIN_MS = 100
 
 #: A leadership that is not its shard's preferred one transfers its leadership no sooner
 #: than this after it became ready.
@@ -271,6 +277,15 @@ def park_key(
     ):
         return command.transactional_id
     return None
+
+
+def park_deadline(now_ms: int, timeout_ms: int, caller_deadline_ms: int | None) -> int:
+    """Until when a request first parked at ``now_ms`` may stay parked: the
+    park timeout, and :data:`PARK_MARGIN_MS` before its caller's deadline."""
+    deadline = now_ms + timeout_ms
+    if caller_deadline_ms is not None:
+        deadline = min(deadline, caller_deadline_ms - PARK_MARGIN_MS)
+    return deadline
 
 
 class Parking(Generic[Q]):

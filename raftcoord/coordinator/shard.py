@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -45,6 +46,7 @@ from raftcoord.coordinator.leader import (
     Parking,
     Stamp,
     Unstamped,
+    park_deadline,
     park_key,
     timed_out_abort,
 )
@@ -56,6 +58,11 @@ log = logging.getLogger("raftcoord.coordinator.shard")
 T = TypeVar("T")
 Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
+
+
+#: The deadline (wall clock, ms) of the gRPC call the current thread serves,
+#: None outside a call or without a deadline; set by the node's server.
+CALLER_DEADLINE_MS: ContextVar[int | None] = ContextVar("caller_deadline_ms", default=None)
 
 
 def now_ms() -> int:
@@ -114,6 +121,8 @@ class Request:
     build: Unstamped | None
     future: Future[Any] = field(default_factory=Future)
     reader: Reader[Any] | None = None
+    #: The caller's deadline (wall clock, ms), None when it has none.
+    caller_deadline_ms: int | None = None
     #: Set when the request is first parked: until when it may stay parked.
     park_deadline_ms: int | None = None
 
@@ -126,6 +135,9 @@ class ShardTimers:
     expire_interval_ms: int
     #: How long a request may stay parked (from its first parking).
     park_timeout_ms: int
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class TransitionsLog:
@@ -160,21 +172,25 @@ class TransitionsLog:
     def write(self, index: int, term: int, transitions: list[Transition]) -> None:
         if index <= self.last_index or not transitions:
             return
-        for t in transitions:
-            record = {
-                "index": index,
-                "term": term,
-                "shard": self.shard,
-                "transactional_id": t.transactional_id,
-                "producer_id": t.producer_id,
-                "producer_epoch": t.producer_epoch,
-                "from": None if t.from_state is None else t.from_state.name,
-                "to": t.to_state.name,
-                "partitions": [list(p) for p in t.partitions],
-                "groups": list(t.groups),
-                "time_ms": t.now_ms,
-            }
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        lines = [
+            _COMPACT.encode(
+                {
+                    "index": index,
+                    "term": term,
+                    "shard": self.shard,
+                    "transactional_id": t.transactional_id,
+                    "producer_id": t.producer_id,
+                    "producer_epoch": t.producer_epoch,
+                    "from": None if t.from_state is None else t.from_state.name,
+                    "to": t.to_state.name,
+                    "partitions": [list(p) for p in t.partitions],
+                    "groups": list(t.groups),
+                    "time_ms": t.now_ms,
+                }
+            )
+            for t in transitions
+        ]
+        self._file.write("\n".join(lines) + "\n")  # one write and one flush per entry
         self._file.flush()
         self.last_index = index
 
@@ -236,7 +252,8 @@ class Shard:
     def submit_all(self, builds: Sequence[Unstamped]) -> list[Future[Any]]:
         """Queue the commands of ``builds`` to go out together, in one entry
         (the completions of many transactions); one future per command."""
-        requests = [Request(build) for build in builds]
+        deadline = CALLER_DEADLINE_MS.get()
+        requests = [Request(build, caller_deadline_ms=deadline) for build in builds]
         self._enqueue(requests)
         return [request.future for request in requests]
 
@@ -448,7 +465,9 @@ class Shard:
             return False
         now = now_ms()
         if request.park_deadline_ms is None:
-            request.park_deadline_ms = now + self.timers.park_timeout_ms
+            request.park_deadline_ms = park_deadline(
+                now, self.timers.park_timeout_ms, request.caller_deadline_ms
+            )
         if now >= request.park_deadline_ms:
             return False
         self._parked.park(key, request, request.park_deadline_ms)
