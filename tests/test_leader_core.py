@@ -11,6 +11,7 @@ import pytest
 from fsm import (
     AbortTimedOut,
     AddOffsets,
+    AddPartitions,
     AllocatePidBlock,
     Command,
     EndTxn,
@@ -68,6 +69,11 @@ def add_offsets(tid: str) -> Unstamped:
 
 def always(command: InitProducerId | EndTxn) -> bool:
     return True
+
+
+def nowhere(command: Command) -> bool:
+    """No command waits for a completion."""
+    return False
 
 
 def never(command: InitProducerId | EndTxn) -> bool:
@@ -160,7 +166,7 @@ def test_group_commit_stamps_queued_requests_in_order_into_one_entry() -> None:
     grant(leader, 0, 10)
     read = Queued(None)
     queued = [Queued(init("a")), read, Queued(add_offsets("a")), Queued(init("b"))]
-    batch = leader.batch(queued, leader.stamp(), always)
+    batch = leader.batch(queued, leader.stamp(), always, nowhere)
     assert batch is not None
     assert batch.requests == queued and batch.waiting == []
     assert [c.new_producer_id for c in batch.commands if isinstance(c, InitProducerId)] == [0, 1]
@@ -170,15 +176,15 @@ def test_group_commit_stamps_queued_requests_in_order_into_one_entry() -> None:
 def test_group_commit_keeps_requests_while_entries_are_in_flight() -> None:
     leader = core()
     for _ in range(MAX_ENTRIES_IN_FLIGHT):
-        assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
-    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never) is None
+        assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never, nowhere) is None
     leader.entry_done(7)
-    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never, nowhere) is not None
 
 
 def test_an_entry_of_an_earlier_leadership_does_not_count() -> None:
     leader = core()
-    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
     leader.elected(8)
     leader.entry_done(7)
     assert leader.in_flight == 0
@@ -187,11 +193,11 @@ def test_an_entry_of_an_earlier_leadership_does_not_count() -> None:
 def test_requests_after_one_waiting_for_a_block_wait_too_in_order() -> None:
     leader = core()
     first, blocked, after = Queued(add_offsets("a")), Queued(init("b")), Queued(None)
-    batch = leader.batch([first, blocked, after], leader.stamp(), always)
+    batch = leader.batch([first, blocked, after], leader.stamp(), always, nowhere)
     assert batch is not None
     assert batch.requests == [first] and batch.waiting == [blocked, after]
     leader.entry_done(7)
-    nothing = leader.batch([blocked, after], leader.stamp(), always)
+    nothing = leader.batch([blocked, after], leader.stamp(), always, nowhere)
     assert nothing is not None and not nothing.requests
     assert nothing.waiting == [blocked, after]
     assert leader.in_flight == 0  # an empty batch is not an entry
@@ -327,7 +333,7 @@ def test_another_leader_transfers_after_leading_a_while_with_no_entry_in_flight(
     clock.now_ms += TRANSFER_AFTER_MS - 1
     assert not leader.transfer_due(clock.now_ms)
     clock.now_ms += 1
-    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
     assert not leader.transfer_due(clock.now_ms)  # the follower's log cannot match yet
     leader.entry_done(7)
     assert leader.transfer_due(clock.now_ms)
@@ -342,9 +348,9 @@ def test_a_transfer_holds_new_entries_then_retries_later() -> None:
     leader.transferred(clock.now_ms)
     asked = clock.now_ms
     assert not leader.transfer_due(clock.now_ms)
-    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is None
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is None
     clock.now_ms = asked + TRANSFER_HOLD_MS  # the election did not end this leadership
-    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
     leader.entry_done(7)
     assert not leader.transfer_due(clock.now_ms)
     clock.now_ms = asked + TRANSFER_RETRY_MS
@@ -359,4 +365,31 @@ def test_a_new_leadership_starts_without_a_transfer_or_a_hold() -> None:
     leader.transferred(clock.now_ms)
     leader.elected(8)
     assert not leader.transfer_due(clock.now_ms + TRANSFER_RETRY_MS)
-    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+
+
+def test_a_request_its_transactions_completion_holds_up_is_parked_not_proposed() -> None:
+    driver, ident = committing("a")
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    leader = core()
+    held = Queued(lambda s: AddPartitions("a", pid, epoch, (("t", 1),), s.now_ms, 7))
+    other = Queued(add_offsets("b"))
+    batch = leader.batch([held, other], leader.stamp(), never, driver.machine.waits_for_completion)
+    assert batch is not None
+    assert batch.parked == [("a", held)] and batch.requests == [other]
+    driver.deliver_all()  # completed: the same request is proposed
+    leader.entry_done(7)
+    batch = leader.batch([held], leader.stamp(), never, driver.machine.waits_for_completion)
+    assert batch is not None and batch.requests == [held] and not batch.parked
+
+
+def test_only_a_refusal_that_changes_nothing_waits_for_the_completion() -> None:
+    driver, ident = committing("a")
+    machine = driver.machine
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    assert machine.waits_for_completion(AddPartitions("a", pid, epoch, (("t", 1),), 0, 1))
+    assert machine.waits_for_completion(EndTxn("a", pid, epoch, True, 0, 1))
+    # Another producer's epoch is fenced whatever the markers do.
+    assert not machine.waits_for_completion(AddPartitions("a", pid, epoch + 5, (("t", 1),), 0, 1))
+    assert not machine.waits_for_completion(AddOffsets("b", 1, 0, "g", 0, 1))  # unknown id
+    assert not machine.waits_for_completion(AbortTimedOut("a", pid, epoch, 0, 1))

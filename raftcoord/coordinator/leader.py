@@ -96,6 +96,11 @@ Unstamped = Callable[[Stamp], Command]
 #: (:meth:`fsm.TransactionStateMachine.needs_new_producer_id`).
 NeedsProducerId = Callable[[InitProducerId | EndTxn], bool]
 
+#: Whether a command would only be answered CONCURRENT_TRANSACTIONS because
+#: its transaction is completing
+#: (:meth:`fsm.TransactionStateMachine.waits_for_completion`).
+WaitsForCompletion = Callable[[Command], bool]
+
 #: The stamp of a command that is checked (request limits) and never
 #: proposed: the checks read no stamped field.
 CHECK_ONLY = Stamp(now_ms=0, coordinator_epoch=0)
@@ -125,11 +130,13 @@ Q = TypeVar("Q", bound=Queued)
 @dataclass
 class Batch(Generic[Q]):
     """The requests of the next entry, with its commands (reads have none),
-    and the requests left waiting for a producer-id block, in order."""
+    the requests left waiting for a producer-id block, in order, and the
+    requests to park (with their transactional id) instead of proposing."""
 
     requests: list[Q] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     waiting: list[Q] = field(default_factory=list)
+    parked: list[tuple[str, Q]] = field(default_factory=list)
 
 
 class LeaderCore:
@@ -195,7 +202,11 @@ class LeaderCore:
     def stamped(self, build: Unstamped, stamp: Stamp, needs: NeedsProducerId) -> Command | None:
         """The command of ``build`` stamped with ``stamp`` and, if ``needs``
         says so, a fresh producer id; None when no id is left (wait for a block)."""
-        command = build(stamp)
+        return self._with_producer_id(build(stamp), build, stamp, needs)
+
+    def _with_producer_id(
+        self, command: Command, build: Unstamped, stamp: Stamp, needs: NeedsProducerId
+    ) -> Command | None:
         if isinstance(command, InitProducerId | EndTxn) and needs(command):
             pid = self.cursor.take()
             if pid is None:
@@ -234,11 +245,19 @@ class LeaderCore:
 
     # --- group commit --------------------------------------------------------------
 
-    def batch(self, queued: Sequence[Q], stamp: Stamp, needs: NeedsProducerId) -> Batch[Q] | None:
+    def batch(
+        self,
+        queued: Sequence[Q],
+        stamp: Stamp,
+        needs: NeedsProducerId,
+        waits: WaitsForCompletion,
+    ) -> Batch[Q] | None:
         """The next entry of ``queued`` (oldest first), or None while
         :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight or a leadership
-        transfer holds new entries (all of ``queued`` then waits). A non-empty
-        batch counts as in flight until :meth:`entry_done`."""
+        transfer holds new entries (all of ``queued`` then waits). A
+        :data:`PARKABLE` request that ``waits`` for its transaction's
+        completion is parked, not proposed. A non-empty batch counts as in
+        flight until :meth:`entry_done`."""
         if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
         batch: Batch[Q] = Batch()
@@ -246,7 +265,11 @@ class LeaderCore:
             if request.build is None:
                 batch.requests.append(request)
                 continue
-            command = self.stamped(request.build, stamp, needs)
+            unstamped = request.build(stamp)
+            if isinstance(unstamped, PARKABLE) and waits(unstamped):
+                batch.parked.append((unstamped.transactional_id, request))
+                continue
+            command = self._with_producer_id(unstamped, request.build, stamp, needs)
             if command is None:  # waiting for a producer-id block; keep the order
                 batch.waiting = list(queued[i:])
                 break

@@ -421,11 +421,16 @@ class Shard:
         if not requests:
             return
         with self._core_lock:
-            batch = self.core.batch(requests, stamp, self._needs_new_producer_id)
+            batch = self.core.batch(
+                requests, stamp, self._needs_new_producer_id, self._waits_for_completion
+            )
         if batch is None:  # entries in flight: the requests go out together next
             self._waiting = requests
             return
         self._waiting = batch.waiting
+        for tid, request in batch.parked:
+            if not self._hold(request, tid, stamp.now_ms):
+                _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
         if not batch.requests:
             return
         term = stamp.coordinator_epoch
@@ -461,20 +466,25 @@ class Shard:
         key = park_key(
             command, outcome, lambda tid: self.replica.query(lambda m: _state_of(m, tid))
         )
-        if key is None:
-            return False
-        now = now_ms()
+        return key is not None and self._hold(request, key, now_ms())
+
+    def _hold(self, request: Request, transactional_id: str, now: int) -> bool:
+        """Park ``request`` behind ``transactional_id`` unless its time to
+        stay parked is over; whether it was parked."""
         if request.park_deadline_ms is None:
             request.park_deadline_ms = park_deadline(
                 now, self.timers.park_timeout_ms, request.caller_deadline_ms
             )
         if now >= request.park_deadline_ms:
             return False
-        self._parked.park(key, request, request.park_deadline_ms)
+        self._parked.park(transactional_id, request, request.park_deadline_ms)
         return True
 
     def _needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:
         return self.replica.query(lambda m: m.needs_new_producer_id(command))
+
+    def _waits_for_completion(self, command: Command) -> bool:
+        return self.replica.query(lambda m: m.waits_for_completion(command))
 
     def _sweep(self, now: int) -> None:
         if now >= self._next_abort_sweep:
