@@ -360,6 +360,23 @@ class TransactionStateMachine:
             return transactions.end_txn_needs_producer_id(meta, command, self.config)
         return meta is None or self.config.bump_exhausts(meta.producer_epoch)
 
+    def waits_for_completion(self, command: Command) -> bool:
+        """Whether ``command`` would only be answered CONCURRENT_TRANSACTIONS,
+        changing nothing, because its transaction's markers are being written
+        (Prepare*): the leader then holds it until the completion applies
+        instead of proposing it. Runs the command's pure handler on the
+        current metadata and keeps nothing."""
+        if not isinstance(command, WAITING_COMMANDS):
+            return False
+        meta = self.state.transactions.get(command.transactional_id)
+        if meta is None or meta.state not in PREPARE_STATES:
+            return False
+        try:
+            result = _WAITING_STEPS[type(command)](meta, command, self.config)
+        except Exception:  # its apply answers it: propose it
+            return False
+        return result.meta is meta and result.outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
+
     def timed_out(self, now_ms: int) -> list[AbortTimedOut]:
         """Abort commands for every Ongoing transaction past its timeout
         (``coordinator_epoch`` left 0 for the leader to stamp)."""
@@ -499,3 +516,19 @@ class TransactionStateMachine:
             },
         )
         return machine
+
+
+#: The requests Kafka answers CONCURRENT_TRANSACTIONS while the previous
+#: transaction completes (a leader parks them instead).
+WAITING_COMMANDS: tuple[
+    type[InitProducerId], type[AddPartitions], type[AddOffsets], type[EndTxn]
+] = (InitProducerId, AddPartitions, AddOffsets, EndTxn)
+
+#: The pure handlers of the requests a completing transaction holds up
+#: (:meth:`TransactionStateMachine.waits_for_completion`).
+_WAITING_STEPS: dict[type[Command], Callable[[Any, Any, FsmConfig], transactions.Step]] = {
+    InitProducerId: transactions.init_producer_id,
+    AddPartitions: transactions.add_partitions,
+    AddOffsets: transactions.add_offsets,
+    EndTxn: transactions.end_txn,
+}

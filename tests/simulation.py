@@ -551,9 +551,18 @@ class Simulation:
         if core.block_due():
             self.request_block(leadership)
         if leadership.queue:
-            batch = core.batch(leadership.queue, stamp, machine.needs_new_producer_id)
+            batch = core.batch(
+                leadership.queue,
+                stamp,
+                machine.needs_new_producer_id,
+                machine.waits_for_completion,
+            )
             if batch is not None:  # else an entry is in flight: the queue waits
                 leadership.queue = batch.waiting  # waiting for a block, in order
+                # Parking is not modelled: a request held up by a completing
+                # transaction gets the answer its parking ends with at worst.
+                for _tid, held in batch.parked:
+                    held.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))
                 for command in batch.commands:
                     self.check_stamped(command)
                 if batch.requests:

@@ -675,3 +675,144 @@ def test_a_topic_just_created_is_never_refused(shared_cluster: LocalCluster) -> 
             assert answer.error_code == ErrorCode.NONE, (topic, answer)
     finally:
         client.close()
+
+
+@pytest.fixture
+def parking_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster of its own whose coordinators park requests for longer than
+    a request may wait, with TOPIC created and its partition-log nodes
+    paused (SIGSTOP): markers wait until the nodes are resumed."""
+    with running_cluster(
+        tmp_path / "cluster",
+        abort_interval_ms=ABORT_SWEEP_MS,
+        settings={"transaction.park.timeout.ms": 60_000},
+    ) as cluster:
+        client = client_for(cluster)
+        try:
+            client.create_topic(TOPIC, TOPIC_PARTITIONS)
+        finally:
+            client.close()
+        for node in cluster.partition_nodes():
+            cluster.kill(node.node_id, "STOP")
+        yield cluster
+
+
+def committing(client: Coordinators, tid: str) -> Any:
+    """Commit a transaction of ``tid`` whose markers wait; the identity of
+    its next transaction."""
+    init = init_producer(client, tid)
+    assert add_partitions(client, tid, init, 0).error_code == ErrorCode.NONE
+    end = end_txn(client, tid, init)
+    assert end.error_code == ErrorCode.NONE, end
+    assert describe(client, tid).state == common_pb2.TRANSACTION_STATE_PREPARE_COMMIT
+    return end
+
+
+def parked(cluster: LocalCluster, node_id: int, shard: int) -> int:
+    status = cluster.node_status(node_id)
+    return -1 if status is None else int(status.shards[shard].parked_requests)
+
+
+def park_add_partitions(
+    cluster: LocalCluster, client: Coordinators, tid: str, ident: Any
+) -> tuple[threading.Thread, list[Any]]:
+    """AddPartitionsToTxn for ``ident``'s transaction, sent once (no retries)
+    from a thread to ``tid``'s leader, which parks it; returns once it is
+    parked. The answer lands in the list."""
+    shard = shard_for(tid, 3)
+    leader = cluster.leaders()[shard]
+    stub = client.stubs[client.find(tid, deadline=float("inf"))]
+    request = coordinator_pb2.AddPartitionsToTxnRequest(
+        transactional_id=tid,
+        producer_id=ident.producer_id,
+        producer_epoch=ident.producer_epoch,
+        topics=partitions(TOPIC, 1),
+    )
+    answers: list[Any] = []
+
+    def send() -> None:
+        try:
+            answers.append(stub.AddPartitionsToTxn(request, timeout=90.0))
+        except Exception as exc:  # surfaced by the test
+            answers.append(exc)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    client.until(
+        lambda: bool(answers) or parked(cluster, leader, shard) == 1, 30, "request not parked"
+    )
+    assert not answers, answers  # answered at once: not parked
+    return thread, answers
+
+
+def test_a_request_behind_a_completing_transaction_runs_when_it_completes(
+    parking_cluster: LocalCluster,
+) -> None:
+    client = client_for(parking_cluster)
+    try:
+        tid = "park-1"
+        ident = committing(client, tid)
+        thread, answers = park_add_partitions(parking_cluster, client, tid, ident)
+        # The markers can be written again: the commit completes, and the
+        # waiting request of the next transaction runs instead of being
+        # answered CONCURRENT_TRANSACTIONS.
+        for node in parking_cluster.partition_nodes():
+            parking_cluster.kill(node.node_id, "CONT")
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        assert answers[0].error_code == ErrorCode.NONE, answers
+        meta = describe(client, tid)
+        assert meta.state == common_pb2.TRANSACTION_STATE_ONGOING, meta
+        assert (meta.producer_id, meta.producer_epoch) == (ident.producer_id, ident.producer_epoch)
+    finally:
+        client.close()
+
+
+def test_a_waiting_request_is_answered_not_coordinator_when_the_leadership_ends(
+    parking_cluster: LocalCluster,
+) -> None:
+    client = client_for(parking_cluster)
+    try:
+        tid = "park-2"
+        ident = committing(client, tid)
+        shard = shard_for(tid, 3)
+        leader = parking_cluster.leaders()[shard]
+        thread, answers = park_add_partitions(parking_cluster, client, tid, ident)
+        # Paused, the leader loses its shard to another node; resumed, it
+        # steps down and answers what it held.
+        parking_cluster.kill(leader, "STOP")
+        try:
+            client.until(
+                lambda: parking_cluster.leaders().get(shard) not in (None, leader),
+                30,
+                "no new leader while the old one is paused",
+            )
+        finally:
+            parking_cluster.kill(leader, "CONT")
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        assert answers[0].error_code == ErrorCode.NOT_COORDINATOR, answers
+    finally:
+        client.close()
+
+
+def test_shard_leaders_spread_and_return_to_their_preferred_coordinator(
+    cluster: LocalCluster,
+) -> None:
+    preferred = cluster.preferred_leaders()
+    assert len(set(preferred.values())) == 3
+    assert cluster.wait_for_leaders() == preferred  # the cluster started so
+    shard, node = 0, preferred[0]
+    cluster.kill(node, "KILL")
+    cluster.wait_until(
+        lambda: cluster.leaders().get(shard) not in (None, node),
+        30,
+        f"shard {shard} did not elect another leader",
+    )
+    cluster.start(node)
+    # Caught up again, the preferred node takes its shard back.
+    cluster.wait_until(
+        lambda: cluster.leaders() == preferred,
+        30,
+        f"shard {shard} did not return to node {node}",
+    )

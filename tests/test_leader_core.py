@@ -3,11 +3,15 @@ and coordinator epoch, on a fake clock (no Raft, no threads)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import pytest
 
 from fsm import (
     AbortTimedOut,
     AddOffsets,
+    AddPartitions,
     AllocatePidBlock,
     Command,
     EndTxn,
@@ -15,14 +19,24 @@ from fsm import (
     InitProducerId,
     Outcome,
     TransactionStateMachine,
+    TxnState,
+    decode_command,
 )
 from raftcoord.coordinator.leader import (
     MAX_ENTRIES_IN_FLIGHT,
+    PARK_MARGIN_MS,
+    TRANSFER_AFTER_MS,
+    TRANSFER_HOLD_MS,
+    TRANSFER_RETRY_MS,
     LeaderCore,
+    Parking,
     Stamp,
     Unstamped,
+    park_deadline,
+    park_key,
     timed_out_abort,
 )
+from tests.fsm_driver import Leader
 
 
 class FakeClock:
@@ -55,6 +69,11 @@ def add_offsets(tid: str) -> Unstamped:
 
 def always(command: InitProducerId | EndTxn) -> bool:
     return True
+
+
+def nowhere(command: Command) -> bool:
+    """No command waits for a completion."""
+    return False
 
 
 def never(command: InitProducerId | EndTxn) -> bool:
@@ -147,7 +166,7 @@ def test_group_commit_stamps_queued_requests_in_order_into_one_entry() -> None:
     grant(leader, 0, 10)
     read = Queued(None)
     queued = [Queued(init("a")), read, Queued(add_offsets("a")), Queued(init("b"))]
-    batch = leader.batch(queued, leader.stamp(), always)
+    batch = leader.batch(queued, leader.stamp(), always, nowhere)
     assert batch is not None
     assert batch.requests == queued and batch.waiting == []
     assert [c.new_producer_id for c in batch.commands if isinstance(c, InitProducerId)] == [0, 1]
@@ -157,15 +176,15 @@ def test_group_commit_stamps_queued_requests_in_order_into_one_entry() -> None:
 def test_group_commit_keeps_requests_while_entries_are_in_flight() -> None:
     leader = core()
     for _ in range(MAX_ENTRIES_IN_FLIGHT):
-        assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
-    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never) is None
+        assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never, nowhere) is None
     leader.entry_done(7)
-    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("b"))], leader.stamp(), never, nowhere) is not None
 
 
 def test_an_entry_of_an_earlier_leadership_does_not_count() -> None:
     leader = core()
-    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never) is not None
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
     leader.elected(8)
     leader.entry_done(7)
     assert leader.in_flight == 0
@@ -174,11 +193,11 @@ def test_an_entry_of_an_earlier_leadership_does_not_count() -> None:
 def test_requests_after_one_waiting_for_a_block_wait_too_in_order() -> None:
     leader = core()
     first, blocked, after = Queued(add_offsets("a")), Queued(init("b")), Queued(None)
-    batch = leader.batch([first, blocked, after], leader.stamp(), always)
+    batch = leader.batch([first, blocked, after], leader.stamp(), always, nowhere)
     assert batch is not None
     assert batch.requests == [first] and batch.waiting == [blocked, after]
     leader.entry_done(7)
-    nothing = leader.batch([blocked, after], leader.stamp(), always)
+    nothing = leader.batch([blocked, after], leader.stamp(), always, nowhere)
     assert nothing is not None and not nothing.requests
     assert nothing.waiting == [blocked, after]
     assert leader.in_flight == 0  # an empty batch is not an entry
@@ -188,3 +207,189 @@ def test_a_timed_out_transaction_is_aborted_with_the_leaders_stamp() -> None:
     candidate = AbortTimedOut("t", 3, 1, 100, 0)
     command: Command = timed_out_abort(candidate)(Stamp(900, 7))
     assert command == AbortTimedOut("t", 3, 1, 900, 7)
+
+
+# --- parking behind a completing transaction ------------------------------------------
+
+
+def state_of(driver: Leader) -> Callable[[str], TxnState | None]:
+    def state(tid: str) -> TxnState | None:
+        meta = driver.machine.describe(tid)
+        return None if meta is None else meta.state
+
+    return state
+
+
+def committing(tid: str) -> tuple[Leader, Outcome]:
+    """A shard whose transaction ``tid`` is in PrepareCommit (markers
+    pending), and the identity of its next transaction (the epoch EndTxn gave)."""
+    driver = Leader.new()
+    ident = driver.init(tid)
+    assert driver.add(tid, ident.producer_id, ident.producer_epoch, ("t", 0)).ok
+    ended = driver.end(tid, ident.producer_id, ident.producer_epoch, commit=True)
+    assert ended.ok
+    return driver, ended
+
+
+def last_command(driver: Leader) -> Command:
+    return decode_command(driver.log[-1])
+
+
+@pytest.mark.parametrize("kind", ["init", "add", "add_offsets", "end_same_decision"])
+def test_a_request_answered_concurrent_while_markers_are_pending_parks(kind: str) -> None:
+    driver, ident = committing("a")
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    outcome = {
+        "init": lambda: driver.init("a"),
+        "add": lambda: driver.add("a", pid, epoch, ("t", 1)),
+        "add_offsets": lambda: driver.add_offsets("a", pid, epoch, "g"),
+        "end_same_decision": lambda: driver.end("a", pid, epoch, commit=True),
+    }[kind]()
+    assert outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert park_key(last_command(driver), outcome, state_of(driver)) == "a"
+
+
+def test_after_the_completion_the_answer_is_given() -> None:
+    driver, ident = committing("a")
+    driver.deliver_all()
+    outcome = driver.add("a", ident.producer_id, ident.producer_epoch, ("t", 1))
+    assert outcome.ok
+    assert park_key(last_command(driver), outcome, state_of(driver)) is None
+
+
+def test_other_refusals_are_answered_at_once() -> None:
+    driver = Leader.new()
+    ident = driver.init("a")
+    assert driver.add("a", ident.producer_id, ident.producer_epoch, ("t", 0)).ok
+    assert driver.end("a", ident.producer_id, ident.producer_epoch, commit=True).ok
+    # A retry of the ended transaction with the other decision is refused
+    # whatever the markers do.
+    wrong = driver.end("a", ident.producer_id, ident.producer_epoch, commit=False)
+    assert wrong.error is ErrorCode.INVALID_TXN_STATE
+    assert park_key(last_command(driver), wrong, state_of(driver)) is None
+    fenced = driver.add("a", ident.producer_id, ident.producer_epoch - 1, ("t", 1))
+    assert fenced.error is not ErrorCode.CONCURRENT_TRANSACTIONS
+    assert park_key(last_command(driver), fenced, state_of(driver)) is None
+
+
+def test_concurrent_without_a_completion_to_wait_for_is_answered_at_once() -> None:
+    # The completion applied later in the same entry: nothing left to wait for.
+    driver, ident = committing("a")
+    refused = driver.add("a", ident.producer_id, ident.producer_epoch, ("t", 1))
+    command = last_command(driver)
+    driver.deliver_all()
+    assert park_key(command, refused, state_of(driver)) is None
+
+
+def test_a_request_stays_parked_until_the_timeout_and_never_past_its_callers_deadline() -> None:
+    assert park_deadline(1_000, 500, None) == 1_500
+    assert park_deadline(1_000, 500, 9_000) == 1_500
+    # Answered before the caller gives up: a request nobody waits for never runs.
+    assert park_deadline(1_000, 500, 1_300) == 1_300 - PARK_MARGIN_MS
+
+
+def test_parked_requests_are_released_per_transactional_id_in_order() -> None:
+    parking: Parking[Queued] = Parking()
+    a1, a2, b = Queued(None), Queued(None), Queued(None)
+    parking.park("a", a1, 100)
+    parking.park("b", b, 100)
+    parking.park("a", a2, 100)
+    assert parking.release("a") == [a1, a2]
+    assert parking.release("a") == []
+    assert parking.count == 1
+    assert parking.drain() == [b] and parking.count == 0
+
+
+def test_parked_requests_past_their_deadline_are_expired() -> None:
+    parking: Parking[Queued] = Parking()
+    early, late, other = Queued(None), Queued(None), Queued(None)
+    parking.park("a", early, 100)
+    parking.park("a", late, 200)
+    parking.park("b", other, 150)
+    assert parking.expired(99) == []
+    assert parking.expired(150) == [early, other]
+    assert parking.count == 1
+    assert parking.release("a") == [late]
+    assert parking.release("b") == []
+
+
+# --- preferred leaders --------------------------------------------------------------
+
+
+def test_the_preferred_leader_never_transfers() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=True)
+    for _ in range(10):
+        clock.now_ms += TRANSFER_RETRY_MS
+        assert not leader.transfer_due(clock.now_ms)
+
+
+def test_another_leader_transfers_after_leading_a_while_with_no_entry_in_flight() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    assert not leader.transfer_due(clock.now_ms)  # not ready yet
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS - 1
+    assert not leader.transfer_due(clock.now_ms)
+    clock.now_ms += 1
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+    assert not leader.transfer_due(clock.now_ms)  # the follower's log cannot match yet
+    leader.entry_done(7)
+    assert leader.transfer_due(clock.now_ms)
+
+
+def test_a_transfer_holds_new_entries_then_retries_later() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS
+    assert leader.transfer_due(clock.now_ms)
+    leader.transferred(clock.now_ms)
+    asked = clock.now_ms
+    assert not leader.transfer_due(clock.now_ms)
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is None
+    clock.now_ms = asked + TRANSFER_HOLD_MS  # the election did not end this leadership
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+    leader.entry_done(7)
+    assert not leader.transfer_due(clock.now_ms)
+    clock.now_ms = asked + TRANSFER_RETRY_MS
+    assert leader.transfer_due(clock.now_ms)
+
+
+def test_a_new_leadership_starts_without_a_transfer_or_a_hold() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS
+    leader.transferred(clock.now_ms)
+    leader.elected(8)
+    assert not leader.transfer_due(clock.now_ms + TRANSFER_RETRY_MS)
+    assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+
+
+def test_a_request_its_transactions_completion_holds_up_is_parked_not_proposed() -> None:
+    driver, ident = committing("a")
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    leader = core()
+    held = Queued(lambda s: AddPartitions("a", pid, epoch, (("t", 1),), s.now_ms, 7))
+    other = Queued(add_offsets("b"))
+    batch = leader.batch([held, other], leader.stamp(), never, driver.machine.waits_for_completion)
+    assert batch is not None
+    assert batch.parked == [("a", held)] and batch.requests == [other]
+    driver.deliver_all()  # completed: the same request is proposed
+    leader.entry_done(7)
+    batch = leader.batch([held], leader.stamp(), never, driver.machine.waits_for_completion)
+    assert batch is not None and batch.requests == [held] and not batch.parked
+
+
+def test_only_a_refusal_that_changes_nothing_waits_for_the_completion() -> None:
+    driver, ident = committing("a")
+    machine = driver.machine
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    assert machine.waits_for_completion(AddPartitions("a", pid, epoch, (("t", 1),), 0, 1))
+    assert machine.waits_for_completion(EndTxn("a", pid, epoch, True, 0, 1))
+    # Another producer's epoch is fenced whatever the markers do.
+    assert not machine.waits_for_completion(AddPartitions("a", pid, epoch + 5, (("t", 1),), 0, 1))
+    assert not machine.waits_for_completion(AddOffsets("b", 1, 0, "g", 0, 1))  # unknown id
+    assert not machine.waits_for_completion(AbortTimedOut("a", pid, epoch, 0, 1))

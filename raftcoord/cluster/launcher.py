@@ -271,7 +271,8 @@ class LocalCluster:
         kafka_listeners: int = 0,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
-        and every partition-log node answers.
+        (its preferred one with auto.leader.rebalance.enable) and every
+        partition-log node answers.
 
         With ``netns``, every node runs in a network namespace of its own, or,
         given ``config`` (a multi-host config such as deploy/cluster.toml,
@@ -366,6 +367,13 @@ class LocalCluster:
                 self._spawn(record)
             self._save()
             self.wait_for_leaders(timeout_s)
+            if cluster_config.settings.auto_leader_rebalance_enable:
+                preferred = self.preferred_leaders()
+                self.wait_until(
+                    lambda: self.leaders() == preferred,
+                    timeout_s,
+                    "the shards' leaders did not move to their preferred coordinators",
+                )
             for record in self.partition_nodes() + self.kafka_gateways():
                 self.wait_until(
                     lambda r=record: self.node_status(r.node_id) is not None,
@@ -566,6 +574,15 @@ class LocalCluster:
                 if shard.is_leader:
                     found[shard.shard] = record.node_id
         return found
+
+    def preferred_leaders(self) -> dict[int, int]:
+        """shard -> node id of the coordinator the shard prefers as its
+        leader (auto.leader.rebalance.enable): shard s, the s mod n-th."""
+        coordinators = self.coordinators()
+        return {
+            shard: coordinators[shard % len(coordinators)].node_id
+            for shard in range(self._require().shard_count)
+        }
 
     def wait_for_leaders(self, timeout_s: float = 30.0) -> dict[int, int]:
         """Wait until every shard has a ready leader."""

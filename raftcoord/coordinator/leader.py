@@ -12,6 +12,22 @@ entry and what the leader stamps into it.
   the requests queued meanwhile go out together in the next entry, in
   arrival order, up to the first one waiting for a producer-id block.
 * The coordinator epoch: the Raft term of the leadership, set when it begins.
+* Preferred leaders (Kafka's auto leader rebalance): shard ``s`` prefers
+  coordinator ``s mod n``. A leader that is not its shard's preferred one
+  asks the preferred follower to take over (Raft's TimeoutNow) once it has
+  led for :data:`TRANSFER_AFTER_MS`, whenever it has no entry in flight,
+  and holds new entries for :data:`TRANSFER_HOLD_MS` after asking. Only the
+  preferred node is ever asked and it never transfers, so leadership
+  cannot flap. A follower whose log does not match yet is asked again on a
+  later tick; after an election it lost, it is asked again
+  :data:`TRANSFER_RETRY_MS` after the last time.
+* Parking: a request the state machine answered CONCURRENT_TRANSACTIONS
+  because the transactional id's previous transaction is still completing
+  (Prepare*, markers pending) is held by :class:`Parking` and runs again
+  when the completion applies, instead of making the client back off; past
+  its bound (``transaction.park.timeout.ms``, and shortly before its
+  caller's deadline: :func:`park_deadline`) it gets the
+  CONCURRENT_TRANSACTIONS answer.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
 clock is injected, so tests run it on a fake one.
@@ -23,14 +39,44 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from fsm import AbortTimedOut, AllocatePidBlock, Command, EndTxn, InitProducerId, Outcome
+from fsm import (
+    AbortTimedOut,
+    AllocatePidBlock,
+    Command,
+    EndTxn,
+    ErrorCode,
+    InitProducerId,
+    Outcome,
+    TxnState,
+)
+from fsm.machine import WAITING_COMMANDS
 from fsm.metadata import NO_PRODUCER_ID
+from fsm.states import PREPARE_STATES
 from pid_allocator import PidBlock, PidCursor, PidLayout
 
 #: Group commit: a leader keeps at most this many entries of requests in
 #: flight; requests arriving meanwhile wait and go out together in the next
 #: entry, so under load one Raft entry (and one fsync) carries many requests.
 MAX_ENTRIES_IN_FLIGHT = 1
+
+#: A parked request is answered this long before its caller's deadline at
+#: the latest, leaving time for the answer to arrive: a request whose caller
+#: gave up never runs later.
+PARK_MARGIN_MS = 100
+
+#: A leadership that is not its shard's preferred one transfers its leadership no sooner
+#: than this after it became ready.
+TRANSFER_AFTER_MS = 1_000
+#: After asking the preferred follower to take over, new entries wait this
+#: long (its election normally ends the leadership first).
+TRANSFER_HOLD_MS = 500
+#: How soon a leadership asks again after it asked (an election the
+#: preferred follower lost).
+TRANSFER_RETRY_MS = 2_000
+
+#: The requests Kafka answers CONCURRENT_TRANSACTIONS while the previous
+#: transaction completes: these are parked instead.
+PARKABLE = WAITING_COMMANDS
 
 
 @dataclass(frozen=True)
@@ -48,6 +94,11 @@ Unstamped = Callable[[Stamp], Command]
 #: Whether the state machine needs a fresh producer id for a command
 #: (:meth:`fsm.TransactionStateMachine.needs_new_producer_id`).
 NeedsProducerId = Callable[[InitProducerId | EndTxn], bool]
+
+#: Whether a command would only be answered CONCURRENT_TRANSACTIONS because
+#: its transaction is completing
+#: (:meth:`fsm.TransactionStateMachine.waits_for_completion`).
+WaitsForCompletion = Callable[[Command], bool]
 
 #: The stamp of a command that is checked (request limits) and never
 #: proposed: the checks read no stamped field.
@@ -78,11 +129,13 @@ Q = TypeVar("Q", bound=Queued)
 @dataclass
 class Batch(Generic[Q]):
     """The requests of the next entry, with its commands (reads have none),
-    and the requests left waiting for a producer-id block, in order."""
+    the requests left waiting for a producer-id block, in order, and the
+    requests to park (with their transactional id) instead of proposing."""
 
     requests: list[Q] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     waiting: list[Q] = field(default_factory=list)
+    parked: list[tuple[str, Q]] = field(default_factory=list)
 
 
 class LeaderCore:
@@ -96,6 +149,11 @@ class LeaderCore:
         self.epoch = -1
         #: Entries of requests proposed in this leadership and not yet applied.
         self.in_flight = 0
+        #: When to ask the preferred follower to take over; None: never (this
+        #: node is the preferred one, or the leadership is not ready).
+        self.transfer_at: int | None = None
+        #: No new entry before this time: a leadership transfer is under way.
+        self.hold_until = 0
 
     # --- leadership ----------------------------------------------------------------
 
@@ -104,11 +162,35 @@ class LeaderCore:
         the ids left from an earlier leadership are skipped, never reused."""
         self.epoch = epoch
         self.in_flight = 0
+        self.transfer_at = None
+        self.hold_until = 0
         self.cursor.reset()
+
+    def became_ready(self, now_ms: int, preferred: bool) -> None:
+        """The leadership is ready (its first entry applied); ``preferred``:
+        this node is the shard's preferred leader, or nobody is."""
+        self.transfer_at = None if preferred else now_ms + TRANSFER_AFTER_MS
 
     def deposed(self) -> None:
         """The leadership ended: its ids and block requests are dropped."""
         self.cursor.reset()
+
+    # --- preferred leaders -----------------------------------------------------------
+
+    def transfer_due(self, now_ms: int) -> bool:
+        """Whether to ask the preferred follower to take over now (it is
+        asked only if its log matches the leader's, so with no entry in flight)."""
+        return (
+            self.transfer_at is not None
+            and now_ms >= self.transfer_at
+            and now_ms >= self.hold_until
+            and self.in_flight == 0
+        )
+
+    def transferred(self, now_ms: int) -> None:
+        """The preferred follower was asked to take over: new entries wait."""
+        self.hold_until = now_ms + TRANSFER_HOLD_MS
+        self.transfer_at = now_ms + TRANSFER_RETRY_MS
 
     # --- stamping ------------------------------------------------------------------
 
@@ -119,7 +201,11 @@ class LeaderCore:
     def stamped(self, build: Unstamped, stamp: Stamp, needs: NeedsProducerId) -> Command | None:
         """The command of ``build`` stamped with ``stamp`` and, if ``needs``
         says so, a fresh producer id; None when no id is left (wait for a block)."""
-        command = build(stamp)
+        return self._with_producer_id(build(stamp), build, stamp, needs)
+
+    def _with_producer_id(
+        self, command: Command, build: Unstamped, stamp: Stamp, needs: NeedsProducerId
+    ) -> Command | None:
         if isinstance(command, InitProducerId | EndTxn) and needs(command):
             pid = self.cursor.take()
             if pid is None:
@@ -158,19 +244,31 @@ class LeaderCore:
 
     # --- group commit --------------------------------------------------------------
 
-    def batch(self, queued: Sequence[Q], stamp: Stamp, needs: NeedsProducerId) -> Batch[Q] | None:
+    def batch(
+        self,
+        queued: Sequence[Q],
+        stamp: Stamp,
+        needs: NeedsProducerId,
+        waits: WaitsForCompletion,
+    ) -> Batch[Q] | None:
         """The next entry of ``queued`` (oldest first), or None while
-        :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight (all of ``queued``
-        then waits). A non-empty batch counts as in flight until
-        :meth:`entry_done`."""
-        if self.in_flight >= MAX_ENTRIES_IN_FLIGHT:
+        :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight or a leadership
+        transfer holds new entries (all of ``queued`` then waits). A
+        :data:`PARKABLE` request that ``waits`` for its transaction's
+        completion is parked, not proposed. A non-empty batch counts as in
+        flight until :meth:`entry_done`."""
+        if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
         batch: Batch[Q] = Batch()
         for i, request in enumerate(queued):
             if request.build is None:
                 batch.requests.append(request)
                 continue
-            command = self.stamped(request.build, stamp, needs)
+            unstamped = request.build(stamp)
+            if isinstance(unstamped, PARKABLE) and waits(unstamped):
+                batch.parked.append((unstamped.transactional_id, request))
+                continue
+            command = self._with_producer_id(unstamped, request.build, stamp, needs)
             if command is None:  # waiting for a producer-id block; keep the order
                 batch.waiting = list(queued[i:])
                 break
@@ -184,3 +282,72 @@ class LeaderCore:
         """An entry proposed with coordinator epoch ``epoch`` was applied or dropped."""
         if epoch == self.epoch:
             self.in_flight -= 1
+
+
+def park_key(
+    command: Command, outcome: Outcome, state_of: Callable[[str], TxnState | None]
+) -> str | None:
+    """The transactional id to park the request of ``command`` behind, or
+    None to answer ``outcome`` now: parked when the state machine answered
+    CONCURRENT_TRANSACTIONS to a :data:`PARKABLE` request and the id's
+    transaction, in state ``state_of(id)`` after the entry, is completing
+    (Prepare*: its completion will apply, or the leadership ends)."""
+    if (
+        isinstance(command, PARKABLE)
+        and outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
+        and state_of(command.transactional_id) in PREPARE_STATES
+    ):
+        return command.transactional_id
+    return None
+
+
+def park_deadline(now_ms: int, timeout_ms: int, caller_deadline_ms: int | None) -> int:
+    """Until when a request first parked at ``now_ms`` may stay parked: the
+    park timeout, and :data:`PARK_MARGIN_MS` before its caller's deadline."""
+    deadline = now_ms + timeout_ms
+    if caller_deadline_ms is not None:
+        deadline = min(deadline, caller_deadline_ms - PARK_MARGIN_MS)
+    return deadline
+
+
+class Parking(Generic[Q]):
+    """Requests parked per transactional id until its transaction completes,
+    each with its deadline (ms). Ids do not wait for each other. Its owner
+    serialises calls; :attr:`count` may be read from any thread."""
+
+    def __init__(self) -> None:
+        self._parked: dict[str, list[tuple[int, Q]]] = {}
+        #: How many requests are parked.
+        self.count = 0
+
+    def park(self, transactional_id: str, request: Q, deadline_ms: int) -> None:
+        self._parked.setdefault(transactional_id, []).append((deadline_ms, request))
+        self.count += 1
+
+    def release(self, transactional_id: str) -> list[Q]:
+        """The requests parked behind ``transactional_id``, in parking order:
+        its transaction completed, they run again."""
+        released = [request for _deadline, request in self._parked.pop(transactional_id, [])]
+        self.count -= len(released)
+        return released
+
+    def expired(self, now_ms: int) -> list[Q]:
+        """The requests whose deadline has come, removed."""
+        out: list[Q] = []
+        for tid in list(self._parked):
+            held = self._parked[tid]
+            kept = [(d, r) for d, r in held if d > now_ms]
+            out.extend(r for d, r in held if d <= now_ms)
+            if kept:
+                self._parked[tid] = kept
+            else:
+                del self._parked[tid]
+        self.count -= len(out)
+        return out
+
+    def drain(self) -> list[Q]:
+        """Every parked request, removed (the leadership ended)."""
+        out = [request for held in self._parked.values() for _deadline, request in held]
+        self._parked.clear()
+        self.count = 0
+        return out

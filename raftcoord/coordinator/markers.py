@@ -151,8 +151,8 @@ class GrpcMarkerTransport:
     def complete(self, completions: Sequence[Completion]) -> Sequence[int]:
         if not self._still_leading():
             return [int(ErrorCode.NOT_COORDINATOR)] * len(completions)
-        # Submitted together, they go out in one Raft entry (group commit).
-        futures: list[Future[Any]] = [self.shard.submit(markers_written(c)) for c in completions]
+        # Queued together, they go out in one Raft entry.
+        futures = self.shard.submit_all([markers_written(c) for c in completions])
         deadline = time.monotonic() + COMPLETE_TIMEOUT_S
         return [self._outcome_code(future, deadline) for future in futures]
 

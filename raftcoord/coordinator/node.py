@@ -17,7 +17,7 @@ import threading
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -29,7 +29,15 @@ from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
 from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
-from raftcoord.coordinator.shard import Reader, Shard, ShardStatus, ShardTimers, TransitionsLog
+from raftcoord.coordinator.shard import (
+    CALLER_DEADLINE_MS,
+    Reader,
+    Shard,
+    ShardStatus,
+    ShardTimers,
+    TransitionsLog,
+    now_ms,
+)
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import serve
@@ -148,6 +156,7 @@ class CoordinatorNode:
         timers = ShardTimers(
             settings.abort_timed_out_cleanup_interval_ms,
             settings.remove_expired_cleanup_interval_ms,
+            settings.transaction_park_timeout_ms,
         )
 
         def replica_factory(on_applied: object) -> ShardReplica:
@@ -161,7 +170,20 @@ class CoordinatorNode:
             )
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
-        made = Shard(shard, self.node_id, replica_factory, transitions, timers, self._hand_off)
+        preferred = self.config.coordinators[shard % len(self.config.coordinators)]
+        made = Shard(
+            shard,
+            self.node_id,
+            replica_factory,
+            transitions,
+            timers,
+            self._hand_off,
+            preferred_leader=(
+                preferred.raft[shard]
+                if settings.auto_leader_rebalance_enable and preferred.node_id != self.node_id
+                else None
+            ),
+        )
         raft_journal.attach_tick_sync(made.replica, journal)
         return made
 
@@ -193,6 +215,7 @@ class CoordinatorNode:
     def _make_server(self) -> grpc.Server:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
+            interceptors=[CallerDeadlines()],
             options=[("grpc.so_reuseport", 0)],
         )
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
@@ -222,6 +245,34 @@ class CoordinatorNode:
 
     def wait(self) -> None:
         self._stopping.wait()
+
+
+class CallerDeadlines(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
+    """Makes each unary call's deadline known to the shards it submits to
+    (:data:`raftcoord.coordinator.shard.CALLER_DEADLINE_MS`), so that a
+    parked request never outlives its caller."""
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        behavior = handler.unary_unary
+
+        def with_deadline(request: Any, context: Any) -> Any:
+            remaining = context.time_remaining()
+            token = CALLER_DEADLINE_MS.set(
+                None if remaining is None else now_ms() + int(remaining * 1000)
+            )
+            try:
+                return behavior(request, context)
+            finally:
+                CALLER_DEADLINE_MS.reset(token)
+
+        return grpc.unary_unary_rpc_method_handler(
+            with_deadline,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 def run_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:

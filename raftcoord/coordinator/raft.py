@@ -103,6 +103,16 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         leader = self._getLeader()
         return None if leader is None else str(leader.address)
 
+    def transfer_leadership(self, address: str) -> bool:
+        """Ask the follower at Raft address ``address`` to campaign now
+        (Raft's TimeoutNow); whether it was asked. pysyncobj asks only from
+        a leader and only a follower whose log matches the leader's; the
+        follower's election is an ordinary one (its vote rule keeps every
+        committed entry), which ends this leadership when it wins."""
+        answers: list[Any] = []
+        self.transferLeadership(address, lambda _result, reason: answers.append(reason))
+        return answers == [FAIL_REASON.SUCCESS]
+
     def tick(self, wait_s: float) -> None:
         """One pysyncobj tick: waits up to ``wait_s`` for I/O or :meth:`waker`."""
         self.doTick(wait_s)

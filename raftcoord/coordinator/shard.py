@@ -19,13 +19,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
 from fsm import (
+    Command,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -35,10 +37,20 @@ from fsm import (
     ProducerFenced,
     TransactionStateMachine,
     Transition,
+    TxnState,
     WriteMarkers,
     encode_entry,
 )
-from raftcoord.coordinator.leader import LeaderCore, Stamp, Unstamped, timed_out_abort
+from fsm.states import PREPARE_STATES
+from raftcoord.coordinator.leader import (
+    LeaderCore,
+    Parking,
+    Stamp,
+    Unstamped,
+    park_deadline,
+    park_key,
+    timed_out_abort,
+)
 from raftcoord.coordinator.replica import ShardReplica
 from raftcoord.protocol.config import NodeAddress
 
@@ -50,6 +62,11 @@ T = TypeVar("T")
 GROUP_SWEEP_INTERVAL_MS = 100
 Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
+
+
+#: The deadline (wall clock, ms) of the gRPC call the current thread serves,
+#: None outside a call or without a deadline; set by the node's server.
+CALLER_DEADLINE_MS: ContextVar[int | None] = ContextVar("caller_deadline_ms", default=None)
 
 
 def now_ms() -> int:
@@ -67,6 +84,7 @@ class ShardStatus:
     applied_index: int
     state_digest: str  # sha256 of the state machine's snapshot
     transactional_ids: int
+    parked_requests: int
 
 
 class Shards(Protocol):
@@ -107,6 +125,10 @@ class Request:
     build: Unstamped | None
     future: Future[Any] = field(default_factory=Future)
     reader: Reader[Any] | None = None
+    #: The caller's deadline (wall clock, ms), None when it has none.
+    caller_deadline_ms: int | None = None
+    #: Set when the request is first parked: until when it may stay parked.
+    park_deadline_ms: int | None = None
 
 
 @dataclass
@@ -115,6 +137,11 @@ class ShardTimers:
 
     abort_timed_out_interval_ms: int
     expire_interval_ms: int
+    #: How long a request may stay parked (from its first parking).
+    park_timeout_ms: int
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class TransitionsLog:
@@ -149,21 +176,25 @@ class TransitionsLog:
     def write(self, index: int, term: int, transitions: list[Transition]) -> None:
         if index <= self.last_index or not transitions:
             return
-        for t in transitions:
-            record = {
-                "index": index,
-                "term": term,
-                "shard": self.shard,
-                "transactional_id": t.transactional_id,
-                "producer_id": t.producer_id,
-                "producer_epoch": t.producer_epoch,
-                "from": None if t.from_state is None else t.from_state.name,
-                "to": t.to_state.name,
-                "partitions": [list(p) for p in t.partitions],
-                "groups": list(t.groups),
-                "time_ms": t.now_ms,
-            }
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        lines = [
+            _COMPACT.encode(
+                {
+                    "index": index,
+                    "term": term,
+                    "shard": self.shard,
+                    "transactional_id": t.transactional_id,
+                    "producer_id": t.producer_id,
+                    "producer_epoch": t.producer_epoch,
+                    "from": None if t.from_state is None else t.from_state.name,
+                    "to": t.to_state.name,
+                    "partitions": [list(p) for p in t.partitions],
+                    "groups": list(t.groups),
+                    "time_ms": t.now_ms,
+                }
+            )
+            for t in transitions
+        ]
+        self._file.write("\n".join(lines) + "\n")  # one write and one flush per entry
         self._file.flush()
         self.last_index = index
 
@@ -183,16 +214,24 @@ class Shard:
         transitions: TransitionsLog,
         timers: ShardTimers,
         marker_sink: MarkerSink,
+        preferred_leader: str | None = None,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
+        #: The Raft address of the shard's preferred leader when it is another
+        #: node: leaderships here transfer to it. None: this node is the
+        #: preferred one, or leaders are not rebalanced.
+        self.preferred_leader = preferred_leader
         self.transitions = transitions
         self.timers = timers
         self.marker_sink = marker_sink
         self.is_leader = False
         self.ready = False
-        self._queue: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        #: Requests queued together go out in the same entry.
+        self._queue: queue.SimpleQueue[list[Request]] = queue.SimpleQueue()
         self._waiting: list[Request] = []
+        #: Requests waiting for their transactional id's transaction to complete.
+        self._parked: Parking[Request] = Parking()
         self._next_abort_sweep = 0
         self._next_expire_sweep = 0
         self._next_group_sweep = 0
@@ -215,16 +254,22 @@ class Shard:
     def submit(self, build: Unstamped) -> Future[Any]:
         """Queue the command of ``build``, stamped when it is proposed; the
         future resolves to its :class:`Outcome`."""
-        request = Request(build)
-        self._enqueue(request)
-        return request.future
+        return self.submit_all([build])[0]
+
+    def submit_all(self, builds: Sequence[Unstamped]) -> list[Future[Any]]:
+        """Queue the commands of ``builds`` to go out together, in one entry
+        (the completions of many transactions); one future per command."""
+        deadline = CALLER_DEADLINE_MS.get()
+        requests = [Request(build, caller_deadline_ms=deadline) for build in builds]
+        self._enqueue(requests)
+        return [request.future for request in requests]
 
     def read(self, reader: Reader[T]) -> Future[T | Outcome]:
         """Run ``reader`` on the state once a log barrier proposed after this
         call is applied (a linearizable read); the future holds its result,
         or the refusal."""
         request = Request(None, reader=reader)
-        self._enqueue(request)
+        self._enqueue([request])
         return request.future
 
     def status(self) -> ShardStatus:
@@ -236,6 +281,7 @@ class Shard:
                 applied_index=self.replica.raftLastApplied,
                 state_digest=hashlib.sha256(machine.snapshot()).hexdigest(),
                 transactional_ids=len(machine.state.transactions),
+                parked_requests=self._parked.count,
             )
 
         return self.replica.query(read)
@@ -259,12 +305,13 @@ class Shard:
             self.wake()  # the shard thread asks for the next block at 90% use
         return pid
 
-    def _enqueue(self, request: Request) -> None:
+    def _enqueue(self, requests: list[Request]) -> None:
         error = self.availability()
         if error is not ErrorCode.NONE:
-            request.future.set_result(Outcome(error=error, message=error.name))
+            for request in requests:
+                request.future.set_result(Outcome(error=error, message=error.name))
             return
-        self._queue.put(request)
+        self._queue.put(requests)
         self.wake()
 
     # --- the tick thread -----------------------------------------------------------
@@ -276,6 +323,9 @@ class Shard:
         if self.is_leader and self.ready:
             stamp = self.core.stamp()
             self._sweep(stamp.now_ms)
+            for request in self._parked.expired(stamp.now_ms):
+                _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
+            self._transfer_to_preferred(stamp.now_ms)
             self._propose_batch(stamp)
         self.replica.tick(wait_s)
 
@@ -309,8 +359,24 @@ class Shard:
         self.is_leader = self.ready = False
         with self._core_lock:
             self.core.deposed()
-        for request in self._drain():
+        for request in self._drain() + self._parked.drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
+
+    def _transfer_to_preferred(self, now: int) -> None:
+        with self._core_lock:
+            due = self.core.transfer_due(now)
+        if not due or self.preferred_leader is None:
+            return
+        if self.replica.transfer_leadership(self.preferred_leader):
+            with self._core_lock:
+                self.core.transferred(now)
+            log.info(
+                "node=%d shard=%d event=leadership_transfer term=%d to=%s",
+                self.node_id,
+                self.shard,
+                self.leader_term,
+                self.preferred_leader,
+            )
 
     def _request_block(self, term: int, first: bool = False) -> None:
         with self._core_lock:
@@ -338,6 +404,8 @@ class Shard:
                 # The node's marker writer for this leadership starts from the
                 # applied state's pending markers.
                 self.ready = True
+                with self._core_lock:
+                    self.core.became_ready(now_ms(), preferred=self.preferred_leader is None)
                 log.info(
                     "node=%d shard=%d event=leader_ready term=%d", self.node_id, self.shard, term
                 )
@@ -348,7 +416,7 @@ class Shard:
         drained, self._waiting = self._waiting, []
         while True:
             try:
-                drained.append(self._queue.get_nowait())
+                drained.extend(self._queue.get_nowait())
             except queue.Empty:
                 return drained
 
@@ -361,11 +429,16 @@ class Shard:
         if not requests:
             return
         with self._core_lock:
-            batch = self.core.batch(requests, stamp, self._needs_new_producer_id)
+            batch = self.core.batch(
+                requests, stamp, self._needs_new_producer_id, self._waits_for_completion
+            )
         if batch is None:  # entries in flight: the requests go out together next
             self._waiting = requests
             return
         self._waiting = batch.waiting
+        for tid, request in batch.parked:
+            if not self._hold(request, tid, stamp.now_ms):
+                _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
         if not batch.requests:
             return
         term = stamp.coordinator_epoch
@@ -377,10 +450,12 @@ class Shard:
                 for request in batch.requests:
                     _fail(request, error)
                 return
-            outcomes = iter(result)
+            outcomes = iter(zip(batch.commands, result, strict=True))
             for request in batch.requests:
                 if request.build is not None:
-                    request.future.set_result(next(outcomes))
+                    command, outcome = next(outcomes)
+                    if not self._park(request, command, outcome):
+                        request.future.set_result(outcome)
                 else:
                     assert request.reader is not None
                     try:
@@ -390,25 +465,51 @@ class Shard:
 
         self.replica.propose(term, encode_entry(batch.commands), applied)
 
+    def _park(self, request: Request, command: Command, outcome: Outcome) -> bool:
+        """Park ``request`` if its answer ``outcome`` only says that its
+        transactional id's previous transaction is still completing; whether
+        it was parked. Runs when its entry applies, on the tick thread."""
+        if not self.is_leader:
+            return False
+        key = park_key(
+            command, outcome, lambda tid: self.replica.query(lambda m: _state_of(m, tid))
+        )
+        return key is not None and self._hold(request, key, now_ms())
+
+    def _hold(self, request: Request, transactional_id: str, now: int) -> bool:
+        """Park ``request`` behind ``transactional_id`` unless its time to
+        stay parked is over; whether it was parked."""
+        if request.park_deadline_ms is None:
+            request.park_deadline_ms = park_deadline(
+                now, self.timers.park_timeout_ms, request.caller_deadline_ms
+            )
+        if now >= request.park_deadline_ms:
+            return False
+        self._parked.park(transactional_id, request, request.park_deadline_ms)
+        return True
+
     def _needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:
         return self.replica.query(lambda m: m.needs_new_producer_id(command))
+
+    def _waits_for_completion(self, command: Command) -> bool:
+        return self.replica.query(lambda m: m.waits_for_completion(command))
 
     def _sweep(self, now: int) -> None:
         if now >= self._next_abort_sweep:
             self._next_abort_sweep = now + self.timers.abort_timed_out_interval_ms
             candidates = self.replica.query(lambda m: m.timed_out(now))
             for candidate in candidates:
-                self._queue.put(Request(timed_out_abort(candidate)))
+                self._queue.put([Request(timed_out_abort(candidate))])
         if now >= self._next_expire_sweep:
             self._next_expire_sweep = now + self.timers.expire_interval_ms
             ids = tuple(self.replica.query(lambda m: m.expirable_ids(now)))
             if ids:
-                self._queue.put(Request(lambda stamp: ExpireTransactionalIds(ids, stamp.now_ms)))
+                self._queue.put([Request(lambda stamp: ExpireTransactionalIds(ids, stamp.now_ms))])
         if now >= self._next_group_sweep:
             self._next_group_sweep = now + GROUP_SWEEP_INTERVAL_MS
             since = self._leader_since_ms
             for group_id in self.replica.query(lambda m: m.groups_due(now, since)):
-                self._queue.put(Request(_group_timeouts(group_id, since)))
+                self._queue.put([Request(_group_timeouts(group_id, since))])
 
     # --- every replica, after an entry is applied ----------------------------------
 
@@ -426,6 +527,15 @@ class Shard:
                 )
         if not self.replica.is_leader():
             return
+        released = [
+            request
+            for t in effects
+            if isinstance(t, Transition) and t.from_state in PREPARE_STATES
+            for request in self._parked.release(t.transactional_id)
+        ]
+        if released:  # they run again, ahead of newer requests
+            self._waiting[:0] = released
+            self.wake()
         for effect in effects:
             if isinstance(effect, ProducerFenced):
                 event = "timeout_abort" if effect.reason == "timeout" else "producer_fenced"
@@ -454,6 +564,11 @@ class Shard:
 
 def _group_timeouts(group_id: str, leader_since_ms: int) -> Unstamped:
     return lambda stamp: GroupTimeouts(group_id, stamp.now_ms, leader_since_ms)
+
+
+def _state_of(machine: TransactionStateMachine, transactional_id: str) -> TxnState | None:
+    meta = machine.describe(transactional_id)
+    return None if meta is None else meta.state
 
 
 def _fail(request: Request, code: ErrorCode) -> None:

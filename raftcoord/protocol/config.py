@@ -122,6 +122,19 @@ class Settings:
     group_min_session_timeout_ms: int = 6_000  # group.min.session.timeout.ms
     group_max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
     group_initial_rebalance_delay_ms: int = 3_000  # group.initial.rebalance.delay.ms
+    # transaction.park.timeout.ms: how long a coordinator holds a request for
+    # a transactional.id whose previous transaction is still completing
+    # (markers being written) before answering CONCURRENT_TRANSACTIONS; the
+    # request runs as soon as the completion applies (Kafka answers at once
+    # and the client backs off). Keep it well below the 10 s a coordinator
+    # waits for a request's entry (longer, the request times out instead).
+    transaction_park_timeout_ms: int = 1_000
+    # auto.leader.rebalance.enable: shard s prefers coordinator s mod n (in
+    # the order of [[coordinators]]); a leader that is not the preferred one
+    # transfers its leadership to it once the preferred node is up and its
+    # Raft log matches the leader's (Raft's TimeoutNow; the election keeps
+    # every committed entry), so the shards' leaders spread over the nodes.
+    auto_leader_rebalance_enable: bool = True
 
 
 _SETTING_NAMES = {
@@ -154,6 +167,8 @@ _SETTING_NAMES = {
     "group.min.session.timeout.ms": "group_min_session_timeout_ms",
     "group.max.session.timeout.ms": "group_max_session_timeout_ms",
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+    "transaction.park.timeout.ms": "transaction_park_timeout_ms",
+    "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC

@@ -124,6 +124,7 @@ class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):
                     applied_index=status.applied_index,
                     state_digest=status.state_digest,
                     transactional_ids=status.transactional_ids,
+                    parked_requests=status.parked_requests,
                 )
             )
         return admin_pb2.NodeStatusResponse(

@@ -271,15 +271,10 @@ class TransactionRPCs:
 
 #: Refusals of AddPartitionsToTxn that the leader's applied state gives
 #: before anything is proposed. Each stays right however far the log is
-#: ahead of the applied state: producer ids and epochs only move forward, and
-#: CONCURRENT_TRANSACTIONS is retried anyway.
-SETTLED_REFUSALS = frozenset(
-    {
-        ErrorCode.CONCURRENT_TRANSACTIONS,
-        ErrorCode.PRODUCER_FENCED,
-        ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-    }
-)
+#: ahead of the applied state: producer ids and epochs only move forward.
+#: (A previous transaction still completing is not one: the shard parks
+#: such a request until the completion applies.)
+SETTLED_REFUSALS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_ID_MAPPING})
 
 
 def settled_refusal(
@@ -287,9 +282,8 @@ def settled_refusal(
 ) -> Outcome | None:
     """The answer the state machine would give ``command`` now, when it is a
     refusal in :data:`SETTLED_REFUSALS`; else None (propose it).
-    Partition-log nodes ask for every transaction's first batch, and a
-    producer retries while the previous transaction completes: refusing
-    these here keeps them out of the log."""
+    Partition-log nodes ask for every transaction's first batch: refusing
+    these here keeps a fenced producer's retries out of the log."""
     step = add_partitions(machine.describe(command.transactional_id), command, config)
     return step.outcome if step.outcome.error in SETTLED_REFUSALS else None
 

@@ -19,7 +19,7 @@ class NodeStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ("shard", "is_leader", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "state_digest", "transactional_ids")
+    __slots__ = ("shard", "is_leader", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "state_digest", "transactional_ids", "parked_requests")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class ShardStatus(_message.Message):
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     shard: int
     is_leader: bool
     term: int
@@ -38,7 +39,8 @@ class ShardStatus(_message.Message):
     applied_index: int
     state_digest: str
     transactional_ids: int
-    def __init__(self, shard: _Optional[int] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state_digest: _Optional[str] = ..., transactional_ids: _Optional[int] = ...) -> None: ...
+    parked_requests: int
+    def __init__(self, shard: _Optional[int] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[int] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., state_digest: _Optional[str] = ..., transactional_ids: _Optional[int] = ..., parked_requests: _Optional[int] = ...) -> None: ...
 
 class NodeStatusResponse(_message.Message):
     __slots__ = ("node_id", "address", "pid", "shards")
