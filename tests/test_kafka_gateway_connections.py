@@ -1,7 +1,8 @@
 """A gateway's client connections, in-process against a scripted owner
-gateway: relayed requests of different clients proceed independently, a
-client's relayed requests are pipelined, and a request whose answer cannot
-be made closes its connection instead of leaving it hanging."""
+gateway: relayed requests of different clients proceed independently and
+fail independently, a client's relayed requests are pipelined, and a
+request whose answer cannot be made closes its connection instead of
+leaving it hanging."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
 
 class ScriptedOwner:
     """The owner gateway: answers each request with its correlation id and
-    the request's transactional id, once ``release(id)`` allows it."""
+    the request's transactional id once ``gate(id)`` is set; closes the
+    connection instead on an id that starts with "drop"."""
 
     def __init__(self) -> None:
         self.received: list[str] = []
@@ -91,6 +93,8 @@ class ScriptedOwner:
                 async with self.arrived:
                     self.received.append(transactional_id)
                     self.arrived.notify_all()
+                if transactional_id.startswith("drop"):
+                    return
                 answering.append(
                     asyncio.create_task(
                         self._answer(writer, with_answers, frame[4:8], transactional_id)
@@ -223,5 +227,32 @@ def test_an_answer_that_cannot_be_encoded_closes_its_connection() -> None:
         answer = await asyncio.wait_for(read_frame(reader), WAIT_S)
         assert answer[:4] == (2).to_bytes(4, "big")
         writer.close()
+
+    asyncio.run(with_gateway(test))
+
+
+def test_an_owner_that_drops_the_relay_closes_only_its_clients_connection() -> None:
+    """The owner closes the relay connection of client A with A's request
+    unanswered (and a second one queued behind it): A's connection is
+    closed; client B, connected before, is served, and so is A again on a
+    new connection."""
+    dropped, quick = owned_by_second("drop"), owned_by_second("quick")
+
+    async def answered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(end_txn(quick, 3))
+        answer = await asyncio.wait_for(read_frame(reader), WAIT_S)
+        assert answer == (3).to_bytes(4, "big") + quick.encode()
+        writer.close()
+
+    async def test(gateway: Gateway, owner: ScriptedOwner, address: str) -> None:
+        owner.gate(quick).set()
+        a_reader, a_writer = await connect(address)
+        b_reader, b_writer = await connect(address)
+        a_writer.write(end_txn(dropped, 1) + end_txn(quick, 2))
+        with pytest.raises(asyncio.IncompleteReadError):
+            await asyncio.wait_for(read_frame(a_reader), WAIT_S)
+        a_writer.close()
+        await answered(b_reader, b_writer)
+        await answered(*await connect(address))
 
     asyncio.run(with_gateway(test))
