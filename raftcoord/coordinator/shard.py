@@ -237,6 +237,10 @@ class Shard:
         self._next_group_sweep = 0
         #: When the current leadership began (group sessions count from it).
         self._leader_since_ms = 0
+        #: Groups whose GroupTimeouts is queued, held or in flight: the
+        #: sweeper proposes no second one until its answer came.
+        self._group_timeouts_pending: set[str] = set()
+        self._group_timeouts_lock = threading.Lock()
         self.replica = replica_factory(self._on_applied)
         self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), now_ms)
         # The shard thread drives the core; gRPC threads take producer ids from it.
@@ -339,6 +343,8 @@ class Shard:
             with self._core_lock:
                 self.core.elected(term)
             self._leader_since_ms = now_ms()
+            with self._group_timeouts_lock:
+                self._group_timeouts_pending.clear()
             log.info(
                 "node=%d shard=%d event=leader_elected term=%d", self.node_id, self.shard, term
             )
@@ -509,7 +515,23 @@ class Shard:
             self._next_group_sweep = now + GROUP_SWEEP_INTERVAL_MS
             since = self._leader_since_ms
             for group_id in self.replica.query(lambda m: m.groups_due(now, since)):
-                self._queue.put([Request(_group_timeouts(group_id, since))])
+                with self._group_timeouts_lock:
+                    if group_id in self._group_timeouts_pending:
+                        continue
+                    self._group_timeouts_pending.add(group_id)
+                request = Request(_group_timeouts(group_id, since))
+                request.future.add_done_callback(self._swept(group_id))
+                self._queue.put([request])
+
+    def _swept(self, group_id: str) -> Callable[[Future[Any]], None]:
+        """What runs once the GroupTimeouts of ``group_id`` is answered
+        (applied or refused): the sweeper may propose the next one."""
+
+        def answered(_future: Future[Any]) -> None:
+            with self._group_timeouts_lock:
+                self._group_timeouts_pending.discard(group_id)
+
+        return answered
 
     # --- every replica, after an entry is applied ----------------------------------
 
