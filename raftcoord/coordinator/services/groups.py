@@ -7,9 +7,9 @@ Membership changes are commands replicated like the others
 (:mod:`fsm.membership`). What Kafka's coordinator holds back, this layer
 waits for: a JoinGroup is answered once the group's join completes, a
 follower's SyncGroup once the leader's assignment is applied. A waiting
-request looks at the applied group every :data:`POLL_INTERVAL_S`; it is
-answered NOT_COORDINATOR as soon as this node stops leading the group's
-shard. At most :data:`MAX_WAITING` requests wait at once on a node, so
+request looks at the applied group again each time an entry of the group's
+shard applies; it is answered NOT_COORDINATOR as soon as this node stops
+leading the shard. At most :data:`MAX_WAITING` requests wait at once on a node, so
 waiting requests never hold every gRPC thread: a request that would wait
 (judged on the applied group before proposing) takes a slot before its
 command is proposed, and when none is free it is answered
@@ -66,8 +66,6 @@ from raftcoord.protocol.wire import wire_error
 
 T = TypeVar("T")
 
-#: How often a waiting JoinGroup or SyncGroup looks at the applied group.
-POLL_INTERVAL_S = 0.01
 #: Most JoinGroup/SyncGroup requests waiting at once on one node.
 MAX_WAITING = 16
 #: A JoinGroup waits for the rebalance timeout plus this (the leader's
@@ -468,8 +466,10 @@ class GroupRPCs:
 
         Yields None when the request may go on: a slot was free, or
         ``waits`` (the request's command run on the applied group) says
-        it will be answered at once. Otherwise yields the refusal
-        (COORDINATOR_NOT_AVAILABLE), to answer without proposing.
+        it will be answered at once (should the group change before the
+        command applies so that it waits after all, it waits without a
+        slot). Otherwise yields the refusal (COORDINATOR_NOT_AVAILABLE), to
+        answer without proposing.
         """
         taken = self._waiting.acquire(blocking=False)
         try:
@@ -500,18 +500,22 @@ class GroupRPCs:
             Refused: this node stopped leading the shard (NOT_COORDINATOR),
                 or ``timeout_s`` passed.
         """
+        shards = self.router.shards
         deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+        # Read before looking: a change after it wakes the wait below.
+        seen = shards.change_count(shard)
         while True:
-            if self.router.shards.availability(shard) is not ErrorCode.NONE:
+            if shards.availability(shard) is not ErrorCode.NONE:
                 raise Refused(
                     ErrorCode.NOT_COORDINATOR, "the group's coordinator changed; find it again"
                 )
-            found = answer(self.router.shards.query(shard, lambda m: m.group(group_id)))
+            found = answer(shards.query(shard, lambda m: m.group(group_id)))
             if found is not None:
                 return found
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise Refused(ErrorCode.REBALANCE_IN_PROGRESS, "the rebalance did not end")
-            time.sleep(POLL_INTERVAL_S)
+            seen = shards.await_change(shard, seen, left)
 
 
 #: Per-member LeaveGroup answers (the others concern the whole request).

@@ -1,5 +1,7 @@
-"""The group sweeper of a shard leader (one real single-node Raft replica):
-a group whose GroupTimeouts is queued or in flight gets no second one."""
+"""What a shard leader does for consumer groups (one real single-node Raft
+replica): its group sweeper proposes no second GroupTimeouts for a group
+whose first is queued or in flight, and requests waiting for a group's
+change wake when an entry applies."""
 
 from __future__ import annotations
 
@@ -90,3 +92,11 @@ def test_a_due_group_gets_one_group_timeouts_until_it_is_answered(shard: Shard) 
     group = shard.replica.query(lambda m: m.group("g"))
     assert group is not None and not group.pending
     assert not shard._group_timeouts_pending  # answered: the next one may go
+
+
+def test_a_change_wakes_its_waiters(shard: Shard) -> None:
+    seen = shard.change_count()
+    assert shard.await_change(seen, 0.01) == seen  # nothing applied: the wait ends empty
+    joined = shard.submit(first_join)
+    tick_until(shard, joined.done)
+    assert shard.await_change(seen, 10) > seen
