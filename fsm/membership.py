@@ -250,12 +250,17 @@ def sync_problem(cmd: SyncGroup) -> tuple[ErrorCode, str] | None:
 def _member_refusal(
     group: GroupMembership | None, member_id: str, group_instance_id: str
 ) -> tuple[ErrorCode, str] | None:
-    """Kafka's validateCurrentMember: FENCED_INSTANCE_ID when a static
-    member's instance is held by another id, UNKNOWN_MEMBER_ID when the id
-    is not a member."""
-    if group is not None and group_instance_id:
-        owner = group.instance_owner(group_instance_id)
-        if owner is not None and owner != member_id:
+    """Kafka's validateMember: a named static instance must be in the group
+    (else UNKNOWN_MEMBER_ID) and held by ``member_id`` (else
+    FENCED_INSTANCE_ID), and the id must be a member (else UNKNOWN_MEMBER_ID)."""
+    if group_instance_id:
+        owner = None if group is None else group.instance_owner(group_instance_id)
+        if owner is None:
+            return (
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"instance {group_instance_id!r} is not in the group",
+            )
+        if owner != member_id:
             return ErrorCode.FENCED_INSTANCE_ID, (
                 f"instance {group_instance_id!r} is held by another member"
             )

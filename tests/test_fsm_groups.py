@@ -409,3 +409,12 @@ def test_offset_commits_to_a_group_follow_kafkas_order() -> None:
     assert m.group(G).state is GroupState.EMPTY  # type: ignore[union-attr]
     assert m.apply(OffsetCommit(G, OFFSETS, 302, -1, "a", "")).ok
     assert m.apply(OffsetCommit(G, OFFSETS, 303, 1, "a", "")).error is ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_an_instance_id_not_in_the_group_is_an_unknown_member() -> None:
+    m = machine()
+    stable_pair(m)
+    assert m.apply(Heartbeat(G, "a", "nowhere", 1, 200)).error is ErrorCode.UNKNOWN_MEMBER_ID
+    commit = OffsetCommit(G, OFFSETS, 201, 1, "a", "nowhere")
+    assert m.apply(commit).error is ErrorCode.UNKNOWN_MEMBER_ID
+    assert m.apply(OffsetCommit(G, OFFSETS, 202, 1, "a", "")).ok
