@@ -9,12 +9,12 @@ waits for: a JoinGroup is answered once the group's join completes, a
 follower's SyncGroup once the leader's assignment is applied. A waiting
 request looks at the applied group again each time an entry of the group's
 shard applies; it is answered NOT_COORDINATOR as soon as this node stops
-leading the shard. At most :data:`MAX_WAITING` requests wait at once on a node, so
-waiting requests never hold every gRPC thread: a request that would wait
-(judged on the applied group before proposing) takes a slot before its
-command is proposed, and when none is free it is answered
-COORDINATOR_NOT_AVAILABLE (which clients retry) without proposing, so
-that the refusal changes nothing.
+leading the shard. At most :data:`MAX_WAITING` requests wait at once on a
+node, so waiting requests never hold every gRPC thread: a JoinGroup or
+SyncGroup takes a waiting slot before its command is proposed, and when
+none is free, one that would wait (its command run on the applied group)
+is answered COORDINATOR_NOT_AVAILABLE (which clients retry) without
+proposing, so that the refusal changes nothing.
 """
 
 from __future__ import annotations
