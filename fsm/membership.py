@@ -250,12 +250,17 @@ def sync_problem(cmd: SyncGroup) -> tuple[ErrorCode, str] | None:
 def _member_refusal(
     group: GroupMembership | None, member_id: str, group_instance_id: str
 ) -> tuple[ErrorCode, str] | None:
-    """Kafka's validateCurrentMember: FENCED_INSTANCE_ID when a static
-    member's instance is held by another id, UNKNOWN_MEMBER_ID when the id
-    is not a member."""
-    if group is not None and group_instance_id:
-        owner = group.instance_owner(group_instance_id)
-        if owner is not None and owner != member_id:
+    """Kafka's validateMember: a named static instance must be in the group
+    (else UNKNOWN_MEMBER_ID) and held by ``member_id`` (else
+    FENCED_INSTANCE_ID), and the id must be a member (else UNKNOWN_MEMBER_ID)."""
+    if group_instance_id:
+        owner = None if group is None else group.instance_owner(group_instance_id)
+        if owner is None:
+            return (
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"instance {group_instance_id!r} is not in the group",
+            )
+        if owner != member_id:
             return ErrorCode.FENCED_INSTANCE_ID, (
                 f"instance {group_instance_id!r} is held by another member"
             )
@@ -271,27 +276,36 @@ def offset_commit_refusal(
     group_instance_id: str,
     transactional: bool,
 ) -> tuple[ErrorCode, str] | None:
-    """Kafka's validateOffsetCommit (KIP-447 for transactional commits).
+    """Kafka's checks of an OffsetCommit or TxnOffsetCommit (its
+    ClassicGroup.validateOffsetCommit, in its order; an unknown group is an
+    Empty one).
 
-    A commit that names no generation, member or instance is a simple
-    consumer's: refused (UNKNOWN_MEMBER_ID) only when it is not
-    transactional and the group has members. Otherwise the member must be
-    current and the generation the group's; a plain commit during
-    CompletingRebalance is REBALANCE_IN_PROGRESS.
+    A plain commit that names a generation to an unknown group is
+    ILLEGAL_GENERATION. A commit without a generation (< 0) to an Empty
+    group is accepted whoever sends it. A commit that names a generation,
+    member or instance must come from a current member (FENCED_INSTANCE_ID,
+    UNKNOWN_MEMBER_ID) of the group's generation (ILLEGAL_GENERATION); one
+    that names none of them is a simple consumer's, refused
+    (UNKNOWN_MEMBER_ID) only when it is plain and the group is not Empty.
+    Last, a plain commit during CompletingRebalance is REBALANCE_IN_PROGRESS.
     """
-    if generation_id < 0 and not member_id and not group_instance_id:
-        if not transactional and group is not None and group.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID, "the group has members: only they may commit"
+    if group is None and generation_id >= 0 and not transactional:
+        return ErrorCode.ILLEGAL_GENERATION, "the group does not exist"
+    empty = group is None or group.state is GroupState.EMPTY
+    if generation_id < 0 and empty:
         return None
-    refusal = _member_refusal(group, member_id, group_instance_id)
-    if refusal is not None:
-        return refusal
-    assert group is not None  # a member was found
-    if generation_id != group.generation:
-        return ErrorCode.ILLEGAL_GENERATION, (
-            f"generation {generation_id} is not the group's generation {group.generation}"
-        )
-    if not transactional and group.state is GroupState.COMPLETING_REBALANCE:
+    if generation_id >= 0 or member_id or group_instance_id:
+        refusal = _member_refusal(group, member_id, group_instance_id)
+        if refusal is not None:
+            return refusal
+        assert group is not None  # a member was found
+        if generation_id != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION, (
+                f"generation {generation_id} is not the group's generation {group.generation}"
+            )
+    elif not transactional and not empty:
+        return ErrorCode.UNKNOWN_MEMBER_ID, "the group has members: only they may commit"
+    if not transactional and group is not None and group.state is GroupState.COMPLETING_REBALANCE:
         return ErrorCode.REBALANCE_IN_PROGRESS, "the group is completing a rebalance"
     return None
 
@@ -431,7 +445,11 @@ def join_group(group: GroupMembership | None, cmd: JoinGroup, config: FsmConfig)
     current = replace(current, protocol_type=cmd.protocol_type)
     member_id = cmd.member_id
     if not member_id:
-        if len(current.members) + len(current.pending) >= MAX_GROUP_MEMBERS:
+        known_instance = bool(cmd.group_instance_id) and (
+            current.instance_owner(cmd.group_instance_id) is not None
+        )
+        full = len(current.members) + len(current.pending) >= MAX_GROUP_MEMBERS
+        if full and not known_instance:
             return group, fail(
                 ErrorCode.GROUP_MAX_SIZE_REACHED, f"the group has {MAX_GROUP_MEMBERS} members"
             )
@@ -549,22 +567,23 @@ def sync_group(group: GroupMembership | None, cmd: SyncGroup) -> Step:
 
 
 def heartbeat(group: GroupMembership | None, cmd: Heartbeat) -> Step:
-    """Heartbeat: REBALANCE_IN_PROGRESS while the group rebalances (the
-    member must join again), ILLEGAL_GENERATION for another generation."""
+    """Heartbeat, checked as Kafka does: the member, then its generation
+    (ILLEGAL_GENERATION), then the state: REBALANCE_IN_PROGRESS while the
+    group rebalances (the member must join again)."""
     refusal = _member_refusal(group, cmd.member_id, cmd.group_instance_id)
     if refusal is not None:
         return group, fail(*refusal)
     assert group is not None
+    if cmd.generation_id != group.generation:
+        return group, fail(
+            ErrorCode.ILLEGAL_GENERATION,
+            f"generation {cmd.generation_id} is not the group's generation {group.generation}",
+        )
     refreshed = replace(group.members[cmd.member_id], last_seen_ms=cmd.now_ms)
     seen = replace(group, members={**group.members, cmd.member_id: refreshed})
     if group.state is GroupState.PREPARING_REBALANCE:
         return _answer(
             seen, ErrorCode.REBALANCE_IN_PROGRESS, "the group is rebalancing; join again"
-        )
-    if cmd.generation_id != group.generation:
-        return group, fail(
-            ErrorCode.ILLEGAL_GENERATION,
-            f"generation {cmd.generation_id} is not the group's generation {group.generation}",
         )
     return _answer(seen)
 

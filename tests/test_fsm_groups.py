@@ -343,3 +343,78 @@ def test_a_full_group_refuses_new_members() -> None:
         assert join(m, "", 0, new=f"n{i}").error is ErrorCode.MEMBER_ID_REQUIRED
     assert join(m, "", 0, new="one-more").error is ErrorCode.GROUP_MAX_SIZE_REACHED
     assert join(m, "n0", 1).ok  # a pending member still joins
+
+
+def test_a_known_static_member_rejoins_a_full_group() -> None:
+    m = machine()
+    assert join(m, "", 0, new="s1", instance="i").ok
+    for i in range(MAX_GROUP_MEMBERS - 1):
+        assert join(m, "", 0, new=f"n{i}").error is ErrorCode.MEMBER_ID_REQUIRED
+    assert join(m, "", 1, new="t1", instance="j").error is ErrorCode.GROUP_MAX_SIZE_REACHED
+    assert join(m, "", 1, new="s2", instance="i").ok  # its old id is replaced
+    group = m.group(G)
+    assert group is not None and group.instance_owner("i") == "s2"
+    assert len(group.members) + len(group.pending) == MAX_GROUP_MEMBERS
+
+
+def test_a_heartbeat_checks_the_generation_before_the_state() -> None:
+    m = machine()
+    stable_pair(m)
+    assert new_member(m, "c", 1_000).ok  # generation 1 rebalances
+    assert m.group(G).state is GroupState.PREPARING_REBALANCE  # type: ignore[union-attr]
+    assert m.apply(Heartbeat(G, "a", "", 0, 1_001)).error is ErrorCode.ILLEGAL_GENERATION
+    assert m.apply(Heartbeat(G, "a", "", 1, 1_002)).error is ErrorCode.REBALANCE_IN_PROGRESS
+
+
+OFFSETS = (OffsetEntry("in", 0, 7, ""),)
+
+
+def test_offset_commits_to_an_unknown_group_follow_kafka() -> None:
+    m = machine()
+    # A plain commit naming a generation: the group does not exist.
+    assert m.apply(OffsetCommit(G, OFFSETS, 0, 0, "", "")).error is ErrorCode.ILLEGAL_GENERATION
+    assert m.apply(OffsetCommit(G, OFFSETS, 0, 3, "x", "")).error is ErrorCode.ILLEGAL_GENERATION
+    # A transactional one names a member that does not exist.
+    txn = TxnOffsetCommit(G, "t", 5, 0, OFFSETS, 0, 0, "", "")
+    assert m.apply(txn).error is ErrorCode.UNKNOWN_MEMBER_ID
+    assert G not in m.state.groups
+    # Without a generation, an Empty group takes commits whoever sends them.
+    assert m.apply(OffsetCommit(G, OFFSETS, 1, -1, "x", "")).ok
+    assert m.apply(TxnOffsetCommit(G, "t", 5, 0, OFFSETS, 2, -1, "x", "i")).ok
+
+
+def test_offset_commits_to_a_group_follow_kafkas_order() -> None:
+    m = machine()
+    assert new_member(m, "a", 0).ok
+    assert new_member(m, "b", 10).ok
+    tick(m, DELAY_MS)  # generation 1, CompletingRebalance
+    # A plain commit: the member and generation first, then the state.
+    plain = OffsetCommit(G, OFFSETS, 200, 0, "a", "")
+    assert m.apply(plain).error is ErrorCode.ILLEGAL_GENERATION
+    plain = OffsetCommit(G, OFFSETS, 200, 1, "ghost", "")
+    assert m.apply(plain).error is ErrorCode.UNKNOWN_MEMBER_ID
+    plain = OffsetCommit(G, OFFSETS, 200, 1, "a", "")
+    assert m.apply(plain).error is ErrorCode.REBALANCE_IN_PROGRESS
+    # A transactional commit ignores the state; without a generation, a
+    # group that is not Empty checks the member and its generation.
+    assert m.apply(TxnOffsetCommit(G, "t", 5, 0, OFFSETS, 201, 1, "a", "")).ok
+    stale = TxnOffsetCommit(G, "t", 5, 0, OFFSETS, 202, -1, "a", "")
+    assert m.apply(stale).error is ErrorCode.ILLEGAL_GENERATION
+    anonymous = TxnOffsetCommit(G, "t", 5, 0, OFFSETS, 202, 1, "", "")
+    assert m.apply(anonymous).error is ErrorCode.UNKNOWN_MEMBER_ID
+    # Once every member left, the group is Empty: commits without a
+    # generation are accepted again, even naming a former member.
+    assert m.apply(LeaveGroup(G, "a", "", 300)).ok
+    assert m.apply(LeaveGroup(G, "b", "", 301)).ok
+    assert m.group(G).state is GroupState.EMPTY  # type: ignore[union-attr]
+    assert m.apply(OffsetCommit(G, OFFSETS, 302, -1, "a", "")).ok
+    assert m.apply(OffsetCommit(G, OFFSETS, 303, 1, "a", "")).error is ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_an_instance_id_not_in_the_group_is_an_unknown_member() -> None:
+    m = machine()
+    stable_pair(m)
+    assert m.apply(Heartbeat(G, "a", "nowhere", 1, 200)).error is ErrorCode.UNKNOWN_MEMBER_ID
+    commit = OffsetCommit(G, OFFSETS, 201, 1, "a", "nowhere")
+    assert m.apply(commit).error is ErrorCode.UNKNOWN_MEMBER_ID
+    assert m.apply(OffsetCommit(G, OFFSETS, 202, 1, "a", "")).ok

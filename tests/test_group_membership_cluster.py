@@ -4,6 +4,7 @@ of a stale generation's TxnOffsetCommit, and a shard leader's kill -9."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 
 from raftcoord.client.admin import Admin
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.coordinator.services.groups import MAX_WAITING
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.limits import MAX_ID_BYTES
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import coordinator_pb2
 from tests.coord_client import Coordinators, describe_group, join_group, partitions
@@ -301,3 +304,68 @@ def test_a_waiting_join_is_answered_not_coordinator_when_the_leadership_ends(
     assert answer.error_code == ErrorCode.NOT_COORDINATOR, answer
     # The rebalance goes on under the new leader: the member's join stands.
     assert str(describe_group(client, group).state) == "PreparingRebalance"
+
+
+def _join_request(group: str, member_id: str, **fields: Any) -> Any:
+    return coordinator_pb2.JoinGroupRequest(
+        group_id=group,
+        member_id=member_id,
+        protocol_type="consumer",
+        protocols=[coordinator_pb2.JoinGroupProtocol(name="range", metadata=b"s")],
+        **{"session_timeout_ms": SESSION_MS, "rebalance_timeout_ms": 20_000, **fields},
+    )
+
+
+def test_a_join_refused_for_want_of_a_waiting_slot_changes_nothing(
+    client: Coordinators,
+) -> None:
+    group = "g-slots"
+    stub = client.stubs[client.find(group, time.monotonic() + WAIT_S)]
+    # A pending member that never joins holds the rebalance open until its
+    # rebalance timeout, so that the joins below keep waiting.
+    held = stub.JoinGroup(_join_request(group, "", session_timeout_ms=60_000), timeout=WAIT_S)
+    assert held.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    rebalance_ms = 10_000
+    with ThreadPoolExecutor(max_workers=MAX_WAITING) as waiters:
+        joins = [
+            waiters.submit(join_group, client, group, "", SESSION_MS, rebalance_ms)
+            for _ in range(MAX_WAITING)
+        ]
+        client.until(
+            lambda: len(describe_group(client, group).members) == MAX_WAITING,
+            WAIT_S,
+            "the waiting joins did not apply",
+        )
+        first = stub.JoinGroup(_join_request(group, ""), timeout=WAIT_S)
+        assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED  # answered at once
+        refused = stub.JoinGroup(_join_request(group, first.member_id), timeout=WAIT_S)
+        assert refused.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE, refused
+        members = {m.member_id for m in describe_group(client, group).members}
+        assert first.member_id not in members  # the refusal changed nothing
+        answers = [j.result(WAIT_S) for j in joins]
+    assert {(a.error_code, a.generation_id) for a in answers} == {(ErrorCode.NONE, 1)}
+
+
+def test_seventeen_members_join_one_generation_with_sixteen_waiting_slots(
+    client: Coordinators,
+) -> None:
+    group = "g-seventeen"
+    count = MAX_WAITING + 1
+    with ThreadPoolExecutor(max_workers=count) as members:
+        joins = [members.submit(join, client, group) for _ in range(count)]
+        answers = [j.result(WAIT_S) for j in joins]
+    assert {(a.error_code, a.generation_id) for a in answers} == {(ErrorCode.NONE, 1)}
+    leader = next(a for a in answers if a.member_id == a.leader)
+    assert {m.member_id for m in leader.members} == {a.member_id for a in answers}
+
+
+def test_a_static_member_with_a_long_instance_id_joins(client: Coordinators) -> None:
+    group = "g-long-instance"
+    instance = "é" * ((MAX_ID_BYTES - 1) // 2)  # two bytes a character, just within the limit
+    joined = join_group(client, group, group_instance_id=instance)
+    assert joined.error_code == ErrorCode.NONE, joined
+    assert len(joined.member_id.encode()) <= MAX_ID_BYTES
+    too_long = instance + "ab"
+    refused = join_group(client, group, group_instance_id=too_long)
+    assert refused.error_code == ErrorCode.INVALID_REQUEST
+    assert "group_instance_id" in refused.error_message

@@ -100,6 +100,12 @@ class CoordinatorNode:
     def read(self, shard: int, reader: Reader[T]) -> Future[T | Outcome]:
         return self.shards[shard].read(reader)
 
+    def change_count(self, shard: int) -> int:
+        return self.shards[shard].change_count()
+
+    def await_change(self, shard: int, seen: int, timeout_s: float) -> int:
+        return self.shards[shard].await_change(seen, timeout_s)
+
     def take_producer_id(self) -> int | None:
         # The stripes of all shards share one id space without overlapping.
         for shard in self.shards:

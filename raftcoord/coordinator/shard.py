@@ -110,6 +110,14 @@ class Shards(Protocol):
         once a log barrier is applied (a linearizable read); the future
         holds the answer, or the refusal."""
 
+    def change_count(self, shard: int) -> int:
+        """How many entries ``shard``'s replica applied and leaderships it
+        lost so far (see :meth:`await_change`)."""
+
+    def await_change(self, shard: int, seen: int, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until :meth:`change_count` of ``shard``
+        is no longer ``seen``; the count then."""
+
     def take_producer_id(self) -> int | None:
         """An id for an idempotent producer from any shard this node leads
         (ready), or None."""
@@ -237,6 +245,14 @@ class Shard:
         self._next_group_sweep = 0
         #: When the current leadership began (group sessions count from it).
         self._leader_since_ms = 0
+        #: Groups whose GroupTimeouts is queued, held or in flight: the
+        #: sweeper proposes no second one until its answer came.
+        self._group_timeouts_pending: set[str] = set()
+        self._group_timeouts_lock = threading.Lock()
+        #: Applied entries plus lost leaderships; waiters on the condition
+        #: wake when it moves (:meth:`await_change`).
+        self._changes = 0
+        self._changed = threading.Condition()
         self.replica = replica_factory(self._on_applied)
         self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), now_ms)
         # The shard thread drives the core; gRPC threads take producer ids from it.
@@ -285,6 +301,23 @@ class Shard:
             )
 
         return self.replica.query(read)
+
+    def change_count(self) -> int:
+        """How many entries this replica applied and leaderships it lost so far."""
+        with self._changed:
+            return self._changes
+
+    def await_change(self, seen: int, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until :meth:`change_count` is no longer
+        ``seen`` (an entry applied, or the leadership ended); the count then."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._changes != seen, timeout_s)
+            return self._changes
+
+    def _count_change(self) -> None:
+        with self._changed:
+            self._changes += 1
+            self._changed.notify_all()
 
     def availability(self) -> ErrorCode:
         """NONE when this replica leads and has applied its log, else why not."""
@@ -339,6 +372,8 @@ class Shard:
             with self._core_lock:
                 self.core.elected(term)
             self._leader_since_ms = now_ms()
+            with self._group_timeouts_lock:
+                self._group_timeouts_pending.clear()
             log.info(
                 "node=%d shard=%d event=leader_elected term=%d", self.node_id, self.shard, term
             )
@@ -361,6 +396,7 @@ class Shard:
             self.core.deposed()
         for request in self._drain() + self._parked.drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
+        self._count_change()
 
     def _transfer_to_preferred(self, now: int) -> None:
         with self._core_lock:
@@ -509,11 +545,28 @@ class Shard:
             self._next_group_sweep = now + GROUP_SWEEP_INTERVAL_MS
             since = self._leader_since_ms
             for group_id in self.replica.query(lambda m: m.groups_due(now, since)):
-                self._queue.put([Request(_group_timeouts(group_id, since))])
+                with self._group_timeouts_lock:
+                    if group_id in self._group_timeouts_pending:
+                        continue
+                    self._group_timeouts_pending.add(group_id)
+                request = Request(_group_timeouts(group_id, since))
+                request.future.add_done_callback(self._swept(group_id))
+                self._queue.put([request])
+
+    def _swept(self, group_id: str) -> Callable[[Future[Any]], None]:
+        """What runs once the GroupTimeouts of ``group_id`` is answered
+        (applied or refused): the sweeper may propose the next one."""
+
+        def answered(_future: Future[Any]) -> None:
+            with self._group_timeouts_lock:
+                self._group_timeouts_pending.discard(group_id)
+
+        return answered
 
     # --- every replica, after an entry is applied ----------------------------------
 
     def _on_applied(self, index: int, term: int, outcomes: list[Outcome]) -> None:
+        self._count_change()
         effects = [e for o in outcomes for e in o.effects]
         self.transitions.write(index, term, [e for e in effects if isinstance(e, Transition)])
         for outcome in outcomes:

@@ -7,11 +7,14 @@ Membership changes are commands replicated like the others
 (:mod:`fsm.membership`). What Kafka's coordinator holds back, this layer
 waits for: a JoinGroup is answered once the group's join completes, a
 follower's SyncGroup once the leader's assignment is applied. A waiting
-request looks at the applied group every :data:`POLL_INTERVAL_S`; it is
-answered NOT_COORDINATOR as soon as this node stops leading the group's
-shard, and at most :data:`MAX_WAITING` requests wait at once on a node
-(more are answered COORDINATOR_NOT_AVAILABLE, which clients retry), so
-waiting requests never hold every gRPC thread.
+request looks at the applied group again each time an entry of the group's
+shard applies; it is answered NOT_COORDINATOR as soon as this node stops
+leading the shard. At most :data:`MAX_WAITING` requests wait at once on a
+node, so waiting requests never hold every gRPC thread: a JoinGroup or
+SyncGroup takes a waiting slot before its command is proposed, and when
+none is free, one that would wait (its command run on the applied group)
+is answered COORDINATOR_NOT_AVAILABLE (which clients retry) without
+proposing, so that the refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from fsm import (
     NO_GENERATION,
     Command,
     ErrorCode,
+    FsmConfig,
     GroupMarker,
     GroupMembership,
     GroupProtocol,
@@ -43,6 +48,7 @@ from fsm import (
     TxnOffsetCommit,
 )
 from fsm.limits import id_error
+from fsm.membership import join_group, sync_group
 from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import Stamp, Unstamped
 from raftcoord.coordinator.services.common import (
@@ -53,13 +59,13 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.coordinator.services.transactions import read_group_verification
+from raftcoord.coordinator.shard import now_ms
+from raftcoord.protocol.limits import MAX_ID_BYTES
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_error
 
 T = TypeVar("T")
 
-#: How often a waiting JoinGroup or SyncGroup looks at the applied group.
-POLL_INTERVAL_S = 0.01
 #: Most JoinGroup/SyncGroup requests waiting at once on one node.
 MAX_WAITING = 16
 #: A JoinGroup waits for the rebalance timeout plus this (the leader's
@@ -70,6 +76,8 @@ WAIT_GRACE_S = 5.0
 MAX_WAIT_S = 330.0
 #: Longest client id kept as the prefix of an assigned member id.
 MEMBER_ID_PREFIX_CHARS = 100
+#: What an assigned member id adds to its prefix: "-" and a UUID.
+MEMBER_ID_SUFFIX_BYTES = 37
 
 #: What a transaction's shard answers when it cannot verify now (retriable).
 _UNVERIFIABLE = (
@@ -264,12 +272,11 @@ class GroupRPCs:
         shard = self.router.shard_of(request.group_id)
         new_member_id = ""
         if not request.member_id:
-            prefix = request.group_instance_id or request.client_id[:MEMBER_ID_PREFIX_CHARS]
-            new_member_id = f"{prefix or 'member'}-{uuid.uuid4()}"
+            new_member_id = _new_member_id(request.group_instance_id, request.client_id)
         protocols = tuple(GroupProtocol(p.name, p.metadata) for p in request.protocols)
-        outcome = self.router.run(
-            shard,
-            lambda stamp: JoinGroup(
+
+        def command(stamp: Stamp) -> JoinGroup:
+            return JoinGroup(
                 request.group_id,
                 request.member_id,
                 request.group_instance_id,
@@ -280,55 +287,75 @@ class GroupRPCs:
                 request.rebalance_timeout_ms,
                 new_member_id,
                 stamp.now_ms,
-            ),
-        )
+            )
+
+        def waits(group: GroupMembership | None, config: FsmConfig) -> bool:
+            after, outcome = join_group(group, command(Stamp(now_ms(), 0)), config)
+            return (
+                outcome.ok and after is not None and after.state is GroupState.PREPARING_REBALANCE
+            )
+
         member_id = request.member_id or new_member_id
-        if outcome.error is not ErrorCode.NONE:
-            return coordinator_pb2.JoinGroupResponse(
-                error_code=wire_error(outcome.error),
-                error_message=outcome.message,
-                generation_id=-1,
-                member_id=member_id if outcome.error is ErrorCode.MEMBER_ID_REQUIRED else "",
-            )
+        with self._slot(shard, request.group_id, waits) as admitted:
+            outcome = admitted or self.router.run(shard, command)
+            if outcome.error is not ErrorCode.NONE:
+                return coordinator_pb2.JoinGroupResponse(
+                    error_code=wire_error(outcome.error),
+                    error_message=outcome.message,
+                    generation_id=-1,
+                    member_id=member_id if outcome.error is ErrorCode.MEMBER_ID_REQUIRED else "",
+                )
 
-        def joined(group: GroupMembership | None) -> Any:
-            if group is not None and (
-                group.state is GroupState.PREPARING_REBALANCE
-                and group.generation <= outcome.generation
-            ):
-                return None  # the join has not completed yet
-            return _join_answer(group, member_id)
+            def joined(group: GroupMembership | None) -> Any:
+                if group is not None and (
+                    group.state is GroupState.PREPARING_REBALANCE
+                    and group.generation <= outcome.generation
+                ):
+                    return None  # the join has not completed yet
+                return _join_answer(group, member_id)
 
-        wait_s = request.rebalance_timeout_ms / 1000 + WAIT_GRACE_S
-        try:
-            return self._await_group(shard, request.group_id, joined, wait_s)
-        except Refused as refused:
-            return coordinator_pb2.JoinGroupResponse(
-                error_code=wire_error(refused.error),
-                error_message=refused.message,
-                generation_id=-1,
-            )
+            wait_s = request.rebalance_timeout_ms / 1000 + WAIT_GRACE_S
+            try:
+                return self._await_group(shard, request.group_id, joined, wait_s)
+            except Refused as refused:
+                return coordinator_pb2.JoinGroupResponse(
+                    error_code=wire_error(refused.error),
+                    error_message=refused.message,
+                    generation_id=-1,
+                )
 
     def SyncGroup(self, request: Any, context: Any) -> Any:
         shard = self.router.shard_of(request.group_id)
         assignments = tuple(
             MemberAssignment(a.member_id, a.assignment) for a in request.assignments
         )
-        outcome = self.router.run(
-            shard,
-            lambda stamp: SyncGroup(
+
+        def command(stamp: Stamp) -> SyncGroup:
+            return SyncGroup(
                 request.group_id,
                 request.member_id,
                 request.group_instance_id,
                 request.generation_id,
                 assignments,
                 stamp.now_ms,
-            ),
-        )
-        if outcome.error is not ErrorCode.NONE:
-            return coordinator_pb2.SyncGroupResponse(
-                error_code=wire_error(outcome.error), error_message=outcome.message
             )
+
+        def waits(group: GroupMembership | None, config: FsmConfig) -> bool:
+            after, outcome = sync_group(group, command(Stamp(now_ms(), 0)))
+            return (
+                outcome.ok and after is not None and after.state is GroupState.COMPLETING_REBALANCE
+            )
+
+        with self._slot(shard, request.group_id, waits) as admitted:
+            outcome = admitted or self.router.run(shard, command)
+            if outcome.error is not ErrorCode.NONE:
+                return coordinator_pb2.SyncGroupResponse(
+                    error_code=wire_error(outcome.error), error_message=outcome.message
+                )
+            return self._await_sync(shard, request)
+
+    def _await_sync(self, shard: int, request: Any) -> Any:
+        """The answer to a SyncGroup whose command applied without error."""
 
         def synced(group: GroupMembership | None) -> Any:
             if group is None or request.member_id not in group.members:
@@ -428,6 +455,37 @@ class GroupRPCs:
             described.append(_describe(group_id, group))
         return coordinator_pb2.DescribeGroupsResponse(groups=described)
 
+    @contextmanager
+    def _slot(
+        self,
+        shard: int,
+        group_id: str,
+        waits: Callable[[GroupMembership | None, FsmConfig], bool],
+    ) -> Iterator[Outcome | None]:
+        """A waiting slot for a JoinGroup or SyncGroup, held for the block.
+
+        Yields None when the request may go on: a slot was free, or
+        ``waits`` (the request's command run on the applied group) says
+        it will be answered at once (should the group change before the
+        command applies so that it waits after all, it waits without a
+        slot). Otherwise yields the refusal (COORDINATOR_NOT_AVAILABLE), to
+        answer without proposing.
+        """
+        taken = self._waiting.acquire(blocking=False)
+        try:
+            if not taken and self.router.shards.query(
+                shard, lambda m: waits(m.group(group_id), m.config)
+            ):
+                yield Outcome(
+                    error=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    message="too many group requests waiting; retry",
+                )
+            else:
+                yield None
+        finally:
+            if taken:
+                self._waiting.release()
+
     def _await_group(
         self,
         shard: int,
@@ -435,31 +493,29 @@ class GroupRPCs:
         answer: Callable[[GroupMembership | None], T | None],
         timeout_s: float,
     ) -> T:
-        """``answer`` of the applied group, once it is not None.
+        """``answer`` of the applied group, once it is not None (the caller
+        holds a slot of :meth:`_slot`).
 
         Raises:
             Refused: this node stopped leading the shard (NOT_COORDINATOR),
-                too many requests wait already, or ``timeout_s`` passed.
+                or ``timeout_s`` passed.
         """
-        if not self._waiting.acquire(blocking=False):
-            raise Refused(
-                ErrorCode.COORDINATOR_NOT_AVAILABLE, "too many group requests waiting; retry"
-            )
-        try:
-            deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
-            while True:
-                if self.router.shards.availability(shard) is not ErrorCode.NONE:
-                    raise Refused(
-                        ErrorCode.NOT_COORDINATOR, "the group's coordinator changed; find it again"
-                    )
-                found = answer(self.router.shards.query(shard, lambda m: m.group(group_id)))
-                if found is not None:
-                    return found
-                if time.monotonic() >= deadline:
-                    raise Refused(ErrorCode.REBALANCE_IN_PROGRESS, "the rebalance did not end")
-                time.sleep(POLL_INTERVAL_S)
-        finally:
-            self._waiting.release()
+        shards = self.router.shards
+        deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+        # Read before looking: a change after it wakes the wait below.
+        seen = shards.change_count(shard)
+        while True:
+            if shards.availability(shard) is not ErrorCode.NONE:
+                raise Refused(
+                    ErrorCode.NOT_COORDINATOR, "the group's coordinator changed; find it again"
+                )
+            found = answer(shards.query(shard, lambda m: m.group(group_id)))
+            if found is not None:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Refused(ErrorCode.REBALANCE_IN_PROGRESS, "the rebalance did not end")
+            seen = shards.await_change(shard, seen, left)
 
 
 #: Per-member LeaveGroup answers (the others concern the whole request).
@@ -477,6 +533,15 @@ def _leave(group_id: str, member_id: str, group_instance_id: str) -> Unstamped:
 
 def _group_of(group_id: str) -> Callable[[TransactionStateMachine], GroupMembership | None]:
     return lambda machine: machine.group(group_id)
+
+
+def _new_member_id(group_instance_id: str, client_id: str) -> str:
+    """A member id for a first join: the instance id (or client id) and a
+    UUID, the prefix cut so that the id stays within the id limit."""
+    prefix = group_instance_id or client_id[:MEMBER_ID_PREFIX_CHARS] or "member"
+    room = MAX_ID_BYTES - MEMBER_ID_SUFFIX_BYTES
+    cut = prefix.encode()[:room].decode(errors="ignore")
+    return f"{cut}-{uuid.uuid4()}"
 
 
 def _join_answer(group: GroupMembership | None, member_id: str) -> Any:

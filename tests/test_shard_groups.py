@@ -1,0 +1,102 @@
+"""What a shard leader does for consumer groups (one real single-node Raft
+replica): its group sweeper proposes no second GroupTimeouts for a group
+whose first is queued or in flight, and requests waiting for a group's
+change wake when an entry applies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fsm import (
+    ErrorCode,
+    FsmConfig,
+    GroupProtocol,
+    JoinGroup,
+    Outcome,
+    TransactionStateMachine,
+)
+from raftcoord.cluster.launcher import free_ports
+from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.leader import Stamp
+from raftcoord.coordinator.raft import raft_conf
+from raftcoord.coordinator.replica import ShardReplica
+from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog, now_ms
+
+pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
+
+SESSION_MS = 1
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Iterator[Shard]:
+    journal, dump = str(tmp_path / "journal"), str(tmp_path / "snapshot")
+    raft_journal.install()
+    raft_journal.register_journal(journal, "always", snapshot_file=dump)
+    conf = raft_conf(0.01, (0.05, 0.1), journal, dump)
+    machine = TransactionStateMachine(0, 1, FsmConfig(group_min_session_timeout_ms=SESSION_MS))
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+
+    def replica(on_applied: Callable[[int, int, list[Outcome]], None]) -> ShardReplica:
+        return ShardReplica(address, [], conf, machine, on_applied, node_id=1)
+
+    made = Shard(
+        0,
+        1,
+        replica,
+        TransitionsLog(tmp_path / "transitions.jsonl", 0),
+        ShardTimers(60_000, 60_000, 1_000),
+        lambda _shard, _markers: None,
+    )
+    try:
+        tick_until(made, lambda: made.availability() is ErrorCode.NONE)
+        yield made
+    finally:
+        made.replica.destroy()
+        made.transitions.close()
+
+
+def tick_until(shard: Shard, condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        shard.tick(0.005)
+
+
+def first_join(stamp: Stamp) -> JoinGroup:
+    protocols = (GroupProtocol("range", b""),)
+    return JoinGroup(
+        "g", "", "", "client", "consumer", protocols, SESSION_MS, 1_000, "m", stamp.now_ms
+    )
+
+
+def queued(shard: Shard) -> int:
+    return shard._queue.qsize()
+
+
+def test_a_due_group_gets_one_group_timeouts_until_it_is_answered(shard: Shard) -> None:
+    joined = shard.submit(first_join)
+    tick_until(shard, joined.done)
+    assert joined.result().error is ErrorCode.MEMBER_ID_REQUIRED
+    later = now_ms() + 10 * SESSION_MS  # the pending member id has lapsed
+    assert shard.replica.query(lambda m: m.groups_due(later, 0)) == ["g"]
+    before = queued(shard)
+    for _ in range(3):  # three sweeps before the first GroupTimeouts is proposed
+        shard._next_group_sweep = 0
+        shard._sweep(later)
+    assert queued(shard) == before + 1
+    tick_until(shard, lambda: not shard.replica.query(lambda m: m.groups_due(now_ms(), 0)))
+    group = shard.replica.query(lambda m: m.group("g"))
+    assert group is not None and not group.pending
+    assert not shard._group_timeouts_pending  # answered: the next one may go
+
+
+def test_a_change_wakes_its_waiters(shard: Shard) -> None:
+    seen = shard.change_count()
+    assert shard.await_change(seen, 0.01) == seen  # nothing applied: the wait ends empty
+    joined = shard.submit(first_join)
+    tick_until(shard, joined.done)
+    assert shard.await_change(seen, 10) > seen
