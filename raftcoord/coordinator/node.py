@@ -91,8 +91,8 @@ class CoordinatorNode:
     def availability(self, shard: int) -> ErrorCode:
         return self.shards[shard].availability()
 
-    def submit(self, shard: int, build: Unstamped) -> Future[Outcome]:
-        return self.shards[shard].submit(build)
+    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
+        return self.shards[shard].submit(build, parkable)
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         return self.shards[shard].replica.query(reader)
