@@ -37,6 +37,7 @@ from raftcoord.coordinator.leader import (
     park_key,
     timed_out_abort,
 )
+from raftcoord.coordinator.services.transactions import BATCHED_SETTLED_REFUSALS, settled_refusal
 from tests.fsm_driver import Leader
 
 
@@ -411,6 +412,19 @@ def test_a_request_that_may_not_park_is_answered_at_once_not_proposed() -> None:
     )
     assert batch is not None
     assert batch.concurrent == [batched] and not batch.parked and batch.requests == [other]
+
+
+def test_a_batched_add_behind_a_completion_is_refused_before_proposing() -> None:
+    driver, ident = committing("a")
+    add = AddPartitions("a", ident.producer_id, ident.producer_epoch, (("t", 1),), 0, 1)
+    refused = settled_refusal(driver.machine, add, BATCHED_SETTLED_REFUSALS)
+    assert refused is not None and refused.error is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert settled_refusal(driver.machine, add) is None  # a client's add: parked instead
+    fenced = AddPartitions("a", ident.producer_id, ident.producer_epoch + 3, (("t", 1),), 0, 1)
+    refused = settled_refusal(driver.machine, fenced)
+    assert refused is not None and refused.error is ErrorCode.PRODUCER_FENCED
+    driver.deliver_all()  # completed: the add goes through the log
+    assert settled_refusal(driver.machine, add, BATCHED_SETTLED_REFUSALS) is None
 
 
 def test_no_block_is_requested_while_a_transfer_holds_new_entries() -> None:
