@@ -29,7 +29,7 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.v1 import (
     coordinator_pb2,
 )
@@ -55,10 +55,6 @@ def concurrent_backoff(initial_s: float, max_s: float) -> Backoff:
     )
 
 
-#: Answers that mean "ask FindCoordinator again, then retry".
-REDISCOVER = frozenset(
-    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.REQUEST_TIMED_OUT}
-)
 #: Answers that mean "same coordinator, retry after a backoff".
 BACK_OFF = frozenset({ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.CONCURRENT_TRANSACTIONS})
 

@@ -13,7 +13,6 @@ import grpc
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     BACK_OFF,
-    REDISCOVER,
     CoordinatorClient,
     Deadline,
     MetadataCache,
@@ -39,7 +38,7 @@ from raftcoord.client.records import (
     TransactionListing,
 )
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 __all__ = ["TRANSACTION_STATES", "Admin"]

@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 
 from raftcoord.protocol.config import ClusterConfig
-from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import (
     coordinator_pb2,
@@ -29,9 +29,6 @@ from raftcoord.protocol.v1 import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: Coordinator answers that mean "ask FindCoordinator again".
-REDISCOVER = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 
 
 class Unreachable(Exception):
@@ -125,18 +122,20 @@ class Backend:
             self._leaders[answer.shard] = answer.address
         return answer
 
-    async def to_leader(self, key: str, method: str, request: Any) -> Any:
-        """``method(request)`` on the leader of ``key``'s shard.
+    async def to_leader(
+        self, key: str, key_type: coordinator_pb2.KeyType, method: str, request: Any
+    ) -> Any:
+        """``method(request)`` on the leader of the shard of ``key`` (a
+        transactional id or a group id, as ``key_type`` says).
 
-        Returns the coordinator's answer; on NOT_COORDINATOR or
-        COORDINATOR_NOT_AVAILABLE the leader is forgotten (the client
-        rediscovers, and the gateway with it). A leader that cannot be
-        reached is answered as COORDINATOR_NOT_AVAILABLE.
+        Returns the coordinator's answer; on a REDISCOVER answer the leader
+        is forgotten (the client rediscovers, and the gateway with it). A
+        leader that cannot be reached is answered as COORDINATOR_NOT_AVAILABLE.
         """
         shard = shard_for(key, self.config.shard_count)
         address = self._leaders.get(shard)
         if address is None:
-            found = await self.find_coordinator(key, coordinator_pb2.TRANSACTION)
+            found = await self.find_coordinator(key, key_type)
             if int(found.error_code) != ErrorCode.NONE:
                 return _failed(method, found.error_code, found.error_message)
             address = found.address

@@ -26,7 +26,7 @@ from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
-from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
 
@@ -58,11 +58,8 @@ class Gateway:
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._peers = {
-            k.node_id: Peer(k.address, self.backend.rpc_timeout_s * 3)
-            for k in config.kafka_listeners
-            if k != listener
-        }
+        #: How long a relayed request may take before its client's connection is closed.
+        self.relay_timeout_s = self.backend.rpc_timeout_s * 3
         self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
             m.API_VERSIONS: self.api_versions,
             m.METADATA: self.metadata,
@@ -98,8 +95,6 @@ class Gateway:
         await asyncio.gather(*self._connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-        for peer in self._peers.values():
-            await peer.close()
         await self.backend.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -107,8 +102,10 @@ class Gateway:
         this = asyncio.current_task()
         assert this is not None
         self._connections.add(this)
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue(MAX_IN_FLIGHT)
+        answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
+        #: The connections this client's relayed requests go over, per owner gateway.
+        peers: dict[int, Peer] = {}
         try:
             while True:
                 size_bytes = await reader.readexactly(_SIZE.size)
@@ -117,7 +114,7 @@ class Gateway:
                     log.info("closing a connection that sent a %d-byte frame", size)
                     break
                 frame = await reader.readexactly(size)
-                await answers.put(asyncio.create_task(self._answer(frame)))
+                await answers.put(asyncio.create_task(self._answer(frame, peers)))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -126,36 +123,44 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
             while not answers.empty():
-                pending = answers.get_nowait()
-                if pending is not None:
-                    pending.cancel()
+                answers.get_nowait().cancel()
+            for peer in peers.values():
+                await peer.close()
             self._connections.discard(this)
 
     @staticmethod
     async def _send_in_order(
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter
+        answers: asyncio.Queue[asyncio.Task[bytes | None]], writer: asyncio.StreamWriter
     ) -> None:
         """Write each answer when its turn comes. A request that cannot be
-        answered (malformed, or its handler failed) closes the connection,
-        as Kafka's brokers do; the client then retries on a new one."""
-        while (task := await answers.get()) is not None:
-            try:
-                frame = await task
-            except CloseConnection as exc:
-                log.info("closing a connection: %s", exc)
-                writer.transport.abort()
-                return
-            if frame is not None:
-                writer.write(frame)
-                await writer.drain()
+        answered (malformed, its handler or relay failed) closes the
+        connection, as Kafka's brokers do; the client then retries on a new
+        one. So does any failure to write: the reader then meets the closed
+        connection, and until it does, what it queues is cancelled, so that
+        it never waits for room in ``answers``."""
+        try:
+            while True:
+                frame = await (await answers.get())
+                if frame is not None:
+                    writer.write(frame)
+                    await writer.drain()
+        except CloseConnection as exc:
+            log.info("closing a connection: %s", exc)
+        except ConnectionError as exc:
+            log.info("closing a connection that failed: %r", exc)
+        except Exception:
+            log.exception("closing a connection whose answer could not be sent")
+        writer.transport.abort()
+        while True:
+            (await answers.get()).cancel()
 
-    async def _answer(self, frame: bytes) -> bytes | None:
+    async def _answer(self, frame: bytes, peers: dict[int, Peer]) -> bytes | None:
         """The response frame of one request frame, or None when none is sent
-        (acks=0 produce).
+        (acks=0 produce); ``peers`` are the connection's relays.
 
         Raises:
             CloseConnection: the frame is not a supported request, or its
-                handler failed.
+                handler, the encoding of its answer or its relay failed.
         """
         try:
             api_key, version = m.api_of(frame)
@@ -178,27 +183,33 @@ class Gateway:
         if transactional_id is not None:
             owner = self.owner_of(transactional_id)
             if owner != self.listener:
-                return await self._relay(owner, frame, request)
+                return await self._relay(owner, frame, request, peers)
         try:
             data = await self._handlers[api_key](request)
+            if data is None:
+                return None
+            return m.encode_response(api_key, version, request.correlation_id, data)
         except Exception as exc:
             log.exception("api %d version %d failed", api_key, version)
             raise CloseConnection(f"api {api_key} version {version} failed") from exc
-        if data is None:
-            return None
-        return m.encode_response(api_key, version, request.correlation_id, data)
 
     def owner_of(self, transactional_id: str) -> KafkaListener:
         """The gateway that keeps ``transactional_id``'s epoch book and that
-        FindCoordinator names for it: a stable hash over the gateways."""
+        FindCoordinator names for it: the id's stable hash modulo the gateway
+        count (independent of the shard count)."""
         listeners = self.config.kafka_listeners
-        return listeners[shard_for(transactional_id, len(listeners))]
+        return listeners[stable_hash(transactional_id) % len(listeners)]
 
-    async def _relay(self, owner: KafkaListener, frame: bytes, request: m.Request) -> bytes | None:
+    async def _relay(
+        self, owner: KafkaListener, frame: bytes, request: m.Request, peers: dict[int, Peer]
+    ) -> bytes | None:
         """The owner's answer to ``frame``, as this gateway's (docs/kafka.md, "Epochs")."""
         expect_answer = not (request.api_key == m.PRODUCE and request.body.acks == 0)
+        peer = peers.get(owner.node_id)
+        if peer is None:
+            peer = peers[owner.node_id] = Peer(owner.address, self.relay_timeout_s)
         try:
-            answer = await self._peers[owner.node_id].call(frame, expect_answer)
+            answer = await peer.call(frame, expect_answer)
         except PeerUnavailable as exc:
             raise CloseConnection(str(exc)) from exc
         return None if answer is None else _SIZE.pack(len(answer)) + answer
@@ -218,17 +229,17 @@ class Gateway:
         return self._api_versions(ErrorCode.NONE)
 
     def _gateway_of_coordinator(self, node_id: int) -> KafkaListener:
-        """The gateway named as the coordinator when coordinator ``node_id`` leads:
-        gateway i fronts coordinator i (by position, modulo the gateway count)."""
-        ids = [c.node_id for c in self.config.coordinators]
-        position = ids.index(node_id) if node_id in ids else 0
-        return self.config.kafka_listeners[position % len(self.config.kafka_listeners)]
+        """The gateway named as the coordinator when coordinator ``node_id`` leads."""
+        return self._gateway_at([c.node_id for c in self.config.coordinators], node_id)
 
     def _gateway_of_partition_node(self, node_id: int) -> KafkaListener:
-        """The gateway named as a partition's leader: partition-log node j's
-        partitions are led by gateway j (by position, modulo the gateway count)."""
-        ids = [n.node_id for n in self.config.partition_nodes]
-        position = ids.index(node_id) if node_id in ids else 0
+        """The gateway named as the leader of partition-log node ``node_id``'s partitions."""
+        return self._gateway_at([n.node_id for n in self.config.partition_nodes], node_id)
+
+    def _gateway_at(self, node_ids: list[int], node_id: int) -> KafkaListener:
+        """Gateway i for the i-th of ``node_ids`` (by position, modulo the
+        gateway count); the first for an id not among them."""
+        position = node_ids.index(node_id) if node_id in node_ids else 0
         return self.config.kafka_listeners[position % len(self.config.kafka_listeners)]
 
     def _brokers(self) -> list[Data]:
@@ -315,9 +326,9 @@ class Gateway:
         if key is None:
             answer = await self._any_coordinator("InitProducerId", grpc_request)
         else:
-            answer = await self.backend.to_leader(key, "InitProducerId", grpc_request)
-        if answer.error_code == ErrorCode.NONE:
-            self.epochs.started(answer.producer_id, answer.producer_epoch)
+            answer = await self.backend.to_leader(
+                key, coordinator_pb2.TRANSACTION, "InitProducerId", grpc_request
+            )
         return {
             "error_code": answer.error_code,
             "producer_id": answer.producer_id if answer.error_code == 0 else -1,
@@ -347,7 +358,9 @@ class Gateway:
         )
         for topic in topics:
             grpc_request.topics.add(topic=topic.name, partitions=list(topic.partitions))
-        answer = await self.backend.to_leader(transactional_id, "AddPartitionsToTxn", grpc_request)
+        answer = await self.backend.to_leader(
+            transactional_id, coordinator_pb2.TRANSACTION, "AddPartitionsToTxn", grpc_request
+        )
         per_partition = {(r.topic, r.partition): r.error_code for r in answer.results}
         return {
             "results_by_topic_v3_and_below": [
@@ -372,6 +385,7 @@ class Gateway:
         producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
         answer = await self.backend.to_leader(
             body.transactional_id,
+            coordinator_pb2.TRANSACTION,
             "AddOffsetsToTxn",
             coordinator_pb2.AddOffsetsToTxnRequest(
                 transactional_id=body.transactional_id,
@@ -387,6 +401,7 @@ class Gateway:
         producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
         answer = await self.backend.to_leader(
             body.transactional_id,
+            coordinator_pb2.TRANSACTION,
             "EndTxn",
             coordinator_pb2.EndTxnRequest(
                 transactional_id=body.transactional_id,
@@ -408,6 +423,7 @@ class Gateway:
         async def describe(transactional_id: str) -> Data:
             answer = await self.backend.to_leader(
                 transactional_id,
+                coordinator_pb2.TRANSACTION,
                 "DescribeTransactions",
                 coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
             )
@@ -527,6 +543,7 @@ class Gateway:
         producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
         answer = await self.backend.to_leader(
             body.group_id,
+            coordinator_pb2.GROUP,
             "TxnOffsetCommit",
             coordinator_pb2.TxnOffsetCommitRequest(
                 transactional_id=body.transactional_id,
@@ -544,6 +561,7 @@ class Gateway:
         body = request.body
         answer = await self.backend.to_leader(
             body.group_id,
+            coordinator_pb2.GROUP,
             "OffsetCommit",
             coordinator_pb2.OffsetCommitRequest(
                 group_id=body.group_id,
@@ -561,7 +579,9 @@ class Gateway:
         )
         for topic in body.topics or ():
             grpc_request.topics.add(topic=topic.name, partitions=list(topic.partition_indexes))
-        answer = await self.backend.to_leader(body.group_id, "OffsetFetch", grpc_request)
+        answer = await self.backend.to_leader(
+            body.group_id, coordinator_pb2.GROUP, "OffsetFetch", grpc_request
+        )
         by_topic: dict[str, list[Data]] = {}
         for p in answer.partitions:
             by_topic.setdefault(p.topic, []).append(
@@ -638,7 +658,7 @@ class Gateway:
                 if batch.producer_id >= 0 and server != client:
                     batch.producer_id, batch.producer_epoch = server
                     batch.base_sequence = self.epochs.sequence(
-                        server, topic.name, p.index, batch.base_sequence
+                        client, topic.name, p.index, batch.base_sequence
                     )
                 items.append(
                     (

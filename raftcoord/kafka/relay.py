@@ -8,11 +8,20 @@ over the owner's Kafka listener, and the owner's answer goes back to the
 client. Only the correlation id is changed on the way (the header's
 field, which every request and response version keeps at the same place),
 so that the frames themselves stay the client's.
+
+Each client connection relays over connections of its own (one per owner
+gateway), as if the client were connected to the owner: its requests reach
+the owner in the order they came, pipelined, and the owner answers them in
+that order (a client's sequence numbers are rebased in arrival order, so
+reordering them could rebase a batch on a later one). Requests of other
+clients never wait behind them, and a failure or timeout closes only the
+connection of the client whose request failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 
 _SIZE = struct.Struct(">i")
@@ -21,18 +30,26 @@ _REQUEST_CORRELATION = 4
 
 
 class PeerUnavailable(Exception):
-    """The owner gateway could not be reached or closed the connection."""
+    """The owner gateway could not be reached, closed the connection, or did
+    not answer in time."""
 
 
 class Peer:
-    """One connection to another gateway, one request at a time on it."""
+    """One connection to another gateway, carrying the relayed requests of
+    one client connection; requests are pipelined and each answer is matched
+    to its request by correlation id."""
 
     def __init__(self, address: str, timeout_s: float) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._lock = asyncio.Lock()
-        self._stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        #: Held while a request is written, so that requests go out in call order.
+        self._sending = asyncio.Lock()
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        #: Our correlation id -> (the client's, the future of the answer).
+        self._waiting: dict[int, tuple[int, asyncio.Future[bytes]]] = {}
         self._correlation = 0
+        self._failure: PeerUnavailable | None = None
 
     async def call(self, frame: bytes, expect_answer: bool) -> bytes | None:
         """Send ``frame`` (a request without its size prefix); return the
@@ -41,42 +58,70 @@ class Peer:
 
         Raises:
             PeerUnavailable: the peer could not be reached, closed the
-                connection, or did not answer within the timeout.
+                connection, or did not answer within the timeout; the
+                connection is closed and every request waiting on it fails.
         """
         (client_correlation,) = _SIZE.unpack_from(frame, _REQUEST_CORRELATION)
-        async with self._lock:
-            try:
-                return await asyncio.wait_for(
-                    self._exchange(frame, client_correlation, expect_answer), self.timeout_s
-                )
-            except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
-                await self.close()
-                raise PeerUnavailable(f"gateway {self.address}: {exc!r}") from exc
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                answer = await self._send(frame, client_correlation, expect_answer)
+                return None if answer is None else await answer
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            failure = PeerUnavailable(f"gateway {self.address}: {exc!r}")
+            self._fail(failure)
+            raise failure from exc
 
-    async def _exchange(
+    async def _send(
         self, frame: bytes, client_correlation: int, expect_answer: bool
-    ) -> bytes | None:
-        if self._stream is None:
-            host, port = self.address.rsplit(":", 1)
-            self._stream = await asyncio.open_connection(host, int(port))
-        reader, writer = self._stream
-        self._correlation = (self._correlation + 1) % 2**31
-        sent = bytearray(frame)
-        _SIZE.pack_into(sent, _REQUEST_CORRELATION, self._correlation)
-        writer.write(_SIZE.pack(len(sent)) + sent)
-        await writer.drain()
-        if not expect_answer:
-            return None
-        (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
-        answer = bytearray(await reader.readexactly(size))
-        (correlation,) = _SIZE.unpack_from(answer, 0)
-        if correlation != self._correlation:
-            raise OSError(f"answer for request {correlation}, expected {self._correlation}")
-        _SIZE.pack_into(answer, 0, client_correlation)
-        return bytes(answer)
+    ) -> asyncio.Future[bytes] | None:
+        async with self._sending:
+            if self._failure is not None:
+                raise self._failure
+            if self._writer is None:
+                host, port = self.address.rsplit(":", 1)
+                reader, self._writer = await asyncio.open_connection(host, int(port))
+                self._reading = asyncio.create_task(self._read_answers(reader))
+            self._correlation = (self._correlation + 1) % 2**31
+            answer: asyncio.Future[bytes] | None = None
+            if expect_answer:
+                answer = asyncio.get_running_loop().create_future()
+                self._waiting[self._correlation] = (client_correlation, answer)
+            sent = bytearray(frame)
+            _SIZE.pack_into(sent, _REQUEST_CORRELATION, self._correlation)
+            self._writer.write(_SIZE.pack(len(sent)) + sent)
+            await self._writer.drain()
+            return answer
+
+    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+                answer = bytearray(await reader.readexactly(size))
+                (correlation,) = _SIZE.unpack_from(answer, 0)
+                client_correlation, waiting = self._waiting.pop(correlation, (0, None))
+                if waiting is None:
+                    raise OSError(f"an answer to request {correlation}, which was not sent")
+                _SIZE.pack_into(answer, 0, client_correlation)
+                if not waiting.done():
+                    waiting.set_result(bytes(answer))
+        except (OSError, asyncio.IncompleteReadError, struct.error) as exc:
+            self._fail(PeerUnavailable(f"gateway {self.address}: {exc!r}"))
+
+    def _fail(self, failure: PeerUnavailable) -> None:
+        """Close the connection; every request still waiting on it fails."""
+        if self._failure is None:
+            self._failure = failure
+        for _, waiting in self._waiting.values():
+            if not waiting.done():
+                waiting.set_exception(failure)
+        self._waiting.clear()
+        if self._writer is not None:
+            self._writer.transport.abort()
+        if self._reading is not None and self._reading is not asyncio.current_task():
+            self._reading.cancel()
 
     async def close(self) -> None:
-        if self._stream is not None:
-            _, writer = self._stream
-            self._stream = None
-            writer.close()
+        self._fail(PeerUnavailable(f"gateway {self.address}: closed"))
+        if self._reading is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading

@@ -54,3 +54,10 @@ class ErrorCode(IntEnum):
     PRODUCER_FENCED = 90
     TRANSACTIONAL_ID_NOT_FOUND = 105
     TRANSACTION_ABORTABLE = 120
+
+
+#: Coordinator answers that mean "this node does not (or may no longer) lead
+#: the key's shard: ask FindCoordinator again, then retry".
+REDISCOVER = frozenset(
+    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.REQUEST_TIMED_OUT}
+)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import zlib
 
 
-def shard_for(key: str, shard_count: int) -> int:
-    """The shard of ``key``: CRC-32 of its UTF-8 bytes modulo ``shard_count``.
+def stable_hash(key: str) -> int:
+    """CRC-32 of ``key``'s UTF-8 bytes: the same in every process and
+    version (never Python's salted ``hash``)."""
+    return zlib.crc32(key.encode("utf-8"))
 
-    Stable across processes and versions (never Python's salted ``hash``).
-    """
+
+def shard_for(key: str, shard_count: int) -> int:
+    """The shard of ``key``: its :func:`stable_hash` modulo ``shard_count``."""
     if shard_count < 1:
         raise ValueError(f"shard_count must be positive, got {shard_count}")
-    return zlib.crc32(key.encode("utf-8")) % shard_count
+    return stable_hash(key) % shard_count
 
 
 def preferred_leader(shard: int, coordinator_count: int) -> int:
