@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import msgpack
@@ -349,30 +349,44 @@ class TransactionStateMachine:
 
     # --- what the leader asks before proposing -------------------------------------
 
+    def preview(self, command: WaitingCommand) -> transactions.Step:
+        """The step ``command``'s pure handler takes on the current metadata
+        (what the leader asks before proposing); nothing is kept.
+
+        Raises:
+            Exception: what the handler raises (its apply answers it).
+        """
+        meta = self.state.transactions.get(command.transactional_id)
+        return _WAITING_STEPS[type(command)](meta, command, self.config)
+
     def needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:
-        """Whether the leader must stamp a fresh producer id into ``command``.
+        """Whether the leader must stamp a fresh producer id into ``command``:
+        applied now, it would take one (create the id or rotate it).
 
         If the state changes between this answer and the apply, the handler
         answers CONCURRENT_TRANSACTIONS and the client retries.
         """
-        meta = self.state.transactions.get(command.transactional_id)
-        if isinstance(command, EndTxn):
-            return transactions.end_txn_needs_producer_id(meta, command, self.config)
-        return meta is None or self.config.bump_exhausts(meta.producer_epoch)
+        try:
+            after = self.preview(replace(command, new_producer_id=_PROBE_PRODUCER_ID)).meta
+        except Exception:  # its apply answers it: no id needed
+            return False
+        return after is not None and _PROBE_PRODUCER_ID in (
+            after.producer_id,
+            after.next_producer_id,
+        )
 
     def waits_for_completion(self, command: Command) -> bool:
         """Whether ``command`` would only be answered CONCURRENT_TRANSACTIONS,
         changing nothing, because its transaction's markers are being written
         (Prepare*): the leader then holds it until the completion applies
-        instead of proposing it. Runs the command's pure handler on the
-        current metadata and keeps nothing."""
+        instead of proposing it."""
         if not isinstance(command, WAITING_COMMANDS):
             return False
         meta = self.state.transactions.get(command.transactional_id)
         if meta is None or meta.state not in PREPARE_STATES:
             return False
         try:
-            result = _WAITING_STEPS[type(command)](meta, command, self.config)
+            result = self.preview(command)
         except Exception:  # its apply answers it: propose it
             return False
         return result.meta is meta and result.outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
@@ -524,8 +538,14 @@ WAITING_COMMANDS: tuple[
     type[InitProducerId], type[AddPartitions], type[AddOffsets], type[EndTxn]
 ] = (InitProducerId, AddPartitions, AddOffsets, EndTxn)
 
+WaitingCommand = InitProducerId | AddPartitions | AddOffsets | EndTxn
+
+#: A producer id no block hands out: stamped into a command to see whether
+#: its handler would take it (:meth:`TransactionStateMachine.needs_new_producer_id`).
+_PROBE_PRODUCER_ID = 2**63 - 1
+
 #: The pure handlers of the requests a completing transaction holds up
-#: (:meth:`TransactionStateMachine.waits_for_completion`).
+#: (:meth:`TransactionStateMachine.preview`).
 _WAITING_STEPS: dict[type[Command], Callable[[Any, Any, FsmConfig], transactions.Step]] = {
     InitProducerId: transactions.init_producer_id,
     AddPartitions: transactions.add_partitions,

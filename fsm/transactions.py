@@ -42,7 +42,7 @@ from fsm.metadata import (
     transition,
 )
 from fsm.rules import NOT_TIMED_OUT, STALE_MARKERS, Request, Rule, rule
-from fsm.states import COMPLETION_OF, IDLE_STATES, PREPARE_STATES, TRANSIENT_STATES, TxnState
+from fsm.states import COMPLETION_OF, PREPARE_STATES, TRANSIENT_STATES, TxnState
 
 INT32_MAX = 2**31 - 1
 
@@ -414,19 +414,6 @@ def _add_participants(
 
 
 # --- EndTxn -------------------------------------------------------------------------
-
-
-def end_txn_needs_producer_id(
-    meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig
-) -> bool:
-    """Whether ``cmd`` applied now would rotate the producer id (epoch exhausted)."""
-    return (
-        meta is not None
-        and (cmd.producer_id, cmd.producer_epoch) == (meta.producer_id, meta.producer_epoch)
-        and meta.state in IDLE_STATES | {TxnState.ONGOING}
-        and config.bump_exhausts(meta.producer_epoch)
-        and not config.epoch_exhausted(meta.producer_epoch)
-    )
 
 
 def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) -> Step:

@@ -2,7 +2,7 @@
 
 * :class:`ClusterView`: topic placement from the coordinators' Metadata RPC
   (which partitions this node owns), refreshed periodically and on a miss.
-* :class:`TxnVerifier`: KIP-890 verification (part 2). Before a partition
+* :class:`TxnPartitionAdder`: KIP-890 part 2. Before a partition
   accepts the first transactional batch of a (producer id, epoch), it asks
   the coordinator of the transactional id to add the partition to the
   producer's transaction (AddPartitionsToTxn, not verify-only), which
@@ -157,7 +157,7 @@ _FINAL = {
 }
 
 
-class TxnVerifier:
+class TxnPartitionAdder:
     """Asks transaction coordinators to add partitions to transactions."""
 
     def __init__(
@@ -198,7 +198,7 @@ class TxnVerifier:
             return [refused] * len(requests)
         return list(answer.transactions)
 
-    def verify(
+    def add_partitions(
         self,
         transactional_id: str,
         producer_id: int,
@@ -210,7 +210,9 @@ class TxnVerifier:
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
         which the producer retries. CONCURRENT_TRANSACTIONS (the producer's
-        previous transaction is completing) is asked again here for a while
+        previous transaction is completing; the coordinator answers it at
+        once, it never parks a node's adds) is asked again here every
+        ``retry_backoff_s`` for ``retry_max_s`` from that first answer
         (Kafka's server-side retry) before it goes to the producer.
         """
         by_topic: dict[str, list[int]] = {}
@@ -223,7 +225,7 @@ class TxnVerifier:
             topics=[common_pb2.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
         )
         problem = "no coordinator answered"
-        retry_until = time.monotonic() + self._retry_max_s
+        retry_until: float | None = None  # set by the first CONCURRENT_TRANSACTIONS
         attempts = 0
         while attempts < 3:
             attempts += 1
@@ -247,17 +249,21 @@ class TxnVerifier:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {ErrorCode(answer.error_code).name}"
                 continue
-            if (
-                answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
-                and time.monotonic() + self._retry_backoff_s < retry_until
-            ):
-                attempts -= 1  # not a failure of the coordinator
-                time.sleep(self._retry_backoff_s)
-                continue
+            if answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS:
+                now = time.monotonic()
+                if retry_until is None:
+                    retry_until = now + self._retry_max_s
+                if now + self._retry_backoff_s < retry_until:
+                    attempts -= 1  # not a failure of the coordinator
+                    time.sleep(self._retry_backoff_s)
+                    continue
             if answer.error_code != ErrorCode.NONE:
                 code = _produce_code(ErrorCode(answer.error_code))
                 final = code if code in _FINAL else ErrorCode.REQUEST_TIMED_OUT
-                return {tp: (final, f"verification: {answer.error_message}") for tp in partitions}
+                return {
+                    tp: (final, f"adding the partition to the transaction: {answer.error_message}")
+                    for tp in partitions
+                }
             results: dict[TopicPartition, tuple[ErrorCode, str]] = {}
             for r in answer.results:
                 code = ErrorCode(r.error_code)
@@ -275,7 +281,7 @@ class TxnVerifier:
             return {
                 tp: results.get(tp, (ErrorCode.REQUEST_TIMED_OUT, missing)) for tp in partitions
             }
-        message = f"cannot verify the transaction: {problem}"
+        message = f"cannot add the partition to the transaction: {problem}"
         return {tp: (ErrorCode.REQUEST_TIMED_OUT, message) for tp in partitions}
 
     def _leader(self, transactional_id: str) -> str | None:
@@ -311,7 +317,7 @@ class TxnVerifier:
 
 
 def _produce_code(code: ErrorCode) -> ErrorCode:
-    """The Produce answer for a verification answer: INVALID_TXN_STATE (the
+    """The Produce answer for the coordinator's answer to an add: INVALID_TXN_STATE (the
     partition is not in an ongoing transaction) becomes TRANSACTION_ABORTABLE."""
     return ErrorCode.TRANSACTION_ABORTABLE if code is ErrorCode.INVALID_TXN_STATE else code
 
@@ -319,4 +325,4 @@ def _produce_code(code: ErrorCode) -> ErrorCode:
 def _not_in_transaction(transactional_id: str, code: ErrorCode) -> str:
     if code is ErrorCode.INVALID_TXN_STATE:
         return f"the partition is not in the ongoing transaction of {transactional_id!r}"
-    return f"verification with the coordinator of {transactional_id!r}: {code.name}"
+    return f"the coordinator of {transactional_id!r} did not add the partition: {code.name}"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from partition_log.cluster_view import ClusterView, TxnVerifier
+from partition_log.cluster_view import ClusterView, TxnPartitionAdder
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
@@ -55,7 +55,7 @@ class PartitionNode:
         coordinators = [n.grpc for n in config.coordinators]
         channels = ChannelCache()
         self.view = ClusterView(channels, coordinators, node_id)
-        self.verifier = TxnVerifier(
+        self.adder = TxnPartitionAdder(
             channels,
             coordinators,
             self.view,
@@ -142,7 +142,7 @@ class PartitionNode:
         )
         service = PartitionLogService(
             self.lookup,
-            self.verifier,
+            self.adder,
             self.config.settings.message_max_bytes,
             self.changes,
             MAX_PARKED_FETCHES,

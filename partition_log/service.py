@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from partition_log import codec
-from partition_log.cluster_view import TxnVerifier
+from partition_log.cluster_view import TxnPartitionAdder
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import AppendCheck, Verdict
 from raftcoord.protocol.errors import ErrorCode
@@ -80,7 +80,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def __init__(
         self,
         lookup: Lookup,
-        verifier: TxnVerifier,
+        adder: TxnPartitionAdder,
         message_max_bytes: int,
         changes: LogChanges | None = None,
         max_parked_fetches: int = 8,
@@ -88,7 +88,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         verify_transactions: bool = True,
     ) -> None:
         self.lookup = lookup
-        self.verifier = verifier
+        self.adder = adder
         self.message_max_bytes = message_max_bytes
         #: transaction.partition.verification.enable: off, transactional
         #: batches are appended without asking the coordinator.
@@ -130,7 +130,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             for p in to_verify:
                 groups.setdefault((p.spec.producer_id, p.spec.producer_epoch), []).append(p)
             for (producer_id, epoch), group in groups.items():
-                answers = self.verifier.verify(
+                answers = self.adder.add_partitions(
                     transactional_id, producer_id, epoch, [p.tp for p in group]
                 )
                 for p in group:

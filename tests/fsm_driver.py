@@ -24,7 +24,18 @@ from fsm import (
     encode_command,
 )
 from fsm.errors import ErrorCode
-from raftcoord.coordinator.leader import LeaderCore, Unstamped, timed_out_abort
+from raftcoord.coordinator.leader import LeaderCore, Stamp, Unstamped, timed_out_abort
+
+
+@dataclass
+class _Queued:
+    build: Unstamped
+    parkable: bool = True
+
+
+def _never_waits(command: Command) -> bool:
+    """The driver applies at once: it never parks a command."""
+    return False
 
 
 @dataclass
@@ -70,14 +81,26 @@ class Leader:
     def propose(self, build: Unstamped) -> Outcome:
         """Stamp the command of ``build`` as the leader does now, and apply it."""
         stamp = self.core.stamp()
-        command = self.core.stamped(build, stamp, self.machine.needs_new_producer_id)
+        command = self._stamped(build, stamp)
         if command is None:  # no producer id left: a block comes first
             command, token = self.core.request_block()
             granted = self.apply(command)
             assert self.core.block_granted(token, granted), granted
-            command = self.core.stamped(build, stamp, self.machine.needs_new_producer_id)
+            command = self._stamped(build, stamp)
             assert command is not None
         return self.apply(command)
+
+    def _stamped(self, build: Unstamped, stamp: Stamp) -> Command | None:
+        """The command of ``build`` as the leader's next entry carries it,
+        or None while it waits for a producer-id block."""
+        batch = self.core.batch(
+            [_Queued(build)], stamp, self.machine.needs_new_producer_id, _never_waits
+        )
+        assert batch is not None
+        if not batch.requests:
+            return None
+        self.core.entry_done(stamp.coordinator_epoch)
+        return batch.commands[0]
 
     def tick(self, ms: int = 1) -> None:
         self.now_ms += ms

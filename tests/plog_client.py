@@ -59,6 +59,7 @@ def produce(
     sequence: int = -1,
     transactional: bool = False,
     transactional_id: str | None = None,
+    timeout_s: float = 10.0,
 ) -> Any:
     """Produce one batch; returns the partition's PartitionProduceResponse."""
     request = partition_log_pb2.ProduceRequest(
@@ -78,7 +79,7 @@ def produce(
     )
     if transactional_id is not None:
         request.transactional_id = transactional_id
-    return node.Produce(request, timeout=10).partitions[0]
+    return node.Produce(request, timeout=timeout_s).partitions[0]
 
 
 def read_all(

@@ -22,8 +22,13 @@ everything that world does:
   the first request waiting for a producer-id block) and asks for
   producer-id blocks. Around it, the simulation does what a node's shard
   does: the leadership becomes ready once its first own entry (a block
-  request) applies, sweeps timed-out transactions and runs a marker book
-  seeded from the pending markers. ``block_not_applied`` is never needed:
+  request) applies, sweeps timed-out transactions, runs a marker book
+  seeded from the pending markers and parks clients' requests held up by a
+  completing transaction (the core's :class:`Parking`): released to run
+  again when the completion applies, answered CONCURRENT_TRANSACTIONS at
+  their park deadline and NOT_COORDINATOR when the leadership ends. The
+  partitions' adds are never parked (as the coordinator's service treats
+  a partition-log node's batched AddPartitionsToTxn). ``block_not_applied`` is never needed:
   in this Raft an entry is lost only with its leadership.
 * Marker calls are delayed, reordered, lost (request or answer) and
   duplicated; a deposed leader's calls still arrive.
@@ -82,10 +87,18 @@ from marker_writer import (
 )
 from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
-from raftcoord.coordinator.leader import CHECK_ONLY, LeaderCore, Unstamped, timed_out_abort
+from raftcoord.coordinator.leader import (
+    CHECK_ONLY,
+    LeaderCore,
+    Parking,
+    Unstamped,
+    park_deadline,
+    park_key,
+    timed_out_abort,
+)
 from raftcoord.coordinator.markers import markers_written
 from raftcoord.coordinator.services.groups import group_marker
-from raftcoord.coordinator.services.transactions import settled_refusal
+from raftcoord.coordinator.services.transactions import BATCHED_SETTLED_REFUSALS, settled_refusal
 from raftcoord.protocol.types import TopicPartition
 
 REPLICAS = 3
@@ -98,6 +111,8 @@ CONFIG = FsmConfig(max_producer_epoch=6)
 BLOCK_SIZE = 4
 TXN_TIMEOUT_MS = 2_000
 SWEEP_INTERVAL_MS = 500
+#: transaction.park.timeout.ms: short, so that parked requests also expire.
+PARK_TIMEOUT_MS = 300
 CALL_TIMEOUT_MS = 500
 MAX_MARKER_REQUESTS = 8
 MAX_COMPLETIONS = 8
@@ -163,16 +178,23 @@ class Request:
 
     build: Unstamped
     reply: Callable[[Outcome], None]
+    #: Whether it may be parked (a client's request; not a partition's add).
+    parkable: bool = True
+    #: Set when first parked: until when it may stay parked.
+    park_deadline: int | None = None
 
 
 @dataclass
 class Proposal:
     """A leader's entry in flight: who gets its outcomes, and whether the
-    leader core counts it as in flight (a group-commit entry; a producer-id
-    block request is proposed outside group commit, as on a node)."""
+    leader core counts it as in flight (a group-commit entry, whose requests
+    and commands are kept to park the ones the outcome holds up; a
+    producer-id block request is proposed outside group commit, as on a node)."""
 
     replies: list[Callable[[Outcome], None]]
     batched: bool
+    requests: tuple[Request, ...] = ()
+    commands: tuple[Command, ...] = ()
 
 
 class Replica:
@@ -220,6 +242,7 @@ class Leadership:
         self.ready = False
         self.queue: list[Request] = []
         self.in_flight: dict[int, Proposal] = {}
+        self.parked: Parking[Request] = Parking()
         self.book = MarkerBook(term, BACKOFF)
         self.next_sweep = 0
         self.core.elected(term)
@@ -334,6 +357,10 @@ class Stats:
     zombies: int = 0
     marker_calls: int = 0
     duplicates: int = 0
+    parked: int = 0
+    released: int = 0
+    park_expired: int = 0
+    park_deposed: int = 0
     digest: str = ""
 
     COUNTERS = (
@@ -347,6 +374,10 @@ class Stats:
         "zombies",
         "marker_calls",
         "duplicates",
+        "parked",
+        "released",
+        "park_expired",
+        "park_deposed",
     )
 
     def __str__(self) -> str:
@@ -474,6 +505,9 @@ class Simulation:
         leadership.core.deposed()
         leadership.book.clear()
         failed = [r.reply for r in leadership.queue]
+        parked = leadership.parked.drain()
+        self.stats.park_deposed += len(parked)
+        failed += [r.reply for r in parked]
         for proposal in leadership.in_flight.values():  # dropped, or applied unanswered
             if proposal.batched:
                 leadership.core.entry_done(leadership.term)
@@ -497,7 +531,9 @@ class Simulation:
 
     # --- the leader ----------------------------------------------------------------
 
-    def submit(self, build: Unstamped, reply: Callable[[Outcome], None]) -> None:
+    def submit(
+        self, build: Unstamped, reply: Callable[[Outcome], None], parkable: bool = True
+    ) -> None:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
         if leadership is None:
@@ -505,7 +541,7 @@ class Simulation:
         elif not leadership.ready:
             reply(Outcome(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
         else:
-            leadership.queue.append(Request(build, reply))
+            leadership.queue.append(Request(build, reply, parkable))
 
     def propose(
         self,
@@ -513,9 +549,12 @@ class Simulation:
         commands: list[Command],
         replies: list[Callable[[Outcome], None]],
         batched: bool,
+        requests: tuple[Request, ...] = (),
     ) -> None:
         self.log.append(Entry(leadership.term, encode_entry(commands)))
-        leadership.in_flight[len(self.log)] = Proposal(replies, batched)
+        leadership.in_flight[len(self.log)] = Proposal(
+            replies, batched, requests, tuple(commands) if requests else ()
+        )
 
     def request_block(self, leadership: Leadership, first: bool = False) -> None:
         """Propose the core's ``AllocatePidBlock`` as an entry of its own (as
@@ -548,7 +587,11 @@ class Simulation:
             leadership.next_sweep = stamp.now_ms + SWEEP_INTERVAL_MS
             for candidate in machine.timed_out(stamp.now_ms):
                 leadership.queue.append(Request(timed_out_abort(candidate), self.timed_out))
-        if core.block_due():
+        expired = leadership.parked.expired(stamp.now_ms)
+        self.stats.park_expired += len(expired)
+        for request in expired:
+            request.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))
+        if core.block_due(stamp.now_ms):
             self.request_block(leadership)
         if leadership.queue:
             batch = core.batch(
@@ -559,15 +602,21 @@ class Simulation:
             )
             if batch is not None:  # else an entry is in flight: the queue waits
                 leadership.queue = batch.waiting  # waiting for a block, in order
-                # Parking is not modelled: a request held up by a completing
-                # transaction gets the answer its parking ends with at worst.
-                for _tid, held in batch.parked:
-                    held.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))
+                for tid, held in batch.parked:
+                    if not self.hold(leadership, held, tid):
+                        held.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))
+                for request in batch.concurrent:
+                    request.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))
                 for command in batch.commands:
                     self.check_stamped(command)
                 if batch.requests:
-                    replies = [r.reply for r in batch.requests]
-                    self.propose(leadership, batch.commands, replies, batched=True)
+                    self.propose(
+                        leadership,
+                        batch.commands,
+                        [r.reply for r in batch.requests],
+                        batched=True,
+                        requests=tuple(batch.requests),
+                    )
         self.write_markers(leadership)
 
     # --- replication ---------------------------------------------------------------
@@ -604,8 +653,53 @@ class Simulation:
         if proposal is not None:
             if proposal.batched:
                 leadership.core.entry_done(leadership.term)
-            for reply, outcome in zip(proposal.replies, outcomes, strict=True):
-                reply(outcome)
+            if proposal.requests:
+                pairs = zip(proposal.requests, proposal.commands, outcomes, strict=True)
+                for request, command, outcome in pairs:
+                    if not self.park_applied(leadership, request, command, outcome):
+                        request.reply(outcome)
+            else:
+                for reply, outcome in zip(proposal.replies, outcomes, strict=True):
+                    reply(outcome)
+        # A completion releases what was parked behind it, ahead of newer requests.
+        released = [
+            request
+            for outcome in outcomes
+            for t in outcome.effects
+            if isinstance(t, Transition) and t.from_state in PREPARE_STATES
+            for request in leadership.parked.release(t.transactional_id)
+        ]
+        self.stats.released += len(released)
+        leadership.queue[:0] = released
+
+    # --- parking -------------------------------------------------------------------
+
+    def park_applied(
+        self, leadership: Leadership, request: Request, command: Command, outcome: Outcome
+    ) -> bool:
+        """Park ``request`` if its applied ``outcome`` only says its previous
+        transaction is still completing (as a node's shard does); whether it was."""
+        if not request.parkable:
+            return False
+        machine = leadership.replica.machine
+
+        def state_of(tid: str) -> TxnState | None:
+            meta = machine.describe(tid)
+            return None if meta is None else meta.state
+
+        key = park_key(command, outcome, state_of)
+        return key is not None and self.hold(leadership, request, key)
+
+    def hold(self, leadership: Leadership, request: Request, tid: str) -> bool:
+        """Park ``request`` behind ``tid`` unless its time to stay parked is
+        over; whether it was parked."""
+        if request.park_deadline is None:
+            request.park_deadline = park_deadline(self.now, PARK_TIMEOUT_MS, None)
+        if self.now >= request.park_deadline:
+            return False
+        leadership.parked.park(tid, request, request.park_deadline)
+        self.stats.parked += 1
+        return True
 
     # --- markers -------------------------------------------------------------------
 
@@ -827,11 +921,12 @@ class Simulation:
         answer: Callable[[ErrorCode], None],
     ) -> None:
         """KIP-890 part 2: the partition asks the shard's leader to add ``tp``
-        to the producer's transaction (the coordinator's service: refusals
-        its applied state settles are answered before proposing, the rest
-        goes through the log); once added, the batch comes again verified,
-        one network hop later (a marker may overtake it). The partition's
-        answer goes to ``answer``."""
+        to the producer's transaction (the coordinator's service for a
+        node's batched request: refusals its applied state settles, among
+        them a previous transaction still completing, are answered before
+        proposing, the rest goes through the log, never parked); once added,
+        the batch comes again verified, one network hop later (a marker may
+        overtake it). The partition's answer goes to ``answer``."""
         partition = self.partitions[tp]
         build = _add_partitions(tid, producer_id, epoch, (tp,))
 
@@ -851,11 +946,11 @@ class Simulation:
         if leadership is not None and leadership.ready:
             command = build(CHECK_ONLY)
             assert isinstance(command, AddPartitions)
-            refused = settled_refusal(leadership.replica.machine, command, CONFIG)
+            refused = settled_refusal(leadership.replica.machine, command, BATCHED_SETTLED_REFUSALS)
             if refused is not None:
                 added(refused)
                 return
-        self.submit(build, added)
+        self.submit(build, added, parkable=False)
 
     def commit_offsets(self, client: Client) -> None:
         if self.leadership is None or not self.leadership.ready:
@@ -1024,7 +1119,12 @@ class Simulation:
         group = machine.state.groups.get(GROUP)
         if group is not None and group.pending:
             waiting.append(f"group {GROUP} has pending offsets")
-        if leadership.book.has_work() or leadership.queue or leadership.in_flight:
+        if (
+            leadership.book.has_work()
+            or leadership.queue
+            or leadership.in_flight
+            or leadership.parked.count
+        ):
             waiting.append("the leader has work")
         if self.events:
             waiting.append("messages in flight")

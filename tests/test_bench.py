@@ -43,8 +43,13 @@ def test_cpu_from_proc_stat_survives_spaces_and_parentheses_in_the_name() -> Non
     fields = ["S"] + ["0"] * 10 + [str(3 * CLK_TCK), str(2 * CLK_TCK)] + ["0"] * 30
     stat = "1234 (raft (coord) x) " + " ".join(fields)
     assert parse_stat_cpu_s(stat) == 5.0
+    # This process's own reading agrees with os.times (the same tick counters).
+    before = os.times()
     own = Path(f"/proc/{os.getpid()}/stat").read_text()
-    assert parse_stat_cpu_s(own) >= 0.0
+    after = os.times()
+    tick = 1 / CLK_TCK
+    assert before.user + before.system - tick <= parse_stat_cpu_s(own)
+    assert parse_stat_cpu_s(own) <= after.user + after.system + tick
 
 
 def test_cpu_delta_counts_only_processes_seen_twice() -> None:

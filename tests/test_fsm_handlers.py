@@ -225,6 +225,22 @@ def test_end_txn_without_a_stamped_id_when_rotation_is_due() -> None:
     )
 
 
+def test_a_fresh_producer_id_is_stamped_only_where_the_handler_takes_it() -> None:
+    leader = Leader.new(FsmConfig(max_producer_epoch=3))  # epochs 0 and 1 start transactions
+    needs = leader.machine.needs_new_producer_id
+    assert needs(InitProducerId("tx", 60_000, 0, 1))  # a new id
+    pid = leader.init("tx").producer_id
+    assert not needs(InitProducerId("tx", 60_000, 0, 1))  # epoch 0 -> 1
+    assert leader.init("tx").producer_epoch == 1
+    assert not needs(EndTxn("tx", pid, 1, True, 0, 1))  # nothing to commit: refused
+    assert not needs(EndTxn("tx", pid + 1, 1, False, 0, 1))  # another producer: fenced
+    leader.add("tx", pid, 1, ("a", 0))
+    assert needs(EndTxn("tx", pid, 1, False, 0, 1))  # its markers take epoch 2: rotates
+    # Ongoing: InitProducerId fences and aborts with an epoch bump, no new id.
+    assert not needs(InitProducerId("tx", 60_000, 0, 1))
+    assert not needs(InitProducerId("tx", -1, 0, 1))  # a bad timeout is refused
+
+
 def test_timeout_abort_fences_the_producer() -> None:
     leader = Leader.new()
     pid = leader.init("tx", timeout_ms=5_000).producer_id

@@ -103,13 +103,13 @@ def test_hanging_unless_a_coordinator_will_write_a_closing_marker(
 # --- the partition-log service -------------------------------------------------------
 
 
-class RefusingVerifier:
+class RefusingAdder:
     """A coordinator that never added any partition to any transaction."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def verify(
+    def add_partitions(
         self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
         self.calls += 1
@@ -128,10 +128,10 @@ class Node:
     def __init__(self, path: Path, verify: bool) -> None:
         self.path = path
         self.partition = open_partition(path)
-        self.verifier = RefusingVerifier()
+        self.adder = RefusingAdder()
         self.service = PartitionLogService(
             self.lookup,
-            self.verifier,  # type: ignore[arg-type]
+            self.adder,  # type: ignore[arg-type]
             1 << 20,
             verify_transactions=verify,
         )
@@ -202,7 +202,7 @@ def test_verification_on_asks_the_coordinator(tmp_path: Path) -> None:
     on = Node(tmp_path / "t-0", verify=True)
     try:
         assert on.produce(7, 3, 0, 1_000).error_code == ErrorCode.INVALID_TXN_STATE
-        assert on.verifier.calls == 1
+        assert on.adder.calls == 1
         assert on.partition.offsets() == (0, 0, 0)
     finally:
         on.partition.close()
@@ -210,7 +210,7 @@ def test_verification_on_asks_the_coordinator(tmp_path: Path) -> None:
 
 def test_verification_off_appends_without_asking(node: Node) -> None:
     assert node.produce(7, 3, 0, 1_000).error_code == ErrorCode.NONE
-    assert node.verifier.calls == 0
+    assert node.adder.calls == 0
     assert node.partition.offsets() == (0, 0, 2)  # the open transaction holds the LSO at 0
 
 

@@ -29,6 +29,7 @@ from raftcoord.coordinator.leader import (
     TRANSFER_HOLD_MS,
     TRANSFER_RETRY_MS,
     LeaderCore,
+    NeedsProducerId,
     Parking,
     Stamp,
     Unstamped,
@@ -36,6 +37,7 @@ from raftcoord.coordinator.leader import (
     park_key,
     timed_out_abort,
 )
+from raftcoord.coordinator.services.transactions import BATCHED_SETTLED_REFUSALS, settled_refusal
 from tests.fsm_driver import Leader
 
 
@@ -50,6 +52,7 @@ class FakeClock:
 @dataclass
 class Queued:
     build: Unstamped | None
+    parkable: bool = True
 
 
 def core(block_size: int = 10, clock: FakeClock | None = None) -> LeaderCore:
@@ -80,6 +83,19 @@ def never(command: InitProducerId | EndTxn) -> bool:
     return False
 
 
+def stamped(
+    leader: LeaderCore, build: Unstamped, stamp: Stamp, needs: NeedsProducerId
+) -> Command | None:
+    """The command of ``build`` as the next entry carries it, or None while
+    it waits for a producer-id block."""
+    batch = leader.batch([Queued(build)], stamp, needs, nowhere)
+    assert batch is not None
+    if not batch.requests:
+        return None
+    leader.entry_done(stamp.coordinator_epoch)
+    return batch.commands[0]
+
+
 def grant(leader: LeaderCore, first: int, end: int) -> None:
     command, token = leader.request_block()
     assert isinstance(command, AllocatePidBlock)
@@ -99,38 +115,38 @@ def test_a_command_gets_the_stamp_and_a_fresh_id_only_when_it_needs_one() -> Non
     leader = core()
     grant(leader, 100, 110)
     stamp = leader.stamp()
-    assert leader.stamped(add_offsets("t"), stamp, always) == AddOffsets(
+    assert stamped(leader, add_offsets("t"), stamp, always) == AddOffsets(
         "t", 1, 0, "group", 5_000, 7
     )
-    assert leader.stamped(init("t"), stamp, never) == InitProducerId("t", 60_000, 5_000, 7, -1)
-    assert leader.stamped(init("t"), stamp, always) == InitProducerId("t", 60_000, 5_000, 7, 100)
-    assert leader.stamped(init("u"), stamp, always) == InitProducerId("u", 60_000, 5_000, 7, 101)
+    assert stamped(leader, init("t"), stamp, never) == InitProducerId("t", 60_000, 5_000, 7, -1)
+    assert stamped(leader, init("t"), stamp, always) == InitProducerId("t", 60_000, 5_000, 7, 100)
+    assert stamped(leader, init("u"), stamp, always) == InitProducerId("u", 60_000, 5_000, 7, 101)
 
 
 def test_without_ids_a_command_that_needs_one_waits() -> None:
     leader = core()
-    assert leader.block_due()
-    assert leader.stamped(init("t"), leader.stamp(), always) is None
-    assert leader.stamped(init("t"), leader.stamp(), never) is not None
+    assert leader.block_due(leader.clock())
+    assert stamped(leader, init("t"), leader.stamp(), always) is None
+    assert stamped(leader, init("t"), leader.stamp(), never) is not None
 
 
 def test_a_block_is_due_at_90_percent_use_and_only_once_at_a_time() -> None:
     leader = core(block_size=10)
     _command, token = leader.request_block()
-    assert not leader.block_due()  # requested, not answered yet
+    assert not leader.block_due(leader.clock())  # requested, not answered yet
     assert leader.block_granted(token, Outcome(block_first=0, block_end=10))
     for _ in range(8):
         assert leader.take_producer_id() is not None
-        assert not leader.block_due()
+        assert not leader.block_due(leader.clock())
     assert leader.take_producer_id() == 8
-    assert leader.block_due()
+    assert leader.block_due(leader.clock())
 
 
 def test_a_block_request_that_was_not_applied_is_asked_again() -> None:
     leader = core()
     _command, token = leader.request_block()
     leader.block_not_applied(token)
-    assert leader.block_due()
+    assert leader.block_due(leader.clock())
 
 
 def test_a_refused_block_grants_nothing_and_is_not_asked_again_this_leadership() -> None:
@@ -139,9 +155,9 @@ def test_a_refused_block_grants_nothing_and_is_not_asked_again_this_leadership()
     refused = Outcome(error=ErrorCode.UNKNOWN_SERVER_ERROR, message="refused")
     assert not leader.block_granted(token, refused)
     assert leader.take_producer_id() is None
-    assert not leader.block_due()
+    assert not leader.block_due(leader.clock())
     leader.elected(8)
-    assert leader.block_due()
+    assert leader.block_due(leader.clock())
 
 
 def test_a_new_leadership_skips_the_ids_left_and_ignores_older_requests() -> None:
@@ -381,6 +397,46 @@ def test_a_request_its_transactions_completion_holds_up_is_parked_not_proposed()
     leader.entry_done(7)
     batch = leader.batch([held], leader.stamp(), never, driver.machine.waits_for_completion)
     assert batch is not None and batch.requests == [held] and not batch.parked
+
+
+def test_a_request_that_may_not_park_is_answered_at_once_not_proposed() -> None:
+    driver, ident = committing("a")
+    pid, epoch = ident.producer_id, ident.producer_epoch
+    leader = core()
+    batched = Queued(
+        lambda s: AddPartitions("a", pid, epoch, (("t", 1),), s.now_ms, 7), parkable=False
+    )
+    other = Queued(add_offsets("b"))
+    batch = leader.batch(
+        [batched, other], leader.stamp(), never, driver.machine.waits_for_completion
+    )
+    assert batch is not None
+    assert batch.concurrent == [batched] and not batch.parked and batch.requests == [other]
+
+
+def test_a_batched_add_behind_a_completion_is_refused_before_proposing() -> None:
+    driver, ident = committing("a")
+    add = AddPartitions("a", ident.producer_id, ident.producer_epoch, (("t", 1),), 0, 1)
+    refused = settled_refusal(driver.machine, add, BATCHED_SETTLED_REFUSALS)
+    assert refused is not None and refused.error is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert settled_refusal(driver.machine, add) is None  # a client's add: parked instead
+    fenced = AddPartitions("a", ident.producer_id, ident.producer_epoch + 3, (("t", 1),), 0, 1)
+    refused = settled_refusal(driver.machine, fenced)
+    assert refused is not None and refused.error is ErrorCode.PRODUCER_FENCED
+    driver.deliver_all()  # completed: the add goes through the log
+    assert settled_refusal(driver.machine, add, BATCHED_SETTLED_REFUSALS) is None
+
+
+def test_no_block_is_requested_while_a_transfer_holds_new_entries() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    assert leader.block_due(clock.now_ms)
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += TRANSFER_AFTER_MS
+    leader.transferred(clock.now_ms)
+    assert not leader.block_due(clock.now_ms)
+    assert not leader.block_due(clock.now_ms + TRANSFER_HOLD_MS - 1)
+    assert leader.block_due(clock.now_ms + TRANSFER_HOLD_MS)
 
 
 def test_only_a_refusal_that_changes_nothing_waits_for_the_completion() -> None:

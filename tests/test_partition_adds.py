@@ -3,12 +3,15 @@ partition-log node adds a partition to the transaction with the
 transaction's first batch there, so a producer commits and aborts across
 partitions without ever calling AddPartitionsToTxn; a fenced producer's
 batch is refused and changes nothing; the batched (many transactions)
-AddPartitionsToTxn answers each transaction on its own; and with
+AddPartitionsToTxn answers each transaction on its own; a transaction
+whose previous one is still completing never holds up another
+transactional id's first batch; and with
 ``transaction.partition.verification.enable=false`` producers add their
 partitions themselves, end to end."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -224,3 +227,119 @@ def test_without_verification_the_producer_adds_its_partitions(
     assert coordinator_calls.count("AddPartitionsToTxn") == 2
     assert sorted(read(unverified, partitions, committed=True)) == [b"commit-0", b"commit-1"]
     assert len(read(unverified, partitions, committed=False)) == 4
+
+
+@pytest.fixture
+def stalling(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster whose coordinators park requests, and whose partition-log
+    nodes ask again after CONCURRENT_TRANSACTIONS, for far longer than the
+    test runs."""
+    with running_cluster(
+        tmp_path / "cluster",
+        settings={
+            "transaction.park.timeout.ms": 60_000,
+            "add.partitions.to.txn.retry.backoff.max.ms": 60_000,
+        },
+    ) as made:
+        yield made
+
+
+def test_a_completing_transaction_does_not_hold_up_another_ids_first_batch(
+    stalling: LocalCluster,
+) -> None:
+    """X's previous transaction cannot complete (the node of one of its
+    partitions is paused) while X's next transaction's first batch asks,
+    from another node, to add a partition: that node keeps asking. Meanwhile
+    Y, whose shard has the same leader, commits a transaction through the
+    same node, before X's batch is answered, and no add is parked."""
+    cluster = stalling
+    topic = "adds-stall"
+    nodes = plog_client.create_topic(cluster, topic, 3)
+    paused_partition = 0
+    other = next(p for p, address in nodes.items() if address != nodes[paused_partition])
+    paused_node = next(n.node_id for n in cluster.partition_nodes() if n.grpc == nodes[0])
+    bootstrap = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster.bootstrap()[0])
+    )
+    # Two transactional ids of one shard: one leader, one destination for the node's adds.
+    by_shard: dict[int, list[Any]] = {}
+    for i in range(200):
+        found = bootstrap.FindCoordinator(
+            coordinator_pb2.FindCoordinatorRequest(
+                key=f"adds-stall-{i}", key_type=coordinator_pb2.TRANSACTION
+            ),
+            timeout=5,
+        )
+        assert found.error_code == ErrorCode.NONE, found
+        by_shard.setdefault(found.shard, []).append((f"adds-stall-{i}", found))
+        if len(by_shard[found.shard]) == 2:
+            (x, found), (y, _) = by_shard[found.shard]
+            break
+    stub = coordinator_pb2_grpc.TransactionCoordinatorStub(grpc.insecure_channel(found.address))
+
+    def produce(tid: str, pid: int, epoch: int, partition: int, timeout_s: float = 10) -> Any:
+        return plog_client.produce(
+            plog_client.stub(nodes[partition]),
+            topic,
+            partition,
+            [tid.encode()],
+            producer_id=pid,
+            epoch=epoch,
+            sequence=0,
+            transactional=True,
+            transactional_id=tid,
+            timeout_s=timeout_s,
+        )
+
+    def commit(tid: str, pid: int, epoch: int) -> Any:
+        answer = stub.EndTxn(
+            coordinator_pb2.EndTxnRequest(
+                transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True
+            ),
+            timeout=10,
+        )
+        assert answer.error_code == ErrorCode.NONE, answer
+        return answer
+
+    def accepts_plain_batches(partition: int) -> bool:
+        answer = plog_client.produce(plog_client.stub(nodes[partition]), topic, partition, [b"-"])
+        return bool(answer.error_code == ErrorCode.NONE)
+
+    for partition in (paused_partition, other):  # both nodes know the topic
+        cluster.wait_until(
+            lambda p=partition: accepts_plain_batches(p), 30, f"partition {partition} refuses"
+        )
+    x_pid, x_epoch = init(stub, x)
+    assert produce(x, x_pid, x_epoch, paused_partition).error_code == ErrorCode.NONE
+    cluster.kill(paused_node, "STOP")
+    try:
+        ended = commit(x, x_pid, x_epoch)  # its markers wait for the paused node
+        assert describe(cluster, x)[0] == "PrepareCommit"
+        x_answers: list[Any] = []
+
+        def next_batch() -> None:
+            try:
+                x_answers.append(
+                    produce(x, ended.producer_id, ended.producer_epoch, other, timeout_s=90)
+                )
+            except Exception as exc:  # surfaced by the test
+                x_answers.append(exc)
+
+        thread = threading.Thread(target=next_batch)
+        thread.start()
+        y_pid, y_epoch = init(stub, y)
+        assert produce(y, y_pid, y_epoch, other).error_code == ErrorCode.NONE
+        commit(y, y_pid, y_epoch)
+        # Y committed while X's batch is still unanswered, and nothing was parked.
+        assert not x_answers, x_answers
+        status = cluster.node_status(found.node_id)
+        assert status is not None
+        assert status.shards[found.shard].parked_requests == 0
+        assert describe(cluster, x)[0] == "PrepareCommit"
+    finally:
+        cluster.kill(paused_node, "CONT")
+    # The completion applies: X's batch is added to its next transaction.
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert x_answers[0].error_code == ErrorCode.NONE, x_answers
+    assert describe(cluster, x) == ("Ongoing", {(topic, other)})

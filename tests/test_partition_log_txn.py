@@ -131,14 +131,14 @@ def test_state_is_rebuilt_from_the_log(tmp_path: Path) -> None:
         again.close()
 
 
-class CountingVerifier:
+class CountingAdder:
     """Answers verification questions like a coordinator that added ``allowed``."""
 
     def __init__(self, allowed: set[tuple[str, int]]) -> None:
         self.allowed = allowed
         self.calls: list[tuple[str, int, int, list[tuple[str, int]]]] = []
 
-    def verify(
+    def add_partitions(
         self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
         self.calls.append((tid, pid, epoch, list(partitions)))
@@ -152,10 +152,10 @@ class CountingVerifier:
 
 def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> None:
     parts = {("t", i): open_partition(tmp_path / f"t-{i}") for i in range(3)}
-    verifier = CountingVerifier({("t", 0), ("t", 1)})
+    adder = CountingAdder({("t", 0), ("t", 1)})
     service = PartitionLogService(
         lambda topic, i: parts.get((topic, i)) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no"),
-        verifier,  # type: ignore[arg-type]
+        adder,  # type: ignore[arg-type]
         1 << 20,
     )
 
@@ -185,7 +185,7 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
             ErrorCode.NONE,
             ErrorCode.INVALID_TXN_STATE,
         ]
-        assert verifier.calls == [("tx", 9, 0, [("t", 0), ("t", 1), ("t", 2)])]
+        assert adder.calls == [("tx", 9, 0, [("t", 0), ("t", 1), ("t", 2)])]
         assert parts[("t", 2)].offsets() == (0, 0, 0)  # refused: nothing appended
         second = service.Produce(request(1), None)
         assert [p.error_code for p in second.partitions] == [
@@ -193,7 +193,7 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
             ErrorCode.NONE,
             ErrorCode.UNKNOWN_PRODUCER_ID,  # its first batch was refused, so sequence 1 is unknown
         ]
-        assert len(verifier.calls) == 1  # the open transactions need no second question
+        assert len(adder.calls) == 1  # the open transactions need no second question
     finally:
         for part in parts.values():
             part.close()

@@ -15,7 +15,7 @@ import pytest
 import fsm
 from fsm import TxnState
 from raftcoord.protocol.errors import ErrorCode
-from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.routing import preferred_leader, shard_for
 from raftcoord.protocol.v1 import common_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -207,6 +207,12 @@ def test_shard_for_is_crc32_modulo_shard_count() -> None:
         for shard_count in (1, 2, 3, 7, 64):
             expected = zlib.crc32(key.encode("utf-8")) % shard_count
             assert shard_for(key, shard_count) == expected, (key, shard_count)
+
+
+def test_shards_prefer_the_coordinators_in_turn() -> None:
+    assert [preferred_leader(s, 3) for s in range(3)] == [0, 1, 2]
+    assert [preferred_leader(s, 3) for s in range(5)] == [0, 1, 2, 0, 1]
+    assert [preferred_leader(s, 1) for s in range(3)] == [0, 0, 0]
 
 
 def test_shard_for_is_the_same_in_another_process() -> None:

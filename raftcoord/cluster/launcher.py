@@ -34,6 +34,7 @@ import grpc
 
 from raftcoord.cluster import netns as namespaces
 from raftcoord.protocol.config import ClusterConfig, ConfigError, load_config, shape_refusal
+from raftcoord.protocol.routing import preferred_leader
 from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -577,10 +578,11 @@ class LocalCluster:
 
     def preferred_leaders(self) -> dict[int, int]:
         """shard -> node id of the coordinator the shard prefers as its
-        leader (auto.leader.rebalance.enable): shard s, the s mod n-th."""
+        leader (auto.leader.rebalance.enable; see
+        :func:`raftcoord.protocol.routing.preferred_leader`)."""
         coordinators = self.coordinators()
         return {
-            shard: coordinators[shard % len(coordinators)].node_id
+            shard: coordinators[preferred_leader(shard, len(coordinators))].node_id
             for shard in range(self._require().shard_count)
         }
 

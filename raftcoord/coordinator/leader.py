@@ -21,13 +21,16 @@ entry and what the leader stamps into it.
   cannot flap. A follower whose log does not match yet is asked again on a
   later tick; after an election it lost, it is asked again
   :data:`TRANSFER_RETRY_MS` after the last time.
-* Parking: a request the state machine answered CONCURRENT_TRANSACTIONS
-  because the transactional id's previous transaction is still completing
-  (Prepare*, markers pending) is held by :class:`Parking` and runs again
-  when the completion applies, instead of making the client back off; past
-  its bound (``transaction.park.timeout.ms``, and shortly before its
-  caller's deadline: :func:`park_deadline`) it gets the
-  CONCURRENT_TRANSACTIONS answer.
+* Parking: a client's request the state machine answers
+  CONCURRENT_TRANSACTIONS because the transactional id's previous
+  transaction is still completing (Prepare*, markers pending) is held by
+  :class:`Parking` and runs again when the completion applies, instead of
+  making the client back off; past its bound
+  (``transaction.park.timeout.ms``, and shortly before its caller's
+  deadline: :func:`park_deadline`) it gets the CONCURRENT_TRANSACTIONS
+  answer. Requests that are not :attr:`Queued.parkable` (the adds of a
+  partition-log node's batched AddPartitionsToTxn, which answers only once
+  all its transactions are answered) get that answer at once.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
 clock is injected, so tests run it on a fake one.
@@ -74,10 +77,6 @@ TRANSFER_HOLD_MS = 500
 #: preferred follower lost).
 TRANSFER_RETRY_MS = 2_000
 
-#: The requests Kafka answers CONCURRENT_TRANSACTIONS while the previous
-#: transaction completes: these are parked instead.
-PARKABLE = WAITING_COMMANDS
-
 
 @dataclass(frozen=True)
 class Stamp:
@@ -122,6 +121,10 @@ class Queued(Protocol):
     @property
     def build(self) -> Unstamped | None: ...
 
+    @property
+    def parkable(self) -> bool:
+        """Whether the request may be parked (else it is answered at once)."""
+
 
 Q = TypeVar("Q", bound=Queued)
 
@@ -130,12 +133,14 @@ Q = TypeVar("Q", bound=Queued)
 class Batch(Generic[Q]):
     """The requests of the next entry, with its commands (reads have none),
     the requests left waiting for a producer-id block, in order, and the
-    requests to park (with their transactional id) instead of proposing."""
+    requests to park (with their transactional id) instead of proposing, and
+    those to answer CONCURRENT_TRANSACTIONS now (not parkable)."""
 
     requests: list[Q] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     waiting: list[Q] = field(default_factory=list)
     parked: list[tuple[str, Q]] = field(default_factory=list)
+    concurrent: list[Q] = field(default_factory=list)
 
 
 class LeaderCore:
@@ -198,11 +203,6 @@ class LeaderCore:
         """The stamp of commands proposed now."""
         return Stamp(self.clock(), self.epoch)
 
-    def stamped(self, build: Unstamped, stamp: Stamp, needs: NeedsProducerId) -> Command | None:
-        """The command of ``build`` stamped with ``stamp`` and, if ``needs``
-        says so, a fresh producer id; None when no id is left (wait for a block)."""
-        return self._with_producer_id(build(stamp), build, stamp, needs)
-
     def _with_producer_id(
         self, command: Command, build: Unstamped, stamp: Stamp, needs: NeedsProducerId
     ) -> Command | None:
@@ -215,9 +215,10 @@ class LeaderCore:
 
     # --- producer-id blocks --------------------------------------------------------
 
-    def block_due(self) -> bool:
-        """Whether to propose the next ``AllocatePidBlock`` now."""
-        return self.cursor.needs_block()
+    def block_due(self, now_ms: int) -> bool:
+        """Whether to propose the next ``AllocatePidBlock`` now (not while a
+        leadership transfer holds new entries)."""
+        return now_ms >= self.hold_until and self.cursor.needs_block()
 
     def request_block(self) -> tuple[AllocatePidBlock, int]:
         """The ``AllocatePidBlock`` to propose, and the token of its answer."""
@@ -254,8 +255,9 @@ class LeaderCore:
         """The next entry of ``queued`` (oldest first), or None while
         :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight or a leadership
         transfer holds new entries (all of ``queued`` then waits). A
-        :data:`PARKABLE` request that ``waits`` for its transaction's
-        completion is parked, not proposed. A non-empty batch counts as in
+        request that ``waits`` for its transaction's completion is not
+        proposed: parked if it is :attr:`Queued.parkable`, else answered
+        CONCURRENT_TRANSACTIONS at once. A non-empty batch counts as in
         flight until :meth:`entry_done`."""
         if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
@@ -265,8 +267,11 @@ class LeaderCore:
                 batch.requests.append(request)
                 continue
             unstamped = request.build(stamp)
-            if isinstance(unstamped, PARKABLE) and waits(unstamped):
-                batch.parked.append((unstamped.transactional_id, request))
+            if isinstance(unstamped, WAITING_COMMANDS) and waits(unstamped):
+                if request.parkable:
+                    batch.parked.append((unstamped.transactional_id, request))
+                else:
+                    batch.concurrent.append(request)
                 continue
             command = self._with_producer_id(unstamped, request.build, stamp, needs)
             if command is None:  # waiting for a producer-id block; keep the order
@@ -287,13 +292,14 @@ class LeaderCore:
 def park_key(
     command: Command, outcome: Outcome, state_of: Callable[[str], TxnState | None]
 ) -> str | None:
-    """The transactional id to park the request of ``command`` behind, or
-    None to answer ``outcome`` now: parked when the state machine answered
-    CONCURRENT_TRANSACTIONS to a :data:`PARKABLE` request and the id's
+    """The transactional id to park the (parkable) request of ``command``
+    behind, or None to answer ``outcome`` now: parked when the state machine
+    answered CONCURRENT_TRANSACTIONS to a request in
+    :data:`fsm.machine.WAITING_COMMANDS` and the id's
     transaction, in state ``state_of(id)`` after the entry, is completing
     (Prepare*: its completion will apply, or the leadership ends)."""
     if (
-        isinstance(command, PARKABLE)
+        isinstance(command, WAITING_COMMANDS)
         and outcome.error is ErrorCode.CONCURRENT_TRANSACTIONS
         and state_of(command.transactional_id) in PREPARE_STATES
     ):

@@ -41,6 +41,7 @@ from raftcoord.coordinator.shard import (
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import serve
+from raftcoord.protocol.routing import preferred_leader
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
 
@@ -91,8 +92,8 @@ class CoordinatorNode:
     def availability(self, shard: int) -> ErrorCode:
         return self.shards[shard].availability()
 
-    def submit(self, shard: int, build: Unstamped) -> Future[Outcome]:
-        return self.shards[shard].submit(build)
+    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
+        return self.shards[shard].submit(build, parkable)
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         return self.shards[shard].replica.query(reader)
@@ -176,7 +177,8 @@ class CoordinatorNode:
             )
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
-        preferred = self.config.coordinators[shard % len(self.config.coordinators)]
+        coordinators = self.config.coordinators
+        preferred = coordinators[preferred_leader(shard, len(coordinators))]
         made = Shard(
             shard,
             self.node_id,

@@ -96,10 +96,11 @@ class Shards(Protocol):
     def leader_of(self, shard: int) -> NodeAddress | None:
         """The coordinator this node believes leads ``shard``, or None."""
 
-    def submit(self, shard: int, build: Unstamped) -> Future[Outcome]:
+    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
         """Replicate the command of ``build`` on ``shard`` (a ready leader's),
         stamped when it is proposed; the future holds its :class:`Outcome`,
-        or the refusal."""
+        or the refusal. Not ``parkable``: never parked behind a completing
+        transaction (answered CONCURRENT_TRANSACTIONS instead)."""
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from this node's replica of ``shard`` as it is
@@ -137,6 +138,8 @@ class Request:
     caller_deadline_ms: int | None = None
     #: Set when the request is first parked: until when it may stay parked.
     park_deadline_ms: int | None = None
+    #: Whether it may be parked (:attr:`raftcoord.coordinator.leader.Queued.parkable`).
+    parkable: bool = True
 
 
 @dataclass
@@ -267,16 +270,19 @@ class Shard:
 
     # --- called from gRPC threads --------------------------------------------------
 
-    def submit(self, build: Unstamped) -> Future[Any]:
+    def submit(self, build: Unstamped, parkable: bool = True) -> Future[Any]:
         """Queue the command of ``build``, stamped when it is proposed; the
-        future resolves to its :class:`Outcome`."""
-        return self.submit_all([build])[0]
+        future resolves to its :class:`Outcome`. Not ``parkable``: never
+        parked (:attr:`Request.parkable`)."""
+        return self.submit_all([build], parkable)[0]
 
-    def submit_all(self, builds: Sequence[Unstamped]) -> list[Future[Any]]:
+    def submit_all(self, builds: Sequence[Unstamped], parkable: bool = True) -> list[Future[Any]]:
         """Queue the commands of ``builds`` to go out together, in one entry
         (the completions of many transactions); one future per command."""
         deadline = CALLER_DEADLINE_MS.get()
-        requests = [Request(build, caller_deadline_ms=deadline) for build in builds]
+        requests = [
+            Request(build, caller_deadline_ms=deadline, parkable=parkable) for build in builds
+        ]
         self._enqueue(requests)
         return [request.future for request in requests]
 
@@ -458,7 +464,7 @@ class Shard:
 
     def _propose_batch(self, stamp: Stamp) -> None:
         with self._core_lock:
-            block_due = self.core.block_due()
+            block_due = self.core.block_due(stamp.now_ms)
         if block_due:
             self._request_block(stamp.coordinator_epoch)
         requests = self._drain()
@@ -475,6 +481,8 @@ class Shard:
         for tid, request in batch.parked:
             if not self._hold(request, tid, stamp.now_ms):
                 _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
+        for request in batch.concurrent:
+            _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
         if not batch.requests:
             return
         term = stamp.coordinator_epoch
@@ -505,7 +513,7 @@ class Shard:
         """Park ``request`` if its answer ``outcome`` only says that its
         transactional id's previous transaction is still completing; whether
         it was parked. Runs when its entry applies, on the tick thread."""
-        if not self.is_leader:
+        if not (self.is_leader and request.parkable):
             return False
         key = park_key(
             command, outcome, lambda tid: self.replica.query(lambda m: _state_of(m, tid))

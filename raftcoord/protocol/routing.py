@@ -1,4 +1,5 @@
-"""Which shard owns a transactional.id or a consumer group id."""
+"""Which shard owns a transactional.id or a consumer group id, and which
+coordinator a shard prefers as its leader."""
 
 from __future__ import annotations
 
@@ -16,3 +17,10 @@ def shard_for(key: str, shard_count: int) -> int:
     if shard_count < 1:
         raise ValueError(f"shard_count must be positive, got {shard_count}")
     return stable_hash(key) % shard_count
+
+
+def preferred_leader(shard: int, coordinator_count: int) -> int:
+    """The position (in the order of ``[[coordinators]]``) of the coordinator
+    that ``shard`` prefers as its leader (auto.leader.rebalance.enable):
+    shard ``s`` prefers the ``s mod n``-th of ``n``."""
+    return shard % coordinator_count

@@ -12,13 +12,12 @@ from fsm import (
     Command,
     EndTxn,
     ErrorCode,
-    FsmConfig,
     InitProducerId,
     Outcome,
     TransactionStateMachine,
 )
 from fsm.metadata import TopicPartition
-from fsm.transactions import add_partitions, verify_group, verify_ongoing
+from fsm.transactions import verify_group, verify_ongoing
 from raftcoord.coordinator.leader import CHECK_ONLY, Stamp
 from raftcoord.coordinator.services.common import (
     NotForwarded,
@@ -132,16 +131,18 @@ class TransactionRPCs:
         together in one Raft entry per shard.
         """
         if request.transactions:
-            answers = [self._start_add(t, context) for t in request.transactions]
+            answers = [self._start_add(t, context, batched=True) for t in request.transactions]
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),
                 transactions=[answer() for answer in answers],
             )
         return self._start_add(request, context)()
 
-    def _start_add(self, request: Any, context: Any) -> Callable[[], Any]:
+    def _start_add(self, request: Any, context: Any, batched: bool = False) -> Callable[[], Any]:
         """Check one transaction's AddPartitionsToTxn and queue its command;
-        returns the function that waits for and builds its answer."""
+        returns the function that waits for and builds its answer. The add
+        of a ``batched`` request is never parked
+        (:data:`BATCHED_SETTLED_REFUSALS`)."""
         partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
         unknown: dict[TopicPartition, str] = {}
@@ -190,7 +191,9 @@ class TransactionRPCs:
                 refused = self.router.shards.query(
                     shard,
                     lambda machine: settled_refusal(
-                        machine, command(CHECK_ONLY), self.router.fsm_config
+                        machine,
+                        command(CHECK_ONLY),
+                        BATCHED_SETTLED_REFUSALS if batched else SETTLED_REFUSALS,
                     ),
                 )
                 if refused is not None:
@@ -203,7 +206,7 @@ class TransactionRPCs:
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            outcome = self.router.start(shard, command, precheck)
+            outcome = self.router.start(shard, command, precheck, parkable=not batched)
 
         def answer() -> Any:
             result = wait(outcome)
@@ -272,20 +275,33 @@ class TransactionRPCs:
 #: Refusals of AddPartitionsToTxn that the leader's applied state gives
 #: before anything is proposed. Each stays right however far the log is
 #: ahead of the applied state: producer ids and epochs only move forward.
-#: (A previous transaction still completing is not one: the shard parks
-#: such a request until the completion applies.)
+#: (A client's add whose previous transaction is still completing is
+#: parked by the shard until the completion applies.)
 SETTLED_REFUSALS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_ID_MAPPING})
+
+#: The refusals given before proposing to the adds of a batched
+#: AddPartitionsToTxn (partition-log nodes): also CONCURRENT_TRANSACTIONS,
+#: the previous transaction is still completing. Such adds are never parked
+#: (the batch answers only once all its transactions are answered, and one
+#: batch at a time is in flight from a node): the node asks again shortly.
+#: An answer the log has overtaken only costs the node that retry.
+BATCHED_SETTLED_REFUSALS = SETTLED_REFUSALS | {ErrorCode.CONCURRENT_TRANSACTIONS}
 
 
 def settled_refusal(
-    machine: TransactionStateMachine, command: AddPartitions, config: FsmConfig
+    machine: TransactionStateMachine,
+    command: AddPartitions,
+    refusals: frozenset[ErrorCode] = SETTLED_REFUSALS,
 ) -> Outcome | None:
-    """The answer the state machine would give ``command`` now, when it is a
-    refusal in :data:`SETTLED_REFUSALS`; else None (propose it).
-    Partition-log nodes ask for every transaction's first batch: refusing
-    these here keeps a fenced producer's retries out of the log."""
-    step = add_partitions(machine.describe(command.transactional_id), command, config)
-    return step.outcome if step.outcome.error in SETTLED_REFUSALS else None
+    """The answer the state machine would give ``command`` now, when it is
+    one of ``refusals``; else None (propose it). Partition-log nodes ask
+    for every transaction's first batch: refusing these here keeps a fenced
+    producer's retries out of the log."""
+    try:
+        outcome = machine.preview(command).outcome
+    except Exception:  # its apply answers it: propose it
+        return None
+    return outcome if outcome.error in refusals else None
 
 
 def verify_partitions(

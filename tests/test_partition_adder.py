@@ -1,0 +1,107 @@
+"""partition_log.cluster_view.TxnPartitionAdder against a scripted
+coordinator stub on a fake clock: CONCURRENT_TRANSACTIONS is asked again
+for ``retry_max_s`` counted from that answer, however long the call that
+brought it took."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from partition_log import cluster_view
+from partition_log.cluster_view import TxnPartitionAdder
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.types import TopicPartition
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
+
+TP = TopicPartition("t", 0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ScriptedCoordinator:
+    """Answers AddPartitionsToTxn with ``answers`` in turn (each after
+    ``took_s`` of the fake clock), and FindCoordinator with itself."""
+
+    def __init__(self, clock: FakeClock, answers: list[ErrorCode], took_s: float) -> None:
+        self.clock = clock
+        self.answers = answers
+        self.took_s = took_s
+        self.calls = 0
+
+    def FindCoordinator(self, request: Any, timeout: float) -> Any:
+        return coordinator_pb2.FindCoordinatorResponse(address="coordinator")
+
+    def AddPartitionsToTxn(self, request: Any, timeout: float) -> Any:
+        self.clock.now += self.took_s
+        code = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        return coordinator_pb2.AddPartitionsToTxnResponse(
+            transactions=[
+                coordinator_pb2.AddPartitionsToTxnResponse(
+                    error_code=code,
+                    results=[
+                        common_pb2.PartitionResult(topic=TP[0], partition=TP[1], error_code=code)
+                    ],
+                )
+                for _ in request.transactions
+            ]
+        )
+
+
+class Channels:
+    def __init__(self, coordinator: ScriptedCoordinator) -> None:
+        self.stub = coordinator
+
+    def coordinator(self, address: str) -> ScriptedCoordinator:
+        return self.stub
+
+
+class View:
+    shard_count = 1
+
+
+def adder(
+    monkeypatch: pytest.MonkeyPatch, answers: list[ErrorCode], took_s: float
+) -> tuple[TxnPartitionAdder, ScriptedCoordinator]:
+    clock = FakeClock()
+    monkeypatch.setattr(cluster_view, "time", clock)
+    coordinator = ScriptedCoordinator(clock, answers, took_s)
+    made = TxnPartitionAdder(
+        Channels(coordinator),  # type: ignore[arg-type]
+        ["coordinator"],
+        View(),  # type: ignore[arg-type]
+        retry_backoff_s=0.25,  # exact in binary: the count of retries is exact
+        retry_max_s=1.0,
+    )
+    return made, coordinator
+
+
+def test_concurrent_transactions_is_asked_again_from_the_answer_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first answer took longer than the whole retry window.
+    made, coordinator = adder(
+        monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NONE], took_s=1.0
+    )
+    assert made.add_partitions("tx", 1, 0, [TP]) == {TP: (ErrorCode.NONE, "")}
+    assert coordinator.calls == 2
+
+
+def test_concurrent_transactions_goes_to_the_producer_after_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made, coordinator = adder(monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS], took_s=0.0)
+    answer = made.add_partitions("tx", 1, 0, [TP])
+    assert answer[TP][0] is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert coordinator.calls == 4  # the first, then every 0.25 s while within 1 s of it
