@@ -16,6 +16,7 @@ SUITES = {
     "raft": ("raft_commit", "plain pysyncobj commit latency and throughput per fsync policy"),
     "plog-startup": ("plog_startup", "a partition's start-up time against its log size"),
     "audit": ("audit", "the Spark audit's time by run size"),
+    "snapshot": ("snapshot", "a shard's log compaction against its open transactions"),
 }
 
 
