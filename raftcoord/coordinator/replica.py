@@ -170,6 +170,7 @@ class ShardReplica(RaftGroup):
             conf.logCompactionBatchSize,
             self._capture_snapshot,
             self._read_snapshot,
+            where=f"node={node_id} shard={self.shard}",
         )
         super().__init__(self_address, partner_addresses, conf)
         self._use_serializer(self._snapshots)
@@ -196,8 +197,9 @@ class ShardReplica(RaftGroup):
         chunk = message.get("serialized")
         if chunk is not None and chunk[2]:
             # The last chunk of a snapshot: pysyncobj has installed it, maybe
-            # for longer than an election timeout; the leader was heard now.
-            self._follow(node, message, self.raftCommitIndex)
+            # for longer than an election timeout. The same message again
+            # without the chunk restarts the election timer.
+            self._follow(node, message, message["commit_index"])
 
     def _reassemble(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """One chunk of a large entry; the whole entry once its pickle is complete."""

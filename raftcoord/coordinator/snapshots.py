@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -70,8 +71,12 @@ def _fsync_dir(path: str) -> None:
 class SnapshotFile:
     """pysyncobj's serializer for one snapshot file, writing in the background."""
 
-    def __init__(self, path: str, chunk_bytes: int, capture: Capture, load: Load) -> None:
+    def __init__(
+        self, path: str, chunk_bytes: int, capture: Capture, load: Load, *, where: str
+    ) -> None:
+        """``where`` starts every log line (the replica's ``node=N shard=S``)."""
         self.path = path
+        self._where = where
         self._writing_path = path + ".tmp"
         self._receiving_path = path + ".1.tmp"
         self._chunk_bytes = chunk_bytes
@@ -102,8 +107,10 @@ class SnapshotFile:
 
     def _write(self, encode: Callable[[], bytes]) -> None:
         result = SERIALIZER_STATE.FAILED
+        start = time.monotonic()
         try:
             content = encode()
+            encoded = time.monotonic()
             with open(self._writing_path, "wb") as f:
                 f.write(content)
                 f.flush()
@@ -111,8 +118,17 @@ class SnapshotFile:
             os.replace(self._writing_path, self.path)
             _fsync_dir(self.path)
             result = SERIALIZER_STATE.SUCCESS
+            log.info(
+                "%s event=snapshot_written path=%s index=%s bytes=%d encode_ms=%.0f write_ms=%.0f",
+                self._where,
+                self.path,
+                self._written_id,
+                len(content),
+                (encoded - start) * 1e3,
+                (time.monotonic() - encoded) * 1e3,
+            )
         except Exception:
-            log.exception("event=snapshot_write_failed path=%s", self.path)
+            log.exception("%s event=snapshot_write_failed path=%s", self._where, self.path)
             if os.path.exists(self._writing_path):
                 os.remove(self._writing_path)
         finally:
@@ -156,12 +172,12 @@ class SnapshotFile:
             try:
                 f = self._sending[node] = open(self.path, "rb")  # kept open across ticks
             except OSError:
-                log.exception("event=snapshot_send_failed path=%s", self.path)
+                log.exception("%s event=snapshot_send_failed path=%s", self._where, self.path)
                 return None
         try:
             data = f.read(self._chunk_bytes)
         except OSError:
-            log.exception("event=snapshot_send_failed path=%s", self.path)
+            log.exception("%s event=snapshot_send_failed path=%s", self._where, self.path)
             self.cancelTransmisstion(node)
             return None
         last = not data
@@ -195,7 +211,7 @@ class SnapshotFile:
             os.replace(self._receiving_path, self.path)
         except OSError:
             # The leader sends the snapshot again from its start.
-            log.exception("event=snapshot_receive_failed path=%s", self.path)
+            log.exception("%s event=snapshot_receive_failed path=%s", self._where, self.path)
             self._receiving = None
             return False
         return True
