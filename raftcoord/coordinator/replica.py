@@ -101,6 +101,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from fsm import ErrorCode, Outcome, TransactionStateMachine, encode_snapshot
+from raftcoord.coordinator import heap
 from raftcoord.coordinator.raft import RaftGroup, SyncObjConf, proposal_error, replicated
 from raftcoord.coordinator.snapshots import SnapshotFile
 
@@ -175,6 +176,12 @@ class ShardReplica(RaftGroup):
         super().__init__(self_address, partner_addresses, conf)
         self._use_serializer(self._snapshots)
         self._pysyncobj_on_message = self._intercept_messages(self._on_message)
+
+    def tick(self, wait_s: float) -> None:
+        """One pysyncobj tick, after keeping the garbage collector off the
+        long-lived state (:func:`raftcoord.coordinator.heap.settle`)."""
+        heap.settle()
+        super().tick(wait_s)
 
     def destroy(self) -> None:
         """Stop the replica, after a snapshot being written is durable."""
