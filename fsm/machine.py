@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -43,6 +43,8 @@ from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 
 SNAPSHOT_VERSION = 2
+#: Records per piece of :func:`snapshot_pieces` (about a millisecond of encoding).
+SNAPSHOT_PIECE_RECORDS = 500
 #: In the answer to a command whose handler attempted a transition the rules
 #: forbid (:class:`~fsm.errors.IllegalTransition`): a bug, never a property of
 #: the request. Tests assert no command sequence produces it.
@@ -511,7 +513,15 @@ class TransactionStateMachine:
 
 
 def encode_snapshot(state: ShardState) -> bytes:
-    """``state`` as the msgpack bytes :meth:`TransactionStateMachine.restore` reads.
+    """``state`` as the msgpack bytes :meth:`TransactionStateMachine.restore` reads."""
+    return b"".join(snapshot_pieces(state))
+
+
+def snapshot_pieces(
+    state: ShardState, records_per_piece: int = SNAPSHOT_PIECE_RECORDS
+) -> Iterator[bytes]:
+    """:func:`encode_snapshot`'s bytes in pieces of about ``records_per_piece``
+    records, for a caller that pauses between pieces.
 
     The same bytes as packing the whole payload at once, but each record is
     packed as soon as it is built and then dropped: encoding a state of 100K
@@ -520,6 +530,19 @@ def encode_snapshot(state: ShardState) -> bytes:
     (about 10 x the encoding's own cost at that size).
     """
     packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    packed = 0
+
+    def records(key: str, wires: Iterable[Any], count: int) -> Iterator[bytes]:
+        nonlocal packed
+        packer.pack(key)
+        packer.pack_array_header(count)
+        for wire in wires:
+            packer.pack(wire)
+            packed += 1
+            if packed % records_per_piece == 0:
+                yield bytes(packer.bytes())
+                packer.reset()
+
     packer.pack_map_header(7)
     for key, value in (
         ("v", SNAPSHOT_VERSION),
@@ -528,18 +551,12 @@ def encode_snapshot(state: ShardState) -> bytes:
     ):
         packer.pack(key)
         packer.pack(value)
-    packer.pack("transactions")
-    packer.pack_array_header(len(state.transactions))
-    for transactional_id in sorted(state.transactions):
-        packer.pack(state.transactions[transactional_id].to_wire())
-    packer.pack("groups")
-    packer.pack_array_header(len(state.groups))
-    for group_id in sorted(state.groups):
-        packer.pack([group_id, state.groups[group_id].to_wire()])
-    packer.pack("topics")
-    packer.pack([[name, list(nodes)] for name, nodes in sorted(state.topics.items())])
-    packer.pack("memberships")
-    packer.pack_array_header(len(state.memberships))
-    for group_id in sorted(state.memberships):
-        packer.pack([group_id, state.memberships[group_id].to_wire()])
-    return bytes(packer.bytes())
+    txns, groups, members = state.transactions, state.groups, state.memberships
+    yield from records("transactions", (txns[t].to_wire() for t in sorted(txns)), len(txns))
+    yield from records("groups", ([g, groups[g].to_wire()] for g in sorted(groups)), len(groups))
+    topics = sorted(state.topics.items())
+    yield from records("topics", ([name, list(nodes)] for name, nodes in topics), len(topics))
+    yield from records(
+        "memberships", ([g, members[g].to_wire()] for g in sorted(members)), len(members)
+    )
+    yield bytes(packer.bytes())

@@ -2,7 +2,7 @@
 and a restarted replica rebuilds the same state from snapshot + journal.
 
 The snapshot is encoded and written by a background thread; the tests hold
-that thread at a gate (a wrapped ``encode_snapshot``) to look at the replica
+that thread at a gate (a wrapped ``snapshot_pieces``) to look at the replica
 while the write is under way, and never wait on time.
 """
 
@@ -24,7 +24,7 @@ from fsm import (
     ShardState,
     TransactionStateMachine,
     encode_entry,
-    encode_snapshot,
+    snapshot_pieces,
 )
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
@@ -155,7 +155,7 @@ def test_a_failing_callback_does_not_apply_the_entry_twice(tmp_path: Path) -> No
 
 
 class Gate:
-    """Holds the snapshot writer inside ``encode_snapshot`` until opened."""
+    """Holds the snapshot writer at the start of its encoding until opened."""
 
     def __init__(self, fail: bool = False) -> None:
         self.entered = threading.Event()
@@ -163,20 +163,20 @@ class Gate:
         self.fail = fail
         self.encoded: list[bytes] = []
 
-    def encode(self, state: ShardState) -> bytes:
+    def pieces(self, state: ShardState) -> Iterator[bytes]:
         self.entered.set()
         assert self.opened.wait(10), "the test never opened the gate"
         if self.fail:
             raise OSError("disk full")
-        data = encode_snapshot(state)
-        self.encoded.append(data)
-        return data
+        pieces = list(snapshot_pieces(state))
+        self.encoded.append(b"".join(pieces))
+        yield from pieces
 
 
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     held = Gate()
-    monkeypatch.setattr(replica_module, "encode_snapshot", held.encode)
+    monkeypatch.setattr(replica_module, "snapshot_pieces", held.pieces)
     yield held
     held.opened.set()  # never leave a writer thread waiting
 
@@ -259,7 +259,7 @@ def test_a_failed_snapshot_write_keeps_the_previous_snapshot_and_the_journal(
         init_entries(replica, 5, 5)
         expected = replica.machine.snapshot()
         first = first_log_index(replica)
-        monkeypatch.setattr(replica_module, "encode_snapshot", failing.encode)
+        monkeypatch.setattr(replica_module, "snapshot_pieces", failing.pieces)
         replica.forceLogCompaction()
         tick_until(replica, failing.entered.is_set)
         failing.opened.set()

@@ -94,13 +94,14 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
 
-from fsm import ErrorCode, Outcome, TransactionStateMachine, encode_snapshot
+from fsm import ErrorCode, Outcome, TransactionStateMachine, snapshot_pieces
 from raftcoord.coordinator import heap
 from raftcoord.coordinator.raft import RaftGroup, SyncObjConf, proposal_error, replicated
 from raftcoord.coordinator.snapshots import SnapshotFile
@@ -351,9 +352,13 @@ class ShardReplica(RaftGroup):
             state = self.machine.frozen_state()
 
         def encode() -> bytes:
+            pieces = []
+            for piece in snapshot_pieces(state):
+                pieces.append(piece)
+                time.sleep(0)  # hand the GIL to a shard thread waiting for it
             payload = {
                 "v": SNAPSHOT_FILE_VERSION,
-                "fsm": encode_snapshot(state),
+                "fsm": b"".join(pieces),
                 "last": [bytes(last[0]), last[1], last[2]],
                 "previous": [bytes(previous[0]), previous[1], previous[2]],
             }

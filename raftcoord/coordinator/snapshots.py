@@ -16,7 +16,9 @@ below are the ones ``SyncObj`` calls) and splits the work:
   an immutable view of the state (pointer copies, see
   :meth:`fsm.TransactionStateMachine.frozen_state`) and returns the function
   that encodes it;
-* a background thread encodes the view, writes ``<snapshot>.tmp``, fsyncs
+* a background thread encodes the view (one shard of the process at a
+  time, handing the GIL back between pieces of the encoding so that the
+  shard threads are not kept waiting), writes ``<snapshot>.tmp``, fsyncs
   it, renames it over ``<snapshot>`` and fsyncs the directory;
 * :meth:`checkSerializing` reports SERIALIZING until then, so pysyncobj keeps
   every journal entry until the new snapshot is durable, and SUCCESS (once)
@@ -58,6 +60,10 @@ Load = Callable[[str], tuple[Any, Any, Any]]
 
 #: One chunk of a transfer: (data, is first, is last).
 Chunk = tuple[bytes, bool, bool]
+
+#: Every replica of a node compacts at about the same time; encoding is
+#: Python work that holds the GIL, so the node's shards encode one at a time.
+_ONE_AT_A_TIME = threading.Lock()
 
 
 def _fsync_dir(path: str) -> None:
@@ -109,7 +115,8 @@ class SnapshotFile:
         result = SERIALIZER_STATE.FAILED
         start = time.monotonic()
         try:
-            content = encode()
+            with _ONE_AT_A_TIME:
+                content = encode()
             encoded = time.monotonic()
             with open(self._writing_path, "wb") as f:
                 f.write(content)
