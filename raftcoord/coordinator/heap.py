@@ -19,8 +19,9 @@ state.
 
 The price: a reference cycle whose objects were all alive at a freeze and
 later become garbage is never collected. The coordinator's long-lived
-objects (state machine values, journal entries, connections) are freed by
-reference counting; a cycle among them would leak.
+objects (state machine values, journal entries, marker-writer entries) are
+freed by reference counting; a cycle among them would leak (see "The
+garbage collector" in docs/coordinator.md for how that was checked).
 """
 
 from __future__ import annotations
