@@ -14,8 +14,8 @@ shard threads' ticks, runs at most every ``period_s``: a full collection,
 which walks only the objects created since the previous call, then
 ``gc.freeze()``, which moves every survivor to the permanent generation that
 later collections skip. The pause is bounded by what a period creates
-(about 10-30 ms here at 1,000 transactions/s) instead of growing with the
-state.
+(tens of milliseconds, at most 84 ms in the runs of docs/performance.md
+at 850-1,200 new transactions/s) instead of growing with the state.
 
 The price: a reference cycle whose objects were all alive at a freeze and
 later become garbage is never collected. The coordinator's long-lived
