@@ -36,7 +36,13 @@ from fsm.commands import (
 from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, ProducerFenced, Transition, WriteMarkers
 from fsm.errors import CommandError, ErrorCode, IllegalTransition, InvariantViolation
-from fsm.machine import ShardState, TransactionListing, TransactionStateMachine
+from fsm.machine import (
+    ShardState,
+    TransactionListing,
+    TransactionStateMachine,
+    encode_snapshot,
+    snapshot_pieces,
+)
 from fsm.membership import GroupMembership, GroupState, Member
 from fsm.metadata import TransactionMetadata, transition
 from fsm.offsets import FetchedOffset, GroupOffsets
@@ -90,5 +96,7 @@ __all__ = [
     "decode_entry",
     "encode_command",
     "encode_entry",
+    "encode_snapshot",
+    "snapshot_pieces",
     "transition",
 ]

@@ -447,6 +447,7 @@ class MarkerBook:
         """Forget every owed marker (the writer stops; the next leader resends)."""
         for txn in self._txns.values():
             txn.closed = True
+            txn.markers.clear()  # no cycle left (see _close)
         self._txns.clear()
         self._scheduled.clear()
         self._queues.clear()
@@ -470,6 +471,11 @@ class MarkerBook:
 
     def _close(self, txn: TxnEntry) -> None:
         txn.closed = True
+        # Each marker points back at its entry: dropping the entry's side
+        # leaves no reference cycle, so reference counting frees both (the
+        # coordinator freezes long-lived objects for the garbage collector,
+        # see raftcoord/coordinator/heap.py, and a cycle would stay).
+        txn.markers.clear()
         self._txns.pop(txn.key, None)
         self._finished[txn.key] = None
         while len(self._finished) > REMEMBERED_FINISHED:

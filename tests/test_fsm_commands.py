@@ -42,6 +42,8 @@ from fsm import (
     decode_entry,
     encode_command,
     encode_entry,
+    encode_snapshot,
+    snapshot_pieces,
 )
 from fsm.commands import COMMAND_TYPES, COMMAND_VERSION, ENTRY_VERSION, command_to_wire
 from raftcoord.protocol.types import TopicPartition
@@ -508,6 +510,25 @@ def test_snapshot_restore_round_trip() -> None:
     assert restored.snapshot() == m.snapshot()
     txn_c = restored.describe("txn-c")
     assert txn_c is not None and txn_c.state is TxnState.COMPLETE_ABORT
+
+
+def test_a_frozen_state_encodes_in_pieces_to_the_snapshot_of_its_time() -> None:
+    m = _busy_machine()
+    frozen = m.frozen_state()
+    data = m.snapshot()
+    for records_per_piece in (1, 2, 1_000):
+        assert b"".join(snapshot_pieces(frozen, records_per_piece)) == data
+    assert len(list(snapshot_pieces(frozen, 1))) > 3
+    # Packed record by record, the bytes are those of the whole payload at once.
+    assert msgpack.packb(msgpack.unpackb(data, raw=False), use_bin_type=True) == data
+    for command in (
+        AllocatePidBlock(0, 3, 10),
+        InitProducerId("txn-d", 1_000, NOW + 22, 3, new_producer_id=30),
+        GroupMarker("group-2", 1, 1, True, NOW + 23),
+    ):
+        assert m.apply(command).ok, command
+    assert m.snapshot() != data
+    assert encode_snapshot(frozen) == data  # later commands left the copy alone
 
 
 def test_empty_machine_snapshot_round_trip() -> None:

@@ -10,6 +10,7 @@ and fixtures.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import logging
@@ -42,6 +43,7 @@ from marker_writer import (
     classify_completion,
     classify_marker_error,
 )
+from marker_writer.book import PendingMarker, TxnEntry
 
 TERM = 7
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -814,3 +816,36 @@ def test_pending_markers_carry_the_last_problem_of_their_delivery(
     assert problems["orders-1"][0] == ErrorCode.UNKNOWN_SERVER_ERROR
     assert "UNAVAILABLE" in problems["orders-1"][1]
     assert writer.pending(TxnKey("other", 1, 1)) is None
+
+
+def test_a_completed_transaction_is_freed_without_the_garbage_collector(
+    writer: MarkerWriter, transport: FakeTransport, clock: FakeClock
+) -> None:
+    """Reference counting alone frees a finished transaction's entry and
+    markers: the coordinator keeps the collector off long-lived objects, so
+    a reference cycle would never be freed."""
+
+    def alive() -> int:
+        return sum(isinstance(o, (TxnEntry, PendingMarker)) for o in gc.get_objects())
+
+    owed = {DataPartition("orders", 1)}
+
+    def answer(destination: Destination, request: MarkerRequest, participant: Participant) -> int:
+        return int(ErrorCode.REQUEST_TIMED_OUT) if participant in owed else 0
+
+    transport.answer = answer
+    gc.collect()
+    before = alive()
+    gc.disable()
+    try:
+        writer.add(markers("tx", [("orders", 0), ("orders", 1)], ["g"]), TERM)
+        writer.dispatch()
+        assert alive() > before  # orders-1 is still owed
+        owed.clear()
+        for _ in range(5):
+            clock.advance(1)
+            writer.dispatch()
+        assert transport.completed_ids() == ["tx"]
+        assert alive() == before
+    finally:
+        gc.enable()

@@ -12,7 +12,10 @@
 * ``plog-startup``: :mod:`raftcoord.bench.plog_startup`, a partition's
   start-up time against its log size (docs/partition-log.md);
 * ``audit``: :mod:`raftcoord.bench.audit`, the Spark audit's time by run size
-  (docs/audit.md).
+  (docs/audit.md);
+* ``snapshot``: :mod:`raftcoord.bench.snapshot`, a shard's log compaction
+  (longest tick, snapshot encoding and restore) against its open
+  transactions (docs/performance.md).
 
 Only the command line imports this package.
 """

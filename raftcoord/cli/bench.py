@@ -21,6 +21,7 @@ SUITES = {
         "kafka_gateway",
         "confluent-kafka through the Kafka gateway against the native client over gRPC",
     ),
+    "snapshot": ("snapshot", "a shard's log compaction against its open transactions"),
 }
 
 

@@ -139,6 +139,13 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         one being the last entry of the latest snapshot."""
         return self._SyncObj__raftLog
 
+    def _use_serializer(self, serializer: Any) -> None:
+        """Put ``serializer`` in place of pysyncobj's snapshot serializer (log
+        compaction and snapshot transfer); it offers the same methods."""
+        # Built by SyncObj.__init__ from the config, with no way to pass one in;
+        # it is first used on the first tick.
+        self._SyncObj__serializer = serializer
+
     def _acknowledge(self, node: Any, next_index: int) -> None:
         """Answer ``node``'s AppendEntries with success and ``next_index``, as
         pysyncobj does after appending."""

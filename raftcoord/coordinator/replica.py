@@ -4,8 +4,27 @@ pysyncobj carries opaque msgpack entries; :meth:`ShardReplica.apply_entry`
 is the single replicated entry point and hands each entry to
 :meth:`fsm.TransactionStateMachine.apply_entry`. Snapshots (pysyncobj's log
 compaction and the transfer to a lagging follower) are the state machine's
-msgpack snapshot plus the two boundary log entries, written by our own
-serializer, never a pickle of Python objects.
+msgpack snapshot plus the two boundary log entries, never a pickle of Python
+objects, written off the tick thread by
+:class:`raftcoord.coordinator.snapshots.SnapshotFile`.
+
+Snapshots and the journal
+-------------------------
+The tick thread only captures :meth:`fsm.TransactionStateMachine.frozen_state`
+(pointer copies); the snapshot file is encoded, written and fsynced in the
+background and the journal keeps every entry until it is durable. Two
+things pysyncobj does on loading a snapshot are fixed here:
+
+* Started with a snapshot newer than the journal's first entry (a crash
+  after the new snapshot was renamed into place but before the journal was
+  compacted), pysyncobj clears the journal, entries after the snapshot
+  included. When the journal holds the snapshot's two boundary entries, the
+  replica first drops the journal's prefix up to them, so pysyncobj keeps
+  the tail.
+* Installing a large snapshot sent by the leader (restoring the state
+  machine from it) can take longer than the election timeout, after which a
+  follower would campaign at once although it has just heard from the
+  leader. The replica restarts the election timer once the install is done.
 
 AppendEntries on a follower
 ---------------------------
@@ -73,17 +92,19 @@ of a pickle never does); an early ``finish`` is handled as ``process``.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
 
-from fsm import ErrorCode, Outcome, TransactionStateMachine
+from fsm import ErrorCode, Outcome, TransactionStateMachine, snapshot_pieces
+from raftcoord.coordinator import heap
 from raftcoord.coordinator.raft import RaftGroup, SyncObjConf, proposal_error, replicated
+from raftcoord.coordinator.snapshots import SnapshotFile
 
 SNAPSHOT_FILE_VERSION = 1
 
@@ -136,7 +157,7 @@ class ShardReplica(RaftGroup):
         node_id: int,
     ) -> None:
         # Attributes set before SyncObj.__init__ are treated by pysyncobj as
-        # its own and never serialized; our serializer writes the machine.
+        # its own; the snapshot file holds only the machine.
         self.machine = machine
         self.node_id = node_id
         self.shard = machine.state.pids.layout.shard
@@ -144,22 +165,49 @@ class ShardReplica(RaftGroup):
         self._on_applied = on_applied
         self._chunks: bytearray | None = None  # a large entry being received
         self._refused_conflict: tuple[int, int] | None = None  # (index, term) logged
-        conf.serializer = self._write_snapshot
-        conf.deserializer = self._read_snapshot
+        if conf.fullDumpFile is None:
+            raise ValueError("a shard replica needs a snapshot file (fullDumpFile)")
+        self._snapshots = SnapshotFile(
+            conf.fullDumpFile,
+            conf.logCompactionBatchSize,
+            self._capture_snapshot,
+            self._read_snapshot,
+            where=f"node={node_id} shard={self.shard}",
+        )
         super().__init__(self_address, partner_addresses, conf)
+        self._use_serializer(self._snapshots)
         self._pysyncobj_on_message = self._intercept_messages(self._on_message)
+
+    def tick(self, wait_s: float) -> None:
+        """One pysyncobj tick, after keeping the garbage collector off the
+        long-lived state (:func:`raftcoord.coordinator.heap.settle`)."""
+        heap.settle()
+        super().tick(wait_s)
+
+    def destroy(self) -> None:
+        """Stop the replica, after a snapshot being written is durable."""
+        self._snapshots.close()
+        super().destroy()
 
     # --- AppendEntries on a follower -----------------------------------------------
 
     def _on_message(self, node: Any, message: Any) -> None:
-        if message.get("type") == APPEND_ENTRIES and message["term"] >= self.raftCurrentTerm:
-            if "transmission" in message:
-                message = self._reassemble(node, message)
-            elif "prevLogIdx" in message:
-                message = self._append_entries(node, message)
-            if message is None:
-                return
+        if message.get("type") != APPEND_ENTRIES or message["term"] < self.raftCurrentTerm:
+            self._pysyncobj_on_message(node, message)
+            return
+        if "transmission" in message:
+            message = self._reassemble(node, message)
+        elif "prevLogIdx" in message:
+            message = self._append_entries(node, message)
+        if message is None:
+            return
         self._pysyncobj_on_message(node, message)
+        chunk = message.get("serialized")
+        if chunk is not None and chunk[2]:
+            # The last chunk of a snapshot: pysyncobj has installed it, maybe
+            # for longer than an election timeout. The same message again
+            # without the chunk restarts the election timer.
+            self._follow(node, message, message["commit_index"])
 
     def _reassemble(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """One chunk of a large entry; the whole entry once its pickle is complete."""
@@ -296,20 +344,27 @@ class ShardReplica(RaftGroup):
             raise EntryNotApplied(index) from exc
         return outcomes
 
-    def _write_snapshot(self, path: str, raft_data: Any) -> None:
-        last, previous, _cluster = raft_data
+    def _capture_snapshot(self, last: Any, previous: Any) -> Callable[[], bytes]:
+        """On the tick thread, with ``last`` the last applied entry: a function
+        that encodes the state as it is now, and the two entries, as the
+        snapshot file's bytes."""
         with self.lock:
-            state = self.machine.snapshot()
-        payload = {
-            "v": SNAPSHOT_FILE_VERSION,
-            "fsm": state,
-            "last": [bytes(last[0]), last[1], last[2]],
-            "previous": [bytes(previous[0]), previous[1], previous[2]],
-        }
-        with open(path, "wb") as f:
-            f.write(msgpack.packb(payload, use_bin_type=True))
-            f.flush()
-            os.fsync(f.fileno())
+            state = self.machine.frozen_state()
+
+        def encode() -> bytes:
+            pieces = []
+            for piece in snapshot_pieces(state):
+                pieces.append(piece)
+                time.sleep(0)  # hand the GIL to a shard thread waiting for it
+            payload = {
+                "v": SNAPSHOT_FILE_VERSION,
+                "fsm": b"".join(pieces),
+                "last": [bytes(last[0]), last[1], last[2]],
+                "previous": [bytes(previous[0]), previous[1], previous[2]],
+            }
+            return bytes(msgpack.packb(payload, use_bin_type=True))
+
+        return encode
 
     def _read_snapshot(self, path: str) -> tuple[Any, Any, list[Any]]:
         payload = msgpack.unpackb(Path(path).read_bytes(), raw=False)
@@ -318,5 +373,19 @@ class ShardReplica(RaftGroup):
         restored = TransactionStateMachine.restore(payload["fsm"], self.machine.config)
         with self.lock:
             self.machine = restored
-        last, previous = payload["last"], payload["previous"]
-        return (last[0], last[1], last[2]), (previous[0], previous[1], previous[2]), []
+        last = (payload["last"][0], payload["last"][1], payload["last"][2])
+        previous = (payload["previous"][0], payload["previous"][1], payload["previous"][2])
+        self._trim_journal_to(previous, last)
+        return last, previous, []
+
+    def _trim_journal_to(self, previous: Any, last: Any) -> None:
+        """Drop the journal's entries before ``previous`` when it holds the
+        snapshot's boundary entries ``previous`` and ``last`` (see the module
+        docstring), as log compaction would have."""
+        raft_log = self._log_entries()
+        if len(raft_log) < 2:
+            return
+        position = previous[1] - raft_log[0][1]
+        if 0 < position < len(raft_log) - 1 and tuple(raft_log[position]) == previous:
+            if tuple(raft_log[position + 1]) == last:
+                raft_log.deleteEntriesTo(position)
