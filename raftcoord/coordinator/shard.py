@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
@@ -35,11 +35,13 @@ from fsm import (
     InitProducerId,
     Outcome,
     ProducerFenced,
+    ShardState,
     TransactionStateMachine,
     Transition,
     TxnState,
     WriteMarkers,
     encode_entry,
+    encode_snapshot,
 )
 from fsm.states import PREPARE_STATES
 from raftcoord.coordinator.leader import (
@@ -295,18 +297,21 @@ class Shard:
         return request.future
 
     def status(self) -> ShardStatus:
-        def read(machine: TransactionStateMachine) -> ShardStatus:
+        # Only a copy of the state's maps is taken under the replica's lock;
+        # the digest is encoded outside it, so applies do not wait for it.
+        def read(machine: TransactionStateMachine) -> tuple[ShardStatus, ShardState]:
             return ShardStatus(
                 ready_leader=self.is_leader and self.ready,
                 term=self.replica.raftCurrentTerm,
                 commit_index=self.replica.raftCommitIndex,
                 applied_index=self.replica.raftLastApplied,
-                state_digest=hashlib.sha256(machine.snapshot()).hexdigest(),
+                state_digest="",
                 transactional_ids=len(machine.state.transactions),
                 parked_requests=self._parked.count,
-            )
+            ), machine.frozen_state()
 
-        return self.replica.query(read)
+        status, state = self.replica.query(read)
+        return replace(status, state_digest=hashlib.sha256(encode_snapshot(state)).hexdigest())
 
     def change_count(self) -> int:
         """How many entries this replica applied and leaderships it lost so far."""
