@@ -125,8 +125,10 @@ class Backend:
             self._leaders[answer.shard] = answer.address
         return answer
 
-    async def to_leader(self, key: str, method: str, request: Any) -> Any:
-        """``method(request)`` on the leader of ``key``'s shard.
+    async def to_leader(self, key: str, method: str, request: Any, wait_s: float = 0.0) -> Any:
+        """``method(request)`` on the leader of ``key``'s shard, bounded by
+        ``rpc_timeout_s`` plus ``wait_s`` (the time the coordinator may hold
+        the request by design, as a JoinGroup waiting for its rebalance).
 
         Returns the coordinator's answer; on NOT_COORDINATOR or
         COORDINATOR_NOT_AVAILABLE the leader is forgotten (the client
@@ -142,7 +144,7 @@ class Backend:
             address = found.address
         try:
             answer = await getattr(self.coordinator_stub(address), method)(
-                request, timeout=self.rpc_timeout_s
+                request, timeout=self.rpc_timeout_s + wait_s
             )
         except grpc.aio.AioRpcError as exc:
             log.info("shard %d leader %s unreachable: %s", shard, address, exc.code())
