@@ -13,17 +13,23 @@ FENCED_INSTANCE_ID. kafka-python and aiokafka: consumer groups with
 from __future__ import annotations
 
 import asyncio
+import select
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kio.index import load_response_schema
+from kio.serial import entity_reader
 
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from tests.local_cluster import running_cluster
+from tests.test_kafka_gateway import gateway_socket, read_frame, request_frame
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import (  # noqa: E402
@@ -362,6 +368,70 @@ def test_a_replaced_static_member_has_its_offsets_fenced(cluster: LocalCluster) 
         fenced_offsets(cluster, group, stale, KafkaError.FENCED_INSTANCE_ID, topic)
     finally:
         successor.close()
+
+
+def test_a_waiting_join_holds_up_no_other_connection(cluster: LocalCluster) -> None:
+    """A second member's JoinGroup waits until the first member joins again;
+    meanwhile the gateway answers other connections, and the first member's
+    heartbeat is told to rejoin (REBALANCE_IN_PROGRESS)."""
+    group = "raw-waiting"
+
+    def join(sock: Any, member_id: str, correlation_id: int) -> None:
+        body = {
+            "group_id": group,
+            "session_timeout": 60_000,
+            "rebalance_timeout": 60_000,
+            "member_id": member_id,
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}],
+        }
+        sock.sendall(request_frame(11, 5, correlation_id, body))
+
+    def join_with_id(sock: Any) -> str:
+        join(sock, "", 1)
+        first_answer = answer(sock, 11, 5)
+        assert int(first_answer.error_code) == ErrorCode.MEMBER_ID_REQUIRED
+        return str(first_answer.member_id)
+
+    with gateway_socket(cluster) as first, gateway_socket(cluster) as second:
+        first_id = join_with_id(first)
+        join(first, first_id, 2)
+        joined_first = answer(first, 11, 5)
+        assert int(joined_first.error_code) == ErrorCode.NONE
+        second_id = join_with_id(second)
+        join(second, second_id, 2)  # waits for the first member
+        heartbeat = {
+            "group_id": group,
+            "generation_id": joined_first.generation_id,
+            "member_id": first_id,
+            "group_instance_id": None,
+        }
+        deadline = time.monotonic() + TIMEOUT_S
+        while int(answer_of(first, request_frame(12, 3, 3, heartbeat), 12, 3)) == 0:
+            assert time.monotonic() < deadline, "the first member was never asked to rejoin"
+        with gateway_socket(cluster) as other:
+            other.sendall(request_frame(3, 1, 7, {"topics": None}))
+            assert read_frame(other)[:4] == (7).to_bytes(4, "big")
+        assert select.select([second], [], [], 0)[0] == [], "the second join did not wait"
+        join(first, first_id, 4)
+        rejoined = answer(first, 11, 5)
+        joined_second = answer(second, 11, 5)
+    assert int(rejoined.error_code) == int(joined_second.error_code) == ErrorCode.NONE
+    assert rejoined.generation_id == joined_second.generation_id > joined_first.generation_id
+
+
+def answer(sock: Any, api_key: int, version: int) -> Any:
+    """The next answer on ``sock``, of a non-flexible ``version`` of ``api_key``."""
+    return entity_reader(load_response_schema(api_key, version))(read_frame(sock), 4)[0]
+
+
+def answer_of(sock: Any, frame: bytes, api_key: int, version: int) -> int:
+    """The error code of the answer to ``frame``."""
+    sock.sendall(frame)
+    code = int(answer(sock, api_key, version).error_code)
+    assert code in (ErrorCode.NONE, ErrorCode.REBALANCE_IN_PROGRESS), code
+    return code
 
 
 def test_kafka_python_consumer_group_reads_and_commits(cluster: LocalCluster) -> None:
