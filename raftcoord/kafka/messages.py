@@ -56,7 +56,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
     FETCH: (4, 12),
     LIST_OFFSETS: (1, 7),
-    METADATA: (1, 9),
+    METADATA: (1, 8),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 7),
     FIND_COORDINATOR: (0, 3),
