@@ -64,18 +64,24 @@ def error_of(exc: confluent_kafka.KafkaException | confluent_kafka.KafkaError) -
         mapped = TransactionAbortableError(message)
         mapped.__cause__ = KafkaTimeoutError(message) if error.retriable() else KafkaError(message)
         return mapped
-    if error.retriable() or error.code() in _UNKNOWN_OUTCOME:
+    if error.retriable() or error.code() in _RETRIABLE:
         return KafkaTimeoutError(message)
     return KafkaError(message)
 
 
-_UNKNOWN_OUTCOME = frozenset(
+#: Errors asked again (or, from a send or a transaction's end, of unknown
+#: outcome) whatever librdkafka's retriable flag says.
+_RETRIABLE = frozenset(
     {
         confluent_kafka.KafkaError._TIMED_OUT,
         confluent_kafka.KafkaError._MSG_TIMED_OUT,
         confluent_kafka.KafkaError._TRANSPORT,
         confluent_kafka.KafkaError.REQUEST_TIMED_OUT,
         confluent_kafka.KafkaError.NETWORK_EXCEPTION,
+        confluent_kafka.KafkaError.NOT_COORDINATOR,
+        confluent_kafka.KafkaError.COORDINATOR_NOT_AVAILABLE,
+        confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        confluent_kafka.KafkaError.UNSTABLE_OFFSET_COMMIT,
     }
 )
 
@@ -250,44 +256,65 @@ class Consumer:
 
     def poll(self, timeout_ms: int) -> list[ConsumerRecord]:
         """The records that arrive within ``timeout_ms`` (at most POLL_RECORDS):
-        returns at the first ones, or once every partition is at its end."""
+        returns at the first ones, or once every partition is at its end.
+
+        Raises:
+            KafkaError: librdkafka reported an error and no record came (it
+                retries by itself; records delivered with an error are kept).
+        """
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             messages = self._consumer.consume(1, max(0.0, deadline - time.monotonic()))
             if messages:
                 messages += self._consumer.consume(POLL_RECORDS - 1, 0)
-            records = [r for r in map(self._record, messages) if r is not None]
+            records: list[ConsumerRecord] = []
+            errors: list[KafkaError] = []
+            for msg in messages:
+                self._take(msg, records, errors)
+            if records:
+                return records
+            if errors:
+                raise errors[0]
             if (
-                records
-                or not messages
+                not messages
                 or time.monotonic() >= deadline
                 or all(tp in self._at_end for tp in self._assigned)
             ):
                 return records
 
-    def _record(self, msg: Any) -> ConsumerRecord | None:
-        """The record of a librdkafka message; None for an end-of-partition event."""
+    def _take(self, msg: Any, records: list[ConsumerRecord], errors: list[KafkaError]) -> None:
+        """Adds a librdkafka message to ``records``, an error to ``errors``;
+        an end-of-partition event moves the partition's position."""
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         error = msg.error()
         if error is not None:
-            if error.code() != confluent_kafka.KafkaError._PARTITION_EOF:
-                raise error_of(error)
-            self._at_end[TopicPartition(topic, partition)] = offset
-            return None
+            if error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                self._at_end[TopicPartition(topic, partition)] = offset
+            else:
+                errors.append(error_of(error))
+            return
         assert topic is not None and partition is not None and offset is not None
         self._at_end.pop(TopicPartition(topic, partition), None)
-        return ConsumerRecord(topic, partition, offset, msg.key(), msg.value())
+        records.append(ConsumerRecord(topic, partition, offset, msg.key(), msg.value()))
 
     def position(self, tp: TopicPartition) -> int:
         [found] = self._consumer.position([_wire(tp)])
         return max(int(found.offset), self._seeked.get(tp, 0), self._at_end.get(tp, 0))
 
     def committed(self, tp: TopicPartition) -> int | None:
-        try:
-            [found] = self._consumer.committed([_wire(tp)], self.timeout_s)
-        except confluent_kafka.KafkaException as exc:
-            raise error_of(exc) from None
-        return None if found.offset < 0 else int(found.offset)
+        """The group's committed offset; asked again while the group's
+        coordinator moves (librdkafka gives up on NOT_COORDINATOR)."""
+        deadline = time.monotonic() + self.timeout_s * 4
+        while True:
+            try:
+                [found] = self._consumer.committed([_wire(tp)], self.timeout_s)
+            except confluent_kafka.KafkaException as exc:
+                error = error_of(exc)
+                if error.retriable and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise error from None
+            return None if found.offset < 0 else int(found.offset)
 
     def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Each partition's end: the last stable offset under read_committed."""

@@ -1026,7 +1026,8 @@ def _fetch_error(partition: int, code: int) -> Data:
         "high_watermark": -1,
         "last_stable_offset": -1,
         "log_start_offset": -1,
-        "records": None,
+        # Empty, not null, as from Kafka's brokers: librdkafka refuses null records.
+        "records": b"",
     }
 
 
