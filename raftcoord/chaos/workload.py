@@ -5,9 +5,12 @@ nemesis breaking the cluster meanwhile.
 
 Every client process is a thread of the one ``raftcoord workload`` process
 with its own client objects (a process name in the history is a thread
-here). Threads keep the machine's load small and share one history writer,
-whose lock orders the events; each client object is used by its own thread
-only, as the client library asks.
+here): raftcoord's client, or with ``--client kafka`` Kafka's
+(confluent-kafka) through the cluster's Kafka gateways, made of the same
+operations by ``raftcoord/chaos/kafka_clients.py``. Threads keep the
+machine's load small and share one history writer, whose lock orders the
+events; each client object is used by its own thread only, as the client
+libraries ask.
 
 Phases: set up (topics, the input pre-fill), traffic (``duration_s`` or a
 budget of producer ``transactions``, with the nemesis), heal (every fault
