@@ -16,7 +16,7 @@ import asyncio
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,10 +122,34 @@ def group_offsets(cluster: LocalCluster, group: str, topic: str) -> list[int]:
     """The group's committed offset per partition of ``topic`` (OffsetFetch)."""
     consumer = group_consumer(cluster, group)
     try:
-        found = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], TIMEOUT_S)
+        found = committed(consumer, [TopicPartition(topic, p) for p in range(PARTITIONS)])
         return [tp.offset for tp in found]
     finally:
         consumer.close()
+
+
+#: What OffsetFetch answers while the group's coordinator moves: librdkafka
+#: hands these to the caller of committed(), which asks again.
+COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError._TIMED_OUT,
+)
+
+
+def committed(consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+    """The group's committed offsets of ``partitions``, asked again while the
+    group's coordinator moves."""
+    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+    while True:
+        try:
+            return consumer.committed(partitions, TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() not in COORDINATOR_MOVING or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 @dataclass
@@ -194,20 +218,33 @@ class Worker:
                     for m in records:
                         producer.produce(self.sink, value=b"out:" + (m.value() or b""))
                     positions = consumer.position(consumer.assignment())
-                    producer.send_offsets_to_transaction(
-                        positions, consumer.consumer_group_metadata(), TIMEOUT_S
-                    )
-                    producer.commit_transaction(TIMEOUT_S)
+                    metadata = consumer.consumer_group_metadata()
+                    retrying(producer.send_offsets_to_transaction, positions, metadata, TIMEOUT_S)
+                    retrying(producer.commit_transaction, TIMEOUT_S)
                     self.commits += 1
                 except KafkaException as exc:
                     error = exc.args[0]
-                    if error.fatal() or not (error.txn_requires_abort() or error.retriable()):
+                    if error.fatal() or not error.txn_requires_abort():
                         raise
-                    producer.abort_transaction(TIMEOUT_S)
+                    retrying(producer.abort_transaction, TIMEOUT_S)
                     self.aborts += 1
                     rewind(consumer)
         finally:
             consumer.close()
+
+
+def retrying(call: Callable[..., None], *args: Any) -> None:
+    """``call(*args)``, made again while it fails with a retriable error that does
+    not require an abort (as librdkafka's documentation asks)."""
+    for _ in range(20):
+        try:
+            call(*args)
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not error.retriable() or error.txn_requires_abort():
+                raise
+    pytest.fail("a transactional call stayed retriable")
 
 
 def rewind(consumer: Consumer) -> None:
@@ -216,7 +253,7 @@ def rewind(consumer: Consumer) -> None:
     assignment = consumer.assignment()
     if not assignment:
         return
-    for tp in consumer.committed(assignment, TIMEOUT_S):
+    for tp in committed(consumer, assignment):
         if tp.offset < 0:
             tp.offset = confluent_kafka.OFFSET_BEGINNING
         consumer.seek(tp)
