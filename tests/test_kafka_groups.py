@@ -458,6 +458,28 @@ def test_a_waiting_join_holds_up_no_other_connection(cluster: LocalCluster) -> N
     assert rejoined.generation_id == joined_second.generation_id > joined_first.generation_id
 
 
+@pytest.mark.parametrize("version", [0, 3])
+def test_a_join_of_a_version_before_member_ids_were_required_completes(
+    cluster: LocalCluster, version: int
+) -> None:
+    """JoinGroup before v4 knows no MEMBER_ID_REQUIRED: a first join with an
+    empty member id completes with the member id the coordinator assigned."""
+    body = {
+        "group_id": f"raw-old-join-{version}",
+        "session_timeout": 10_000,
+        "rebalance_timeout": 10_000,
+        "member_id": "",
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b""}],
+    }
+    with gateway_socket(cluster) as sock:
+        sock.sendall(request_frame(11, version, 1, body))
+        joined = answer(sock, 11, version)
+    assert int(joined.error_code) == ErrorCode.NONE
+    assert joined.member_id and joined.leader == joined.member_id
+    assert joined.generation_id >= 1
+
+
 def answer(sock: Any, api_key: int, version: int) -> Any:
     """The next answer on ``sock``, of a non-flexible ``version`` of ``api_key``."""
     return entity_reader(load_response_schema(api_key, version))(read_frame(sock), 4)[0]
