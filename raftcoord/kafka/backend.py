@@ -158,6 +158,11 @@ class Backend:
             self._leaders.pop(shard, None)
         return answer
 
+    def forget_leader(self, key: str) -> None:
+        """Ask the coordinators again who leads ``key``'s shard next time (an
+        answer without a top-level error said NOT_COORDINATOR per item)."""
+        self._leaders.pop(shard_for(key, self.config.shard_count), None)
+
     # --- topics and partitions ---------------------------------------------------
 
     async def metadata(self, topics: Sequence[str] | None) -> coordinator_pb2.MetadataResponse:

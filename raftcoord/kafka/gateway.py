@@ -20,7 +20,7 @@ from typing import Any
 import grpc.aio
 
 from raftcoord.kafka import messages as m
-from raftcoord.kafka.backend import Backend, Unreachable
+from raftcoord.kafka.backend import REDISCOVER, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
@@ -426,6 +426,8 @@ class Gateway:
             found = next(
                 (t for t in answer.transactions if t.transactional_id == transactional_id), None
             )
+            if found is not None and found.error_code in REDISCOVER:
+                self.backend.forget_leader(transactional_id)
             if found is None:
                 return {
                     "transactional_id": transactional_id,
@@ -735,6 +737,8 @@ class Gateway:
                 coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]),
             )
             found = next((g for g in answer.groups if g.group_id == group_id), None)
+            if found is not None and found.error_code in REDISCOVER:
+                self.backend.forget_leader(group_id)
             if found is None:
                 return {
                     "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
