@@ -367,6 +367,8 @@ def fenced_offsets(
 
 
 def test_a_zombie_generation_has_its_offsets_fenced(cluster: LocalCluster) -> None:
+    """A generation left behind is ILLEGAL_GENERATION; Kafka's admin client
+    then describes the group with both members (DescribeGroups)."""
     group, topic = "zombie-generation", "zombie-generation-in"
     create_topics(cluster, topic)
     zombie = group_consumer(cluster, group)
@@ -382,6 +384,11 @@ def test_a_zombie_generation_has_its_offsets_fenced(cluster: LocalCluster) -> No
             zombie.poll(0.1)
             successor.poll(0.1)
         fenced_offsets(cluster, group, stale, KafkaError.ILLEGAL_GENERATION, topic)
+        admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
+        [described] = admin.describe_consumer_groups([group], request_timeout=TIMEOUT_S).values()
+        description = described.result(timeout=TIMEOUT_S)
+        assert len(description.members) == 2
+        assert str(description.state).endswith("STABLE"), description.state
     finally:
         zombie.close()
         successor.close()
