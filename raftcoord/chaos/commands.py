@@ -14,7 +14,7 @@ from rich.table import Table
 
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
-from raftcoord.chaos.workload import CLIENTS, Options, Workload
+from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
 from raftcoord.client import KafkaError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
@@ -89,7 +89,7 @@ def add_parsers(commands: Any) -> None:
     )
     workload.add_argument(
         "--client",
-        choices=sorted(CLIENTS),
+        choices=CLIENT_KINDS,
         default=defaults.client_kind,
         help="raftcoord's client over gRPC, or Kafka's (confluent-kafka) through the "
         f"cluster's Kafka gateways ({defaults.client_kind})",

@@ -7,7 +7,8 @@ Every client process is a thread of the one ``raftcoord workload`` process
 with its own client objects (a process name in the history is a thread
 here): raftcoord's client, or with ``--client kafka`` Kafka's
 (confluent-kafka) through the cluster's Kafka gateways, made of the same
-operations by ``raftcoord/chaos/kafka_clients.py``. Threads keep the
+operations (``raftcoord/chaos/clients.py``) by
+``raftcoord/chaos/kafka_clients.py``. Threads keep the
 machine's load small and share one history writer, whose lock orders the
 events; each client object is used by its own thread only, as the client
 libraries ask.
@@ -32,7 +33,6 @@ against the one place that writes it.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import random
 import threading
 import time
@@ -40,9 +40,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from raftcoord.chaos.clients import (
+    ClientModule,
+    WorkloadConsumer,
+    WorkloadTransactionalProducer,
+)
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import Nemesis
 from raftcoord.client import (
@@ -71,9 +75,9 @@ INPUT_BATCH_BYTES = 4096
 FINAL_READ_STALL_S = 60.0
 #: History ops that are not client operations.
 _NOT_OPS = ("run", "fault", "final")
-#: ``--client``: the module whose Producer, TransactionalProducer, Consumer
-#: and Admin the workload makes its clients of.
-CLIENTS = {"raftcoord": "raftcoord.client", "kafka": "raftcoord.chaos.kafka_clients"}
+#: ``--client``: raftcoord's client library, or Kafka's client through the
+#: Kafka gateways (:func:`client_module`).
+CLIENT_KINDS = ("raftcoord", "kafka")
 
 
 @dataclass
@@ -136,8 +140,21 @@ class Options:
             raise ValueError("--request-timeout must be >= 100 ms")
         if self.fault_interval_s <= 0 or self.drain_timeout_s <= 0:
             raise ValueError("--fault-interval and --drain-timeout must be > 0")
-        if self.client_kind not in CLIENTS:
-            raise ValueError(f"--client must be one of {', '.join(CLIENTS)}")
+        if self.client_kind not in CLIENT_KINDS:
+            raise ValueError(f"--client must be one of {', '.join(CLIENT_KINDS)}")
+
+
+def client_module(kind: str) -> ClientModule:
+    """The module whose Producer, TransactionalProducer, Consumer and Admin
+    the workload makes its clients of (confluent-kafka is imported only for
+    a run with Kafka's client)."""
+    if kind == "kafka":
+        from raftcoord.chaos import kafka_clients
+
+        return kafka_clients
+    import raftcoord.client
+
+    return raftcoord.client
 
 
 # --- the deterministic parts ---------------------------------------------------------
@@ -198,8 +215,8 @@ class Run:
 
     history: History
     bootstrap: list[str]
-    #: The module the clients are made of (CLIENTS).
-    clients: ModuleType
+    #: The module the clients are made of (client_module).
+    clients: ClientModule
     options: Options
     prefix: str
     txn_topic: str
@@ -251,7 +268,7 @@ class _Transactional:
         self.h = run.history
         self.name = name
         self.transactional_id = f"{run.prefix}-{name}"
-        self.producer: Any = None  # the clients' TransactionalProducer
+        self.producer: WorkloadTransactionalProducer | None = None
         self.initialized = False
         self.txn_count = 0
 
@@ -425,7 +442,7 @@ class WorkerProcess(_Transactional):
         self.committed: dict[TopicPartition, int] = {}
         #: Records polled and not taken into a transaction yet, in poll order.
         self.buffer: deque[ConsumerRecord] = deque()
-        self.consumer = run.clients.Consumer(
+        self.consumer: WorkloadConsumer = run.clients.Consumer(
             run.bootstrap,
             group_id=run.group,
             isolation_level="read_committed",
@@ -436,9 +453,12 @@ class WorkerProcess(_Transactional):
         self.consumer.assign(self.inputs)
         #: What send_offsets_to_transaction takes: the group id (raftcoord's
         #: client), the consumer's group metadata (Kafka's).
-        self.group_metadata = (
-            self.consumer.group_metadata() if run.options.client_kind == "kafka" else run.group
-        )
+        self.group_metadata: Any = run.group
+        if run.options.client_kind == "kafka":
+            from raftcoord.chaos.kafka_clients import Consumer as KafkaConsumer
+
+            assert isinstance(self.consumer, KafkaConsumer)
+            self.group_metadata = self.consumer.group_metadata()
 
     def done(self) -> bool:
         return all(self.committed.get(tp, -1) >= end for tp, end in self.ends.items())
@@ -551,7 +571,7 @@ class PollerProcess:
         self.run = run
         self.name = f"poller-{index}"
         self.partitions = partitions
-        self.consumer = run.clients.Consumer(
+        self.consumer: WorkloadConsumer = run.clients.Consumer(
             run.bootstrap, isolation_level="read_committed", **run.options.client()
         )
         self.consumer.assign(partitions)
@@ -623,7 +643,7 @@ class Workload:
                 if options.client_kind == "kafka"
                 else cluster.bootstrap()
             ),
-            clients=importlib.import_module(CLIENTS[options.client_kind]),
+            clients=client_module(options.client_kind),
             options=options,
             prefix=self.prefix,
             txn_topic=f"{self.prefix}-txn",
