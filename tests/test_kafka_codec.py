@@ -5,7 +5,9 @@ with kafka-python, an independent implementation of the same formats."""
 from __future__ import annotations
 
 import io
+import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,3 +237,11 @@ def test_the_epoch_book_forgets_the_least_recently_used_identity_whole() -> None
     assert book.sequence((1, 0), "t", 0, 9) == 1
     assert book.server(3, 0) == (3, 1)
     assert len(book) == 2
+
+
+def test_the_docs_list_exactly_the_advertised_versions() -> None:
+    """docs/kafka.md's API table names each advertised API with its range."""
+    table = (Path(__file__).parent.parent / "docs" / "kafka.md").read_text()
+    rows = re.findall(r"^\| [A-Za-z]+ \((\d+)\) \| (\d+)(?:\u2013(\d+))? \|", table, re.MULTILINE)
+    listed = {int(key): (int(low), int(high or low)) for key, low, high in rows}
+    assert listed == m.SUPPORTED

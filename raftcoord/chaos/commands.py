@@ -14,7 +14,7 @@ from rich.table import Table
 
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
-from raftcoord.chaos.workload import Options, Workload
+from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
 from raftcoord.client import KafkaError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
@@ -88,6 +88,13 @@ def add_parsers(commands: Any) -> None:
         f"({defaults.request_timeout_ms})",
     )
     workload.add_argument(
+        "--client",
+        choices=CLIENT_KINDS,
+        default=defaults.client_kind,
+        help="raftcoord's client over gRPC, or Kafka's (confluent-kafka) through the "
+        f"cluster's Kafka gateways ({defaults.client_kind})",
+    )
+    workload.add_argument(
         "--drain-timeout",
         type=float,
         default=defaults.drain_timeout_s,
@@ -136,6 +143,7 @@ def _workload(args: argparse.Namespace) -> int:
             fault_interval_s=args.fault_interval,
             drain_timeout_s=args.drain_timeout,
             request_timeout_ms=args.request_timeout,
+            client_kind=args.client,
         )
         options.check()
         cluster = _cluster(args)

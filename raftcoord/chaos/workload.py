@@ -5,9 +5,13 @@ nemesis breaking the cluster meanwhile.
 
 Every client process is a thread of the one ``raftcoord workload`` process
 with its own client objects (a process name in the history is a thread
-here). Threads keep the machine's load small and share one history writer,
-whose lock orders the events; each client object is used by its own thread
-only, as the client library asks.
+here): raftcoord's client, or with ``--client kafka`` Kafka's
+(confluent-kafka) through the cluster's Kafka gateways, made of the same
+operations (``raftcoord/chaos/clients.py``) by
+``raftcoord/chaos/kafka_clients.py``. Threads keep the
+machine's load small and share one history writer, whose lock orders the
+events; each client object is used by its own thread only, as the client
+libraries ask.
 
 Phases: set up (topics, the input pre-fill), traffic (``duration_s`` or a
 budget of producer ``transactions``, with the nemesis), heal (every fault
@@ -38,20 +42,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raftcoord.chaos.clients import (
+    ClientModule,
+    WorkloadConsumer,
+    WorkloadTransactionalProducer,
+)
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import Nemesis
 from raftcoord.client import (
-    Admin,
-    Consumer,
     ConsumerRecord,
     KafkaError,
     KafkaTimeoutError,
-    Producer,
     TopicPartition,
     TransactionAbortableError,
-    TransactionalProducer,
 )
-from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
 __all__ = ["Options", "TxnPlan", "Workload", "input_values", "producer_plans", "worker_plans"]
 
@@ -70,6 +75,9 @@ INPUT_BATCH_BYTES = 4096
 FINAL_READ_STALL_S = 60.0
 #: History ops that are not client operations.
 _NOT_OPS = ("run", "fault", "final")
+#: ``--client``: raftcoord's client library, or Kafka's client through the
+#: Kafka gateways (:func:`client_module`).
+CLIENT_KINDS = ("raftcoord", "kafka")
 
 
 @dataclass
@@ -95,6 +103,9 @@ class Options:
     #: enough that faults show up as failed operations, long enough to ride
     #: out an election.
     request_timeout_ms: int = 5_000
+    #: Whose clients: raftcoord's over gRPC, or Kafka's (confluent-kafka)
+    #: through the cluster's Kafka gateways.
+    client_kind: str = "raftcoord"
 
     def client(self) -> dict[str, Any]:
         """Settings of every client the workload makes."""
@@ -129,6 +140,21 @@ class Options:
             raise ValueError("--request-timeout must be >= 100 ms")
         if self.fault_interval_s <= 0 or self.drain_timeout_s <= 0:
             raise ValueError("--fault-interval and --drain-timeout must be > 0")
+        if self.client_kind not in CLIENT_KINDS:
+            raise ValueError(f"--client must be one of {', '.join(CLIENT_KINDS)}")
+
+
+def client_module(kind: str) -> ClientModule:
+    """The module whose Producer, TransactionalProducer, Consumer and Admin
+    the workload makes its clients of (confluent-kafka is imported only for
+    a run with Kafka's client)."""
+    if kind == "kafka":
+        from raftcoord.chaos import kafka_clients
+
+        return kafka_clients
+    import raftcoord.client
+
+    return raftcoord.client
 
 
 # --- the deterministic parts ---------------------------------------------------------
@@ -189,6 +215,8 @@ class Run:
 
     history: History
     bootstrap: list[str]
+    #: The module the clients are made of (client_module).
+    clients: ClientModule
     options: Options
     prefix: str
     txn_topic: str
@@ -240,7 +268,8 @@ class _Transactional:
         self.h = run.history
         self.name = name
         self.transactional_id = f"{run.prefix}-{name}"
-        self.producer: TransactionalProducer | None = None
+        self.producer: WorkloadTransactionalProducer | None = None
+        self.initialized = False
         self.txn_count = 0
 
     def identity(self) -> dict[str, int]:
@@ -253,11 +282,11 @@ class _Transactional:
 
     def ready(self) -> bool:
         """A producer that completed ``init``; False once the run gives up."""
-        while self.producer is None or self.producer.producer_id < 0:
+        while not self.initialized:
             if self.run.give_up.is_set():
                 return False
             if self.producer is None:
-                self.producer = TransactionalProducer(
+                self.producer = self.run.clients.TransactionalProducer(
                     self.run.bootstrap,
                     self.transactional_id,
                     transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
@@ -274,6 +303,7 @@ class _Transactional:
                 self.restart()
                 self.run.give_up.wait(0.5)
                 continue
+            self.initialized = True
             self.h.complete(self.name, "ok", **self.identity())
         return True
 
@@ -283,6 +313,7 @@ class _Transactional:
         if self.producer is not None:
             self.producer.close(timeout_s=5)
             self.producer = None
+        self.initialized = False
 
     def new_txn(self) -> str:
         txn = f"{self.name}:{self.txn_count}"
@@ -411,7 +442,7 @@ class WorkerProcess(_Transactional):
         self.committed: dict[TopicPartition, int] = {}
         #: Records polled and not taken into a transaction yet, in poll order.
         self.buffer: deque[ConsumerRecord] = deque()
-        self.consumer = Consumer(
+        self.consumer: WorkloadConsumer = run.clients.Consumer(
             run.bootstrap,
             group_id=run.group,
             isolation_level="read_committed",
@@ -420,6 +451,14 @@ class WorkerProcess(_Transactional):
             **o.client(),
         )
         self.consumer.assign(self.inputs)
+        #: What send_offsets_to_transaction takes: the group id (raftcoord's
+        #: client), the consumer's group metadata (Kafka's).
+        self.group_metadata: Any = run.group
+        if run.options.client_kind == "kafka":
+            from raftcoord.chaos.kafka_clients import Consumer as KafkaConsumer
+
+            assert isinstance(self.consumer, KafkaConsumer)
+            self.group_metadata = self.consumer.group_metadata()
 
     def done(self) -> bool:
         return all(self.committed.get(tp, -1) >= end for tp, end in self.ends.items())
@@ -464,7 +503,7 @@ class WorkerProcess(_Transactional):
             partitions=[[tp.topic, tp.partition] for tp in self.inputs],
         )
         try:
-            records = self.consumer.poll(timeout_ms=POLL_MS)
+            records: list[ConsumerRecord] = self.consumer.poll(timeout_ms=POLL_MS)
         except KafkaError as exc:
             self.h.complete(self.name, "fail", **_failure(exc))
             return []
@@ -509,7 +548,7 @@ class WorkerProcess(_Transactional):
             **self.identity(),
         )
         try:
-            self.producer.send_offsets_to_transaction(offsets, self.run.group)
+            self.producer.send_offsets_to_transaction(offsets, self.group_metadata)
         except KafkaError as exc:
             self.h.complete(
                 self.name, "fail" if _outcome_known(exc) else "info", txn=txn, **_failure(exc)
@@ -532,7 +571,7 @@ class PollerProcess:
         self.run = run
         self.name = f"poller-{index}"
         self.partitions = partitions
-        self.consumer = Consumer(
+        self.consumer: WorkloadConsumer = run.clients.Consumer(
             run.bootstrap, isolation_level="read_committed", **run.options.client()
         )
         self.consumer.assign(partitions)
@@ -591,10 +630,20 @@ class Workload:
         self.nemesis: Nemesis | None = None
         self.phase = "setup"
         self.started = time.monotonic()
+        if options.client_kind == "kafka" and not cluster.kafka_gateways():
+            raise ClusterError(
+                "--client kafka needs the cluster's Kafka gateways: "
+                "start it with `raftcoord cluster up --kafka-listeners N`"
+            )
         self.history = History(history_path)
         self.run_state = Run(
             history=self.history,
-            bootstrap=cluster.bootstrap(),
+            bootstrap=(
+                cluster.kafka_bootstrap().split(",")
+                if options.client_kind == "kafka"
+                else cluster.bootstrap()
+            ),
+            clients=client_module(options.client_kind),
             options=options,
             prefix=self.prefix,
             txn_topic=f"{self.prefix}-txn",
@@ -654,7 +703,7 @@ class Workload:
         """Create the topics (refusing existing ones: a run's topics are its
         own) and pre-fill the input; returns the input's end offsets."""
         r = self.run_state
-        with Admin(r.bootstrap, **self.options.client()) as admin:
+        with r.clients.Admin(r.bootstrap, **self.options.client()) as admin:
             existing = set(admin.list_topics()) & set(topics)
             if existing:
                 raise ValueError(
@@ -665,7 +714,7 @@ class Workload:
         if not self.options.workers:
             return {}
         self.say(f"pre-filling {r.input_topic} with {self.options.input_records} records")
-        with Producer(
+        with r.clients.Producer(
             r.bootstrap, batch_size=INPUT_BATCH_BYTES, **self.options.client()
         ) as producer:
             futures = [
@@ -678,7 +727,7 @@ class Workload:
             for future in futures:
                 future.result()
         tps = [TopicPartition(r.input_topic, p) for p in range(self.options.input_partitions)]
-        with Consumer(r.bootstrap, **self.options.client()) as consumer:
+        with r.clients.Consumer(r.bootstrap, **self.options.client()) as consumer:
             return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
 
     def _start_clients(self, ends: dict[int, int]) -> None:
@@ -743,8 +792,12 @@ class Workload:
         tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
         client = self.options.client()
         with (
-            Consumer(r.bootstrap, isolation_level="read_committed", **client) as committed,
-            Consumer(r.bootstrap, isolation_level="read_uncommitted", **client) as uncommitted,
+            r.clients.Consumer(
+                r.bootstrap, isolation_level="read_committed", **client
+            ) as committed,
+            r.clients.Consumer(
+                r.bootstrap, isolation_level="read_uncommitted", **client
+            ) as uncommitted,
         ):
             stable: dict[TopicPartition, int] = {}
 
@@ -752,7 +805,7 @@ class Workload:
                 try:
                     stable.clear()
                     stable.update(committed.end_offsets(tps))
-                    return stable == uncommitted.end_offsets(tps)
+                    return bool(stable == uncommitted.end_offsets(tps))
                 except KafkaError:
                     return False
 
@@ -788,8 +841,8 @@ class Workload:
         # answers each request well within the timeout.
         patient = {**client, "request_timeout_ms": 60_000, "fetch_max_bytes": 1 << 20}
         with (
-            Consumer(r.bootstrap, isolation_level="read_committed", **patient) as reader,
-            Consumer(r.bootstrap, isolation_level="read_uncommitted", **client) as latest,
+            r.clients.Consumer(r.bootstrap, isolation_level="read_committed", **patient) as reader,
+            r.clients.Consumer(r.bootstrap, isolation_level="read_uncommitted", **client) as latest,
         ):
             ends = latest.end_offsets(tps)
             stable = reader.end_offsets(tps)
@@ -801,7 +854,7 @@ class Workload:
                 # A long poll: its deadline is also each Fetch's, and a node
                 # filtering a long log may need seconds to answer one.
                 polled = _reads(reader.poll(timeout_ms=int(FINAL_READ_STALL_S * 1000)))
-                if not polled:
+                if not polled and any(reader.position(tp) < stable[tp] for tp in tps):
                     raise KafkaTimeoutError(
                         f"the final read got nothing for {FINAL_READ_STALL_S} s"
                     )
@@ -809,7 +862,7 @@ class Workload:
         committed: dict[str, int | None] = {}
         if self.options.workers:
             inputs = [tp for tp in tps if tp.topic == r.input_topic]
-            with Consumer(r.bootstrap, group_id=r.group, **client) as group:
+            with r.clients.Consumer(r.bootstrap, group_id=r.group, **client) as group:
                 committed = {f"{tp.topic}/{tp.partition}": group.committed(tp) for tp in inputs}
         self.history.event(
             "workload",

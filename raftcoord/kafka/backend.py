@@ -123,10 +123,17 @@ class Backend:
         return answer
 
     async def to_leader(
-        self, key: str, key_type: coordinator_pb2.KeyType, method: str, request: Any
+        self,
+        key: str,
+        key_type: coordinator_pb2.KeyType,
+        method: str,
+        request: Any,
+        wait_s: float = 0.0,
     ) -> Any:
         """``method(request)`` on the leader of the shard of ``key`` (a
-        transactional id or a group id, as ``key_type`` says).
+        transactional id or a group id, as ``key_type`` says), bounded by
+        ``rpc_timeout_s`` plus ``wait_s`` (the time the coordinator may hold
+        the request by design, as a JoinGroup waiting for its rebalance).
 
         Returns the coordinator's answer; on a REDISCOVER answer the leader
         is forgotten (the client rediscovers, and the gateway with it). A
@@ -141,7 +148,7 @@ class Backend:
             address = found.address
         try:
             answer = await getattr(self.coordinator_stub(address), method)(
-                request, timeout=self.rpc_timeout_s
+                request, timeout=self.rpc_timeout_s + wait_s
             )
         except grpc.aio.AioRpcError as exc:
             log.info("shard %d leader %s unreachable: %s", shard, address, exc.code())
@@ -154,6 +161,11 @@ class Backend:
             log.info("shard %d: %s answers %s", shard, address, ErrorCode(code).name)
             self._leaders.pop(shard, None)
         return answer
+
+    def forget_leader(self, key: str) -> None:
+        """Ask the coordinators again who leads ``key``'s shard next time (an
+        answer without a top-level error said NOT_COORDINATOR per item)."""
+        self._leaders.pop(shard_for(key, self.config.shard_count), None)
 
     # --- topics and partitions ---------------------------------------------------
 

@@ -25,7 +25,7 @@ from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
-from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
@@ -40,6 +40,13 @@ MAX_IN_FLIGHT = 64
 CLUSTER_ID = "raftcoord"
 #: Kafka's timestamps for ListOffsets: latest and earliest.
 _LATEST, _EARLIEST = -1, -2
+#: How long past its rebalance timeout a coordinator may hold a JoinGroup,
+#: and the longest it holds any JoinGroup or SyncGroup (docs/coordinator.md,
+#: "Consumer groups"): the bounds of the gateway's wait for their answers.
+GROUP_WAIT_GRACE_S = 5.0
+LONGEST_GROUP_WAIT_S = 330.0
+#: Kafka's "authorized operations not asked for" (DescribeGroups v3+).
+_NO_AUTHORIZED_OPERATIONS = -(2**31)
 
 Data = dict[str, Any]
 
@@ -71,6 +78,11 @@ class Gateway:
             m.TXN_OFFSET_COMMIT: self.txn_offset_commit,
             m.OFFSET_COMMIT: self.offset_commit,
             m.OFFSET_FETCH: self.offset_fetch,
+            m.JOIN_GROUP: self.join_group,
+            m.SYNC_GROUP: self.sync_group,
+            m.HEARTBEAT: self.heartbeat,
+            m.LEAVE_GROUP: self.leave_group,
+            m.DESCRIBE_GROUPS: self.describe_groups,
             m.PRODUCE: self.produce,
             m.FETCH: self.fetch,
             m.LIST_OFFSETS: self.list_offsets,
@@ -430,6 +442,8 @@ class Gateway:
             found = next(
                 (t for t in answer.transactions if t.transactional_id == transactional_id), None
             )
+            if found is not None and found.error_code in REDISCOVER:
+                self.backend.forget_leader(transactional_id)
             if found is None:
                 return {
                     "transactional_id": transactional_id,
@@ -552,6 +566,7 @@ class Gateway:
                 producer_epoch=epoch,
                 generation_id=getattr(body, "generation_id", -1),
                 member_id=getattr(body, "member_id", ""),
+                group_instance_id=getattr(body, "group_instance_id", None) or "",
                 topics=self._offset_topics(body.topics),
             ),
         )
@@ -567,6 +582,7 @@ class Gateway:
                 group_id=body.group_id,
                 generation_id=getattr(body, "generation_id_or_member_epoch", -1),
                 member_id=body.member_id,
+                group_instance_id=getattr(body, "group_instance_id", None) or "",
                 topics=self._offset_topics(body.topics),
             ),
         )
@@ -609,6 +625,175 @@ class Gateway:
             "error_code": answer.error_code,
             "topics": [{"name": name, "partitions": ps} for name, ps in by_topic.items()],
         }
+
+    # --- consumer groups ---------------------------------------------------------------------
+
+    async def join_group(self, request: m.Request) -> Data:
+        """JoinGroup, answered when the coordinator completes the join: only
+        this request's task waits (docs/kafka.md, "Consumer groups")."""
+        body = request.body
+        session_ms = m.milliseconds(body.session_timeout)
+        # Version 0 has no rebalance timeout: Kafka uses the session timeout.
+        rebalance_ms = m.milliseconds(body.rebalance_timeout) if request.api_version else session_ms
+        grpc_request = coordinator_pb2.JoinGroupRequest(
+            group_id=body.group_id,
+            session_timeout_ms=session_ms,
+            rebalance_timeout_ms=rebalance_ms,
+            member_id=body.member_id,
+            group_instance_id=getattr(body, "group_instance_id", None) or "",
+            protocol_type=body.protocol_type,
+            protocols=[
+                coordinator_pb2.JoinGroupProtocol(name=p.name, metadata=p.metadata)
+                for p in body.protocols
+            ],
+            client_id=request.client_id or "",
+        )
+        wait_s = min(max(rebalance_ms, 0) / 1000 + GROUP_WAIT_GRACE_S, LONGEST_GROUP_WAIT_S)
+        answer = await self.backend.to_leader(
+            body.group_id, coordinator_pb2.GROUP, "JoinGroup", grpc_request, wait_s
+        )
+        if answer.error_code == ErrorCode.MEMBER_ID_REQUIRED and request.api_version < 4:
+            # Versions before KIP-394 do not know MEMBER_ID_REQUIRED: as Kafka's
+            # brokers do for them, join again at once with the assigned id.
+            grpc_request.member_id = answer.member_id
+            answer = await self.backend.to_leader(
+                body.group_id, coordinator_pb2.GROUP, "JoinGroup", grpc_request, wait_s
+            )
+        return {
+            "error_code": answer.error_code,
+            "generation_id": answer.generation_id if answer.error_code == ErrorCode.NONE else -1,
+            "protocol_type": answer.protocol_type or None,
+            "protocol_name": answer.protocol_name,
+            "leader": answer.leader,
+            "member_id": answer.member_id or body.member_id,
+            "members": [
+                {
+                    "member_id": x.member_id,
+                    "group_instance_id": x.group_instance_id or None,
+                    "metadata": x.metadata,
+                }
+                for x in answer.members
+            ],
+        }
+
+    async def sync_group(self, request: m.Request) -> Data:
+        """SyncGroup; a follower's waits for the leader's assignment."""
+        body = request.body
+        answer = await self.backend.to_leader(
+            body.group_id,
+            coordinator_pb2.GROUP,
+            "SyncGroup",
+            coordinator_pb2.SyncGroupRequest(
+                group_id=body.group_id,
+                generation_id=body.generation_id,
+                member_id=body.member_id,
+                group_instance_id=getattr(body, "group_instance_id", None) or "",
+                protocol_type=getattr(body, "protocol_type", None) or "",
+                protocol_name=getattr(body, "protocol_name", None) or "",
+                assignments=[
+                    coordinator_pb2.SyncGroupAssignment(
+                        member_id=a.member_id, assignment=a.assignment
+                    )
+                    for a in body.assignments
+                ],
+            ),
+            LONGEST_GROUP_WAIT_S,
+        )
+        return {
+            "error_code": answer.error_code,
+            "protocol_type": answer.protocol_type or None,
+            "protocol_name": answer.protocol_name or None,
+            "assignment": answer.assignment,
+        }
+
+    async def heartbeat(self, request: m.Request) -> Data:
+        body = request.body
+        answer = await self.backend.to_leader(
+            body.group_id,
+            coordinator_pb2.GROUP,
+            "Heartbeat",
+            coordinator_pb2.HeartbeatRequest(
+                group_id=body.group_id,
+                generation_id=body.generation_id,
+                member_id=body.member_id,
+                group_instance_id=getattr(body, "group_instance_id", None) or "",
+            ),
+        )
+        return {"error_code": answer.error_code}
+
+    async def leave_group(self, request: m.Request) -> Data:
+        """LeaveGroup: one member before version 3, several from it on."""
+        body = request.body
+        if request.api_version < 3:
+            members = [coordinator_pb2.LeaveGroupMember(member_id=body.member_id)]
+        else:
+            members = [
+                coordinator_pb2.LeaveGroupMember(
+                    member_id=x.member_id, group_instance_id=x.group_instance_id or ""
+                )
+                for x in body.members
+            ]
+        answer = await self.backend.to_leader(
+            body.group_id,
+            coordinator_pb2.GROUP,
+            "LeaveGroup",
+            coordinator_pb2.LeaveGroupRequest(group_id=body.group_id, members=members),
+        )
+        if request.api_version < 3:
+            member_codes = [r.error_code for r in answer.members if r.error_code]
+            return {"error_code": answer.error_code or next(iter(member_codes), ErrorCode.NONE)}
+        return {
+            "error_code": answer.error_code,
+            "members": [
+                {
+                    "member_id": r.member_id,
+                    "group_instance_id": r.group_instance_id or None,
+                    "error_code": r.error_code,
+                }
+                for r in answer.members
+            ],
+        }
+
+    async def describe_groups(self, request: m.Request) -> Data:
+        """DescribeGroups, each group asked of its own shard's leader."""
+
+        async def describe(group_id: str) -> Data:
+            answer = await self.backend.to_leader(
+                group_id,
+                coordinator_pb2.GROUP,
+                "DescribeGroups",
+                coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]),
+            )
+            found = next((g for g in answer.groups if g.group_id == group_id), None)
+            if found is not None and found.error_code in REDISCOVER:
+                self.backend.forget_leader(group_id)
+            if found is None:
+                return {
+                    "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    "group_id": group_id,
+                    "authorized_operations": _NO_AUTHORIZED_OPERATIONS,
+                }
+            return {
+                "error_code": found.error_code,
+                "group_id": group_id,
+                "group_state": found.state,
+                "protocol_type": found.protocol_type,
+                "protocol_data": found.protocol_name,
+                "members": [
+                    {
+                        "member_id": x.member_id,
+                        "group_instance_id": x.group_instance_id or None,
+                        "client_id": x.client_id,
+                        "client_host": "",
+                        "member_metadata": x.metadata,
+                        "member_assignment": x.assignment,
+                    }
+                    for x in found.members
+                ],
+                "authorized_operations": _NO_AUTHORIZED_OPERATIONS,
+            }
+
+        return {"groups": await asyncio.gather(*(describe(g) for g in request.body.groups))}
 
     async def create_topics(self, request: m.Request) -> Data:
         body = request.body
@@ -873,7 +1058,8 @@ def _fetch_error(partition: int, code: int) -> Data:
         "high_watermark": -1,
         "last_stable_offset": -1,
         "log_start_offset": -1,
-        "records": None,
+        # Empty, not null, as from Kafka's brokers: librdkafka refuses null records.
+        "records": b"",
     }
 
 
