@@ -15,7 +15,12 @@
   (docs/audit.md);
 * ``snapshot``: :mod:`raftcoord.bench.snapshot`, a shard's log compaction
   (longest tick, snapshot encoding and restore) against its open
-  transactions (docs/performance.md).
+  transactions (docs/performance.md);
+* ``kafka-codec``: :mod:`raftcoord.bench.kafka_codec`, Kafka's message
+  codecs, kio against kafka-python's classes (docs/kafka.md);
+* ``kafka-gateway``: :mod:`raftcoord.bench.kafka_gateway`, confluent-kafka
+  through the Kafka gateway against the native client over gRPC
+  (docs/kafka.md).
 
 Only the command line imports this package.
 """
