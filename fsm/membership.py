@@ -269,6 +269,22 @@ def _member_refusal(
     return None
 
 
+def _generation_refusal(
+    group: GroupMembership | None, member_id: str, group_instance_id: str, generation_id: int
+) -> tuple[ErrorCode, str] | None:
+    """:func:`_member_refusal`, then the member's generation must be the
+    group's (else ILLEGAL_GENERATION)."""
+    refusal = _member_refusal(group, member_id, group_instance_id)
+    if refusal is not None:
+        return refusal
+    assert group is not None  # a member was found
+    if generation_id != group.generation:
+        return ErrorCode.ILLEGAL_GENERATION, (
+            f"generation {generation_id} is not the group's generation {group.generation}"
+        )
+    return None
+
+
 def offset_commit_refusal(
     group: GroupMembership | None,
     generation_id: int,
@@ -295,14 +311,9 @@ def offset_commit_refusal(
     if generation_id < 0 and empty:
         return None
     if generation_id >= 0 or member_id or group_instance_id:
-        refusal = _member_refusal(group, member_id, group_instance_id)
+        refusal = _generation_refusal(group, member_id, group_instance_id, generation_id)
         if refusal is not None:
             return refusal
-        assert group is not None  # a member was found
-        if generation_id != group.generation:
-            return ErrorCode.ILLEGAL_GENERATION, (
-                f"generation {generation_id} is not the group's generation {group.generation}"
-            )
     elif not transactional and not empty:
         return ErrorCode.UNKNOWN_MEMBER_ID, "the group has members: only they may commit"
     if not transactional and group is not None and group.state is GroupState.COMPLETING_REBALANCE:
@@ -542,15 +553,10 @@ def sync_group(group: GroupMembership | None, cmd: SyncGroup) -> Step:
     """SyncGroup. NONE: in Stable the member's assignment is stored; in
     CompletingRebalance a follower waits for the leader's sync, and the
     leader's sync stores every assignment and makes the group Stable."""
-    refusal = _member_refusal(group, cmd.member_id, cmd.group_instance_id)
+    refusal = _generation_refusal(group, cmd.member_id, cmd.group_instance_id, cmd.generation_id)
     if refusal is not None:
         return group, fail(*refusal)
     assert group is not None
-    if cmd.generation_id != group.generation:
-        return group, fail(
-            ErrorCode.ILLEGAL_GENERATION,
-            f"generation {cmd.generation_id} is not the group's generation {group.generation}",
-        )
     if group.state is GroupState.PREPARING_REBALANCE:
         return group, fail(ErrorCode.REBALANCE_IN_PROGRESS, "the group is rebalancing")
     problem = sync_problem(cmd)
@@ -570,15 +576,10 @@ def heartbeat(group: GroupMembership | None, cmd: Heartbeat) -> Step:
     """Heartbeat, checked as Kafka does: the member, then its generation
     (ILLEGAL_GENERATION), then the state: REBALANCE_IN_PROGRESS while the
     group rebalances (the member must join again)."""
-    refusal = _member_refusal(group, cmd.member_id, cmd.group_instance_id)
+    refusal = _generation_refusal(group, cmd.member_id, cmd.group_instance_id, cmd.generation_id)
     if refusal is not None:
         return group, fail(*refusal)
     assert group is not None
-    if cmd.generation_id != group.generation:
-        return group, fail(
-            ErrorCode.ILLEGAL_GENERATION,
-            f"generation {cmd.generation_id} is not the group's generation {group.generation}",
-        )
     refreshed = replace(group.members[cmd.member_id], last_seen_ms=cmd.now_ms)
     seen = replace(group, members={**group.members, cmd.member_id: refreshed})
     if group.state is GroupState.PREPARING_REBALANCE:
