@@ -26,6 +26,7 @@ from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
+from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
 from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
@@ -40,11 +41,6 @@ MAX_IN_FLIGHT = 64
 CLUSTER_ID = "raftcoord"
 #: Kafka's timestamps for ListOffsets: latest and earliest.
 _LATEST, _EARLIEST = -1, -2
-#: How long past its rebalance timeout a coordinator may hold a JoinGroup,
-#: and the longest it holds any JoinGroup or SyncGroup (docs/coordinator.md,
-#: "Consumer groups"): the bounds of the gateway's wait for their answers.
-GROUP_WAIT_GRACE_S = 5.0
-LONGEST_GROUP_WAIT_S = 330.0
 #: Kafka's "authorized operations not asked for" (DescribeGroups v3+).
 _NO_AUTHORIZED_OPERATIONS = -(2**31)
 
@@ -648,7 +644,7 @@ class Gateway:
             ],
             client_id=request.client_id or "",
         )
-        wait_s = min(max(rebalance_ms, 0) / 1000 + GROUP_WAIT_GRACE_S, LONGEST_GROUP_WAIT_S)
+        wait_s = min(max(rebalance_ms, 0) / 1000 + GROUP_WAIT_GRACE_S, GROUP_MAX_WAIT_S)
         answer = await self.backend.to_leader(
             body.group_id, coordinator_pb2.GROUP, "JoinGroup", grpc_request, wait_s
         )
@@ -697,7 +693,7 @@ class Gateway:
                     for a in body.assignments
                 ],
             ),
-            LONGEST_GROUP_WAIT_S,
+            GROUP_MAX_WAIT_S,
         )
         return {
             "error_code": answer.error_code,

@@ -30,6 +30,16 @@ TOPIC_NAME: Final = re.compile(rf"[a-zA-Z0-9._-]{{1,{MAX_TOPIC_NAME_CHARS}}}")
 _SHOWN_CHARS = 64  # of a refused name, in messages
 
 
+#: Consumer groups: a coordinator holds a JoinGroup for its rebalance
+#: timeout plus GROUP_WAIT_GRACE_S (the leader's sweeper completes the join
+#: once the timeout passed) and a follower's SyncGroup for its session
+#: timeout plus the same; no group request is held longer than
+#: GROUP_MAX_WAIT_S, whatever timeouts it asks for. A caller (the Kafka
+#: gateway) waits for the answer within the same bounds.
+GROUP_WAIT_GRACE_S = 5.0
+GROUP_MAX_WAIT_S = 330.0
+
+
 def id_error(what: str, value: str) -> str | None:
     """Why ``value`` cannot be a transactional.id or group id (named ``what``), or None."""
     if not value:

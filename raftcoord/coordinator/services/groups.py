@@ -60,7 +60,7 @@ from raftcoord.coordinator.services.common import (
 )
 from raftcoord.coordinator.services.transactions import read_group_verification
 from raftcoord.coordinator.shard import now_ms
-from raftcoord.protocol.limits import MAX_ID_BYTES
+from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S, MAX_ID_BYTES
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -68,12 +68,6 @@ T = TypeVar("T")
 
 #: Most JoinGroup/SyncGroup requests waiting at once on one node.
 MAX_WAITING = 16
-#: A JoinGroup waits for the rebalance timeout plus this (the leader's
-#: sweeper completes the join once the timeout passed), and a follower's
-#: SyncGroup for the session timeout plus this.
-WAIT_GRACE_S = 5.0
-#: The longest any request waits, whatever timeouts it asks for.
-MAX_WAIT_S = 330.0
 #: Longest client id kept as the prefix of an assigned member id.
 MEMBER_ID_PREFIX_CHARS = 100
 #: What an assigned member id adds to its prefix: "-" and a UUID.
@@ -314,7 +308,7 @@ class GroupRPCs:
                     return None  # the join has not completed yet
                 return _join_answer(group, member_id)
 
-            wait_s = request.rebalance_timeout_ms / 1000 + WAIT_GRACE_S
+            wait_s = request.rebalance_timeout_ms / 1000 + GROUP_WAIT_GRACE_S
             try:
                 return self._await_group(shard, request.group_id, joined, wait_s)
             except Refused as refused:
@@ -387,7 +381,7 @@ class GroupRPCs:
 
         try:
             wait_s = self.router.shards.query(shard, lambda m: session_s(m.group(request.group_id)))
-            return self._await_group(shard, request.group_id, synced, wait_s + WAIT_GRACE_S)
+            return self._await_group(shard, request.group_id, synced, wait_s + GROUP_WAIT_GRACE_S)
         except Refused as refused:
             return _sync_error(refused.error, refused.message)
 
@@ -501,7 +495,7 @@ class GroupRPCs:
                 or ``timeout_s`` passed.
         """
         shards = self.router.shards
-        deadline = time.monotonic() + min(timeout_s, MAX_WAIT_S)
+        deadline = time.monotonic() + min(timeout_s, GROUP_MAX_WAIT_S)
         # Read before looking: a change after it wakes the wait below.
         seen = shards.change_count(shard)
         while True:
