@@ -201,12 +201,12 @@ class Gateway:
             log.exception("api %d version %d failed", api_key, version)
             raise CloseConnection(f"api {api_key} version {version} failed") from exc
 
-    def owner_of(self, transactional_id: str) -> KafkaListener:
-        """The gateway that keeps ``transactional_id``'s epoch book and that
-        FindCoordinator names for it: the id's stable hash modulo the gateway
-        count (independent of the shard count)."""
+    def owner_of(self, key: str) -> KafkaListener:
+        """The gateway that FindCoordinator names for ``key`` (a transactional
+        id, whose epoch book it keeps, or a group id): the key's stable hash
+        modulo the gateway count (independent of the shard count)."""
         listeners = self.config.kafka_listeners
-        return listeners[stable_hash(transactional_id) % len(listeners)]
+        return listeners[stable_hash(key) % len(listeners)]
 
     async def _relay(
         self, owner: KafkaListener, frame: bytes, request: m.Request, peers: dict[int, Peer]
@@ -297,24 +297,27 @@ class Gateway:
         }
 
     async def find_coordinator(self, request: m.Request) -> Data:
-        body = request.body
-        # Version 0 has no key type: it finds group coordinators only.
-        is_transaction = getattr(body, "key_type", 0) == 1
-        key_type = coordinator_pb2.TRANSACTION if is_transaction else coordinator_pb2.GROUP
-        found = await self.backend.find_coordinator(body.key, key_type)
-        if int(found.error_code) != ErrorCode.NONE:
+        """The key's gateway: for a transactional id its owner, for a group
+        the gateway at the same place (the group id's stable hash); every
+        gateway serves every group, forwarding to the shard's leader.
+
+        Answered here, without asking the coordinators, so that it never
+        fails while a shard elects: librdkafka gives up a coordinator lookup
+        of a TxnOffsetCommit or an admin request after three
+        COORDINATOR_NOT_AVAILABLE answers and waits for a broker's
+        connection to change state, which never comes while the gateways
+        stay up (docs/kafka.md, "Coordinators").
+        """
+        key = request.body.key
+        if not key:
             return {
-                "error_code": found.error_code,
-                "error_message": found.error_message,
+                "error_code": ErrorCode.INVALID_REQUEST,
+                "error_message": "key must not be empty",
                 "node_id": -1,
                 "host": "",
                 "port": -1,
             }
-        gateway = (
-            self.owner_of(body.key)
-            if is_transaction
-            else self._gateway_of_coordinator(found.node_id)
-        )
+        gateway = self.owner_of(key)
         host, port = gateway.address.rsplit(":", 1)
         return {"error_code": 0, "node_id": gateway.node_id, "host": host, "port": int(port)}
 
