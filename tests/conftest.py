@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+pytest_plugins = ["tests.session_guard"]
+
 settings.register_profile("deterministic", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))

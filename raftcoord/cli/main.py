@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from raftcoord.protocol.process import exit_with_watched_process
+
 
 def _demo(args: argparse.Namespace) -> int:
     import secrets
@@ -32,6 +34,7 @@ def _node(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"raftcoord node: {exc}", file=sys.stderr)
         return 2
+    exit_with_watched_process()
     return run_node(config, args.id, data_dir)
 
 
@@ -51,6 +54,7 @@ def _partition_node(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"raftcoord partition-node: {exc}", file=sys.stderr)
         return 2
+    exit_with_watched_process()
     return run_partition_node(config, args.id, data_dir)
 
 
@@ -66,6 +70,7 @@ def _kafka_gateway(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"raftcoord kafka-gateway: {exc}", file=sys.stderr)
         return 2
+    exit_with_watched_process()
     return run_gateway(config, listener)
 
 

@@ -1,13 +1,24 @@
-"""Running a node process: log format, signal handling, pid file."""
+"""Running a node process: log format, signal handling, pid file, and the
+end of a node whose starter asked it to die with a process of its own."""
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
+
+#: A node started with this variable set to a process id stops, as on
+#: SIGTERM, when that process ends: a test session sets it to its own pid, so
+#: that no node it started (directly, through the launcher or through the
+#: command line) outlives it, however it ends.
+EXIT_WITH_ENV = "RAFTCOORD_EXIT_WITH_PID"
+#: How long a node told to stop that way may take before it is killed.
+EXIT_WITH_GRACE_S = 10.0
 
 
 class Node(Protocol):
@@ -38,3 +49,39 @@ def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger) -> int:
     stop.wait()
     node.stop()
     return 0
+
+
+def exit_with_watched_process() -> None:
+    """When :data:`EXIT_WITH_ENV` names a process, send this process SIGTERM
+    (a node's own stop) as soon as that process ends, and SIGKILL if it is
+    still running :data:`EXIT_WITH_GRACE_S` later. Nothing when it is unset.
+
+    The process is held by a pidfd, so a pid reused after its end is never
+    mistaken for it; a process already gone when this runs stops the node at
+    once.
+    """
+    value = os.environ.get(EXIT_WITH_ENV, "")
+    if not value:
+        return
+    try:
+        pid = int(value)
+        if pid <= 0:
+            raise ValueError(value)
+    except ValueError:
+        raise SystemExit(f"{EXIT_WITH_ENV}={value!r} is not a process id") from None
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)  # readable once the process ended
+            while not poller.poll():
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(EXIT_WITH_GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="exit-with", daemon=True).start()
