@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from tests.plog_client import (
     stub,
     write_marker,
 )
+from tests.seeds import chosen_seed
 
 pytestmark = pytest.mark.slow
 NO_PRODUCER: dict[str, Any] = {
@@ -226,8 +226,7 @@ def test_idempotent_retry_is_deduplicated_across_a_restart(cluster: LocalCluster
 def test_kill_9_mid_append_and_torn_tail_lose_nothing_acknowledged(
     cluster: LocalCluster,
 ) -> None:
-    seed = int(os.environ.get("PLOG_SEED", random.randrange(1 << 30)))
-    print(f"PLOG_SEED={seed}")
+    seed = chosen_seed(20261126)
     rng = random.Random(seed)
     owners = create_topic(cluster, "durable", 1)
     address = owners[0]

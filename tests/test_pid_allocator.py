@@ -8,7 +8,6 @@ and fixtures.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from pid_allocator import (
     PidExhausted,
     PidLayout,
 )
+from tests.seeds import chosen_seed
 
 # --- PidLayout ---------------------------------------------------------------------
 
@@ -449,8 +449,7 @@ class _Cluster:
 
 
 def test_ids_are_unique_under_interleaved_leaders_and_restarts() -> None:
-    seed = int(os.environ.get("PID_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"PID_SEED={seed}")
+    seed = chosen_seed(20261126)
     rng = random.Random(seed)
     cluster = _Cluster(rng, block_size=rng.randint(5, 10))
     for _ in range(STEPS):
