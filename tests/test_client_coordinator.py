@@ -14,6 +14,7 @@ and fixtures.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -732,7 +733,10 @@ def test_end_txn_is_retried_after_a_lost_answer_and_after_a_timeout(
     wait_for(both_committed, 15, "both transactions should be visible")
 
 
-def test_a_killed_partition_log_node_is_retried_without_duplicates(tmp_path: Path) -> None:
+def test_a_killed_partition_log_node_is_retried_without_duplicates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="raftcoord.client.producer")
     with running_cluster(tmp_path / "cluster", partition_nodes=1) as faulted:
         bootstrap = faulted.bootstrap()
         [node] = faulted.partition_nodes()
@@ -747,7 +751,12 @@ def test_a_killed_partition_log_node_is_retried_without_duplicates(tmp_path: Pat
             during = [
                 producer.send("survivor", f"d{i}".encode(), partition=i % 2) for i in range(10)
             ]
-            time.sleep(0.5)  # the sends fail in transport and are retried
+            # The sends fail in transport and are retried, never completed.
+            wait_for(
+                lambda: any(r.getMessage().startswith("retrying") for r in caplog.records),
+                15,
+                "a send to the killed node should be retried",
+            )
             assert not any(f.done() for f in during)
             faulted.start(node.node_id)
             producer.flush()
