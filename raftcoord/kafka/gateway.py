@@ -237,7 +237,8 @@ class Gateway:
         return self._api_versions(ErrorCode.NONE)
 
     def _gateway_of_coordinator(self, node_id: int) -> KafkaListener:
-        """The gateway named as the coordinator when coordinator ``node_id`` leads."""
+        """The gateway that fronts coordinator ``node_id``: it lists the
+        transactions of the shards that coordinator leads (ListTransactions)."""
         return self._gateway_at([c.node_id for c in self.config.coordinators], node_id)
 
     def _gateway_of_partition_node(self, node_id: int) -> KafkaListener:
