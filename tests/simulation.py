@@ -98,11 +98,7 @@ from raftcoord.coordinator.leader import (
 )
 from raftcoord.coordinator.markers import markers_written
 from raftcoord.coordinator.services.groups import group_marker
-from raftcoord.coordinator.services.transactions import (
-    BATCHED_SETTLED_REFUSALS,
-    SETTLED_REFUSALS,
-    settled_refusal,
-)
+from raftcoord.coordinator.services.transactions import BATCHED_SETTLED_REFUSALS, settled_refusal
 from raftcoord.protocol.types import TopicPartition
 
 REPLICAS = 3
@@ -117,9 +113,6 @@ TXN_TIMEOUT_MS = 2_000
 SWEEP_INTERVAL_MS = 500
 #: transaction.park.timeout.ms: short, so that parked requests also expire.
 PARK_TIMEOUT_MS = 300
-#: How long a partition's add in a batch of one transaction may stay parked
-#: (``add.partitions.to.txn.retry.backoff.max.ms``).
-NODE_PARK_TIMEOUT_MS = 100
 CALL_TIMEOUT_MS = 500
 MAX_MARKER_REQUESTS = 8
 MAX_COMPLETIONS = 8
@@ -185,15 +178,8 @@ class Request:
 
     build: Unstamped
     reply: Callable[[Outcome], None]
-    #: How long it may stay parked: None :data:`PARK_TIMEOUT_MS` (a client's
-    #: request), 0 never (a partition's add in a batch of several
-    #: transactions), else that long (:data:`NODE_PARK_TIMEOUT_MS`, a batch of one).
-    park_timeout: int | None = None
-
-    @property
-    def parkable(self) -> bool:
-        return self.park_timeout != 0
-
+    #: Whether it may be parked (a client's request; not a partition's add).
+    parkable: bool = True
     #: Set when first parked: until when it may stay parked.
     park_deadline: int | None = None
 
@@ -546,7 +532,7 @@ class Simulation:
     # --- the leader ----------------------------------------------------------------
 
     def submit(
-        self, build: Unstamped, reply: Callable[[Outcome], None], park_timeout: int | None = None
+        self, build: Unstamped, reply: Callable[[Outcome], None], parkable: bool = True
     ) -> None:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
@@ -555,7 +541,7 @@ class Simulation:
         elif not leadership.ready:
             reply(Outcome(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
         else:
-            leadership.queue.append(Request(build, reply, park_timeout))
+            leadership.queue.append(Request(build, reply, parkable))
 
     def propose(
         self,
@@ -708,8 +694,7 @@ class Simulation:
         """Park ``request`` behind ``tid`` unless its time to stay parked is
         over; whether it was parked."""
         if request.park_deadline is None:
-            timeout = PARK_TIMEOUT_MS if request.park_timeout is None else request.park_timeout
-            request.park_deadline = park_deadline(self.now, timeout, None)
+            request.park_deadline = park_deadline(self.now, PARK_TIMEOUT_MS, None)
         if self.now >= request.park_deadline:
             return False
         leadership.parked.park(tid, request, request.park_deadline)
@@ -936,14 +921,12 @@ class Simulation:
         answer: Callable[[ErrorCode], None],
     ) -> None:
         """KIP-890 part 2: the partition asks the shard's leader to add ``tp``
-        to the producer's transaction, as one transaction of a node's batched
-        request (the coordinator's service: a batch of several, drawn at
-        random, has the refusals its applied state settles, among them a
-        previous transaction still completing, answered before proposing and
-        is never parked; a batch of one is parked for at most
-        :data:`NODE_PARK_TIMEOUT_MS`); once added, the batch comes again
-        verified, one network hop later (a marker may overtake it). The
-        partition's answer goes to ``answer``."""
+        to the producer's transaction (the coordinator's service for a
+        node's batched request: refusals its applied state settles, among
+        them a previous transaction still completing, are answered before
+        proposing, the rest goes through the log, never parked); once added,
+        the batch comes again verified, one network hop later (a marker may
+        overtake it). The partition's answer goes to ``answer``."""
         partition = self.partitions[tp]
         build = _add_partitions(tid, producer_id, epoch, (tp,))
 
@@ -959,17 +942,15 @@ class Simulation:
 
             self.schedule(self.delay(), append)
 
-        several = self.rng.random() < 0.5
         leadership = self.leadership
         if leadership is not None and leadership.ready:
             command = build(CHECK_ONLY)
             assert isinstance(command, AddPartitions)
-            refusals = BATCHED_SETTLED_REFUSALS if several else SETTLED_REFUSALS
-            refused = settled_refusal(leadership.replica.machine, command, refusals)
+            refused = settled_refusal(leadership.replica.machine, command, BATCHED_SETTLED_REFUSALS)
             if refused is not None:
                 added(refused)
                 return
-        self.submit(build, added, 0 if several else NODE_PARK_TIMEOUT_MS)
+        self.submit(build, added, parkable=False)
 
     def commit_offsets(self, client: Client) -> None:
         if self.leadership is None or not self.leadership.ready:

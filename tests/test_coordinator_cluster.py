@@ -679,17 +679,13 @@ def test_a_topic_just_created_is_never_refused(shared_cluster: LocalCluster) -> 
 
 @pytest.fixture
 def parking_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    """A cluster of its own whose coordinators park requests (a client's, and
-    a partition-log node's batch of one transaction) for longer than a
-    request may wait, with TOPIC created and its partition-log nodes paused
-    (SIGSTOP): markers wait until the nodes are resumed."""
+    """A cluster of its own whose coordinators park requests for longer than
+    a request may wait, with TOPIC created and its partition-log nodes
+    paused (SIGSTOP): markers wait until the nodes are resumed."""
     with running_cluster(
         tmp_path / "cluster",
         abort_interval_ms=ABORT_SWEEP_MS,
-        settings={
-            "transaction.park.timeout.ms": 60_000,
-            "add.partitions.to.txn.retry.backoff.max.ms": 60_000,
-        },
+        settings={"transaction.park.timeout.ms": 60_000},
     ) as cluster:
         client = client_for(cluster)
         try:
@@ -717,29 +713,21 @@ def parked(cluster: LocalCluster, node_id: int, shard: int) -> int:
     return -1 if status is None else int(status.shards[shard].parked_requests)
 
 
-def next_add(tid: str, ident: Any) -> Any:
-    """AddPartitionsToTxn of TOPIC's partition 1 for ``ident``'s transaction."""
-    return coordinator_pb2.AddPartitionsToTxnRequest(
+def park_add_partitions(
+    cluster: LocalCluster, client: Coordinators, tid: str, ident: Any
+) -> tuple[threading.Thread, list[Any]]:
+    """AddPartitionsToTxn for ``ident``'s transaction, sent once (no retries)
+    from a thread to ``tid``'s leader, which parks it; returns once it is
+    parked. The answer lands in the list."""
+    shard = shard_for(tid, 3)
+    leader = cluster.leaders()[shard]
+    stub = client.stubs[client.find(tid, deadline=float("inf"))]
+    request = coordinator_pb2.AddPartitionsToTxnRequest(
         transactional_id=tid,
         producer_id=ident.producer_id,
         producer_epoch=ident.producer_epoch,
         topics=partitions(TOPIC, 1),
     )
-
-
-def park_add_partitions(
-    cluster: LocalCluster, client: Coordinators, tid: str, ident: Any, batched: bool = False
-) -> tuple[threading.Thread, list[Any]]:
-    """AddPartitionsToTxn for ``ident``'s transaction, sent once (no retries)
-    from a thread to ``tid``'s leader, which parks it; returns once it is
-    parked. The answer lands in the list. ``batched``: as a partition-log
-    node sends it, a batch of this one transaction."""
-    shard = shard_for(tid, 3)
-    leader = cluster.leaders()[shard]
-    stub = client.stubs[client.find(tid, deadline=float("inf"))]
-    request = next_add(tid, ident)
-    if batched:
-        request = coordinator_pb2.AddPartitionsToTxnRequest(transactions=[request])
     answers: list[Any] = []
 
     def send() -> None:
@@ -757,19 +745,14 @@ def park_add_partitions(
     return thread, answers
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["client", "node-batch-of-one"])
 def test_a_request_behind_a_completing_transaction_runs_when_it_completes(
-    parking_cluster: LocalCluster, batched: bool
+    parking_cluster: LocalCluster,
 ) -> None:
-    """A client's add, and a partition-log node's batch of one transaction
-    (a producer's next transaction reaching a partition while the previous
-    one's markers are written), wait for the completion instead of being
-    answered CONCURRENT_TRANSACTIONS."""
     client = client_for(parking_cluster)
     try:
         tid = "park-1"
         ident = committing(client, tid)
-        thread, answers = park_add_partitions(parking_cluster, client, tid, ident, batched)
+        thread, answers = park_add_partitions(parking_cluster, client, tid, ident)
         # The markers can be written again: the commit completes, and the
         # waiting request of the next transaction runs instead of being
         # answered CONCURRENT_TRANSACTIONS.
@@ -777,41 +760,10 @@ def test_a_request_behind_a_completing_transaction_runs_when_it_completes(
             parking_cluster.kill(node.node_id, "CONT")
         thread.join(timeout=120)
         assert not thread.is_alive()
-        [answer] = answers[0].transactions if batched else answers
-        assert answer.error_code == ErrorCode.NONE, answers
+        assert answers[0].error_code == ErrorCode.NONE, answers
         meta = describe(client, tid)
         assert meta.state == common_pb2.TRANSACTION_STATE_ONGOING, meta
         assert (meta.producer_id, meta.producer_epoch) == (ident.producer_id, ident.producer_epoch)
-    finally:
-        client.close()
-
-
-def test_a_node_batch_of_several_transactions_is_answered_at_once_not_parked(
-    parking_cluster: LocalCluster,
-) -> None:
-    """A partition-log node's batch of several transactions is answered only
-    once all are: none of its adds waits for a completing transaction, each
-    such add is answered CONCURRENT_TRANSACTIONS at once (the node asks
-    again), and nothing is parked."""
-    client = client_for(parking_cluster)
-    try:
-        # Two ids of one shard: a node sends each coordinator the adds it leads.
-        names = (f"park-several-{i}" for i in range(100))
-        first = next(names)
-        tids = [first, next(n for n in names if shard_for(n, 3) == shard_for(first, 3))]
-        idents = [committing(client, tid) for tid in tids]
-        shard = shard_for(tids[0], 3)
-        leader = parking_cluster.leaders()[shard]
-        batch = coordinator_pb2.AddPartitionsToTxnRequest(
-            transactions=[next_add(t, i) for t, i in zip(tids, idents, strict=True)]
-        )
-        answer = client.stubs[client.find(tids[0], deadline=float("inf"))].AddPartitionsToTxn(
-            batch, timeout=30.0
-        )
-        assert [t.error_code for t in answer.transactions] == [
-            ErrorCode.CONCURRENT_TRANSACTIONS
-        ] * 2, answer
-        assert parked(parking_cluster, leader, shard) == 0
     finally:
         client.close()
 

@@ -26,12 +26,11 @@ entry and what the leader stamps into it.
   transaction is still completing (Prepare*, markers pending) is held by
   :class:`Parking` and runs again when the completion applies, instead of
   making the client back off; past its bound
-  (``transaction.park.timeout.ms`` or the request's own, and shortly
-  before its caller's deadline: :func:`park_deadline`) it gets the
-  CONCURRENT_TRANSACTIONS answer. Requests that are not
-  :attr:`Queued.parkable` (the adds of a partition-log node's batched
-  AddPartitionsToTxn of several transactions, which answers only once all
-  its transactions are answered) get that answer at once.
+  (``transaction.park.timeout.ms``, and shortly before its caller's
+  deadline: :func:`park_deadline`) it gets the CONCURRENT_TRANSACTIONS
+  answer. Requests that are not :attr:`Queued.parkable` (the adds of a
+  partition-log node's batched AddPartitionsToTxn, which answers only once
+  all its transactions are answered) get that answer at once.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
 clock is injected, so tests run it on a fake one.

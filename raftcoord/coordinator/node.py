@@ -92,10 +92,8 @@ class CoordinatorNode:
     def availability(self, shard: int) -> ErrorCode:
         return self.shards[shard].availability()
 
-    def submit(
-        self, shard: int, build: Unstamped, park_timeout_ms: int | None = None
-    ) -> Future[Outcome]:
-        return self.shards[shard].submit(build, park_timeout_ms)
+    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
+        return self.shards[shard].submit(build, parkable)
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         return self.shards[shard].replica.query(reader)

@@ -98,13 +98,11 @@ class Shards(Protocol):
     def leader_of(self, shard: int) -> NodeAddress | None:
         """The coordinator this node believes leads ``shard``, or None."""
 
-    def submit(
-        self, shard: int, build: Unstamped, park_timeout_ms: int | None = None
-    ) -> Future[Outcome]:
+    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
         """Replicate the command of ``build`` on ``shard`` (a ready leader's),
         stamped when it is proposed; the future holds its :class:`Outcome`,
-        or the refusal. ``park_timeout_ms``: how long it may stay parked
-        behind a completing transaction (:attr:`Request.park_timeout_ms`)."""
+        or the refusal. Not ``parkable``: never parked behind a completing
+        transaction (answered CONCURRENT_TRANSACTIONS instead)."""
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from this node's replica of ``shard`` as it is
@@ -142,15 +140,8 @@ class Request:
     caller_deadline_ms: int | None = None
     #: Set when the request is first parked: until when it may stay parked.
     park_deadline_ms: int | None = None
-    #: How long it may stay parked behind a completing transaction: None for
-    #: the shard's park timeout (``transaction.park.timeout.ms``), 0 never
-    #: (answered CONCURRENT_TRANSACTIONS at once).
-    park_timeout_ms: int | None = None
-
-    @property
-    def parkable(self) -> bool:
-        """Whether it may be parked (:attr:`raftcoord.coordinator.leader.Queued.parkable`)."""
-        return self.park_timeout_ms != 0
+    #: Whether it may be parked (:attr:`raftcoord.coordinator.leader.Queued.parkable`).
+    parkable: bool = True
 
 
 @dataclass
@@ -281,21 +272,18 @@ class Shard:
 
     # --- called from gRPC threads --------------------------------------------------
 
-    def submit(self, build: Unstamped, park_timeout_ms: int | None = None) -> Future[Any]:
+    def submit(self, build: Unstamped, parkable: bool = True) -> Future[Any]:
         """Queue the command of ``build``, stamped when it is proposed; the
-        future resolves to its :class:`Outcome`. ``park_timeout_ms``: see
-        :attr:`Request.park_timeout_ms`."""
-        return self.submit_all([build], park_timeout_ms)[0]
+        future resolves to its :class:`Outcome`. Not ``parkable``: never
+        parked (:attr:`Request.parkable`)."""
+        return self.submit_all([build], parkable)[0]
 
-    def submit_all(
-        self, builds: Sequence[Unstamped], park_timeout_ms: int | None = None
-    ) -> list[Future[Any]]:
+    def submit_all(self, builds: Sequence[Unstamped], parkable: bool = True) -> list[Future[Any]]:
         """Queue the commands of ``builds`` to go out together, in one entry
         (the completions of many transactions); one future per command."""
         deadline = CALLER_DEADLINE_MS.get()
         requests = [
-            Request(build, caller_deadline_ms=deadline, park_timeout_ms=park_timeout_ms)
-            for build in builds
+            Request(build, caller_deadline_ms=deadline, parkable=parkable) for build in builds
         ]
         self._enqueue(requests)
         return [request.future for request in requests]
@@ -541,11 +529,8 @@ class Shard:
         """Park ``request`` behind ``transactional_id`` unless its time to
         stay parked is over; whether it was parked."""
         if request.park_deadline_ms is None:
-            timeout_ms = request.park_timeout_ms
             request.park_deadline_ms = park_deadline(
-                now,
-                self.timers.park_timeout_ms if timeout_ms is None else timeout_ms,
-                request.caller_deadline_ms,
+                now, self.timers.park_timeout_ms, request.caller_deadline_ms
             )
         if now >= request.park_deadline_ms:
             return False

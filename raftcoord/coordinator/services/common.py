@@ -105,14 +105,13 @@ class ShardRouter:
         shard: int,
         build: Unstamped,
         precheck: Callable[[], Outcome | None] | None = None,
-        park_timeout_ms: int | None = None,
+        parkable: bool = True,
     ) -> Future[Outcome]:
         """:meth:`run` without the wait: the future of the command's outcome
         (resolved already when the request is refused here). Commands started
         one after the other are queued together and usually share one Raft
-        entry (group commit). ``park_timeout_ms``: how long it may be parked
-        behind a completing transaction (None: the shard's park timeout; 0:
-        never, answered CONCURRENT_TRANSACTIONS at once)."""
+        entry (group commit). Not ``parkable``: answered at once rather than
+        parked behind a completing transaction."""
         # A request that breaks a limit is refused by any node, before routing
         # to a leader: it never reaches the log.
         refused_here = self.refusal(build)
@@ -125,7 +124,7 @@ class ShardRouter:
             return answered(Outcome(error=refused.error, message=refused.message))
         if refused_before is not None:
             return answered(refused_before)
-        return self.shards.submit(shard, build, park_timeout_ms)
+        return self.shards.submit(shard, build, parkable)
 
     def read(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from ``shard``'s leader (this node), through its log.

@@ -128,42 +128,20 @@ class TransactionRPCs:
         A request with ``transactions`` (Kafka's v4+, sent by partition-log
         nodes) carries many transactions: each is checked and queued on its
         shard, and only then are the answers awaited, so the adds go out
-        together in one Raft entry per shard. Whether an add waits for its
-        id's previous transaction to complete: :meth:`_node_park_timeout_ms`.
+        together in one Raft entry per shard.
         """
         if request.transactions:
-            park_timeout_ms = self._node_park_timeout_ms(len(request.transactions))
-            answers = [self._start_add(t, context, park_timeout_ms) for t in request.transactions]
+            answers = [self._start_add(t, context, batched=True) for t in request.transactions]
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),
                 transactions=[answer() for answer in answers],
             )
         return self._start_add(request, context)()
 
-    def _node_park_timeout_ms(self, transactions: int) -> int:
-        """How long the adds of a partition-log node's batched request may be
-        parked behind their ids' completing transactions. A batch of one
-        transaction waits as a producer's own request does, for at most the
-        node's own retry window (``add.partitions.to.txn.retry.backoff.max.ms``):
-        so a producer's next transaction, whose first batches reach the
-        partitions while the previous one's markers are written, is added
-        the moment that completion applies, in one entry, instead of being
-        asked for again every ``add.partitions.to.txn.retry.backoff.ms``. A
-        batch of several is never parked (0): it answers only once all its
-        transactions are answered, and one batch at a time is in flight from
-        a node, so one transaction's wait would hold the others
-        (:data:`BATCHED_SETTLED_REFUSALS`)."""
-        if transactions > 1:
-            return 0
-        return self.router.config.settings.add_partitions_to_txn_retry_backoff_max_ms
-
-    def _start_add(
-        self, request: Any, context: Any, park_timeout_ms: int | None = None
-    ) -> Callable[[], Any]:
+    def _start_add(self, request: Any, context: Any, batched: bool = False) -> Callable[[], Any]:
         """Check one transaction's AddPartitionsToTxn and queue its command;
-        returns the function that waits for and builds its answer.
-        ``park_timeout_ms`` as :meth:`ShardRouter.start`'s; an add never
-        parked is refused CONCURRENT_TRANSACTIONS before proposing
+        returns the function that waits for and builds its answer. The add
+        of a ``batched`` request is never parked
         (:data:`BATCHED_SETTLED_REFUSALS`)."""
         partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
@@ -215,7 +193,7 @@ class TransactionRPCs:
                     lambda machine: settled_refusal(
                         machine,
                         command(CHECK_ONLY),
-                        BATCHED_SETTLED_REFUSALS if park_timeout_ms == 0 else SETTLED_REFUSALS,
+                        BATCHED_SETTLED_REFUSALS if batched else SETTLED_REFUSALS,
                     ),
                 )
                 if refused is not None:
@@ -228,7 +206,7 @@ class TransactionRPCs:
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            outcome = self.router.start(shard, command, precheck, park_timeout_ms)
+            outcome = self.router.start(shard, command, precheck, parkable=not batched)
 
         def answer() -> Any:
             result = wait(outcome)
@@ -301,13 +279,12 @@ class TransactionRPCs:
 #: parked by the shard until the completion applies.)
 SETTLED_REFUSALS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_ID_MAPPING})
 
-#: The refusals given before proposing to the adds of a partition-log node's
-#: batched AddPartitionsToTxn of several transactions: also
-#: CONCURRENT_TRANSACTIONS, the previous transaction is still completing.
-#: Such adds are never parked (the batch answers only once all its
-#: transactions are answered, and one batch at a time is in flight from a
-#: node): the node asks again shortly. An answer the log has overtaken only
-#: costs the node that retry.
+#: The refusals given before proposing to the adds of a batched
+#: AddPartitionsToTxn (partition-log nodes): also CONCURRENT_TRANSACTIONS,
+#: the previous transaction is still completing. Such adds are never parked
+#: (the batch answers only once all its transactions are answered, and one
+#: batch at a time is in flight from a node): the node asks again shortly.
+#: An answer the log has overtaken only costs the node that retry.
 BATCHED_SETTLED_REFUSALS = SETTLED_REFUSALS | {ErrorCode.CONCURRENT_TRANSACTIONS}
 
 
