@@ -125,6 +125,36 @@ RESULTS: dict[str, Any] = {
         {"producers": 1, "records_per_txn": 2, **_load(60, 15.0, 20.0, 14.0)},
         {"producers": 32, "records_per_txn": 2, **_load(2400, 30.0, 45.0, 1.2, failed=2)},
     ],
+    "one_process": {
+        "nodes": [
+            {"node_id": 1, "pid": 10, "kind": "coordinator", "leads": [0, 1]},
+            {"node_id": 2, "pid": 11, "kind": "coordinator", "leads": []},
+            {"node_id": 101, "pid": 12, "kind": "partition-log", "leads": []},
+        ],
+        "rows": [
+            {
+                "kind": "transactions",
+                "producers": 1,
+                **_load(80, 12.0, 20.0, 11.0),
+                "node_cpu_percent": {"1": 50.0, "2": 15.0, "101": 10.0},
+                "transaction_shards": [1],
+            },
+            {
+                "kind": "transactions",
+                "producers": 32,
+                **_load(140, 200.0, 400.0, 9.0, failed=1),
+                "node_cpu_percent": {"1": 40.0, "2": 35.0, "101": 20.0},
+                "transaction_shards": [0, 1],
+            },
+            {
+                "kind": "idempotent",
+                "producers": 1,
+                **_load(500, 2.0, 4.0, 1.5),
+                "node_cpu_percent": {"1": 5.0, "2": 4.0, "101": 33.0},
+                "transaction_shards": [],
+            },
+        ],
+    },
     "txn_vs_idempotent": {
         "producers": 8,
         "commit_interval_ms": 100,
@@ -146,6 +176,10 @@ def test_targets_are_ratios_of_one_run_and_skipped_phases_are_not_measured() -> 
     assert found["100 ms commits: transactional / idempotent"].met is True
     assert found["failover, median"].met is None
     assert found["coordinator RSS per 10K open txns"].value is None
+    assert found["one process, 1 producer: txn/s"].met is True
+    assert found["one process, 1 producer: cluster CPU per txn"].met is False
+    assert found["one process, 32 producers: txn/s"].met is False
+    assert found["one process, 1 idempotent producer: flushes/s"].value == 500
 
 
 def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
@@ -153,6 +187,7 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
     assert [str(t.title).split(":")[0].split(" (")[0] for t in built] == [
         "ceilings",
         "end to end, public client",
+        "one client process, each transaction",
         "8 producers committing",
         "scaling",
         "targets",
@@ -162,11 +197,13 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
         console.print(table)
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "32 x 2" in text and "2400" in text and "NOT met" in text and "not measured" in text
+    assert "c1(0,1) %" in text and "c2() %" in text and "p101 %" in text
+    assert "1 txn" in text and "1 idempotent" in text
 
 
 def test_failed_transactions_leave_out_the_failover_phase() -> None:
     with_failover = {**RESULTS, "failover": {"failed_during_failover": 5}}
-    assert failed_transactions(with_failover) == 3  # 2 end to end + 1 idempotent
+    assert failed_transactions(with_failover) == 4  # 2 end to end, 1 one-process, 1 idempotent
 
 
 # --- one quick run ---------------------------------------------------------------------
@@ -215,7 +252,16 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert ceil["raft_commit"]["p50_ms"] > 0 and ceil["raft_commit"]["errors"] == 0
     assert ceil["disk"]["fsyncs_per_s"] > 0
 
-    loads = [*results["end_to_end"], *results["scaling"]]
+    alone = results["one_process"]
+    assert {(r["kind"], r["producers"]) for r in alone["rows"]} == {
+        (kind, n) for kind in ("transactions", "idempotent") for n in (1, 32)
+    }
+    coordinators = [n for n in alone["nodes"] if n["kind"] == "coordinator"]
+    assert sorted(s for n in coordinators for s in n["leads"]) == [0, 1, 2]
+    for row in alone["rows"]:
+        assert sorted(row["node_cpu_percent"]) == sorted(str(n["node_id"]) for n in alone["nodes"])
+        assert sum(row["node_cpu_percent"].values()) > 0, row
+    loads = [*results["end_to_end"], *alone["rows"], *results["scaling"]]
     loads += [results["txn_vs_idempotent"][k] for k in ("transactions", "idempotent")]
     loads += [level["cost"] for level in results["open_transactions"]["levels"][1:]]
     for row in loads:
@@ -232,6 +278,6 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert all(m > 0 for level in opened["levels"] for m in level["rss_mb"])
     assert results["failover"]["median_s"] > 0
     assert [r["shards"] for r in results["scaling"]] == [1, 3]
-    assert len(results["targets"]) == 8
+    assert len(results["targets"]) == 12
     assert all(t["value"] is not None and t["value"] > 0 for t in results["targets"])
     assert "targets" in text

@@ -14,7 +14,10 @@ Actors (:class:`Work` ``kind``):
 * ``transactions``: a :class:`~raftcoord.client.TransactionalProducer`
   running ``begin_transaction``, ``records`` sends of ``value_bytes`` over
   its ``partitions`` partitions (or sends for ``interval_s`` when given),
-  ``commit_transaction``;
+  ``commit_transaction``. Actor k writes partitions ``k * partitions`` and
+  on, modulo the topic's; with ``rotate``, its n-th step writes those of
+  ``(k + n) * partitions`` and on, so that every transaction writes other
+  partitions than the one before (a producer as users run one);
 * ``idempotent``: a :class:`~raftcoord.client.Producer` doing the same with
   ``flush`` in place of the transaction;
 * ``ping``: the empty ``CoordinatorAdmin.Ping`` call on ``bootstrap[0]``.
@@ -55,6 +58,7 @@ class Work:
     value_bytes: int = 100
     interval_s: float = 0.0  # > 0: send for this long, then commit (or flush)
     id_prefix: str = "bench"
+    rotate: bool = False  # each step writes the next partitions (see the module's doc)
 
 
 @dataclass
@@ -88,6 +92,8 @@ class LoadResult:
     concurrency: int
     outcome: Outcome
     cluster_cpu_s: float
+    #: pid -> CPU seconds of that cluster process over the run.
+    node_cpu_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -111,8 +117,7 @@ class Actor:
         self.work = work
         self.index = index
         self.value = bytes(work.value_bytes)
-        first = (index * work.partitions) % work.topic_partitions
-        self.partitions = [(first + i) % work.topic_partitions for i in range(work.partitions)]
+        self.steps = 0
         self.producer: Producer | None = None
         self.channel: grpc.Channel | None = None
         self._open()
@@ -169,6 +174,12 @@ class Actor:
         outcome.records += sent
         return True
 
+    def partitions(self) -> list[int]:
+        """The partitions this step writes."""
+        work = self.work
+        first = (self.index + (self.steps if work.rotate else 0)) * work.partitions
+        return [(first + i) % work.topic_partitions for i in range(work.partitions)]
+
     def _produce(self, started: float) -> tuple[float, int]:
         """The records of one transaction (or flush): (when the commit or
         flush began, records sent)."""
@@ -177,9 +188,11 @@ class Actor:
         if isinstance(self.producer, TransactionalProducer):
             self.producer.begin_transaction()
         futures: list[Future[RecordMetadata]] = []
+        partitions = self.partitions()
+        self.steps += 1
         sent = 0
         while sent < work.records or time.perf_counter() - started < work.interval_s:
-            partition = self.partitions[sent % len(self.partitions)]
+            partition = partitions[sent % len(partitions)]
             futures.append(self.producer.send(work.topic, self.value, partition=partition))
             sent += 1
         committing = time.perf_counter()
@@ -294,7 +307,8 @@ def run_load(
         cpu1 = cpu_of(cluster_pids)
         for proc in procs:
             proc.join(timeout=30)
-        return LoadResult(concurrency, outcome, cpu_delta_s(cpu0, cpu1))
+        per_node = {pid: cpu1[pid] - cpu0[pid] for pid in cpu0 if pid in cpu1}
+        return LoadResult(concurrency, outcome, cpu_delta_s(cpu0, cpu1), per_node)
     finally:
         for proc in procs:
             if proc.is_alive():

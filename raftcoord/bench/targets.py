@@ -14,13 +14,17 @@ itself in a temporary directory (under ``--dir``): 3 coordinators x 3 shards,
 2. end to end through the public client: transactions of 2 records of 100
    bytes on 2 partitions at 1, 8, 32 and 128 concurrent producers, and of 10
    records at 32;
-3. transactional against idempotent producers committing (or flushing)
+3. one client process, as users run producers: 1, 8 and 32 producer
+   threads, each transaction writing 2 other partitions than the one before,
+   then idempotent producers flushing 2 records the same way; the CPU of
+   every node, with the shards each coordinator leads;
+4. transactional against idempotent producers committing (or flushing)
    every 100 ms;
-4. failover: kill -9 of a shard leader under load, time to the first commit
+5. failover: kill -9 of a shard leader under load, time to the first commit
    on that shard, repeated;
-5. open transactions (on a fresh cluster): coordinator RSS and the cost of a
+6. open transactions (on a fresh cluster): coordinator RSS and the cost of a
    transaction at 100, 10K and 100K open transactions;
-6. scaling: committed txn/s against the shard count (a cluster each).
+7. scaling: committed txn/s against the shard count (a cluster each).
 
 Prints a rich table of every figure and one of the targets; ``--json PATH``
 writes the same data.
@@ -89,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--producers", type=_ints, help="producer counts end to end (default 1,8,32,128)"
     )
     parser.add_argument(
+        "--one-process",
+        type=_ints,
+        help="producer threads of the one-process phase (default 1,8,32; --quick 1,32)",
+    )
+    parser.add_argument(
         "--raft-n", type=int, help="sequential Raft commits measured (default 300; --quick 50)"
     )
     parser.add_argument(
@@ -112,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         type=lambda s: set(s.split(",")),
         default=set(),
-        help="phases to leave out: ceilings,e2e,interval,failover,open,scaling",
+        help="phases to leave out: ceilings,e2e,one-process,interval,failover,open,scaling",
     )
 
 
@@ -120,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Options:
     seconds: float
     producers: list[int]
+    one_process: list[int]
     raft_n: int
     open_levels: list[int]
     open_budget_s: float
@@ -139,6 +149,7 @@ class Options:
         return cls(
             seconds=pick(args.seconds, 6.0, 1.5),
             producers=pick(args.producers, [1, 8, 32, 128], [1, 8, 32]),
+            one_process=pick(args.one_process, [1, 8, 32], [1, 32]),
             raft_n=pick(args.raft_n, 300, 50),
             open_levels=pick(args.open, [10_000, 100_000], [1_000]),
             open_budget_s=pick(args.open_budget_s, 240.0, 20.0),
@@ -313,6 +324,65 @@ def end_to_end(
         )
         rows.append({"producers": producers, "records_per_txn": records, **figures})
     return rows
+
+
+#: What the one-process phase calls each kind of producer.
+PRODUCER_KINDS = {"transactions": "transactional producer", "idempotent": "idempotent producer"}
+
+
+def node_roles(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """Each node: id, pid, kind and, for a coordinator, the shards it leads now."""
+    assert cluster.state is not None
+    leaders = cluster.leaders()
+    return [
+        {
+            "node_id": n.node_id,
+            "pid": n.pid,
+            "kind": n.kind,
+            "leads": sorted(s for s, leader in leaders.items() if leader == n.node_id),
+        }
+        for n in cluster.state.nodes
+    ]
+
+
+def one_process(
+    cluster: LocalCluster, options: Options, step: Callable[[str], None]
+) -> dict[str, Any]:
+    """Producers as users run them: threads of one client process, every
+    transaction (or flush) writing one record to each of 2 other partitions
+    than the one before; the CPU of each node."""
+    roles = node_roles(cluster)
+    rows = []
+    for kind in ("transactions", "idempotent"):
+        for threads in options.one_process:
+            step(f"one client process: {plural(threads, PRODUCER_KINDS[kind])}")
+            prefix = f"one-{kind}-{threads}"
+            work = Work(
+                kind, bootstrap(cluster), TOPIC, TOPIC_PARTITIONS, id_prefix=prefix, rotate=True
+            )
+            result = run_load(work, threads, options.seconds, 1, pids(cluster))
+            elapsed = result.outcome.elapsed_s
+            node_cpu = {
+                str(r["node_id"]): round(100 * result.node_cpu_s.get(r["pid"], 0.0) / elapsed, 1)
+                if elapsed
+                else 0.0
+                for r in roles
+            }
+            shards = sorted(
+                {shard_for(f"{prefix}-{i}", SHARDS) for i in range(threads)}
+                if kind == "transactions"
+                else set()
+            )
+            rows.append(
+                {
+                    "kind": kind,
+                    "producers": threads,
+                    **load_figures(result),
+                    "node_cpu_percent": node_cpu,
+                    "transaction_shards": shards,
+                }
+            )
+    return {"nodes": roles, "rows": rows}
 
 
 def interval_commits(
@@ -549,7 +619,7 @@ def scaling(options: Options, step: Callable[[str], None]) -> list[dict[str, Any
 # --- targets and tables ------------------------------------------------------------
 
 
-def _row(rows: list[dict[str, Any]], **match: int) -> dict[str, Any] | None:
+def _row(rows: list[dict[str, Any]], **match: int | str) -> dict[str, Any] | None:
     for row in rows:
         if all(row.get(k) == v for k, v in match.items()):
             return row
@@ -567,6 +637,10 @@ def targets(results: dict[str, Any]) -> list[Target]:
     interval = results.get("txn_vs_idempotent")
     opened = results.get("open_transactions")
     fail = results.get("failover")
+    alone = results.get("one_process", {}).get("rows", [])
+    alone_one = _row(alone, producers=1, kind="transactions")
+    alone_many = _row(alone, producers=32, kind="transactions")
+    alone_flush = _row(alone, producers=1, kind="idempotent")
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
@@ -593,6 +667,31 @@ def targets(results: dict[str, Any]) -> list[Target]:
             1.5,
             at_most=True,
             unit="ms",
+        ),
+        Target(
+            "one process, 1 producer: txn/s",
+            alone_one["per_s"] if alone_one else None,
+            74.0,
+            at_most=False,
+        ),
+        Target(
+            "one process, 1 producer: cluster CPU per txn",
+            alone_one["cluster_cpu_ms_per_op"] if alone_one else None,
+            10.0,
+            at_most=True,
+            unit="ms",
+        ),
+        Target(
+            "one process, 32 producers: txn/s",
+            alone_many["per_s"] if alone_many else None,
+            150.0,
+            at_most=False,
+        ),
+        Target(
+            "one process, 1 idempotent producer: flushes/s",
+            alone_flush["per_s"] if alone_flush else None,
+            450.0,
+            at_most=False,
         ),
         Target(
             "100 ms commits: transactional / idempotent",
@@ -680,6 +779,9 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 ],
             )
         )
+    alone = results.get("one_process")
+    if alone:
+        out.append(one_process_table(alone))
     interval = results.get("txn_vs_idempotent")
     if interval:
         out.append(
@@ -748,9 +850,51 @@ def tables(results: dict[str, Any]) -> list[Table]:
     return out
 
 
+def one_process_table(alone: dict[str, Any]) -> Table:
+    """The one-process phase: a row per producer kind and count, with the
+    CPU of every node (% of one core) in a column named after its role:
+    ``cN(S)`` coordinator N leading shards S, ``pN`` partition-log node N."""
+    nodes = alone["nodes"]
+
+    def role(node: dict[str, Any]) -> str:
+        if node["kind"] != "coordinator":
+            return f"p{node['node_id']} %"
+        return f"c{node['node_id']}({','.join(str(s) for s in node['leads'])}) %"
+
+    rows = []
+    for f in alone["rows"]:
+        shards = ",".join(str(s) for s in f["transaction_shards"]) or "-"
+        kind = "txn" if f["kind"] == "transactions" else "idempotent"
+        per_s, p50, p99, _, cluster_cpu, client_cpu, _, failed = _load_cells(f)
+        rows.append(
+            [
+                f"{f['producers']} {kind}",
+                shards,
+                per_s,
+                p50,
+                p99,
+                cluster_cpu,
+                client_cpu,
+                *(f"{f['node_cpu_percent'][str(n['node_id'])]:.0f}" for n in nodes),
+                failed,
+            ]
+        )
+    return _table(
+        "one client process, each transaction (or flush) on 2 other partitions than the last "
+        "(/s: committed txn/s or flushes/s; node columns: % of one core, cN(S) coordinator N "
+        "leading shards S, pN partition-log node N)",
+        ["producers", "ids' shards", "/s", "p50 ms", "p99 ms", "cluster CPU ms/op"]
+        + ["client CPU ms/op"]
+        + [role(n) for n in nodes]
+        + ["failed"],
+        rows,
+    )
+
+
 def failed_transactions(results: dict[str, Any]) -> int:
     """Failed steps of every load phase but failover (where some are expected)."""
     loads: list[dict[str, Any]] = list(results.get("end_to_end", []))
+    loads += results.get("one_process", {}).get("rows", [])
     loads += results.get("scaling", [])
     interval = results.get("txn_vs_idempotent")
     if interval:
@@ -772,6 +916,7 @@ def run(args: argparse.Namespace) -> int:
     phases = {
         "ceilings": 4,
         "e2e": len(options.producers) + 1,
+        "one-process": 2 * len(options.one_process),
         "interval": 2,
         "failover": options.failovers,
         "open": 2 * (1 + len(options.open_levels)),
@@ -801,6 +946,8 @@ def run(args: argparse.Namespace) -> int:
                 results["ceilings"] = ceilings(cluster, options, step)
             if "e2e" not in options.skip:
                 results["end_to_end"] = end_to_end(cluster, options, step)
+            if "one-process" not in options.skip:
+                results["one_process"] = one_process(cluster, options, step)
             if "interval" not in options.skip:
                 results["txn_vs_idempotent"] = interval_commits(cluster, options, step)
             if "failover" not in options.skip:
