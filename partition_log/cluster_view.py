@@ -38,6 +38,9 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: Deadline of every call to a coordinator.
 CALL_TIMEOUT_S = 3.0
+#: The most partitions of a producer's flush (a Produce request's
+#: ``transaction_partitions``) added with a node's own.
+MAX_FLUSH_PARTITIONS = 1000
 #: A miss of one topic refreshes the metadata at most this often.
 MIN_REFRESH_INTERVAL_S = 0.1
 
@@ -204,9 +207,14 @@ class TxnPartitionAdder:
         producer_id: int,
         producer_epoch: int,
         partitions: Sequence[TopicPartition],
+        flush_partitions: Sequence[TopicPartition] = (),
     ) -> dict[TopicPartition, tuple[ErrorCode, str]]:
         """Add ``partitions`` to the producer's transaction (starting it if
         needed); per partition: NONE (in the ongoing transaction now) or why not.
+        ``flush_partitions`` (the producer's ``transaction_partitions``, at
+        most :data:`MAX_FLUSH_PARTITIONS` of them) are asked for in the
+        same add, so that the nodes of one flush send the coordinator the
+        same request; the answers are ``partitions``' only.
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
         which the producer retries. CONCURRENT_TRANSACTIONS (the producer's
@@ -216,7 +224,8 @@ class TxnPartitionAdder:
         (Kafka's server-side retry) before it goes to the producer.
         """
         by_topic: dict[str, list[int]] = {}
-        for topic, partition in partitions:
+        asked = dict.fromkeys([*partitions, *flush_partitions])
+        for topic, partition in sorted(asked):
             by_topic.setdefault(topic, []).append(partition)
         request = coordinator_pb2.AddPartitionsToTxnRequest(
             transactional_id=transactional_id,

@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from partition_log import codec
-from partition_log.cluster_view import TxnPartitionAdder
+from partition_log.cluster_view import MAX_FLUSH_PARTITIONS, TxnPartitionAdder
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import AppendCheck, Verdict
 from raftcoord.protocol.errors import ErrorCode
@@ -129,9 +130,10 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             groups: dict[tuple[int, int], list[_Pending]] = {}
             for p in to_verify:
                 groups.setdefault((p.spec.producer_id, p.spec.producer_epoch), []).append(p)
+            flush = list(islice(_flush_partitions(request), MAX_FLUSH_PARTITIONS))
             for (producer_id, epoch), group in groups.items():
                 answers = self.adder.add_partitions(
-                    transactional_id, producer_id, epoch, [p.tp for p in group]
+                    transactional_id, producer_id, epoch, [p.tp for p in group], flush
                 )
                 for p in group:
                     code, message = answers[p.tp]
@@ -421,6 +423,14 @@ def _marker_problem(marker: Any) -> str | None:
     if marker.admin_abort and marker.result != common_pb2.ABORT:
         return "an administrator's marker can only abort"
     return None
+
+
+def _flush_partitions(request: Any) -> Iterator[TopicPartition]:
+    """The partitions a Produce request says its producer's flush adds to
+    the transaction (``transaction_partitions``), in the request's order."""
+    for topics in request.transaction_partitions:
+        for partition in topics.partitions:
+            yield TopicPartition(topics.topic, partition)
 
 
 def _produce_result(

@@ -92,6 +92,7 @@ from raftcoord.coordinator.leader import (
     LeaderCore,
     Parking,
     Unstamped,
+    covering_outcome,
     park_deadline,
     park_key,
     timed_out_abort,
@@ -245,6 +246,9 @@ class Leadership:
         self.parked: Parking[Request] = Parking()
         self.book = MarkerBook(term, BACKOFF)
         self.next_sweep = 0
+        #: The adds of this leadership's entry applied last, with their
+        #: outcomes, and its index (a node's ``Shard._last_adds``).
+        self.last_adds: tuple[int, list[tuple[AddPartitions, Outcome]]] | None = None
         self.core.elected(term)
 
 
@@ -333,6 +337,9 @@ class Client:
     with_offsets: bool = False
     commit: bool = True
     stalled: bool = False
+    #: Whether its batches name the transaction's partitions (the client
+    #: library's ``transaction_partitions``; a Kafka client's do not).
+    names_partitions: bool = False
 
 
 @dataclass
@@ -361,6 +368,7 @@ class Stats:
     released: int = 0
     park_expired: int = 0
     park_deposed: int = 0
+    covered: int = 0
     digest: str = ""
 
     COUNTERS = (
@@ -378,6 +386,7 @@ class Stats:
         "released",
         "park_expired",
         "park_deposed",
+        "covered",
     )
 
     def __str__(self) -> str:
@@ -593,6 +602,7 @@ class Simulation:
             request.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))
         if core.block_due(stamp.now_ms):
             self.request_block(leadership)
+        self.answer_covered_adds(leadership)
         if leadership.queue:
             batch = core.batch(
                 leadership.queue,
@@ -618,6 +628,23 @@ class Simulation:
                         requests=tuple(batch.requests),
                     )
         self.write_markers(leadership)
+
+    def answer_covered_adds(self, leadership: Leadership) -> None:
+        """As a node's shard does: the queued adds that an add of the entry
+        applied last covers, while nothing has applied since, get that add's
+        outcome without an entry of their own."""
+        last = leadership.last_adds
+        if last is None or last[0] != leadership.replica.applied:
+            return
+        left = []
+        for request in leadership.queue:
+            outcome = covering_outcome(last[1], request.build(CHECK_ONLY))
+            if outcome is None:
+                left.append(request)
+            else:
+                self.stats.covered += 1
+                request.reply(outcome)
+        leadership.queue = left
 
     # --- replication ---------------------------------------------------------------
 
@@ -654,6 +681,14 @@ class Simulation:
             if proposal.batched:
                 leadership.core.entry_done(leadership.term)
             if proposal.requests:
+                leadership.last_adds = (
+                    index,
+                    [
+                        (c, o)
+                        for c, o in zip(proposal.commands, outcomes, strict=True)
+                        if isinstance(c, AddPartitions)
+                    ],
+                )
                 pairs = zip(proposal.requests, proposal.commands, outcomes, strict=True)
                 for request, command, outcome in pairs:
                     if not self.park_applied(leadership, request, command, outcome):
@@ -833,6 +868,7 @@ class Simulation:
                 return
             count = self.rng.randint(1, len(PARTITIONS))
             client.partitions = tuple(self.rng.sample(PARTITIONS, count))
+            client.names_partitions = self.chance(0.5)
             client.produced = 0
             client.with_offsets = self.chance(0.4)
             client.commit = self.chance(0.7)
@@ -893,7 +929,12 @@ class Simulation:
             if error is None:
                 client.busy = True
                 self.partition_adds(
-                    tp, client.tid, pid, epoch, lambda error: self.produced(client, error)
+                    tp,
+                    client.tid,
+                    pid,
+                    epoch,
+                    lambda error: self.produced(client, error),
+                    client.partitions if client.names_partitions else (),
                 )
                 return
             self.produced(client, error)
@@ -919,16 +960,18 @@ class Simulation:
         producer_id: int,
         epoch: int,
         answer: Callable[[ErrorCode], None],
+        named: tuple[TopicPartition, ...] = (),
     ) -> None:
-        """KIP-890 part 2: the partition asks the shard's leader to add ``tp``
-        to the producer's transaction (the coordinator's service for a
-        node's batched request: refusals its applied state settles, among
-        them a previous transaction still completing, are answered before
+        """KIP-890 part 2: the partition asks the shard's leader to add ``tp``,
+        and the partitions the batch ``named`` (its transaction's), to the
+        producer's transaction (the coordinator's service for a node's
+        batched request: refusals its applied state settles, among them a
+        previous transaction still completing, are answered before
         proposing, the rest goes through the log, never parked); once added,
         the batch comes again verified, one network hop later (a marker may
         overtake it). The partition's answer goes to ``answer``."""
         partition = self.partitions[tp]
-        build = _add_partitions(tid, producer_id, epoch, (tp,))
+        build = _add_partitions(tid, producer_id, epoch, tuple(sorted({tp, *named})))
 
         def added(outcome: Outcome) -> None:
             self.check_answer(build(CHECK_ONLY), outcome)

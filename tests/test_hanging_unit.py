@@ -110,7 +110,12 @@ class RefusingAdder:
         self.calls = 0
 
     def add_partitions(
-        self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
+        self,
+        tid: str,
+        pid: int,
+        epoch: int,
+        partitions: Sequence[tuple[str, int]],
+        flush_partitions: Sequence[tuple[str, int]] = (),
     ) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
         self.calls += 1
         return {tp: (ErrorCode.INVALID_TXN_STATE, "not in the transaction") for tp in partitions}

@@ -33,6 +33,7 @@ from raftcoord.coordinator.leader import (
     Parking,
     Stamp,
     Unstamped,
+    covering_outcome,
     park_deadline,
     park_key,
     timed_out_abort,
@@ -449,3 +450,25 @@ def test_only_a_refusal_that_changes_nothing_waits_for_the_completion() -> None:
     assert not machine.waits_for_completion(AddPartitions("a", pid, epoch + 5, (("t", 1),), 0, 1))
     assert not machine.waits_for_completion(AddOffsets("b", 1, 0, "g", 0, 1))  # unknown id
     assert not machine.waits_for_completion(AbortTimedOut("a", pid, epoch, 0, 1))
+
+
+def _add(*partitions: int, tid: str = "a", pid: int = 7, epoch: int = 2) -> AddPartitions:
+    return AddPartitions(tid, pid, epoch, tuple(("t", p) for p in partitions), 1_000, 3)
+
+
+def test_an_add_covered_by_the_last_entrys_add_gets_its_outcome() -> None:
+    """The nodes of one flush send the same add: the second is answered with
+    the first one's outcome (same producer and epoch, its partitions among
+    the first one's, and the first one added)."""
+    added, refused = Outcome(), Outcome(error=ErrorCode.PRODUCER_FENCED)
+    applied = [(_add(0, 1), added)]
+    assert covering_outcome(applied, _add(1, 0)) is added
+    assert covering_outcome(applied, _add(1)) is added  # a subset
+    assert covering_outcome(applied, _add(1, 2)) is None  # a partition more
+    assert covering_outcome(applied, _add(0, 1, epoch=3)) is None  # another epoch
+    assert covering_outcome(applied, _add(0, 1, pid=8)) is None  # another producer id
+    assert covering_outcome(applied, _add(0, 1, tid="b")) is None  # another id
+    assert covering_outcome([(_add(0, 1), refused)], _add(0)) is None  # only a success covers
+    end = EndTxn("a", 7, 2, True, 1_000, 3)
+    assert covering_outcome(applied, end) is None  # only adds are covered
+    assert covering_outcome([], _add(0)) is None

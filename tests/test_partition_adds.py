@@ -23,6 +23,7 @@ from raftcoord.client import Admin, TransactionalProducer
 from raftcoord.client._net import CoordinatorClient
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from tests import plog_client
 from tests.local_cluster import running_cluster
@@ -343,3 +344,47 @@ def test_a_completing_transaction_does_not_hold_up_another_ids_first_batch(
     assert not thread.is_alive()
     assert x_answers[0].error_code == ErrorCode.NONE, x_answers
     assert describe(cluster, x) == ("Ongoing", {(topic, other)})
+
+
+def applied_index(cluster: LocalCluster, node_id: int, shard: int) -> int:
+    status = cluster.node_status(node_id)
+    assert status is not None
+    return int(status.shards[shard].applied_index)
+
+
+def test_the_nodes_of_one_flush_add_its_partitions_with_one_entry(cluster: LocalCluster) -> None:
+    """A transaction whose two partitions live on two partition-log nodes:
+    each Produce names the flush's partitions, both nodes ask the
+    coordinator for the same add, and the one that arrives second is
+    answered with the first one's outcome. A transaction is then 3 Raft
+    entries (the add, EndTxn, the completion) instead of 4."""
+    partitions = create(cluster, "adds-one-entry", 2)
+    metadata = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster.bootstrap()[0])
+    ).Metadata(coordinator_pb2.MetadataRequest(topics=["adds-one-entry"]), timeout=10)
+    owners = {p.node_id for t in metadata.topics for p in t.partitions}
+    assert len(owners) == 2, metadata  # on two nodes
+    tid, rounds = "adds-one-entry", 20
+    shard = shard_for(tid, 3)
+    leader = cluster.leaders()[shard]
+    with TransactionalProducer(cluster.bootstrap(), transactional_id=tid) as producer:
+        producer.init_transactions()
+
+        def transaction(n: int) -> None:
+            producer.begin_transaction()
+            for tp in partitions:
+                producer.send(tp.topic, value=b"%d-%d" % (n, tp.partition), partition=tp.partition)
+            producer.commit_transaction()
+
+        transaction(-1)
+        cluster.wait_until(lambda: describe(cluster, tid)[0] == "CompleteCommit", 30, "completion")
+        before = applied_index(cluster, leader, shard)
+        for n in range(rounds):
+            transaction(n)
+        cluster.wait_until(lambda: describe(cluster, tid)[0] == "CompleteCommit", 30, "completion")
+        entries = applied_index(cluster, leader, shard) - before
+    assert cluster.leaders()[shard] == leader
+    assert entries < 3.5 * rounds, f"{entries} entries for {rounds} transactions"
+    assert sorted(read(cluster, partitions, committed=True)) == sorted(
+        b"%d-%d" % (n, p) for n in range(-1, rounds) for p in range(2)
+    )

@@ -11,10 +11,11 @@ import pytest
 
 from fsm.errors import ErrorCode
 from partition_log import codec
+from partition_log.cluster_view import MAX_FLUSH_PARTITIONS
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import PartitionLogService
-from raftcoord.protocol.v1 import partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
 
 
 def open_partition(path: Path) -> Partition:
@@ -137,11 +138,19 @@ class CountingAdder:
     def __init__(self, allowed: set[tuple[str, int]]) -> None:
         self.allowed = allowed
         self.calls: list[tuple[str, int, int, list[tuple[str, int]]]] = []
+        #: The flush partitions each call named.
+        self.flushes: list[list[tuple[str, int]]] = []
 
     def add_partitions(
-        self, tid: str, pid: int, epoch: int, partitions: Sequence[tuple[str, int]]
+        self,
+        tid: str,
+        pid: int,
+        epoch: int,
+        partitions: Sequence[tuple[str, int]],
+        flush_partitions: Sequence[tuple[str, int]] = (),
     ) -> dict[tuple[str, int], tuple[ErrorCode, str]]:
         self.calls.append((tid, pid, epoch, list(partitions)))
+        self.flushes.append(list(flush_partitions))
         return {
             tp: (ErrorCode.NONE, "")
             if tp in self.allowed
@@ -194,6 +203,52 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
             ErrorCode.UNKNOWN_PRODUCER_ID,  # its first batch was refused, so sequence 1 is unknown
         ]
         assert len(adder.calls) == 1  # the open transactions need no second question
+        assert adder.flushes == [[]]  # the request named no flush partitions
     finally:
         for part in parts.values():
             part.close()
+
+
+def test_the_flush_partitions_a_produce_names_go_with_its_add_bounded(tmp_path: Path) -> None:
+    """``transaction_partitions`` (the partitions the producer's flush adds,
+    on every node) are asked for with the node's own, at most
+    MAX_FLUSH_PARTITIONS of them."""
+    part = open_partition(tmp_path / "t-0")
+    adder = CountingAdder({("t", 0)})
+    service = PartitionLogService(
+        lambda topic, i: (
+            part if (topic, i) == ("t", 0) else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no")
+        ),
+        adder,  # type: ignore[arg-type]
+        1 << 20,
+    )
+    named = MAX_FLUSH_PARTITIONS + 5
+    request = partition_log_pb2.ProduceRequest(
+        transactional_id="tx",
+        partitions=[
+            partition_log_pb2.PartitionProduceData(
+                topic="t",
+                partition=0,
+                batch=partition_log_pb2.RecordBatch(
+                    producer_id=9,
+                    producer_epoch=0,
+                    base_sequence=0,
+                    is_transactional=True,
+                    records=[partition_log_pb2.Record(value=b"v")],
+                ),
+            )
+        ],
+        transaction_partitions=[
+            common_pb2.TopicPartitions(topic="t", partitions=[0, 1]),
+            common_pb2.TopicPartitions(topic="u", partitions=list(range(named - 2))),
+        ],
+    )
+    try:
+        answer = service.Produce(request, None)
+        assert [p.error_code for p in answer.partitions] == [ErrorCode.NONE]
+        assert adder.calls == [("tx", 9, 0, [("t", 0)])]
+        [flush] = adder.flushes
+        assert len(flush) == MAX_FLUSH_PARTITIONS
+        assert flush[:3] == [("t", 0), ("t", 1), ("u", 0)]
+    finally:
+        part.close()

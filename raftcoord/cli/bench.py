@@ -43,7 +43,8 @@ def add_parser(commands: Any) -> None:
         description="With no SUITE: start local clusters (3 coordinators x 3 shards, 3 "
         "partition-log nodes, fsync always) and measure, in one run, the machine's ceilings "
         "(an empty gRPC call, a bare Raft commit, fsyncs/s), transactions end to end through "
-        "the public client, transactional against idempotent throughput, failover, "
+        "the public client, producers in one client process on rotating partitions with "
+        "every node's CPU, transactional against idempotent throughput, failover, "
         "coordinator memory and cost with many open transactions, and scaling by shard "
         "count; prints the figures and the targets (docs/performance.md). A SUITE runs "
         "one of the narrower benchmarks.",

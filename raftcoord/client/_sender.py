@@ -399,8 +399,14 @@ class Sender:
     # --- the Produce wire path -------------------------------------------------------
 
     def _send_produce(self, address: str, batches: list[ProducerBatch]) -> None:
-        transactional_id = None if self.transactions is None else self.transactions.transactional_id
-        request = produce_request(batches, transactional_id)
+        transactions = self.transactions
+        request = (
+            produce_request(batches, None)
+            if transactions is None
+            else produce_request(
+                batches, transactions.transactional_id, transactions.flush_partitions
+            )
+        )
         try:
             call = self.channels.partition_log(address).Produce.future(
                 request, timeout=self.settings.request_timeout_s

@@ -70,6 +70,11 @@ class TransactionManager:
         #: a partition to the transaction with its first batch, so this
         #: manager does not call AddPartitionsToTxn.
         self._produce_adds_partitions = False
+        #: Those partitions, the ones the latest flush added to the
+        #: transaction: every Produce request names them all
+        #: (``transaction_partitions``), so that the partition-log nodes of
+        #: one flush ask the coordinator for the same add, one Raft entry.
+        self.flush_partitions: tuple[TopicPartition, ...] = ()
 
     def attach(self, sender: Sender) -> None:
         """Work with ``sender`` (its lock guards this manager's state too)."""
@@ -271,6 +276,7 @@ class TransactionManager:
                 return True
             if self._produce_adds_partitions:
                 self._partitions.update(new)
+                self.flush_partitions = tuple(new)
                 self._mark_started_locked()
                 return True
             producer_id, epoch = sender.identity
@@ -337,6 +343,7 @@ class TransactionManager:
 
     def _reset_locked(self) -> None:
         self._partitions.clear()
+        self.flush_partitions = ()
         self._groups.clear()
         self._started = False
         self._opened_at = None

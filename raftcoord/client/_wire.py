@@ -3,7 +3,7 @@ consumer and the admin client, and the producer's Produce request."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from raftcoord.client._accumulator import ProducerBatch
@@ -47,10 +47,13 @@ def first_error(answer: Any) -> tuple[int, str]:
 
 
 def produce_request(
-    batches: list[ProducerBatch], transactional_id: str | None
+    batches: list[ProducerBatch],
+    transactional_id: str | None,
+    flush_partitions: Sequence[TopicPartition] = (),
 ) -> partition_log_pb2.ProduceRequest:
     """One Produce request carrying ``batches`` (numbered already), of a
-    transactional producer when ``transactional_id`` is given."""
+    transactional producer when ``transactional_id`` is given, naming the
+    partitions its latest flush added to the transaction (``flush_partitions``)."""
     request = partition_log_pb2.ProduceRequest(
         partitions=[
             partition_log_pb2.PartitionProduceData(
@@ -63,6 +66,7 @@ def produce_request(
     )
     if transactional_id is not None:
         request.transactional_id = transactional_id
+        request.transaction_partitions.extend(topic_partitions(flush_partitions))
     return request
 
 

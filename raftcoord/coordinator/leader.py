@@ -10,7 +10,10 @@ entry and what the leader stamps into it.
   the cursor asks for one (at 90% use, or when it is empty).
 * Group commit: at most :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight;
   the requests queued meanwhile go out together in the next entry, in
-  arrival order, up to the first one waiting for a producer-id block.
+  arrival order, up to the first one waiting for a producer-id block. An
+  add that an add of the entry applied last already covers is answered
+  with that add's outcome instead (:func:`covering_outcome`): the
+  partition-log nodes of one producer's flush send the same add.
 * The coordinator epoch: the Raft term of the leadership, set when it begins.
 * Preferred leaders (Kafka's auto leader rebalance): shard ``s`` prefers
   coordinator ``s mod n``. A leader that is not its shard's preferred one
@@ -44,6 +47,7 @@ from typing import Generic, Protocol, TypeVar
 
 from fsm import (
     AbortTimedOut,
+    AddPartitions,
     AllocatePidBlock,
     Command,
     EndTxn,
@@ -287,6 +291,30 @@ class LeaderCore:
         """An entry proposed with coordinator epoch ``epoch`` was applied or dropped."""
         if epoch == self.epoch:
             self.in_flight -= 1
+
+
+def covering_outcome(
+    applied: Sequence[tuple[AddPartitions, Outcome]], command: Command
+) -> Outcome | None:
+    """The outcome to give an AddPartitions ``command`` from the adds of the
+    entry applied last (``applied``, each with its outcome) when one of them
+    covers it: the same transactional id, producer id and epoch, every
+    partition of ``command`` among its own, and added (NONE). Applied right
+    after that entry, ``command`` would change nothing and succeed too, so
+    while no other entry has applied (the caller's part) it is answered as
+    if it had been in that entry. None: ``command`` goes through the log."""
+    if not isinstance(command, AddPartitions):
+        return None
+    wanted = set(command.partitions)
+    for done, outcome in applied:
+        if (
+            outcome.ok
+            and (done.transactional_id, done.producer_id, done.producer_epoch)
+            == (command.transactional_id, command.producer_id, command.producer_epoch)
+            and wanted <= set(done.partitions)
+        ):
+            return outcome
+    return None
 
 
 def park_key(

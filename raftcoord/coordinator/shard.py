@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
 from fsm import (
+    AddPartitions,
     Command,
     EndTxn,
     ErrorCode,
@@ -45,10 +46,12 @@ from fsm import (
 )
 from fsm.states import PREPARE_STATES
 from raftcoord.coordinator.leader import (
+    CHECK_ONLY,
     LeaderCore,
     Parking,
     Stamp,
     Unstamped,
+    covering_outcome,
     park_deadline,
     park_key,
     timed_out_abort,
@@ -243,6 +246,10 @@ class Shard:
         #: Requests queued together go out in the same entry.
         self._queue: queue.SimpleQueue[list[Request]] = queue.SimpleQueue()
         self._waiting: list[Request] = []
+        #: The adds of the entry this leader applied last, with their
+        #: outcomes, and :meth:`change_count` right after it (tick thread):
+        #: see :meth:`_answer_covered_adds`.
+        self._last_adds: tuple[int, list[tuple[AddPartitions, Outcome]]] | None = None
         #: Requests waiting for their transactional id's transaction to complete.
         self._parked: Parking[Request] = Parking()
         self._next_abort_sweep = 0
@@ -472,7 +479,7 @@ class Shard:
             block_due = self.core.block_due(stamp.now_ms)
         if block_due:
             self._request_block(stamp.coordinator_epoch)
-        requests = self._drain()
+        requests = self._answer_covered_adds(self._drain())
         if not requests:
             return
         with self._core_lock:
@@ -499,6 +506,12 @@ class Shard:
                 for request in batch.requests:
                     _fail(request, error)
                 return
+            adds = [
+                (command, outcome)
+                for command, outcome in zip(batch.commands, result, strict=True)
+                if isinstance(command, AddPartitions)
+            ]
+            self._last_adds = (self.change_count(), adds) if adds else None
             outcomes = iter(zip(batch.commands, result, strict=True))
             for request in batch.requests:
                 if request.build is not None:
@@ -513,6 +526,32 @@ class Shard:
                         request.future.set_exception(exc)
 
         self.replica.propose(term, encode_entry(batch.commands), applied)
+
+    def _answer_covered_adds(self, requests: list[Request]) -> list[Request]:
+        """Answer, without an entry of their own, the queued adds that an add
+        of the entry applied last covers (:func:`covering_outcome`), as long
+        as nothing has applied since and the leadership is the same (the
+        change count says both): they are answered as if they had been in
+        that entry. The partition-log nodes of one producer's flush send the
+        same add (the flush's partitions); the first goes out at once, the
+        others arrive while it is in flight. Returns the requests left."""
+        last = self._last_adds
+        if last is None:
+            return requests
+        seen, adds = last
+        if seen != self.change_count():
+            self._last_adds = None
+            return requests
+        left = []
+        for request in requests:
+            outcome = None
+            if request.build is not None:
+                outcome = covering_outcome(adds, request.build(CHECK_ONLY))
+            if outcome is None:
+                left.append(request)
+            else:
+                request.future.set_result(outcome)
+        return left
 
     def _park(self, request: Request, command: Command, outcome: Outcome) -> bool:
         """Park ``request`` if its answer ``outcome`` only says that its

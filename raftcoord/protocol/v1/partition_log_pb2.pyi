@@ -62,12 +62,14 @@ class PartitionProduceData(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., batch: _Optional[_Union[RecordBatch, _Mapping]] = ...) -> None: ...
 
 class ProduceRequest(_message.Message):
-    __slots__ = ("transactional_id", "partitions")
+    __slots__ = ("transactional_id", "partitions", "transaction_partitions")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionProduceData]
-    def __init__(self, transactional_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionProduceData, _Mapping]]] = ...) -> None: ...
+    transaction_partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartitions]
+    def __init__(self, transactional_id: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionProduceData, _Mapping]]] = ..., transaction_partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ...) -> None: ...
 
 class PartitionProduceResponse(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message", "base_offset", "log_start_offset")
