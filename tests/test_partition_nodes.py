@@ -179,8 +179,27 @@ def test_the_first_transactional_batch_adds_the_partition_to_the_transaction(
             ),
         )
         assert end.error_code == ErrorCode.NONE and end.producer_epoch == epoch + 1
-        # The marker as the coordinator sends it (it may already have arrived).
-        marker = write_marker(node, "verified", 0, pid, end.producer_epoch, commit=True)
+        # The marker as the coordinator sends it (it may already have arrived),
+        # with the coordinator epoch of the shard's leader now: a lower one
+        # is fenced once the coordinator's own marker is here.
+        leader_epoch = (
+            coordinators.call(
+                tid,
+                "DescribeTransactions",
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid]),
+            )
+            .transactions[0]
+            .coordinator_epoch
+        )
+        marker = write_marker(
+            node,
+            "verified",
+            0,
+            pid,
+            end.producer_epoch,
+            commit=True,
+            coordinator_epoch=leader_epoch,
+        )
         assert marker.error_code == ErrorCode.NONE
         seen, answer = read_all(node, "verified", 0, committed=True)
         assert seen == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"plain")]

@@ -320,11 +320,14 @@ def test_a_restart_between_the_snapshot_and_the_compaction_keeps_the_log_tail(
 
 def test_a_lagging_follower_receives_a_large_snapshot_in_chunks(tmp_path: Path) -> None:
     """A replica that joins after the leader compacted its log gets the
-    snapshot (larger than one transfer chunk) and reaches the same state."""
+    snapshot (larger than one transfer chunk) and reaches the same state.
+    The election timeout is long enough that a loaded machine ticking the
+    replicas in turn does not elect anew in the middle (2000 proposals)."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    election_s = (0.5, 0.9)  # pysyncobj: at most its connection timeout, 1 s
     replicas = [
         make_replica(
-            tmp_path / f"r{i}", address, [], [a for a in addresses if a != address], (0.2, 0.4)
+            tmp_path / f"r{i}", address, [], [a for a in addresses if a != address], election_s
         )
         for i, address in enumerate(addresses[:2])
     ]
@@ -358,7 +361,7 @@ def test_a_lagging_follower_receives_a_large_snapshot_in_chunks(tmp_path: Path) 
         size = (tmp_path / f"r{replicas.index(leader)}" / "snapshot").stat().st_size
         assert size > leader._snapshots._chunk_bytes
         expected = leader.machine.snapshot()
-        late = make_replica(tmp_path / "r2", addresses[2], [], addresses[:2], (0.2, 0.4))
+        late = make_replica(tmp_path / "r2", addresses[2], [], addresses[:2], election_s)
         tick_all(lambda: late is not None and late.machine.snapshot() == expected)
         assert leader.is_leader() and leader.raftCurrentTerm == term
     finally:
