@@ -119,6 +119,12 @@ def test_files(tmp_path: Path) -> None:
     assert config.shard_count == 4 and len(config.coordinators) == 3
     assert all(len(n.raft) == 4 for n in config.coordinators)
     assert config.settings.fsync == "batch"
+    # A setting given replaces the template's entry of that name.
+    write_config(
+        written, coordinators=3, shards=4, settings={"raft.tick.ms": 25, "pid.block.size": 50}
+    )
+    settings = load_config(written).settings
+    assert (settings.raft_tick_ms, settings.pid_block_size) == (25.0, 50)
 
 
 def shaped(tmp_path: Path, name: str, **options: Any) -> Any:

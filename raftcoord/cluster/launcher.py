@@ -197,7 +197,8 @@ def write_config(
     kafka_listeners: int = 0,
 ) -> None:
     """Write a cluster config for a local cluster; ``settings`` adds entries
-    to its ``[settings]`` table (Kafka-style names). Nodes listen on
+    to its ``[settings]`` table (Kafka-style names), in place of the
+    template's own entry of the same name. Nodes listen on
     127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
     each on its own address with the fixed ports COORDINATOR_PORT,
     RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
@@ -223,7 +224,13 @@ def write_config(
         f"[[partition_nodes]]\nid = {node_id}\ngrpc = {address(node_id, PARTITION_NODE_PORT)}\n"
         for node_id in ids[coordinators:]
     ]
-    text = TEMPLATE.read_text().format(
+    overridden = {json.dumps(k) for k in settings or {}}
+    template = "".join(
+        line
+        for line in TEMPLATE.read_text().splitlines(keepends=True)
+        if line.split(" = ", 1)[0] not in overridden
+    )
+    text = template.format(
         shard_count=shards,
         fsync=fsync,
         abort_interval_ms=abort_interval_ms,
