@@ -3,11 +3,13 @@ whole partition, write a marker, find the node that owns a partition."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
 
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -21,8 +23,15 @@ def stub(address: str) -> Any:
     return partition_log_pb2_grpc.PartitionLogStub(grpc.insecure_channel(address))
 
 
+#: How long a partition-log node may take to learn of a topic just created.
+KNOWN_TIMEOUT_S = 10.0
+
+
 def create_topic(cluster: LocalCluster, name: str, partitions: int) -> dict[int, str]:
-    """Create ``name`` and return partition -> owning node's address."""
+    """Create ``name`` and return partition -> owning node's address, once
+    every owner knows its partitions (a node learns of a new topic with its
+    next metadata refresh; until then it answers UNKNOWN_TOPIC_OR_PARTITION,
+    which clients retry and these raw requests do not)."""
     shard0 = cluster.leaders()[0]
     coordinator = coordinator_pb2_grpc.TransactionCoordinatorStub(
         grpc.insecure_channel(cluster._require().node(shard0).grpc)
@@ -36,7 +45,17 @@ def create_topic(cluster: LocalCluster, name: str, partitions: int) -> dict[int,
     assert created.results[0].error_code == 0, created
     meta = coordinator.Metadata(coordinator_pb2.MetadataRequest(topics=[name]), timeout=5)
     nodes = {n.node_id: n.address for n in meta.partition_nodes}
-    return {p.partition: nodes[p.node_id] for p in meta.topics[0].partitions}
+    owners = {p.partition: nodes[p.node_id] for p in meta.topics[0].partitions}
+    deadline = time.monotonic() + KNOWN_TIMEOUT_S
+    for partition, address in owners.items():
+        latest = partition_log_pb2.OFFSET_SPEC_LATEST
+        while (
+            list_offsets(stub(address), name, partition, latest).error_code
+            == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        ):
+            assert time.monotonic() < deadline, f"{address} never learnt of {name}-{partition}"
+            time.sleep(0.05)
+    return owners
 
 
 def records(*values: bytes, key: bytes | None = b"k") -> list[Any]:
@@ -134,8 +153,9 @@ def write_marker(
     return answer.markers[0].partitions[0]
 
 
-def list_offset(node: Any, topic: str, partition: int, spec: int) -> int:
-    answer = node.ListOffsets(
+def list_offsets(node: Any, topic: str, partition: int, spec: int) -> Any:
+    """The node's ListOffsets answer for one partition."""
+    return node.ListOffsets(
         partition_log_pb2.ListOffsetsRequest(
             partitions=[
                 partition_log_pb2.ListOffsetsPartition(topic=topic, partition=partition, spec=spec)
@@ -143,5 +163,9 @@ def list_offset(node: Any, topic: str, partition: int, spec: int) -> int:
         ),
         timeout=5,
     ).partitions[0]
+
+
+def list_offset(node: Any, topic: str, partition: int, spec: int) -> int:
+    answer = list_offsets(node, topic, partition, spec)
     assert answer.error_code == 0, answer
     return int(answer.offset)
