@@ -18,7 +18,7 @@ from raftcoord.bench.load import Outcome, split
 from raftcoord.bench.stats import (
     CLK_TCK,
     Target,
-    cpu_delta_s,
+    cpu_deltas_s,
     parse_stat_cpu_s,
     parse_vm_rss_bytes,
     percentile,
@@ -55,7 +55,9 @@ def test_cpu_from_proc_stat_survives_spaces_and_parentheses_in_the_name() -> Non
 def test_cpu_delta_counts_only_processes_seen_twice() -> None:
     before = {1: 10.0, 2: 20.0, 3: 30.0}
     after = {1: 10.5, 2: 21.0, 4: 99.0}  # 3 was killed, 4 started in between
-    assert cpu_delta_s(before, after) == pytest.approx(1.5)
+    deltas = cpu_deltas_s(before, after)
+    assert deltas == pytest.approx({1: 0.5, 2: 1.0})
+    assert sum(deltas.values()) == pytest.approx(1.5)
 
 
 def test_vm_rss_is_read_in_bytes() -> None:

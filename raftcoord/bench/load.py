@@ -37,7 +37,7 @@ from typing import Any
 
 import grpc
 
-from raftcoord.bench.stats import cpu_delta_s, cpu_of
+from raftcoord.bench.stats import cpu_deltas_s, cpu_of
 from raftcoord.client import KafkaError, Producer, RecordMetadata, TransactionalProducer
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc
 
@@ -59,6 +59,10 @@ class Work:
     interval_s: float = 0.0  # > 0: send for this long, then commit (or flush)
     id_prefix: str = "bench"
     rotate: bool = False  # each step writes the next partitions (see the module's doc)
+
+    def transactional_id(self, index: int) -> str:
+        """The transactional id of actor ``index``'s producer."""
+        return f"{self.id_prefix}-{index}"
 
 
 @dataclass
@@ -91,9 +95,13 @@ class LoadResult:
 
     concurrency: int
     outcome: Outcome
-    cluster_cpu_s: float
     #: pid -> CPU seconds of that cluster process over the run.
-    node_cpu_s: dict[int, float] = field(default_factory=dict)
+    node_cpu_s: dict[int, float]
+
+    @property
+    def cluster_cpu_s(self) -> float:
+        """The CPU seconds of all the cluster's processes over the run."""
+        return sum(self.node_cpu_s.values())
 
     @property
     def rate(self) -> float:
@@ -133,7 +141,7 @@ class Actor:
             self.producer.partitions_for(work.topic)
         else:
             producer = TransactionalProducer(
-                list(work.bootstrap), transactional_id=f"{work.id_prefix}-{self.index}"
+                list(work.bootstrap), transactional_id=work.transactional_id(self.index)
             )
             try:
                 producer.init_transactions()
@@ -307,8 +315,7 @@ def run_load(
         cpu1 = cpu_of(cluster_pids)
         for proc in procs:
             proc.join(timeout=30)
-        per_node = {pid: cpu1[pid] - cpu0[pid] for pid in cpu0 if pid in cpu1}
-        return LoadResult(concurrency, outcome, cpu_delta_s(cpu0, cpu1), per_node)
+        return LoadResult(concurrency, outcome, cpu_deltas_s(cpu0, cpu1))
     finally:
         for proc in procs:
             if proc.is_alive():

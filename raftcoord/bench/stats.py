@@ -35,10 +35,10 @@ def cpu_seconds(pid: int) -> float:
     return parse_stat_cpu_s(Path(f"/proc/{pid}/stat").read_text())
 
 
-def cpu_delta_s(before: dict[int, float], after: dict[int, float]) -> float:
-    """The CPU seconds the processes spent between two readings: keys are
-    pids; a process missing from ``after`` (killed) adds nothing."""
-    return sum(after[pid] - before[pid] for pid in before if pid in after)
+def cpu_deltas_s(before: dict[int, float], after: dict[int, float]) -> dict[int, float]:
+    """pid -> the CPU seconds that process spent between two readings; a
+    process missing from ``after`` (killed) is left out."""
+    return {pid: after[pid] - before[pid] for pid in before if pid in after}
 
 
 def cpu_of(pids: list[int]) -> dict[int, float]:

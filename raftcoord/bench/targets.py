@@ -356,9 +356,13 @@ def one_process(
     for kind in ("transactions", "idempotent"):
         for threads in options.one_process:
             step(f"one client process: {plural(threads, PRODUCER_KINDS[kind])}")
-            prefix = f"one-{kind}-{threads}"
             work = Work(
-                kind, bootstrap(cluster), TOPIC, TOPIC_PARTITIONS, id_prefix=prefix, rotate=True
+                kind,
+                bootstrap(cluster),
+                TOPIC,
+                TOPIC_PARTITIONS,
+                id_prefix=f"one-{kind}-{threads}",
+                rotate=True,
             )
             result = run_load(work, threads, options.seconds, 1, pids(cluster))
             elapsed = result.outcome.elapsed_s
@@ -369,7 +373,7 @@ def one_process(
                 for r in roles
             }
             shards = sorted(
-                {shard_for(f"{prefix}-{i}", SHARDS) for i in range(threads)}
+                {shard_for(work.transactional_id(i), SHARDS) for i in range(threads)}
                 if kind == "transactions"
                 else set()
             )
