@@ -359,9 +359,10 @@ def test_the_nodes_of_one_flush_add_its_partitions_with_one_entry(cluster: Local
     answered with the first one's outcome. A transaction is then 3 Raft
     entries (the add, EndTxn, the completion) instead of 4."""
     partitions = create(cluster, "adds-one-entry", 2)
-    metadata = coordinator_pb2_grpc.TransactionCoordinatorStub(
-        grpc.insecure_channel(cluster.bootstrap()[0])
-    ).Metadata(coordinator_pb2.MetadataRequest(topics=["adds-one-entry"]), timeout=10)
+    with grpc.insecure_channel(cluster.bootstrap()[0]) as channel:
+        metadata = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
+            coordinator_pb2.MetadataRequest(topics=["adds-one-entry"]), timeout=10
+        )
     owners = {p.node_id for t in metadata.topics for p in t.partitions}
     assert len(owners) == 2, metadata  # on two nodes
     tid, rounds = "adds-one-entry", 20

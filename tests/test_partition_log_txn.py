@@ -4,7 +4,7 @@ the real coordinator is exercised in tests/test_partition_nodes.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -159,6 +159,28 @@ class CountingAdder:
         }
 
 
+def txn_produce(partitions: Iterable[int], sequence: int) -> partition_log_pb2.ProduceRequest:
+    """Producer 9's (epoch 0) transactional Produce of one record on each of
+    ``partitions`` of topic t, at ``sequence``."""
+    return partition_log_pb2.ProduceRequest(
+        transactional_id="tx",
+        partitions=[
+            partition_log_pb2.PartitionProduceData(
+                topic="t",
+                partition=i,
+                batch=partition_log_pb2.RecordBatch(
+                    producer_id=9,
+                    producer_epoch=0,
+                    base_sequence=sequence,
+                    is_transactional=True,
+                    records=[partition_log_pb2.Record(value=b"v")],
+                ),
+            )
+            for i in partitions
+        ],
+    )
+
+
 def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> None:
     parts = {("t", i): open_partition(tmp_path / f"t-{i}") for i in range(3)}
     adder = CountingAdder({("t", 0), ("t", 1)})
@@ -168,27 +190,8 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
         1 << 20,
     )
 
-    def request(sequence: int) -> partition_log_pb2.ProduceRequest:
-        return partition_log_pb2.ProduceRequest(
-            transactional_id="tx",
-            partitions=[
-                partition_log_pb2.PartitionProduceData(
-                    topic="t",
-                    partition=i,
-                    batch=partition_log_pb2.RecordBatch(
-                        producer_id=9,
-                        producer_epoch=0,
-                        base_sequence=sequence,
-                        is_transactional=True,
-                        records=[partition_log_pb2.Record(value=b"v")],
-                    ),
-                )
-                for i in range(3)
-            ],
-        )
-
     try:
-        first = service.Produce(request(0), None)
+        first = service.Produce(txn_produce(range(3), 0), None)
         assert [p.error_code for p in first.partitions] == [
             ErrorCode.NONE,
             ErrorCode.NONE,
@@ -196,7 +199,7 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
         ]
         assert adder.calls == [("tx", 9, 0, [("t", 0), ("t", 1), ("t", 2)])]
         assert parts[("t", 2)].offsets() == (0, 0, 0)  # refused: nothing appended
-        second = service.Produce(request(1), None)
+        second = service.Produce(txn_produce(range(3), 1), None)
         assert [p.error_code for p in second.partitions] == [
             ErrorCode.NONE,
             ErrorCode.NONE,
@@ -223,25 +226,12 @@ def test_the_flush_partitions_a_produce_names_go_with_its_add_bounded(tmp_path: 
         1 << 20,
     )
     named = MAX_FLUSH_PARTITIONS + 5
-    request = partition_log_pb2.ProduceRequest(
-        transactional_id="tx",
-        partitions=[
-            partition_log_pb2.PartitionProduceData(
-                topic="t",
-                partition=0,
-                batch=partition_log_pb2.RecordBatch(
-                    producer_id=9,
-                    producer_epoch=0,
-                    base_sequence=0,
-                    is_transactional=True,
-                    records=[partition_log_pb2.Record(value=b"v")],
-                ),
-            )
-        ],
-        transaction_partitions=[
+    request = txn_produce([0], 0)
+    request.transaction_partitions.extend(
+        [
             common_pb2.TopicPartitions(topic="t", partitions=[0, 1]),
             common_pb2.TopicPartitions(topic="u", partitions=list(range(named - 2))),
-        ],
+        ]
     )
     try:
         answer = service.Produce(request, None)
