@@ -129,7 +129,7 @@ CRASHING_NODE = """
 import sys
 from pathlib import Path
 from fsm.machine import TransactionStateMachine
-from raftcoord.protocol.config import load_config
+from raftcoord.protocol.config import load_config, read_raft_key
 from raftcoord.coordinator.node import run_node
 
 healthy = TransactionStateMachine.apply_entry
@@ -140,7 +140,8 @@ def apply_entry(self, data):
     return healthy(self, data)
 
 TransactionStateMachine.apply_entry = apply_entry
-sys.exit(run_node(load_config(sys.argv[1]), 1, Path(sys.argv[2])))
+config = load_config(sys.argv[1])
+sys.exit(run_node(config, 1, Path(sys.argv[2]), read_raft_key(config.raft_key_file)))
 """
 
 

@@ -20,8 +20,11 @@ from pysyncobj.node import TCPNode
 from fsm import AllocatePidBlock, ErrorCode, InitProducerId, TransactionStateMachine, encode_entry
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
-from raftcoord.coordinator.raft import raft_conf
+from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.replica import APPEND_ENTRIES, ShardReplica
+
+#: The members' Raft key (any 32 bytes; every member of a test uses it).
+RAFT_KEY = bytes(range(32))
 
 pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
 
@@ -44,7 +47,15 @@ def make_replica(
         connection_retry_s=0.05,
     )
     machine = TransactionStateMachine(3, 4)
-    return ShardReplica(address, partners, conf, machine, lambda *_: None, node_id=2)
+    return ShardReplica(
+        address,
+        partners,
+        conf,
+        machine,
+        lambda *_: None,
+        node_id=2,
+        transport=RaftTransportSettings(RAFT_KEY),
+    )
 
 
 def tick_until(
@@ -215,11 +226,11 @@ def test_a_large_non_ascii_entry_replicates_in_chunks(tmp_path: Path) -> None:
 
         layout = leader.machine.state.pids.layout
         block = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
-        leader.apply_entry(term, encode_entry([block]), callback=done)
+        leader.propose_command(term, encode_entry([block]), done)
         tick_until(replicas, lambda: len(results) == 1)
         big_id = "é" * 40_000
         command = InitProducerId(big_id, 60_000, 1, term, new_producer_id=results[0][0].block_first)
-        leader.apply_entry(term, encode_entry([command]), callback=done)
+        leader.propose_command(term, encode_entry([command]), done)
         tick_until(replicas, lambda: len(results) == 2)
         assert all(outcome.ok for result in results for outcome in result), results
         tick_until(replicas, lambda: follower.raftLastApplied == leader.raftLastApplied)

@@ -29,8 +29,11 @@ from fsm import (
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator import replica as replica_module
-from raftcoord.coordinator.raft import raft_conf
+from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
+
+#: The members' Raft key (any 32 bytes; every member of a test uses it).
+RAFT_KEY = bytes(range(32))
 
 pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
 
@@ -55,6 +58,7 @@ def make_replica(
         machine,
         lambda index, term, outcomes: applied.append(index),
         node_id=1,
+        transport=RaftTransportSettings(RAFT_KEY),
     )
 
 
@@ -78,10 +82,10 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
             assert error == ErrorCode.NONE
             results.append(result)
 
-        replica.apply_entry(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), callback=done)
+        replica.propose_command(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), done)
         for i in range(20):
             command = InitProducerId(f"t{i}", 1000, 1, term, new_producer_id=i)
-            replica.apply_entry(term, encode_entry([command]), callback=done)
+            replica.propose_command(term, encode_entry([command]), done)
         tick_until(replica, lambda: len(results) == 21)
         assert all(o.ok for r in results for o in r)
         expected = replica.machine.snapshot()

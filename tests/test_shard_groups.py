@@ -22,9 +22,12 @@ from fsm import (
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.leader import Stamp
-from raftcoord.coordinator.raft import raft_conf
+from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.replica import ShardReplica
 from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog, now_ms
+
+#: The members' Raft key (any 32 bytes; every member of a test uses it).
+RAFT_KEY = bytes(range(32))
 
 pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
 
@@ -41,7 +44,15 @@ def shard(tmp_path: Path) -> Iterator[Shard]:
     address = f"127.0.0.1:{free_ports(1)[0]}"
 
     def replica(on_applied: Callable[[int, int, list[Outcome]], None]) -> ShardReplica:
-        return ShardReplica(address, [], conf, machine, on_applied, node_id=1)
+        return ShardReplica(
+            address,
+            [],
+            conf,
+            machine,
+            on_applied,
+            node_id=1,
+            transport=RaftTransportSettings(RAFT_KEY),
+        )
 
     made = Shard(
         0,

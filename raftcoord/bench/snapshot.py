@@ -46,7 +46,7 @@ from fsm import (
 )
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
-from raftcoord.coordinator.raft import raft_conf
+from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.replica import ShardReplica
 from raftcoord.protocol.types import TopicPartition
 
@@ -93,7 +93,15 @@ def measure(count: int, directory: Path) -> dict[str, float]:
     raft_journal.register_journal(journal, "always", snapshot_file=dump)
     conf = raft_conf(0.05, (0.3, 0.6), journal, dump)
     address = f"127.0.0.1:{free_ports(1)[0]}"
-    replica = ShardReplica(address, [], conf, machine, lambda *_: None, node_id=1)
+    replica = ShardReplica(
+        address,
+        [],
+        conf,
+        machine,
+        lambda *_: None,
+        node_id=1,
+        transport=RaftTransportSettings(os.urandom(32)),
+    )
     try:
         _tick_until(replica, replica.is_leader)
         applied: list[object] = []

@@ -22,7 +22,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _node(args: argparse.Namespace) -> int:
     from raftcoord.coordinator.node import run_node
-    from raftcoord.protocol.config import ConfigError, check_shape, load_config
+    from raftcoord.protocol.config import ConfigError, check_shape, load_config, read_raft_key
 
     data_dir = (
         Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
@@ -31,11 +31,21 @@ def _node(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         config.coordinator(args.id)
         check_shape(data_dir, config)
+        if args.insecure_raft:
+            raft_key = None
+        elif config.raft_key_file is None:
+            raise ConfigError(
+                "the config names no raft_key_file, so Raft traffic would be "
+                "unauthenticated (deploy/README.md says how to make one); "
+                "--insecure-raft runs without it"
+            )
+        else:
+            raft_key = read_raft_key(config.raft_key_file)
     except ConfigError as exc:
         print(f"raftcoord node: {exc}", file=sys.stderr)
         return 2
     exit_with_watched_process()
-    return run_node(config, args.id, data_dir)
+    return run_node(config, args.id, data_dir, raft_key)
 
 
 def _partition_node(args: argparse.Namespace) -> int:
@@ -122,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--config", required=True, help="cluster config (TOML)")
     node.add_argument("--id", required=True, type=int, help="this node's id in the config")
     node.add_argument("--data-dir", help="journal, snapshots, logs (default: CONFIG_DIR/node-ID)")
+    node.add_argument(
+        "--insecure-raft",
+        action="store_true",
+        help="accept and send Raft traffic without authentication (no raft_key_file); "
+        "anyone who reaches the Raft ports can then act as a member",
+    )
     node.set_defaults(func=_node)
     pnode = commands.add_parser("partition-node", help="run one partition-log node")
     pnode.add_argument("--config", required=True, help="cluster config (TOML)")

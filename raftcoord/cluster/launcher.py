@@ -1,10 +1,11 @@
 """A local cluster, as ``raftcoord cluster up|status|down|kill|start`` runs it
 (the command line is :mod:`raftcoord.cli.cluster`).
 
-The launcher writes the cluster config from ``deploy/cluster.toml.template``,
-starts every node as its own OS process (same data dir and ports on a
-restart), and records what it started in ``<data-dir>/cluster.json``:
-addresses, pids, log files and, with ``--netns``, the network namespaces.
+The launcher writes the cluster config from ``deploy/cluster.toml.template``
+and a new Raft key beside it (``raft.key``, mode 600), starts every node as
+its own OS process (same data dir and ports on a restart), and records
+what it started in ``<data-dir>/cluster.json``: addresses, pids, log files
+and, with ``--netns``, the network namespaces.
 Nodes listen on 127.0.0.1 with free ports, or with ``--netns`` each in its
 own network namespace with its own address and the ports a host of a real
 deployment uses (:mod:`raftcoord.cluster.netns`). The tests drive clusters through
@@ -33,7 +34,13 @@ from typing import Any
 import grpc
 
 from raftcoord.cluster import netns as namespaces
-from raftcoord.protocol.config import ClusterConfig, ConfigError, load_config, shape_refusal
+from raftcoord.protocol.config import (
+    ClusterConfig,
+    ConfigError,
+    load_config,
+    shape_refusal,
+    write_raft_key,
+)
 from raftcoord.protocol.routing import preferred_leader
 from raftcoord.protocol.v1 import (
     admin_pb2,
@@ -245,6 +252,9 @@ def write_config(
         listener = address(KAFKA_LISTENER_BASE_ID + i, 0)
         text += f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
     path.write_text(text)
+    key = path.parent / "raft.key"
+    if not key.exists():
+        write_raft_key(key)
 
 
 class LocalCluster:

@@ -25,7 +25,7 @@ from fsm import Outcome, TransactionStateMachine
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import MarkerWriters
-from raftcoord.coordinator.raft import raft_conf
+from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
 from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
@@ -60,8 +60,11 @@ class CoordinatorNode:
     Its services and marker writers see it as :class:`raftcoord.coordinator.shard.Shards`.
     """
 
-    def __init__(self, config: ClusterConfig, node_id: int, data_dir: Path) -> None:
+    def __init__(
+        self, config: ClusterConfig, node_id: int, data_dir: Path, raft_key: bytes | None
+    ) -> None:
         self.config = config
+        self.raft_transport = RaftTransportSettings(raft_key)
         self.me: NodeAddress = config.coordinator(node_id)
         self.node_id = node_id
         self.data_dir = data_dir
@@ -174,6 +177,7 @@ class CoordinatorNode:
                 machine,
                 on_applied,  # type: ignore[arg-type]
                 node_id=self.node_id,
+                transport=self.raft_transport,
             )
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)
@@ -283,7 +287,15 @@ class CallerDeadlines(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is 
         )
 
 
-def run_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:
-    """Run a node until SIGTERM/SIGINT; returns the exit status."""
+def run_node(config: ClusterConfig, node_id: int, data_dir: Path, raft_key: bytes | None) -> int:
+    """Run a node until SIGTERM/SIGINT; returns the exit status. Without a
+    ``raft_key`` its Raft traffic is unauthenticated (``--insecure-raft``)."""
     logging.getLogger("pysyncobj").setLevel(logging.WARNING)
-    return serve(CoordinatorNode(config, node_id, data_dir), node_id, data_dir, log)
+    if raft_key is None:
+        log.warning(
+            "node=%d event=insecure_raft: Raft peers are not authenticated; anyone who "
+            "reaches the Raft ports can act as a member",
+            node_id,
+        )
+    node = CoordinatorNode(config, node_id, data_dir, raft_key)
+    return serve(node, node_id, data_dir, log)

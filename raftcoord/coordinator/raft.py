@@ -6,19 +6,46 @@ pysyncobj's public properties (``raftCurrentTerm``, ``raftCommitIndex``,
 ``raftLastApplied``). Where pysyncobj 0.3 has no public way to do what the
 coordinator needs, the private member is reached here, each one commented,
 so that a pysyncobj upgrade is checked in one module.
+
+Nothing of a group is pickled. Its messages travel over
+:class:`raftcoord.coordinator.raft_transport.RaftTransport` (msgpack, peers
+authenticated first). Its log entries are not pysyncobj's ``@replicated``
+calls (a pickle of the method's id and arguments, unpickled by every replica
+when it applies the entry) but :data:`ENTRY_FORMAT` followed by the
+proposer's term and the entry's bytes, handed to :meth:`RaftGroup.apply_command`;
+an entry of another form (pysyncobj's membership and code-version commands,
+which these groups never propose, or a journal written before this format)
+goes to :meth:`RaftGroup.apply_unknown`, which stops the member.
 """
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Callable
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.pipe_notifier import PipeNotifier
 
 from fsm import ErrorCode
+from raftcoord.coordinator import raft_wire
+from raftcoord.coordinator.raft_transport import RaftTransport, RaftTransportSettings
 
-__all__ = ["RaftGroup", "SyncObjConf", "proposal_error", "raft_conf", "replicated"]
+__all__ = [
+    "RaftGroup",
+    "RaftTransportSettings",
+    "SyncObjConf",
+    "UnknownEntry",
+    "proposal_error",
+    "raft_conf",
+]
+
+#: pysyncobj's command types (the first byte of every log entry).
+REGULAR_COMMAND, NO_OP_COMMAND = 0, 1
+#: The second byte of a coordinator entry, then the proposer's term.
+ENTRY_FORMAT = b"R"
+_TERM = struct.Struct(">I")
 
 #: (node, message) -> None: pysyncobj's handler of messages from other nodes.
 MessageHandler = Callable[[Any, Any], None]
@@ -71,6 +98,9 @@ def raft_conf(
         connectionRetryTime=connection_retry_s,
         connectionTimeout=connection_timeout_s,
         leaderFallbackTimeout=max(2.0, 4 * high),
+        # Larger entries travel as chunks the transport joins again (see
+        # raft_transport); one fragment's worth keeps that rare.
+        appendEntriesBatchSizeBytes=raft_wire.FRAGMENT_BYTES,
         **extra,
     )
 
@@ -86,8 +116,62 @@ def proposal_error(reason: Any) -> ErrorCode:
     return ErrorCode.NOT_COORDINATOR
 
 
+class UnknownEntry(Exception):
+    """A committed log entry that is not a coordinator entry."""
+
+
 class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
-    """A pysyncobj group member, ticked by its owner."""
+    """A pysyncobj group member, ticked by its owner, talking over
+    :class:`RaftTransport`; subclasses apply entries in :meth:`apply_command`."""
+
+    def __init__(
+        self,
+        self_address: str,
+        partner_addresses: list[str],
+        conf: SyncObjConf,
+        transport: RaftTransportSettings,
+    ) -> None:
+        super().__init__(
+            self_address,
+            partner_addresses,
+            conf,
+            transportClass=functools.partial(RaftTransport, settings=transport),
+        )
+
+    def propose_command(self, term: int, data: bytes, callback: Callable[[Any, Any], None]) -> None:
+        """Append ``data``, proposed in ``term``, to the log (on the leader);
+        ``callback(result, reason)`` runs once it is applied (``result`` being
+        :meth:`apply_command`'s) or dropped."""
+        if not 0 <= term <= raft_wire.MAX_TERM:
+            raise ValueError(f"term {term} out of the coordinator epoch's range")
+        self._applyCommand(ENTRY_FORMAT + _TERM.pack(term) + data, callback, REGULAR_COMMAND)
+
+    def apply_command(self, term: int, data: bytes) -> Any:
+        """Apply one committed entry's ``data`` (proposed in ``term``); runs on
+        the tick thread of every member, in log order."""
+        raise NotImplementedError
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
+        # Replaces pysyncobj's private apply step, which unpickles the entry;
+        # pysyncobj calls it for every committed entry, in order.
+        kind = command[0]
+        if kind == NO_OP_COMMAND:
+            return None
+        if kind == REGULAR_COMMAND and command[1:2] == ENTRY_FORMAT and len(command) >= 6:
+            (term,) = _TERM.unpack_from(command, 2)
+            return self.apply_command(term, command[6:])
+        return self.apply_unknown(
+            UnknownEntry(
+                f"log entry of type {kind} ({len(command)} bytes) is not a coordinator entry "
+                "(a journal written by an older version, or a membership command)"
+            )
+        )
+
+    def apply_unknown(self, error: UnknownEntry) -> Any:
+        """A committed entry that is not a coordinator entry; raises ``error``
+        (applying nothing and going on would leave this member's state behind
+        the others')."""
+        raise error
 
     def is_leader(self) -> bool:
         """Whether this member is in the leader state (another member may

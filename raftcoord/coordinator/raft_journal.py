@@ -121,6 +121,8 @@ from pysyncobj.pickle import dumps as _pickle_dumps
 from pysyncobj.pickle import loads as _pickle_loads
 from pysyncobj.pickle import to_bytes as _to_bytes
 
+from raftcoord.coordinator.raft_wire import MAX_TERM, TERM_WARNING
+
 __all__ = [
     "POLICIES",
     "DurableFileJournal",
@@ -172,6 +174,10 @@ def _count_fsync() -> None:
     global _fsync_total
     with _fsync_lock:
         _fsync_total += 1
+
+
+class TermExhausted(Exception):
+    """A term past the coordinator epoch's range (Kafka's int32) was to be stored."""
 
 
 class JournalCorruptError(Exception):
@@ -560,6 +566,21 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
         return value
 
     def setCurrentTerm(self, term: int, votedForNodeId: Any) -> None:
+        # A shard's term is its coordinator epoch, an int32 in Kafka's markers:
+        # a member never stores (so never campaigns in or votes for) a term
+        # past it, and says so long before. Peers cannot send such terms (the
+        # transport refuses them); only ~2^31 elections reach it.
+        if term > MAX_TERM:
+            logger.critical(
+                "%s event=term_exhausted term=%d max=%d: this shard cannot elect a leader "
+                "any more; its transactions must move to a new cluster",
+                self.path,
+                term,
+                MAX_TERM,
+            )
+            raise TermExhausted(f"term {term} is past the coordinator epoch's range")
+        if term >= TERM_WARNING and term != self.getCurrentTerm():
+            logger.warning("%s event=term_running_out term=%d max=%d", self.path, term, MAX_TERM)
         with self._lock:
             self._check_open()
             self._meta["currentTerm"] = term

@@ -1,6 +1,6 @@
 """One shard's Raft replica: pysyncobj as log and transport, fsm/ as the state.
 
-pysyncobj carries opaque msgpack entries; :meth:`ShardReplica.apply_entry`
+pysyncobj carries opaque msgpack entries; :meth:`ShardReplica.apply_command`
 is the single replicated entry point and hands each entry to
 :meth:`fsm.TransactionStateMachine.apply_entry`. Snapshots (pysyncobj's log
 compaction and the transfer to a lagging follower) are the state machine's
@@ -73,26 +73,11 @@ leaves the rest to pysyncobj. The cost is reaching four name-mangled
 members, all in :class:`raftcoord.coordinator.raft.RaftGroup`;
 ``tests/test_replica_append_entries.py`` fails if a pysyncobj upgrade
 changes them or the behaviour above.
-
-Large entries
--------------
-An entry of ``appendEntriesBatchSizeBytes`` (64 KiB) or more travels in
-chunks of its pickle, marked ``start``, ``process`` and ``finish``.
-pysyncobj's leader decides which chunk is the last by comparing with the
-length of the *entry* instead of its pickle, which is one byte longer for
-every entry byte >= 0x80 (pickle protocol 2 stores bytes as latin-1 text,
-written as UTF-8): a follower met ``finish`` before the last chunk, failed to
-unpickle and raised EOFError out of its tick, leaving the rest of the
-tick's messages unread (the entry got through only because the failed
-attempt kept the partial data). The replica reassembles chunks itself and
-takes a ``finish`` as the end only when the data unpickles (a strict prefix
-of a pickle never does); an early ``finish`` is handled as ``process``.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -103,7 +88,13 @@ import msgpack
 
 from fsm import ErrorCode, Outcome, TransactionStateMachine, snapshot_pieces
 from raftcoord.coordinator import heap
-from raftcoord.coordinator.raft import RaftGroup, SyncObjConf, proposal_error, replicated
+from raftcoord.coordinator.raft import (
+    RaftGroup,
+    RaftTransportSettings,
+    SyncObjConf,
+    UnknownEntry,
+    proposal_error,
+)
 from raftcoord.coordinator.snapshots import SnapshotFile
 
 SNAPSHOT_FILE_VERSION = 1
@@ -155,6 +146,7 @@ class ShardReplica(RaftGroup):
         on_applied: AppliedListener,
         *,
         node_id: int,
+        transport: RaftTransportSettings,
     ) -> None:
         # Attributes set before SyncObj.__init__ are treated by pysyncobj as
         # its own; the snapshot file holds only the machine.
@@ -163,7 +155,6 @@ class ShardReplica(RaftGroup):
         self.shard = machine.state.pids.layout.shard
         self.lock = threading.RLock()
         self._on_applied = on_applied
-        self._chunks: bytearray | None = None  # a large entry being received
         self._refused_conflict: tuple[int, int] | None = None  # (index, term) logged
         if conf.fullDumpFile is None:
             raise ValueError("a shard replica needs a snapshot file (fullDumpFile)")
@@ -174,7 +165,7 @@ class ShardReplica(RaftGroup):
             self._read_snapshot,
             where=f"node={node_id} shard={self.shard}",
         )
-        super().__init__(self_address, partner_addresses, conf)
+        super().__init__(self_address, partner_addresses, conf, transport)
         self._use_serializer(self._snapshots)
         self._pysyncobj_on_message = self._intercept_messages(self._on_message)
 
@@ -195,9 +186,7 @@ class ShardReplica(RaftGroup):
         if message.get("type") != APPEND_ENTRIES or message["term"] < self.raftCurrentTerm:
             self._pysyncobj_on_message(node, message)
             return
-        if "transmission" in message:
-            message = self._reassemble(node, message)
-        elif "prevLogIdx" in message:
+        if "prevLogIdx" in message:
             message = self._append_entries(node, message)
         if message is None:
             return
@@ -208,25 +197,6 @@ class ShardReplica(RaftGroup):
             # for longer than an election timeout. The same message again
             # without the chunk restarts the election timer.
             self._follow(node, message, message["commit_index"])
-
-    def _reassemble(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
-        """One chunk of a large entry; the whole entry once its pickle is complete."""
-        kind, data = message["transmission"], message["data"]
-        if kind == "start":
-            self._chunks = bytearray(data)
-            return message
-        if self._chunks is None:
-            return None  # no start seen: the leader sends the entry again from its start
-        self._chunks += data
-        if kind != "finish":
-            return message
-        try:
-            entry = pickle.loads(self._chunks)
-        except (EOFError, pickle.UnpicklingError):
-            return {**message, "transmission": "process"}  # pysyncobj's early "finish"
-        self._chunks = None
-        whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
-        return self._append_entries(node, {**whole, "entries": [entry]})
 
     def _append_entries(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """``message`` rewritten so that pysyncobj deletes entries only from a
@@ -319,7 +289,7 @@ class ShardReplica(RaftGroup):
                     term,
                 )
 
-        self.apply_entry(term, entry, callback=guarded)
+        self.propose_command(term, entry, guarded)
 
     def query(self, reader: Callable[[TransactionStateMachine], T]) -> T:
         """``reader``'s answer from the applied state, taken under :attr:`lock`
@@ -328,8 +298,7 @@ class ShardReplica(RaftGroup):
         with self.lock:
             return reader(self.machine)
 
-    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
-    def apply_entry(self, term: int, entry: bytes) -> list[Outcome]:
+    def apply_command(self, term: int, entry: bytes) -> list[Outcome]:
         """The replicated entry point: apply one msgpack entry of commands.
 
         ``term`` is the proposing leader's term, recorded with the entry's
@@ -343,6 +312,9 @@ class ShardReplica(RaftGroup):
         except Exception as exc:
             raise EntryNotApplied(index) from exc
         return outcomes
+
+    def apply_unknown(self, error: UnknownEntry) -> Any:
+        raise EntryNotApplied(self.raftLastApplied + 1) from error
 
     def _capture_snapshot(self, last: Any, previous: Any) -> Callable[[], bytes]:
         """On the tick thread, with ``last`` the last applied entry: a function

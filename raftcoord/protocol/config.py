@@ -3,6 +3,7 @@
 Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
 
     shard_count = 3                      # transaction.state.log.num.partitions
+    raft_key_file = "raft.key"           # the cluster's Raft key, beside this file
 
     [settings]                           # Kafka names where Kafka has the setting
     "transaction.max.timeout.ms" = 900000
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import secrets
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,6 +206,9 @@ class ClusterConfig:
     topic_config: dict[str, TopicRetention] = field(default_factory=dict)
     #: Kafka wire-protocol gateways ([[kafka_listeners]], docs/kafka.md).
     kafka_listeners: tuple[KafkaListener, ...] = ()
+    #: The file holding the key Raft peers authenticate with (``raft_key_file``,
+    #: relative to the config file's directory); None: not configured.
+    raft_key_file: Path | None = None
 
     def retention(self, topic: str) -> TopicRetention:
         """The retention of ``topic``: its override, else the node-wide defaults."""
@@ -343,9 +349,54 @@ def load_config(path: str | Path) -> ClusterConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:
-        return parse_config(raw)
+        config = parse_config(raw)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if config.raft_key_file is not None:
+        config = dataclasses.replace(config, raft_key_file=path.parent / config.raft_key_file)
+    return config
+
+
+#: Hex digits of a Raft key (256 bits).
+RAFT_KEY_HEX_DIGITS = 64
+
+
+def new_raft_key() -> str:
+    """A new Raft key, as the key file holds it."""
+    return secrets.token_hex(RAFT_KEY_HEX_DIGITS // 2)
+
+
+def write_raft_key(path: Path) -> None:
+    """Write a new Raft key to ``path``, readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(new_raft_key() + "\n")
+
+
+def read_raft_key(path: Path) -> bytes:
+    """The key of a Raft key file: 64 hex digits, the file readable by its
+    owner only.
+
+    Raises:
+        ConfigError: the file is missing, readable by others, or not a key.
+    """
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"raft_key_file {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        text = ""
+    if mode & 0o077:
+        raise ConfigError(
+            f"raft_key_file {path}: readable by others (mode {mode & 0o777:o}); chmod 600 it"
+        )
+    if len(text) != RAFT_KEY_HEX_DIGITS or not all(c in "0123456789abcdefABCDEF" for c in text):
+        raise ConfigError(
+            f"raft_key_file {path}: must hold {RAFT_KEY_HEX_DIGITS} hex digits "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    return bytes.fromhex(text)
 
 
 def parse_config(raw: dict[str, Any]) -> ClusterConfig:
@@ -361,6 +412,7 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
         "partition_nodes",
         "topic_config",
         "kafka_listeners",
+        "raft_key_file",
     }
     if unknown:
         raise ConfigError(f"unknown top-level keys: {sorted(unknown)}")
@@ -387,8 +439,17 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
             f"[[kafka_listeners]] ids must be unique and differ from the nodes' ids, "
             f"got {listener_ids}"
         )
+    key_file = raw.get("raft_key_file")
+    if key_file is not None and (type(key_file) is not str or not key_file):
+        raise ConfigError(f"raft_key_file must be a path, got {key_file!r}")
     return ClusterConfig(
-        shard_count, coordinators, partition_nodes, settings, topic_config, kafka_listeners
+        shard_count,
+        coordinators,
+        partition_nodes,
+        settings,
+        topic_config,
+        kafka_listeners,
+        Path(key_file) if key_file is not None else None,
     )
 
 

@@ -1,0 +1,551 @@
+"""The coordinators' Raft transport: pysyncobj's messages over our own TCP framing.
+
+pysyncobj hands every message to a ``Transport``; :class:`RaftTransport` is
+the one the shards use (``SyncObj(..., transportClass=...)``, see
+:class:`raftcoord.coordinator.raft.RaftGroup`). The bytes are
+:mod:`raftcoord.coordinator.raft_wire`'s; this module owns the sockets,
+driven by pysyncobj's poller on the shard's tick thread (non-blocking
+throughout).
+
+* **Peers authenticate before anything they send is decoded.** An incoming
+  connection gets :data:`raft_wire.HANDSHAKE_FRAME_BYTES`-sized frames
+  until its HELLO names a member of this shard's Raft group and, with a
+  cluster key, its AUTH proves the key; then every frame is tagged with the
+  connection's session key. Anything else (a stranger's address, a wrong
+  MAC or tag, an oversized frame, bytes that do not decode, a handshake
+  not done within the connection timeout) drops the connection and is
+  logged with the peer's address. There is no read-only peer and no
+  utility command.
+* **Bounded.** Frames are capped before they are read
+  (:data:`raft_wire.MAX_FRAME_BYTES` once authenticated), a message
+  reassembled from fragments at :attr:`RaftTransportSettings.max_message_bytes`,
+  unauthenticated connections at
+  :attr:`RaftTransportSettings.max_handshakes`, and each peer's unsent bytes
+  at :attr:`RaftTransportSettings.max_send_queue_bytes`: over it a message
+  is not queued and :meth:`send` says so. A dropped AppendEntries costs
+  nothing but time: the follower refuses the next one (its log does not
+  reach the ``prevLogIdx``) and the leader resends from where it is.
+* **Reconnects** of the member that dials (the one with the greater address,
+  as in pysyncobj) back off from ``connectionRetryTime`` to
+  :data:`MAX_RETRY_S`, doubling, with jitter, and start over once a
+  connection opens.
+* **A follower never forwards a command to the leader** (pysyncobj's
+  ``apply_command``): the coordinator proposes only on the leader, and a
+  proposal that meets a leadership change in the queue is answered
+  NOT_LEADER here, at once, instead of being sent.
+* **Large entries**: pysyncobj sends an entry of ``appendEntriesBatchSizeBytes``
+  or more as chunks of its pickle. The transport joins the chunks of the
+  entry on the sending side (they are this process's own bytes, from its
+  own log) and sends the entry as one message, fragmented into frames; the
+  receiving side never sees a pickle.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pickle
+import random
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.transport import Transport, TransportNotReadyError
+
+from raftcoord.coordinator import raft_wire
+from raftcoord.coordinator.raft_wire import FrameReader, FrameSeal, WireError
+
+log = logging.getLogger("raftcoord.coordinator.raft_transport")
+
+#: The longest wait between two connection attempts to one peer.
+MAX_RETRY_S = 2.0
+#: Bytes read from one socket per poller event, so that one busy peer does
+#: not starve the others in a tick.
+READ_PER_EVENT = 4 << 20
+RECV_BYTES = 256 << 10
+#: Unknown-peer and handshake failures logged per second, at most.
+LOGS_PER_S = 5.0
+
+CONNECTING, HANDSHAKE, OPEN, CLOSED = "connecting", "handshake", "open", "closed"
+
+
+@dataclass(frozen=True)
+class RaftTransportSettings:
+    """How a shard's Raft members talk: the cluster key (None: unauthenticated,
+    ``--insecure-raft``) and the bounds."""
+
+    key: bytes | None
+    #: The largest message (an AppendEntries with its entries) reassembled from
+    #: frames: above the largest entry the shard proposes (32 request threads
+    #: of at most 4 MiB each), and a few MiB more.
+    max_message_bytes: int = 136 << 20
+    #: Unsent bytes per peer; a message that would go past it is not queued.
+    max_send_queue_bytes: int = 256 << 20
+    #: Connections not yet authenticated, at most.
+    max_handshakes: int = 16
+
+
+class _Limiter:
+    """Lets a log line through at most ``rate`` times a second (bursts of ``rate``)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.allowance = rate
+        self.last = time.monotonic()
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.allowance = min(self.rate, self.allowance + (now - self.last) * self.rate)
+        self.last = now
+        if self.allowance >= 1.0:
+            self.allowance -= 1.0
+            return True
+        self.suppressed += 1
+        return False
+
+
+class _Connection:
+    """One TCP connection to a peer, dialled (``initiator``) or accepted."""
+
+    def __init__(self, sock: socket.socket, initiator: bool, peer: str, started: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.initiator = initiator
+        self.peer = peer  # host:port the socket is connected to (accepted: the remote end)
+        self.node: Any = None  # the pysyncobj node, once known
+        self.state = CONNECTING if initiator else HANDSHAKE
+        self.started = started
+        self.last_read = started
+        self.reader = FrameReader(raft_wire.HANDSHAKE_FRAME_BYTES)
+        self.seal: FrameSeal | None = None
+        self.out = bytearray()
+        self.nonce = os.urandom(raft_wire.NONCE_BYTES)
+        self.peer_nonce = b""
+        self.fragments: list[bytes] = []
+        self.fragment_bytes = 0
+
+
+class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
+    """pysyncobj's transport for one shard's member (see the module docstring)."""
+
+    def __init__(
+        self, syncObj: Any, selfNode: Any, otherNodes: Any, *, settings: RaftTransportSettings
+    ) -> None:
+        super().__init__(syncObj, selfNode, otherNodes)
+        if selfNode is None:
+            raise ValueError("a coordinator's Raft member has an address (no read-only members)")
+        self._sync = syncObj
+        self._conf = syncObj.conf
+        self._poller = syncObj._poller  # pysyncobj's poller, ticked by the shard's thread
+        self._settings = settings
+        self._key = settings.key
+        self._self = selfNode
+        self._address: str = selfNode.address
+        self._members: dict[str, Any] = {n.address: n for n in otherNodes}
+        self._open: dict[Any, _Connection] = {}
+        self._by_fd: dict[int, _Connection] = {}
+        self._retry_at: dict[Any, float] = {}
+        self._retry_s: dict[Any, float] = {}
+        self._chunks: dict[Any, bytearray] = {}
+        self._server: socket.socket | None = None
+        self._bind_failures = 0
+        self._log_limit = _Limiter(LOGS_PER_S)
+        self._destroyed = False
+        syncObj.addOnTickCallback(self._on_tick)
+
+    # --- pysyncobj's Transport -----------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._server is not None
+
+    def tryGetReady(self) -> None:
+        if self._server is not None:
+            return
+        host, port = self._address.rsplit(":", 1)
+        server = socket.socket(_family(host), socket.SOCK_STREAM)
+        try:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind((host, int(port)))
+            server.listen(16)
+            server.setblocking(False)
+        except OSError as exc:
+            server.close()
+            self._bind_failures += 1
+            retries = self._conf.maxBindRetries
+            log.warning("event=raft_bind_failed address=%s error=%s", self._address, exc)
+            if retries and self._bind_failures >= retries:
+                raise TransportNotReadyError from exc
+            time.sleep(self._conf.bindRetryTime)
+            return
+        self._server = server
+        self._poller.subscribe(
+            server.fileno(), self._on_accept, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        )
+
+    def waitReady(self) -> None:
+        if self._server is None:
+            raise TransportNotReadyError
+
+    def addNode(self, node: Any) -> None:
+        raise ValueError("Raft membership is fixed by the cluster config")
+
+    def dropNode(self, node: Any) -> None:
+        raise ValueError("Raft membership is fixed by the cluster config")
+
+    def send(self, node: Any, message: Any) -> bool:
+        kind = message.get("type")
+        if kind == "apply_command":
+            self._refuse_forward(node, message)
+            return False
+        if kind == "append_entries" and "transmission" in message:
+            message = self._joined_entry(node, message)
+            if message is None:
+                return True
+        conn = self._open.get(node)
+        if conn is None:
+            return False
+        try:
+            payload = raft_wire.encode_message(message)
+        except WireError:
+            log.error("event=raft_send_refused peer=%s kind=%s", node.address, kind)
+            return False
+        if len(payload) > self._settings.max_message_bytes:
+            log.error(
+                "event=raft_message_too_large peer=%s bytes=%d max=%d: not sent",
+                node.address,
+                len(payload),
+                self._settings.max_message_bytes,
+            )
+            return False
+        if len(conn.out) + len(payload) > self._settings.max_send_queue_bytes:
+            return False  # back-pressure: the peer is this far behind reading
+        for data in raft_wire.frames_of(payload, conn.seal):
+            conn.out += data
+        self._flush(conn)
+        return conn.state == OPEN
+
+    def destroy(self) -> None:
+        self._destroyed = True
+        self.setOnMessageReceivedCallback(None)
+        self.setOnNodeConnectedCallback(None)
+        self.setOnNodeDisconnectedCallback(None)
+        for conn in list(self._by_fd.values()):
+            self._close(conn, None)
+        if self._server is not None:
+            self._poller.unsubscribe(self._server.fileno())
+            self._server.close()
+            self._server = None
+
+    # --- what pysyncobj asks that is not sent ---------------------------------------------
+
+    def _refuse_forward(self, node: Any, message: dict[str, Any]) -> None:
+        """A follower's command for the leader: answered NOT_LEADER here."""
+        if "request_id" in message:
+            self._onMessageReceived(
+                node,
+                {
+                    "type": "apply_command_response",
+                    "request_id": message["request_id"],
+                    "error": FAIL_REASON.NOT_LEADER,
+                },
+            )
+
+    def _joined_entry(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """A chunk of a large entry; the AppendEntries carrying the whole entry
+        once its last chunk is here (see the module docstring)."""
+        kind, data = message["transmission"], message["data"]
+        if kind == "start":
+            self._chunks[node] = bytearray(data)
+            return None
+        chunks = self._chunks.get(node)
+        if chunks is None:
+            return None
+        chunks += data
+        if kind != "finish":
+            return None
+        try:
+            # This process's own pickle of an entry of its own log (a tuple of
+            # bytes and two ints): nothing here came from a socket.
+            entry = pickle.loads(chunks)
+        except (EOFError, pickle.UnpicklingError):
+            # pysyncobj marks the end by the entry's length, not its pickle's,
+            # so "finish" can come before the last chunk.
+            return None
+        del self._chunks[node]
+        whole = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        return {**whole, "entries": [tuple(entry)]}
+
+    # --- connections ----------------------------------------------------------------------
+
+    def _on_tick(self) -> None:
+        if self._destroyed or self._server is None:
+            return
+        now = time.monotonic()
+        timeout = self._conf.connectionTimeout
+        for conn in list(self._by_fd.values()):
+            if conn.state == OPEN:
+                if now - conn.last_read > timeout:
+                    self._close(conn, "no traffic within the connection timeout")
+            elif now - conn.started > timeout:
+                self._close(conn, f"not authenticated within {timeout:.1f} s")
+        for address, node in self._members.items():
+            if address < self._address and node not in self._open and not self._dialling(node):
+                if now >= self._retry_at.get(node, 0.0):
+                    self._dial(node, now)
+
+    def _dialling(self, node: Any) -> bool:
+        return any(c.node is node and c.initiator for c in self._by_fd.values())
+
+    def _dial(self, node: Any, now: float) -> None:
+        previous = self._retry_s.get(node, 0.0)
+        wait = min(MAX_RETRY_S, max(self._conf.connectionRetryTime, 2 * previous))
+        self._retry_s[node] = wait
+        self._retry_at[node] = now + wait * random.uniform(0.5, 1.0)
+        host, port = node.address.rsplit(":", 1)
+        sock = socket.socket(_family(host), socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.connect((host, int(port)))
+        except BlockingIOError:
+            pass
+        except OSError:
+            sock.close()
+            return
+        conn = _Connection(sock, True, node.address, now)
+        conn.node = node
+        self._register(conn)
+
+    def _on_accept(self, fd: int, event: int) -> None:
+        if self._server is None or fd != self._server.fileno():
+            return
+        for _ in range(16):
+            try:
+                sock, remote = self._server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("event=raft_accept_failed address=%s error=%s", self._address, exc)
+                return
+            peer = f"{remote[0]}:{remote[1]}"
+            handshakes = sum(1 for c in self._by_fd.values() if c.state != OPEN)
+            if handshakes >= self._settings.max_handshakes:
+                self._warn("event=raft_peer_refused peer=%s reason=too many handshakes", peer)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._register(_Connection(sock, False, peer, time.monotonic()))
+
+    def _register(self, conn: _Connection) -> None:
+        self._by_fd[conn.fd] = conn
+        self._subscribe(conn)
+
+    def _subscribe(self, conn: _Connection) -> None:
+        events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+        if conn.out or conn.state == CONNECTING:
+            events |= POLL_EVENT_TYPE.WRITE
+        self._poller.subscribe(conn.fd, self._on_event, events)
+
+    def _on_event(self, fd: int, event: int) -> None:
+        conn = self._by_fd.get(fd)
+        if conn is None or conn.state == CLOSED:
+            return
+        if conn.state == CONNECTING:
+            error = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error or event & POLL_EVENT_TYPE.ERROR:
+                self._close(conn, None)  # the peer is down: retried with back-off
+                return
+            conn.state = HANDSHAKE
+            hello = raft_wire.encode_hello(
+                self._address, conn.node.address, conn.nonce, self._key is not None
+            )
+            conn.out += raft_wire.frame(0, hello, None)
+            if self._key is None:
+                self._opened(conn, None, None)
+        if event & POLL_EVENT_TYPE.READ:
+            self._read(conn)
+        elif event & POLL_EVENT_TYPE.ERROR:
+            self._close(conn, None)
+        if conn.state != CLOSED:
+            self._flush(conn)
+
+    def _read(self, conn: _Connection) -> None:
+        received = 0
+        while received < READ_PER_EVENT:
+            try:
+                data = conn.sock.recv(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._close(conn, None)
+                return
+            if not data:
+                self._close(conn, None)
+                return
+            received += len(data)
+            conn.last_read = time.monotonic()
+            conn.reader.feed(data)
+            try:
+                while conn.state != CLOSED:
+                    frame = conn.reader.next_frame()
+                    if frame is None:
+                        break
+                    self._on_frame(conn, *frame)
+            except WireError as exc:
+                self._close(conn, str(exc))
+                return
+            if conn.state == CLOSED:
+                return
+
+    def _on_frame(self, conn: _Connection, flags: int, payload: bytes) -> None:
+        if conn.state == OPEN:
+            self._on_message_frame(conn, flags, payload)
+        elif conn.initiator:
+            self._on_challenge(conn, payload)
+        elif conn.node is None:
+            self._on_hello(conn, payload)
+        else:
+            self._on_auth(conn, payload)
+
+    def _on_hello(self, conn: _Connection, payload: bytes) -> None:
+        initiator, dialled, nonce, authenticates = raft_wire.decode_hello(payload)
+        node = self._members.get(initiator)
+        if node is None or initiator <= self._address:
+            raise WireError(f"HELLO from {initiator!r:.80}, not a member that dials this one")
+        if dialled != self._address:
+            raise WireError(f"HELLO for {dialled!r:.80}, this member is {self._address}")
+        if authenticates != (self._key is not None):
+            mode = "authenticates" if authenticates else "runs with --insecure-raft"
+            raise WireError(f"the peer {mode} and this member does not")
+        conn.node = node
+        conn.peer_nonce = nonce
+        if self._key is None:
+            self._opened(conn, None, None)
+            return
+        mac = raft_wire.handshake_mac(
+            self._key, "acceptor", nonce, conn.nonce, initiator, self._address
+        )
+        conn.out += raft_wire.frame(0, raft_wire.encode_challenge(conn.nonce, mac), None)
+
+    def _on_challenge(self, conn: _Connection, payload: bytes) -> None:
+        assert self._key is not None
+        nonce, mac = raft_wire.decode_challenge(payload)
+        peer = conn.node.address
+        expected = raft_wire.handshake_mac(
+            self._key, "acceptor", conn.nonce, nonce, self._address, peer
+        )
+        if not raft_wire.macs_equal(mac, expected):
+            raise WireError("CHALLENGE with a wrong MAC: the peer does not hold the cluster key")
+        own = raft_wire.handshake_mac(
+            self._key, "initiator", conn.nonce, nonce, self._address, peer
+        )
+        conn.out += raft_wire.frame(0, raft_wire.encode_auth(own), None)
+        send, receive = raft_wire.session_keys(self._key, conn.nonce, nonce, self._address, peer)
+        self._opened(conn, send, receive)
+
+    def _on_auth(self, conn: _Connection, payload: bytes) -> None:
+        assert self._key is not None
+        mac = raft_wire.decode_auth(payload)
+        peer = conn.node.address
+        expected = raft_wire.handshake_mac(
+            self._key, "initiator", conn.peer_nonce, conn.nonce, peer, self._address
+        )
+        if not raft_wire.macs_equal(mac, expected):
+            raise WireError("AUTH with a wrong MAC: the peer does not hold the cluster key")
+        to_us, to_peer = raft_wire.session_keys(
+            self._key, conn.peer_nonce, conn.nonce, peer, self._address
+        )
+        self._opened(conn, to_peer, to_us)
+
+    def _opened(self, conn: _Connection, send_key: bytes | None, receive_key: bytes | None) -> None:
+        if send_key is not None and receive_key is not None:
+            conn.seal = FrameSeal(send_key)
+            conn.reader.seal = FrameSeal(receive_key)
+        conn.reader.max_frame = raft_wire.MAX_FRAME_BYTES
+        conn.state = OPEN
+        conn.last_read = time.monotonic()
+        node = conn.node
+        old = self._open.get(node)
+        if old is not None:
+            self._close(old, None)  # the peer restarted: its new connection wins
+        self._open[node] = conn
+        self._retry_s.pop(node, None)
+        self._onNodeConnected(node)
+
+    def _on_message_frame(self, conn: _Connection, flags: int, payload: bytes) -> None:
+        cap = self._settings.max_message_bytes
+        if flags & ~raft_wire.MORE:
+            raise WireError(f"unknown frame flags {flags}")
+        if flags & raft_wire.MORE or conn.fragments:
+            conn.fragment_bytes += len(payload)
+            if conn.fragment_bytes > cap:
+                raise WireError(f"a message of more than {cap} bytes")
+            conn.fragments.append(payload)
+            if flags & raft_wire.MORE:
+                return
+            payload = b"".join(conn.fragments)
+            conn.fragments, conn.fragment_bytes = [], 0
+        message = raft_wire.decode_message(payload, cap)
+        self._onMessageReceived(conn.node, message)
+
+    def _flush(self, conn: _Connection) -> None:
+        if conn.state == CONNECTING:
+            return
+        while conn.out:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._close(conn, None)
+                return
+            del conn.out[:sent]
+        if conn.state != CLOSED:
+            self._subscribe(conn)
+
+    def _close(self, conn: _Connection, reason: str | None) -> None:
+        if conn.state == CLOSED:
+            return
+        was_open = conn.state == OPEN
+        conn.state = CLOSED
+        self._by_fd.pop(conn.fd, None)
+        self._poller.unsubscribe(conn.fd)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        if reason is not None:
+            self._warn(
+                "event=raft_peer_dropped peer=%s member=%s reason=%s",
+                conn.peer,
+                conn.node.address if conn.node is not None else "-",
+                reason,
+            )
+        node = conn.node
+        if was_open and self._open.get(node) is conn:
+            del self._open[node]
+            self._chunks.pop(node, None)
+            self._onNodeDisconnected(node)
+
+    def _warn(self, fmt: str, *args: Any) -> None:
+        if self._log_limit.allow():
+            if self._log_limit.suppressed:
+                fmt += " suppressed=%d"
+                args = (*args, self._log_limit.suppressed)
+                self._log_limit.suppressed = 0
+            log.warning(fmt, *args)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def is_socket_error_transient(exc: OSError) -> bool:
+    return exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR)
