@@ -53,6 +53,22 @@ def test_node_with_an_invalid_config_or_id(tmp_path: Path) -> None:
     assert result.returncode == 2 and "no partition-log node with id 7" in result.stderr
 
 
+def test_a_node_without_a_raft_key_refuses_to_start(tmp_path: Path) -> None:
+    config = tmp_path / "cluster.toml"
+    config.write_text(
+        '[[coordinators]]\nid = 1\ngrpc = "127.0.0.1:1"\n'
+        'raft = ["127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]\n'
+    )
+    result = raftcoord("node", "--config", str(config), "--id", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "raft_key_file" in result.stderr and "--insecure-raft" in result.stderr
+    config.write_text('raft_key_file = "raft.key"\n' + config.read_text())
+    (tmp_path / "raft.key").write_text("00" * 32)
+    (tmp_path / "raft.key").chmod(0o640)
+    result = raftcoord("node", "--config", str(config), "--id", "1")
+    assert result.returncode == 2 and "chmod 600" in result.stderr
+
+
 @pytest.mark.slow
 def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     data = str(tmp_path / "c")

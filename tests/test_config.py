@@ -16,6 +16,7 @@ from raftcoord.protocol.config import (
     check_shape,
     load_config,
     parse_config,
+    read_raft_key,
 )
 
 
@@ -125,6 +126,36 @@ def test_files(tmp_path: Path) -> None:
     )
     settings = load_config(written).settings
     assert (settings.raft_tick_ms, settings.pid_block_size) == (25.0, 50)
+
+
+def test_the_raft_key_file(tmp_path: Path) -> None:
+    """The launcher writes a key beside the config, for its owner only; a
+    node reads it from the config's directory and refuses a key file that
+    others can read or that holds no key."""
+    written = tmp_path / "cluster.toml"
+    write_config(written, coordinators=3, shards=1)
+    config = load_config(written)
+    assert config.raft_key_file == tmp_path / "raft.key"
+    assert config.raft_key_file.stat().st_mode & 0o777 == 0o600
+    key = read_raft_key(config.raft_key_file)
+    assert len(key) == 32
+    write_config(written, coordinators=3, shards=1)  # written again: the same key
+    assert read_raft_key(config.raft_key_file) == key
+    config.raft_key_file.chmod(0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        read_raft_key(config.raft_key_file)
+    short = tmp_path / "short.key"
+    short.write_text("abcd\n")
+    short.chmod(0o600)
+    with pytest.raises(ConfigError, match="64 hex digits"):
+        read_raft_key(short)
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_raft_key(tmp_path / "missing.key")
+    raw = minimal()
+    raw["raft_key_file"] = 7
+    with pytest.raises(ConfigError, match="raft_key_file"):
+        parse_config(raw)
+    assert parse_config(minimal()).raft_key_file is None
 
 
 def shaped(tmp_path: Path, name: str, **options: Any) -> Any:

@@ -52,6 +52,8 @@ from raftcoord.protocol.v1 import (
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "cluster.toml.template"
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
+#: The cluster's Raft key, beside its config (mode 600).
+RAFT_KEY_FILE = "raft.key"
 #: Partition-log node ids start here, so that they never collide with coordinator ids.
 PARTITION_NODE_BASE_ID = 101
 #: The ports of a node that has an address of its own (a namespace, a host of
@@ -181,6 +183,13 @@ def _rehost(text: str, network: namespaces.Network) -> str:
     return _ADDRESS.sub(lambda m: f"{m[1]}{moved.get(m[2], m[2])}:{m[3]}{m[1]}", text)
 
 
+def _local_raft_key(text: str) -> str:
+    """A config's text with its Raft key in the cluster's directory (a
+    deployment's config names the key file of its hosts)."""
+    kept = [line for line in text.splitlines() if not line.startswith("raft_key_file")]
+    return f'raft_key_file = "{RAFT_KEY_FILE}"\n' + "\n".join(kept) + "\n"
+
+
 def _create_network(labels: list[str]) -> namespaces.Network:
     reason = namespaces.unavailable()
     if reason is not None:
@@ -252,7 +261,7 @@ def write_config(
         listener = address(KAFKA_LISTENER_BASE_ID + i, 0)
         text += f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
     path.write_text(text)
-    key = path.parent / "raft.key"
+    key = path.parent / RAFT_KEY_FILE
     if not key.exists():
         write_raft_key(key)
 
@@ -331,7 +340,9 @@ class LocalCluster:
         try:
             if given is not None:
                 assert network is not None
-                candidate.write_text(_rehost(given[0], network))
+                candidate.write_text(_local_raft_key(_rehost(given[0], network)))
+                if not (self.data_dir / RAFT_KEY_FILE).exists():
+                    write_raft_key(self.data_dir / RAFT_KEY_FILE)
             else:
                 hosts = None
                 if network is not None:
