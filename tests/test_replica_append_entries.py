@@ -226,11 +226,11 @@ def test_a_large_non_ascii_entry_replicates_in_chunks(tmp_path: Path) -> None:
 
         layout = leader.machine.state.pids.layout
         block = AllocatePidBlock(layout.shard, layout.shard_count, layout.block_size)
-        leader.propose_command(term, encode_entry([block]), done)
+        leader.propose(term, encode_entry([block]), done)
         tick_until(replicas, lambda: len(results) == 1)
         big_id = "é" * 40_000
         command = InitProducerId(big_id, 60_000, 1, term, new_producer_id=results[0][0].block_first)
-        leader.propose_command(term, encode_entry([command]), done)
+        leader.propose(term, encode_entry([command]), done)
         tick_until(replicas, lambda: len(results) == 2)
         assert all(outcome.ok for result in results for outcome in result), results
         tick_until(replicas, lambda: follower.raftLastApplied == leader.raftLastApplied)

@@ -82,10 +82,10 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
             assert error == ErrorCode.NONE
             results.append(result)
 
-        replica.propose_command(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), done)
+        replica.propose(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), done)
         for i in range(20):
             command = InitProducerId(f"t{i}", 1000, 1, term, new_producer_id=i)
-            replica.propose_command(term, encode_entry([command]), done)
+            replica.propose(term, encode_entry([command]), done)
         tick_until(replica, lambda: len(results) == 21)
         assert all(o.ok for r in results for o in r)
         expected = replica.machine.snapshot()
@@ -103,6 +103,24 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
         assert len(again.machine.state.transactions) == 20
     finally:
         again.destroy()
+
+
+def test_a_stopped_replica_answers_the_entries_it_had_not_applied(tmp_path: Path) -> None:
+    """Queued, or appended and not yet committed: each proposal is answered
+    NOT_COORDINATOR when the replica stops, so no request waits on it."""
+    replica = make_replica(tmp_path, f"127.0.0.1:{free_ports(1)[0]}", [])
+    answers: list[ErrorCode] = []
+    try:
+        tick_until(replica, replica.is_leader)
+        term = replica.raftCurrentTerm
+        replica.propose(term, encode_entry([AllocatePidBlock(0, 1, 1000)]), lambda r, e: None)
+        tick_until(replica, lambda: replica.raftLastApplied == replica.raftCommitIndex)
+        for i in range(3):
+            command = InitProducerId(f"t{i}", 1000, 1, term, new_producer_id=i)
+            replica.propose(term, encode_entry([command]), lambda r, e: answers.append(e))
+    finally:
+        replica.destroy()
+    assert answers == [ErrorCode.NOT_COORDINATOR] * 3
 
 
 def test_an_entry_that_cannot_be_applied_stops_the_replica_with_its_index(

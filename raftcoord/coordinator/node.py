@@ -251,8 +251,7 @@ class CoordinatorNode:
         for thread in self._threads:
             thread.join(timeout=5.0)
         for shard in self.shards:
-            shard.replica.destroy()
-            shard.transitions.close()
+            shard.stop()
         log.info("node=%d event=stopped", self.node_id)
 
     def wait(self) -> None:

@@ -21,6 +21,7 @@ goes to :meth:`RaftGroup.apply_unknown`, which stops the member.
 from __future__ import annotations
 
 import functools
+import queue
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,8 @@ REGULAR_COMMAND, NO_OP_COMMAND = 0, 1
 #: The second byte of a coordinator entry, then the proposer's term.
 ENTRY_FORMAT = b"R"
 _TERM = struct.Struct(">I")
+#: Command type, format and term: where an entry's data starts.
+_DATA_AT = 2 + _TERM.size
 
 #: (node, message) -> None: pysyncobj's handler of messages from other nodes.
 MessageHandler = Callable[[Any, Any], None]
@@ -157,15 +160,35 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         kind = command[0]
         if kind == NO_OP_COMMAND:
             return None
-        if kind == REGULAR_COMMAND and command[1:2] == ENTRY_FORMAT and len(command) >= 6:
+        if kind == REGULAR_COMMAND and command[1:2] == ENTRY_FORMAT and len(command) >= _DATA_AT:
             (term,) = _TERM.unpack_from(command, 2)
-            return self.apply_command(term, command[6:])
+            return self.apply_command(term, command[_DATA_AT:])
         return self.apply_unknown(
             UnknownEntry(
                 f"log entry of type {kind} ({len(command)} bytes) is not a coordinator entry "
                 "(a journal written by an older version, or a membership command)"
             )
         )
+
+    def destroy(self) -> None:
+        """Stop the member. Entries it was asked to propose that are not
+        applied yet are answered as dropped at once (whether they commit is
+        for the next leader to say), so that nobody waits on a stopped member."""
+        # pysyncobj keeps these callbacks in two private members and drops
+        # them, unanswered, on destroy.
+        queued = self._SyncObj__commandsQueue
+        while True:
+            try:
+                _command, callback = queued.get_nowait()
+            except queue.Empty:
+                break
+            if callable(callback):
+                callback(None, FAIL_REASON.DISCARDED)
+        waiting = self._SyncObj__commandsWaitingCommit
+        for index in sorted(waiting):
+            for _term, callback in waiting.pop(index):
+                callback(None, FAIL_REASON.DISCARDED)
+        super().destroy()
 
     def apply_unknown(self, error: UnknownEntry) -> Any:
         """A committed entry that is not a coordinator entry; raises ``error``

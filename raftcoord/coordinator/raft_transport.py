@@ -25,10 +25,17 @@ throughout).
   is not queued and :meth:`send` says so. A dropped AppendEntries costs
   nothing but time: the follower refuses the next one (its log does not
   reach the ``prevLogIdx``) and the leader resends from where it is.
+* **One write per peer per tick.** :meth:`send` queues; the queue goes to
+  the socket when the tick's own work is done (pysyncobj's tick callback,
+  just before it polls) and after each batch of received messages (their
+  answers), so the AppendEntries of a new entry and the one carrying the
+  commit index of the entry applied in the same tick leave in one write.
 * **Reconnects** of the member that dials (the one with the greater address,
-  as in pysyncobj) back off from ``connectionRetryTime`` to
-  :data:`MAX_RETRY_S`, doubling, with jitter, and start over once a
-  connection opens.
+  as in pysyncobj) back off from a quarter of ``connectionRetryTime`` to
+  ``connectionRetryTime`` (0.2 s), doubling, with jitter, and start over
+  once a connection opens. The ceiling stays below the election timeout:
+  a member that restarts must hear from its leader before it campaigns
+  (pysyncobj has no pre-vote), or its election deposes a working leader.
 * **A follower never forwards a command to the leader** (pysyncobj's
   ``apply_command``): the coordinator proposes only on the leader, and a
   proposal that meets a leadership change in the queue is answered
@@ -42,7 +49,6 @@ throughout).
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import pickle
@@ -61,8 +67,6 @@ from raftcoord.coordinator.raft_wire import FrameReader, FrameSeal, WireError
 
 log = logging.getLogger("raftcoord.coordinator.raft_transport")
 
-#: The longest wait between two connection attempts to one peer.
-MAX_RETRY_S = 2.0
 #: Bytes read from one socket per poller event, so that one busy peer does
 #: not starve the others in a tick.
 READ_PER_EVENT = 4 << 20
@@ -152,6 +156,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         self._retry_at: dict[Any, float] = {}
         self._retry_s: dict[Any, float] = {}
         self._chunks: dict[Any, bytearray] = {}
+        self._unsent: set[_Connection] = set()  # messages queued, not yet handed to the socket
         self._server: socket.socket | None = None
         self._bind_failures = 0
         self._log_limit = _Limiter(LOGS_PER_S)
@@ -227,8 +232,8 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             return False  # back-pressure: the peer is this far behind reading
         for data in raft_wire.frames_of(payload, conn.seal):
             conn.out += data
-        self._flush(conn)
-        return conn.state == OPEN
+        self._unsent.add(conn)
+        return True
 
     def destroy(self) -> None:
         self._destroyed = True
@@ -286,6 +291,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
     def _on_tick(self) -> None:
         if self._destroyed or self._server is None:
             return
+        self._flush_unsent()
         now = time.monotonic()
         timeout = self._conf.connectionTimeout
         for conn in list(self._by_fd.values()):
@@ -303,8 +309,8 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         return any(c.node is node and c.initiator for c in self._by_fd.values())
 
     def _dial(self, node: Any, now: float) -> None:
-        previous = self._retry_s.get(node, 0.0)
-        wait = min(MAX_RETRY_S, max(self._conf.connectionRetryTime, 2 * previous))
+        ceiling = self._conf.connectionRetryTime
+        wait = min(ceiling, max(ceiling / 4, 2 * self._retry_s.get(node, 0.0)))
         self._retry_s[node] = wait
         self._retry_at[node] = now + wait * random.uniform(0.5, 1.0)
         host, port = node.address.rsplit(":", 1)
@@ -375,6 +381,11 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             self._close(conn, None)
         if conn.state != CLOSED:
             self._flush(conn)
+        self._flush_unsent()  # the answers to what was read
+
+    def _flush_unsent(self) -> None:
+        while self._unsent:
+            self._flush(self._unsent.pop())
 
     def _read(self, conn: _Connection) -> None:
         received = 0
@@ -496,7 +507,8 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         self._onMessageReceived(conn.node, message)
 
     def _flush(self, conn: _Connection) -> None:
-        if conn.state == CONNECTING:
+        self._unsent.discard(conn)
+        if conn.state in (CONNECTING, CLOSED):
             return
         while conn.out:
             try:
@@ -516,6 +528,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         was_open = conn.state == OPEN
         conn.state = CLOSED
         self._by_fd.pop(conn.fd, None)
+        self._unsent.discard(conn)
         self._poller.unsubscribe(conn.fd)
         try:
             conn.sock.close()
@@ -545,7 +558,3 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def is_socket_error_transient(exc: OSError) -> bool:
-    return exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR)

@@ -401,6 +401,15 @@ class Shard:
         elif not leading and self.is_leader:
             self._lose_leadership("stepped down")
 
+    def stop(self) -> None:
+        """The node stops (its tick thread has ended): every request still
+        here, queued, parked or in an entry not yet applied, is answered
+        NOT_COORDINATOR at once (its caller retries on the next leader)."""
+        for request in self._drain() + self._parked.drain():
+            _fail(request, ErrorCode.NOT_COORDINATOR)
+        self.replica.destroy()
+        self.transitions.close()
+
     def _lose_leadership(self, why: str) -> None:
         log.info(
             "node=%d shard=%d event=leadership_lost term=%d reason=%s",
