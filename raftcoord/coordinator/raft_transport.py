@@ -132,6 +132,7 @@ class _Connection:
         self.peer_nonce = b""
         self.fragments: list[bytes] = []
         self.fragment_bytes = 0
+        self.events = 0  # what the poller watches the socket for
 
 
 class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
@@ -354,10 +355,14 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         self._subscribe(conn)
 
     def _subscribe(self, conn: _Connection) -> None:
+        """Poll ``conn`` for reading, and for writing while it has unsent bytes
+        (re-registered only when that changes)."""
         events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if conn.out or conn.state == CONNECTING:
             events |= POLL_EVENT_TYPE.WRITE
-        self._poller.subscribe(conn.fd, self._on_event, events)
+        if events != conn.events:
+            conn.events = events
+            self._poller.subscribe(conn.fd, self._on_event, events)
 
     def _on_event(self, fd: int, event: int) -> None:
         conn = self._by_fd.get(fd)
@@ -412,8 +417,8 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             except WireError as exc:
                 self._close(conn, str(exc))
                 return
-            if conn.state == CLOSED:
-                return
+            if conn.state == CLOSED or len(data) < RECV_BYTES:
+                return  # a short read: the socket is drained (no EAGAIN round trip)
 
     def _on_frame(self, conn: _Connection, flags: int, payload: bytes) -> None:
         if conn.state == OPEN:
