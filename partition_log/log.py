@@ -57,6 +57,22 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Called with the failed file's description and the error when an fsync
+#: fails, before the error is raised; the node process sets it to stop (a
+#: failed fsync is never retried: the kernel may have dropped the dirty
+#: pages, so a later one that succeeds proves nothing). None: raise.
+fsync_failure_handler: Callable[[str, OSError], None] | None = None
+
+
+def _fsync(fd: int, what: Path | str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if fsync_failure_handler is not None:
+            fsync_failure_handler(str(what), exc)
+        raise
+
+
 _INDEX_ENTRY = struct.Struct(">II")
 _MAX_RELATIVE_OFFSET = 0xFFFFFFFF
 _MAX_SEGMENT_BYTES = 2**31 - 1
@@ -277,7 +293,7 @@ class PartitionLogStore:
             if position - active.last_indexed_position >= self.index_interval_bytes:
                 self._add_index_entry(active, base_offset, position)
             if self.fsync is FsyncPolicy.ALWAYS:
-                os.fsync(active.log_fd)
+                _fsync(active.log_fd, self.directory)
                 self._dirty = False
         except OSError as err:
             self._failure = err
@@ -296,10 +312,10 @@ class PartitionLogStore:
         active = self._segments[-1]
         try:
             if self._dirty:
-                os.fsync(active.log_fd)
+                _fsync(active.log_fd, self.directory)
                 self._dirty = False
             if self._index_dirty and active.index_fd is not None:
-                os.fsync(active.index_fd)
+                _fsync(active.index_fd, self.directory)
                 self._index_dirty = False
         except OSError as err:
             self._failure = err
@@ -315,9 +331,9 @@ class PartitionLogStore:
         try:
             if self._failure is None and self._segments:
                 active = self._segments[-1]
-                os.fsync(active.log_fd)
+                _fsync(active.log_fd, self.directory)
                 if active.index_fd is not None:
-                    os.fsync(active.index_fd)
+                    _fsync(active.index_fd, self.directory)
                 self._dirty = self._index_dirty = False
         finally:
             self._closed = True
@@ -587,9 +603,9 @@ class PartitionLogStore:
         try:
             # A closed segment is trusted by recovery, so it is made durable whatever the
             # policy, before the next segment exists.
-            os.fsync(old.log_fd)
+            _fsync(old.log_fd, self.directory)
             assert old.index_fd is not None
-            os.fsync(old.index_fd)
+            _fsync(old.index_fd, self.directory)
             os.close(old.index_fd)
             old.index_fd = None
             self._dirty = self._index_dirty = False
@@ -718,7 +734,7 @@ class PartitionLogStore:
                     scan.next_offset,
                 )
                 os.ftruncate(fd, scan.end)
-                os.fsync(fd)
+                _fsync(fd, path)
             # The active index is always derived from the scan: its file may lag the log
             # (it is fsynced only at roll) or point past a cut tail.
             wanted = _pack_index(base, scan.index_offsets, scan.index_positions)
@@ -920,7 +936,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
             written = 0
             while written < len(data):
                 written += os.write(fd, view[written:])
-        os.fsync(fd)
+        _fsync(fd, tmp)
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -930,6 +946,6 @@ def _write_atomically(path: Path, data: bytes) -> None:
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _fsync(fd, directory)
     finally:
         os.close(fd)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+import partition_log.log
 from partition_log.cluster_view import ClusterView, TxnPartitionAdder
 from partition_log.log import FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
@@ -27,7 +28,7 @@ from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.errors import ErrorCode
-from raftcoord.protocol.process import serve
+from raftcoord.protocol.process import EXIT_STORAGE_FAILED, fail_stop, serve
 from raftcoord.protocol.v1 import partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -197,4 +198,16 @@ class PartitionNode:
 
 def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:
     """Run a partition-log node until SIGTERM/SIGINT; returns the exit status."""
+
+    def fsync_failed(what: str, exc: OSError) -> None:
+        fail_stop(
+            log,
+            EXIT_STORAGE_FAILED,
+            "fsync_failed",
+            f"node={node_id} {what}: {exc}; the batches being written may not be on disk, "
+            "so this node stops instead of acknowledging them (it is never retried); "
+            "restarted, it recovers its partitions from what the disk holds",
+        )
+
+    partition_log.log.fsync_failure_handler = fsync_failed
     return serve(PartitionNode(config, node_id, data_dir), node_id, data_dir, log)

@@ -195,7 +195,7 @@ class Partition:
                 log.error(
                     "partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc
                 )
-                return AppendCheck(None, ErrorCode.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
+                return AppendCheck(None, ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}")
             self.states.on_append(
                 spec.producer_id,
                 spec.producer_epoch,
@@ -246,7 +246,7 @@ class Partition:
                     log.error(
                         "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
                     )
-                    return ErrorCode.UNKNOWN_SERVER_ERROR, f"storage error: {exc}"
+                    return ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}"
                 self.states.on_marker(
                     producer_id,
                     epoch,
@@ -308,7 +308,7 @@ class Partition:
                 raw = self.store.read(offset, max_bytes, upto)
             except (OSError, StoreFailed) as exc:
                 self._log_unreadable(offset, exc)
-                return failed(ErrorCode.UNKNOWN_SERVER_ERROR, f"storage error: {exc}")
+                return failed(ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}")
             except CorruptLog as exc:
                 self._log_unreadable(offset, exc)
                 return failed(

@@ -56,6 +56,7 @@ EXTRA_KAFKA_CODES: dict[str, int] = {
     "INVALID_TIMESTAMP": 32,
     "INVALID_RECORD": 87,
     "OPERATION_NOT_ATTEMPTED": 55,
+    "KAFKA_STORAGE_ERROR": 56,
 }
 
 # ... and those of the consumer-group protocol.

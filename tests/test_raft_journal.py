@@ -35,20 +35,17 @@ def cmd(i: int) -> bytes:
 
 
 def record_size(command: bytes) -> int:
-    return 4 + 16 + len(command) + 4
+    return 4 + 16 + len(command) + 4 + 4  # n, idx, term, command, crc32c, n
 
 
-def read_with_pysyncobj(path: Path) -> tuple[list[Any], int, Any, int]:
-    """Open the journal with pysyncobj's own FileJournal (format compatibility)."""
-    with warnings.catch_warnings():
-        # MetaStorer.getMeta leaves a file object to the garbage collector.
-        warnings.simplefilter("ignore", ResourceWarning)
-        j = journal.FileJournal(str(path))
-        try:
-            entries = [(bytes(c), i, t) for c, i, t in j[:]]
-            return entries, j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()
-        finally:
-            j._destroy()
+def read_back(path: Path) -> tuple[list[Any], int, Any, int]:
+    """What a fresh open of the journal sees."""
+    j = DurableFileJournal(str(path), "never")
+    try:
+        entries = [(bytes(c), i, t) for c, i, t in j[:]]
+        return entries, j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()
+    finally:
+        j._destroy()
 
 
 def last_record_offset(path: Path) -> int:
@@ -89,7 +86,7 @@ def test_entries_term_vote_and_commit_index_survive_reopen(tmp_path: Path) -> No
     finally:
         again._destroy()
 
-    assert read_with_pysyncobj(path) == (entries, 3, "127.0.0.1:4321", 40)
+    assert read_back(path) == (entries, 3, "127.0.0.1:4321", 40)
 
 
 def test_commit_index_is_stored_on_close_even_without_timer(tmp_path: Path) -> None:
@@ -132,7 +129,7 @@ def _apply(op: str, arg: int, journals: list[Any]) -> None:
     ],
     ids=repr,
 )
-def test_deletions_and_clear_match_memory_journal_and_pysyncobj(
+def test_deletions_and_clear_match_memory_journal(
     tmp_path: Path, policy: str, ops: list[tuple[str, int]]
 ) -> None:
     path = tmp_path / "journal"
@@ -154,27 +151,21 @@ def test_deletions_and_clear_match_memory_journal_and_pysyncobj(
         assert again.dropped_tail_bytes == 0
     finally:
         again._destroy()
-    entries, term, voted, _ = read_with_pysyncobj(path)
+    entries, term, voted, _ = read_back(path)
     assert entries == expected and term == 5 and voted is None
 
 
-def test_reads_journal_written_by_pysyncobj(tmp_path: Path) -> None:
+def test_a_journal_written_by_pysyncobj_is_refused_by_name(tmp_path: Path) -> None:
+    """pysyncobj's format 1 has no checksums (and the coordinators' entries
+    were pickles then): a clear refusal, not a misread."""
     path = tmp_path / "journal"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         old = journal.FileJournal(str(path))
-        entries = fill(old, 30)
-        old.deleteEntriesFrom(25)
-        old.setCurrentTerm(9, "a:1")
+        fill(old, 3)
         old._destroy()
-    j = DurableFileJournal(str(path))
-    try:
-        assert j[:] == entries[:25]
-        assert j.getCurrentTerm() == 9 and j.getVotedForNodeId() == "a:1"
-        j.add(b"more", 26, 9)  # continues the pysyncobj-written file
-    finally:
-        j._destroy()
-    assert read_with_pysyncobj(path)[0] == [*entries[:25], (b"more", 26, 9)]
+    with pytest.raises(raft_journal.JournalCorruptError, match="journal format 1"):
+        DurableFileJournal(str(path))
 
 
 def test_str_commands_are_stored_as_utf8_like_pysyncobj(tmp_path: Path) -> None:
@@ -396,7 +387,72 @@ def test_file_truncated_inside_last_record_drops_only_that_record(tmp_path: Path
         j.add(b"replacement", 5, 2)
     finally:
         j._destroy()
-    assert read_with_pysyncobj(path)[0] == [*entries[:4], (b"replacement", 5, 2)]
+    assert read_back(path)[0] == [*entries[:4], (b"replacement", 5, 2)]
+
+
+def _flip(path: Path, offset: int, mask: int = 0x01) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))
+
+
+@pytest.mark.parametrize("where", ["command", "term", "length", "checksum"])
+def test_a_flipped_bit_before_the_last_record_stops_the_journal(tmp_path: Path, where: str) -> None:
+    """One bit of record 3 of 5 (its command, term, length or checksum):
+    never loaded as a different entry, never dropped with the two fsynced
+    records after it; the error names the damage and the repair."""
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    start = HEADER + sum(record_size(c) for c, _, _ in entries[:2])
+    offset = {
+        "length": start,
+        "term": start + 4 + 8,
+        "command": start + 20 + 3,
+        "checksum": start + 20 + len(entries[2][0]),
+    }[where]
+    _flip(path, offset)
+    with pytest.raises(raft_journal.JournalCorruptError, match="damaged, not torn") as raised:
+        DurableFileJournal(str(path))
+    assert "repair-shard" in str(raised.value)
+
+
+def test_a_flipped_bit_in_the_last_record_drops_only_it(tmp_path: Path) -> None:
+    """The last record is the one a power loss can tear: dropped, with a
+    warning, as a torn tail (its write was not acknowledged under always)."""
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    start = HEADER + sum(record_size(c) for c, _, _ in entries[:4])
+    _flip(path, start + 20 + 1)
+    j = DurableFileJournal(str(path))
+    try:
+        assert j[:] == entries[:4]
+        assert j.dropped_tail_bytes == record_size(entries[4][0])
+    finally:
+        j._destroy()
+
+
+def test_a_flipped_bit_under_batch_drops_the_tail_from_there(tmp_path: Path) -> None:
+    """Under batch several unsynced records can be torn in any order: the
+    log ends at the first bad record (what batch may lose on power loss)."""
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    _flip(path, HEADER + record_size(entries[0][0]) + 20)
+    j = DurableFileJournal(str(path), "batch")
+    try:
+        assert j[:] == entries[:1]
+    finally:
+        j._destroy()
+
+
+def test_a_flipped_meta_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    _write_five(path)
+    meta = Path(str(path) + ".meta")
+    _flip(meta, len(meta.read_bytes()) // 2)
+    with pytest.raises(raft_journal.JournalCorruptError, match="term/vote"):
+        DurableFileJournal(str(path))
 
 
 def test_garbage_after_last_record_offset_is_ignored_and_overwritten(tmp_path: Path) -> None:
@@ -458,7 +514,7 @@ def test_empty_or_zero_header_file_opens_as_empty_journal(tmp_path: Path) -> Non
         assert len(j) == 0
         j.add(b"x", 1, 1)
         j._destroy()
-        assert read_with_pysyncobj(path)[0] == [(b"x", 1, 1)]
+        assert read_back(path)[0] == [(b"x", 1, 1)]
 
 
 # -------------------------------------------------------------- install

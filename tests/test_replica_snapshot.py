@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
 
 from fsm import (
@@ -30,7 +29,12 @@ from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator import replica as replica_module
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
-from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
+from raftcoord.coordinator.replica import (
+    EntryNotApplied,
+    ShardReplica,
+    SnapshotDamaged,
+    read_snapshot_file,
+)
 
 #: The members' Raft key (any 32 bytes; every member of a test uses it).
 RAFT_KEY = bytes(range(32))
@@ -91,7 +95,7 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
         expected = replica.machine.snapshot()
         replica.forceLogCompaction()
         tick_until(replica, lambda: (tmp_path / "snapshot").exists())
-        payload = msgpack.unpackb((tmp_path / "snapshot").read_bytes(), raw=False)
+        payload = read_snapshot_file(str(tmp_path / "snapshot"))
         assert set(payload) == {"v", "fsm", "last", "previous"}
         assert TransactionStateMachine.restore(payload["fsm"]).snapshot() == expected
     finally:
@@ -103,6 +107,18 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
         assert len(again.machine.state.transactions) == 20
     finally:
         again.destroy()
+
+    # One flipped byte: the replica refuses to go on (pysyncobj alone would
+    # log the failed load and carry on with an empty state).
+    data = bytearray((tmp_path / "snapshot").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (tmp_path / "snapshot").write_bytes(bytes(data))
+    damaged = make_replica(tmp_path, address, [])
+    try:
+        with pytest.raises(SnapshotDamaged, match="checksum"):
+            damaged.tick(0.001)
+    finally:
+        damaged.destroy()
 
 
 def test_a_stopped_replica_answers_the_entries_it_had_not_applied(tmp_path: Path) -> None:
@@ -221,7 +237,7 @@ def started(tmp_path: Path, address: str) -> ShardReplica:
 
 
 def snapshot_fsm(path: Path) -> bytes:
-    payload = msgpack.unpackb(path.read_bytes(), raw=False)
+    payload = read_snapshot_file(str(path))
     return TransactionStateMachine.restore(payload["fsm"]).snapshot()
 
 

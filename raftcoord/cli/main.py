@@ -84,6 +84,46 @@ def _kafka_gateway(args: argparse.Namespace) -> int:
     return run_gateway(config, listener)
 
 
+def _repair_shard(args: argparse.Namespace) -> int:
+    import time
+
+    from raftcoord.coordinator.repair import RepairRefused, set_replica_aside
+    from raftcoord.protocol.config import ConfigError, load_config
+
+    data_dir = (
+        Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
+    )
+    try:
+        config = load_config(args.config)
+        config.coordinator(args.id)
+        if not 0 <= args.shard < config.shard_count:
+            raise ConfigError(f"--shard must be in 0..{config.shard_count - 1}")
+    except ConfigError as exc:
+        print(f"raftcoord repair-shard: {exc}", file=sys.stderr)
+        return 2
+    if not args.yes:
+        print(
+            f"raftcoord repair-shard: this sets node {args.id}'s replica of shard {args.shard} "
+            "aside; it then catches up from the shard's leader. Do it only while the shard's "
+            "other replicas serve (`raftcoord cluster status`, or NodeStatus of the other "
+            "coordinators); give --yes to go on.",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        moved = set_replica_aside(data_dir, args.shard, time.strftime("%Y%m%dT%H%M%S"))
+    except RepairRefused as exc:
+        print(f"raftcoord repair-shard: {exc}", file=sys.stderr)
+        return 2
+    for source, target in moved:
+        print(f"moved {source} -> {target.name}")
+    print(
+        f"node {args.id} starts shard {args.shard} empty and catches up from the leader "
+        "(a snapshot, then the entries after it)"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
@@ -139,6 +179,24 @@ def main(argv: list[str] | None = None) -> int:
         "anyone who reaches the Raft ports can then act as a member",
     )
     node.set_defaults(func=_node)
+    repair = commands.add_parser(
+        "repair-shard",
+        help="set a coordinator's damaged replica of one shard aside (it catches up "
+        "from the leader)",
+        description="For a coordinator that stopped with event=journal_damaged or "
+        "snapshot_damaged: rename that shard's journal and snapshot under the node's data "
+        "directory to NAME.damaged-TIME (the term/vote file too if it is damaged). Started "
+        "again, the node receives the shard's state from its leader. Only while the shard's "
+        "other replicas serve.",
+    )
+    repair.add_argument("--config", required=True, help="cluster config (TOML)")
+    repair.add_argument("--id", required=True, type=int, help="the coordinator's id")
+    repair.add_argument("--shard", required=True, type=int, help="the shard to repair")
+    repair.add_argument(
+        "--data-dir", help="the node's data directory (default: CONFIG_DIR/node-ID)"
+    )
+    repair.add_argument("--yes", action="store_true", help="do it (the other replicas serve)")
+    repair.set_defaults(func=_repair_shard)
     pnode = commands.add_parser("partition-node", help="run one partition-log node")
     pnode.add_argument("--config", required=True, help="cluster config (TOML)")
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")

@@ -13,6 +13,7 @@ The tree mirrors the Kafka clients' exceptions::
     │   ├── NotLeaderOrFollowerError              6  refresh metadata, retry
     │   ├── UnknownTopicOrPartitionError          3  refresh metadata, retry
     │   ├── UnstableOffsetCommitError            88  a transactional offset commit is pending
+    │   ├── KafkaStorageError                    56  the partition's node lost its disk, retry
     │   ├── KafkaConnectionError                     a gRPC call failed in transport
     │   └── KafkaTimeoutError                        a client-side deadline passed
     ├── FatalError                          the producer can only be closed
@@ -69,6 +70,7 @@ __all__ = [
     "InvalidTxnStateError",
     "KafkaConnectionError",
     "KafkaError",
+    "KafkaStorageError",
     "KafkaTimeoutError",
     "MemberIdRequiredError",
     "NoOffsetForPartitionError",
@@ -187,6 +189,13 @@ class UnknownTopicOrPartitionError(RetriableError):
     """The topic or partition does not exist (or the metadata is stale)."""
 
     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class KafkaStorageError(RetriableError):
+    """The partition-log node could not read or write its disk (it stops and
+    recovers; the request can be retried)."""
+
+    code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 class UnstableOffsetCommitError(RetriableError):

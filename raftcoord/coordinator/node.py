@@ -26,7 +26,8 @@ from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
-from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica
+from raftcoord.coordinator.raft_journal import JournalCorruptError
+from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica, SnapshotDamaged
 from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import (
@@ -40,7 +41,12 @@ from raftcoord.coordinator.shard import (
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.errors import ErrorCode
-from raftcoord.protocol.process import serve
+from raftcoord.protocol.process import (
+    EXIT_DATA_DAMAGED,
+    EXIT_STORAGE_FAILED,
+    fail_stop,
+    serve,
+)
 from raftcoord.protocol.routing import preferred_leader
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
@@ -207,6 +213,8 @@ class CoordinatorNode:
             try:
                 shard.tick(tick_s)
                 self.markers.sync(shard)
+            except SnapshotDamaged as exc:
+                fail_stop(log, EXIT_DATA_DAMAGED, "snapshot_damaged", f"node={self.node_id} {exc}")
             except EntryNotApplied as exc:
                 # Retrying would apply the entry again; going on would skip it.
                 log.critical(
@@ -296,5 +304,20 @@ def run_node(config: ClusterConfig, node_id: int, data_dir: Path, raft_key: byte
             "reaches the Raft ports can act as a member",
             node_id,
         )
+    raft_journal.fsync_failure_handler = _journal_fsync_failed
     node = CoordinatorNode(config, node_id, data_dir, raft_key)
-    return serve(node, node_id, data_dir, log)
+    try:
+        return serve(node, node_id, data_dir, log)
+    except JournalCorruptError as exc:
+        fail_stop(log, EXIT_DATA_DAMAGED, "journal_damaged", f"node={node_id} {exc}")
+
+
+def _journal_fsync_failed(path: str, exc: OSError) -> None:
+    fail_stop(
+        log,
+        EXIT_STORAGE_FAILED,
+        "fsync_failed",
+        f"{path}: {exc}; the entries being written may not be on disk, so this node "
+        "stops instead of acknowledging them (it is never retried); restarted, it "
+        "recovers from what its journal holds",
+    )

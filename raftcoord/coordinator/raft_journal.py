@@ -115,10 +115,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final, Literal, overload
 
+import crc32c
+import msgpack
 import pysyncobj.journal
 import pysyncobj.syncobj
-from pysyncobj.pickle import dumps as _pickle_dumps
-from pysyncobj.pickle import loads as _pickle_loads
 from pysyncobj.pickle import to_bytes as _to_bytes
 
 from raftcoord.coordinator.raft_wire import MAX_TERM, TERM_WARNING
@@ -150,11 +150,15 @@ _NAME_SIZE: Final[int] = pysyncobj.journal.NAME_SIZE
 _VERSION_SIZE: Final[int] = pysyncobj.journal.VERSION_SIZE
 _APP_NAME: Final[bytes] = pysyncobj.journal.APP_NAME
 _APP_VERSION: Final[bytes] = pysyncobj.journal.APP_VERSION
-_FORMAT_VERSION: Final[int] = pysyncobj.journal.JOURNAL_FORMAT_VERSION
+#: 1 is pysyncobj's (no checksums, pickled entries); 2 adds a CRC32C per record.
+_FORMAT_VERSION: Final[int] = 2
 _FIRST_RECORD_OFFSET: Final[int] = pysyncobj.journal.FIRST_RECORD_OFFSET
 _LAST_RECORD_OFFSET_OFFSET: Final[int] = pysyncobj.journal.LAST_RECORD_OFFSET_OFFSET
 _RECORD_HEAD: Final = struct.Struct("<IQQ")  # n, idx, term
+_RECORD_TAIL: Final = struct.Struct("<II")  # crc32c of head and command, n
 _U32: Final = struct.Struct("<I")
+#: The meta file (term, vote, commit index): magic, msgpack map, crc32c of both.
+_META_MAGIC: Final = b"RCM2"
 _MIN_RECORD_BODY: Final = 16  # idx + term
 _MIN_FILE_SIZE: Final = 64 * 1024
 _MAX_GROWTH: Final = 16 * 1024 * 1024
@@ -163,6 +167,12 @@ Entry = tuple[Any, int, int]  # (command, idx, term); command is bytes
 
 _fsync_lock = threading.Lock()
 _fsync_total = 0
+
+#: Called with the journal's path and the error when an fsync fails, before
+#: the error is raised; a node sets it to stop the process (a failed fsync is
+#: never retried: the kernel may have dropped the dirty pages, so a later
+#: fsync that succeeds proves nothing). None (tests of this module): raise.
+fsync_failure_handler: Callable[[str, OSError], None] | None = None
 
 
 def fsync_total() -> int:
@@ -193,7 +203,52 @@ def _default_header(last_record_offset: int = _FIRST_RECORD_OFFSET) -> bytes:
 def _encode_record(command: Any, idx: int, term: int) -> bytes:
     cmd: bytes = _to_bytes(command)
     n = _MIN_RECORD_BODY + len(cmd)
-    return _RECORD_HEAD.pack(n, idx, term) + cmd + _U32.pack(n)
+    body = _RECORD_HEAD.pack(n, idx, term) + cmd
+    return body + _RECORD_TAIL.pack(crc32c.crc32c(body), n)
+
+
+def _record_at(data: bytes | memoryview, pos: int) -> tuple[int, int, int] | None:
+    """(end, idx, term) of the record at ``pos`` in ``data`` when its framing
+    and checksum hold, else None."""
+    if pos + _RECORD_HEAD.size > len(data):
+        return None
+    n, idx, term = _RECORD_HEAD.unpack_from(data, pos)
+    end = pos + 4 + n + _RECORD_TAIL.size
+    if n < _MIN_RECORD_BODY or end > len(data):
+        return None
+    crc, trailing = _RECORD_TAIL.unpack_from(data, end - _RECORD_TAIL.size)
+    if trailing != n or crc != crc32c.crc32c(data[pos : pos + 4 + n]):
+        return None
+    return end, idx, term
+
+
+def _intact_record_after(data: bytes, pos: int, prev_idx: int | None) -> int | None:
+    """The position of the first intact record after ``pos`` in ``data`` that
+    continues the log (a later index than ``prev_idx``), or None."""
+    for q in range(pos + 1, len(data) - _RECORD_HEAD.size - _RECORD_TAIL.size + 1):
+        found = _record_at(data, q)
+        if found is not None and (prev_idx is None or found[1] > prev_idx):
+            return q
+    return None
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    """The meta file's bytes."""
+    body = _META_MAGIC + bytes(msgpack.packb(meta, use_bin_type=True))
+    return body + _U32.pack(crc32c.crc32c(body))
+
+
+def decode_meta(raw: bytes) -> dict[str, Any]:
+    """The meta file's map; ValueError when it is not one, intact."""
+    body, tail = raw[:-4], raw[-4:]
+    if not body.startswith(_META_MAGIC) or len(tail) != 4:
+        raise ValueError("not a meta file of this format")
+    if _U32.unpack(tail)[0] != crc32c.crc32c(body):
+        raise ValueError("checksum mismatch")
+    meta = msgpack.unpackb(body[len(_META_MAGIC) :], raw=False)
+    if not isinstance(meta, dict):
+        raise ValueError("not a map")
+    return meta
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
@@ -289,7 +344,11 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             raise JournalCorruptError(f"{self.path}: not a pysyncobj journal")
         fmt, last = struct.unpack_from("<II", header, _NAME_SIZE + _VERSION_SIZE)
         if fmt != _FORMAT_VERSION:
-            raise JournalCorruptError(f"{self.path}: unsupported journal format {fmt}")
+            raise JournalCorruptError(
+                f"{self.path}: journal format {fmt}, this version reads format "
+                f"{_FORMAT_VERSION} (format 1, pysyncobj's, has no checksums and "
+                "pickled entries; a data directory written before them cannot be used)"
+            )
         last = max(last, _FIRST_RECORD_OFFSET)
         limit = min(last, self._file_size)
         data = os.pread(self._fd, limit - _FIRST_RECORD_OFFSET, _FIRST_RECORD_OFFSET)
@@ -298,33 +357,45 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
         prev_idx: int | None = None
         prev_term = -1
         while base + pos < last:
-            if pos + _RECORD_HEAD.size > len(data):
+            found = _record_at(data, pos)
+            if found is None:
                 break
-            n, idx, term = _RECORD_HEAD.unpack_from(data, pos)
-            end = pos + 4 + n + 4
-            if n < _MIN_RECORD_BODY or end > len(data):
-                break
-            if _U32.unpack_from(data, end - 4)[0] != n:
-                break
+            end, idx, term = found
             if (prev_idx is not None and idx != prev_idx + 1) or term < prev_term:
                 break
-            self._entries.append((bytes(data[pos + 20 : end - 4]), idx, term))
+            self._entries.append((bytes(data[pos + 20 : end - _RECORD_TAIL.size]), idx, term))
             self._offsets.append(base + pos)
             prev_idx, prev_term = idx, term
             pos = end
         self._end = base + pos
-        if self._end != last:
-            self.dropped_tail_bytes = last - self._end
-            logger.warning(
-                "%s: torn journal tail, dropped %d bytes after offset %d (%d records kept)",
-                self.path,
-                self.dropped_tail_bytes,
-                self._end,
-                len(self._entries),
+        if self._end == last:
+            return
+        # Under "batch" and "never" several unsynced records can be torn, in any
+        # order: the tail is dropped from the first bad one, as before.
+        intact = _intact_record_after(data, pos, prev_idx) if self.policy == "always" else None
+        if intact is not None:
+            # Only the last record can be torn (each add is fsynced before the
+            # next): a bad record with intact ones after it is damage.
+            raise JournalCorruptError(
+                f"{self.path}: the record at offset {base + pos} (after index "
+                f"{prev_idx}) fails its checksum or framing, and intact records follow "
+                f"it (one at offset {base + intact}): the journal is damaged, not torn. "
+                "Refusing to apply or to drop acknowledged entries. Repair: with this "
+                "shard's other replicas serving, `raftcoord repair-shard` (see "
+                "docs/coordinator.md, Durability) sets this replica's log aside and it "
+                "catches up from the leader."
             )
-            self._write_last_offset(self._end)
-            if self._durable:
-                self._sync_journal()
+        self.dropped_tail_bytes = last - self._end
+        logger.warning(
+            "%s: torn journal tail, dropped %d bytes after offset %d (%d records kept)",
+            self.path,
+            self.dropped_tail_bytes,
+            self._end,
+            len(self._entries),
+        )
+        self._write_last_offset(self._end)
+        if self._durable:
+            self._sync_journal()
 
     def _read_meta(self) -> dict[str, Any]:
         try:
@@ -333,9 +404,7 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
         except FileNotFoundError:
             return {}
         try:
-            meta = _pickle_loads(raw)
-            if not isinstance(meta, dict):
-                raise TypeError(type(meta).__name__)
+            meta = decode_meta(raw)
         except Exception as exc:
             if self._durable:
                 raise JournalCorruptError(
@@ -350,10 +419,15 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
     # ------------------------------------------------------------- low level
 
     def _fsync_fd(self, fd: int, *, full: bool) -> None:
-        if full or not hasattr(os, "fdatasync"):
-            os.fsync(fd)
-        else:
-            os.fdatasync(fd)
+        try:
+            if full or not hasattr(os, "fdatasync"):
+                os.fsync(fd)
+            else:
+                os.fdatasync(fd)
+        except OSError as exc:
+            if fsync_failure_handler is not None:
+                fsync_failure_handler(self.path, exc)
+            raise
         self.fsync_count += 1
         _count_fsync()
 
@@ -419,7 +493,7 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             self._sync_journal()
         tmp = self._meta_path + ".tmp"
         with open(tmp, "wb") as f:
-            f.write(_pickle_dumps(self._meta))
+            f.write(encode_meta(self._meta))
             f.flush()
             if self._durable:
                 self._fsync_fd(f.fileno(), full=True)

@@ -78,12 +78,14 @@ changes them or the behaviour above.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import crc32c
 import msgpack
 
 from fsm import ErrorCode, Outcome, TransactionStateMachine, snapshot_pieces
@@ -97,7 +99,9 @@ from raftcoord.coordinator.raft import (
 )
 from raftcoord.coordinator.snapshots import SnapshotFile
 
-SNAPSHOT_FILE_VERSION = 1
+#: 2: the msgpack payload is followed by its CRC32C (1 had none).
+SNAPSHOT_FILE_VERSION = 2
+_CRC = struct.Struct("<I")
 
 T = TypeVar("T")
 
@@ -113,6 +117,12 @@ ProposalCallback = Callable[[list[Outcome] | None, ErrorCode], None]
 
 #: pysyncobj's message type for AppendEntries (entries, heartbeats, snapshots).
 APPEND_ENTRIES = "append_entries"
+
+
+class SnapshotDamaged(Exception):
+    """The snapshot file does not read back as written (its checksum or
+    format): the replica cannot know its state, and must not go on from an
+    empty one (pysyncobj would: it logs a failed load and continues)."""
 
 
 class EntryNotApplied(Exception):
@@ -156,6 +166,7 @@ class ShardReplica(RaftGroup):
         self.lock = threading.RLock()
         self._on_applied = on_applied
         self._refused_conflict: tuple[int, int] | None = None  # (index, term) logged
+        self._damaged: SnapshotDamaged | None = None
         if conf.fullDumpFile is None:
             raise ValueError("a shard replica needs a snapshot file (fullDumpFile)")
         self._snapshots = SnapshotFile(
@@ -171,9 +182,16 @@ class ShardReplica(RaftGroup):
 
     def tick(self, wait_s: float) -> None:
         """One pysyncobj tick, after keeping the garbage collector off the
-        long-lived state (:func:`raftcoord.coordinator.heap.settle`)."""
+        long-lived state (:func:`raftcoord.coordinator.heap.settle`).
+
+        Raises:
+            SnapshotDamaged: the snapshot file (at start, or just installed
+                from the leader) did not read back.
+        """
         heap.settle()
         super().tick(wait_s)
+        if self._damaged is not None:
+            raise self._damaged
 
     def destroy(self) -> None:
         """Stop the replica, after a snapshot being written is durable."""
@@ -334,15 +352,20 @@ class ShardReplica(RaftGroup):
                 "last": [bytes(last[0]), last[1], last[2]],
                 "previous": [bytes(previous[0]), previous[1], previous[2]],
             }
-            return bytes(msgpack.packb(payload, use_bin_type=True))
+            packed = bytes(msgpack.packb(payload, use_bin_type=True))
+            return packed + _CRC.pack(crc32c.crc32c(packed))
 
         return encode
 
     def _read_snapshot(self, path: str) -> tuple[Any, Any, list[Any]]:
-        payload = msgpack.unpackb(Path(path).read_bytes(), raw=False)
-        if payload.get("v") != SNAPSHOT_FILE_VERSION:
-            raise ValueError(f"{path}: unknown snapshot file version {payload.get('v')!r}")
-        restored = TransactionStateMachine.restore(payload["fsm"], self.machine.config)
+        try:
+            payload = read_snapshot_file(path)
+            restored = TransactionStateMachine.restore(payload["fsm"], self.machine.config)
+        except Exception as exc:
+            # pysyncobj swallows any error here and goes on with an empty
+            # state; the tick raises it instead (see tick).
+            self._damaged = SnapshotDamaged(f"{path}: {exc}")
+            raise
         with self.lock:
             self.machine = restored
         last = (payload["last"][0], payload["last"][1], payload["last"][2])
@@ -361,3 +384,20 @@ class ShardReplica(RaftGroup):
         if 0 < position < len(raft_log) - 1 and tuple(raft_log[position]) == previous:
             if tuple(raft_log[position + 1]) == last:
                 raft_log.deleteEntriesTo(position)
+
+
+def read_snapshot_file(path: str) -> dict[str, Any]:
+    """The payload of a snapshot file, checked.
+
+    Raises:
+        ValueError: the checksum does not match, or the file is not a
+            snapshot of this version.
+    """
+    data = Path(path).read_bytes()
+    packed, tail = data[: -_CRC.size], data[-_CRC.size :]
+    if len(tail) != _CRC.size or _CRC.unpack(tail)[0] != crc32c.crc32c(packed):
+        raise ValueError("checksum mismatch (the file is damaged, or of a version before 2)")
+    payload = msgpack.unpackb(packed, raw=False)
+    if not isinstance(payload, dict) or payload.get("v") != SNAPSHOT_FILE_VERSION:
+        raise ValueError(f"unknown snapshot file version {payload.get('v')!r}")
+    return payload

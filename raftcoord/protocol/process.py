@@ -1,5 +1,6 @@
-"""Running a node process: log format, signal handling, pid file, and the
-end of a node whose starter asked it to die with a process of its own."""
+"""Running a node process: log format, signal handling, pid file, the end
+of a node whose starter asked it to die with a process of its own, and the
+end of a node whose storage cannot be trusted."""
 
 from __future__ import annotations
 
@@ -10,7 +11,25 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
+
+#: Exit status of a node whose data on disk is damaged (a checksum does not
+#: match where a crash cannot explain it): restarting cannot help, an
+#: operator repairs it (docs/coordinator.md, "Durability").
+EXIT_DATA_DAMAGED = 65  # EX_DATAERR
+#: Exit status of a node whose storage failed under it (an fsync error): what
+#: it was writing may not be on disk, so it stops instead of acknowledging or
+#: retrying; restarted, it recovers from what the disk holds.
+EXIT_STORAGE_FAILED = 74  # EX_IOERR
+
+
+def fail_stop(log: logging.Logger, status: int, event: str, message: str) -> NoReturn:
+    """Log ``message`` as CRITICAL ``event`` and end the process at once with
+    ``status`` (no cleanup that could write or acknowledge anything more)."""
+    log.critical("event=%s exit_status=%d: %s", event, status, message)
+    logging.shutdown()
+    os._exit(status)
+
 
 #: A node started with this variable set to a process id stops, as on
 #: SIGTERM, when that process ends: a test session sets it to its own pid, so

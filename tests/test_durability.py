@@ -1,0 +1,254 @@
+"""Disks that lie and disks that fail, under real clusters.
+
+One flipped bit in the middle of a replica's Raft journal is never applied
+and never silently cut: the node stops with ``event=journal_damaged`` (exit
+status 65), the shard goes on with the other replicas, and ``raftcoord
+repair-shard`` lets the replica catch up from the leader to the very same
+state. A node whose fsync fails (``tests/fsync_faults.py``: EIO from the C
+library, preloaded) stops at once with ``event=fsync_failed`` (exit status
+74): it never acknowledges what it could not make durable, and a leader's
+shard moves to another replica within an election.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.cluster.launcher import ClusterError, LocalCluster
+from raftcoord.coordinator import raft_journal
+from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED
+from tests.fsync_faults import FsyncFaults
+from tests.local_cluster import running_cluster
+
+pytestmark = pytest.mark.slow
+
+HEADER = 40  # the journal's header
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=0) as running:
+        yield running
+
+
+@pytest.fixture
+def failing_cluster(
+    tmp_path: Path,
+    fsync_faults: FsyncFaults,
+) -> Iterator[tuple[LocalCluster, FsyncFaults]]:
+    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=0) as running:
+        yield running, fsync_faults
+
+
+def pid_of(cluster: LocalCluster, node_id: int) -> int:
+    state = cluster.state
+    assert state is not None
+    return state.node(node_id).pid
+
+
+def stopped_for_storage(cluster: LocalCluster, node_id: int) -> None:
+    wait_for_exit(cluster, node_id)
+    log = (cluster.data_dir / f"node-{node_id}.log").read_text()
+    assert "event=fsync_failed" in log and f"exit_status={EXIT_STORAGE_FAILED}" in log
+
+
+def agreed(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
+    """Every replica of shard 0 reaches the same applied index and state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = [shard_status(cluster, r.node_id) for r in cluster.coordinators()]
+        digests = {s.state_digest for s in statuses}  # type: ignore[attr-defined]
+        applied = {s.applied_index for s in statuses}  # type: ignore[attr-defined]
+        if len(digests) == 1 and len(applied) == 1:
+            return
+        assert time.monotonic() < deadline, statuses
+        time.sleep(0.1)
+
+
+def test_a_follower_whose_fsync_fails_stops_before_acknowledging(
+    failing_cluster: tuple[LocalCluster, FsyncFaults],
+) -> None:
+    cluster, faults = failing_cluster
+    commit(cluster, "before")
+    leader = cluster.leaders()[0]
+    follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
+    pid = pid_of(cluster, follower)
+    faults.fail(pid)
+    commit(cluster, "while-failing")  # the leader and the other follower commit it
+    stopped_for_storage(cluster, follower)
+    faults.heal(pid)
+    cluster.start(follower)
+    commit(cluster, "after")
+    agreed(cluster)
+
+
+def test_a_leader_whose_fsync_fails_stops_and_another_replica_leads(
+    failing_cluster: tuple[LocalCluster, FsyncFaults],
+) -> None:
+    cluster, faults = failing_cluster
+    commit(cluster, "before")
+    leader = cluster.leaders()[0]
+    pid = pid_of(cluster, leader)
+    faults.fail(pid)
+    started = time.monotonic()
+    commit(cluster, "while-failing")  # its first entry fails the leader; the client retries
+    stopped_for_storage(cluster, leader)
+    new_leader = cluster.wait_for_leaders(timeout_s=30)[0]
+    took = time.monotonic() - started
+    print(f"leader {leader} stopped; {new_leader} leads; the commit took {took:.2f} s")
+    assert new_leader != leader
+    assert took < 10.0
+    faults.heal(pid)
+    cluster.start(leader)
+    commit(cluster, "after")
+    agreed(cluster)
+
+
+def commit(cluster: LocalCluster, name: str) -> None:
+    with TransactionalProducer(cluster.bootstrap(), name) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({TopicPartition("t", 0): 1}, f"group-{name}")
+        producer.commit_transaction()
+
+
+def shard_status(cluster: LocalCluster, node_id: int) -> object:
+    status = cluster.node_status(node_id, timeout_s=5.0)
+    assert status is not None, f"coordinator {node_id} does not answer"
+    return status.shards[0]
+
+
+def record_starts(journal: Path) -> list[int]:
+    """The offsets of the journal's records, as its reader finds them."""
+    data = journal.read_bytes()[HEADER:]
+    starts, pos = [], 0
+    while (found := raft_journal._record_at(data, pos)) is not None:
+        starts.append(HEADER + pos)
+        pos = found[0]
+    return starts
+
+
+def wait_for_exit(cluster: LocalCluster, node_id: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while cluster.alive(node_id):
+        assert time.monotonic() < deadline, f"node {node_id} kept running"
+        time.sleep(0.05)
+
+
+def test_a_flipped_bit_in_a_follower_journal_stops_it_and_repair_rejoins_it(
+    cluster: LocalCluster,
+) -> None:
+    for i in range(5):
+        commit(cluster, f"before-{i}")
+    leader = cluster.leaders()[0]
+    follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
+    cluster.kill(follower, "TERM")
+    journal = cluster.data_dir / f"node-{follower}" / "shard-0" / "journal"
+    starts = record_starts(journal)
+    assert len(starts) > 4
+    middle = starts[len(starts) // 2]
+    with journal.open("r+b") as f:  # one bit of one record's command
+        f.seek(middle + 20)
+        byte = f.read(1)[0]
+        f.seek(middle + 20)
+        f.write(bytes([byte ^ 0x04]))
+
+    with pytest.raises(ClusterError):
+        cluster.start(follower, timeout_s=5.0)
+    wait_for_exit(cluster, follower)
+    log = (cluster.data_dir / f"node-{follower}.log").read_text()
+    assert "event=journal_damaged" in log and f"exit_status={EXIT_DATA_DAMAGED}" in log
+    assert "damaged, not torn" in log
+    commit(cluster, "while-refused")  # the other two replicas serve
+
+    config = cluster.data_dir / "cluster.toml"
+    base = [sys.executable, "-m", "raftcoord.cli", "repair-shard", "--config", str(config)]
+    args = [*base, "--id", str(follower), "--shard", "0"]
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    repaired = subprocess.run([*args, "--yes"], capture_output=True, text=True, timeout=60)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "journal.damaged-" in repaired.stdout
+
+    cluster.start(follower)
+    commit(cluster, "after-repair")
+    agreed(cluster)
+
+
+def read_committed(cluster: LocalCluster, tp: TopicPartition) -> list[bytes]:
+    values: list[bytes] = []
+    with Consumer(cluster.bootstrap(), isolation_level="read_committed") as consumer:
+        consumer.assign([tp])
+        while batch := consumer.poll(timeout_ms=500):
+            values.extend(r.value for r in batch if r.value is not None)
+    return values
+
+
+def test_a_partition_node_whose_fsync_fails_stops_and_recovers_its_log(
+    tmp_path: Path, fsync_faults: FsyncFaults
+) -> None:
+    """Every partition-log node's fsync fails while a transaction writes: each
+    stops (never acknowledging the append it could not make durable); healed
+    and restarted, each serves the committed data it had, the interrupted
+    transaction's outcome is what its producer was told (its retries may
+    commit it once the nodes are back), and the next transaction commits."""
+    with running_cluster(tmp_path / "cluster", shards=1) as cluster:
+        tp = TopicPartition("durable", 0)
+        with Admin(cluster.bootstrap()) as admin:
+            admin.create_topics({"durable": 3})
+        with TransactionalProducer(cluster.bootstrap(), "writer") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            for i in range(3):
+                producer.send("durable", f"kept-{i}".encode(), partition=0)
+            producer.commit_transaction()
+        assert read_committed(cluster, tp) == [b"kept-0", b"kept-1", b"kept-2"]
+
+        nodes = [r.node_id for r in cluster.partition_nodes()]
+        for node_id in nodes:
+            fsync_faults.fail(pid_of(cluster, node_id))
+
+        outcome: list[str] = []
+
+        def interrupted() -> None:
+            try:
+                with TransactionalProducer(
+                    cluster.bootstrap(), "doomed", request_timeout_ms=5_000
+                ) as producer:
+                    producer.init_transactions()
+                    producer.begin_transaction()
+                    for p in range(3):
+                        producer.send("durable", b"interrupted", partition=p)
+                    producer.commit_transaction()
+                    outcome.append("committed")
+            except Exception as exc:
+                outcome.append(f"failed: {exc!r}")
+
+        writer = threading.Thread(target=interrupted, daemon=True)
+        writer.start()
+        for node_id in nodes:
+            wait_for_exit(cluster, node_id)
+            log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
+            assert "event=fsync_failed" in log and f"exit_status={EXIT_STORAGE_FAILED}" in log
+        for node_id in nodes:
+            fsync_faults.heal(pid_of(cluster, node_id))
+            cluster.start(node_id)
+        writer.join(timeout=90)
+        assert outcome, "the interrupted transaction's producer never returned"
+        with TransactionalProducer(cluster.bootstrap(), "writer") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("durable", b"after", partition=0)
+            producer.commit_transaction()
+        values = read_committed(cluster, tp)
+        assert values[:3] == [b"kept-0", b"kept-1", b"kept-2"] and values[-1] == b"after"
+        expected = 1 if outcome == ["committed"] else 0
+        assert values.count(b"interrupted") == expected, (outcome, values)
