@@ -723,7 +723,32 @@ class PartitionLogStore:
             size = os.fstat(fd).st_size
             scan = self._scan(fd, 0, base, size, verify_crc=True)
             cut = size - scan.end
-            if cut:
+            intact = _intact_batch_after(fd, scan.end, scan.next_offset, size) if cut else None
+            if intact is not None and self.fsync is FsyncPolicy.ALWAYS:
+                # Every append was fsynced before the next: only the last batch
+                # can be torn. A bad batch with intact ones after it is damage,
+                # and cutting would drop acknowledged batches (and reuse their
+                # offsets).
+                raise CorruptLog(
+                    f"{path}: the batch at position {scan.end} (offset {scan.next_offset}) is "
+                    f"damaged ({scan.problem}) and intact batches follow it (offset "
+                    f"{intact[1]} at position {intact[0]}): refusing to cut acknowledged data"
+                )
+            if intact is not None:
+                logger.critical(
+                    "%s event=acknowledged_data_lost: cut %d bytes at position %d (%s), "
+                    "offsets %d to %d, of which intact batches from offset %d were unsynced "
+                    "under log.flush.policy=%s; those offsets will be used again",
+                    path,
+                    cut,
+                    scan.end,
+                    scan.problem,
+                    scan.next_offset,
+                    _last_offset_in(fd, intact[0], size),
+                    intact[1],
+                    self.fsync.value,
+                )
+            elif cut:
                 logger.warning(
                     "%s: cut %d bytes at position %d (%s); kept %d batches, log end offset %d",
                     path,
@@ -733,6 +758,7 @@ class PartitionLogStore:
                     scan.batches,
                     scan.next_offset,
                 )
+            if cut:
                 os.ftruncate(fd, scan.end)
                 _fsync(fd, path)
             # The active index is always derived from the scan: its file may lag the log
@@ -941,6 +967,42 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _intact_batch_after(fd: int, position: int, offset: int, size: int) -> tuple[int, int] | None:
+    """(position, base offset) of the first batch after ``position`` that parses,
+    passes its CRC and starts at or after ``offset``, or None."""
+    data = os.pread(fd, size - position, position)
+    magic_at = 16  # the magic byte's place in a v2 batch header
+    pos = data.find(b"\x02", 1 + magic_at) - magic_at
+    while 0 < pos <= len(data) - HEADER_SIZE:
+        try:
+            header = parse_header(data, pos)
+        except CorruptBatch:
+            header = None
+        if (
+            header is not None
+            and header.base_offset >= offset
+            and pos + header.size <= len(data)
+            and crc_ok(memoryview(data)[pos : pos + header.size])
+        ):
+            return position + pos, header.base_offset
+        pos = data.find(b"\x02", pos + magic_at + 1) - magic_at
+    return None
+
+
+def _last_offset_in(fd: int, position: int, size: int) -> int:
+    """The last offset of the batches that follow each other from ``position``."""
+    data = os.pread(fd, size - position, position)
+    pos, last = 0, -1
+    while pos + HEADER_SIZE <= len(data):
+        try:
+            header = parse_header(data, pos)
+        except CorruptBatch:
+            break
+        last = header.next_offset - 1
+        pos += header.size
+    return last
 
 
 def _fsync_dir(directory: Path) -> None:

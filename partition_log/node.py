@@ -22,7 +22,7 @@ import grpc
 
 import partition_log.log
 from partition_log.cluster_view import ClusterView, TxnPartitionAdder
-from partition_log.log import FsyncPolicy, LogFlusher
+from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import ChannelCache
@@ -64,6 +64,8 @@ class PartitionNode:
             retry_max_s=config.settings.add_partitions_to_txn_retry_backoff_max_ms / 1000,
         )
         self.partitions: dict[tuple[str, int], Partition] = {}
+        #: Partitions whose log failed recovery: (topic, index) -> why.
+        self.damaged: dict[tuple[str, int], str] = {}
         self.changes = LogChanges()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -73,20 +75,28 @@ class PartitionNode:
 
     # --- partitions ----------------------------------------------------------------
 
-    def _open(self, topic: str, index: int) -> Partition:
+    def _open(self, topic: str, index: int) -> Partition | None:
+        """The partition, opened on first use; None when its log is damaged
+        (recorded in :attr:`damaged`, logged CRITICAL, and never served)."""
         with self._lock:
+            if (topic, index) in self.damaged:
+                return None
             partition = self.partitions.get((topic, index))
             if partition is None:
-                settings = self.config.settings
-                partition = Partition(
-                    topic,
-                    index,
-                    self.data_dir / f"{topic}-{index}",
-                    segment_bytes=settings.log_segment_bytes,
-                    index_interval_bytes=settings.log_index_interval_bytes,
-                    fsync=self._fsync,
-                    on_change=self.changes.changed,
-                )
+                try:
+                    partition = self._make_partition(topic, index)
+                except CorruptLog as exc:
+                    self.damaged[(topic, index)] = str(exc)
+                    log.critical(
+                        "node=%d event=partition_damaged partition=%s-%d: %s; the partition "
+                        "is not served (KAFKA_STORAGE_ERROR) until its log is repaired "
+                        "(docs/partition-log.md, Damage)",
+                        self.node_id,
+                        topic,
+                        index,
+                        exc,
+                    )
+                    return None
                 self.partitions[(topic, index)] = partition
                 log.info(
                     "node=%d event=partition_opened partition=%s-%d end_offset=%d",
@@ -97,6 +107,18 @@ class PartitionNode:
                 )
             return partition
 
+    def _make_partition(self, topic: str, index: int) -> Partition:
+        settings = self.config.settings
+        return Partition(
+            topic,
+            index,
+            self.data_dir / f"{topic}-{index}",
+            segment_bytes=settings.log_segment_bytes,
+            index_interval_bytes=settings.log_index_interval_bytes,
+            fsync=self._fsync,
+            on_change=self.changes.changed,
+        )
+
     def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
         """The partition if this node owns it, else the error code and message."""
         partition = self.partitions.get((topic, index))
@@ -105,7 +127,14 @@ class PartitionNode:
         placement = self.view.locate(topic, index)
         if placement.error is not ErrorCode.NONE:
             return placement.error, placement.message
-        return self._open(topic, index)
+        opened = self._open(topic, index)
+        if opened is None:
+            return (
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"partition {topic}-{index} is damaged on this node: "
+                f"{self.damaged[(topic, index)]}",
+            )
+        return opened
 
     def _open_from_disk(self) -> None:
         for path in sorted(self.data_dir.iterdir()):

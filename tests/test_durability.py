@@ -24,7 +24,9 @@ import pytest
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 from raftcoord.coordinator import raft_journal
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED
+from tests import plog_client
 from tests.fsync_faults import FsyncFaults
 from tests.local_cluster import running_cluster
 
@@ -252,3 +254,70 @@ def test_a_partition_node_whose_fsync_fails_stops_and_recovers_its_log(
         assert values[:3] == [b"kept-0", b"kept-1", b"kept-2"] and values[-1] == b"after"
         expected = 1 if outcome == ["committed"] else 0
         assert values.count(b"interrupted") == expected, (outcome, values)
+
+
+def test_an_owed_commit_marker_reaches_a_restarted_partition_node_at_once(
+    tmp_path: Path,
+) -> None:
+    """The partition-log nodes die after a transaction's appends and before
+    its commit; the commit is acknowledged (its markers are owed); once the
+    nodes answer again the markers arrive within about a second (the
+    channels' reconnect back-off is capped at 1 s, not gRPC's 2 minutes)."""
+    with running_cluster(tmp_path / "cluster", shards=1) as cluster:
+        tp = TopicPartition("owed", 0)
+        with Admin(cluster.bootstrap()) as admin:
+            admin.create_topics({"owed": 1})
+        nodes = [r.node_id for r in cluster.partition_nodes()]
+        with TransactionalProducer(cluster.bootstrap(), "owing") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("owed", b"owed-value", partition=0)
+            producer.flush()
+            for node_id in nodes:
+                cluster.kill(node_id, "KILL")
+            time.sleep(3.0)  # the marker writer's channels back off while the nodes are away
+            producer.commit_transaction()
+        for node_id in nodes:
+            cluster.start(node_id)
+        answered = time.monotonic()
+        while b"owed-value" not in read_committed(cluster, tp):
+            assert time.monotonic() - answered < 10.0, "the owed COMMIT marker never arrived"
+        took = time.monotonic() - answered
+        print(f"the owed COMMIT was readable {took:.2f} s after the nodes answered")
+        assert took < 4.0
+
+
+def test_a_flipped_byte_in_a_segment_is_reported_and_its_offsets_never_reused(
+    tmp_path: Path,
+) -> None:
+    """Four acknowledged batches (fsync always) on partition 0; one byte of
+    the second flipped while its node is down. Restarted, the node refuses
+    that partition (KAFKA_STORAGE_ERROR, a CRITICAL line) instead of cutting
+    three acknowledged batches and handing their offsets out again; its
+    other partition serves."""
+    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=1) as cluster:
+        owners = plog_client.create_topic(cluster, "flipped", 2)
+        node = plog_client.stub(owners[0])
+        for i in range(4):
+            answer = plog_client.produce(node, "flipped", 0, [f"v{i}".encode()])
+            assert answer.error_code == 0, answer
+        plog_client.produce(node, "flipped", 1, [b"other"])
+        (node_id,) = [r.node_id for r in cluster.partition_nodes()]
+        cluster.kill(node_id, "TERM")
+        segment = next((cluster.data_dir / f"partition-node-{node_id}" / "flipped-0").glob("*.log"))
+        data = bytearray(segment.read_bytes())
+        assert len(data) > 100
+        data[len(data) // 4 + 30] ^= 0x08
+        segment.write_bytes(bytes(data))
+        size = len(data)
+        cluster.start(node_id)
+
+        node = plog_client.stub(owners[0])
+        answer = plog_client.produce(node, "flipped", 0, [b"new"])
+        assert answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR, answer
+        assert "damaged" in answer.error_message
+        assert segment.stat().st_size == size  # nothing cut, nothing appended
+        seen, _ = plog_client.read_all(node, "flipped", 1, committed=False)
+        assert [v for _, v in seen] == [b"other"]
+        log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
+        assert "event=partition_damaged partition=flipped-0" in log

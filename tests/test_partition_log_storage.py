@@ -11,6 +11,7 @@ and fixtures.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import selectors
 import signal
@@ -989,3 +990,39 @@ def test_kill_9_loses_no_acknowledged_append(tmp_path: Path) -> None:
             assert [r.value for r in records] == [
                 b"record-%d-%d" % (number, k) for k in range(1 + number % 3)
             ]
+
+
+def _flip_middle_batch(tmp_path: Path, size: int) -> Path:
+    active = segment_files(tmp_path, ".log")[-1]
+    data = bytearray(active.read_bytes())
+    data[size + size // 2] ^= 0x20  # inside the second of four batches
+    active.write_bytes(bytes(data))
+    return active
+
+
+def test_a_damaged_batch_with_intact_ones_after_it_is_refused_under_fsync_always(
+    tmp_path: Path,
+) -> None:
+    """Every append was fsynced: only the last batch can be torn. A bad batch
+    in the middle is damage, and cutting there would drop acknowledged
+    batches and hand their offsets out again."""
+    size = len(data_batch("b00", 2))
+    open_store = partial(PartitionLogStore, segment_bytes=100 * size)
+    with open_store(tmp_path) as store:
+        fill(store, 4, n=2)
+    _flip_middle_batch(tmp_path, size)
+    with pytest.raises(CorruptLog, match="intact batches follow"):
+        open_store(tmp_path)
+
+
+def test_a_damaged_batch_under_fsync_interval_is_cut_and_the_loss_is_critical(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    size = len(data_batch("b00", 2))
+    open_store = partial(PartitionLogStore, segment_bytes=100 * size, fsync=FsyncPolicy.INTERVAL)
+    with open_store(tmp_path) as store:
+        fill(store, 4, n=2)
+    _flip_middle_batch(tmp_path, size)
+    with caplog.at_level(logging.CRITICAL), open_store(tmp_path) as store:
+        assert store.log_end_offset == 2
+    assert "event=acknowledged_data_lost" in caplog.text and "offsets 2 to 7" in caplog.text

@@ -28,7 +28,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.backoff import Backoff
-from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.v1 import (
     coordinator_pb2,
@@ -59,11 +59,7 @@ def concurrent_backoff(initial_s: float, max_s: float) -> Backoff:
 BACK_OFF = frozenset({ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.CONCURRENT_TRANSACTIONS})
 
 CHANNEL_OPTIONS = [
-    # A restarted node is found again within a second, not after gRPC's
-    # default reconnect backoff of up to two minutes.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *CHANNEL_POLICY,
     # No gRPC size limits on the client's side: a producer bounds its own
     # requests (max_request_size, checked before a record is queued) and a
     # consumer its fetches (fetch_max_bytes), so a transport limit could only

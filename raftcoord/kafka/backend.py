@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from raftcoord.protocol.channels import CHANNEL_POLICY
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.routing import shard_for
@@ -52,6 +53,7 @@ class Backend:
             channel = self._channels[address] = grpc.aio.insecure_channel(
                 address,
                 options=[
+                    *CHANNEL_POLICY,
                     ("grpc.max_receive_message_length", 128 * 1024 * 1024),
                     ("grpc.max_send_message_length", 128 * 1024 * 1024),
                 ],

@@ -11,6 +11,22 @@ import grpc
 
 from raftcoord.protocol.v1 import coordinator_pb2_grpc, partition_log_pb2_grpc
 
+#: The one reconnect and keepalive policy of every gRPC channel between
+#: components (marker writers, partition-log nodes to coordinators, the Kafka
+#: gateway, the client library, forwarding between coordinators). A node that
+#: restarts is found again within about a second, not after gRPC's default
+#: reconnect back-off of up to two minutes (an owed COMMIT marker then waited
+#: 11-24 s for its partition node); keepalive pings, only while calls are
+#: outstanding, find a peer that vanished without closing its connections.
+CHANNEL_POLICY: list[tuple[str, Any]] = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+]
+
 
 def _closed() -> Exception:
     return RuntimeError("the channels are closed")
@@ -20,15 +36,15 @@ class ChannelCache:
     """One gRPC channel per address, shared by every stub made on it; thread-safe.
 
     Args:
-        options: the gRPC channel options of every channel (message size
-            limits, reconnect backoff, ...).
+        options: the gRPC channel options of every channel (default
+            :data:`CHANNEL_POLICY`; callers add message size limits to it).
         closed_error: makes the exception raised when a channel or stub is
             asked for after :meth:`close`.
     """
 
     def __init__(
         self,
-        options: Sequence[tuple[str, Any]] = (),
+        options: Sequence[tuple[str, Any]] = tuple(CHANNEL_POLICY),
         closed_error: Callable[[], Exception] = _closed,
     ) -> None:
         self.options = list(options)

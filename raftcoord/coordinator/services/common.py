@@ -26,6 +26,7 @@ from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import CHECK_ONLY, Unstamped
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Reader, Shards
+from raftcoord.protocol.channels import CHANNEL_POLICY
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
@@ -153,7 +154,7 @@ class ShardRouter:
         if leader is None or leader.node_id == self.node_id:
             raise NotForwarded("no leader")
         try:
-            with grpc.insecure_channel(leader.grpc) as channel:
+            with grpc.insecure_channel(leader.grpc, options=CHANNEL_POLICY) as channel:
                 stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
                 return getattr(stub, method)(
                     request,
