@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.client import (
+    AbortTransactionSpec,
+    Admin,
+    Consumer,
+    TopicPartition,
+    TransactionalProducer,
+)
+from raftcoord.client.errors import InvalidTxnStateError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 from raftcoord.coordinator import raft_journal
 from raftcoord.protocol.errors import ErrorCode
@@ -260,9 +267,11 @@ def test_an_owed_commit_marker_reaches_a_restarted_partition_node_at_once(
     tmp_path: Path,
 ) -> None:
     """The partition-log nodes die after a transaction's appends and before
-    its commit; the commit is acknowledged (its markers are owed); once the
-    nodes answer again the markers arrive within about a second (the
-    channels' reconnect back-off is capped at 1 s, not gRPC's 2 minutes)."""
+    its commit; the commit is acknowledged (its markers are owed), and an
+    operator's `txn abort` of it is refused (it would lose committed data);
+    once the nodes answer again the markers arrive within about a second
+    (the channels' reconnect back-off is capped at 1 s, not gRPC's 2
+    minutes)."""
     with running_cluster(tmp_path / "cluster", shards=1) as cluster:
         tp = TopicPartition("owed", 0)
         with Admin(cluster.bootstrap()) as admin:
@@ -277,6 +286,12 @@ def test_an_owed_commit_marker_reaches_a_restarted_partition_node_at_once(
                 cluster.kill(node_id, "KILL")
             time.sleep(3.0)  # the marker writer's channels back off while the nodes are away
             producer.commit_transaction()
+            pid, epoch = producer.producer_id, producer.producer_epoch - 1  # the data's epoch
+        with (
+            Admin(cluster.bootstrap()) as admin,
+            pytest.raises(InvalidTxnStateError, match="committed this transaction"),
+        ):
+            admin.abort_transaction(AbortTransactionSpec(tp, pid, epoch, 0), timeout_ms=5_000)
         for node_id in nodes:
             cluster.start(node_id)
         answered = time.monotonic()

@@ -22,6 +22,7 @@ from raftcoord.client._net import (
 from raftcoord.client._wire import topic_partitions
 from raftcoord.client.errors import (
     IllegalStateError,
+    InvalidTxnStateError,
     KafkaError,
     RetriableError,
     UnknownTopicOrPartitionError,
@@ -387,8 +388,15 @@ class Admin:
         with ``spec.producer_epoch``, and fences it if ``spec.coordinator_epoch``
         is older than the last it has seen for the producer.
 
+        First the coordinators are asked: when the producer's transaction of
+        ``spec.producer_epoch`` was committed there (PrepareCommit or
+        CompleteCommit, one epoch above it), the abort is refused, since on a
+        partition whose COMMIT marker is late or was lost it would turn
+        committed data into aborted data.
+
         Raises:
-            InvalidTxnStateError: the producer has no open transaction there.
+            InvalidTxnStateError: the producer has no open transaction there,
+                or the coordinator committed it.
             InvalidProducerEpochError: its open transaction has another epoch.
             TransactionCoordinatorFencedError: ``spec.coordinator_epoch`` is too old.
             InvalidRequestError: an id or epoch out of range.
@@ -397,6 +405,22 @@ class Admin:
         """
         deadline = self._deadline("abort_transaction", timeout_ms)
         tp = TopicPartition(*spec.topic_partition)
+        committing = self.list_transactions(
+            states=("PrepareCommit", "CompleteCommit"), producer_ids=[spec.producer_id]
+        )
+        if committing:
+            described = self.describe_transactions([t.transactional_id for t in committing])
+            for found in described.values():
+                if (found.producer_id, found.producer_epoch) == (
+                    spec.producer_id,
+                    spec.producer_epoch + 1,
+                ):
+                    raise InvalidTxnStateError(
+                        f"the coordinator committed this transaction (transactional id "
+                        f"{found.transactional_id!r}, {found.state}); aborting it on "
+                        f"{tp.topic}-{tp.partition} would lose committed data. Its COMMIT "
+                        "marker is owed there: see `raftcoord txn describe`"
+                    )
         marker = partition_log_pb2.TxnMarker(
             producer_id=spec.producer_id,
             # A marker's epoch is one above its transaction's data epoch.
