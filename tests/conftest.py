@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-pytest_plugins = ["tests.session_guard", "tests.fsync_faults"]
+pytest_plugins = ["tests.session_guard"]
 
 settings.register_profile("deterministic", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,12 +36,24 @@ def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _alive_workers(ui_port: int) -> int:
+def _alive_workers(ui_port: int, master_log: Path) -> int:
+    """The master's count of alive workers, asked of its web UI: the port it
+    was given, or the one it says it bound instead (Spark moves to the next
+    port when another process holds it)."""
+    bound = re.findall(r"MasterWebUI.*?started at http://[^:]+:(\d+)", _text(master_log))
+    port = int(bound[-1]) if bound else ui_port
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/", timeout=2) as answer:
             return int(json.load(answer).get("aliveworkers", 0))
-    except OSError:
+    except (OSError, ValueError):  # not up yet, or another service's page
         return 0
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 @pytest.fixture
@@ -93,7 +106,8 @@ def standalone(tmp_path: Path) -> Iterator[str]:
             ],
             "worker",
         )
-        _wait(lambda: _alive_workers(ui_port) == 1, 120, "the worker to register")
+        master_log = tmp_path / "master.log"
+        _wait(lambda: _alive_workers(ui_port, master_log) == 1, 120, "the worker to register")
         yield url
     finally:
         for proc in procs:

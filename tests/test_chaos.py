@@ -28,7 +28,7 @@ from tests.local_cluster import running_cluster
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("RAFTCOORD_CHAOS_SEED", "20261123"))
-FAULTS = ("leader-kill", "pause", "plog-restart", "partition")
+FAULTS = ("leader-kill", "pause", "plog-restart", "partition", "disk")
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 #: Each node in a network namespace of its own where this machine allows it,
 #: so that the partition fault cuts real links.
@@ -48,7 +48,7 @@ class ChaosRun:
 def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
     print(f"chaos seed {SEED} (replay with RAFTCOORD_CHAOS_SEED={SEED})")
     root = tmp_path_factory.mktemp("chaos")
-    with running_cluster(root / "cluster", netns=NETNS) as cluster:
+    with running_cluster(root / "cluster", netns=NETNS, disk_faults=True) as cluster:
         options = Options(
             seed=SEED,
             duration_s=24,
@@ -114,7 +114,9 @@ def test_the_history_is_well_formed(chaos_run: ChaosRun) -> None:
 def test_the_faults_ran_and_moved_leaders(chaos_run: ChaosRun) -> None:
     pairs = _faults(chaos_run.events)
     kinds = {start["fault"] for start, _ in pairs if start["targets"]}
-    assert {"leader-kill", "pause", "plog-restart"} <= kinds
+    assert {"leader-kill", "pause", "plog-restart", "disk"} <= kinds
+    disks = [end for start, end in pairs if start["fault"] == "disk"]
+    assert all(end["stopped"] for end in disks), disks  # each stopped on its failed fsync
     for start, end in pairs:
         if start["fault"] in ("leader-kill", "pause"):
             victim = start["targets"][0]

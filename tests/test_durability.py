@@ -4,8 +4,8 @@ One flipped bit in the middle of a replica's Raft journal is never applied
 and never silently cut: the node stops with ``event=journal_damaged`` (exit
 status 65), the shard goes on with the other replicas, and ``raftcoord
 repair-shard`` lets the replica catch up from the leader to the very same
-state. A node whose fsync fails (``tests/fsync_faults.py``: EIO from the C
-library, preloaded) stops at once with ``event=fsync_failed`` (exit status
+state. A node whose fsync fails (``cluster up --disk-faults``: EIO from a
+preloaded shim over the C library) stops at once with ``event=fsync_failed`` (exit status
 74): it never acknowledges what it could not make durable, and a leader's
 shard moves to another replica within an election.
 """
@@ -34,7 +34,6 @@ from raftcoord.coordinator import raft_journal
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED
 from tests import plog_client
-from tests.fsync_faults import FsyncFaults
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
@@ -49,18 +48,11 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def failing_cluster(
-    tmp_path: Path,
-    fsync_faults: FsyncFaults,
-) -> Iterator[tuple[LocalCluster, FsyncFaults]]:
-    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=0) as running:
-        yield running, fsync_faults
-
-
-def pid_of(cluster: LocalCluster, node_id: int) -> int:
-    state = cluster.state
-    assert state is not None
-    return state.node(node_id).pid
+def failing_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(
+        tmp_path / "cluster", shards=1, partition_nodes=0, disk_faults=True
+    ) as running:
+        yield running
 
 
 def stopped_for_storage(cluster: LocalCluster, node_id: int) -> None:
@@ -83,30 +75,28 @@ def agreed(cluster: LocalCluster, timeout_s: float = 30.0) -> None:
 
 
 def test_a_follower_whose_fsync_fails_stops_before_acknowledging(
-    failing_cluster: tuple[LocalCluster, FsyncFaults],
+    failing_cluster: LocalCluster,
 ) -> None:
-    cluster, faults = failing_cluster
+    cluster = failing_cluster
     commit(cluster, "before")
     leader = cluster.leaders()[0]
     follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
-    pid = pid_of(cluster, follower)
-    faults.fail(pid)
+    cluster.fail_disk(follower)
     commit(cluster, "while-failing")  # the leader and the other follower commit it
     stopped_for_storage(cluster, follower)
-    faults.heal(pid)
+    cluster.fail_disk(follower, failing=False)
     cluster.start(follower)
     commit(cluster, "after")
     agreed(cluster)
 
 
 def test_a_leader_whose_fsync_fails_stops_and_another_replica_leads(
-    failing_cluster: tuple[LocalCluster, FsyncFaults],
+    failing_cluster: LocalCluster,
 ) -> None:
-    cluster, faults = failing_cluster
+    cluster = failing_cluster
     commit(cluster, "before")
     leader = cluster.leaders()[0]
-    pid = pid_of(cluster, leader)
-    faults.fail(pid)
+    cluster.fail_disk(leader)
     started = time.monotonic()
     commit(cluster, "while-failing")  # its first entry fails the leader; the client retries
     stopped_for_storage(cluster, leader)
@@ -115,7 +105,7 @@ def test_a_leader_whose_fsync_fails_stops_and_another_replica_leads(
     print(f"leader {leader} stopped; {new_leader} leads; the commit took {took:.2f} s")
     assert new_leader != leader
     assert took < 10.0
-    faults.heal(pid)
+    cluster.fail_disk(leader, failing=False)
     cluster.start(leader)
     commit(cluster, "after")
     agreed(cluster)
@@ -202,14 +192,14 @@ def read_committed(cluster: LocalCluster, tp: TopicPartition) -> list[bytes]:
 
 
 def test_a_partition_node_whose_fsync_fails_stops_and_recovers_its_log(
-    tmp_path: Path, fsync_faults: FsyncFaults
+    tmp_path: Path,
 ) -> None:
     """Every partition-log node's fsync fails while a transaction writes: each
     stops (never acknowledging the append it could not make durable); healed
     and restarted, each serves the committed data it had, the interrupted
     transaction's outcome is what its producer was told (its retries may
     commit it once the nodes are back), and the next transaction commits."""
-    with running_cluster(tmp_path / "cluster", shards=1) as cluster:
+    with running_cluster(tmp_path / "cluster", shards=1, disk_faults=True) as cluster:
         tp = TopicPartition("durable", 0)
         with Admin(cluster.bootstrap()) as admin:
             admin.create_topics({"durable": 3})
@@ -223,7 +213,7 @@ def test_a_partition_node_whose_fsync_fails_stops_and_recovers_its_log(
 
         nodes = [r.node_id for r in cluster.partition_nodes()]
         for node_id in nodes:
-            fsync_faults.fail(pid_of(cluster, node_id))
+            cluster.fail_disk(node_id)
 
         outcome: list[str] = []
 
@@ -248,7 +238,7 @@ def test_a_partition_node_whose_fsync_fails_stops_and_recovers_its_log(
             log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
             assert "event=fsync_failed" in log and f"exit_status={EXIT_STORAGE_FAILED}" in log
         for node_id in nodes:
-            fsync_faults.heal(pid_of(cluster, node_id))
+            cluster.fail_disk(node_id, failing=False)
             cluster.start(node_id)
         writer.join(timeout=90)
         assert outcome, "the interrupted transaction's producer never returned"

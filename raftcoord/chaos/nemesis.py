@@ -27,7 +27,7 @@ from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
 __all__ = ["FAULTS", "Fault", "FaultPlan", "Nemesis", "parse_faults", "plans"]
 
-FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition")
+FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition", "disk")
 #: The node restarts and waits of one fault end are retried this long by the final heal.
 HEAL_TIMEOUT_S = 60.0
 #: A fault that cannot start (e.g. its shard has no leader yet) is tried this
@@ -35,6 +35,8 @@ HEAL_TIMEOUT_S = 60.0
 START_ATTEMPTS = 5
 #: How long a fault waits for a shard to elect another leader before ending.
 NEW_LEADER_TIMEOUT_S = 10.0
+#: How long a disk fault's end waits for its node to stop on a failed fsync.
+DISK_STOP_TIMEOUT_S = 10.0
 
 
 def parse_faults(text: str) -> tuple[str, ...]:
@@ -150,6 +152,14 @@ class Nemesis:
             if reason is not None:
                 runnable.remove("partition")
                 self._skip("partition", f"not run: {reason}")
+        state = cluster.state
+        if "disk" in runnable and (state is None or state.disk_faults is None):
+            runnable.remove("disk")
+            self._skip(
+                "disk",
+                "not run: the cluster does not run with disk faults "
+                "(start it with `raftcoord cluster up --disk-faults`, which needs a C compiler)",
+            )
         self.kinds = tuple(runnable)
         self._plans = plans(seed, self.kinds, self._election_timeout_s())
 
@@ -232,6 +242,7 @@ class Nemesis:
             "pause": self._pause,
             "plog-restart": self._plog_restart,
             "partition": self._partition,
+            "disk": self._disk,
         }[plan.kind]
         try:
             fault = starter(plan)
@@ -398,6 +409,41 @@ class Nemesis:
             f"kill -9 partition-log node {victim} for {plan.hold_s} s",
             lambda: self.cluster.kill(victim, "KILL"),
             end,
+        )
+
+    def _disk(self, plan: FaultPlan) -> Fault:
+        """fsync fails on one node (a shard leader's coordinator or a
+        partition-log node): it stops at its next fsync (exit status 74,
+        fail-stop); the end heals the disk and starts it again."""
+        fields: dict[str, Any] = {}
+        plogs = sorted(n.node_id for n in self.cluster.partition_nodes())
+        if plan.choice % 2 == 0 or not plogs:
+            shard, victim = self._shard_and_leader(plan)
+            fields["shard"] = shard
+            what = f"coordinator {victim}, the leader of shard {shard}"
+        else:
+            victim = plogs[plan.choice // 2 % len(plogs)]
+            what = f"partition-log node {victim}"
+
+        def end() -> tuple[str, dict[str, Any]]:
+            stopped = self.cluster.wait_until(
+                lambda: not self.cluster.alive(victim),
+                DISK_STOP_TIMEOUT_S,
+                "",
+                raise_on_timeout=False,
+            )
+            self.cluster.fail_disk(victim, failing=False)
+            self._restart([victim])
+            how = "stopped on a failed fsync" if stopped else "made no fsync while it failed"
+            return f"node {victim} {how}; disk healed, node running", {"stopped": stopped}
+
+        return self._begin(
+            plan,
+            [victim],
+            f"fsync fails on {what} for {plan.hold_s} s",
+            lambda: self.cluster.fail_disk(victim),
+            end,
+            **fields,
         )
 
     def _partition(self, plan: FaultPlan) -> Fault:

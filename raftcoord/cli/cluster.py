@@ -91,6 +91,12 @@ def add_parser(commands: Any) -> None:
         "'raftcoord cluster partition' can then cut the network)",
     )
     up.add_argument(
+        "--disk-faults",
+        action="store_true",
+        help="preload a library into every node that makes its fsync fail on demand (needs "
+        "a C compiler); the chaos workload's disk fault uses it",
+    )
+    up.add_argument(
         "--config",
         help="with --netns: start the nodes of this multi-host config (e.g. "
         "deploy/cluster.toml), each host a namespace; its shape and settings replace "
@@ -173,6 +179,7 @@ def _run(args: argparse.Namespace) -> int:
                 netns=args.netns,
                 config=args.config,
                 kafka_listeners=args.kafka_listeners,
+                disk_faults=args.disk_faults,
             )
             print(cluster.status_table())
             if args.kafka_listeners:

@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from raftcoord.cluster import disk_faults as disk_faults_module
 from raftcoord.cluster import netns as namespaces
 from raftcoord.protocol.config import (
     ClusterConfig,
@@ -94,6 +95,8 @@ class ClusterState:
     shard_count: int
     nodes: list[NodeRecord] = field(default_factory=list)
     network: namespaces.Network | None = None  # the namespaces, bridge and addresses (--netns)
+    #: Where the failing-fsync library was built (--disk-faults), else None.
+    disk_faults: str | None = None
 
     def node(self, node_id: int) -> NodeRecord:
         for record in self.nodes:
@@ -296,10 +299,15 @@ class LocalCluster:
         netns: bool = False,
         config: str | Path | None = None,
         kafka_listeners: int = 0,
+        disk_faults: bool = False,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         (its preferred one with auto.leader.rebalance.enable) and every
         partition-log node answers.
+
+        With ``disk_faults``, every node runs with the failing-fsync library
+        preloaded (:mod:`raftcoord.cluster.disk_faults`; needs a C compiler),
+        so that :meth:`fail_disk` can make its fsync fail.
 
         With ``netns``, every node runs in a network namespace of its own, or,
         given ``config`` (a multi-host config such as deploy/cluster.toml,
@@ -325,6 +333,12 @@ class LocalCluster:
                 "a multi-host config starts only with --netns (each of its hosts a namespace)"
             )
         given = None if config is None else _read_multi_host_config(Path(config))
+        faults_dir = None
+        if disk_faults:
+            try:
+                faults_dir = str(disk_faults_module.build(self.data_dir / "disk-faults"))
+            except disk_faults_module.DiskFaultsUnavailable as exc:
+                raise ClusterError(f"--disk-faults: {exc}") from None
         self._remove_network()  # left by a cluster whose nodes all stopped without `down`
         self._check_data_dir()
         network = None
@@ -389,7 +403,12 @@ class LocalCluster:
                 record.netns = network.by_address(_host(record.grpc)).namespace
         candidate.replace(config_path)
         self.state = ClusterState(
-            str(self.data_dir), str(config_path), cluster_config.shard_count, records, network
+            str(self.data_dir),
+            str(config_path),
+            cluster_config.shard_count,
+            records,
+            network,
+            faults_dir,
         )
         try:
             for record in self.state.nodes:
@@ -476,6 +495,9 @@ class LocalCluster:
                     "(`cluster down` removes them); start the cluster with `cluster up --netns`"
                 )
             command = namespaces.exec_prefix(record.netns) + command
+        env = None
+        if self.state.disk_faults is not None:
+            env = {**os.environ, **disk_faults_module.environment(Path(self.state.disk_faults))}
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 command,
@@ -483,6 +505,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         self._procs[record.node_id] = proc
         record.pid, record.log = proc.pid, str(log_path)
@@ -553,6 +576,19 @@ class LocalCluster:
         self.wait_until(lambda: not self.alive(node_id), timeout_s, "", raise_on_timeout=False)
 
     # --- inspection ----------------------------------------------------------------
+
+    def fail_disk(self, node_id: int, failing: bool = True) -> None:
+        """Make fsync and fdatasync of node ``node_id`` fail with EIO (or, with
+        ``failing`` False, work again); the cluster must have been started
+        with ``disk_faults``."""
+        state = self._require()
+        if state.disk_faults is None:
+            raise ClusterError("the cluster was not started with --disk-faults")
+        pid = state.node(node_id).pid
+        if failing:
+            disk_faults_module.fail(Path(state.disk_faults), pid)
+        else:
+            disk_faults_module.heal(Path(state.disk_faults), pid)
 
     def alive(self, node_id: int) -> bool:
         """Whether the node's process exists (a stopped process counts as alive)."""
