@@ -15,15 +15,17 @@ not.
 Approach
 --------
 This module *reimplements* the small ``FileJournal`` instead of subclassing it
-and reaching into its name-mangled ``mmap``/file objects. The class keeps the
-same on-disk format, so journals written by pysyncobj open here and journals
-written here open with pysyncobj's ``FileJournal``::
+and reaching into its name-mangled ``mmap``/file objects. Its format is
+pysyncobj's with a checksum per record (format 2; pysyncobj's format 1 is
+refused by name)::
 
     header (40 bytes): b"PYSYNCOBJ" padded to 24 | pysyncobj version padded to 8
-                       | uint32 format version (1) | uint32 last-record offset
-    records:           uint32 n | uint64 idx | uint64 term | command (n - 16 bytes) | uint32 n
+                       | uint32 format version (2) | uint32 last-record offset
+    records:           uint32 n | uint64 idx | uint64 term | command (n - 16 bytes)
+                       | uint32 crc32c(n, idx, term, command) | uint32 n
 
-(all little-endian). Writes go through ``os.pwrite`` on a plain file
+(all little-endian). The meta file (term, vote, commit index) is ``RCM2``, a
+msgpack map and the CRC32C of both. Writes go through ``os.pwrite`` on a plain file
 descriptor (no mmap), so the fsync points are explicit:
 
 * ``add`` writes the record, then the header's last-record offset; one
@@ -73,14 +75,17 @@ The header's last-record offset is the authority: bytes after it (garbage, or
 records removed by ``deleteEntriesFrom``) are ignored and later overwritten.
 Records before it are validated when the journal is opened: each record's
 leading and trailing lengths must agree, fit in the file and before the
-offset, and indexes must be consecutive with non-decreasing terms. The first
-record that fails (a record torn by a crash during its write, e.g. a file
-truncated in the middle of its last record) ends the log: it and everything
-after it are dropped, a warning is logged, ``dropped_tail_bytes`` records how
-much, and the header is rewritten so pysyncobj's own reader agrees. Under
-``always`` such a record was never acknowledged (its sync had not returned).
-The format has no checksum, so a torn record whose framing survives a power
-loss cannot be detected; a kill -9 cannot produce one.
+offset, its checksum must match, and indexes must be consecutive with
+non-decreasing terms. The first record that fails ends the log when it is a
+torn tail (a crash during its write, e.g. a file truncated in the middle of
+its last record): it and everything after it are dropped, a warning is
+logged, ``dropped_tail_bytes`` records how much, and the header is
+rewritten. Under ``always`` such a record was never acknowledged (its sync
+had not returned), and only the last record can be torn: a failing record
+with an intact one after it is damage, and opening raises
+:class:`JournalCorruptError` instead of applying or dropping fsynced
+records. Under ``batch`` and ``never`` several unsynced records can be torn
+in any order, so the log ends at the first failing one, as a torn tail.
 
 Integration
 -----------
@@ -262,7 +267,7 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # pysyncobj is untyped
     """pysyncobj ``Journal`` on a file, with fsync points chosen by ``policy``.
 
-    Same on-disk format as ``pysyncobj.journal.FileJournal``; see the module
+    pysyncobj's on-disk format with a checksum per record; see the module
     docstring for the policies and recovery rules. Not used concurrently by
     pysyncobj (its tick thread is the only caller); a lock still serialises
     writes against :meth:`sync_if_due` called from elsewhere.

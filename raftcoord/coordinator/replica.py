@@ -1,11 +1,11 @@
-"""One shard's Raft replica: pysyncobj as log and transport, fsm/ as the state.
+"""One shard's Raft replica: pysyncobj as the Raft log, fsm/ as the state.
 
 pysyncobj carries opaque msgpack entries; :meth:`ShardReplica.apply_command`
 is the single replicated entry point and hands each entry to
 :meth:`fsm.TransactionStateMachine.apply_entry`. Snapshots (pysyncobj's log
 compaction and the transfer to a lagging follower) are the state machine's
-msgpack snapshot plus the two boundary log entries, never a pickle of Python
-objects, written off the tick thread by
+msgpack snapshot plus the two boundary log entries and a CRC32C, never a
+pickle of Python objects, written off the tick thread by
 :class:`raftcoord.coordinator.snapshots.SnapshotFile`.
 
 Snapshots and the journal
