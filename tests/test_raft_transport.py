@@ -27,7 +27,7 @@ import pytest
 
 from raftcoord.client import TopicPartition, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
-from raftcoord.coordinator import raft_wire
+from raftcoord.coordinator import raft_journal, raft_wire
 from raftcoord.protocol.config import load_config
 from tests.local_cluster import running_cluster
 from tests.seeds import chosen_seed
@@ -70,7 +70,7 @@ def stored_terms(cluster: LocalCluster) -> dict[Path, int]:
     """Each shard journal's stored term (its own term/vote file)."""
     found = {}
     for meta in sorted(cluster.data_dir.glob("node-*/shard-*/journal.meta")):
-        found[meta] = int(pickle.loads(meta.read_bytes()).get("currentTerm", 0))
+        found[meta] = int(raft_journal.decode_meta(meta.read_bytes()).get("currentTerm", 0))
     return found
 
 
