@@ -125,6 +125,7 @@ class _Connection:
         self.state = CONNECTING if initiator else HANDSHAKE
         self.started = started
         self.last_read = started
+        self.last_sent = started  # the last time a Raft message was queued (not handshakes)
         self.reader = FrameReader(raft_wire.HANDSHAKE_FRAME_BYTES)
         self.seal: FrameSeal | None = None
         self.out = bytearray()
@@ -233,6 +234,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             return False  # back-pressure: the peer is this far behind reading
         for data in raft_wire.frames_of(payload, conn.seal):
             conn.out += data
+        conn.last_sent = time.monotonic()
         self._unsent.add(conn)
         return True
 
@@ -297,8 +299,14 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         timeout = self._conf.connectionTimeout
         for conn in list(self._by_fd.values()):
             if conn.state == OPEN:
-                if now - conn.last_read > timeout:
-                    self._close(conn, "no traffic within the connection timeout")
+                # Silent after being written to (a leader's AppendEntries, a
+                # candidate's RequestVote): the peer is gone or stuck. Two
+                # followers have nothing to say to each other; that is no
+                # reason to drop their connection.
+                if conn.last_sent > conn.last_read and now - conn.last_read > timeout:
+                    # A member, not an intruder: reconnecting is routine (a
+                    # refused vote has no answer in pysyncobj), so INFO.
+                    self._close(conn, "no answer within the connection timeout", logging.INFO)
             elif now - conn.started > timeout:
                 self._close(conn, f"not authenticated within {timeout:.1f} s")
         for address, node in self._members.items():
@@ -343,7 +351,11 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             peer = f"{remote[0]}:{remote[1]}"
             handshakes = sum(1 for c in self._by_fd.values() if c.state != OPEN)
             if handshakes >= self._settings.max_handshakes:
-                self._warn("event=raft_peer_refused peer=%s reason=too many handshakes", peer)
+                self._log(
+                    logging.WARNING,
+                    "event=raft_peer_refused peer=%s reason=too many handshakes",
+                    peer,
+                )
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -527,7 +539,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         if conn.state != CLOSED:
             self._subscribe(conn)
 
-    def _close(self, conn: _Connection, reason: str | None) -> None:
+    def _close(self, conn: _Connection, reason: str | None, level: int = logging.WARNING) -> None:
         if conn.state == CLOSED:
             return
         was_open = conn.state == OPEN
@@ -540,7 +552,8 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         except OSError:
             pass
         if reason is not None:
-            self._warn(
+            self._log(
+                level,
                 "event=raft_peer_dropped peer=%s member=%s reason=%s",
                 conn.peer,
                 conn.node.address if conn.node is not None else "-",
@@ -552,13 +565,13 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             self._chunks.pop(node, None)
             self._onNodeDisconnected(node)
 
-    def _warn(self, fmt: str, *args: Any) -> None:
+    def _log(self, level: int, fmt: str, *args: Any) -> None:
         if self._log_limit.allow():
             if self._log_limit.suppressed:
                 fmt += " suppressed=%d"
                 args = (*args, self._log_limit.suppressed)
                 self._log_limit.suppressed = 0
-            log.warning(fmt, *args)
+            log.log(level, fmt, *args)
 
 
 def _family(host: str) -> socket.AddressFamily:
