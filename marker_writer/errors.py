@@ -49,6 +49,9 @@ RETRIABLE_MARKER_ERRORS = frozenset(
         ErrorCode.REQUEST_TIMED_OUT,
         # The destination's metadata may lag behind the topic's creation.
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        # The partition's node could not write (it stops and recovers, or the
+        # partition is damaged and waits for an operator): the marker is owed.
+        ErrorCode.KAFKA_STORAGE_ERROR,
     }
 )
 

@@ -434,6 +434,7 @@ def test_every_error_code_has_a_class() -> None:
         ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
         ErrorCode.REQUEST_TIMED_OUT,
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.KAFKA_STORAGE_ERROR,
     }
     fenced = {
         ErrorCode.TRANSACTION_COORDINATOR_FENCED,
