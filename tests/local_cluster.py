@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from raftcoord.client import TopicPartition, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
 
 
@@ -22,3 +23,13 @@ def running_cluster(path: Path, **options: Any) -> Iterator[LocalCluster]:
     finally:
         if cluster.state is not None:  # else up() started nothing
             cluster.down(grace_s=3)
+
+
+def commit_offsets(cluster: LocalCluster, name: str) -> None:
+    """One offsets-only transaction of transactional id ``name`` commits
+    (needs only the coordinators: the leader of its shard and the group's)."""
+    with TransactionalProducer(cluster.bootstrap(), name) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({TopicPartition("t", 0): 1}, f"group-{name}")
+        producer.commit_transaction()

@@ -34,7 +34,7 @@ from raftcoord.coordinator import raft_journal
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED
 from tests import plog_client
-from tests.local_cluster import running_cluster
+from tests.local_cluster import commit_offsets, running_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -78,15 +78,15 @@ def test_a_follower_whose_fsync_fails_stops_before_acknowledging(
     failing_cluster: LocalCluster,
 ) -> None:
     cluster = failing_cluster
-    commit(cluster, "before")
+    commit_offsets(cluster, "before")
     leader = cluster.leaders()[0]
     follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
     cluster.fail_disk(follower)
-    commit(cluster, "while-failing")  # the leader and the other follower commit it
+    commit_offsets(cluster, "while-failing")  # the leader and the other follower commit it
     stopped_for_storage(cluster, follower)
     cluster.fail_disk(follower, failing=False)
     cluster.start(follower)
-    commit(cluster, "after")
+    commit_offsets(cluster, "after")
     agreed(cluster)
 
 
@@ -94,11 +94,11 @@ def test_a_leader_whose_fsync_fails_stops_and_another_replica_leads(
     failing_cluster: LocalCluster,
 ) -> None:
     cluster = failing_cluster
-    commit(cluster, "before")
+    commit_offsets(cluster, "before")
     leader = cluster.leaders()[0]
     cluster.fail_disk(leader)
     started = time.monotonic()
-    commit(cluster, "while-failing")  # its first entry fails the leader; the client retries
+    commit_offsets(cluster, "while-failing")  # its first entry fails the leader; the client retries
     stopped_for_storage(cluster, leader)
     new_leader = cluster.wait_for_leaders(timeout_s=30)[0]
     took = time.monotonic() - started
@@ -107,16 +107,8 @@ def test_a_leader_whose_fsync_fails_stops_and_another_replica_leads(
     assert took < 10.0
     cluster.fail_disk(leader, failing=False)
     cluster.start(leader)
-    commit(cluster, "after")
+    commit_offsets(cluster, "after")
     agreed(cluster)
-
-
-def commit(cluster: LocalCluster, name: str) -> None:
-    with TransactionalProducer(cluster.bootstrap(), name) as producer:
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.send_offsets_to_transaction({TopicPartition("t", 0): 1}, f"group-{name}")
-        producer.commit_transaction()
 
 
 def shard_status(cluster: LocalCluster, node_id: int) -> object:
@@ -146,7 +138,7 @@ def test_a_flipped_bit_in_a_follower_journal_stops_it_and_repair_rejoins_it(
     cluster: LocalCluster,
 ) -> None:
     for i in range(5):
-        commit(cluster, f"before-{i}")
+        commit_offsets(cluster, f"before-{i}")
     leader = cluster.leaders()[0]
     follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
     cluster.kill(follower, "TERM")
@@ -166,7 +158,7 @@ def test_a_flipped_bit_in_a_follower_journal_stops_it_and_repair_rejoins_it(
     log = (cluster.data_dir / f"node-{follower}.log").read_text()
     assert "event=journal_damaged" in log and f"exit_status={EXIT_DATA_DAMAGED}" in log
     assert "damaged, not torn" in log
-    commit(cluster, "while-refused")  # the other two replicas serve
+    commit_offsets(cluster, "while-refused")  # the other two replicas serve
 
     config = cluster.data_dir / "cluster.toml"
     base = [sys.executable, "-m", "raftcoord.cli", "repair-shard", "--config", str(config)]
@@ -178,7 +170,7 @@ def test_a_flipped_bit_in_a_follower_journal_stops_it_and_repair_rejoins_it(
     assert "journal.damaged-" in repaired.stdout
 
     cluster.start(follower)
-    commit(cluster, "after-repair")
+    commit_offsets(cluster, "after-repair")
     agreed(cluster)
 
 

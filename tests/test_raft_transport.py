@@ -25,11 +25,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from raftcoord.client import TopicPartition, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.coordinator import raft_journal, raft_wire
 from raftcoord.protocol.config import load_config
-from tests.local_cluster import running_cluster
+from tests.local_cluster import commit_offsets, running_cluster
 from tests.seeds import chosen_seed
 
 pytestmark = pytest.mark.slow
@@ -72,15 +71,6 @@ def stored_terms(cluster: LocalCluster) -> dict[Path, int]:
     for meta in sorted(cluster.data_dir.glob("node-*/shard-*/journal.meta")):
         found[meta] = int(raft_journal.decode_meta(meta.read_bytes()).get("currentTerm", 0))
     return found
-
-
-def commits(cluster: LocalCluster, name: str) -> None:
-    """One offsets-only transaction commits (every shard's leader serves)."""
-    with TransactionalProducer(cluster.bootstrap(), name) as producer:
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.send_offsets_to_transaction({TopicPartition("t", 0): 1}, f"group-{name}")
-        producer.commit_transaction()
 
 
 def dropped(sock: socket.socket, timeout_s: float = DROP_S) -> bytes:
@@ -158,7 +148,7 @@ def test_a_pickle_sent_to_every_raft_port_runs_nothing(
             assert dropped(sock) == b""
     assert not list(tmp_path.iterdir()), "a pickle sent to a Raft port ran"
     unchanged(cluster, before, stored)
-    commits(cluster, "after-pickles")
+    commit_offsets(cluster, "after-pickles")
 
 
 def test_a_frame_announcing_two_gib_is_dropped_at_its_header(cluster: LocalCluster) -> None:
@@ -181,7 +171,7 @@ def test_a_frame_announcing_two_gib_is_dropped_at_its_header(cluster: LocalClust
             sock.sendall(struct.pack(">I", 1000) + b"z" * 10)
             assert dropped(sock) == b""
     unchanged(cluster, before, stored)
-    commits(cluster, "after-large-frames")
+    commit_offsets(cluster, "after-large-frames")
 
 
 def test_random_bytes_on_the_raft_ports_change_nothing(cluster: LocalCluster) -> None:
@@ -201,7 +191,7 @@ def test_random_bytes_on_the_raft_ports_change_nothing(cluster: LocalCluster) ->
                 continue
             assert dropped(sock) == b"", f"seed {seed}"
     unchanged(cluster, before, stored)
-    commits(cluster, "after-random-bytes")
+    commit_offsets(cluster, "after-random-bytes")
 
 
 def forged_append(term: int) -> bytes:
@@ -245,7 +235,7 @@ def test_forged_higher_terms_from_strangers_and_impostors_change_nothing(
                 )
                 assert dropped(sock) == b""
     unchanged(cluster, before, stored)
-    commits(cluster, "after-forged-terms")
+    commit_offsets(cluster, "after-forged-terms")
 
 
 def test_a_rolling_restart_of_every_coordinator_keeps_serving(cluster: LocalCluster) -> None:
@@ -254,10 +244,10 @@ def test_a_rolling_restart_of_every_coordinator_keeps_serving(cluster: LocalClus
     the end every replica reports the same leader and term per shard."""
     for record in cluster.coordinators():
         cluster.kill(record.node_id, "TERM")
-        commits(cluster, f"without-{record.node_id}")
+        commit_offsets(cluster, f"without-{record.node_id}")
         cluster.start(record.node_id)
         cluster.wait_for_leaders(timeout_s=30)
-        commits(cluster, f"after-restart-{record.node_id}")
+        commit_offsets(cluster, f"after-restart-{record.node_id}")
 
     def agreed() -> bool:
         seen = terms(cluster)

@@ -20,13 +20,16 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(cluster_dir, args.duration, seed, args.input_records)
 
 
+def _data_dir(args: argparse.Namespace, kind: str) -> Path:
+    """``--data-dir``, else ``CONFIG_DIR/KIND-ID`` (where `cluster up` puts it)."""
+    return Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"{kind}-{args.id}"
+
+
 def _node(args: argparse.Namespace) -> int:
     from raftcoord.coordinator.node import run_node
     from raftcoord.protocol.config import ConfigError, check_shape, load_config, read_raft_key
 
-    data_dir = (
-        Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
-    )
+    data_dir = _data_dir(args, "node")
     try:
         config = load_config(args.config)
         config.coordinator(args.id)
@@ -52,11 +55,7 @@ def _partition_node(args: argparse.Namespace) -> int:
     from partition_log.node import run_partition_node
     from raftcoord.protocol.config import ConfigError, check_shape, load_config
 
-    data_dir = (
-        Path(args.data_dir)
-        if args.data_dir
-        else Path(args.config).parent / f"partition-node-{args.id}"
-    )
+    data_dir = _data_dir(args, "partition-node")
     try:
         config = load_config(args.config)
         config.partition_node(args.id)
@@ -90,9 +89,7 @@ def _repair_shard(args: argparse.Namespace) -> int:
     from raftcoord.coordinator.repair import RepairRefused, set_replica_aside
     from raftcoord.protocol.config import ConfigError, load_config
 
-    data_dir = (
-        Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"node-{args.id}"
-    )
+    data_dir = _data_dir(args, "node")
     try:
         config = load_config(args.config)
         config.coordinator(args.id)
