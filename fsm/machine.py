@@ -410,6 +410,16 @@ class TransactionStateMachine:
             if transactions.expirable(m, now_ms, self.config)
         )
 
+    def latest_stamp_ms(self) -> int:
+        """The highest leader timestamp the state holds (a transaction's last
+        change, a group member last seen), 0 for none: a new leader's clock
+        starts no lower, so the timestamps the shard replicates never move
+        backwards across a failover."""
+        latest = max((m.last_update_ms for m in self.state.transactions.values()), default=0)
+        for group in self.state.memberships.values():
+            latest = max(latest, max((m.last_seen_ms for m in group.members.values()), default=0))
+        return latest
+
     def groups_due(self, now_ms: int, leader_since_ms: int) -> list[str]:
         """Groups with a session, pending member id or rebalance past its
         time at ``now_ms`` (the leader, leading since ``leader_since_ms``,

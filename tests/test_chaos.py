@@ -48,7 +48,7 @@ class ChaosRun:
 def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
     print(f"chaos seed {SEED} (replay with RAFTCOORD_CHAOS_SEED={SEED})")
     root = tmp_path_factory.mktemp("chaos")
-    with running_cluster(root / "cluster", netns=NETNS, disk_faults=True) as cluster:
+    with running_cluster(root / "cluster", netns=NETNS, faults=True) as cluster:
         options = Options(
             seed=SEED,
             duration_s=24,

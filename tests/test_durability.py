@@ -4,7 +4,7 @@ One flipped bit in the middle of a replica's Raft journal is never applied
 and never silently cut: the node stops with ``event=journal_damaged`` (exit
 status 65), the shard goes on with the other replicas, and ``raftcoord
 repair-shard`` lets the replica catch up from the leader to the very same
-state. A node whose fsync fails (``cluster up --disk-faults``: EIO from a
+state. A node whose fsync fails (``cluster up --faults``: EIO from a
 preloaded shim over the C library) stops at once with ``event=fsync_failed`` (exit status
 74): it never acknowledges what it could not make durable, and a leader's
 shard moves to another replica within an election.
@@ -49,9 +49,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def failing_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    with running_cluster(
-        tmp_path / "cluster", shards=1, partition_nodes=0, disk_faults=True
-    ) as running:
+    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=0, faults=True) as running:
         yield running
 
 
@@ -191,7 +189,7 @@ def test_a_partition_node_whose_fsync_fails_stops_and_recovers_its_log(
     and restarted, each serves the committed data it had, the interrupted
     transaction's outcome is what its producer was told (its retries may
     commit it once the nodes are back), and the next transaction commits."""
-    with running_cluster(tmp_path / "cluster", shards=1, disk_faults=True) as cluster:
+    with running_cluster(tmp_path / "cluster", shards=1, faults=True) as cluster:
         tp = TopicPartition("durable", 0)
         with Admin(cluster.bootstrap()) as admin:
             admin.create_topics({"durable": 3})

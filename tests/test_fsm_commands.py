@@ -531,6 +531,20 @@ def test_a_frozen_state_encodes_in_pieces_to_the_snapshot_of_its_time() -> None:
     assert encode_snapshot(frozen) == data  # later commands left the copy alone
 
 
+def test_the_latest_stamp_is_the_newest_transaction_change_or_member_heartbeat() -> None:
+    assert TransactionStateMachine(0, 1).latest_stamp_ms() == 0
+    m = _busy_machine()
+    newest = max(meta.last_update_ms for meta in m.state.transactions.values())
+    assert m.latest_stamp_ms() == newest
+    protocols = (GroupProtocol("range", b""),)
+    for member_id in ("", "m-1"):  # asked to join again with its id, then a member
+        join = JoinGroup(
+            "g", member_id, "", "c", "consumer", protocols, 10_000, 10_000, "m-1", newest + 500
+        )
+        m.apply(join)
+    assert m.latest_stamp_ms() == newest + 500
+
+
 def test_empty_machine_snapshot_round_trip() -> None:
     m = TransactionStateMachine(2, 5, block_size=7)
     restored = TransactionStateMachine.restore(m.snapshot())

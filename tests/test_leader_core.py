@@ -28,6 +28,7 @@ from raftcoord.coordinator.leader import (
     TRANSFER_AFTER_MS,
     TRANSFER_HOLD_MS,
     TRANSFER_RETRY_MS,
+    LeaderClock,
     LeaderCore,
     NeedsProducerId,
     Parking,
@@ -472,3 +473,50 @@ def test_an_add_covered_by_the_last_entrys_add_gets_its_outcome() -> None:
     end = EndTxn("a", 7, 2, True, 1_000, 3)
     assert covering_outcome(applied, end) is None  # only adds are covered
     assert covering_outcome([], _add(0)) is None
+
+
+class SteppingClocks:
+    """A wall clock an operator can step and a monotonic clock that only moves on."""
+
+    def __init__(self) -> None:
+        self.wall_s = 1_000_000.0
+        self.monotonic_s = 50.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall_s += seconds
+        self.monotonic_s += seconds
+
+
+def test_the_leader_clock_ignores_wall_clock_steps_during_a_leadership() -> None:
+    clocks = SteppingClocks()
+    clock = LeaderClock(lambda: clocks.wall_s, lambda: clocks.monotonic_s)
+    clock.start(0)
+    assert clock.now_ms() == 1_000_000_000
+    clocks.advance(2.5)
+    assert clock.now_ms() == 1_000_002_500
+    clocks.wall_s += 3600  # a step forward
+    clocks.advance(1.0)
+    assert clock.now_ms() == 1_000_003_500
+    clocks.wall_s -= 7200  # and back
+    clocks.advance(1.0)
+    assert clock.now_ms() == 1_000_004_500
+    assert clock.deadline_ms(clocks.monotonic_s + 0.25) == 1_000_004_750
+
+
+def test_a_new_leadership_reads_the_wall_clock_but_never_goes_below_the_replicated_time() -> None:
+    clocks = SteppingClocks()
+    clock = LeaderClock(lambda: clocks.wall_s, lambda: clocks.monotonic_s)
+    clock.start(0)
+    clocks.wall_s += 60  # the wall clock was corrected while this node followed
+    clock.start(0)
+    assert clock.now_ms() == 1_000_060_000
+    clock.start(2_000_000_000)  # the previous leader's clock was ahead
+    assert clock.now_ms() == 2_000_000_000
+    clocks.advance(1.0)
+    assert clock.now_ms() == 2_000_001_000
+    clock.raise_to(2_000_000_500)  # already later: unchanged
+    assert clock.now_ms() == 2_000_001_000
+    clock.raise_to(2_000_005_000)  # the applied log holds a newer stamp
+    assert clock.now_ms() == 2_000_005_000
+    clocks.advance(0.5)
+    assert clock.now_ms() == 2_000_005_500

@@ -24,7 +24,7 @@ from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.leader import Stamp
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.replica import ShardReplica
-from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog, now_ms
+from raftcoord.coordinator.shard import Shard, ShardTimers, TransitionsLog
 
 #: The members' Raft key (any 32 bytes; every member of a test uses it).
 RAFT_KEY = bytes(range(32))
@@ -92,14 +92,16 @@ def test_a_due_group_gets_one_group_timeouts_until_it_is_answered(shard: Shard) 
     joined = shard.submit(first_join)
     tick_until(shard, joined.done)
     assert joined.result().error is ErrorCode.MEMBER_ID_REQUIRED
-    later = now_ms() + 10 * SESSION_MS  # the pending member id has lapsed
+    later = shard.clock.now_ms() + 10 * SESSION_MS  # the pending member id has lapsed
     assert shard.replica.query(lambda m: m.groups_due(later, 0)) == ["g"]
     before = queued(shard)
     for _ in range(3):  # three sweeps before the first GroupTimeouts is proposed
         shard._next_group_sweep = 0
         shard._sweep(later)
     assert queued(shard) == before + 1
-    tick_until(shard, lambda: not shard.replica.query(lambda m: m.groups_due(now_ms(), 0)))
+    tick_until(
+        shard, lambda: not shard.replica.query(lambda m: m.groups_due(shard.clock.now_ms(), 0))
+    )
     group = shard.replica.query(lambda m: m.group("g"))
     assert group is not None and not group.pending
     assert not shard._group_timeouts_pending  # answered: the next one may go

@@ -153,12 +153,12 @@ class Nemesis:
                 runnable.remove("partition")
                 self._skip("partition", f"not run: {reason}")
         state = cluster.state
-        if "disk" in runnable and (state is None or state.disk_faults is None):
+        if "disk" in runnable and (state is None or state.faults is None):
             runnable.remove("disk")
             self._skip(
                 "disk",
-                "not run: the cluster does not run with disk faults "
-                "(start it with `raftcoord cluster up --disk-faults`, which needs a C compiler)",
+                "not run: the cluster does not run with injected faults "
+                "(start it with `raftcoord cluster up --faults`, which needs a C compiler)",
             )
         self.kinds = tuple(runnable)
         self._plans = plans(seed, self.kinds, self._election_timeout_s())

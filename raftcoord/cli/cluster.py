@@ -91,10 +91,10 @@ def add_parser(commands: Any) -> None:
         "'raftcoord cluster partition' can then cut the network)",
     )
     up.add_argument(
-        "--disk-faults",
+        "--faults",
         action="store_true",
-        help="preload a library into every node that makes its fsync fail on demand (needs "
-        "a C compiler); the chaos workload's disk fault uses it",
+        help="preload a library into every node that makes its fsync fail or steps its wall "
+        "clock on demand (needs a C compiler); the chaos workload's disk fault uses it",
     )
     up.add_argument(
         "--config",
@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
                 netns=args.netns,
                 config=args.config,
                 kafka_listeners=args.kafka_listeners,
-                disk_faults=args.disk_faults,
+                faults=args.faults,
             )
             print(cluster.status_table())
             if args.kafka_listeners:

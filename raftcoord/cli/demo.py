@@ -22,7 +22,7 @@ from rich.table import Table
 from raftcoord.chaos.commands import run_with_progress, summary_table
 from raftcoord.chaos.nemesis import FAULTS
 from raftcoord.chaos.workload import Options, Workload
-from raftcoord.cluster import disk_faults, netns
+from raftcoord.cluster import netns, node_faults
 from raftcoord.cluster.launcher import LocalCluster
 
 
@@ -31,15 +31,15 @@ def run_demo(data_dir: Path | None, duration_s: float, seed: int, input_records:
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="raftcoord-demo-"))
     history = data_dir / "history.jsonl"
     why_not = netns.unavailable()
-    no_disk_faults = disk_faults.unavailable()
+    no_faults = node_faults.unavailable()
     console.rule("1. a local cluster")
     if why_not is not None:
         console.print(f"no network namespaces here ({why_not}): the partition fault will not run")
-    if no_disk_faults is not None:
-        console.print(f"{no_disk_faults}: the disk fault will not run")
+    if no_faults is not None:
+        console.print(f"{no_faults}: the disk fault will not run")
     cluster = LocalCluster(data_dir)
     try:
-        cluster.up(netns=why_not is None, disk_faults=no_disk_faults is None)
+        cluster.up(netns=why_not is None, faults=no_faults is None)
         console.print(cluster.status_table())
         console.rule(f"2. the workload for {duration_s:.0f} s, with every fault (seed {seed})")
         options = Options(

@@ -33,8 +33,8 @@ from typing import Any
 
 import grpc
 
-from raftcoord.cluster import disk_faults as disk_faults_module
 from raftcoord.cluster import netns as namespaces
+from raftcoord.cluster import node_faults
 from raftcoord.protocol.config import (
     ClusterConfig,
     ConfigError,
@@ -95,8 +95,8 @@ class ClusterState:
     shard_count: int
     nodes: list[NodeRecord] = field(default_factory=list)
     network: namespaces.Network | None = None  # the namespaces, bridge and addresses (--netns)
-    #: Where the failing-fsync library was built (--disk-faults), else None.
-    disk_faults: str | None = None
+    #: Where the node-faults library was built (--faults), else None.
+    faults: str | None = None
 
     def node(self, node_id: int) -> NodeRecord:
         for record in self.nodes:
@@ -299,15 +299,16 @@ class LocalCluster:
         netns: bool = False,
         config: str | Path | None = None,
         kafka_listeners: int = 0,
-        disk_faults: bool = False,
+        faults: bool = False,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         (its preferred one with auto.leader.rebalance.enable) and every
         partition-log node answers.
 
-        With ``disk_faults``, every node runs with the failing-fsync library
-        preloaded (:mod:`raftcoord.cluster.disk_faults`; needs a C compiler),
-        so that :meth:`fail_disk` can make its fsync fail.
+        With ``faults``, every node runs with the node-faults library
+        preloaded (:mod:`raftcoord.cluster.node_faults`; needs a C compiler),
+        so that :meth:`fail_disk` can make its fsync fail and
+        :meth:`shift_clock` can step its wall clock.
 
         With ``netns``, every node runs in a network namespace of its own, or,
         given ``config`` (a multi-host config such as deploy/cluster.toml,
@@ -334,11 +335,11 @@ class LocalCluster:
             )
         given = None if config is None else _read_multi_host_config(Path(config))
         faults_dir = None
-        if disk_faults:
+        if faults:
             try:
-                faults_dir = str(disk_faults_module.build(self.data_dir / "disk-faults"))
-            except disk_faults_module.DiskFaultsUnavailable as exc:
-                raise ClusterError(f"--disk-faults: {exc}") from None
+                faults_dir = str(node_faults.build(self.data_dir / "faults"))
+            except node_faults.FaultsUnavailable as exc:
+                raise ClusterError(f"--faults: {exc}") from None
         self._remove_network()  # left by a cluster whose nodes all stopped without `down`
         self._check_data_dir()
         network = None
@@ -496,8 +497,8 @@ class LocalCluster:
                 )
             command = namespaces.exec_prefix(record.netns) + command
         env = None
-        if self.state.disk_faults is not None:
-            env = {**os.environ, **disk_faults_module.environment(Path(self.state.disk_faults))}
+        if self.state.faults is not None:
+            env = {**os.environ, **node_faults.environment(Path(self.state.faults))}
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 command,
@@ -580,15 +581,25 @@ class LocalCluster:
     def fail_disk(self, node_id: int, failing: bool = True) -> None:
         """Make fsync and fdatasync of node ``node_id`` fail with EIO (or, with
         ``failing`` False, work again); the cluster must have been started
-        with ``disk_faults``."""
-        state = self._require()
-        if state.disk_faults is None:
-            raise ClusterError("the cluster was not started with --disk-faults")
-        pid = state.node(node_id).pid
+        with ``faults``."""
+        directory, pid = self._faults_of(node_id)
         if failing:
-            disk_faults_module.fail(Path(state.disk_faults), pid)
+            node_faults.fail_disk(directory, pid)
         else:
-            disk_faults_module.heal(Path(state.disk_faults), pid)
+            node_faults.heal_disk(directory, pid)
+
+    def shift_clock(self, node_id: int, shift_ms: int) -> None:
+        """Step node ``node_id``'s wall clock to ``shift_ms`` ahead of the
+        machine's (behind if negative; 0: back to the machine's); the
+        cluster must have been started with ``faults``."""
+        directory, pid = self._faults_of(node_id)
+        node_faults.shift_clock(directory, pid, shift_ms)
+
+    def _faults_of(self, node_id: int) -> tuple[Path, int]:
+        state = self._require()
+        if state.faults is None:
+            raise ClusterError("the cluster was not started with --faults")
+        return Path(state.faults), state.node(node_id).pid
 
     def alive(self, node_id: int) -> bool:
         """Whether the node's process exists (a stopped process counts as alive)."""

@@ -15,6 +15,11 @@ entry and what the leader stamps into it.
   with that add's outcome instead (:func:`covering_outcome`): the
   partition-log nodes of one producer's flush send the same add.
 * The coordinator epoch: the Raft term of the leadership, set when it begins.
+* The clock (:class:`LeaderClock`): the leader reads the wall clock once
+  when its leadership begins and then advances by the monotonic clock, so
+  a step of the wall clock neither times out every open transaction nor
+  stops the sweepers; it starts no lower than the newest timestamp the
+  shard's state holds, so replicated timestamps never move backwards.
 * Preferred leaders (Kafka's auto leader rebalance): shard ``s`` prefers
   coordinator ``s mod n``. A leader that is not its shard's preferred one
   asks the preferred follower to take over (Raft's TimeoutNow) once it has
@@ -36,7 +41,7 @@ entry and what the leader stamps into it.
   all its transactions are answered) get that answer at once.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
-clock is injected, so tests run it on a fake one.
+clocks are injected, so tests run them on fake ones.
 """
 
 from __future__ import annotations
@@ -145,6 +150,50 @@ class Batch(Generic[Q]):
     waiting: list[Q] = field(default_factory=list)
     parked: list[tuple[str, Q]] = field(default_factory=list)
     concurrent: list[Q] = field(default_factory=list)
+
+
+class LeaderClock:
+    """The milliseconds a shard's leader stamps into commands and measures
+    its deadlines (transaction timeouts, id expiry, group sessions, parked
+    requests) by.
+
+    :meth:`start` reads the wall clock once; from then on the time advances
+    by the monotonic clock only, so stepping the wall clock (an operator's
+    ``date -s``, a virtual machine resumed) changes nothing until the next
+    leadership. It never starts below ``floor_ms``, the newest timestamp
+    already replicated, so a leader whose wall clock is behind the previous
+    leader's continues from there instead of moving time backwards.
+    """
+
+    def __init__(self, wall: Callable[[], float], monotonic: Callable[[], float]) -> None:
+        self._wall = wall  # seconds
+        self._monotonic = monotonic  # seconds
+        #: (the time in ms, the monotonic clock then): replaced as a whole,
+        #: so readers on other threads see one consistent pair.
+        self._base = (0, 0.0)
+        self.start(0)
+
+    def start(self, floor_ms: int) -> None:
+        """A leadership begins: the time is the wall clock's, or ``floor_ms``
+        if that is later."""
+        at = self._monotonic()
+        self._base = (max(int(self._wall() * 1000), floor_ms), at)
+
+    def raise_to(self, floor_ms: int) -> None:
+        """Continue from ``floor_ms`` if the time is earlier (the state
+        applied since :meth:`start` holds a newer timestamp)."""
+        behind = floor_ms - self.now_ms()
+        if behind > 0:
+            base_ms, at = self._base
+            self._base = (base_ms + behind, at)
+
+    def now_ms(self) -> int:
+        return self.deadline_ms(self._monotonic())
+
+    def deadline_ms(self, at_monotonic: float) -> int:
+        """This clock's time when the monotonic clock reads ``at_monotonic``."""
+        base_ms, at = self._base
+        return base_ms + int((at_monotonic - at) * 1000)
 
 
 class LeaderCore:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
@@ -31,13 +32,12 @@ from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica, Snapsho
 from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import (
-    CALLER_DEADLINE_MS,
+    CALLER_DEADLINE,
     Reader,
     Shard,
     ShardStatus,
     ShardTimers,
     TransitionsLog,
-    now_ms,
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.errors import ErrorCode
@@ -112,6 +112,9 @@ class CoordinatorNode:
 
     def change_count(self, shard: int) -> int:
         return self.shards[shard].change_count()
+
+    def now_ms(self, shard: int) -> int:
+        return self.shards[shard].clock.now_ms()
 
     def await_change(self, shard: int, seen: int, timeout_s: float) -> int:
         return self.shards[shard].await_change(seen, timeout_s)
@@ -268,7 +271,7 @@ class CoordinatorNode:
 
 class CallerDeadlines(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
     """Makes each unary call's deadline known to the shards it submits to
-    (:data:`raftcoord.coordinator.shard.CALLER_DEADLINE_MS`), so that a
+    (:data:`raftcoord.coordinator.shard.CALLER_DEADLINE`), so that a
     parked request never outlives its caller."""
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
@@ -279,13 +282,11 @@ class CallerDeadlines(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is 
 
         def with_deadline(request: Any, context: Any) -> Any:
             remaining = context.time_remaining()
-            token = CALLER_DEADLINE_MS.set(
-                None if remaining is None else now_ms() + int(remaining * 1000)
-            )
+            token = CALLER_DEADLINE.set(None if remaining is None else time.monotonic() + remaining)
             try:
                 return behavior(request, context)
             finally:
-                CALLER_DEADLINE_MS.reset(token)
+                CALLER_DEADLINE.reset(token)
 
         return grpc.unary_unary_rpc_method_handler(
             with_deadline,

@@ -47,6 +47,7 @@ from fsm import (
 from fsm.states import PREPARE_STATES
 from raftcoord.coordinator.leader import (
     CHECK_ONLY,
+    LeaderClock,
     LeaderCore,
     Parking,
     Stamp,
@@ -69,14 +70,10 @@ Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
 
 
-#: The deadline (wall clock, ms) of the gRPC call the current thread serves,
-#: None outside a call or without a deadline; set by the node's server.
-CALLER_DEADLINE_MS: ContextVar[int | None] = ContextVar("caller_deadline_ms", default=None)
-
-
-def now_ms() -> int:
-    """The wall clock in milliseconds: the leader's clock."""
-    return int(time.time() * 1000)
+#: The deadline (:func:`time.monotonic`, seconds) of the gRPC call the
+#: current thread serves, None outside a call or without a deadline; set by
+#: the node's server.
+CALLER_DEADLINE: ContextVar[float | None] = ContextVar("caller_deadline", default=None)
 
 
 @dataclass(frozen=True)
@@ -131,6 +128,10 @@ class Shards(Protocol):
     def status(self, shard: int) -> ShardStatus:
         """This node's replica of ``shard``, for operators."""
 
+    def now_ms(self, shard: int) -> int:
+        """The time of ``shard``'s leader clock on this node (its current or
+        last leadership's :class:`raftcoord.coordinator.leader.LeaderClock`)."""
+
 
 @dataclass
 class Request:
@@ -139,8 +140,8 @@ class Request:
     build: Unstamped | None
     future: Future[Any] = field(default_factory=Future)
     reader: Reader[Any] | None = None
-    #: The caller's deadline (wall clock, ms), None when it has none.
-    caller_deadline_ms: int | None = None
+    #: The caller's deadline (:func:`time.monotonic`), None when it has none.
+    caller_deadline: float | None = None
     #: Set when the request is first parked: until when it may stay parked.
     park_deadline_ms: int | None = None
     #: Whether it may be parked (:attr:`raftcoord.coordinator.leader.Queued.parkable`).
@@ -266,7 +267,9 @@ class Shard:
         self._changes = 0
         self._changed = threading.Condition()
         self.replica = replica_factory(self._on_applied)
-        self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), now_ms)
+        #: The leader's time (:class:`raftcoord.coordinator.leader.LeaderClock`).
+        self.clock = LeaderClock(time.time, time.monotonic)
+        self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), self.clock.now_ms)
         # The shard thread drives the core; gRPC threads take producer ids from it.
         self._core_lock = threading.Lock()
         #: Wakes the tick thread from its poll.
@@ -288,10 +291,8 @@ class Shard:
     def submit_all(self, builds: Sequence[Unstamped], parkable: bool = True) -> list[Future[Any]]:
         """Queue the commands of ``builds`` to go out together, in one entry
         (the completions of many transactions); one future per command."""
-        deadline = CALLER_DEADLINE_MS.get()
-        requests = [
-            Request(build, caller_deadline_ms=deadline, parkable=parkable) for build in builds
-        ]
+        deadline = CALLER_DEADLINE.get()
+        requests = [Request(build, caller_deadline=deadline, parkable=parkable) for build in builds]
         self._enqueue(requests)
         return [request.future for request in requests]
 
@@ -389,7 +390,8 @@ class Shard:
             self.is_leader, self.ready = True, False
             with self._core_lock:
                 self.core.elected(term)
-            self._leader_since_ms = now_ms()
+            self.clock.start(self.replica.query(lambda m: m.latest_stamp_ms()))
+            self._leader_since_ms = self.clock.now_ms()
             with self._group_timeouts_lock:
                 self._group_timeouts_pending.clear()
             log.info(
@@ -466,9 +468,14 @@ class Shard:
             if first:
                 # The node's marker writer for this leadership starts from the
                 # applied state's pending markers.
+                # Everything before the first entry is applied now: the clock
+                # continues from the newest timestamp of the whole log.
+                self.clock.raise_to(self.replica.query(lambda m: m.latest_stamp_ms()))
                 self.ready = True
                 with self._core_lock:
-                    self.core.became_ready(now_ms(), preferred=self.preferred_leader is None)
+                    self.core.became_ready(
+                        self.clock.now_ms(), preferred=self.preferred_leader is None
+                    )
                 log.info(
                     "node=%d shard=%d event=leader_ready term=%d", self.node_id, self.shard, term
                 )
@@ -571,14 +578,18 @@ class Shard:
         key = park_key(
             command, outcome, lambda tid: self.replica.query(lambda m: _state_of(m, tid))
         )
-        return key is not None and self._hold(request, key, now_ms())
+        return key is not None and self._hold(request, key, self.clock.now_ms())
 
     def _hold(self, request: Request, transactional_id: str, now: int) -> bool:
         """Park ``request`` behind ``transactional_id`` unless its time to
         stay parked is over; whether it was parked."""
         if request.park_deadline_ms is None:
             request.park_deadline_ms = park_deadline(
-                now, self.timers.park_timeout_ms, request.caller_deadline_ms
+                now,
+                self.timers.park_timeout_ms,
+                None
+                if request.caller_deadline is None
+                else self.clock.deadline_ms(request.caller_deadline),
             )
         if now >= request.park_deadline_ms:
             return False

@@ -4,15 +4,16 @@ TransactionCoordinator) and the CoordinatorAdmin service (NodeStatus)."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
-from fsm import ErrorCode, TxnState
+from fsm import ErrorCode, TransactionStateMachine, TxnState
 from fsm.metadata import TransactionMetadata
 from fsm.states import PREPARE_STATES
 from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Participant, TxnKey
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.services.common import Refused, ShardRouter
-from raftcoord.coordinator.shard import Reader, Shards, now_ms
+from raftcoord.coordinator.shard import Reader, Shards
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, common_pb2, coordinator_pb2
 from raftcoord.protocol.wire import wire_error, wire_state
@@ -79,13 +80,15 @@ class TransactionQueries:
         for shard in range(self.router.config.shard_count):
             if self.router.shards.availability(shard) is not ErrorCode.NONE:
                 continue
+            list_now = partial(
+                TransactionStateMachine.list_transactions,
+                now_ms=self.router.shards.now_ms(shard),
+                states=states,
+                producer_ids=request.producer_id_filters,
+                min_duration_ms=request.duration_filter_ms,
+            )
             try:
-                rows = self.router.read(
-                    shard,
-                    lambda machine: machine.list_transactions(
-                        now_ms(), states, request.producer_id_filters, request.duration_filter_ms
-                    ),
-                )
+                rows = self.router.read(shard, list_now)
             except Refused:
                 continue
             listings.extend(

@@ -59,7 +59,6 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.coordinator.services.transactions import read_group_verification
-from raftcoord.coordinator.shard import now_ms
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S, MAX_ID_BYTES
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_error
@@ -284,7 +283,9 @@ class GroupRPCs:
             )
 
         def waits(group: GroupMembership | None, config: FsmConfig) -> bool:
-            after, outcome = join_group(group, command(Stamp(now_ms(), 0)), config)
+            after, outcome = join_group(
+                group, command(Stamp(self.router.shards.now_ms(shard), 0)), config
+            )
             return (
                 outcome.ok and after is not None and after.state is GroupState.PREPARING_REBALANCE
             )
@@ -335,7 +336,7 @@ class GroupRPCs:
             )
 
         def waits(group: GroupMembership | None, config: FsmConfig) -> bool:
-            after, outcome = sync_group(group, command(Stamp(now_ms(), 0)))
+            after, outcome = sync_group(group, command(Stamp(self.router.shards.now_ms(shard), 0)))
             return (
                 outcome.ok and after is not None and after.state is GroupState.COMPLETING_REBALANCE
             )
