@@ -41,6 +41,15 @@ class OffsetEntry(NamedTuple):
     metadata: str
 
 
+class OffsetReservation(NamedTuple):
+    """Offsets below ``ceiling`` of a topic-partition may be handed out by the
+    partition-log node that owns it (:class:`ReserveOffsets`)."""
+
+    topic: str
+    partition: int
+    ceiling: int
+
+
 class GroupProtocol(NamedTuple):
     """One protocol a group member supports (JoinGroup), with its metadata."""
 
@@ -297,6 +306,35 @@ class GroupTimeouts(Command):
     leader_since_ms: int
 
 
+@dataclass(frozen=True)
+class RegisterDirectory(Command):
+    """A partition-log node's data directory (its ``directory.id``, KIP-858's
+    idea) as the node found it at start (``replace`` False: accepted only if
+    the node has no directory on record or this one), or as an operator
+    accepted a new one (``replace`` True: ``raftcoord accept-directory``)."""
+
+    TYPE: ClassVar[int] = 18
+    node_id: int
+    directory_id: str
+    replace: bool
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class ReserveOffsets(Command):
+    """A partition-log node reserves offsets of partitions it owns before it
+    hands them out, from the data directory on record for it; a ceiling
+    only ever grows. A partition that lost records, or a directory that
+    replaced a lost one, continues above the ceiling instead of handing out
+    offsets that readers may have seen already (docs/partition-log.md)."""
+
+    TYPE: ClassVar[int] = 19
+    node_id: int
+    directory_id: str
+    reservations: tuple[OffsetReservation, ...]
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -317,6 +355,8 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         Heartbeat,
         LeaveGroup,
         GroupTimeouts,
+        RegisterDirectory,
+        ReserveOffsets,
     )
 }
 
@@ -339,6 +379,12 @@ def _offsets(value: Any) -> tuple[OffsetEntry, ...]:
     )
 
 
+def _reservations(value: Any) -> tuple[OffsetReservation, ...]:
+    return tuple(
+        OffsetReservation(as_str(t), as_int(p), as_int(c)) for t, p, c in as_list(value, 3)
+    )
+
+
 def _protocols(value: Any) -> tuple[GroupProtocol, ...]:
     return tuple(GroupProtocol(as_str(n), as_bytes(m)) for n, m in as_list(value, 2))
 
@@ -357,6 +403,7 @@ _DECODERS: dict[Any, Any] = {
     tuple[OffsetEntry, ...]: _offsets,
     tuple[GroupProtocol, ...]: _protocols,
     tuple[MemberAssignment, ...]: _assignments,
+    tuple[OffsetReservation, ...]: _reservations,
 }
 
 

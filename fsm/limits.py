@@ -16,6 +16,8 @@ from fsm.commands import (
     CreateTopic,
     JoinGroup,
     OffsetCommit,
+    RegisterDirectory,
+    ReserveOffsets,
     SyncGroup,
     TxnOffsetCommit,
 )
@@ -24,7 +26,7 @@ from fsm.errors import ErrorCode
 from fsm.membership import join_problem, sync_problem
 from fsm.offsets import validate_offsets
 from fsm.transactions import validate_partitions
-from raftcoord.protocol.limits import id_error, topic_error
+from raftcoord.protocol.limits import id_error, is_directory_id, topic_error
 
 __all__ = ["id_error", "request_refusal", "topic_error"]
 
@@ -62,6 +64,16 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
         return join_problem(command, config)
     elif isinstance(command, SyncGroup):
         return sync_problem(command)
+    elif isinstance(command, RegisterDirectory | ReserveOffsets):
+        if not is_directory_id(command.directory_id):
+            return ErrorCode.INVALID_REQUEST, f"bad directory id {command.directory_id[:64]!r}"
+        if isinstance(command, ReserveOffsets):
+            if len(command.reservations) > config.max_partitions_per_request:
+                problem = (
+                    f"{len(command.reservations)} reservations, more than "
+                    f"{config.max_partitions_per_request}"
+                )
+            topics = [reservation.topic for reservation in command.reservations]
     if problem is not None:
         return ErrorCode.INVALID_REQUEST, problem
     for topic in dict.fromkeys(topics):

@@ -27,6 +27,8 @@ from fsm.commands import (
     LeaveGroup,
     MarkersWritten,
     OffsetCommit,
+    RegisterDirectory,
+    ReserveOffsets,
     SyncGroup,
     TxnOffsetCommit,
     decode_entry,
@@ -41,8 +43,9 @@ from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
+from raftcoord.protocol.limits import MAX_OFFSET, is_directory_id
 
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 #: Records per piece of :func:`snapshot_pieces` (about a millisecond of encoding).
 SNAPSHOT_PIECE_RECORDS = 500
 #: In the answer to a command whose handler attempted a transition the rules
@@ -63,6 +66,12 @@ class ShardState:
     memberships: dict[str, GroupMembership] = field(default_factory=dict)
     #: Topic name -> the partition-log node owning each partition (shard 0 only).
     topics: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Partition-log node id -> the directory id of its data directory on
+    #: record (shard 0 only; :class:`fsm.commands.RegisterDirectory`).
+    directories: dict[int, str] = field(default_factory=dict)
+    #: Topic name -> the offset ceiling reserved for each partition; a topic
+    #: without reservations is missing (shard 0 only; :class:`fsm.commands.ReserveOffsets`).
+    offset_ceilings: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -329,6 +338,50 @@ class TransactionStateMachine:
         self.state.topics[cmd.name] = cmd.partition_nodes
         return Outcome()
 
+    def _register_directory(self, cmd: RegisterDirectory) -> Outcome:
+        if cmd.node_id < 0:
+            return fail(ErrorCode.INVALID_REQUEST, "partition-log node ids must not be negative")
+        if not is_directory_id(cmd.directory_id):
+            return fail(ErrorCode.INVALID_REQUEST, f"bad directory id {cmd.directory_id!r}")
+        on_record = self.state.directories.get(cmd.node_id)
+        if on_record not in (None, cmd.directory_id) and not cmd.replace:
+            return fail(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"partition-log node {cmd.node_id} has directory {on_record} on record, "
+                f"not {cmd.directory_id}",
+            )
+        self.state.directories[cmd.node_id] = cmd.directory_id
+        return Outcome()
+
+    def _reserve_offsets(self, cmd: ReserveOffsets) -> Outcome:
+        on_record = self.state.directories.get(cmd.node_id)
+        if on_record != cmd.directory_id:
+            return fail(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"directory {cmd.directory_id} of partition-log node {cmd.node_id} is not "
+                f"the one on record ({on_record or 'none'})",
+            )
+        most = self.config.max_partitions_per_request
+        if len(cmd.reservations) > most:
+            return fail(ErrorCode.INVALID_REQUEST, f"more than {most} reservations")
+        ceilings: dict[str, tuple[int, ...]] = {}
+        for topic, index, ceiling in cmd.reservations:
+            nodes = self.state.topics.get(topic)
+            if nodes is None or not 0 <= index < len(nodes):
+                return fail(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {topic}-{index}")
+            if nodes[index] != cmd.node_id:
+                return fail(
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    f"{topic}-{index} is on partition-log node {nodes[index]}",
+                )
+            if not 0 <= ceiling <= MAX_OFFSET:
+                return fail(ErrorCode.INVALID_REQUEST, f"offset ceiling {ceiling} out of range")
+            current = ceilings.get(topic) or self.offset_ceilings(topic)
+            if ceiling > current[index]:
+                ceilings[topic] = (*current[:index], ceiling, *current[index + 1 :])
+        self.state.offset_ceilings.update(ceilings)
+        return Outcome()
+
     _HANDLERS: ClassVar[dict[type[Command], Callable[[Any, Any], Outcome]]] = {
         InitProducerId: _init,
         AddPartitions: _add_partitions,
@@ -347,6 +400,8 @@ class TransactionStateMachine:
         Heartbeat: _heartbeat,
         LeaveGroup: _leave_group,
         GroupTimeouts: _group_timeouts,
+        RegisterDirectory: _register_directory,
+        ReserveOffsets: _reserve_offsets,
     }
 
     # --- what the leader asks before proposing -------------------------------------
@@ -409,6 +464,12 @@ class TransactionStateMachine:
             for m in self.state.transactions.values()
             if transactions.expirable(m, now_ms, self.config)
         )
+
+    def offset_ceilings(self, topic: str) -> tuple[int, ...]:
+        """The offset ceiling reserved for each partition of ``topic`` (0: none
+        yet); empty for an unknown topic."""
+        nodes = self.state.topics.get(topic, ())
+        return self.state.offset_ceilings.get(topic) or (0,) * len(nodes)
 
     def latest_stamp_ms(self) -> int:
         """The highest leader timestamp the state holds (a transaction's last
@@ -505,6 +566,8 @@ class TransactionStateMachine:
             groups=dict(s.groups),
             memberships=dict(s.memberships),
             topics=dict(s.topics),
+            directories=dict(s.directories),
+            offset_ceilings=dict(s.offset_ceilings),
         )
 
     @classmethod
@@ -518,12 +581,25 @@ class TransactionStateMachine:
             payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
         except Exception as exc:  # msgpack raises several unrelated types
             raise CommandError(f"snapshot is not valid msgpack: {exc}") from exc
-        keys = {"v", "pids", "last_assigned_pid", "transactions", "groups", "topics", "memberships"}
+        keys = {
+            "v",
+            "pids",
+            "last_assigned_pid",
+            "transactions",
+            "groups",
+            "topics",
+            "memberships",
+            "directories",
+            "offset_ceilings",
+        }
         if not isinstance(payload, dict):
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
         if type(payload.get("v")) is int and payload["v"] == 1 and "memberships" not in payload:
             # Version 1 came before consumer-group membership: there are none.
-            payload = {**payload, "v": SNAPSHOT_VERSION, "memberships": []}
+            payload = {**payload, "v": 2, "memberships": []}
+        if type(payload.get("v")) is int and payload["v"] == 2 and "directories" not in payload:
+            # Version 2 came before directories and offset reservations: none.
+            payload = {**payload, "v": SNAPSHOT_VERSION, "directories": [], "offset_ceilings": []}
         check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
         if set(payload) != keys:
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
@@ -548,6 +624,14 @@ class TransactionStateMachine:
             memberships={
                 as_str(gid): GroupMembership.from_wire(w)
                 for gid, w in as_list(payload["memberships"], 2)
+            },
+            directories={
+                as_int(node): as_str(directory)
+                for node, directory in as_list(payload["directories"], 2)
+            },
+            offset_ceilings={
+                as_str(topic): tuple(as_int(c) for c in as_list(ceilings))
+                for topic, ceilings in as_list(payload["offset_ceilings"], 2)
             },
         )
         return machine
@@ -606,7 +690,7 @@ def snapshot_pieces(
                 yield bytes(packer.bytes())
                 packer.reset()
 
-    packer.pack_map_header(7)
+    packer.pack_map_header(9)
     for key, value in (
         ("v", SNAPSHOT_VERSION),
         ("pids", state.pids.to_wire()),
@@ -622,4 +706,8 @@ def snapshot_pieces(
     yield from records(
         "memberships", ([g, members[g].to_wire()] for g in sorted(members)), len(members)
     )
+    directories = sorted(state.directories.items())
+    yield from records("directories", ([n, d] for n, d in directories), len(directories))
+    ceilings = sorted(state.offset_ceilings.items())
+    yield from records("offset_ceilings", ([t, list(c)] for t, c in ceilings), len(ceilings))
     yield bytes(packer.bytes())

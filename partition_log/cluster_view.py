@@ -1,7 +1,9 @@
 """What a partition-log node learns from the coordinators.
 
 * :class:`ClusterView`: topic placement from the coordinators' Metadata RPC
-  (which partitions this node owns), refreshed periodically and on a miss.
+  (which partitions this node owns), refreshed periodically and on a miss;
+  and the node's data directory and offset reservations on record there
+  (RegisterDirectory, ReserveOffsets).
 * :class:`TxnPartitionAdder`: KIP-890 part 2. Before a partition
   accepts the first transactional batch of a (producer id, epoch), it asks
   the coordinator of the transactional id to add the partition to the
@@ -102,6 +104,43 @@ class ClusterView:
             self.shard_count = answer.shard_count
         return True
 
+    def register_directory(self, directory_id: str, replace: bool = False) -> Any | None:
+        """Shard 0's answer to RegisterDirectory, or None when no coordinator
+        could give one (none answered, or shard 0 has no leader)."""
+        request = coordinator_pb2.RegisterDirectoryRequest(
+            node_id=self.node_id, directory_id=directory_id, replace=replace
+        )
+        return self._ask_metadata_leader("RegisterDirectory", request)
+
+    def reserve_offsets(
+        self, directory_id: str, reservations: Sequence[tuple[str, int, int]]
+    ) -> Any | None:
+        """Shard 0's answer to ReserveOffsets of (topic, partition, ceiling),
+        or None when no coordinator could give one."""
+        request = coordinator_pb2.ReserveOffsetsRequest(
+            node_id=self.node_id,
+            directory_id=directory_id,
+            reservations=[
+                coordinator_pb2.PartitionCeiling(topic=t, partition=p, ceiling=c)
+                for t, p, c in reservations
+            ],
+        )
+        return self._ask_metadata_leader(method="ReserveOffsets", request=request)
+
+    def _ask_metadata_leader(self, method: str, request: Any) -> Any | None:
+        """The first answer that is not "ask another node" (any coordinator
+        forwards to shard 0's leader)."""
+        for address in self._addresses:
+            try:
+                answer = getattr(self._channels.coordinator(address), method)(
+                    request, timeout=CALL_TIMEOUT_S
+                )
+            except grpc.RpcError:
+                continue
+            if answer.error_code not in _ASK_ANOTHER:
+                return answer
+        return None
+
     def owned(self) -> list[TopicPartition]:
         """The topic-partitions this node owns."""
         with self._lock:
@@ -145,6 +184,14 @@ class ClusterView:
             )
         return Placement(ErrorCode.NONE)
 
+
+#: Answers that send a request about shard 0's records to another coordinator.
+_ASK_ANOTHER = {
+    ErrorCode.NOT_COORDINATOR,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.REQUEST_TIMED_OUT,
+}
 
 #: Answers of the coordinator that reject the batch as they are: final
 #: refusals, and CONCURRENT_TRANSACTIONS (the previous transaction is still

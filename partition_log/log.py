@@ -7,6 +7,7 @@ Layout of a partition directory (docs/partition-log.md has the details)::
     00000000000000004711.log     the next segment, starting at offset 4711
     00000000000000004711.index
     00000000000000004711.snapshot  producer state as of offset 4711 (written by the owner)
+    offset-gaps                  ranges of offsets never handed out (``skip_to``), if any
 
 The newest segment is the *active* one; appends go to it through an
 ``O_APPEND`` file descriptor with ``os.write`` (no userspace buffer), so once
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
+
+import crc32c
+import msgpack
 
 from partition_log.codec import (
     HEADER_SIZE,
@@ -80,6 +84,9 @@ _READAHEAD = 64 << 10
 _RECOVERY_READAHEAD = 1 << 20
 _NAME_DIGITS = 20
 _SNAPSHOT_SUFFIX = ".snapshot"
+#: msgpack [[from, to], ...] of the offsets :meth:`PartitionLogStore.skip_to`
+#: skipped, then the CRC32C of those bytes (u32, little-endian).
+_GAPS_FILE = "offset-gaps"
 #: Producer-state snapshots kept: the newest ones, older ones are deleted.
 SNAPSHOTS_KEPT = 2
 
@@ -126,6 +133,8 @@ class RecoveryReport:
     """Index files rewritten because they were missing, damaged or stale."""
     seconds: float
     """Wall time recovery took."""
+    created: bool = False
+    """The directory did not exist: the log is new (or was lost with it)."""
 
 
 @dataclass(slots=True)
@@ -598,7 +607,9 @@ class PartitionLogStore:
         segment.index_positions.append(position)
         self._index_dirty = True
 
-    def _roll(self) -> None:
+    def _roll(self, base_offset: int | None = None) -> None:
+        """Close the active segment and start the next one, at ``base_offset``
+        (a recorded gap, :meth:`skip_to`) or where the active one ends."""
         old = self._segments[-1]
         try:
             # A closed segment is trusted by recovery, so it is made durable whatever the
@@ -609,7 +620,9 @@ class PartitionLogStore:
             os.close(old.index_fd)
             old.index_fd = None
             self._dirty = self._index_dirty = False
-            self._add_segment(self._create_segment(old.next_offset))
+            self._add_segment(
+                self._create_segment(old.next_offset if base_offset is None else base_offset)
+            )
         except OSError as err:
             self._failure = err
             raise
@@ -638,10 +651,11 @@ class PartitionLogStore:
 
     def _recover(self) -> RecoveryReport:
         started = time.monotonic()
-        if not self.directory.is_dir():
+        created = not self.directory.is_dir()
+        if created:
             self.directory.mkdir(parents=True)
             _fsync_dir(self.directory.parent)
-        for pattern in ("*.index.tmp", "*" + _SNAPSHOT_SUFFIX + ".tmp"):
+        for pattern in ("*.index.tmp", "*" + _SNAPSHOT_SUFFIX + ".tmp", _GAPS_FILE + ".tmp"):
             for leftover in self.directory.glob(pattern):
                 leftover.unlink()
         bases = sorted(
@@ -654,11 +668,12 @@ class PartitionLogStore:
                 index.unlink()  # its log was deleted by retention just before a crash
         if not bases:
             self._add_segment(self._create_segment(0))
-            return RecoveryReport(1, 0, 0, 0, time.monotonic() - started)
+            return RecoveryReport(1, 0, 0, 0, time.monotonic() - started, created)
+        gaps = self._read_gaps()
         scanned = truncated = rebuilt = 0
         expected = bases[0]
         for i, base in enumerate(bases):
-            if base != expected:
+            if base != expected and (expected, base) not in gaps:
                 raise CorruptLog(
                     f"{self.directory}: segment {base} does not follow the previous segment, "
                     f"which ends at offset {expected}"
@@ -676,7 +691,69 @@ class PartitionLogStore:
         for offset in self.snapshot_offsets():
             if not bases[0] <= offset <= expected:  # describes records no longer in the log
                 self.delete_snapshot(offset)
-        return RecoveryReport(len(bases), scanned, truncated, rebuilt, time.monotonic() - started)
+        return RecoveryReport(
+            len(bases), scanned, truncated, rebuilt, time.monotonic() - started, created
+        )
+
+    def _read_gaps(self) -> set[tuple[int, int]]:
+        """The recorded gaps (:meth:`skip_to`) as (from, to) offsets.
+
+        Raises:
+            CorruptLog: the file is damaged (its checksum does not match).
+        """
+        path = self.directory / _GAPS_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return set()
+        body, tail = data[:-4], data[-4:]
+        if len(data) < 4 or crc32c.crc32c(body) != int.from_bytes(tail, "little"):
+            raise CorruptLog(f"{path} is damaged (checksum mismatch)")
+        try:
+            pairs = msgpack.unpackb(body)
+            return {(int(a), int(b)) for a, b in pairs}
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise CorruptLog(f"{path} is damaged: {exc}") from None
+
+    def skip_to(self, offset: int) -> None:
+        """Continue the log at ``offset``: the offsets from :attr:`log_end_offset`
+        up to it are never handed out (they may have been, before a loss).
+
+        An empty log simply starts there (its log start offset). Otherwise the
+        gap is written to the ``offset-gaps`` file (checksummed, fsynced) and a
+        new segment starts at ``offset``; recovery accepts a jump between two
+        segments only where that file records it, and reads from an offset in
+        the gap return the batches after it.
+
+        Raises:
+            ValueError: ``offset`` is not past :attr:`log_end_offset`.
+            StoreFailed: an earlier write or fsync failed.
+            OSError: the files could not be written (the store is failed).
+        """
+        self._check_usable()
+        end = self.log_end_offset
+        if offset <= end:
+            raise ValueError(f"offset {offset} is not past the log end {end}")
+        try:
+            if len(self._segments) == 1 and self._segments[0].size == 0:
+                empty = self._segments.pop()
+                self._bases.pop()
+                os.close(empty.log_fd)
+                if empty.index_fd is not None:
+                    os.close(empty.index_fd)
+                self._log_path(empty.base_offset).unlink()
+                self._index_path(empty.base_offset).unlink(missing_ok=True)
+                self._add_segment(self._create_segment(offset))
+                return
+            gaps = sorted(self._read_gaps() | {(end, offset)})
+            body = msgpack.packb([list(gap) for gap in gaps])
+            _write_atomically(
+                self.directory / _GAPS_FILE, body + crc32c.crc32c(body).to_bytes(4, "little")
+            )
+            self._roll(offset)
+        except OSError as err:
+            self._failure = err
+            raise
 
     def _open_closed_segment(self, base: int) -> tuple[_Segment, int, int]:
         """Open a closed segment, trusting its contents; returns (segment, headers read,

@@ -7,16 +7,30 @@ them. A metadata thread refreshes the placement from the coordinators, and
 under ``log.flush.policy = "interval"`` a flusher fsyncs every
 ``log.flush.interval.ms``. Every ``log.retention.check.interval.ms`` a
 retention thread deletes the segments each topic's retention no longer keeps.
+
+The data directory is the node's by its ``meta.properties``
+(:mod:`raftcoord.protocol.data_dir`); its directory id must be the one the
+coordinators have on record for this node (RegisterDirectory), else the node
+serves none of its partitions until an operator accepts the directory
+(``raftcoord accept-directory``). A reservation thread reserves each
+partition's offsets with the coordinators before they are handed out
+(ReserveOffsets, :meth:`partition_log.partition.Partition.grant`). A clean
+stop leaves the file ``clean-shutdown``: without it, under a flush policy
+other than ``always``, acknowledged records may be missing, and the
+partitions continue above every offset reserved before.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+import os
 import re
 import threading
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -27,9 +41,10 @@ from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
+from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
-from raftcoord.protocol.process import EXIT_STORAGE_FAILED, fail_stop, serve
-from raftcoord.protocol.v1 import partition_log_pb2_grpc
+from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
+from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -41,6 +56,21 @@ GRPC_WORKERS = 32
 #: Fetches answered at once.
 MAX_PARKED_FETCHES = GRPC_WORKERS // 2
 _PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
+#: Left in the data directory by a clean stop, removed at start.
+CLEAN_SHUTDOWN_FILE = "clean-shutdown"
+#: How often the reservation thread looks at the partitions' reserved offsets
+#: (and retries a registration that did not get an answer).
+RESERVATION_CHECK_S = 1.0
+#: The most partitions of one ReserveOffsets.
+RESERVATIONS_PER_CALL = 1000
+
+
+class DirectoryState(enum.Enum):
+    """The data directory as the coordinators see it."""
+
+    REGISTERING = "registering"  # no answer yet
+    SERVING = "serving"  # the directory on record
+    REPLACED = "replaced"  # another directory of this node is on record
 
 
 class PartitionNode:
@@ -66,6 +96,15 @@ class PartitionNode:
         self.partitions: dict[tuple[str, int], Partition] = {}
         #: Partitions whose log failed recovery: (topic, index) -> why.
         self.damaged: dict[tuple[str, int], str] = {}
+        #: The data directory's identity (read or written at :meth:`start`).
+        self.identity: DirectoryIdentity | None = None
+        self.directory_state = DirectoryState.REGISTERING
+        #: The directory the coordinators have on record when it is not ours.
+        self.registered_directory = ""
+        #: Whether the node stopped cleanly before this start.
+        self.clean_start = False
+        self._reservation_due = threading.Event()
+        self._reserve_lock = threading.Lock()
         self.changes = LogChanges()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -98,6 +137,7 @@ class PartitionNode:
                     )
                     return None
                 self.partitions[(topic, index)] = partition
+                self._reservation_due.set()
                 log.info(
                     "node=%d event=partition_opened partition=%s-%d end_offset=%d",
                     self.node_id,
@@ -117,10 +157,14 @@ class PartitionNode:
             index_interval_bytes=settings.log_index_interval_bytes,
             fsync=self._fsync,
             on_change=self.changes.changed,
+            clean_start=self.clean_start,
+            on_reservation_due=self._reservation_due.set,
         )
 
     def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
         """The partition if this node owns it, else the error code and message."""
+        if self.directory_state is DirectoryState.REPLACED:
+            return ErrorCode.KAFKA_STORAGE_ERROR, self._replaced_message()
         partition = self.partitions.get((topic, index))
         if partition is not None:
             return partition
@@ -134,7 +178,140 @@ class PartitionNode:
                 f"partition {topic}-{index} is damaged on this node: "
                 f"{self.damaged[(topic, index)]}",
             )
+        if opened.ceiling is None:  # new here: its first offsets are reserved now
+            self.reserve_due()
         return opened
+
+    def _replaced_message(self) -> str:
+        assert self.identity is not None
+        return (
+            f"partition-log node {self.node_id}: its data directory "
+            f"{self.identity.directory_id} is not the one the coordinators have on record "
+            f"({self.registered_directory}); a replaced disk? its partitions are not served "
+            f"until `raftcoord accept-directory --id {self.node_id}` accepts the directory "
+            "(docs/partition-log.md, Data directories)"
+        )
+
+    # --- the coordinators' records ------------------------------------------------------
+
+    def _register(self) -> None:
+        """Ask the coordinators whether this directory is the one on record."""
+        assert self.identity is not None
+        answer = self.view.register_directory(self.identity.directory_id)
+        if answer is None:
+            return
+        if answer.error_code == ErrorCode.NONE:
+            if self.directory_state is not DirectoryState.SERVING:
+                log.info(
+                    "node=%d event=directory_registered directory=%s",
+                    self.node_id,
+                    self.identity.directory_id,
+                )
+            self.directory_state = DirectoryState.SERVING
+            self._reservation_due.set()
+        elif answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR:
+            self._replaced(answer.registered_directory_id)
+        else:
+            log.warning(
+                "node=%d event=directory_not_registered error=%s %s",
+                self.node_id,
+                ErrorCode(answer.error_code).name,
+                answer.error_message,
+            )
+
+    def _replaced(self, registered: str) -> None:
+        first = self.directory_state is not DirectoryState.REPLACED
+        self.registered_directory = registered
+        self.directory_state = DirectoryState.REPLACED
+        if first:
+            log.critical(
+                "node=%d event=directory_replaced %s", self.node_id, self._replaced_message()
+            )
+
+    def reserve_due(self) -> None:
+        """Reserve offsets for every partition that needs more (one call per
+        :data:`RESERVATIONS_PER_CALL` partitions); partitions that lost
+        records continue above the ceiling reserved before (logged CRITICAL)."""
+        if self.directory_state is DirectoryState.REGISTERING:
+            self._register()
+        if self.directory_state is not DirectoryState.SERVING:
+            return
+        assert self.identity is not None
+        with self._reserve_lock:
+            due = [p for p in list(self.partitions.values()) if p.reservation_due()]
+            for first in range(0, len(due), RESERVATIONS_PER_CALL):
+                chunk = [
+                    (p, p.wanted_ceiling()) for p in due[first : first + RESERVATIONS_PER_CALL]
+                ]
+                answer = self.view.reserve_offsets(
+                    self.identity.directory_id, [(p.topic, p.index, c) for p, c in chunk]
+                )
+                if answer is None:
+                    return  # no coordinator answered: the next round asks again
+                if answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR:
+                    self._replaced("")
+                    return
+                if answer.error_code != ErrorCode.NONE:
+                    log.warning(
+                        "node=%d event=reservation_refused error=%s %s",
+                        self.node_id,
+                        ErrorCode(answer.error_code).name,
+                        answer.error_message,
+                    )
+                    return
+                for (partition, ceiling), previous in zip(chunk, answer.previous, strict=True):
+                    self._grant(partition, previous.ceiling, ceiling)
+
+    def _grant(self, partition: Partition, previous: int, ceiling: int) -> None:
+        try:
+            skipped = partition.grant(previous, ceiling)
+        except Exception as exc:  # the store failed: nothing is appended there
+            log.error(
+                "node=%d event=skip_failed partition=%s-%d error=%r",
+                self.node_id,
+                partition.topic,
+                partition.index,
+                exc,
+            )
+            return
+        if skipped is not None:
+            log.critical(
+                "node=%d event=offsets_skipped partition=%s-%d from=%d to=%d: the log may "
+                "have lost acknowledged records (%s); it continues above every offset "
+                "handed out before, so no offset is reused",
+                self.node_id,
+                partition.topic,
+                partition.index,
+                skipped,
+                previous,
+                "its directory is new"
+                if partition.store.recovered.created
+                else "the node did not stop cleanly and the log is not flushed on every append",
+            )
+
+    def _reservation_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._reservation_due.wait(RESERVATION_CHECK_S)
+            self._reservation_due.clear()
+            if self._stopping.is_set():
+                return
+            if self.directory_state is DirectoryState.REPLACED:
+                self._register()  # until an operator accepts the directory
+            self.reserve_due()
+
+    def status(self) -> Any:
+        """PartitionNodeStatus: the directory and the partitions not served."""
+        refused = [
+            partition_log_pb2.RefusedPartition(topic=t, partition=i, reason=why)
+            for (t, i), why in sorted(self.damaged.items())
+        ]
+        return partition_log_pb2.PartitionNodeStatusResponse(
+            node_id=self.node_id,
+            pid=os.getpid(),
+            directory_id="" if self.identity is None else self.identity.directory_id,
+            directory_state=self.directory_state.value,
+            refused=refused,
+        )
 
     def _open_from_disk(self) -> None:
         for path in sorted(self.data_dir.iterdir()):
@@ -145,16 +322,37 @@ class PartitionNode:
     # --- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Open the partitions and serve.
+
+        Raises:
+            DirectoryRefused: the data directory is another node's, or its
+                identity file is damaged.
+        """
+        self.identity, created = load_or_create(self.data_dir, "partition-log", self.node_id)
+        if created:
+            log.info(
+                "node=%d event=directory_created directory=%s data_dir=%s",
+                self.node_id,
+                self.identity.directory_id,
+                self.data_dir,
+            )
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        self.clean_start = marker.exists()
+        marker.unlink(missing_ok=True)
         self._open_from_disk()
         self.view.refresh()
         for topic, index in self.view.owned():
             self._open(topic, index)
+        self.reserve_due()
         metadata = threading.Thread(target=self._refresh_loop, name="metadata", daemon=True)
         retention = threading.Thread(target=self._retention_loop, name="retention", daemon=True)
-        self._threads += [metadata, retention]
+        reservations = threading.Thread(
+            target=self._reservation_loop, name="reservations", daemon=True
+        )
+        self._threads += [metadata, retention, reservations]
         metadata.start()
         retention.start()
+        reservations.start()
         if self._fsync is FsyncPolicy.INTERVAL:
             self._flusher = LogFlusher(
                 lambda: list(self.partitions.values()),
@@ -177,6 +375,7 @@ class PartitionNode:
             self.changes,
             MAX_PARKED_FETCHES,
             verify_transactions=self.config.settings.transaction_partition_verification_enable,
+            status=self.status,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         if self._server.add_insecure_port(self.me.grpc) == 0:
@@ -212,6 +411,7 @@ class PartitionNode:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._reservation_due.set()
         self.changes.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
@@ -222,6 +422,8 @@ class PartitionNode:
         for partition in list(self.partitions.values()):
             partition.flush()
             partition.close()
+        # Every partition is flushed and closed: the next start may trust the logs.
+        (self.data_dir / CLEAN_SHUTDOWN_FILE).touch()
         log.info("node=%d event=stopped", self.node_id)
 
 
@@ -239,4 +441,7 @@ def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> i
         )
 
     partition_log.log.fsync_failure_handler = fsync_failed
-    return serve(PartitionNode(config, node_id, data_dir), node_id, data_dir, log)
+    try:
+        return serve(PartitionNode(config, node_id, data_dir), node_id, data_dir, log)
+    except DirectoryRefused as exc:
+        fail_stop(log, EXIT_DATA_DAMAGED, "directory_refused", f"node={node_id} {exc}")

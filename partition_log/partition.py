@@ -7,6 +7,14 @@ moves them. The state is saved as a snapshot file when the log rolls to a
 new segment and when the partition is closed; opening the partition loads
 the newest readable snapshot and replays only the batch headers (and
 control records) after it, or the whole log when there is none.
+
+Offsets are handed out only below the partition's *ceiling*, reserved in
+the coordinators' metadata by the node (:meth:`Partition.grant`). A
+partition that may have lost acknowledged records (an unclean stop under a
+flush policy other than ``always``) or whose log is new while offsets were
+reserved before (a replaced disk) continues at the ceiling reserved before,
+so no offset a reader may have seen is handed out again
+(docs/partition-log.md, "Offsets are never reused").
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ from partition_log.producer_state import (
 from raftcoord.protocol.errors import ErrorCode
 
 log = logging.getLogger("raftcoord.partition_log")
+
+#: Offsets a partition reserves at a time; it asks for the next block when
+#: fewer than half remain.
+OFFSET_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +92,21 @@ class Partition:
         index_interval_bytes: int,
         fsync: FsyncPolicy,
         on_change: Callable[[], None] = lambda: None,
+        clean_start: bool = True,
+        on_reservation_due: Callable[[], None] = lambda: None,
     ) -> None:
         """Open (and recover) the partition in ``directory``. ``on_change`` is called
         after each append and marker, with the partition's lock held: it wakes parked
-        Fetches."""
+        Fetches. ``clean_start``: the node stopped cleanly before (every write
+        reached the disk). ``on_reservation_due`` is called when fewer than half
+        a block of reserved offsets remain (:meth:`reservation_due`)."""
         self.topic = topic
         self.index = index
         self.lock = threading.Lock()
         self._on_change = on_change
+        self._on_reservation_due = on_reservation_due
+        #: Offsets below it may be handed out; None until the first grant.
+        self.ceiling: int | None = None
         self.store = PartitionLogStore(
             directory,
             segment_bytes=segment_bytes,
@@ -100,6 +119,62 @@ class Partition:
         self.states.trim(self.store.log_start_offset)
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
+        recovered = self.store.recovered
+        self.may_have_lost = recovered.created or (
+            fsync is not FsyncPolicy.ALWAYS and (not clean_start or recovered.bytes_truncated > 0)
+        )
+        """Whether acknowledged records may be missing from the log (it is new,
+        or it was not flushed on every append and not closed cleanly)."""
+
+    # --- offset reservations -----------------------------------------------------------
+
+    def reservation_due(self) -> bool:
+        """Whether the partition needs (more) reserved offsets."""
+        with self.lock:
+            return self._reservation_due()
+
+    def _reservation_due(self) -> bool:
+        return self.ceiling is None or self.ceiling - self.store.log_end_offset < OFFSET_BLOCK // 2
+
+    def wanted_ceiling(self) -> int:
+        """The ceiling to reserve now: a block past the log end."""
+        with self.lock:
+            return self.store.log_end_offset + OFFSET_BLOCK
+
+    def grant(self, previous: int, ceiling: int) -> int | None:
+        """The coordinators reserved offsets below ``ceiling`` (the one before was
+        ``previous``). At the first grant, a partition that :attr:`may_have_lost`
+        records and ends below ``previous`` continues at ``previous``; returns
+        the log end it skipped from, or None.
+
+        Raises:
+            OSError, StoreFailed: the skip could not be recorded (nothing is
+                appended until a later grant succeeds).
+        """
+        with self.lock:
+            skipped = None
+            if self.ceiling is None:
+                end = self.store.log_end_offset
+                if self.may_have_lost and end < previous:
+                    self.store.skip_to(previous)
+                    skipped = end
+            self.ceiling = max(self.ceiling or 0, previous, ceiling)
+            return skipped
+
+    def _unreserved(self, count: int) -> str | None:
+        """Why ``count`` more offsets cannot be handed out now, or None."""
+        if self.ceiling is None:
+            return (
+                f"partition {self.topic}-{self.index} is opening (its offsets are not "
+                "reserved with the coordinators yet); retry"
+            )
+        if self.store.log_end_offset + count > self.ceiling:
+            self._on_reservation_due()
+            return (
+                f"partition {self.topic}-{self.index} has no reserved offsets left "
+                f"(ceiling {self.ceiling}); retry"
+            )
+        return None
 
     def _load_snapshot(self) -> tuple[ProducerStates, int]:
         """The newest readable snapshot at or above the log start offset (recovery
@@ -189,6 +264,9 @@ class Partition:
             check = self._check(spec, verified)
             if not check.ok or check.verdict is not Verdict.APPEND:
                 return check
+            unreserved = self._unreserved(spec.record_count)
+            if unreserved is not None:
+                return AppendCheck(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, unreserved)
             try:
                 base = self._append(batch)
             except (OSError, StoreFailed) as exc:
@@ -233,6 +311,9 @@ class Partition:
                     f"coordinator epoch {coordinator_epoch} is older than {seen}",
                 )
             if action is MarkerAction.WRITE:
+                unreserved = self._unreserved(1)
+                if unreserved is not None:
+                    return ErrorCode.NOT_LEADER_OR_FOLLOWER, unreserved
                 batch = codec.encode_control_batch(
                     commit=commit,
                     producer_id=producer_id,
@@ -266,6 +347,8 @@ class Partition:
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
         self._on_change()
+        if self._reservation_due():
+            self._on_reservation_due()
         return base
 
     # --- reads ---------------------------------------------------------------------

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+import grpc
+
 from partition_log import codec
 from partition_log.cluster_view import MAX_FLUSH_PARTITIONS, TxnPartitionAdder
 from partition_log.partition import BatchSpec, Partition
@@ -87,8 +89,11 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         max_parked_fetches: int = 8,
         *,
         verify_transactions: bool = True,
+        status: Callable[[], Any] | None = None,
     ) -> None:
         self.lookup = lookup
+        #: The node's PartitionNodeStatus answer (None: not served).
+        self.status = status
         self.adder = adder
         self.message_max_bytes = message_max_bytes
         #: transaction.partition.verification.enable: off, transactional
@@ -339,6 +344,15 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             else:
                 answer.offset = end
         return partition_log_pb2.ListOffsetsResponse(partitions=answers)
+
+    # --- PartitionNodeStatus --------------------------------------------------------
+
+    def PartitionNodeStatus(self, request: Any, context: Any) -> Any:
+        status = self.status
+        if status is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "no node status here")
+            raise AssertionError("abort raises")
+        return status()
 
     # --- WriteTxnMarkers -----------------------------------------------------------
 

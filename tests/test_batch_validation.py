@@ -33,6 +33,7 @@ from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
+from tests.reserved import reserved
 
 INT64_MAX = 2**63 - 1
 #: The batch of the issue: answered NONE, then every fetch over it failed.
@@ -233,8 +234,10 @@ def test_mutated_batches_are_read_whole_or_refused_never_crash(
 
 
 def open_partition(path: Path, topic: str = "t") -> Partition:
-    return Partition(
-        topic, 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+    return reserved(
+        Partition(
+            topic, 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+        )
     )
 
 

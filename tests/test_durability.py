@@ -12,12 +12,14 @@ shard moves to another replica within an election.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -316,3 +318,95 @@ def test_a_flipped_byte_in_a_segment_is_reported_and_its_offsets_never_reused(
         assert [v for _, v in seen] == [b"other"]
         log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
         assert "event=partition_damaged partition=flipped-0" in log
+
+
+def test_an_emptied_data_directory_is_refused_until_accepted_and_reuses_no_offset(
+    tmp_path: Path,
+) -> None:
+    """A partition-log node restarted on an empty data directory (a replaced
+    disk) serves none of its partitions (KAFKA_STORAGE_ERROR, CRITICAL
+    ``directory_replaced``, ``cluster status`` says so) until
+    ``raftcoord accept-directory``; then its partition continues above every
+    offset handed out before instead of at 0."""
+    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=1) as cluster:
+        owners = plog_client.create_topic(cluster, "replaced", 1)
+        node = plog_client.stub(owners[0])
+        for i in range(3):
+            answer = plog_client.produce(node, "replaced", 0, [f"v{i}".encode()])
+            assert (answer.error_code, answer.base_offset) == (0, i), answer
+        (node_id,) = [r.node_id for r in cluster.partition_nodes()]
+        data_dir = cluster.data_dir / f"partition-node-{node_id}"
+        cluster.kill(node_id, "TERM")
+        shutil.rmtree(data_dir)
+        cluster.start(node_id)
+
+        node = plog_client.stub(owners[0])
+        answer = plog_client.produce(node, "replaced", 0, [b"too-early"])
+        assert answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR, answer
+        assert "accept-directory" in answer.error_message
+        offsets = plog_client.list_offsets(node, "replaced", 0, 0)
+        assert offsets.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+        assert "REFUSING ALL" in cluster.status_table()
+        log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
+        assert "event=directory_replaced" in log
+
+        accept = [sys.executable, "-m", "raftcoord.cli", "accept-directory"]
+        accept += ["--config", str(cluster.data_dir / "cluster.toml"), "--id", str(node_id)]
+        refused = subprocess.run(accept, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "--yes" in refused.stderr  # asks first
+        done = subprocess.run([*accept, "--yes"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+        def produced() -> Any:
+            answer = plog_client.produce(node, "replaced", 0, [b"after"])
+            return answer if answer.error_code == 0 else None
+
+        cluster.wait_until(lambda: produced() is not None, 15, "the node never served again")
+        answer = produced()
+        assert answer.base_offset >= 3  # not 0, 1 or 2 again
+        start = plog_client.list_offset(node, "replaced", 0, 0)  # earliest
+        seen, _ = plog_client.read_all(node, "replaced", 0, committed=False, start=start)
+        assert [offset for offset, _ in seen] == [start, start + 1]
+        assert start >= 3
+        log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
+        assert "event=offsets_skipped partition=replaced-0 from=0" in log
+        assert "REFUSING" not in cluster.status_table()
+
+
+def test_an_unflushed_log_that_lost_its_tail_continues_above_every_offset_handed_out(
+    tmp_path: Path,
+) -> None:
+    """Under ``log.flush.policy = never`` a machine crash can lose acknowledged
+    batches: the node then continues above every offset it reserved instead
+    of handing the lost offsets out again; a clean stop loses nothing and
+    skips nothing."""
+    with running_cluster(
+        tmp_path / "cluster", shards=1, partition_nodes=1, log_flush="never"
+    ) as cluster:
+        owners = plog_client.create_topic(cluster, "unflushed", 1)
+        (node_id,) = [r.node_id for r in cluster.partition_nodes()]
+        node = plog_client.stub(owners[0])
+        for i in range(2):
+            assert plog_client.produce(node, "unflushed", 0, [f"a{i}".encode()]).base_offset == i
+        cluster.kill(node_id, "TERM")  # clean: flushed and marked
+        cluster.start(node_id)
+        node = plog_client.stub(owners[0])
+        for i in range(2, 4):
+            assert plog_client.produce(node, "unflushed", 0, [f"a{i}".encode()]).base_offset == i
+        cluster.kill(node_id, "KILL")
+        # The page cache died with the machine: the last two batches never
+        # reached the disk.
+        segment = next(
+            (cluster.data_dir / f"partition-node-{node_id}" / "unflushed-0").glob("*.log")
+        )
+        data = segment.read_bytes()
+        segment.write_bytes(data[: len(data) // 2])
+        cluster.start(node_id)
+        node = plog_client.stub(owners[0])
+        answer = plog_client.produce(node, "unflushed", 0, [b"after"])
+        assert answer.error_code == 0, answer
+        assert answer.base_offset >= 4  # not 2 or 3 again
+        seen, _ = plog_client.read_all(node, "unflushed", 0, committed=False)
+        assert [value for _, value in seen] == [b"a0", b"a1", b"after"]
+        log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
+        assert "event=offsets_skipped partition=unflushed-0 from=2" in log

@@ -34,6 +34,9 @@ from fsm import (
     MemberAssignment,
     OffsetCommit,
     OffsetEntry,
+    OffsetReservation,
+    RegisterDirectory,
+    ReserveOffsets,
     SyncGroup,
     TransactionStateMachine,
     TxnOffsetCommit,
@@ -126,6 +129,13 @@ SAMPLES: list[Command] = [
         group_instance_id="",
     ),
     CreateTopic(name="orders", partition_nodes=(1, 2, 3, 1), now_ms=13),
+    RegisterDirectory(node_id=101, directory_id="0" * 32, replace=False, now_ms=14),
+    ReserveOffsets(
+        node_id=101,
+        directory_id="ab" * 16,
+        reservations=(OffsetReservation("orders", 0, 2**62), OffsetReservation("t", 3, 0)),
+        now_ms=15,
+    ),
     JoinGroup(
         group_id="group-1",
         member_id="",
@@ -255,7 +265,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 18, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 20, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message
@@ -564,7 +574,7 @@ def _restore_error(data: bytes) -> CommandError:
     return info.value
 
 
-@pytest.mark.parametrize("version", [0, 3, "2", None, True])
+@pytest.mark.parametrize("version", [0, 4, "3", None, True])
 def test_restore_rejects_unknown_snapshot_version(version: Any) -> None:
     payload = _payload()
     payload["v"] = version
@@ -675,6 +685,8 @@ def test_a_snapshot_from_before_membership_restores() -> None:
     m = _busy_machine()
     payload = msgpack.unpackb(m.snapshot(), raw=False)
     assert payload.pop("memberships") == []
+    for added_in_3 in ("directories", "offset_ceilings"):
+        del payload[added_in_3]
     payload["v"] = 1
     restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
     assert restored.state == m.state
@@ -682,3 +694,12 @@ def test_a_snapshot_from_before_membership_restores() -> None:
     payload["memberships"] = []
     with pytest.raises(CommandError, match="unknown snapshot version 1"):
         TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
+
+
+def test_a_snapshot_from_before_directories_restores_without_any() -> None:
+    m = _busy_machine()
+    payload = msgpack.unpackb(m.snapshot(), raw=False)
+    assert payload.pop("directories") == [] and payload.pop("offset_ceilings") == []
+    payload["v"] = 2
+    restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
+    assert restored.state == m.state

@@ -38,6 +38,7 @@ from fsm import (
     MarkersWritten,
     MemberAssignment,
     OffsetEntry,
+    OffsetReservation,
     TransactionMetadata,
     TransactionStateMachine,
     TxnState,
@@ -59,6 +60,7 @@ TOPICS = ["a", "b"]
 MEMBERS = ["m0", "m1", "m2"]
 INSTANCES = ["", "", "i0", "i1"]
 PROTOCOLS = ["range", "roundrobin"]
+DIRECTORIES = ["a" * 32, "b" * 32]
 EXTREME_INTS = [
     INT64_MIN,
     INT64_MIN + 1,
@@ -150,6 +152,8 @@ class Fuzzer:
                 return rng.choice(INSTANCES) if plausible else self.string()
             if name == "protocol_type":
                 return "consumer" if plausible else self.string()
+            if name == "directory_id":
+                return rng.choice(DIRECTORIES) if plausible else self.string()
             return rng.choice(TOPICS) if plausible else self.string()
         if kind is int:
             return self.integer(name, meta, machine, plausible)
@@ -190,6 +194,15 @@ class Fuzzer:
             return tuple(
                 MemberAssignment(rng.choice(MEMBERS) if plausible else self.string(), b"x")
                 for _ in range(rng.randrange(0, 4))
+            )
+        if kind == tuple[OffsetReservation, ...]:
+            return tuple(
+                OffsetReservation(
+                    rng.choice(TOPICS) if plausible else self.string(),
+                    self.small_or_extreme(),
+                    rng.choice([0, 1_000, 2**62]) if plausible else self.small_or_extreme(),
+                )
+                for _ in range(rng.randrange(0, 3))
             )
         raise AssertionError(f"no generator for {name}: {kind}")
 

@@ -25,6 +25,7 @@ from raftcoord.client import (
 )
 from raftcoord.client import admin as admin_module
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from tests.reserved import reserved
 
 TP = TopicPartition("t", 0)
 MINUTE_MS = 60_000
@@ -122,8 +123,10 @@ class RefusingAdder:
 
 
 def open_partition(path: Path) -> Partition:
-    return Partition(
-        "t", 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+    return reserved(
+        Partition(
+            "t", 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+        )
     )
 
 

@@ -20,6 +20,7 @@ from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
+from tests.reserved import reserved
 
 
 class NoVerifier:
@@ -30,14 +31,16 @@ class NoVerifier:
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[tuple[Partition, LogChanges]]:
     changes = LogChanges()
-    part = Partition(
-        "t",
-        0,
-        tmp_path / "t-0",
-        segment_bytes=1 << 20,
-        index_interval_bytes=256,
-        fsync=FsyncPolicy.NEVER,
-        on_change=changes.changed,
+    part = reserved(
+        Partition(
+            "t",
+            0,
+            tmp_path / "t-0",
+            segment_bytes=1 << 20,
+            index_interval_bytes=256,
+            fsync=FsyncPolicy.NEVER,
+            on_change=changes.changed,
+        )
     )
     try:
         yield part, changes

@@ -17,6 +17,7 @@ from partition_log import codec
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import Verdict
+from tests.reserved import reserved
 
 TRANSACTIONAL = (1, 2)  # producer ids of transactional producers
 IDEMPOTENT = 3
@@ -67,13 +68,15 @@ class PartitionMachine(RuleBasedStateMachine):
         self.tag = 0
 
     def _open(self) -> Partition:
-        return Partition(
-            "t",
-            0,
-            self.dir / "t-0",
-            segment_bytes=600,  # small: many segment rolls
-            index_interval_bytes=128,
-            fsync=FsyncPolicy.NEVER,
+        return reserved(
+            Partition(
+                "t",
+                0,
+                self.dir / "t-0",
+                segment_bytes=600,  # small: many segment rolls
+                index_interval_bytes=128,
+                fsync=FsyncPolicy.NEVER,
+            )
         )
 
     def teardown(self) -> None:

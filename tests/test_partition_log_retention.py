@@ -14,6 +14,7 @@ from partition_log.log import FsyncPolicy, OffsetOutOfRange, PartitionLogStore
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import Verdict
 from raftcoord.protocol.config import ConfigError, TopicRetention, parse_config
+from tests.reserved import reserved
 
 NOW_MS = 1_800_000_000_000
 COORDINATORS = [{"id": 1, "grpc": "127.0.0.1:7101", "raft": ["127.0.0.1:7201"]}]
@@ -86,8 +87,10 @@ def test_an_index_left_by_a_deletion_cut_short_is_removed(tmp_path: Path) -> Non
 
 
 def open_partition(path: Path) -> Partition:
-    return Partition(
-        "t", 0, path, segment_bytes=600, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+    return reserved(
+        Partition(
+            "t", 0, path, segment_bytes=600, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+        )
     )
 
 

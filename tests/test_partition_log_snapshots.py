@@ -18,16 +18,19 @@ from partition_log.producer_state import (
     decode_snapshot,
     encode_snapshot,
 )
+from tests.reserved import reserved
 
 
 def open_partition(path: Path, segment_bytes: int = 2048) -> Partition:
-    return Partition(
-        "t",
-        0,
-        path,
-        segment_bytes=segment_bytes,
-        index_interval_bytes=256,
-        fsync=FsyncPolicy.NEVER,
+    return reserved(
+        Partition(
+            "t",
+            0,
+            path,
+            segment_bytes=segment_bytes,
+            index_interval_bytes=256,
+            fsync=FsyncPolicy.NEVER,
+        )
     )
 
 

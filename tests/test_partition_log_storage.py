@@ -1026,3 +1026,51 @@ def test_a_damaged_batch_under_fsync_interval_is_cut_and_the_loss_is_critical(
     with caplog.at_level(logging.CRITICAL), open_store(tmp_path) as store:
         assert store.log_end_offset == 2
     assert "event=acknowledged_data_lost" in caplog.text and "offsets 2 to 7" in caplog.text
+
+
+# -- skipped offsets -----------------------------------------------------------------------------
+
+
+def test_an_empty_log_skipped_ahead_starts_there(tmp_path: Path) -> None:
+    with PartitionLogStore(tmp_path / "p") as store:
+        assert store.recovered.created
+        store.skip_to(1_000)
+        assert (store.log_start_offset, store.log_end_offset) == (1_000, 1_000)
+        assert store.append(data_batch("a")) == 1_000
+    with PartitionLogStore(tmp_path / "p") as store:
+        assert not store.recovered.created
+        assert (store.log_start_offset, store.log_end_offset) == (1_000, 1_001)
+        assert not (tmp_path / "p" / "offset-gaps").exists()
+
+
+def test_a_skip_is_recorded_survives_recovery_and_reads_continue_across_it(
+    tmp_path: Path,
+) -> None:
+    with PartitionLogStore(tmp_path / "p") as store:
+        fill(store, 3)  # 0..2
+        store.skip_to(500)
+        assert store.append(data_batch("after", 2)) == 500
+        with pytest.raises(ValueError):
+            store.skip_to(501)
+    with PartitionLogStore(tmp_path / "p") as store:
+        assert (store.log_start_offset, store.log_end_offset) == (0, 502)
+        assert offsets(store.read(0, BIG, 502)) == [0, 1, 2, 500, 501]
+        assert offsets(store.read(3, BIG, 502)) == [500, 501]  # from inside the gap
+        assert offsets(store.read(400, BIG, 502)) == [500, 501]
+        assert [h.base_offset for h, _ in store.batches(1)] == [1, 2, 500]
+
+
+def test_a_jump_between_segments_that_no_record_explains_is_damage(tmp_path: Path) -> None:
+    with PartitionLogStore(tmp_path / "p") as store:
+        fill(store, 3)
+        store.skip_to(500)
+        store.append(data_batch("after"))
+    gaps = tmp_path / "p" / "offset-gaps"
+    damaged = bytearray(gaps.read_bytes())
+    damaged[1] ^= 0x01
+    gaps.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptLog, match="offset-gaps is damaged"):
+        PartitionLogStore(tmp_path / "p")
+    gaps.unlink()
+    with pytest.raises(CorruptLog, match="does not follow"):
+        PartitionLogStore(tmp_path / "p")

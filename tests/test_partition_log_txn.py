@@ -16,11 +16,14 @@ from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
 from partition_log.service import PartitionLogService
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
+from tests.reserved import reserved
 
 
 def open_partition(path: Path) -> Partition:
-    return Partition(
-        "t", 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+    return reserved(
+        Partition(
+            "t", 0, path, segment_bytes=1 << 20, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+        )
     )
 
 

@@ -90,8 +90,17 @@ COORDINATOR_RPCS = {
     "Heartbeat",
     "LeaveGroup",
     "DescribeGroups",
+    "RegisterDirectory",
+    "ReserveOffsets",
 }
-PARTITION_LOG_RPCS = {"Produce", "Fetch", "ListOffsets", "WriteTxnMarkers", "DescribeProducers"}
+PARTITION_LOG_RPCS = {
+    "Produce",
+    "Fetch",
+    "ListOffsets",
+    "WriteTxnMarkers",
+    "DescribeProducers",
+    "PartitionNodeStatus",
+}
 
 
 def _files(directory: Path) -> dict[str, bytes]:

@@ -121,6 +121,56 @@ def _repair_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _accept_directory(args: argparse.Namespace) -> int:
+    from partition_log.cluster_view import ClusterView
+    from raftcoord.protocol.channels import ChannelCache
+    from raftcoord.protocol.config import ConfigError, load_config
+    from raftcoord.protocol.data_dir import META_FILE, DirectoryRefused, parse
+
+    data_dir = _data_dir(args, "partition-node")
+    try:
+        config = load_config(args.config)
+        config.partition_node(args.id)
+        identity = parse((data_dir / META_FILE).read_text(encoding="utf-8"), data_dir / META_FILE)
+        if (identity.kind, identity.node_id) != ("partition-log", args.id):
+            raise DirectoryRefused(
+                f"{data_dir} belongs to {identity.kind} node {identity.node_id}, "
+                f"not to partition-log node {args.id}"
+            )
+    except (ConfigError, DirectoryRefused) as exc:
+        print(f"raftcoord accept-directory: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, UnicodeDecodeError) as exc:
+        print(
+            f"raftcoord accept-directory: cannot read {data_dir / META_FILE} ({exc}); "
+            "start the node once so that it writes one",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.yes:
+        print(
+            f"raftcoord accept-directory: this makes directory {identity.directory_id} "
+            f"({data_dir}) node {args.id}'s data directory of record. Records the previous "
+            "directory held and that this one lacks are lost for good (the node's partitions "
+            "continue above every offset handed out before); give --yes to go on.",
+            file=sys.stderr,
+        )
+        return 2
+    view = ClusterView(ChannelCache(), [n.grpc for n in config.coordinators], args.id)
+    answer = view.register_directory(identity.directory_id, replace=True)
+    if answer is None:
+        print("raftcoord accept-directory: no coordinator answered; retry", file=sys.stderr)
+        return 1
+    if answer.error_code != 0:
+        print(f"raftcoord accept-directory: {answer.error_message}", file=sys.stderr)
+        return 1
+    print(
+        f"node {args.id}'s data directory of record is now {identity.directory_id}; "
+        "the node serves its partitions within a second"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
@@ -194,6 +244,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     repair.add_argument("--yes", action="store_true", help="do it (the other replicas serve)")
     repair.set_defaults(func=_repair_shard)
+    accept = commands.add_parser(
+        "accept-directory",
+        help="accept a partition-log node's new (empty or foreign) data directory",
+        description="For a partition-log node that logged event=directory_replaced (its data "
+        "directory is not the one the coordinators have on record, e.g. after a disk was "
+        "replaced): record its current directory instead. The node then serves its "
+        "partitions again; their offsets continue above every offset handed out before. "
+        "Run it on the node's host (it reads the directory's meta.properties).",
+    )
+    accept.add_argument("--config", required=True, help="cluster config (TOML)")
+    accept.add_argument("--id", required=True, type=int, help="the partition-log node's id")
+    accept.add_argument(
+        "--data-dir", help="the node's data directory (default: CONFIG_DIR/partition-node-ID)"
+    )
+    accept.add_argument("--yes", action="store_true", help="do it (what was lost is lost)")
+    accept.set_defaults(func=_accept_directory)
     pnode = commands.add_parser("partition-node", help="run one partition-log node")
     pnode.add_argument("--config", required=True, help="cluster config (TOML)")
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")

@@ -616,9 +616,9 @@ class LocalCluster:
         return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
     def node_status(self, node_id: int, timeout_s: float = 1.0) -> Any | None:
-        """A coordinator's NodeStatus (a partition-log node: an empty ListOffsets
-        answer; a Kafka gateway: True once it accepts connections), or None
-        when the node does not answer."""
+        """A coordinator's NodeStatus (a partition-log node's
+        PartitionNodeStatus; a Kafka gateway: True once it accepts
+        connections), or None when the node does not answer."""
         record = self._require().node(node_id)
         if record.kind == "kafka-gateway":
             host, port = record.kafka.rsplit(":", 1)
@@ -630,8 +630,8 @@ class LocalCluster:
         with grpc.insecure_channel(record.grpc) as channel:
             try:
                 if record.kind == "partition-log":
-                    return partition_log_pb2_grpc.PartitionLogStub(channel).ListOffsets(
-                        partition_log_pb2.ListOffsetsRequest(), timeout=timeout_s
+                    return partition_log_pb2_grpc.PartitionLogStub(channel).PartitionNodeStatus(
+                        partition_log_pb2.PartitionNodeStatusRequest(), timeout=timeout_s
                     )
                 return admin_pb2_grpc.CoordinatorAdminStub(channel).NodeStatus(
                     admin_pb2.NodeStatusRequest(), timeout=timeout_s
@@ -703,7 +703,7 @@ class LocalCluster:
             address = record.grpc or record.kafka
             cells = [str(record.node_id), address, str(record.pid), "yes" if alive else "no"]
             if record.kind != "coordinator":
-                answer = "no answer" if status is None else "serving"
+                answer = "no answer" if status is None else _serving(status)
                 cells += [f"{record.kind}, {answer}" if alive else "-"]
                 cells += [""] * (state.shard_count - 1)
                 rows.append(cells)
@@ -722,3 +722,19 @@ class LocalCluster:
             for r in [header, *rows]
         ]
         return "\n".join(lines)
+
+
+def _serving(status: Any) -> str:
+    """What a node that answered serves: a gateway all; a partition-log node
+    nothing while its data directory is not the one on record, else all but
+    the partitions it refuses."""
+    if status is True:
+        return "serving"
+    if status.directory_state == "replaced":
+        return f"REFUSING ALL: directory {status.directory_id} not on record (accept-directory)"
+    if status.directory_state == "registering":
+        return "registering its directory"
+    if status.refused:
+        names = ", ".join(f"{r.topic}-{r.partition}" for r in status.refused[:3])
+        return f"serving; REFUSING {len(status.refused)} damaged: {names}"
+    return "serving"

@@ -40,6 +40,7 @@ from raftcoord.coordinator.shard import (
     TransitionsLog,
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
+from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import (
     EXIT_DATA_DAMAGED,
@@ -133,7 +134,20 @@ class CoordinatorNode:
     # --- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        """Start the shards and serve.
+
+        Raises:
+            DirectoryRefused: the data directory is another node's, or its
+                identity file is damaged.
+        """
+        identity, created = load_or_create(self.data_dir, "coordinator", self.node_id)
+        if created:
+            log.info(
+                "node=%d event=directory_created directory=%s data_dir=%s",
+                self.node_id,
+                identity.directory_id,
+                self.data_dir,
+            )
         raft_journal.install()
         settings = self.config.settings
         self.shards = [self._make_shard(number) for number in range(self.config.shard_count)]
@@ -311,6 +325,8 @@ def run_node(config: ClusterConfig, node_id: int, data_dir: Path, raft_key: byte
         return serve(node, node_id, data_dir, log)
     except JournalCorruptError as exc:
         fail_stop(log, EXIT_DATA_DAMAGED, "journal_damaged", f"node={node_id} {exc}")
+    except DirectoryRefused as exc:
+        fail_stop(log, EXIT_DATA_DAMAGED, "directory_refused", f"node={node_id} {exc}")
 
 
 def _journal_fsync_failed(path: str, exc: OSError) -> None:

@@ -29,6 +29,14 @@ TOPIC_NAME: Final = re.compile(rf"[a-zA-Z0-9._-]{{1,{MAX_TOPIC_NAME_CHARS}}}")
 
 _SHOWN_CHARS = 64  # of a refused name, in messages
 
+#: A data directory's id (``directory.id`` in its ``meta.properties``): a
+#: random UUID as 32 lowercase hexadecimal digits.
+DIRECTORY_ID: Final = re.compile(r"[0-9a-f]{32}")
+
+#: The highest offset a partition may reserve (a Kafka offset is an int64;
+#: far below its end, so a ceiling plus a block never overflows).
+MAX_OFFSET: Final = 2**62
+
 
 #: Consumer groups: a coordinator holds a JoinGroup for its rebalance
 #: timeout plus GROUP_WAIT_GRACE_S (the leader's sweeper completes the join
@@ -59,3 +67,8 @@ def topic_error(name: str) -> str | None:
         f"topic name {shown!r} must be 1-{MAX_TOPIC_NAME_CHARS} characters of "
         "[a-zA-Z0-9._-] and not '.' or '..'"
     )
+
+
+def is_directory_id(value: str) -> bool:
+    """Whether ``value`` is a data directory's id (:data:`DIRECTORY_ID`)."""
+    return DIRECTORY_ID.fullmatch(value) is not None

@@ -11,7 +11,7 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
 ``groups``         TxnOffsetCommit, OffsetCommit, OffsetFetch,
                    WriteTxnMarkers (group markers); JoinGroup,
                    SyncGroup, Heartbeat, LeaveGroup, DescribeGroups
-``topics``         Metadata, CreateTopics
+``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
 =================  =====================================================
 """
@@ -105,6 +105,12 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def Metadata(self, request: Any, context: Any) -> Any:
         return self.topics.Metadata(request, context)
+
+    def RegisterDirectory(self, request: Any, context: Any) -> Any:
+        return self.topics.RegisterDirectory(request, context)
+
+    def ReserveOffsets(self, request: Any, context: Any) -> Any:
+        return self.topics.ReserveOffsets(request, context)
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
         return self.topics.CreateTopics(request, context)

@@ -1,5 +1,7 @@
-"""Topic RPCs of TransactionCoordinator: Metadata and CreateTopics, and the
-topic lookups the transaction RPCs need. Topics live in shard 0."""
+"""Topic RPCs of TransactionCoordinator: Metadata and CreateTopics, the
+partition-log nodes' RegisterDirectory and ReserveOffsets, and the topic
+lookups the transaction RPCs need. Topics, directories and offset ceilings
+live in shard 0."""
 
 from __future__ import annotations
 
@@ -9,7 +11,14 @@ from typing import Any
 
 import grpc
 
-from fsm import CreateTopic, ErrorCode, Outcome
+from fsm import (
+    CreateTopic,
+    ErrorCode,
+    OffsetReservation,
+    Outcome,
+    RegisterDirectory,
+    ReserveOffsets,
+)
 from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
@@ -153,6 +162,93 @@ class TopicRPCs:
                 )
             )
         return coordinator_pb2.CreateTopicsResponse(results=results)
+
+    # --- partition-log nodes ---------------------------------------------------------
+
+    def RegisterDirectory(self, request: Any, context: Any) -> Any:
+        """Record a partition-log node's data directory (shard 0's leader
+        answers; another node forwards to it)."""
+        unknown = self._unknown_node(request.node_id)
+        if unknown is not None:
+            return coordinator_pb2.RegisterDirectoryResponse(
+                error_code=wire_error(ErrorCode.INVALID_REQUEST), error_message=unknown
+            )
+        forwarded = self._forwarded(context, "RegisterDirectory", request)
+        if forwarded is not None:
+            return forwarded
+        node_id, directory_id, replace = request.node_id, request.directory_id, request.replace
+        outcome = self.router.run(
+            METADATA_SHARD,
+            lambda stamp: RegisterDirectory(node_id, directory_id, replace, stamp.now_ms),
+        )
+        registered = ""
+        if outcome.error in (ErrorCode.NONE, ErrorCode.KAFKA_STORAGE_ERROR):
+            registered = self.router.shards.query(
+                METADATA_SHARD, lambda machine: machine.state.directories.get(node_id, "")
+            )
+        return coordinator_pb2.RegisterDirectoryResponse(
+            error_code=wire_error(outcome.error),
+            error_message="" if outcome.ok else outcome.message,
+            registered_directory_id=registered,
+        )
+
+    def ReserveOffsets(self, request: Any, context: Any) -> Any:
+        """Raise a partition-log node's offset ceilings; answers each
+        partition's ceiling from before (read through shard 0's log: only the
+        directory on record reserves, so nothing moves it in between)."""
+        unknown = self._unknown_node(request.node_id)
+        if unknown is not None:
+            return coordinator_pb2.ReserveOffsetsResponse(
+                error_code=wire_error(ErrorCode.INVALID_REQUEST), error_message=unknown
+            )
+        forwarded = self._forwarded(context, "ReserveOffsets", request)
+        if forwarded is not None:
+            return forwarded
+        wanted = tuple(
+            OffsetReservation(r.topic, r.partition, r.ceiling) for r in request.reservations
+        )
+        node_id, directory_id = request.node_id, request.directory_id
+
+        def before(machine: Any) -> list[int]:
+            return [
+                dict(enumerate(machine.offset_ceilings(topic))).get(index, 0)
+                for topic, index, _ceiling in wanted
+            ]
+
+        try:
+            previous = self.router.read(METADATA_SHARD, before)
+        except Refused as refused:
+            return coordinator_pb2.ReserveOffsetsResponse(
+                error_code=wire_error(refused.error), error_message=refused.message
+            )
+        outcome = self.router.run(
+            METADATA_SHARD,
+            lambda stamp: ReserveOffsets(node_id, directory_id, wanted, stamp.now_ms),
+        )
+        if not outcome.ok:
+            return coordinator_pb2.ReserveOffsetsResponse(
+                error_code=wire_error(outcome.error), error_message=outcome.message
+            )
+        return coordinator_pb2.ReserveOffsetsResponse(
+            previous=[
+                coordinator_pb2.PartitionCeiling(topic=r.topic, partition=r.partition, ceiling=c)
+                for r, c in zip(wanted, previous, strict=True)
+            ]
+        )
+
+    def _unknown_node(self, node_id: int) -> str | None:
+        if any(n.node_id == node_id for n in self.router.config.partition_nodes):
+            return None
+        return f"node {node_id} is not a partition-log node of this cluster"
+
+    def _forwarded(self, context: Any, method: str, request: Any) -> Any | None:
+        """Shard 0's leader's answer when this node does not lead it, else None."""
+        if self.router.shards.availability(METADATA_SHARD) is ErrorCode.NONE:
+            return None
+        try:
+            return self.router.forward(METADATA_SHARD, context, method, request)
+        except NotForwarded:
+            return None  # run() answers NOT_COORDINATOR or why the shard cannot
 
 
 def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:

@@ -611,3 +611,53 @@ class DescribeGroupsResponse(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[DescribedGroup]
     def __init__(self, groups: _Optional[_Iterable[_Union[DescribedGroup, _Mapping]]] = ...) -> None: ...
+
+class RegisterDirectoryRequest(_message.Message):
+    __slots__ = ("node_id", "directory_id", "replace")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    directory_id: str
+    replace: bool
+    def __init__(self, node_id: _Optional[int] = ..., directory_id: _Optional[str] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class RegisterDirectoryResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "registered_directory_id")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    registered_directory_id: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., registered_directory_id: _Optional[str] = ...) -> None: ...
+
+class PartitionCeiling(_message.Message):
+    __slots__ = ("topic", "partition", "ceiling")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    CEILING_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    ceiling: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., ceiling: _Optional[int] = ...) -> None: ...
+
+class ReserveOffsetsRequest(_message.Message):
+    __slots__ = ("node_id", "directory_id", "reservations")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    directory_id: str
+    reservations: _containers.RepeatedCompositeFieldContainer[PartitionCeiling]
+    def __init__(self, node_id: _Optional[int] = ..., directory_id: _Optional[str] = ..., reservations: _Optional[_Iterable[_Union[PartitionCeiling, _Mapping]]] = ...) -> None: ...
+
+class ReserveOffsetsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "previous")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    previous: _containers.RepeatedCompositeFieldContainer[PartitionCeiling]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., previous: _Optional[_Iterable[_Union[PartitionCeiling, _Mapping]]] = ...) -> None: ...

@@ -126,6 +126,16 @@ class TransactionCoordinatorStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsResponse.FromString,
                 _registered_method=True)
+        self.RegisterDirectory = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/RegisterDirectory',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryResponse.FromString,
+                _registered_method=True)
+        self.ReserveOffsets = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/ReserveOffsets',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -266,6 +276,23 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterDirectory(self, request, context):
+        """Records a partition-log node's data directory in shard 0 (sent by the
+        node at start; by `raftcoord accept-directory` with replace set).
+        KAFKA_STORAGE_ERROR when another directory of the node is on record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveOffsets(self, request, context):
+        """Reserves offsets of a partition-log node's partitions before the node
+        hands them out (only from the directory on record); ceilings only grow.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -358,6 +385,16 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.DescribeGroups,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'RegisterDirectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterDirectory,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryResponse.SerializeToString,
+            ),
+            'ReserveOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveOffsets,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -847,6 +884,60 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/DescribeGroups',
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterDirectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/RegisterDirectory',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/ReserveOffsets',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -298,3 +298,31 @@ class DescribeProducersResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[DescribeProducersPartitionResponse]
     def __init__(self, partitions: _Optional[_Iterable[_Union[DescribeProducersPartitionResponse, _Mapping]]] = ...) -> None: ...
+
+class PartitionNodeStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RefusedPartition(_message.Message):
+    __slots__ = ("topic", "partition", "reason")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    reason: str
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PartitionNodeStatusResponse(_message.Message):
+    __slots__ = ("node_id", "pid", "directory_id", "directory_state", "refused")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_STATE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    pid: int
+    directory_id: str
+    directory_state: str
+    refused: _containers.RepeatedCompositeFieldContainer[RefusedPartition]
+    def __init__(self, node_id: _Optional[int] = ..., pid: _Optional[int] = ..., directory_id: _Optional[str] = ..., directory_state: _Optional[str] = ..., refused: _Optional[_Iterable[_Union[RefusedPartition, _Mapping]]] = ...) -> None: ...

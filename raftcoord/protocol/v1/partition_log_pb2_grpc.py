@@ -60,6 +60,11 @@ class PartitionLogStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
                 _registered_method=True)
+        self.PartitionNodeStatus = channel.unary_unary(
+                '/raftcoord.v1.PartitionLog/PartitionNodeStatus',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionLogServicer:
@@ -116,6 +121,14 @@ class PartitionLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PartitionNodeStatus(self, request, context):
+        """The node's state for operators: its data directory and the partitions
+        it refuses to serve.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +156,11 @@ def add_PartitionLogServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'PartitionNodeStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.PartitionNodeStatus,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -281,6 +299,33 @@ class PartitionLog:
             '/raftcoord.v1.PartitionLog/DescribeProducers',
             raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PartitionNodeStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.PartitionLog/PartitionNodeStatus',
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
