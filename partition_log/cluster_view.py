@@ -3,7 +3,9 @@
 * :class:`ClusterView`: topic placement from the coordinators' Metadata RPC
   (which partitions this node owns), refreshed periodically and on a miss;
   and the node's data directory and offset reservations on record there
-  (RegisterDirectory, ReserveOffsets).
+  (RegisterDirectory, ReserveOffsets); and what the coordinators decided
+  about producers' transactions (:meth:`ClusterView.coordinator_transactions`,
+  :func:`owed_marker`).
 * :class:`TxnPartitionAdder`: KIP-890 part 2. Before a partition
   accepts the first transactional batch of a (producer id, epoch), it asks
   the coordinator of the transactional id to add the partition to the
@@ -127,6 +129,38 @@ class ClusterView:
         )
         return self._ask_metadata_leader(method="ReserveOffsets", request=request)
 
+    def coordinator_transactions(self, producer_ids: Sequence[int]) -> list[Any] | None:
+        """The coordinators' TransactionDescriptions of the transactional ids
+        whose current producer id is one of ``producer_ids`` (ListTransactions
+        of every coordinator, then DescribeTransactions of each id's
+        leader); None unless every coordinator answered its listing."""
+        listing = coordinator_pb2.ListTransactionsRequest(
+            producer_id_filters=producer_ids, duration_filter_ms=-1
+        )
+        ids: set[str] = set()
+        for address in self._addresses:
+            try:
+                answer = self._channels.coordinator(address).ListTransactions(
+                    listing, timeout=CALL_TIMEOUT_S
+                )
+            except grpc.RpcError:
+                return None
+            ids.update(t.transactional_id for t in answer.transactions)
+        described = []
+        for tid in sorted(ids):
+            request = coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[tid])
+            for address in self._addresses:
+                try:
+                    answer = self._channels.coordinator(address).DescribeTransactions(
+                        request, timeout=CALL_TIMEOUT_S
+                    )
+                except grpc.RpcError:
+                    continue
+                if answer.transactions and answer.transactions[0].error_code == ErrorCode.NONE:
+                    described.append(answer.transactions[0])
+                    break
+        return described
+
     def _ask_metadata_leader(self, method: str, request: Any) -> Any | None:
         """The first answer that is not "ask another node" (any coordinator
         forwards to shard 0's leader)."""
@@ -184,6 +218,39 @@ class ClusterView:
             )
         return Placement(ErrorCode.NONE)
 
+
+def owed_marker(
+    producer_id: int, data_epoch: int, descriptions: Sequence[Any]
+) -> tuple[bool, int] | None:
+    """The marker a partition's open transaction of ``producer_id`` (its
+    records at ``data_epoch``) is owed when the coordinator has completed it:
+    (True for COMMIT, False for ABORT; the coordinator epoch it was decided
+    in); None when no description says so.
+
+    A transaction is completed (CompleteCommit/CompleteAbort) only once every
+    partition acknowledged its marker, so a partition that still has it open
+    lost the marker (a flush policy other than ``always``). The completed
+    transaction must be this one: its records' producer id and epoch
+    (``last_producer_*``) are the open transaction's, or, after a fencing
+    abort (no ``last_producer_epoch``), the abort's epoch is the next one.
+    """
+    for d in descriptions:
+        completed = d.state in _COMPLETED
+        if not completed:
+            continue
+        commit = d.state == common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
+        if (d.last_producer_id, d.last_producer_epoch) == (producer_id, data_epoch):
+            return commit, d.coordinator_epoch
+        fenced = d.last_producer_epoch == -1 and not commit
+        if fenced and (d.producer_id, d.producer_epoch) == (producer_id, data_epoch + 1):
+            return False, d.coordinator_epoch
+    return None
+
+
+_COMPLETED = (
+    common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
+    common_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
+)
 
 #: Answers that send a request about shard 0's records to another coordinator.
 _ASK_ANOTHER = {

@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 import partition_log.log
-from partition_log.cluster_view import ClusterView, TxnPartitionAdder
+from partition_log.cluster_view import ClusterView, TxnPartitionAdder, owed_marker
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
@@ -43,6 +43,7 @@ from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
 from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
 
@@ -289,6 +290,50 @@ class PartitionNode:
                 else "the node did not stop cleanly and the log is not flushed on every append",
             )
 
+    def write_owed_markers(self) -> None:
+        """For each partition that may have lost records and was not checked
+        since it opened: write again the COMMIT or ABORT marker of every open
+        transaction that its coordinator has completed (it lost the marker;
+        the coordinator, done, never sends it again)."""
+        unchecked = [
+            p for p in list(self.partitions.values()) if not p.markers_checked and p.ceiling
+        ]
+        if not unchecked or self.directory_state is not DirectoryState.SERVING:
+            return
+        open_txns = {p: p.open_transactions() for p in unchecked}
+        producer_ids = sorted({t.producer_id for txns in open_txns.values() for t in txns})
+        described = self.view.coordinator_transactions(producer_ids) if producer_ids else []
+        if described is None:
+            return  # a coordinator did not answer: the next round asks again
+        for partition, txns in open_txns.items():
+            written = True
+            for txn in txns:
+                owed = owed_marker(txn.producer_id, txn.producer_epoch, described)
+                if owed is None or txn.producer_epoch >= KAFKA_MAX_PRODUCER_EPOCH:
+                    continue
+                commit, coordinator_epoch = owed
+                code, message = partition.write_marker(
+                    txn.producer_id,
+                    txn.producer_epoch + 1,  # above the records' epoch: it closes them
+                    max(coordinator_epoch, txn.coordinator_epoch),
+                    commit,
+                    int(time.time() * 1000),
+                )
+                log.warning(
+                    "node=%d event=owed_marker partition=%s-%d producer_id=%d epoch=%d "
+                    "result=%s error=%s %s",
+                    self.node_id,
+                    partition.topic,
+                    partition.index,
+                    txn.producer_id,
+                    txn.producer_epoch,
+                    "COMMIT" if commit else "ABORT",
+                    code.name,
+                    message,
+                )
+                written = written and code is ErrorCode.NONE
+            partition.markers_checked = written  # else the next round tries again
+
     def _reservation_loop(self) -> None:
         while not self._stopping.is_set():
             self._reservation_due.wait(RESERVATION_CHECK_S)
@@ -298,6 +343,7 @@ class PartitionNode:
             if self.directory_state is DirectoryState.REPLACED:
                 self._register()  # until an operator accepts the directory
             self.reserve_due()
+            self.write_owed_markers()
 
     def status(self) -> Any:
         """PartitionNodeStatus: the directory and the partitions not served."""

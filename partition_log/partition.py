@@ -125,6 +125,10 @@ class Partition:
         )
         """Whether acknowledged records may be missing from the log (it is new,
         or it was not flushed on every append and not closed cleanly)."""
+        self.markers_checked = not self.may_have_lost
+        """Whether the open transactions were compared with the coordinators'
+        decisions since the partition opened (only one that may have lost
+        records can have lost a marker)."""
 
     # --- offset reservations -----------------------------------------------------------
 
@@ -357,6 +361,11 @@ class Partition:
         """The producers this partition keeps state for (DescribeProducers)."""
         with self.lock:
             return self.states.active_producers()
+
+    def open_transactions(self) -> list[ActiveProducer]:
+        """The producers with a transaction open here."""
+        with self.lock:
+            return [p for p in self.states.active_producers() if p.current_txn_start_offset >= 0]
 
     def offsets(self) -> tuple[int, int, int]:
         """(log start offset, last stable offset, high watermark)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from partition_log import codec
 from raftcoord.client import (
     AbortTransactionSpec,
     Admin,
@@ -410,3 +411,51 @@ def test_an_unflushed_log_that_lost_its_tail_continues_above_every_offset_handed
         assert [value for _, value in seen] == [b"a0", b"a1", b"after"]
         log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
         assert "event=offsets_skipped partition=unflushed-0 from=2" in log
+
+
+def test_a_commit_marker_lost_with_an_unflushed_tail_is_written_again(tmp_path: Path) -> None:
+    """Under ``log.flush.policy = never`` a machine crash took a partition's
+    COMMIT marker after the coordinator completed the transaction (so it
+    never sends it again). Restarted, the node asks the coordinators about
+    its open transactions and writes the marker again: the committed record
+    becomes visible to read_committed instead of holding the partition's
+    last stable offset forever."""
+    with running_cluster(
+        tmp_path / "cluster", shards=1, partition_nodes=1, log_flush="never"
+    ) as cluster:
+        owners = plog_client.create_topic(cluster, "owed", 1)
+        (node_id,) = [r.node_id for r in cluster.partition_nodes()]
+        with TransactionalProducer(cluster.bootstrap(), "owed-txn") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send("owed", b"committed", partition=0)
+            producer.commit_transaction()
+        with Admin(cluster.bootstrap()) as admin:
+            cluster.wait_until(
+                lambda: (
+                    admin.describe_transactions(["owed-txn"])["owed-txn"].state == "CompleteCommit"
+                ),
+                15,
+                "the transaction did not complete",
+            )
+        cluster.kill(node_id, "KILL")
+        # The machine died before the page cache held the marker on disk.
+        segment = next((cluster.data_dir / f"partition-node-{node_id}" / "owed-0").glob("*.log"))
+        data = segment.read_bytes()
+        position = last = 0
+        while position < len(data):
+            last = position
+            position += codec.parse_header(data, position).size
+        assert codec.parse_header(data, last).is_control
+        segment.write_bytes(data[:last])
+        cluster.start(node_id)
+
+        node = plog_client.stub(owners[0])
+        deadline = time.monotonic() + 15
+        while not plog_client.read_all(node, "owed", 0, committed=True)[0]:
+            assert time.monotonic() < deadline, "the lost COMMIT marker was never written again"
+            time.sleep(0.2)
+        seen, _ = plog_client.read_all(node, "owed", 0, committed=True)
+        assert [value for _, value in seen] == [b"committed"]
+        log = (cluster.data_dir / f"partition-node-{node_id}.log").read_text()
+        assert "event=owed_marker partition=owed-0" in log and "result=COMMIT" in log

@@ -56,6 +56,8 @@ class TransactionQueries:
                     groups=sorted(meta.groups),
                     coordinator_epoch=meta.coordinator_epoch,
                     pending_markers=self._pending_markers(shard, meta),
+                    last_producer_id=meta.last_producer_id,
+                    last_producer_epoch=meta.last_producer_epoch,
                 )
             )
         return coordinator_pb2.DescribeTransactionsResponse(transactions=descriptions)
@@ -165,4 +167,6 @@ def _no_description(transactional_id: str, error: ErrorCode) -> Any:
         producer_id=-1,
         producer_epoch=-1,
         transaction_start_time_ms=-1,
+        last_producer_id=-1,
+        last_producer_epoch=-1,
     )

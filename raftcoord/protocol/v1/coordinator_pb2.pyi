@@ -253,7 +253,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers")
+    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers", "last_producer_id", "last_producer_epoch")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +266,8 @@ class TransactionDescription(_message.Message):
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PENDING_MARKERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     transactional_id: str
     state: _common_pb2.TransactionState
@@ -278,7 +280,9 @@ class TransactionDescription(_message.Message):
     groups: _containers.RepeatedScalarFieldContainer[str]
     coordinator_epoch: int
     pending_markers: _containers.RepeatedCompositeFieldContainer[PendingMarker]
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ...) -> None: ...
+    last_producer_id: int
+    last_producer_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ..., last_producer_id: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ...) -> None: ...
 
 class PendingMarker(_message.Message):
     __slots__ = ("topic", "partition", "group_id", "last_error_code", "last_error_message")
