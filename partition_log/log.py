@@ -57,6 +57,7 @@ __all__ = [
     "PartitionLogStore",
     "RecoveryReport",
     "StoreFailed",
+    "fsync_directory",
 ]
 
 logger = logging.getLogger(__name__)
@@ -401,7 +402,7 @@ class PartitionLogStore:
                 self._delete_oldest_segment()
         finally:
             if count:
-                _fsync_dir(self.directory)
+                fsync_directory(self.directory)
                 for offset in self.snapshot_offsets():
                     if offset < self.log_start_offset:
                         self.delete_snapshot(offset)
@@ -640,7 +641,7 @@ class PartitionLogStore:
         except OSError:
             os.close(index_fd)
             raise
-        _fsync_dir(self.directory)
+        fsync_directory(self.directory)
         return _Segment(base_offset, log_fd, 0, base_offset, [], [], index_fd)
 
     def _add_segment(self, segment: _Segment) -> None:
@@ -654,7 +655,7 @@ class PartitionLogStore:
         created = not self.directory.is_dir()
         if created:
             self.directory.mkdir(parents=True)
-            _fsync_dir(self.directory.parent)
+            fsync_directory(self.directory.parent)
         for pattern in ("*.index.tmp", "*" + _SNAPSHOT_SUFFIX + ".tmp", _GAPS_FILE + ".tmp"):
             for leftover in self.directory.glob(pattern):
                 leftover.unlink()
@@ -1043,7 +1044,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_directory(path.parent)
 
 
 def _intact_batch_after(fd: int, position: int, offset: int, size: int) -> tuple[int, int] | None:
@@ -1082,7 +1083,8 @@ def _last_offset_in(fd: int, position: int, size: int) -> int:
     return last
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Make the directory's entries (files created, renamed or removed) durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         _fsync(fd, directory)

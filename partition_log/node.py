@@ -384,7 +384,11 @@ class PartitionNode:
             )
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.clean_start = marker.exists()
-        marker.unlink(missing_ok=True)
+        if self.clean_start:
+            # Durably gone before anything is appended: a crash from now on
+            # must not pass for a clean stop.
+            marker.unlink()
+            partition_log.log.fsync_directory(self.data_dir)
         self._open_from_disk()
         self.view.refresh()
         for topic, index in self.view.owned():
