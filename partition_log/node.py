@@ -45,6 +45,7 @@ from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, loa
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
+from raftcoord.protocol.tls import cluster_refusal, node_identity
 from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -85,7 +86,13 @@ class PartitionNode:
         settings = config.settings
         self._fsync = FsyncPolicy(settings.log_flush_policy)
         coordinators = [n.grpc for n in config.coordinators]
-        channels = ChannelCache()
+        #: What the node presents and trusts on gRPC (None: plaintext, no [tls]).
+        self.tls_identity = node_identity(config, node_id)
+        channels = ChannelCache(
+            credentials=None
+            if self.tls_identity is None
+            else self.tls_identity.channel_credentials()
+        )
         self.view = ClusterView(channels, coordinators, node_id)
         self.adder = TxnPartitionAdder(
             channels,
@@ -97,8 +104,9 @@ class PartitionNode:
         self.partitions: dict[tuple[str, int], Partition] = {}
         #: Partitions whose log failed recovery: (topic, index) -> why.
         self.damaged: dict[tuple[str, int], str] = {}
-        #: The data directory's identity (read or written at :meth:`start`).
-        self.identity: DirectoryIdentity | None = None
+        #: The data directory's identity: its meta.properties (read or written
+        #: at :meth:`start`).
+        self.directory: DirectoryIdentity | None = None
         self.directory_state = DirectoryState.REGISTERING
         #: The directory the coordinators have on record when it is not ours.
         self.registered_directory = ""
@@ -184,10 +192,10 @@ class PartitionNode:
         return opened
 
     def _replaced_message(self) -> str:
-        assert self.identity is not None
+        assert self.directory is not None
         return (
             f"partition-log node {self.node_id}: its data directory "
-            f"{self.identity.directory_id} is not the one the coordinators have on record "
+            f"{self.directory.directory_id} is not the one the coordinators have on record "
             f"({self.registered_directory}); a replaced disk? its partitions are not served "
             f"until `raftcoord accept-directory --id {self.node_id}` accepts the directory "
             "(docs/partition-log.md, Data directories)"
@@ -197,8 +205,8 @@ class PartitionNode:
 
     def _register(self) -> None:
         """Ask the coordinators whether this directory is the one on record."""
-        assert self.identity is not None
-        answer = self.view.register_directory(self.identity.directory_id)
+        assert self.directory is not None
+        answer = self.view.register_directory(self.directory.directory_id)
         if answer is None:
             return
         if answer.error_code == ErrorCode.NONE:
@@ -206,7 +214,7 @@ class PartitionNode:
                 log.info(
                     "node=%d event=directory_registered directory=%s",
                     self.node_id,
-                    self.identity.directory_id,
+                    self.directory.directory_id,
                 )
             self.directory_state = DirectoryState.SERVING
             self._reservation_due.set()
@@ -237,7 +245,7 @@ class PartitionNode:
             self._register()
         if self.directory_state is not DirectoryState.SERVING:
             return
-        assert self.identity is not None
+        assert self.directory is not None
         with self._reserve_lock:
             due = [p for p in list(self.partitions.values()) if p.reservation_due()]
             for first in range(0, len(due), RESERVATIONS_PER_CALL):
@@ -245,7 +253,7 @@ class PartitionNode:
                     (p, p.wanted_ceiling()) for p in due[first : first + RESERVATIONS_PER_CALL]
                 ]
                 answer = self.view.reserve_offsets(
-                    self.identity.directory_id, [(p.topic, p.index, c) for p, c in chunk]
+                    self.directory.directory_id, [(p.topic, p.index, c) for p, c in chunk]
                 )
                 if answer is None:
                     return  # no coordinator answered: the next round asks again
@@ -354,7 +362,7 @@ class PartitionNode:
         return partition_log_pb2.PartitionNodeStatusResponse(
             node_id=self.node_id,
             pid=os.getpid(),
-            directory_id="" if self.identity is None else self.identity.directory_id,
+            directory_id="" if self.directory is None else self.directory.directory_id,
             directory_state=self.directory_state.value,
             refused=refused,
         )
@@ -374,12 +382,12 @@ class PartitionNode:
             DirectoryRefused: the data directory is another node's, or its
                 identity file is damaged.
         """
-        self.identity, created = load_or_create(self.data_dir, "partition-log", self.node_id)
+        self.directory, created = load_or_create(self.data_dir, "partition-log", self.node_id)
         if created:
             log.info(
                 "node=%d event=directory_created directory=%s data_dir=%s",
                 self.node_id,
-                self.identity.directory_id,
+                self.directory.directory_id,
                 self.data_dir,
             )
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
@@ -426,9 +434,16 @@ class PartitionNode:
             MAX_PARKED_FETCHES,
             verify_transactions=self.config.settings.transaction_partition_verification_enable,
             status=self.status,
+            cluster_refusal=lambda context: cluster_refusal(self.config, context),
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
-        if self._server.add_insecure_port(self.me.grpc) == 0:
+        if self.tls_identity is None:
+            port = self._server.add_insecure_port(self.me.grpc)
+        else:
+            port = self._server.add_secure_port(
+                self.me.grpc, self.tls_identity.server_credentials()
+            )
+        if port == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         self._server.start()
         log.info(

@@ -90,8 +90,12 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         *,
         verify_transactions: bool = True,
         status: Callable[[], Any] | None = None,
+        cluster_refusal: Callable[[Any], str | None] = lambda context: None,
     ) -> None:
         self.lookup = lookup
+        #: Why a call's caller may not send what only the cluster sends
+        #: (markers), or None (:func:`raftcoord.protocol.tls.cluster_refusal`).
+        self.cluster_refusal = cluster_refusal
         #: The node's PartitionNodeStatus answer (None: not served).
         self.status = status
         self.adder = adder
@@ -348,6 +352,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     # --- PartitionNodeStatus --------------------------------------------------------
 
     def PartitionNodeStatus(self, request: Any, context: Any) -> Any:
+        refused = self.cluster_refusal(context)
+        if refused is not None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         status = self.status
         if status is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "no node status here")
@@ -359,7 +366,11 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
         now_ms = int(time.time() * 1000)
         answers = []
+        refused = self.cluster_refusal(context)
         for marker in request.markers:
+            if refused is not None:
+                answers.append(_not_from_cluster(marker, refused))
+                continue
             answer = partition_log_pb2.TxnMarkerResult(
                 producer_id=marker.producer_id, producer_epoch=marker.producer_epoch
             )
@@ -466,3 +477,23 @@ def _appended(tp: TopicPartition, check: AppendCheck) -> Any:
     if check.verdict is Verdict.VERIFY:  # only when verification raced a marker
         return _produce_result(tp, ErrorCode.REQUEST_TIMED_OUT, "the transaction changed; retry")
     return _produce_result(tp, ErrorCode.NONE, "", check.base_offset)
+
+
+def _not_from_cluster(marker: Any, message: str) -> Any:
+    """The answer to a marker from a caller that is not the cluster:
+    CLUSTER_AUTHORIZATION_FAILED for each of its partitions and groups."""
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    answer = partition_log_pb2.TxnMarkerResult(
+        producer_id=marker.producer_id, producer_epoch=marker.producer_epoch
+    )
+    for group in marker.groups:
+        answer.groups.add(group_id=group, error_code=wire_error(code))
+    for topic in marker.topics:
+        for index in topic.partitions:
+            answer.partitions.add(
+                topic=topic.topic,
+                partition=index,
+                error_code=wire_error(code),
+                error_message=message,
+            )
+    return answer

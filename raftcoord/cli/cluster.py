@@ -91,6 +91,12 @@ def add_parser(commands: Any) -> None:
         "'raftcoord cluster partition' can then cut the network)",
     )
     up.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS on every gRPC connection: a new CA and certificates in DIR/tls "
+        "(every node's; clients 'admin', a super user, and 'client')",
+    )
+    up.add_argument(
         "--faults",
         action="store_true",
         help="preload a library into every node that makes its fsync fail or steps its wall "
@@ -180,6 +186,7 @@ def _run(args: argparse.Namespace) -> int:
                 config=args.config,
                 kafka_listeners=args.kafka_listeners,
                 faults=args.faults,
+                tls=args.tls,
             )
             print(cluster.status_table())
             if args.kafka_listeners:

@@ -171,6 +171,33 @@ def _accept_directory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _certs(args: argparse.Namespace) -> int:
+    from raftcoord.cluster import certs
+
+    directory = Path(args.dir)
+    try:
+        if args.certs_command == "ca":
+            if (directory / certs.CA_KEY).exists():
+                print(f"raftcoord certs ca: {directory / certs.CA_KEY} exists", file=sys.stderr)
+                return 2
+            certs.make_ca(directory)
+            print(
+                f"wrote {directory / certs.CA_CERT} and {directory / certs.CA_KEY} (keep it safe)"
+            )
+            return 0
+        ca = certs.load_ca(directory)
+        if args.certs_command == "node":
+            name = f"node-{args.id}"
+            written = certs.issue(ca, directory, name, name, args.host)
+        else:
+            written = certs.issue(ca, directory, args.name, args.name, [])
+    except (OSError, ValueError) as exc:
+        print(f"raftcoord certs {args.certs_command}: {exc}", file=sys.stderr)
+        return 2
+    print("wrote " + " and ".join(str(p) for p in written))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
@@ -260,6 +287,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     accept.add_argument("--yes", action="store_true", help="do it (what was lost is lost)")
     accept.set_defaults(func=_accept_directory)
+    certs = commands.add_parser(
+        "certs",
+        help="make a cluster's CA and certificates (docs/security.md)",
+        description="A cluster with a [tls] table needs a CA, a certificate node-ID for every "
+        "node (naming the hosts it is reached at) and one per client (its principal is "
+        "User:NAME). Keys are written with mode 600.",
+    )
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True)
+    for name, text in (
+        ("ca", "a new CA (ca.pem, ca.key)"),
+        ("node", "node-ID.pem/.key for one node"),
+        ("client", "NAME.pem/.key for one client"),
+    ):
+        sub = certs_commands.add_parser(name, help=text)
+        sub.add_argument("--dir", required=True, help="the directory of the CA and certificates")
+        if name == "node":
+            sub.add_argument("--id", required=True, type=int, help="the node's id in the config")
+            sub.add_argument(
+                "--host",
+                required=True,
+                action="append",
+                help="a host name or IP address the node is reached at (repeatable)",
+            )
+        if name == "client":
+            sub.add_argument("--name", required=True, help="the principal's name (User:NAME)")
+    certs.set_defaults(func=_certs)
     pnode = commands.add_parser("partition-node", help="run one partition-log node")
     pnode.add_argument("--config", required=True, help="cluster config (TOML)")
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")

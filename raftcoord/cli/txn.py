@@ -362,6 +362,16 @@ def add_parser(commands: Any) -> None:
             "--bootstrap-server",
             help="comma-separated coordinator addresses (host:port), instead of --cluster-dir",
         )
+        for flag, what in (
+            ("--ssl-cafile", "the cluster CA's certificate"),
+            ("--ssl-certfile", "this client's certificate"),
+            ("--ssl-keyfile", "this client's key"),
+        ):
+            p.add_argument(
+                flag,
+                help=f"a cluster with TLS: {what} (PEM); with --cluster-dir of a `cluster up "
+                "--tls` cluster, its admin certificate by default",
+            )
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (30)")
     txn.set_defaults(func=_run)
@@ -373,9 +383,28 @@ def _bootstrap(args: argparse.Namespace) -> list[str]:
     return LocalCluster(args.cluster_dir).bootstrap()
 
 
+def _tls(args: argparse.Namespace) -> dict[str, str]:
+    """The client's TLS files: the ones given, else a local TLS cluster's admin's."""
+    given = {
+        name: value
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+        if (value := getattr(args, name)) is not None
+    }
+    if given or args.bootstrap_server:
+        return given
+    return LocalCluster(args.cluster_dir).client_tls("admin")
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        with Admin(_bootstrap(args), request_timeout_ms=int(args.timeout * 1000)) as admin:
+        tls = _tls(args)
+        with Admin(
+            _bootstrap(args),
+            request_timeout_ms=int(args.timeout * 1000),
+            ssl_cafile=tls.get("ssl_cafile"),
+            ssl_certfile=tls.get("ssl_certfile"),
+            ssl_keyfile=tls.get("ssl_keyfile"),
+        ) as admin:
             rows, columns = args.run(admin, args)
     except (KafkaError, TxnCommandError, ClusterError, ValueError) as exc:
         print(f"raftcoord txn {args.txn_command}: {exc}", file=sys.stderr)

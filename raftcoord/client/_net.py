@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -148,9 +149,32 @@ def client_closed() -> KafkaConnectionError:
     return KafkaConnectionError("the client is closed")
 
 
-def client_channels() -> ChannelCache:
-    """The channels of one client (or of several sharing them)."""
-    return ChannelCache(CHANNEL_OPTIONS, closed_error=client_closed)
+def client_channels(
+    ssl_cafile: str | None = None,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+) -> ChannelCache:
+    """The channels of one client (or of several sharing them): over mutual
+    TLS when ``ssl_cafile`` is given (the cluster CA's certificate; the
+    client's certificate and key, Kafka's config names), else plaintext.
+
+    Raises:
+        ValueError: a certificate or key without the CA, or one without the other.
+        OSError: a file cannot be read.
+    """
+    credentials = None
+    if ssl_cafile is None:
+        if ssl_certfile is not None or ssl_keyfile is not None:
+            raise ValueError("ssl_certfile and ssl_keyfile need ssl_cafile (the cluster's CA)")
+    else:
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise ValueError("give both ssl_certfile and ssl_keyfile, or neither")
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=Path(ssl_cafile).read_bytes(),
+            private_key=None if ssl_keyfile is None else Path(ssl_keyfile).read_bytes(),
+            certificate_chain=None if ssl_certfile is None else Path(ssl_certfile).read_bytes(),
+        )
+    return ChannelCache(CHANNEL_OPTIONS, closed_error=client_closed, credentials=credentials)
 
 
 def _top_level_error(response: Any) -> int:

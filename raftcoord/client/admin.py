@@ -74,6 +74,11 @@ class Admin:
         request_timeout_ms: deadline of one operation (all its retries).
         channels: where gRPC stubs come from (one channel per address by
             default); tests pass one whose stubs inject faults.
+        ssl_cafile, ssl_certfile, ssl_keyfile: a cluster with TLS (its
+            config's ``[tls]``): the cluster CA's certificate, and this
+            client's certificate and key (PEM files; the principal is the
+            certificate's ``User:<CN>``). Without them the client speaks
+            plaintext.
     """
 
     def __init__(
@@ -84,10 +89,13 @@ class Admin:
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
         channels: ChannelCache | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
         self._request_timeout_s = request_timeout_ms / 1000
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
-        self._channels = channels or client_channels()
+        self._channels = channels or client_channels(ssl_cafile, ssl_certfile, ssl_keyfile)
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
         self._metadata = MetadataCache(self._coordinators)
         #: The node that last created topics (it leads the shard holding topics).

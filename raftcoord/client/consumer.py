@@ -95,6 +95,11 @@ class Consumer:
         retry_backoff_ms, retry_backoff_max_ms: backoff between retries.
         channels: where gRPC stubs come from (one channel per address by
             default); tests pass one whose stubs inject faults.
+        ssl_cafile, ssl_certfile, ssl_keyfile: a cluster with TLS (its
+            config's ``[tls]``): the cluster CA's certificate, and this
+            client's certificate and key (PEM files; the principal is the
+            certificate's ``User:<CN>``). Without them the client speaks
+            plaintext.
     """
 
     def __init__(
@@ -112,6 +117,9 @@ class Consumer:
         retry_backoff_ms: int = 20,
         retry_backoff_max_ms: int = 1_000,
         channels: ChannelCache | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {sorted(_ISOLATION)}")
@@ -133,7 +141,7 @@ class Consumer:
         self._fetch_max_wait_s = fetch_max_wait_ms / 1000
         self._fetch_min_bytes = fetch_min_bytes
         backoff = (retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000)
-        self._channels = channels or client_channels()
+        self._channels = channels or client_channels(ssl_cafile, ssl_certfile, ssl_keyfile)
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
         self._metadata = MetadataCache(self._coordinators)
         self._assignment: list[TopicPartition] = []

@@ -47,6 +47,7 @@ from raftcoord.protocol.errors import ErrorCode
 
 __all__ = [
     "CODE_CLASSES",
+    "ClusterAuthorizationFailedError",
     "ConcurrentTransactionsError",
     "CoordinatorLoadInProgressError",
     "CoordinatorNotAvailableError",
@@ -297,6 +298,14 @@ class RecordTooLargeError(KafkaError):
     ``message.max.bytes``. Kafka's RecordTooLargeException."""
 
     code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class ClusterAuthorizationFailedError(KafkaError):
+    """The caller's principal may not make an inter-node request (markers,
+    the partition nodes' requests): only the cluster's nodes and super users
+    may."""
+
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
 class InvalidTimestampError(KafkaError):

@@ -107,6 +107,11 @@ class Producer:
         partitioner: chooses partitions for records sent without one.
         channels: where gRPC stubs come from (one channel per address by
             default); tests pass one whose stubs inject faults.
+        ssl_cafile, ssl_certfile, ssl_keyfile: a cluster with TLS (its
+            config's ``[tls]``): the cluster CA's certificate, and this
+            client's certificate and key (PEM files; the principal is the
+            certificate's ``User:<CN>``). Without them the client speaks
+            plaintext.
     """
 
     #: Set by TransactionalProducer before this constructor runs.
@@ -126,6 +131,9 @@ class Producer:
         retry_backoff_max_ms: int = 1_000,
         partitioner: DefaultPartitioner | None = None,
         channels: ChannelCache | None = None,
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
         for name, value in (
             ("request_timeout_ms", request_timeout_ms),
@@ -158,7 +166,7 @@ class Producer:
             backoff_s=(retry_backoff_ms / 1000, max(retry_backoff_ms, retry_backoff_max_ms) / 1000),
         )
         self._max_block_s = max_block_ms / 1000
-        channels = channels or client_channels()
+        channels = channels or client_channels(ssl_cafile, ssl_certfile, ssl_keyfile)
         coordinators = CoordinatorClient(bootstrap, channels, *settings.backoff_s)
         self._metadata = MetadataCache(coordinators)
         self._partitioner = partitioner or DefaultPartitioner(batch_size)

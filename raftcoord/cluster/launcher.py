@@ -33,8 +33,9 @@ from typing import Any
 
 import grpc
 
+from raftcoord.cluster import certs, node_faults
 from raftcoord.cluster import netns as namespaces
-from raftcoord.cluster import node_faults
+from raftcoord.protocol.channels import open_channel
 from raftcoord.protocol.config import (
     ClusterConfig,
     ConfigError,
@@ -43,6 +44,7 @@ from raftcoord.protocol.config import (
     write_raft_key,
 )
 from raftcoord.protocol.routing import preferred_leader
+from raftcoord.protocol.tls import Identity
 from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -55,6 +57,11 @@ STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
 #: The cluster's Raft key, beside its config (mode 600).
 RAFT_KEY_FILE = "raft.key"
+#: Where ``--tls`` puts the CA and the certificates, under the cluster directory.
+TLS_DIR = "tls"
+#: The client certificates ``--tls`` makes: a super user and an ordinary client.
+TLS_ADMIN = "admin"
+TLS_CLIENTS = (TLS_ADMIN, "client")
 #: Partition-log node ids start here, so that they never collide with coordinator ids.
 PARTITION_NODE_BASE_ID = 101
 #: The ports of a node that has an address of its own (a namespace, a host of
@@ -97,6 +104,8 @@ class ClusterState:
     network: namespaces.Network | None = None  # the namespaces, bridge and addresses (--netns)
     #: Where the node-faults library was built (--faults), else None.
     faults: str | None = None
+    #: The directory of the cluster's CA and certificates (--tls), else None.
+    tls: str | None = None
 
     def node(self, node_id: int) -> NodeRecord:
         for record in self.nodes:
@@ -300,6 +309,7 @@ class LocalCluster:
         config: str | Path | None = None,
         kafka_listeners: int = 0,
         faults: bool = False,
+        tls: bool = False,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         (its preferred one with auto.leader.rebalance.enable) and every
@@ -309,6 +319,11 @@ class LocalCluster:
         preloaded (:mod:`raftcoord.cluster.node_faults`; needs a C compiler),
         so that :meth:`fail_disk` can make its fsync fail and
         :meth:`shift_clock` can step its wall clock.
+
+        With ``tls``, a new CA and certificates (every node's, and the
+        clients ``admin``, a super user, and ``client``) go to ``DIR/tls/``
+        and the config's ``[tls]`` names them: every gRPC connection is then
+        mutual TLS (:mod:`raftcoord.protocol.tls`; :meth:`client_tls`).
 
         With ``netns``, every node runs in a network namespace of its own, or,
         given ``config`` (a multi-host config such as deploy/cluster.toml,
@@ -380,6 +395,8 @@ class LocalCluster:
                 stray = set(_hosts(cluster_config)) - {h.address for h in network.hosts}
                 if stray:
                     raise ClusterError(f"could not move the addresses of {sorted(stray)}")
+            if tls:
+                cluster_config = self._make_certs(candidate, cluster_config)
             for node_dir in sorted(self.data_dir.glob("*node-*")):
                 refusal = shape_refusal(node_dir, cluster_config) if node_dir.is_dir() else None
                 if refusal is not None:
@@ -410,6 +427,7 @@ class LocalCluster:
             records,
             network,
             faults_dir,
+            str(self.data_dir / TLS_DIR) if cluster_config.tls is not None else None,
         )
         try:
             for record in self.state.nodes:
@@ -425,7 +443,7 @@ class LocalCluster:
                 )
             for record in self.partition_nodes() + self.kafka_gateways():
                 self.wait_until(
-                    lambda r=record: self.node_status(r.node_id) is not None,
+                    lambda r=record: self._settled(r.node_id),
                     timeout_s,
                     f"{record.kind} node {record.node_id} did not answer",
                 )
@@ -578,6 +596,47 @@ class LocalCluster:
 
     # --- inspection ----------------------------------------------------------------
 
+    def _make_certs(self, config_path: Path, config: ClusterConfig) -> ClusterConfig:
+        """Certificates for every node of ``config`` and the clients, and the
+        ``[tls]`` table naming them appended to the config file; the config then."""
+        if config.tls is not None:
+            raise ClusterError("the config has a [tls] table already; start it without --tls")
+        nodes = {n.node_id: [certs.host_of(n.grpc)] for n in config.coordinators}
+        nodes |= {n.node_id: [certs.host_of(n.grpc)] for n in config.partition_nodes}
+        nodes |= {k.node_id: [certs.host_of(k.address)] for k in config.kafka_listeners}
+        certs.make_cluster_certs(self.data_dir / TLS_DIR, nodes, TLS_CLIENTS)
+        with config_path.open("a") as out:
+            out.write(
+                f'\n[tls]\nca_file = "{TLS_DIR}/{certs.CA_CERT}"\ncert_dir = "{TLS_DIR}"\n'
+                f'super_users = ["User:{TLS_ADMIN}"]\n'
+            )
+        return load_config(config_path)
+
+    def client_tls(self, name: str = "client") -> dict[str, str]:
+        """The client library's TLS arguments (``ssl_cafile``, ``ssl_certfile``,
+        ``ssl_keyfile``) for the client certificate ``name`` (``client``, or
+        ``admin``: a super user); empty without ``--tls``."""
+        state = self._require()
+        if state.tls is None:
+            return {}
+        directory = Path(state.tls)
+        return {
+            "ssl_cafile": str(directory / certs.CA_CERT),
+            "ssl_certfile": str(directory / f"{name}.pem"),
+            "ssl_keyfile": str(directory / f"{name}.key"),
+        }
+
+    def channel(self, address: str, name: str = TLS_ADMIN) -> grpc.Channel:
+        """A gRPC channel to ``address`` as the client certificate ``name``
+        (the super user ``admin`` by default) with ``--tls``, else plaintext."""
+        files = self.client_tls(name)
+        if not files:
+            return open_channel(address)
+        identity = Identity.load(
+            Path(files["ssl_cafile"]), Path(files["ssl_certfile"]), Path(files["ssl_keyfile"])
+        )
+        return open_channel(address, identity.channel_credentials())
+
     def fail_disk(self, node_id: int, failing: bool = True) -> None:
         """Make fsync and fdatasync of node ``node_id`` fail with EIO (or, with
         ``failing`` False, work again); the cluster must have been started
@@ -627,7 +686,7 @@ class LocalCluster:
             except OSError:
                 return None
             return True
-        with grpc.insecure_channel(record.grpc) as channel:
+        with self.channel(record.grpc) as channel:
             try:
                 if record.kind == "partition-log":
                     return partition_log_pb2_grpc.PartitionLogStub(channel).PartitionNodeStatus(
@@ -638,6 +697,13 @@ class LocalCluster:
                 )
             except grpc.RpcError:
                 return None
+
+    def _settled(self, node_id: int) -> bool:
+        """Whether the node answers, a partition-log node once the coordinators
+        told it whether its data directory is the one on record."""
+        status = self.node_status(node_id)
+        registering = getattr(status, "directory_state", "") == "registering"
+        return status is not None and not registering
 
     def leaders(self) -> dict[int, int]:
         """shard -> node id of the ready leader, for shards with one."""

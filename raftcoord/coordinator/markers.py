@@ -204,12 +204,18 @@ def _txn_marker(marker: MarkerRequest) -> Any:
 class MarkerWriters:
     """The node's marker writers: one per shard it leads (ready), per term."""
 
-    def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
+    def __init__(
+        self,
+        shards: Shards,
+        config: ClusterConfig,
+        node_id: int,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.shards = shards
         self.config = config
         self.node_id = node_id
         #: One channel per address, shared by every writer of the node.
-        self.channels = ChannelCache(closed_error=_node_stopping)
+        self.channels = ChannelCache(closed_error=_node_stopping, credentials=credentials)
         self._lock = threading.Lock()
         self._writers: dict[int, MarkerWriter] = {}
         self._stopping = threading.Event()

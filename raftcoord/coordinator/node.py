@@ -49,6 +49,7 @@ from raftcoord.protocol.process import (
     serve,
 )
 from raftcoord.protocol.routing import preferred_leader
+from raftcoord.protocol.tls import node_identity
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
 
@@ -79,7 +80,12 @@ class CoordinatorNode:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
-        self.markers = MarkerWriters(self, config, node_id)
+        #: What the node presents and trusts on gRPC (None: plaintext, no [tls]).
+        self.tls_identity = node_identity(config, node_id)
+        self.credentials = (
+            None if self.tls_identity is None else self.tls_identity.channel_credentials()
+        )
+        self.markers = MarkerWriters(self, config, node_id, self.credentials)
 
     # --- addresses -------------------------------------------------------------------
 
@@ -256,12 +262,17 @@ class CoordinatorNode:
             options=[("grpc.so_reuseport", 0)],
         )
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
-            CoordinatorService(self, self.config, self.node_id, self.markers), server
+            CoordinatorService(self, self.config, self.node_id, self.markers, self.credentials),
+            server,
         )
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
             AdminService(self, self.config, self.node_id), server
         )
-        if server.add_insecure_port(self.me.grpc) == 0:
+        if self.tls_identity is None:
+            port = server.add_insecure_port(self.me.grpc)
+        else:
+            port = server.add_secure_port(self.me.grpc, self.tls_identity.server_credentials())
+        if port == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         return server
 

@@ -39,8 +39,15 @@ class Unreachable(Exception):
 class Backend:
     """gRPC stubs of every node of ``config`` on one asyncio loop."""
 
-    def __init__(self, config: ClusterConfig, rpc_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        rpc_timeout_s: float = 10.0,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.config = config
+        #: The gateway's TLS credentials (its node certificate); None: plaintext.
+        self.credentials = credentials
         self.rpc_timeout_s = rpc_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._leaders: dict[int, str] = {}  # shard -> the leader's gRPC address
@@ -50,14 +57,16 @@ class Backend:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address,
-                options=[
-                    *CHANNEL_POLICY,
-                    ("grpc.max_receive_message_length", 128 * 1024 * 1024),
-                    ("grpc.max_send_message_length", 128 * 1024 * 1024),
-                ],
-            )
+            options = [
+                *CHANNEL_POLICY,
+                ("grpc.max_receive_message_length", 128 * 1024 * 1024),
+                ("grpc.max_send_message_length", 128 * 1024 * 1024),
+            ]
+            if self.credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=options)
+            else:
+                channel = grpc.aio.secure_channel(address, self.credentials, options=options)
+            self._channels[address] = channel
         return channel
 
     def coordinator_stub(self, address: str) -> Any:

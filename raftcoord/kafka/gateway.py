@@ -28,6 +28,7 @@ from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
 from raftcoord.protocol.routing import stable_hash
+from raftcoord.protocol.tls import node_identity
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
 
@@ -57,7 +58,10 @@ class Gateway:
     def __init__(self, config: ClusterConfig, listener: KafkaListener) -> None:
         self.config = config
         self.listener = listener
-        self.backend = Backend(config)
+        identity = node_identity(config, listener.node_id)
+        self.backend = Backend(
+            config, credentials=None if identity is None else identity.channel_credentials()
+        )
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()

@@ -28,6 +28,18 @@ CHANNEL_POLICY: list[tuple[str, Any]] = [
 ]
 
 
+def open_channel(
+    address: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    options: Sequence[tuple[str, Any]] = tuple(CHANNEL_POLICY),
+) -> grpc.Channel:
+    """A channel to ``address``: over TLS with ``credentials``
+    (:meth:`raftcoord.protocol.tls.Identity.channel_credentials`), else plaintext."""
+    if credentials is None:
+        return grpc.insecure_channel(address, options=list(options))
+    return grpc.secure_channel(address, credentials, options=list(options))
+
+
 def _closed() -> Exception:
     return RuntimeError("the channels are closed")
 
@@ -40,14 +52,17 @@ class ChannelCache:
             :data:`CHANNEL_POLICY`; callers add message size limits to it).
         closed_error: makes the exception raised when a channel or stub is
             asked for after :meth:`close`.
+        credentials: TLS credentials of every channel; None: plaintext.
     """
 
     def __init__(
         self,
         options: Sequence[tuple[str, Any]] = tuple(CHANNEL_POLICY),
         closed_error: Callable[[], Exception] = _closed,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.options = list(options)
+        self.credentials = credentials
         self._closed_error = closed_error
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
@@ -59,7 +74,9 @@ class ChannelCache:
             raise self._closed_error()
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address, options=self.options)
+            channel = self._channels[address] = open_channel(
+                address, self.credentials, self.options
+            )
         return channel
 
     def channel(self, address: str) -> grpc.Channel:

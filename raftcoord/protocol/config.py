@@ -194,6 +194,27 @@ class TopicRetention:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """The ``[tls]`` table: mutual TLS on every gRPC connection
+    (:mod:`raftcoord.protocol.tls`). Paths are relative to the config
+    file's directory."""
+
+    #: The cluster CA's certificate (PEM): every peer's certificate must chain to it.
+    ca_file: Path
+    #: Holds ``node-<id>.pem`` and ``node-<id>.key`` of every node.
+    cert_dir: Path
+    #: Principals (``User:<CN>``) that may act as the cluster besides the nodes.
+    super_users: tuple[str, ...] = ()
+
+    def node_files(self, node_id: int) -> tuple[Path, Path]:
+        """(certificate, key) of node ``node_id``."""
+        return (
+            self.cert_dir / f"node-{node_id}.pem",
+            self.cert_dir / f"node-{node_id}.key",
+        )
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """The whole cluster as every node sees it."""
 
@@ -209,6 +230,8 @@ class ClusterConfig:
     #: The file holding the key Raft peers authenticate with (``raft_key_file``,
     #: relative to the config file's directory); None: not configured.
     raft_key_file: Path | None = None
+    #: Mutual TLS on every gRPC connection; None: plaintext and anonymous.
+    tls: TlsConfig | None = None
 
     def retention(self, topic: str) -> TopicRetention:
         """The retention of ``topic``: its override, else the node-wide defaults."""
@@ -354,6 +377,13 @@ def load_config(path: str | Path) -> ClusterConfig:
         raise ConfigError(f"{path}: {exc}") from None
     if config.raft_key_file is not None:
         config = dataclasses.replace(config, raft_key_file=path.parent / config.raft_key_file)
+    if config.tls is not None:
+        tls = dataclasses.replace(
+            config.tls,
+            ca_file=path.parent / config.tls.ca_file,
+            cert_dir=path.parent / config.tls.cert_dir,
+        )
+        config = dataclasses.replace(config, tls=tls)
     return config
 
 
@@ -413,6 +443,7 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
         "topic_config",
         "kafka_listeners",
         "raft_key_file",
+        "tls",
     }
     if unknown:
         raise ConfigError(f"unknown top-level keys: {sorted(unknown)}")
@@ -450,7 +481,30 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
         topic_config,
         kafka_listeners,
         Path(key_file) if key_file is not None else None,
+        _tls(raw.get("tls")),
     )
+
+
+def _tls(raw: Any) -> TlsConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError("[tls] must be a table")
+    unknown = set(raw) - {"ca_file", "cert_dir", "super_users"}
+    if unknown:
+        raise ConfigError(f"[tls]: unknown keys {sorted(unknown)}")
+    paths = {}
+    for key in ("ca_file", "cert_dir"):
+        value = raw.get(key)
+        if type(value) is not str or not value:
+            raise ConfigError(f"[tls].{key} must be a path, got {value!r}")
+        paths[key] = Path(value)
+    supers = raw.get("super_users", [])
+    if not isinstance(supers, list) or not all(
+        type(u) is str and u.startswith("User:") and len(u) > 5 for u in supers
+    ):
+        raise ConfigError(f'[tls].super_users must be a list of "User:<name>", got {supers!r}')
+    return TlsConfig(paths["ca_file"], paths["cert_dir"], tuple(supers))
 
 
 def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:

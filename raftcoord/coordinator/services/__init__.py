@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
+
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.services.admin import AdminService, TransactionQueries
 from raftcoord.coordinator.services.common import ShardRouter
@@ -37,9 +39,14 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
     """The TransactionCoordinator servicer: every RPC is its family's."""
 
     def __init__(
-        self, shards: Shards, config: ClusterConfig, node_id: int, markers: MarkerWriters
+        self,
+        shards: Shards,
+        config: ClusterConfig,
+        node_id: int,
+        markers: MarkerWriters,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
-        router = ShardRouter(shards, config, node_id)
+        router = ShardRouter(shards, config, node_id, credentials)
         self.topics = TopicRPCs(router)
         self.transactions = TransactionRPCs(router, self.topics)
         self.groups = GroupRPCs(router)

@@ -7,6 +7,8 @@ import os
 from functools import partial
 from typing import Any
 
+import grpc
+
 from fsm import ErrorCode, TransactionStateMachine, TxnState
 from fsm.metadata import TransactionMetadata
 from fsm.states import PREPARE_STATES
@@ -15,6 +17,7 @@ from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.services.common import Refused, ShardRouter
 from raftcoord.coordinator.shard import Reader, Shards
 from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.tls import cluster_refusal
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, common_pb2, coordinator_pb2
 from raftcoord.protocol.wire import wire_error, wire_state
 
@@ -114,6 +117,9 @@ class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):
         self.node_id = node_id
 
     def NodeStatus(self, request: Any, context: Any) -> Any:
+        refused = cluster_refusal(self.config, context)
+        if refused is not None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
         statuses = []
         for shard in range(self.config.shard_count):
             leader = self.shards.leader_of(shard)

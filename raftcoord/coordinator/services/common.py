@@ -26,9 +26,10 @@ from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import CHECK_ONLY, Unstamped
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Reader, Shards
-from raftcoord.protocol.channels import CHANNEL_POLICY
+from raftcoord.protocol.channels import open_channel
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.tls import cluster_refusal
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
 from raftcoord.protocol.wire import wire_error
 
@@ -55,11 +56,24 @@ class NotForwarded(Exception):
 class ShardRouter:
     """A node's way to its shards, shared by the RPC families."""
 
-    def __init__(self, shards: Shards, config: ClusterConfig, node_id: int) -> None:
+    def __init__(
+        self,
+        shards: Shards,
+        config: ClusterConfig,
+        node_id: int,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.shards = shards
+        #: TLS credentials of the node's calls to other coordinators (forwarding).
+        self.credentials = credentials
         self.config = config
         self.node_id = node_id
         self.fsm_config = fsm_config(config.settings)
+
+    def cluster_refusal(self, context: Any) -> str | None:
+        """Why the caller may not send what only the cluster sends, or None
+        (:func:`raftcoord.protocol.tls.cluster_refusal`)."""
+        return cluster_refusal(self.config, context)
 
     def shard_of(self, key: str) -> int:
         return shard_for(key, self.config.shard_count)
@@ -154,7 +168,7 @@ class ShardRouter:
         if leader is None or leader.node_id == self.node_id:
             raise NotForwarded("no leader")
         try:
-            with grpc.insecure_channel(leader.grpc, options=CHANNEL_POLICY) as channel:
+            with open_channel(leader.grpc, self.credentials) as channel:
                 stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
                 return getattr(stub, method)(
                     request,

@@ -215,6 +215,24 @@ class GroupRPCs:
         lists some gets INVALID_REQUEST for each."""
         answers = []
         waiting: list[tuple[Any, Future[Any]]] = []
+        refused = self.router.cluster_refusal(context)
+        if refused is not None:
+            return partition_log_pb2.WriteTxnMarkersResponse(
+                markers=[
+                    partition_log_pb2.TxnMarkerResult(
+                        producer_id=m.producer_id,
+                        producer_epoch=m.producer_epoch,
+                        groups=[
+                            partition_log_pb2.GroupResult(
+                                group_id=g,
+                                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                            )
+                            for g in m.groups
+                        ],
+                    )
+                    for m in request.markers
+                ]
+            )
         for marker in request.markers:
             answer = partition_log_pb2.TxnMarkerResult(
                 producer_id=marker.producer_id, producer_epoch=marker.producer_epoch

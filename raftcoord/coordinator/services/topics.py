@@ -168,6 +168,12 @@ class TopicRPCs:
     def RegisterDirectory(self, request: Any, context: Any) -> Any:
         """Record a partition-log node's data directory (shard 0's leader
         answers; another node forwards to it)."""
+        refused = self.router.cluster_refusal(context)
+        if refused is not None:
+            return coordinator_pb2.RegisterDirectoryResponse(
+                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                error_message=refused,
+            )
         unknown = self._unknown_node(request.node_id)
         if unknown is not None:
             return coordinator_pb2.RegisterDirectoryResponse(
@@ -196,6 +202,12 @@ class TopicRPCs:
         """Raise a partition-log node's offset ceilings; answers each
         partition's ceiling from before (read through shard 0's log: only the
         directory on record reserves, so nothing moves it in between)."""
+        refused = self.router.cluster_refusal(context)
+        if refused is not None:
+            return coordinator_pb2.ReserveOffsetsResponse(
+                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                error_message=refused,
+            )
         unknown = self._unknown_node(request.node_id)
         if unknown is not None:
             return coordinator_pb2.ReserveOffsetsResponse(
@@ -217,9 +229,9 @@ class TopicRPCs:
 
         try:
             previous = self.router.read(METADATA_SHARD, before)
-        except Refused as refused:
+        except Refused as not_read:
             return coordinator_pb2.ReserveOffsetsResponse(
-                error_code=wire_error(refused.error), error_message=refused.message
+                error_code=wire_error(not_read.error), error_message=not_read.message
             )
         outcome = self.router.run(
             METADATA_SHARD,

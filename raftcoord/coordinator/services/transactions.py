@@ -131,6 +131,12 @@ class TransactionRPCs:
         together in one Raft entry per shard.
         """
         if request.transactions:
+            refused = self.router.cluster_refusal(context)
+            if refused is not None:  # Kafka's v4+ needs ClusterAction
+                return coordinator_pb2.AddPartitionsToTxnResponse(
+                    error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                    error_message=refused,
+                )
             answers = [self._start_add(t, context, batched=True) for t in request.transactions]
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),

@@ -1,0 +1,171 @@
+"""A cluster's certificates: a CA, one certificate per node, client certificates.
+
+``raftcoord cluster up --tls`` makes all of them in ``DIR/tls/``;
+``raftcoord certs`` makes them one at a time for a real deployment
+(deploy/README.md). Keys are EC P-256, written with mode 0600; the CA is
+valid for 5 years, the others for 397 days (the longest a public CA may
+issue). A node's certificate names the hosts it is reached at (IP addresses
+or DNS names, as the cluster config writes them) and serves as its client
+certificate too; a client certificate names only its principal (common
+name ``NAME``: principal ``User:NAME``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_DAYS = 5 * 365
+LEAF_DAYS = 397
+CA_CERT = "ca.pem"
+CA_KEY = "ca.key"
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A CA that can sign."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+
+def make_ca(directory: Path, name: str = "raftcoord cluster CA") -> Authority:
+    """A new CA, written to ``directory/ca.pem`` and ``ca.key`` (0600)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    _write(directory / CA_CERT, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(directory / CA_KEY, _key_pem(key), 0o600)
+    return Authority(cert, key)
+
+
+def load_ca(directory: Path) -> Authority:
+    """The CA in ``directory``.
+
+    Raises:
+        OSError: its files cannot be read.
+        ValueError: they are not a certificate and an EC key.
+    """
+    cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
+    key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{directory / CA_KEY} is not an EC private key")
+    return Authority(cert, key)
+
+
+def issue(
+    ca: Authority, directory: Path, file_name: str, common_name: str, hosts: list[str]
+) -> tuple[Path, Path]:
+    """A certificate for ``common_name`` signed by ``ca``, valid for TLS
+    servers at ``hosts`` (none: a client only) and as a client; written to
+    ``directory/file_name.pem`` and ``.key`` (0600). Returns both paths."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=LEAF_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    )
+    if hosts:
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([_general_name(h) for h in dict.fromkeys(hosts)]),
+            critical=False,
+        )
+    cert = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False).sign(
+        ca.key, hashes.SHA256()
+    )
+    cert_path, key_path = directory / f"{file_name}.pem", directory / f"{file_name}.key"
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(key_path, _key_pem(key), 0o600)
+    return cert_path, key_path
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a file created with ``mode`` (a key is never readable by others,
+    not even for a moment)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def make_cluster_certs(
+    directory: Path, nodes: dict[int, list[str]], clients: tuple[str, ...]
+) -> Authority:
+    """A new CA in ``directory``, a certificate ``node-<id>`` for each of
+    ``nodes`` (id -> the hosts it is reached at) and one per client name."""
+    ca = make_ca(directory)
+    for node_id, hosts in nodes.items():
+        issue(ca, directory, f"node-{node_id}", f"node-{node_id}", hosts)
+    for name in clients:
+        issue(ca, directory, name, name, [])
+    return ca
+
+
+def host_of(address: str) -> str:
+    """The host of a ``host:port`` address (an IPv6 one in brackets)."""
+    return address.rsplit(":", 1)[0].strip("[]")

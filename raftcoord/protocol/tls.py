@@ -1,0 +1,117 @@
+"""TLS on every gRPC connection, and who is calling.
+
+A cluster whose config has a ``[tls]`` table (:class:`raftcoord.protocol.config.TlsConfig`)
+serves gRPC only over mutual TLS: every server asks for a client
+certificate signed by the cluster's CA, and every channel presents one and
+checks the server's against the CA and the address dialled. The caller's
+*principal* is its certificate's subject common name, as Kafka's default
+``ssl.principal.mapping.rules`` make it: ``User:<CN>``.
+
+Node processes present the certificate of ``node-<id>`` (principal
+``User:node-<id>``, for every node id in the config); the principals in
+``super_users`` may act as the cluster too (an operator's admin
+certificate). The RPCs only the cluster itself sends (markers, the
+partition nodes' batched adds, their directory and offset records) answer
+anyone else CLUSTER_AUTHORIZATION_FAILED (:func:`acts_for_cluster`).
+Without ``[tls]`` every caller is ``User:ANONYMOUS`` and nothing is checked:
+a cluster for a lab only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from raftcoord.protocol.config import ClusterConfig, TlsConfig
+
+ANONYMOUS = "User:ANONYMOUS"
+
+
+def node_principal(node_id: int) -> str:
+    """The principal of node ``node_id``'s certificate (common name ``node-<id>``)."""
+    return f"User:{node_common_name(node_id)}"
+
+
+def node_common_name(node_id: int) -> str:
+    return f"node-{node_id}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What one process presents and trusts: the CA's certificate, its own
+    certificate and key (PEM bytes)."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+    @classmethod
+    def load(cls, ca_file: Path, cert_file: Path, key_file: Path) -> Identity:
+        """Read the three PEM files.
+
+        Raises:
+            OSError: one cannot be read.
+        """
+        return cls(ca_file.read_bytes(), cert_file.read_bytes(), key_file.read_bytes())
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True
+        )
+
+
+def node_identity(config: ClusterConfig, node_id: int) -> Identity | None:
+    """The identity node ``node_id`` presents, or None without ``[tls]``.
+
+    Raises:
+        OSError: a file of its identity cannot be read.
+    """
+    tls = config.tls
+    if tls is None:
+        return None
+    cert, key = tls.node_files(node_id)
+    return Identity.load(tls.ca_file, cert, key)
+
+
+def principal(context: Any) -> str:
+    """The principal of the caller of a gRPC call (its ``context``)."""
+    names = context.auth_context().get("x509_common_name")
+    if not names:
+        return ANONYMOUS
+    return f"User:{names[0].decode('utf-8', 'replace')}"
+
+
+def acts_for_cluster(config: ClusterConfig, context: Any) -> bool:
+    """Whether the caller may send what only the cluster sends: always
+    without ``[tls]``; else a node's principal or a super user's."""
+    tls = config.tls
+    if tls is None:
+        return True
+    return is_cluster_principal(config, tls, principal(context))
+
+
+def is_cluster_principal(config: ClusterConfig, tls: TlsConfig, who: str) -> bool:
+    if who in tls.super_users:
+        return True
+    ids = [n.node_id for n in (*config.coordinators, *config.partition_nodes)]
+    ids += [k.node_id for k in config.kafka_listeners]
+    return who in {node_principal(i) for i in ids}
+
+
+def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
+    """Why the caller may not send what only the cluster sends (answered
+    CLUSTER_AUTHORIZATION_FAILED), or None when it may (:func:`acts_for_cluster`)."""
+    if acts_for_cluster(config, context):
+        return None
+    return (
+        f"{principal(context)} may not call this: only the cluster's nodes and super users "
+        "may (CLUSTER_AUTHORIZATION_FAILED)"
+    )

@@ -1,0 +1,167 @@
+"""A cluster with TLS (``cluster up --tls``): mutual TLS on every gRPC
+connection, and what only the cluster sends refused to anyone else.
+
+The nodes present the certificates of ``node-<id>``; the test's clients
+present ``client`` (an ordinary principal, ``User:client``) or ``admin`` (a
+super user). A client may run transactions; it may not write markers, record
+a partition node's directory or read a coordinator's NodeStatus: those answer
+CLUSTER_AUTHORIZATION_FAILED (or PERMISSION_DENIED for NodeStatus) and change
+nothing. A connection without a certificate of the cluster's CA gets no
+answer at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raftcoord.client import (
+    AbortTransactionSpec,
+    Admin,
+    Consumer,
+    TopicPartition,
+    TransactionalProducer,
+)
+from raftcoord.client.errors import ClusterAuthorizationFailedError
+from raftcoord.cluster import certs
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_log_pb2,
+    partition_log_pb2_grpc,
+)
+from tests.local_cluster import running_cluster
+
+pytestmark = pytest.mark.slow
+
+TP = TopicPartition("secured", 0)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("tls")
+    with running_cluster(root / "cluster", shards=1, partition_nodes=1, tls=True) as running:
+        with Admin(running.bootstrap(), **running.client_tls()) as admin:
+            admin.create_topics({TP.topic: 1})
+        yield running
+
+
+def read_committed(cluster: LocalCluster) -> list[bytes | None]:
+    with Consumer(
+        cluster.bootstrap(), isolation_level="read_committed", **cluster.client_tls()
+    ) as consumer:
+        consumer.assign([TP])
+        return [r.value for r in consumer.poll(timeout_ms=2_000)]
+
+
+def forged_commit(producer_id: int, epoch: int) -> partition_log_pb2.WriteTxnMarkersRequest:
+    return partition_log_pb2.WriteTxnMarkersRequest(
+        markers=[
+            partition_log_pb2.TxnMarker(
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                coordinator_epoch=2**31 - 1,
+                result=common_pb2.COMMIT,
+                topics=[common_pb2.TopicPartitions(topic=TP.topic, partitions=[TP.partition])],
+                groups=["victims"],
+            )
+        ]
+    )
+
+
+def test_a_client_cannot_forge_markers_and_the_owner_decides(cluster: LocalCluster) -> None:
+    (node,) = cluster.partition_nodes()
+    (leader,) = [r for r in cluster.coordinators() if r.node_id == cluster.leaders()[0]]
+    with TransactionalProducer(cluster.bootstrap(), "victim", **cluster.client_tls()) as victim:
+        victim.init_transactions()
+        victim.begin_transaction()
+        victim.send(TP.topic, b"aborted-by-its-owner", partition=TP.partition)
+        victim.flush()
+        with Admin(cluster.bootstrap(), **cluster.client_tls()) as admin:
+            (state,) = admin.describe_producers([TP])[TP]
+            spec = AbortTransactionSpec(TP, state.producer_id, state.producer_epoch, 0)
+            with pytest.raises(ClusterAuthorizationFailedError):
+                admin.abort_transaction(spec)
+        forged = forged_commit(state.producer_id, state.producer_epoch + 1)
+        with cluster.channel(node.grpc, "client") as channel:
+            answer = partition_log_pb2_grpc.PartitionLogStub(channel).WriteTxnMarkers(
+                forged, timeout=10
+            )
+        result = answer.markers[0].partitions[0]
+        assert result.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        assert "User:client" in result.error_message
+        with cluster.channel(leader.grpc, "client") as channel:
+            answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).WriteTxnMarkers(
+                forged, timeout=10
+            )
+        assert answer.markers[0].groups[0].error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        assert read_committed(cluster) == []  # the forged COMMIT changed nothing
+        victim.abort_transaction()
+    assert read_committed(cluster) == []
+    with TransactionalProducer(cluster.bootstrap(), "owner", **cluster.client_tls()) as owner:
+        owner.init_transactions()
+        owner.begin_transaction()
+        owner.send(TP.topic, b"committed-by-its-owner", partition=TP.partition)
+        owner.commit_transaction()
+    assert read_committed(cluster) == [b"committed-by-its-owner"]
+
+
+def test_only_the_cluster_records_directories_and_reads_node_status(
+    cluster: LocalCluster,
+) -> None:
+    (node,) = cluster.partition_nodes()
+    leader = cluster.coordinators()[0]
+    request = coordinator_pb2.RegisterDirectoryRequest(
+        node_id=node.node_id, directory_id="f" * 32, replace=True
+    )
+    with cluster.channel(leader.grpc, "client") as channel:
+        answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).RegisterDirectory(
+            request, timeout=10
+        )
+        assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        with pytest.raises(grpc.RpcError) as refused:
+            admin_pb2_grpc.CoordinatorAdminStub(channel).NodeStatus(
+                admin_pb2.NodeStatusRequest(), timeout=10
+            )
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "REFUSING" not in cluster.status_table()  # the node's directory is still its own
+    with cluster.channel(leader.grpc, "admin") as channel:
+        status = admin_pb2_grpc.CoordinatorAdminStub(channel).NodeStatus(
+            admin_pb2.NodeStatusRequest(), timeout=10
+        )
+    assert status.node_id == leader.node_id
+
+
+def test_a_connection_without_a_certificate_of_the_cluster_gets_no_answer(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    (node,) = cluster.partition_nodes()
+    ca = Path(cluster.client_tls()["ssl_cafile"]).read_bytes()
+    stranger_ca = certs.make_ca(tmp_path / "stranger")
+    certs.issue(stranger_ca, tmp_path / "stranger", "mallory", "admin", [])
+    stranger = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(tmp_path / "stranger" / "mallory.key").read_bytes(),
+        certificate_chain=(tmp_path / "stranger" / "mallory.pem").read_bytes(),
+    )
+    attempts = {
+        "plaintext": grpc.insecure_channel(node.grpc),
+        "TLS without a client certificate": grpc.secure_channel(
+            node.grpc, grpc.ssl_channel_credentials(root_certificates=ca)
+        ),
+        "a certificate from another CA": grpc.secure_channel(node.grpc, stranger),
+    }
+    for what, channel in attempts.items():
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            partition_log_pb2_grpc.PartitionLogStub(channel).ListOffsets(
+                partition_log_pb2.ListOffsetsRequest(), timeout=5
+            )
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, what
