@@ -27,6 +27,7 @@ from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
+from raftcoord.protocol.process import configure_logging
 from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.tls import node_identity
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
@@ -1073,7 +1074,7 @@ def _list_offsets_error(partition: int, code: int) -> Data:
 
 def run_gateway(config: ClusterConfig, listener: KafkaListener) -> int:
     """Serve until SIGTERM or SIGINT."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging()
 
     async def main() -> None:
         gateway = Gateway(config, listener)

@@ -46,15 +46,44 @@ class Node(Protocol):
     def stop(self) -> None: ...
 
 
+#: The one format of every node's log lines.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+#: Characters a log message may not carry as they are: line breaks and the
+#: other control characters would let a client-supplied string (a
+#: transactional id, a topic name) start a forged line of its own.
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, 0x85)} | {
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+}
+
+
+class OneLineFormatter(logging.Formatter):
+    """Formats a record's message on one line whatever it holds: control
+    characters are escaped (``\\n``, ``\\x1b``); a traceback (``exc_info``)
+    still follows on lines of its own."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_UNPRINTABLE)
+        return super().formatMessage(record)
+
+
+def configure_logging() -> None:
+    """Every node's logging: INFO and above, :data:`LOG_FORMAT`, one line per message."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
 def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger) -> int:
     """Start ``node``, write ``data_dir/pid``, run until SIGTERM/SIGINT, stop it.
 
     Returns the exit status.
     """
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging()
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
