@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +106,18 @@ class Options:
     #: Whose clients: raftcoord's over gRPC, or Kafka's (confluent-kafka)
     #: through the cluster's Kafka gateways.
     client_kind: str = "raftcoord"
+    #: raftcoord's clients against a cluster with TLS: the files of the
+    #: cluster's client certificate (``ssl_cafile``, ``ssl_certfile``,
+    #: ``ssl_keyfile``); set from the cluster by :class:`Workload`.
+    tls: dict[str, str] = field(default_factory=dict)
 
     def client(self) -> dict[str, Any]:
         """Settings of every client the workload makes."""
-        return {"request_timeout_ms": self.request_timeout_ms, "retry_backoff_max_ms": 500}
+        return {
+            "request_timeout_ms": self.request_timeout_ms,
+            "retry_backoff_max_ms": 500,
+            **self.tls,
+        }
 
     def producer(self) -> dict[str, Any]:
         """Settings of the producers: each send is sent at once."""
@@ -623,6 +631,8 @@ class Workload:
         say: Callable[[str], None] = print,
     ) -> None:
         options.check()
+        if options.client_kind == "raftcoord" and not options.tls:
+            options = replace(options, tls=cluster.client_tls())
         self.cluster = cluster
         self.options = options
         self.say = say

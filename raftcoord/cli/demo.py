@@ -39,7 +39,7 @@ def run_demo(data_dir: Path | None, duration_s: float, seed: int, input_records:
         console.print(f"{no_faults}: the disk fault will not run")
     cluster = LocalCluster(data_dir)
     try:
-        cluster.up(netns=why_not is None, faults=no_faults is None)
+        cluster.up(netns=why_not is None, faults=no_faults is None, tls=True)
         console.print(cluster.status_table())
         console.rule(f"2. the workload for {duration_s:.0f} s, with every fault (seed {seed})")
         options = Options(
