@@ -320,6 +320,21 @@ class PartitionNode:
                 if owed is None or txn.producer_epoch >= KAFKA_MAX_PRODUCER_EPOCH:
                     continue
                 commit, coordinator_epoch = owed
+                if commit and not self.config.settings.transaction_partition_verification_enable:
+                    # Unverified appends: the records may never have been part
+                    # of the committed transaction (a hanging one). Only an
+                    # operator decides (`raftcoord txn find-hanging`).
+                    log.critical(
+                        "node=%d event=owed_marker_not_written partition=%s-%d producer_id=%d "
+                        "epoch=%d: its coordinator committed, but without transaction "
+                        "verification this partition may never have been in the transaction",
+                        self.node_id,
+                        partition.topic,
+                        partition.index,
+                        txn.producer_id,
+                        txn.producer_epoch,
+                    )
+                    continue
                 code, message = partition.write_marker(
                     txn.producer_id,
                     txn.producer_epoch + 1,  # above the records' epoch: it closes them

@@ -159,6 +159,10 @@ class Partition:
             skipped = None
             if self.ceiling is None:
                 end = self.store.log_end_offset
+                if self.store.recovered.created and previous == 0:
+                    # A new partition that never handed out an offset lost nothing.
+                    self.may_have_lost = False
+                    self.markers_checked = True
                 if self.may_have_lost and end < previous:
                     self.store.skip_to(previous)
                     skipped = end

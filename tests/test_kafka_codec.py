@@ -132,7 +132,7 @@ def test_producer_fenced_reaches_older_versions_as_invalid_producer_epoch() -> N
 
 
 def test_a_produced_batch_keeps_its_producer_fields_and_records() -> None:
-    batch = produced_batch(batch_bytes([b"a", b"b"], producer_id=7, epoch=2, sequence=5))
+    batch = produced_batch(batch_bytes([b"a", b"b"], producer_id=7, epoch=2, sequence=5), 10)
     assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 2, 5)
     assert batch.is_transactional
     assert [r.value for r in batch.records] == [b"a", b"b"]
@@ -145,13 +145,13 @@ def test_a_produced_batch_keeps_its_producer_fields_and_records() -> None:
 def test_produced_bytes_that_are_not_one_v2_batch_are_refused() -> None:
     one = batch_bytes([b"a"])
     with pytest.raises(BadBatch, match="more than one"):
-        produced_batch(one + one)
+        produced_batch(one + one, 10)
     with pytest.raises(BadBatch):
-        produced_batch(b"")
+        produced_batch(b"", 10)
     corrupt = bytearray(one)
     corrupt[-1] ^= 0xFF
     with pytest.raises(BadBatch, match="CRC"):
-        produced_batch(bytes(corrupt))
+        produced_batch(bytes(corrupt), 10)
 
 
 def fetched(offset: int, value: bytes, producer_id: int = 7) -> partition_log_pb2.FetchedRecord:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import struct
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc.aio
@@ -40,6 +42,22 @@ _SIZE = struct.Struct(">i")
 MAX_REQUEST_BYTES = 100 * 1024 * 1024
 #: Requests of one connection handled at once before reading waits.
 MAX_IN_FLIGHT = 64
+#: A request frame's body must arrive within this many seconds of its size
+#: (and of room for it in the budget), else the connection is closed: a
+#: client trickling a frame cannot hold its share of memory for long.
+FRAME_READ_TIMEOUT_S = 30.0
+#: Frames up to this size draw on a share of ``queued.max.request.bytes`` of
+#: their own (:data:`SMALL_SHARE`), so that big frames waiting for room never
+#: hold up small requests.
+SMALL_FRAME_BYTES = 1 << 20
+SMALL_SHARE = 8
+#: Produce batches are decoded by these threads, not on the event loop: one
+#: client's big or highly compressed batch does not stop the others' requests.
+DECODE_THREADS = 2
+#: The most records one produced batch may declare (checked before it is
+#: decompressed): a few kilobytes of gzip must not inflate into millions of
+#: records to decode.
+MAX_BATCH_RECORDS = 100_000
 CLUSTER_ID = "raftcoord"
 #: Kafka's timestamps for ListOffsets: latest and earliest.
 _LATEST, _EARLIEST = -1, -2
@@ -47,6 +65,34 @@ _LATEST, _EARLIEST = -1, -2
 _NO_AUTHORIZED_OPERATIONS = -(2**31)
 
 Data = dict[str, Any]
+
+
+class ByteBudget:
+    """Bytes of request frames held at once, at most :attr:`total`; a frame
+    waits (FIFO on the loop) until there is room for it."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._room = asyncio.Condition()
+
+    async def take(self, n: int) -> None:
+        async with self._room:
+            await self._room.wait_for(lambda: self.free >= n)
+            self.free -= n
+
+    def give(self, n: int) -> None:
+        self.free += n
+        asyncio.get_running_loop().create_task(self._wake())
+
+    async def _wake(self) -> None:
+        async with self._room:
+            self._room.notify_all()
+
+
+def _release(budget: ByteBudget, size: int, _answered: asyncio.Task[bytes | None]) -> None:
+    """A frame's bytes leave the budget once its answer is done (or cancelled)."""
+    budget.give(size)
 
 
 class CloseConnection(Exception):
@@ -63,6 +109,13 @@ class Gateway:
         self.backend = Backend(
             config, credentials=None if identity is None else identity.channel_credentials()
         )
+        settings = config.settings
+        small = settings.queued_max_request_bytes // SMALL_SHARE
+        self._small_frames = ByteBudget(small)
+        self._large_frames = ByteBudget(settings.queued_max_request_bytes - small)
+        self._largest_frame = min(MAX_REQUEST_BYTES, self._large_frames.total)
+        self._idle_s = settings.connections_max_idle_ms / 1000
+        self._decoder = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="decode")
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -109,11 +162,19 @@ class Gateway:
         if self._server is not None:
             await self._server.wait_closed()
         await self.backend.close()
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read requests until the client closes; answer them in order."""
         this = asyncio.current_task()
         assert this is not None
+        if len(self._connections) >= self.config.settings.max_connections:
+            log.warning(
+                "event=connection_refused reason=max.connections limit=%d",
+                self.config.settings.max_connections,
+            )
+            writer.transport.abort()
+            return
         self._connections.add(this)
         answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
@@ -121,13 +182,23 @@ class Gateway:
         peers: dict[int, Peer] = {}
         try:
             while True:
-                size_bytes = await reader.readexactly(_SIZE.size)
+                size_bytes = await asyncio.wait_for(reader.readexactly(_SIZE.size), self._idle_s)
                 (size,) = _SIZE.unpack(size_bytes)
-                if not 0 < size <= MAX_REQUEST_BYTES:
-                    log.info("closing a connection that sent a %d-byte frame", size)
+                if not 0 < size <= self._largest_frame:
+                    log.info("event=connection_closed reason=frame_size size=%d", size)
                     break
-                frame = await reader.readexactly(size)
-                await answers.put(asyncio.create_task(self._answer(frame, peers)))
+                budget = self._small_frames if size <= SMALL_FRAME_BYTES else self._large_frames
+                await asyncio.wait_for(budget.take(size), FRAME_READ_TIMEOUT_S)
+                try:
+                    frame = await asyncio.wait_for(reader.readexactly(size), FRAME_READ_TIMEOUT_S)
+                except BaseException:
+                    budget.give(size)
+                    raise
+                answer = asyncio.create_task(self._answer(frame, peers))
+                answer.add_done_callback(functools.partial(_release, budget, size))
+                await answers.put(answer)
+        except TimeoutError:
+            log.info("event=connection_closed reason=idle_or_slow_frame")
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -837,7 +908,9 @@ class Gateway:
         for topic in body.topic_data:
             for p in topic.partition_data:
                 try:
-                    batch = produced_batch(bytes(p.records or b""))
+                    batch = await asyncio.get_running_loop().run_in_executor(
+                        self._decoder, produced_batch, bytes(p.records or b""), MAX_BATCH_RECORDS
+                    )
                 except BadBatch as exc:
                     results[(topic.name, p.index)] = _produce_error(
                         p.index, ErrorCode.INVALID_RECORD, str(exc)

@@ -39,13 +39,14 @@ class BadBatch(ValueError):
     """Produced bytes that are not exactly one readable v2 record batch."""
 
 
-def produced_batch(data: bytes) -> partition_log_pb2.RecordBatch:
+def produced_batch(data: bytes, max_records: int) -> partition_log_pb2.RecordBatch:
     """The one v2 batch of a Produce request's partition as the partition-log message.
 
     Raises:
         BadBatch: ``data`` holds no batch, more than one (Kafka accepts exactly
             one per partition from version 3 on), another magic, a control
-            batch, or bytes that do not decode.
+            batch, more than ``max_records`` records (checked before anything
+            is decompressed), or bytes that do not decode.
     """
     try:
         records = MemoryRecords(data)
@@ -60,6 +61,10 @@ def produced_batch(data: bytes) -> partition_log_pb2.RecordBatch:
             raise BadBatch("a client may not produce a control batch")
         if not batch.validate_crc():
             raise BadBatch("record batch CRC mismatch")
+        if batch.records_count > max_records:
+            raise BadBatch(
+                f"the batch declares {batch.records_count} records, more than {max_records}"
+            )
         out = partition_log_pb2.RecordBatch(
             producer_id=batch.producer_id,
             producer_epoch=batch.producer_epoch,

@@ -138,6 +138,16 @@ class Settings:
     # Raft log matches the leader's (Raft's TimeoutNow; the election keeps
     # every committed entry), so the shards' leaders spread over the nodes.
     auto_leader_rebalance_enable: bool = True
+    # Kafka gateways (docs/kafka.md, "Bounds"). queued.max.request.bytes: the
+    # bytes of request frames a gateway holds at once (being read or being
+    # answered); a frame waits for room before its body is read, frames of
+    # at most 1 MiB in a share of their own (an eighth) so that small
+    # requests are served while big ones wait.
+    queued_max_request_bytes: int = 256 << 20
+    # connections.max.idle.ms: a connection with no request for this long is closed.
+    connections_max_idle_ms: int = 600_000
+    # max.connections: connections a gateway accepts at once; more are closed at once.
+    max_connections: int = 2_000
 
 
 _SETTING_NAMES = {
@@ -172,6 +182,9 @@ _SETTING_NAMES = {
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
     "transaction.park.timeout.ms": "transaction_park_timeout_ms",
     "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
+    "queued.max.request.bytes": "queued_max_request_bytes",
+    "connections.max.idle.ms": "connections_max_idle_ms",
+    "max.connections": "max_connections",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC

@@ -1,0 +1,159 @@
+"""The Kafka gateway's bounds (docs/kafka.md, "Bounds"): what one client
+sends cannot take the gateway's memory or stop the other clients.
+
+* Big request frames wait for room in ``queued.max.request.bytes`` before
+  their bodies are read: eight clients each sending most of a 45 MiB frame
+  (and never the rest) leave the gateway's memory within one frame of where
+  it was, and a small request of another client is still answered.
+* A produced batch may declare at most 100,000 records, checked before it is
+  decompressed: a few kilobytes that claim a million records are refused
+  (INVALID_RECORD) instead of being decoded.
+* ``max.connections``: the connections past it are closed at once.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from kio.index import load_response_schema
+from kio.serial import entity_reader
+
+from raftcoord.cluster.launcher import LocalCluster
+from tests.local_cluster import running_cluster
+from tests.test_kafka_gateway import gateway_socket, read_frame, request_frame
+
+pytestmark = pytest.mark.slow
+
+MIB = 1 << 20
+QUEUED_BYTES = 64 * MIB
+MAX_CONNECTIONS = 40
+TOPIC = "bounded"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    path: Path = tmp_path_factory.mktemp("bounds")
+    settings = {"queued.max.request.bytes": QUEUED_BYTES, "max.connections": MAX_CONNECTIONS}
+    with running_cluster(
+        path, shards=1, partition_nodes=1, kafka_listeners=1, settings=settings
+    ) as running:
+        from raftcoord.client import Admin
+
+        with Admin(running.bootstrap()) as admin:
+            admin.create_topics({TOPIC: 1})
+        yield running
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def api_versions_answered(cluster: LocalCluster) -> bool:
+    with gateway_socket(cluster) as good:
+        good.sendall(request_frame(18, 0, 5, {}))
+        return read_frame(good)[:4] == (5).to_bytes(4, "big")
+
+
+def test_big_partial_frames_wait_for_room_and_small_requests_are_still_answered(
+    cluster: LocalCluster,
+) -> None:
+    (gateway,) = cluster.kafka_gateways()
+    before = rss_bytes(gateway.pid)
+    attackers: list[socket.socket] = []
+    sent = 0
+    chunk = b"\x00" * MIB
+    try:
+        for _ in range(8):
+            sock = gateway_socket(cluster)
+            attackers.append(sock)
+            sock.sendall((45 * MIB).to_bytes(4, "big"))
+            sock.settimeout(0.5)
+            for _ in range(40):  # most of the frame, never all of it
+                try:
+                    sock.sendall(chunk)
+                except TimeoutError:
+                    break  # the gateway does not read this one (no room yet)
+                sent += MIB
+        assert api_versions_answered(cluster)
+        grown = rss_bytes(gateway.pid) - before
+        print(
+            f"sent {sent / MIB:.0f} MiB of partial frames; the gateway grew {grown / MIB:.0f} MiB"
+        )
+        assert grown < 120 * MIB
+    finally:
+        for sock in attackers:
+            sock.close()
+    assert api_versions_answered(cluster)
+
+
+def claimed_records_batch(claimed: int) -> bytes:
+    """A gzip batch of 10 records whose header claims ``claimed``, CRC fixed up."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=1,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for i in range(10):
+        builder.append(i, timestamp=1_000, key=None, value=b"v", headers=[])
+    data = bytearray(builder.build())
+    data[57:61] = claimed.to_bytes(4, "big")
+    data[17:21] = crc32c.crc32c(bytes(data[21:])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def produce_error(cluster: LocalCluster, records: bytes) -> int:
+    with gateway_socket(cluster) as sock:
+        partition = {"index": 0, "records": records}
+        body = {
+            "acks": -1,
+            "timeout": 5000,
+            "topic_data": [{"name": TOPIC, "partition_data": [partition]}],
+        }
+        sock.sendall(request_frame(0, 3, 11, body))
+        answer = read_frame(sock)
+    response: Any = entity_reader(load_response_schema(0, 3))(answer, 4)[0]
+    return int(response.responses[0].partition_responses[0].error_code)
+
+
+def test_a_batch_claiming_a_million_records_is_refused_before_it_is_decoded(
+    cluster: LocalCluster,
+) -> None:
+    began = time.monotonic()
+    assert produce_error(cluster, claimed_records_batch(1_000_000)) == 87  # INVALID_RECORD
+    print(f"refused in {time.monotonic() - began:.3f} s")
+    assert produce_error(cluster, claimed_records_batch(10)) == 0
+
+
+def test_connections_past_max_connections_are_closed(cluster: LocalCluster) -> None:
+    held = [gateway_socket(cluster) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with gateway_socket(cluster) as extra:
+            extra.sendall(request_frame(18, 0, 5, {}))
+            with pytest.raises(ConnectionError):
+                read_frame(extra)
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the gateway notices the closed connections
+        try:
+            if api_versions_answered(cluster):
+                break
+        except ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "the gateway never took connections again"
+        time.sleep(0.1)
