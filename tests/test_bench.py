@@ -283,3 +283,27 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert len(results["targets"]) == 12
     assert all(t["value"] is not None and t["value"] > 0 for t in results["targets"])
     assert "targets" in text
+
+
+def test_the_tls_table_shows_both_modes_and_their_ratio() -> None:
+    from raftcoord.bench.tls_cost import table
+
+    def row(mode: str, per_s: float, cpu: float) -> dict[str, Any]:
+        return {
+            "mode": mode,
+            "producers": 1,
+            "per_s": per_s,
+            "p50_ms": 10.0,
+            "p99_ms": 20.0,
+            "cluster_cpu_ms_per_op": cpu,
+            "client_cpu_ms_per_op": 2.0,
+            "failed": 0,
+        }
+
+    out = io.StringIO()
+    Console(file=out, width=200).print(
+        table([row("plaintext", 50.0, 20.0), row("TLS", 40.0, 25.0)])
+    )
+    text = out.getvalue()
+    assert "plaintext" in text and "TLS / plaintext" in text
+    assert "0.80" in text and "1.25" in text  # throughput and cluster CPU per transaction

@@ -40,6 +40,7 @@ def test_the_example_config_is_three_hosts_each_with_a_coordinator_and_a_partiti
         assert {host(a) for a in coordinator.raft} == {host(coordinator.grpc)}
         assert host(partition_node.grpc) == host(coordinator.grpc)
     assert config.settings.fsync == "always" and config.settings.log_flush_policy == "always"
+    assert config.tls is not None and config.tls.super_users == ("User:admin",)
 
 
 @pytest.mark.parametrize("kind", sorted(UNITS))
@@ -72,10 +73,11 @@ def test_the_example_runs_with_each_host_in_its_own_namespace(tmp_path: Path) ->
         assert namespaces[1] == namespaces[101] != namespaces[2] == namespaces[102]
         assert all(host(n.grpc) != "127.0.0.1" for n in state.nodes)
 
-        bootstrap = cluster.bootstrap()
-        with Admin(bootstrap) as admin:
+        bootstrap, tls = cluster.bootstrap(), cluster.client_tls()
+        assert tls  # the example runs with TLS
+        with Admin(bootstrap, **tls) as admin:
             admin.create_topics({"orders": 3}, exist_ok=True)
-        with TransactionalProducer(bootstrap, transactional_id="deploy") as producer:
+        with TransactionalProducer(bootstrap, transactional_id="deploy", **tls) as producer:
             producer.init_transactions()
             producer.begin_transaction()
             for i in range(3):
@@ -83,7 +85,7 @@ def test_the_example_runs_with_each_host_in_its_own_namespace(tmp_path: Path) ->
             producer.commit_transaction()
         partitions = [TopicPartition("orders", p) for p in range(3)]
         seen: list[bytes] = []
-        with Consumer(bootstrap, isolation_level="read_committed") as consumer:
+        with Consumer(bootstrap, isolation_level="read_committed", **tls) as consumer:
             consumer.assign(partitions)
             consumer.seek_to_beginning(partitions)
 

@@ -39,6 +39,7 @@ import grpc
 
 from raftcoord.bench.stats import cpu_deltas_s, cpu_of
 from raftcoord.client import KafkaError, Producer, RecordMetadata, TransactionalProducer
+from raftcoord.protocol.tls import SslFiles
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc
 
 KINDS = ("transactions", "idempotent", "ping")
@@ -59,6 +60,9 @@ class Work:
     interval_s: float = 0.0  # > 0: send for this long, then commit (or flush)
     id_prefix: str = "bench"
     rotate: bool = False  # each step writes the next partitions (see the module's doc)
+    #: The clients' TLS files (``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``) of
+    #: a cluster with TLS; empty: plaintext.
+    tls: SslFiles = field(default_factory=lambda: SslFiles())
 
     def transactional_id(self, index: int) -> str:
         """The transactional id of actor ``index``'s producer."""
@@ -137,11 +141,13 @@ class Actor:
             self.stub = admin_pb2_grpc.CoordinatorAdminStub(self.channel)
             self.stub.Ping(admin_pb2.PingRequest(), timeout=CALL_TIMEOUT_S)
         elif work.kind == "idempotent":
-            self.producer = Producer(list(work.bootstrap))
+            self.producer = Producer(list(work.bootstrap), **work.tls)
             self.producer.partitions_for(work.topic)
         else:
             producer = TransactionalProducer(
-                list(work.bootstrap), transactional_id=work.transactional_id(self.index)
+                list(work.bootstrap),
+                transactional_id=work.transactional_id(self.index),
+                **work.tls,
             )
             try:
                 producer.init_transactions()

@@ -165,8 +165,9 @@ class Options:
 
 
 @contextlib.contextmanager
-def local_cluster(parent: str | None, shards: int) -> Iterator[LocalCluster]:
-    """A running cluster with the benchmark's topic; stopped on the way out."""
+def local_cluster(parent: str | None, shards: int, tls: bool = False) -> Iterator[LocalCluster]:
+    """A running cluster with the benchmark's topic (with ``tls``, every gRPC
+    connection over mutual TLS); stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="raftcoord-bench-", dir=parent) as workdir:
         cluster = LocalCluster(workdir)
         try:
@@ -176,8 +177,9 @@ def local_cluster(parent: str | None, shards: int) -> Iterator[LocalCluster]:
                 fsync="always",
                 partition_nodes=PARTITION_NODES,
                 timeout_s=60.0,
+                tls=tls,
             )
-            with Admin(bootstrap(cluster)) as admin:
+            with Admin(bootstrap(cluster), **cluster.client_tls()) as admin:
                 admin.create_topics({TOPIC: TOPIC_PARTITIONS})
             yield cluster
         finally:

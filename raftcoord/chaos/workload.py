@@ -57,6 +57,7 @@ from raftcoord.client import (
     TransactionAbortableError,
 )
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
+from raftcoord.protocol.tls import SslFiles
 
 __all__ = ["Options", "TxnPlan", "Workload", "input_values", "producer_plans", "worker_plans"]
 
@@ -109,7 +110,7 @@ class Options:
     #: raftcoord's clients against a cluster with TLS: the files of the
     #: cluster's client certificate (``ssl_cafile``, ``ssl_certfile``,
     #: ``ssl_keyfile``); set from the cluster by :class:`Workload`.
-    tls: dict[str, str] = field(default_factory=dict)
+    tls: SslFiles = field(default_factory=lambda: SslFiles())
 
     def client(self) -> dict[str, Any]:
         """Settings of every client the workload makes."""

@@ -22,6 +22,7 @@ SUITES = {
         "confluent-kafka through the Kafka gateway against the native client over gRPC",
     ),
     "snapshot": ("snapshot", "a shard's log compaction against its open transactions"),
+    "tls": ("tls_cost", "the same transactional load against a plaintext and a TLS cluster"),
 }
 
 

@@ -36,6 +36,7 @@ from raftcoord.client import (
 from raftcoord.client.admin import TRANSACTION_STATES
 from raftcoord.client.errors import TransactionalIdNotFoundError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
+from raftcoord.protocol.tls import SslFiles
 
 __all__ = ["OpenTransaction", "add_parser", "is_candidate", "is_hanging"]
 
@@ -383,13 +384,15 @@ def _bootstrap(args: argparse.Namespace) -> list[str]:
     return LocalCluster(args.cluster_dir).bootstrap()
 
 
-def _tls(args: argparse.Namespace) -> dict[str, str]:
+def _tls(args: argparse.Namespace) -> SslFiles:
     """The client's TLS files: the ones given, else a local TLS cluster's admin's."""
-    given = {
-        name: value
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
-        if (value := getattr(args, name)) is not None
-    }
+    given = SslFiles()
+    if args.ssl_cafile is not None:
+        given["ssl_cafile"] = args.ssl_cafile
+    if args.ssl_certfile is not None:
+        given["ssl_certfile"] = args.ssl_certfile
+    if args.ssl_keyfile is not None:
+        given["ssl_keyfile"] = args.ssl_keyfile
     if given or args.bootstrap_server:
         return given
     return LocalCluster(args.cluster_dir).client_tls("admin")
@@ -397,14 +400,8 @@ def _tls(args: argparse.Namespace) -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        tls = _tls(args)
-        with Admin(
-            _bootstrap(args),
-            request_timeout_ms=int(args.timeout * 1000),
-            ssl_cafile=tls.get("ssl_cafile"),
-            ssl_certfile=tls.get("ssl_certfile"),
-            ssl_keyfile=tls.get("ssl_keyfile"),
-        ) as admin:
+        timeout_ms = int(args.timeout * 1000)
+        with Admin(_bootstrap(args), request_timeout_ms=timeout_ms, **_tls(args)) as admin:
             rows, columns = args.run(admin, args)
     except (KafkaError, TxnCommandError, ClusterError, ValueError) as exc:
         print(f"raftcoord txn {args.txn_command}: {exc}", file=sys.stderr)

@@ -44,7 +44,7 @@ from raftcoord.protocol.config import (
     write_raft_key,
 )
 from raftcoord.protocol.routing import preferred_leader
-from raftcoord.protocol.tls import Identity
+from raftcoord.protocol.tls import Identity, SslFiles
 from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -195,6 +195,19 @@ def _rehost(text: str, network: namespaces.Network) -> str:
     return _ADDRESS.sub(lambda m: f"{m[1]}{moved.get(m[2], m[2])}:{m[3]}{m[1]}", text)
 
 
+def _without_tls(text: str) -> str:
+    """A config's text without its ``[tls]`` table (a deployment's names the
+    certificate files of its hosts; the launcher makes its own)."""
+    kept, inside = [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped == "[tls]"
+        if not inside:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def _local_raft_key(text: str) -> str:
     """A config's text with its Raft key in the cluster's directory (a
     deployment's config names the key file of its hosts)."""
@@ -320,9 +333,10 @@ class LocalCluster:
         so that :meth:`fail_disk` can make its fsync fail and
         :meth:`shift_clock` can step its wall clock.
 
-        With ``tls``, a new CA and certificates (every node's, and the
-        clients ``admin``, a super user, and ``client``) go to ``DIR/tls/``
-        and the config's ``[tls]`` names them: every gRPC connection is then
+        With ``tls`` (or a given ``config`` with a ``[tls]`` table), a new
+        CA and certificates (every node's, and the clients ``admin``, a super
+        user, and ``client``) go to ``DIR/tls/`` and the config's ``[tls]``
+        names them: every gRPC connection is then
         mutual TLS (:mod:`raftcoord.protocol.tls`; :meth:`client_tls`).
 
         With ``netns``, every node runs in a network namespace of its own, or,
@@ -370,7 +384,8 @@ class LocalCluster:
         try:
             if given is not None:
                 assert network is not None
-                candidate.write_text(_local_raft_key(_rehost(given[0], network)))
+                candidate.write_text(_without_tls(_local_raft_key(_rehost(given[0], network))))
+                tls = tls or given[1].tls is not None
                 if not (self.data_dir / RAFT_KEY_FILE).exists():
                     write_raft_key(self.data_dir / RAFT_KEY_FILE)
             else:
@@ -612,7 +627,7 @@ class LocalCluster:
             )
         return load_config(config_path)
 
-    def client_tls(self, name: str = "client") -> dict[str, str]:
+    def client_tls(self, name: str = "client") -> SslFiles:
         """The client library's TLS arguments (``ssl_cafile``, ``ssl_certfile``,
         ``ssl_keyfile``) for the client certificate ``name`` (``client``, or
         ``admin``: a super user); empty without ``--tls``."""

@@ -21,13 +21,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 
 from raftcoord.protocol.config import ClusterConfig, TlsConfig
 
 ANONYMOUS = "User:ANONYMOUS"
+
+
+class SslFiles(TypedDict, total=False):
+    """A client's TLS files as the client library takes them (Kafka's names)."""
+
+    ssl_cafile: str
+    ssl_certfile: str
+    ssl_keyfile: str
 
 
 def node_principal(node_id: int) -> str:
