@@ -12,7 +12,7 @@ Node processes present the certificate of ``node-<id>`` (principal
 ``super_users`` may act as the cluster too (an operator's admin
 certificate). The RPCs only the cluster itself sends (markers, the
 partition nodes' batched adds, their directory and offset records) answer
-anyone else CLUSTER_AUTHORIZATION_FAILED (:func:`acts_for_cluster`).
+anyone else CLUSTER_AUTHORIZATION_FAILED (:func:`cluster_refusal`).
 Without ``[tls]`` every caller is ``User:ANONYMOUS`` and nothing is checked:
 a cluster for a lab only.
 """
@@ -25,7 +25,7 @@ from typing import Any, TypedDict
 
 import grpc
 
-from raftcoord.protocol.config import ClusterConfig, TlsConfig
+from raftcoord.protocol.config import ClusterConfig
 
 ANONYMOUS = "User:ANONYMOUS"
 
@@ -97,29 +97,21 @@ def principal(context: Any) -> str:
     return f"User:{names[0].decode('utf-8', 'replace')}"
 
 
-def acts_for_cluster(config: ClusterConfig, context: Any) -> bool:
-    """Whether the caller may send what only the cluster sends: always
+def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
+    """Why the caller of a gRPC call may not send what only the cluster sends
+    (answered CLUSTER_AUTHORIZATION_FAILED), or None when it may: anyone
     without ``[tls]``; else a node's principal or a super user's."""
     tls = config.tls
     if tls is None:
-        return True
-    return is_cluster_principal(config, tls, principal(context))
-
-
-def is_cluster_principal(config: ClusterConfig, tls: TlsConfig, who: str) -> bool:
+        return None
+    who = principal(context)
     if who in tls.super_users:
-        return True
+        return None
     ids = [n.node_id for n in (*config.coordinators, *config.partition_nodes)]
     ids += [k.node_id for k in config.kafka_listeners]
-    return who in {node_principal(i) for i in ids}
-
-
-def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
-    """Why the caller may not send what only the cluster sends (answered
-    CLUSTER_AUTHORIZATION_FAILED), or None when it may (:func:`acts_for_cluster`)."""
-    if acts_for_cluster(config, context):
+    if who in {node_principal(i) for i in ids}:
         return None
     return (
-        f"{principal(context)} may not call this: only the cluster's nodes and super users "
+        f"{who} may not call this: only the cluster's nodes and super users "
         "may (CLUSTER_AUTHORIZATION_FAILED)"
     )
