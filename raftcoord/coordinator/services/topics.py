@@ -168,20 +168,9 @@ class TopicRPCs:
     def RegisterDirectory(self, request: Any, context: Any) -> Any:
         """Record a partition-log node's data directory (shard 0's leader
         answers; another node forwards to it)."""
-        refused = self.router.cluster_refusal(context)
-        if refused is not None:
-            return coordinator_pb2.RegisterDirectoryResponse(
-                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
-                error_message=refused,
-            )
-        unknown = self._unknown_node(request.node_id)
-        if unknown is not None:
-            return coordinator_pb2.RegisterDirectoryResponse(
-                error_code=wire_error(ErrorCode.INVALID_REQUEST), error_message=unknown
-            )
-        forwarded = self._forwarded(context, "RegisterDirectory", request)
-        if forwarded is not None:
-            return forwarded
+        early = self._node_request(context, "RegisterDirectory", request)
+        if early is not None:
+            return early
         node_id, directory_id, replace = request.node_id, request.directory_id, request.replace
         outcome = self.router.run(
             METADATA_SHARD,
@@ -202,20 +191,9 @@ class TopicRPCs:
         """Raise a partition-log node's offset ceilings; answers each
         partition's ceiling from before (read through shard 0's log: only the
         directory on record reserves, so nothing moves it in between)."""
-        refused = self.router.cluster_refusal(context)
-        if refused is not None:
-            return coordinator_pb2.ReserveOffsetsResponse(
-                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
-                error_message=refused,
-            )
-        unknown = self._unknown_node(request.node_id)
-        if unknown is not None:
-            return coordinator_pb2.ReserveOffsetsResponse(
-                error_code=wire_error(ErrorCode.INVALID_REQUEST), error_message=unknown
-            )
-        forwarded = self._forwarded(context, "ReserveOffsets", request)
-        if forwarded is not None:
-            return forwarded
+        early = self._node_request(context, "ReserveOffsets", request)
+        if early is not None:
+            return early
         wanted = tuple(
             OffsetReservation(r.topic, r.partition, r.ceiling) for r in request.reservations
         )
@@ -248,13 +226,23 @@ class TopicRPCs:
             ]
         )
 
-    def _unknown_node(self, node_id: int) -> str | None:
-        if any(n.node_id == node_id for n in self.router.config.partition_nodes):
-            return None
-        return f"node {node_id} is not a partition-log node of this cluster"
-
-    def _forwarded(self, context: Any, method: str, request: Any) -> Any | None:
-        """Shard 0's leader's answer when this node does not lead it, else None."""
+    def _node_request(self, context: Any, method: str, request: Any) -> Any | None:
+        """The answer to a partition-log node's ``method`` request that this
+        node does not handle itself, or None: a caller that is not the
+        cluster, a node id that is not a partition-log node's, or (when this
+        node does not lead shard 0) shard 0's leader's answer."""
+        response = getattr(coordinator_pb2, f"{method}Response")
+        refused = self.router.cluster_refusal(context)
+        if refused is not None:
+            return response(
+                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                error_message=refused,
+            )
+        if not any(n.node_id == request.node_id for n in self.router.config.partition_nodes):
+            return response(
+                error_code=wire_error(ErrorCode.INVALID_REQUEST),
+                error_message=f"node {request.node_id} is not a partition-log node of this cluster",
+            )
         if self.router.shards.availability(METADATA_SHARD) is ErrorCode.NONE:
             return None
         try:
