@@ -109,7 +109,7 @@ def _ratio(value: float, base: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(width=120)
     rows = measure(args, console)
     console.print(table(rows))
     if args.json:
