@@ -8,7 +8,8 @@ sends cannot take the gateway's memory or stop the other clients.
 * A produced batch may declare at most 100,000 records, checked before it is
   decompressed: a few kilobytes that claim a million records are refused
   (INVALID_RECORD) instead of being decoded.
-* ``max.connections``: the connections past it are closed at once.
+* ``max.connections`` and ``max.connections.per.ip``: the connections past
+  them are closed at once (clients from 127.0.0.1, .2 and .3).
 """
 
 from __future__ import annotations
@@ -34,13 +35,18 @@ pytestmark = pytest.mark.slow
 MIB = 1 << 20
 QUEUED_BYTES = 64 * MIB
 MAX_CONNECTIONS = 40
+MAX_CONNECTIONS_PER_IP = 30
 TOPIC = "bounded"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     path: Path = tmp_path_factory.mktemp("bounds")
-    settings = {"queued.max.request.bytes": QUEUED_BYTES, "max.connections": MAX_CONNECTIONS}
+    settings = {
+        "queued.max.request.bytes": QUEUED_BYTES,
+        "max.connections": MAX_CONNECTIONS,
+        "max.connections.per.ip": MAX_CONNECTIONS_PER_IP,
+    }
     with running_cluster(
         path, shards=1, partition_nodes=1, kafka_listeners=1, settings=settings
     ) as running:
@@ -138,13 +144,29 @@ def test_a_batch_claiming_a_million_records_is_refused_before_it_is_decoded(
     assert produce_error(cluster, claimed_records_batch(10)) == 0
 
 
-def test_connections_past_max_connections_are_closed(cluster: LocalCluster) -> None:
-    held = [gateway_socket(cluster) for _ in range(MAX_CONNECTIONS)]
+def connect_from(cluster: LocalCluster, source: str) -> socket.socket:
+    host, port = cluster.kafka_bootstrap().split(",")[0].rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+
+
+def refused(sock: socket.socket) -> bool:
+    """Whether the gateway closed ``sock`` instead of answering."""
+    with sock:
+        sock.sendall(request_frame(18, 0, 5, {}))
+        try:
+            read_frame(sock)
+        except ConnectionError:
+            return True
+        return False
+
+
+def test_connections_past_max_connections_and_per_ip_are_closed(cluster: LocalCluster) -> None:
+    held = [connect_from(cluster, "127.0.0.1") for _ in range(MAX_CONNECTIONS_PER_IP)]
     try:
-        with gateway_socket(cluster) as extra:
-            extra.sendall(request_frame(18, 0, 5, {}))
-            with pytest.raises(ConnectionError):
-                read_frame(extra)
+        # The address's limit: one more from 127.0.0.1 is closed, others still come in.
+        assert refused(connect_from(cluster, "127.0.0.1"))
+        held += [connect_from(cluster, "127.0.0.2") for _ in range(10)]
+        assert refused(connect_from(cluster, "127.0.0.3"))  # the gateway's limit
     finally:
         for sock in held:
             sock.close()

@@ -10,6 +10,7 @@ partition leaders and coordinators map onto gateways is in docs/kafka.md.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -119,6 +120,8 @@ class Gateway:
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        #: Open connections per client address (max.connections.per.ip).
+        self._per_ip: collections.Counter[str] = collections.Counter()
         #: How long a relayed request may take before its client's connection is closed.
         self.relay_timeout_s = self.backend.rpc_timeout_s * 3
         self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
@@ -168,14 +171,20 @@ class Gateway:
         """Read requests until the client closes; answer them in order."""
         this = asyncio.current_task()
         assert this is not None
-        if len(self._connections) >= self.config.settings.max_connections:
-            log.warning(
-                "event=connection_refused reason=max.connections limit=%d",
-                self.config.settings.max_connections,
-            )
+        settings = self.config.settings
+        address = writer.get_extra_info("peername")
+        ip = str(address[0]) if isinstance(address, tuple) and address else ""
+        refused = None
+        if len(self._connections) >= settings.max_connections:
+            refused = f"reason=max.connections limit={settings.max_connections}"
+        elif self._per_ip[ip] >= settings.max_connections_per_ip:
+            refused = f"reason=max.connections.per.ip limit={settings.max_connections_per_ip}"
+        if refused is not None:
+            log.warning("event=connection_refused ip=%s %s", ip, refused)
             writer.transport.abort()
             return
         self._connections.add(this)
+        self._per_ip[ip] += 1
         answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         #: The connections this client's relayed requests go over, per owner gateway.
@@ -202,6 +211,10 @@ class Gateway:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self._connections.discard(this)
+            self._per_ip[ip] -= 1
+            if not self._per_ip[ip]:
+                del self._per_ip[ip]
             writer.transport.abort()
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -210,7 +223,6 @@ class Gateway:
                 answers.get_nowait().cancel()
             for peer in peers.values():
                 await peer.close()
-            self._connections.discard(this)
 
     @staticmethod
     async def _send_in_order(

@@ -148,6 +148,8 @@ class Settings:
     connections_max_idle_ms: int = 600_000
     # max.connections: connections a gateway accepts at once; more are closed at once.
     max_connections: int = 2_000
+    # max.connections.per.ip: the same for the connections of one client address.
+    max_connections_per_ip: int = 1_000
 
 
 _SETTING_NAMES = {
@@ -185,6 +187,7 @@ _SETTING_NAMES = {
     "queued.max.request.bytes": "queued_max_request_bytes",
     "connections.max.idle.ms": "connections_max_idle_ms",
     "max.connections": "max_connections",
+    "max.connections.per.ip": "max_connections_per_ip",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
