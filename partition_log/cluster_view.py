@@ -133,7 +133,8 @@ class ClusterView:
         """The coordinators' TransactionDescriptions of the transactional ids
         whose current producer id is one of ``producer_ids`` (ListTransactions
         of every coordinator, then DescribeTransactions of each id's
-        leader); None unless every coordinator answered its listing."""
+        leader); None unless every coordinator answered its listing and every
+        id was described (a shard that is electing is missed: ask again)."""
         listing = coordinator_pb2.ListTransactionsRequest(
             producer_id_filters=producer_ids, duration_filter_ms=-1
         )
@@ -159,6 +160,8 @@ class ClusterView:
                 if answer.transactions and answer.transactions[0].error_code == ErrorCode.NONE:
                     described.append(answer.transactions[0])
                     break
+            else:
+                return None
         return described
 
     def _ask_metadata_leader(self, method: str, request: Any) -> Any | None:
@@ -174,6 +177,10 @@ class ClusterView:
             if answer.error_code not in _ASK_ANOTHER:
                 return answer
         return None
+
+    def owns(self, topic: str, partition: int) -> bool:
+        """Whether this node owns ``topic``/``partition`` as far as it knows (no refresh)."""
+        return self._locate(topic, partition).error is ErrorCode.NONE
 
     def owned(self) -> list[TopicPartition]:
         """The topic-partitions this node owns."""

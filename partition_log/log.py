@@ -8,6 +8,8 @@ Layout of a partition directory (docs/partition-log.md has the details)::
     00000000000000004711.index
     00000000000000004711.snapshot  producer state as of offset 4711 (written by the owner)
     offset-gaps                  ranges of offsets never handed out (``skip_to``), if any
+    offsets-unsettled            present while the log may lack records whose offsets
+                                 were handed out (its owner removes it once settled)
 
 The newest segment is the *active* one; appends go to it through an
 ``O_APPEND`` file descriptor with ``os.write`` (no userspace buffer), so once
@@ -88,6 +90,9 @@ _SNAPSHOT_SUFFIX = ".snapshot"
 #: msgpack [[from, to], ...] of the offsets :meth:`PartitionLogStore.skip_to`
 #: skipped, then the CRC32C of those bytes (u32, little-endian).
 _GAPS_FILE = "offset-gaps"
+#: Present while the partition may have lost records whose offsets were handed
+#: out, until its owner has continued above them (:meth:`PartitionLogStore.settle`).
+_UNSETTLED_FILE = "offsets-unsettled"
 #: Producer-state snapshots kept: the newest ones, older ones are deleted.
 SNAPSHOTS_KEPT = 2
 
@@ -715,6 +720,31 @@ class PartitionLogStore:
             return {(int(a), int(b)) for a, b in pairs}
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise CorruptLog(f"{path} is damaged: {exc}") from None
+
+    @property
+    def unsettled(self) -> bool:
+        """Whether the log was marked as possibly missing records whose offsets
+        were handed out (:meth:`mark_unsettled`), across restarts."""
+        return (self.directory / _UNSETTLED_FILE).exists()
+
+    def mark_unsettled(self) -> None:
+        """Record durably that the log may miss records whose offsets were
+        handed out, until :meth:`settle`.
+
+        Raises:
+            OSError: the file could not be made durable.
+        """
+        path = self.directory / _UNSETTLED_FILE
+        if not path.exists():
+            path.touch()
+            fsync_directory(self.directory)
+
+    def settle(self) -> None:
+        """The owner continues above every offset handed out: remove the mark."""
+        path = self.directory / _UNSETTLED_FILE
+        if path.exists():
+            path.unlink()
+            fsync_directory(self.directory)
 
     def skip_to(self, offset: int) -> None:
         """Continue the log at ``offset``: the offsets from :attr:`log_end_offset`

@@ -171,9 +171,17 @@ class PartitionNode:
         )
 
     def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
-        """The partition if this node owns it, else the error code and message."""
+        """The partition if this node owns it, else the error code and message.
+        Nothing is served before the coordinators confirmed the data directory."""
         if self.directory_state is DirectoryState.REPLACED:
             return ErrorCode.KAFKA_STORAGE_ERROR, self._replaced_message()
+        if self.directory_state is DirectoryState.REGISTERING:
+            self._reservation_due.set()
+            return (
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"partition-log node {self.node_id} has not registered its data directory "
+                "with the coordinators yet; retry",
+            )
         partition = self.partitions.get((topic, index))
         if partition is not None:
             return partition
@@ -210,6 +218,11 @@ class PartitionNode:
         if answer is None:
             return
         if answer.error_code == ErrorCode.NONE:
+            if self.directory_state is DirectoryState.REPLACED:
+                # Accepted in place of the directory on record: whatever this
+                # one holds may lack what the other one handed out.
+                for partition in list(self.partitions.values()):
+                    partition.assume_lost()
             if self.directory_state is not DirectoryState.SERVING:
                 log.info(
                     "node=%d event=directory_registered directory=%s",
@@ -247,7 +260,11 @@ class PartitionNode:
             return
         assert self.directory is not None
         with self._reserve_lock:
-            due = [p for p in list(self.partitions.values()) if p.reservation_due()]
+            due = [
+                p
+                for p in list(self.partitions.values())
+                if p.reservation_due() and self.view.owns(p.topic, p.index)
+            ]
             for first in range(0, len(due), RESERVATIONS_PER_CALL):
                 chunk = [
                     (p, p.wanted_ceiling()) for p in due[first : first + RESERVATIONS_PER_CALL]
@@ -299,22 +316,28 @@ class PartitionNode:
             )
 
     def write_owed_markers(self) -> None:
-        """For each partition that may have lost records and was not checked
-        since it opened: write again the COMMIT or ABORT marker of every open
-        transaction that its coordinator has completed (it lost the marker;
-        the coordinator, done, never sends it again)."""
-        unchecked = [
-            p for p in list(self.partitions.values()) if not p.markers_checked and p.ceiling
-        ]
-        if not unchecked or self.directory_state is not DirectoryState.SERVING:
+        """For each partition that may have lost records, during its time to
+        check (:attr:`partition_log.partition.Partition.check_markers_until`,
+        every round, as shards may still be electing): write again the COMMIT
+        or ABORT marker of every open transaction that its coordinator has
+        completed (it lost the marker; the coordinator, done, never sends it
+        again). Writing a marker twice changes nothing the second time."""
+        now = time.monotonic()
+        checked = []
+        for partition in list(self.partitions.values()):
+            until = partition.check_markers_until
+            if until is not None and now >= until:
+                partition.check_markers_until = None
+            elif until is not None:
+                checked.append(partition)
+        if not checked or self.directory_state is not DirectoryState.SERVING:
             return
-        open_txns = {p: p.open_transactions() for p in unchecked}
+        open_txns = {p: p.open_transactions() for p in checked}
         producer_ids = sorted({t.producer_id for txns in open_txns.values() for t in txns})
         described = self.view.coordinator_transactions(producer_ids) if producer_ids else []
         if described is None:
             return  # a coordinator did not answer: the next round asks again
         for partition, txns in open_txns.items():
-            written = True
             for txn in txns:
                 owed = owed_marker(txn.producer_id, txn.producer_epoch, described)
                 if owed is None or txn.producer_epoch >= KAFKA_MAX_PRODUCER_EPOCH:
@@ -354,8 +377,6 @@ class PartitionNode:
                     code.name,
                     message,
                 )
-                written = written and code is ErrorCode.NONE
-            partition.markers_checked = written  # else the next round tries again
 
     def _reservation_loop(self) -> None:
         while not self._stopping.is_set():
@@ -363,10 +384,13 @@ class PartitionNode:
             self._reservation_due.clear()
             if self._stopping.is_set():
                 return
-            if self.directory_state is DirectoryState.REPLACED:
-                self._register()  # until an operator accepts the directory
-            self.reserve_due()
-            self.write_owed_markers()
+            try:
+                if self.directory_state is DirectoryState.REPLACED:
+                    self._register()  # until an operator accepts the directory
+                self.reserve_due()
+                self.write_owed_markers()
+            except Exception:  # the next round tries again; the thread must live
+                log.exception("node=%d event=reservation_round_failed", self.node_id)
 
     def status(self) -> Any:
         """PartitionNodeStatus: the directory and the partitions not served."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,10 @@ log = logging.getLogger("raftcoord.partition_log")
 #: Offsets a partition reserves at a time; it asks for the next block when
 #: fewer than half remain.
 OFFSET_BLOCK = 1 << 20
+#: How long after its first grant a partition that may have lost records
+#: keeps comparing its open transactions with the coordinators' decisions
+#: (elections after a whole-cluster restart can hide a shard for a while).
+MARKER_CHECK_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +125,24 @@ class Partition:
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
         recovered = self.store.recovered
-        self.may_have_lost = recovered.created or (
-            fsync is not FsyncPolicy.ALWAYS and (not clean_start or recovered.bytes_truncated > 0)
+        self.may_have_lost = (
+            self.store.unsettled
+            or recovered.created
+            or (
+                fsync is not FsyncPolicy.ALWAYS
+                and (not clean_start or recovered.bytes_truncated > 0)
+            )
         )
         """Whether acknowledged records may be missing from the log (it is new,
-        or it was not flushed on every append and not closed cleanly)."""
-        self.markers_checked = not self.may_have_lost
-        """Whether the open transactions were compared with the coordinators'
-        decisions since the partition opened (only one that may have lost
-        records can have lost a marker)."""
+        it was not flushed on every append and not closed cleanly, or a start
+        before said so and it was not settled since: the mark is kept on disk
+        until the first grant, :meth:`PartitionLogStore.mark_unsettled`)."""
+        if self.may_have_lost:
+            self.store.mark_unsettled()
+        #: Until when (monotonic) the node compares the open transactions with
+        #: the coordinators' decisions (``PartitionNode.write_owed_markers``);
+        #: None: not (nothing can have lost a marker, or the time is over).
+        self.check_markers_until: float | None = None
 
     # --- offset reservations -----------------------------------------------------------
 
@@ -145,11 +159,26 @@ class Partition:
         with self.lock:
             return self.store.log_end_offset + OFFSET_BLOCK
 
+    def assume_lost(self) -> None:
+        """Treat the log as possibly missing records whose offsets were handed
+        out (its directory was accepted in place of the one on record), unless
+        offsets were granted already.
+
+        Raises:
+            OSError: the mark could not be made durable.
+        """
+        with self.lock:
+            if self.ceiling is None:
+                self.may_have_lost = True
+                self.store.mark_unsettled()
+
     def grant(self, previous: int, ceiling: int) -> int | None:
         """The coordinators reserved offsets below ``ceiling`` (the one before was
         ``previous``). At the first grant, a partition that :attr:`may_have_lost`
         records and ends below ``previous`` continues at ``previous``; returns
-        the log end it skipped from, or None.
+        the log end it skipped from, or None. Such a partition with records
+        then has its open transactions checked for a while
+        (:attr:`check_markers_until`).
 
         Raises:
             OSError, StoreFailed: the skip could not be recorded (nothing is
@@ -159,13 +188,15 @@ class Partition:
             skipped = None
             if self.ceiling is None:
                 end = self.store.log_end_offset
-                if self.store.recovered.created and previous == 0:
-                    # A new partition that never handed out an offset lost nothing.
-                    self.may_have_lost = False
-                    self.markers_checked = True
                 if self.may_have_lost and end < previous:
                     self.store.skip_to(previous)
+                    # The state as of the new start: recovery keeps no snapshot
+                    # outside the log, so the producers would be forgotten.
+                    self._save_snapshot_at(previous)
                     skipped = end
+                if self.may_have_lost and end > 0:
+                    self.check_markers_until = time.monotonic() + MARKER_CHECK_S
+                self.store.settle()
             self.ceiling = max(self.ceiling or 0, previous, ceiling)
             return skipped
 

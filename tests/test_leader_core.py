@@ -514,9 +514,9 @@ def test_a_new_leadership_reads_the_wall_clock_but_never_goes_below_the_replicat
     assert clock.now_ms() == 2_000_000_000
     clocks.advance(1.0)
     assert clock.now_ms() == 2_000_001_000
-    clock.raise_to(2_000_000_500)  # already later: unchanged
+    assert clock.raise_to(2_000_000_500) == 0  # already later: unchanged
     assert clock.now_ms() == 2_000_001_000
-    clock.raise_to(2_000_005_000)  # the applied log holds a newer stamp
+    assert clock.raise_to(2_000_005_000) == 4_000  # the applied log holds a newer stamp
     assert clock.now_ms() == 2_000_005_000
     clocks.advance(0.5)
     assert clock.now_ms() == 2_000_005_500

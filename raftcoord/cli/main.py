@@ -126,6 +126,7 @@ def _accept_directory(args: argparse.Namespace) -> int:
     from raftcoord.protocol.channels import ChannelCache
     from raftcoord.protocol.config import ConfigError, load_config
     from raftcoord.protocol.data_dir import META_FILE, DirectoryRefused, parse
+    from raftcoord.protocol.tls import node_identity
 
     data_dir = _data_dir(args, "partition-node")
     try:
@@ -156,7 +157,15 @@ def _accept_directory(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    view = ClusterView(ChannelCache(), [n.grpc for n in config.coordinators], args.id)
+    try:  # with [tls], as the node itself: only the cluster records directories
+        tls_identity = node_identity(config, args.id)
+    except OSError as exc:
+        print(f"raftcoord accept-directory: the node's certificate: {exc}", file=sys.stderr)
+        return 2
+    credentials = None if tls_identity is None else tls_identity.channel_credentials()
+    view = ClusterView(
+        ChannelCache(credentials=credentials), [n.grpc for n in config.coordinators], args.id
+    )
     answer = view.register_directory(identity.directory_id, replace=True)
     if answer is None:
         print("raftcoord accept-directory: no coordinator answered; retry", file=sys.stderr)

@@ -179,13 +179,16 @@ class LeaderClock:
         at = self._monotonic()
         self._base = (max(int(self._wall() * 1000), floor_ms), at)
 
-    def raise_to(self, floor_ms: int) -> None:
+    def raise_to(self, floor_ms: int) -> int:
         """Continue from ``floor_ms`` if the time is earlier (the state
-        applied since :meth:`start` holds a newer timestamp)."""
+        applied since :meth:`start` holds a newer timestamp); returns how many
+        milliseconds the time moved forward (0: none)."""
         behind = floor_ms - self.now_ms()
-        if behind > 0:
-            base_ms, at = self._base
-            self._base = (base_ms + behind, at)
+        if behind <= 0:
+            return 0
+        base_ms, at = self._base
+        self._base = (base_ms + behind, at)
+        return behind
 
     def now_ms(self) -> int:
         return self.deadline_ms(self._monotonic())

@@ -466,11 +466,14 @@ class Shard:
                     result[0].message,
                 )
             if first:
+                # Everything before the first entry is applied now: the clock
+                # continues from the newest timestamp of the whole log, and
+                # the leadership's start moves with it (group sessions count
+                # from there).
+                jump = self.clock.raise_to(self.replica.query(lambda m: m.latest_stamp_ms()))
+                self._leader_since_ms += jump
                 # The node's marker writer for this leadership starts from the
                 # applied state's pending markers.
-                # Everything before the first entry is applied now: the clock
-                # continues from the newest timestamp of the whole log.
-                self.clock.raise_to(self.replica.query(lambda m: m.latest_stamp_ms()))
                 self.ready = True
                 with self._core_lock:
                     self.core.became_ready(

@@ -70,7 +70,8 @@ Data = dict[str, Any]
 
 class ByteBudget:
     """Bytes of request frames held at once, at most :attr:`total`; a frame
-    waits (FIFO on the loop) until there is room for it."""
+    waits until there is room for it (not first come, first served: a smaller
+    frame may pass a bigger one, which then waits up to its read limit)."""
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -196,7 +197,8 @@ class Gateway:
                 if not 0 < size <= self._largest_frame:
                     log.info("event=connection_closed reason=frame_size size=%d", size)
                     break
-                budget = self._small_frames if size <= SMALL_FRAME_BYTES else self._large_frames
+                small = size <= min(SMALL_FRAME_BYTES, self._small_frames.total)
+                budget = self._small_frames if small else self._large_frames
                 await asyncio.wait_for(budget.take(size), FRAME_READ_TIMEOUT_S)
                 try:
                     frame = await asyncio.wait_for(reader.readexactly(size), FRAME_READ_TIMEOUT_S)

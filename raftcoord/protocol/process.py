@@ -52,7 +52,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 #: Characters a log message may not carry as they are: line breaks and the
 #: other control characters would let a client-supplied string (a
 #: transactional id, a topic name) start a forged line of its own.
-_UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, 0x85)} | {
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
     0x2028: "\\u2028",
     0x2029: "\\u2029",
     ord("\n"): "\\n",

@@ -97,6 +97,19 @@ def principal(context: Any) -> str:
     return f"User:{names[0].decode('utf-8', 'replace')}"
 
 
+def node_refusal(config: ClusterConfig, context: Any, node_id: int) -> str | None:
+    """Why the caller may not make a request in the name of node ``node_id``
+    (answered CLUSTER_AUTHORIZATION_FAILED), or None: anyone without
+    ``[tls]``; else that node's principal or a super user's."""
+    tls = config.tls
+    if tls is None:
+        return None
+    who = principal(context)
+    if who == node_principal(node_id) or who in tls.super_users:
+        return None
+    return f"{who} may not act for node {node_id} (CLUSTER_AUTHORIZATION_FAILED)"
+
+
 def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
     """Why the caller of a gRPC call may not send what only the cluster sends
     (answered CLUSTER_AUTHORIZATION_FAILED), or None when it may: anyone

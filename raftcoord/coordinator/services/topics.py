@@ -23,6 +23,7 @@ from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
+from raftcoord.protocol.tls import node_refusal
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -228,11 +229,11 @@ class TopicRPCs:
 
     def _node_request(self, context: Any, method: str, request: Any) -> Any | None:
         """The answer to a partition-log node's ``method`` request that this
-        node does not handle itself, or None: a caller that is not the
-        cluster, a node id that is not a partition-log node's, or (when this
-        node does not lead shard 0) shard 0's leader's answer."""
+        node does not handle itself, or None: a caller that is not that node
+        (or a super user), a node id that is not a partition-log node's, or
+        (when this node does not lead shard 0) shard 0's leader's answer."""
         response = getattr(coordinator_pb2, f"{method}Response")
-        refused = self.router.cluster_refusal(context)
+        refused = node_refusal(self.router.config, context, request.node_id)
         if refused is not None:
             return response(
                 error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
