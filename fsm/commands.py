@@ -198,6 +198,9 @@ class GroupMarker(Command):
     producer_epoch: int
     commit: bool
     now_ms: int
+    #: The coordinator epoch of the transaction's decision (-1: unknown, an
+    #: entry from before it was carried).
+    coordinator_epoch: int = -1
 
 
 @dataclass(frozen=True)
@@ -417,6 +420,8 @@ _SCHEMAS = {type_id: _schema(cls) for type_id, cls in COMMAND_TYPES.items()}
 #: (an older version's Raft log) leave them out, and they decode to the
 #: field's default. Every other field must be on the wire.
 _ADDED_LATER: dict[int, frozenset[str]] = {
+    GroupMarker.TYPE: frozenset({"coordinator_epoch"}),
+} | {
     cls.TYPE: frozenset({"generation_id", "member_id", "group_instance_id"})
     for cls in (TxnOffsetCommit, OffsetCommit)
 }

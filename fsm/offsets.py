@@ -15,7 +15,7 @@ transaction's offsets.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fsm.commands import GroupMarker, OffsetCommit, OffsetEntry, TxnOffsetCommit
@@ -53,6 +53,10 @@ class GroupOffsets:
     committed: Mapping[TopicPartition, CommittedOffset] = field(default_factory=dict)
     pending: Mapping[int, PendingOffsets] = field(default_factory=dict)
     producer_epochs: Mapping[int, int] = field(default_factory=dict)
+    #: Producer id -> the highest coordinator epoch of a marker applied for it:
+    #: a marker from an older coordinator epoch is fenced, as a partition
+    #: fences one (TRANSACTION_COORDINATOR_FENCED).
+    coordinator_epochs: Mapping[int, int] = field(default_factory=dict)
 
     def to_wire(self) -> list[Any]:
         return [
@@ -73,6 +77,7 @@ class GroupOffsets:
                 for pid, po in sorted(self.pending.items())
             ],
             sorted([pid, epoch] for pid, epoch in self.producer_epochs.items()),
+            sorted([pid, epoch] for pid, epoch in self.coordinator_epochs.items()),
         ]
 
     @classmethod
@@ -82,9 +87,12 @@ class GroupOffsets:
         Raises:
             CommandError: malformed data.
         """
-        committed, pending, epochs = as_list(data) if len(as_list(data)) == 3 else ([], None, [])
-        if pending is None:
+        fields = as_list(data)
+        if len(fields) == 3:  # written before markers' coordinator epochs were kept
+            fields = [*fields, []]
+        if len(fields) != 4:
             raise CommandError(f"malformed group offsets: {data!r}")
+        committed, pending, epochs, coordinator_epochs = fields
         return cls(
             committed=_offsets_from_wire(committed),
             pending={
@@ -92,6 +100,9 @@ class GroupOffsets:
                 for pid, epoch, txn_id, rows in as_list(pending, 4)
             },
             producer_epochs={as_int(pid): as_int(epoch) for pid, epoch in as_list(epochs, 2)},
+            coordinator_epochs={
+                as_int(pid): as_int(epoch) for pid, epoch in as_list(coordinator_epochs, 2)
+            },
         )
 
 
@@ -152,7 +163,7 @@ def txn_offset_commit(
         cmd.producer_id: PendingOffsets(cmd.producer_epoch, cmd.transactional_id, merged),
     }
     epochs = {**current.producer_epochs, cmd.producer_id: cmd.producer_epoch}
-    return GroupOffsets(current.committed, pending, epochs), Outcome()
+    return replace(current, pending=pending, producer_epochs=epochs), Outcome()
 
 
 def group_marker(
@@ -164,6 +175,12 @@ def group_marker(
             ErrorCode.INVALID_REQUEST, "a marker needs a group id, producer id and epoch"
         )
     current = group or GroupOffsets()
+    fenced_below = current.coordinator_epochs.get(cmd.producer_id, -1)
+    if cmd.coordinator_epoch < fenced_below:
+        return group, fail(
+            ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+            f"coordinator epoch {cmd.coordinator_epoch} is older than {fenced_below}",
+        )
     seen = current.producer_epochs.get(cmd.producer_id, -1)
     pending = current.pending.get(cmd.producer_id)
     closes = pending is not None and pending.producer_epoch < cmd.producer_epoch
@@ -176,7 +193,8 @@ def group_marker(
         if cmd.commit:
             committed.update(pending.offsets)
     epochs = {**current.producer_epochs, cmd.producer_id: max(seen, cmd.producer_epoch)}
-    return GroupOffsets(committed, remaining, epochs), Outcome()
+    coordinator_epochs = {**current.coordinator_epochs, cmd.producer_id: cmd.coordinator_epoch}
+    return GroupOffsets(committed, remaining, epochs, coordinator_epochs), Outcome()
 
 
 def offset_commit(
@@ -188,7 +206,7 @@ def offset_commit(
         return group, fail(ErrorCode.INVALID_REQUEST, problem)
     current = group or GroupOffsets()
     committed = {**current.committed, **_as_map(cmd.offsets, cmd.now_ms)}
-    return GroupOffsets(committed, current.pending, current.producer_epochs), Outcome()
+    return replace(current, committed=committed), Outcome()
 
 
 @dataclass(frozen=True)

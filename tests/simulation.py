@@ -795,7 +795,11 @@ class Simulation:
                 self.check_group_marker(request, group.group_id)
                 self.submit(
                     group_marker(
-                        group.group_id, request.producer_id, request.producer_epoch, request.commit
+                        group.group_id,
+                        request.producer_id,
+                        request.producer_epoch,
+                        request.commit,
+                        request.coordinator_epoch,
                     ),
                     group_answer(errors, group),
                 )

@@ -260,6 +260,7 @@ class GroupRPCs:
                         marker.producer_id,
                         marker.producer_epoch,
                         marker.result == common_pb2.COMMIT,
+                        marker.coordinator_epoch,
                     ),
                 )
                 waiting.append((result, future))
@@ -615,9 +616,13 @@ def _describe(group_id: str, group: GroupMembership | None) -> Any:
     )
 
 
-def group_marker(group_id: str, producer_id: int, producer_epoch: int, commit: bool) -> Unstamped:
+def group_marker(
+    group_id: str, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+) -> Unstamped:
     """The GroupMarker command that resolves a transaction's pending offsets."""
-    return lambda stamp: GroupMarker(group_id, producer_id, producer_epoch, commit, stamp.now_ms)
+    return lambda stamp: GroupMarker(
+        group_id, producer_id, producer_epoch, commit, stamp.now_ms, coordinator_epoch
+    )
 
 
 def _offset_entries(topics: Any) -> tuple[OffsetEntry, ...]:
