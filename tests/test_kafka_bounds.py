@@ -70,6 +70,52 @@ def api_versions_answered(cluster: LocalCluster) -> bool:
         return read_frame(good)[:4] == (5).to_bytes(4, "big")
 
 
+def connect_from(cluster: LocalCluster, source: str) -> socket.socket:
+    host, port = cluster.kafka_bootstrap().split(",")[0].rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+
+
+def answered(sock: socket.socket) -> socket.socket:
+    """``sock`` once the gateway has served a request on it (it counts it)."""
+    sock.sendall(request_frame(18, 0, 5, {}))
+    assert read_frame(sock)[:4] == (5).to_bytes(4, "big")
+    return sock
+
+
+def refused(sock: socket.socket) -> bool:
+    """Whether the gateway closed ``sock`` instead of answering."""
+    with sock:
+        sock.sendall(request_frame(18, 0, 5, {}))
+        try:
+            read_frame(sock)
+        except ConnectionError:
+            return True
+        return False
+
+
+def test_connections_past_max_connections_and_per_ip_are_closed(cluster: LocalCluster) -> None:
+    # First in the module: the other tests leave connections the gateway
+    # drops only when their frames' read limit passes.
+    held = [answered(connect_from(cluster, "127.0.0.1")) for _ in range(MAX_CONNECTIONS_PER_IP)]
+    try:
+        # The address's limit: one more from 127.0.0.1 is closed, others still come in.
+        assert refused(connect_from(cluster, "127.0.0.1"))
+        held += [answered(connect_from(cluster, "127.0.0.2")) for _ in range(10)]
+        assert refused(connect_from(cluster, "127.0.0.3"))  # the gateway's limit
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the gateway notices the closed connections
+        try:
+            if api_versions_answered(cluster):
+                break
+        except ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "the gateway never took connections again"
+        time.sleep(0.1)
+
+
 def test_big_partial_frames_wait_for_room_and_small_requests_are_still_answered(
     cluster: LocalCluster,
 ) -> None:
@@ -142,40 +188,3 @@ def test_a_batch_claiming_a_million_records_is_refused_before_it_is_decoded(
     assert produce_error(cluster, claimed_records_batch(1_000_000)) == 87  # INVALID_RECORD
     print(f"refused in {time.monotonic() - began:.3f} s")
     assert produce_error(cluster, claimed_records_batch(10)) == 0
-
-
-def connect_from(cluster: LocalCluster, source: str) -> socket.socket:
-    host, port = cluster.kafka_bootstrap().split(",")[0].rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
-
-
-def refused(sock: socket.socket) -> bool:
-    """Whether the gateway closed ``sock`` instead of answering."""
-    with sock:
-        sock.sendall(request_frame(18, 0, 5, {}))
-        try:
-            read_frame(sock)
-        except ConnectionError:
-            return True
-        return False
-
-
-def test_connections_past_max_connections_and_per_ip_are_closed(cluster: LocalCluster) -> None:
-    held = [connect_from(cluster, "127.0.0.1") for _ in range(MAX_CONNECTIONS_PER_IP)]
-    try:
-        # The address's limit: one more from 127.0.0.1 is closed, others still come in.
-        assert refused(connect_from(cluster, "127.0.0.1"))
-        held += [connect_from(cluster, "127.0.0.2") for _ in range(10)]
-        assert refused(connect_from(cluster, "127.0.0.3"))  # the gateway's limit
-    finally:
-        for sock in held:
-            sock.close()
-    deadline = time.monotonic() + 10
-    while True:  # the gateway notices the closed connections
-        try:
-            if api_versions_answered(cluster):
-                break
-        except ConnectionError:
-            pass
-        assert time.monotonic() < deadline, "the gateway never took connections again"
-        time.sleep(0.1)
