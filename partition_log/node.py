@@ -45,7 +45,7 @@ from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, loa
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
-from raftcoord.protocol.tls import cluster_refusal, node_identity
+from raftcoord.protocol.tls import add_port, cluster_refusal, node_identity
 from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -476,13 +476,7 @@ class PartitionNode:
             cluster_refusal=lambda context: cluster_refusal(self.config, context),
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
-        if self.tls_identity is None:
-            port = self._server.add_insecure_port(self.me.grpc)
-        else:
-            port = self._server.add_secure_port(
-                self.me.grpc, self.tls_identity.server_credentials()
-            )
-        if port == 0:
+        if add_port(self._server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         self._server.start()
         log.info(

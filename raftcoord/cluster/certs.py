@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from raftcoord.protocol.data_dir import write_durably
 
 CA_DAYS = 5 * 365
 LEAF_DAYS = 397
@@ -67,8 +68,9 @@ def make_ca(directory: Path, name: str = "raftcoord cluster CA") -> Authority:
         )
         .sign(key, hashes.SHA256())
     )
-    _write(directory / CA_CERT, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    _write(directory / CA_KEY, _key_pem(key), 0o600)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_durably(directory / CA_CERT, cert.public_bytes(serialization.Encoding.PEM))
+    write_durably(directory / CA_KEY, _key_pem(key), 0o600)
     return Authority(cert, key)
 
 
@@ -115,8 +117,9 @@ def issue(
         ca.key, hashes.SHA256()
     )
     cert_path, key_path = directory / f"{file_name}.pem", directory / f"{file_name}.key"
-    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    _write(key_path, _key_pem(key), 0o600)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_durably(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    write_durably(key_path, _key_pem(key), 0o600)
     return cert_path, key_path
 
 
@@ -133,20 +136,6 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to a file created with ``mode`` (a key is never readable by others,
-    not even for a moment)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def _now() -> datetime.datetime:

@@ -49,7 +49,7 @@ from raftcoord.protocol.process import (
     serve,
 )
 from raftcoord.protocol.routing import preferred_leader
-from raftcoord.protocol.tls import node_identity
+from raftcoord.protocol.tls import add_port, node_identity
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
 
@@ -268,11 +268,7 @@ class CoordinatorNode:
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
             AdminService(self, self.config, self.node_id), server
         )
-        if self.tls_identity is None:
-            port = server.add_insecure_port(self.me.grpc)
-        else:
-            port = server.add_secure_port(self.me.grpc, self.tls_identity.server_credentials())
-        if port == 0:
+        if add_port(server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         return server
 

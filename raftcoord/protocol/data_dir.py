@@ -57,7 +57,7 @@ def load_or_create(data_dir: Path, kind: str, node_id: int) -> tuple[DirectoryId
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         identity = DirectoryIdentity(kind, node_id, uuid.uuid4().hex)
-        _write(path, identity)
+        write_durably(path, render(identity).encode("utf-8"))
         return identity, True
     except UnicodeDecodeError:
         raise DirectoryRefused(f"{path} is damaged (not UTF-8 text)") from None
@@ -114,12 +114,23 @@ def _checksum(body: str) -> str:
     return f"{crc32c.crc32c(body.encode('utf-8')):08x}"
 
 
-def _write(path: Path, identity: DirectoryIdentity) -> None:
-    """Write the file durably: a temporary file, fsynced, renamed, the directory fsynced."""
+def write_durably(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` by ``data``: a temporary file created with ``mode`` (a
+    key is never readable by others, not even for a moment), written whole,
+    fsynced, renamed over ``path``, and the directory fsynced, so a crash
+    leaves the old file or the new one.
+
+    Raises:
+        OSError: a step failed (the old file, if any, is still there).
+    """
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp.unlink(missing_ok=True)  # O_CREAT keeps an old file's mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        os.write(fd, render(identity).encode("utf-8"))
+        with memoryview(data) as view:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, view[written:])
         os.fsync(fd)
     finally:
         os.close(fd)

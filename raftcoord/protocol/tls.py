@@ -76,6 +76,14 @@ class Identity:
         )
 
 
+def add_port(server: grpc.Server, address: str, identity: Identity | None) -> int:
+    """Listen on ``address``: mutual TLS with ``identity``, else plaintext
+    (a config without ``[tls]``). Returns the port, 0 when it cannot listen."""
+    if identity is None:
+        return int(server.add_insecure_port(address))
+    return int(server.add_secure_port(address, identity.server_credentials()))
+
+
 def node_identity(config: ClusterConfig, node_id: int) -> Identity | None:
     """The identity node ``node_id`` presents, or None without ``[tls]``.
 
