@@ -24,6 +24,15 @@ import msgpack
 from fsm.errors import CommandError
 from fsm.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
 from fsm.wire import as_bool, as_bytes, as_int, as_list, as_str, check_version
+from raftcoord.protocol.acl import (
+    Acl,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    acl_from_wire,
+)
 
 COMMAND_VERSION = 1
 #: The generation of a consumer group that never completed a join; also
@@ -338,6 +347,27 @@ class ReserveOffsets(Command):
     now_ms: int
 
 
+@dataclass(frozen=True)
+class CreateAcls(Command):
+    """Add access-control bindings (shard 0 only); all or none. Each must
+    pass :func:`raftcoord.protocol.acl.binding_error`, checked before the
+    command is proposed."""
+
+    TYPE: ClassVar[int] = 20
+    acls: tuple[Acl, ...]
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class DeleteAcls(Command):
+    """Remove every binding that one of the filters matches (shard 0 only);
+    the outcome lists what each filter removed."""
+
+    TYPE: ClassVar[int] = 21
+    filters: tuple[AclFilter, ...]
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -360,6 +390,8 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         GroupTimeouts,
         RegisterDirectory,
         ReserveOffsets,
+        CreateAcls,
+        DeleteAcls,
     )
 }
 
@@ -396,6 +428,35 @@ def _assignments(value: Any) -> tuple[MemberAssignment, ...]:
     return tuple(MemberAssignment(as_str(m), as_bytes(a)) for m, a in as_list(value, 2))
 
 
+def _acls(value: Any) -> tuple[Acl, ...]:
+    try:
+        return tuple(acl_from_wire(v) for v in as_list(value))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else as_str(value)
+
+
+def _acl_filters(value: Any) -> tuple[AclFilter, ...]:
+    try:
+        return tuple(
+            AclFilter(
+                ResourceType(as_int(rtype)),
+                PatternType(as_int(ptype)),
+                _optional_str(name),
+                _optional_str(principal),
+                _optional_str(host),
+                Operation(as_int(operation)),
+                Permission(as_int(permission)),
+            )
+            for rtype, ptype, name, principal, host, operation, permission in as_list(value, 7)
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+
+
 _DECODERS: dict[Any, Any] = {
     int: as_int,
     bool: as_bool,
@@ -407,6 +468,8 @@ _DECODERS: dict[Any, Any] = {
     tuple[GroupProtocol, ...]: _protocols,
     tuple[MemberAssignment, ...]: _assignments,
     tuple[OffsetReservation, ...]: _reservations,
+    tuple[Acl, ...]: _acls,
+    tuple[AclFilter, ...]: _acl_filters,
 }
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fsm.errors import ErrorCode
 from fsm.metadata import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
 from fsm.states import TxnState
+from raftcoord.protocol.acl import Acl
 from raftcoord.protocol.types import WriteMarkers as WriteMarkers
 
 
@@ -54,6 +55,7 @@ class Outcome:
     InitProducerId and EndTxn. ``block_first``/``block_end`` answer
     AllocatePidBlock. ``expired`` lists ids removed by ExpireTransactionalIds.
     ``generation`` answers the group commands (see :mod:`fsm.membership`).
+    ``deleted`` answers DeleteAcls: the bindings each filter removed.
     An error outcome may still carry effects (InitProducerId on an open
     transaction fences and aborts it, then answers CONCURRENT_TRANSACTIONS).
     """
@@ -66,6 +68,7 @@ class Outcome:
     block_end: int = -1
     expired: tuple[str, ...] = ()
     generation: int = -1
+    deleted: tuple[tuple[Acl, ...], ...] = ()
     effects: tuple[Effect, ...] = ()
 
     @property

@@ -13,7 +13,9 @@ from __future__ import annotations
 from fsm.commands import (
     AddPartitions,
     Command,
+    CreateAcls,
     CreateTopic,
+    DeleteAcls,
     JoinGroup,
     OffsetCommit,
     RegisterDirectory,
@@ -26,6 +28,7 @@ from fsm.errors import ErrorCode
 from fsm.membership import join_problem, sync_problem
 from fsm.offsets import validate_offsets
 from fsm.transactions import validate_partitions
+from raftcoord.protocol.acl import MAX_ACL_FIELD_CHARS, binding_error
 from raftcoord.protocol.limits import id_error, is_directory_id, topic_error
 
 __all__ = ["id_error", "request_refusal", "topic_error"]
@@ -74,9 +77,35 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
                     f"{config.max_partitions_per_request}"
                 )
             topics = [reservation.topic for reservation in command.reservations]
+    elif isinstance(command, CreateAcls):
+        problem = _acls_problem(command, config)
+    elif isinstance(command, DeleteAcls):
+        problem = _filters_problem(command, config)
     if problem is not None:
         return ErrorCode.INVALID_REQUEST, problem
     for topic in dict.fromkeys(topics):
         if (bad_topic := topic_error(topic)) is not None:
             return ErrorCode.INVALID_TOPIC_EXCEPTION, bad_topic
+    return None
+
+
+def _acls_problem(command: CreateAcls, config: FsmConfig) -> str | None:
+    if not 1 <= len(command.acls) <= config.max_partitions_per_request:
+        return f"1..{config.max_partitions_per_request} ACLs per request, got {len(command.acls)}"
+    for acl in command.acls:
+        if (problem := binding_error(acl)) is not None:
+            return f"{acl.describe()[:300]}: {problem}"
+    return None
+
+
+def _filters_problem(command: DeleteAcls, config: FsmConfig) -> str | None:
+    if not 1 <= len(command.filters) <= config.max_partitions_per_request:
+        return (
+            f"1..{config.max_partitions_per_request} filters per request, "
+            f"got {len(command.filters)}"
+        )
+    for f in command.filters:
+        for value in (f.resource_name, f.principal, f.host):
+            if value is not None and len(value) > MAX_ACL_FIELD_CHARS:
+                return f"a filter's name is longer than {MAX_ACL_FIELD_CHARS} characters"
     return None

@@ -16,7 +16,9 @@ from fsm.commands import (
     AddPartitions,
     AllocatePidBlock,
     Command,
+    CreateAcls,
     CreateTopic,
+    DeleteAcls,
     EndTxn,
     ExpireTransactionalIds,
     GroupMarker,
@@ -43,9 +45,10 @@ from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.wire import as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
+from raftcoord.protocol.acl import MAX_ACLS, Acl, acl_from_wire, binding_error
 from raftcoord.protocol.limits import MAX_OFFSET, is_directory_id
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 #: Records per piece of :func:`snapshot_pieces` (about a millisecond of encoding).
 SNAPSHOT_PIECE_RECORDS = 500
 #: In the answer to a command whose handler attempted a transition the rules
@@ -72,6 +75,8 @@ class ShardState:
     #: Topic name -> the offset ceiling reserved for each partition; a topic
     #: without reservations is missing (shard 0 only; :class:`fsm.commands.ReserveOffsets`).
     offset_ceilings: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: The access-control bindings (shard 0 only; :class:`fsm.commands.CreateAcls`).
+    acls: frozenset[Acl] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -382,6 +387,26 @@ class TransactionStateMachine:
         self.state.offset_ceilings.update(ceilings)
         return Outcome()
 
+    def _create_acls(self, cmd: CreateAcls) -> Outcome:
+        for acl in cmd.acls:
+            if (problem := binding_error(acl)) is not None:
+                return fail(ErrorCode.INVALID_REQUEST, f"{acl.describe()}: {problem}")
+        acls = self.state.acls | frozenset(cmd.acls)
+        if len(acls) > MAX_ACLS:
+            return fail(ErrorCode.INVALID_REQUEST, f"a cluster holds at most {MAX_ACLS} ACLs")
+        self.state.acls = acls
+        return Outcome()
+
+    def _delete_acls(self, cmd: DeleteAcls) -> Outcome:
+        left = self.state.acls
+        deleted = []
+        for f in cmd.filters:  # a binding is listed under the first filter that matches it
+            matched = sorted((a for a in left if f.matches(a)), key=Acl.to_wire)
+            left = left.difference(matched)
+            deleted.append(tuple(matched))
+        self.state.acls = left
+        return Outcome(deleted=tuple(deleted))
+
     _HANDLERS: ClassVar[dict[type[Command], Callable[[Any, Any], Outcome]]] = {
         InitProducerId: _init,
         AddPartitions: _add_partitions,
@@ -402,6 +427,8 @@ class TransactionStateMachine:
         GroupTimeouts: _group_timeouts,
         RegisterDirectory: _register_directory,
         ReserveOffsets: _reserve_offsets,
+        CreateAcls: _create_acls,
+        DeleteAcls: _delete_acls,
     }
 
     # --- what the leader asks before proposing -------------------------------------
@@ -568,6 +595,7 @@ class TransactionStateMachine:
             topics=dict(s.topics),
             directories=dict(s.directories),
             offset_ceilings=dict(s.offset_ceilings),
+            acls=s.acls,
         )
 
     @classmethod
@@ -591,6 +619,7 @@ class TransactionStateMachine:
             "memberships",
             "directories",
             "offset_ceilings",
+            "acls",
         }
         if not isinstance(payload, dict):
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
@@ -599,7 +628,10 @@ class TransactionStateMachine:
             payload = {**payload, "v": 2, "memberships": []}
         if type(payload.get("v")) is int and payload["v"] == 2 and "directories" not in payload:
             # Version 2 came before directories and offset reservations: none.
-            payload = {**payload, "v": SNAPSHOT_VERSION, "directories": [], "offset_ceilings": []}
+            payload = {**payload, "v": 3, "directories": [], "offset_ceilings": []}
+        if type(payload.get("v")) is int and payload["v"] == 3 and "acls" not in payload:
+            # Version 3 came before access-control lists: none.
+            payload = {**payload, "v": SNAPSHOT_VERSION, "acls": []}
         check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
         if set(payload) != keys:
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
@@ -633,6 +665,7 @@ class TransactionStateMachine:
                 as_str(topic): tuple(as_int(c) for c in as_list(ceilings))
                 for topic, ceilings in as_list(payload["offset_ceilings"], 2)
             },
+            acls=_acls_from_wire(payload["acls"]),
         )
         return machine
 
@@ -690,7 +723,7 @@ def snapshot_pieces(
                 yield bytes(packer.bytes())
                 packer.reset()
 
-    packer.pack_map_header(9)
+    packer.pack_map_header(10)
     for key, value in (
         ("v", SNAPSHOT_VERSION),
         ("pids", state.pids.to_wire()),
@@ -710,4 +743,13 @@ def snapshot_pieces(
     yield from records("directories", ([n, d] for n, d in directories), len(directories))
     ceilings = sorted(state.offset_ceilings.items())
     yield from records("offset_ceilings", ([t, list(c)] for t, c in ceilings), len(ceilings))
+    acls = sorted(a.to_wire() for a in state.acls)
+    yield from records("acls", acls, len(acls))
     yield bytes(packer.bytes())
+
+
+def _acls_from_wire(value: Any) -> frozenset[Acl]:
+    try:
+        return frozenset(acl_from_wire(w) for w in as_list(value))
+    except ValueError as exc:
+        raise CommandError(f"snapshot ACLs: {exc}") from exc

@@ -19,7 +19,9 @@ from fsm import (
     AllocatePidBlock,
     Command,
     CommandError,
+    CreateAcls,
     CreateTopic,
+    DeleteAcls,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -49,6 +51,14 @@ from fsm import (
     snapshot_pieces,
 )
 from fsm.commands import COMMAND_TYPES, COMMAND_VERSION, ENTRY_VERSION, command_to_wire
+from raftcoord.protocol.acl import (
+    Acl,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
 from raftcoord.protocol.types import TopicPartition
 
 # One sample per command type, with non-default values everywhere and
@@ -135,6 +145,24 @@ SAMPLES: list[Command] = [
         directory_id="ab" * 16,
         reservations=(OffsetReservation("orders", 0, 2**62), OffsetReservation("t", 3, 0)),
         now_ms=15,
+    ),
+    CreateAcls(
+        acls=(
+            Acl(
+                ResourceType.TOPIC,
+                PatternType.PREFIXED,
+                "orders-",
+                "User:alice",
+                "*",
+                Operation.WRITE,
+                Permission.ALLOW,
+            ),
+        ),
+        now_ms=16,
+    ),
+    DeleteAcls(
+        filters=(AclFilter(), AclFilter(ResourceType.GROUP, PatternType.MATCH, "g", "User:bob")),
+        now_ms=17,
     ),
     JoinGroup(
         group_id="group-1",
@@ -265,7 +293,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 20, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 22, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message
@@ -574,7 +602,7 @@ def _restore_error(data: bytes) -> CommandError:
     return info.value
 
 
-@pytest.mark.parametrize("version", [0, 4, "3", None, True])
+@pytest.mark.parametrize("version", [0, 5, "4", None, True])
 def test_restore_rejects_unknown_snapshot_version(version: Any) -> None:
     payload = _payload()
     payload["v"] = version
@@ -685,8 +713,8 @@ def test_a_snapshot_from_before_membership_restores() -> None:
     m = _busy_machine()
     payload = msgpack.unpackb(m.snapshot(), raw=False)
     assert payload.pop("memberships") == []
-    for added_in_3 in ("directories", "offset_ceilings"):
-        del payload[added_in_3]
+    for added_later in ("directories", "offset_ceilings", "acls"):
+        del payload[added_later]
     payload["v"] = 1
     restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
     assert restored.state == m.state
@@ -700,6 +728,7 @@ def test_a_snapshot_from_before_directories_restores_without_any() -> None:
     m = _busy_machine()
     payload = msgpack.unpackb(m.snapshot(), raw=False)
     assert payload.pop("directories") == [] and payload.pop("offset_ceilings") == []
+    assert payload.pop("acls") == []
     payload["v"] = 2
     restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
     assert restored.state == m.state

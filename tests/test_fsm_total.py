@@ -48,6 +48,14 @@ from fsm.commands import COMMAND_TYPES
 from fsm.errors import ErrorCode
 from fsm.machine import HANDLER_BUG
 from fsm.wire import INT64_MAX, INT64_MIN
+from raftcoord.protocol.acl import (
+    Acl,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.types import TopicPartition
 from tests.seeds import chosen_seed
@@ -201,6 +209,34 @@ class Fuzzer:
                     rng.choice(TOPICS) if plausible else self.string(),
                     self.small_or_extreme(),
                     rng.choice([0, 1_000, 2**62]) if plausible else self.small_or_extreme(),
+                )
+                for _ in range(rng.randrange(0, 3))
+            )
+        if kind == tuple[Acl, ...]:
+            return tuple(
+                Acl(
+                    rng.choice(list(ResourceType)),
+                    rng.choice(list(PatternType)),
+                    rng.choice(["*", "kafka-cluster", "orders", ""])
+                    if plausible
+                    else self.string(),
+                    rng.choice(["User:a", "User:*", "a"]) if plausible else self.string(),
+                    rng.choice(["*", "127.0.0.1", ""]),
+                    rng.choice(list(Operation)),
+                    rng.choice(list(Permission)),
+                )
+                for _ in range(rng.randrange(0, 3))
+            )
+        if kind == tuple[AclFilter, ...]:
+            return tuple(
+                AclFilter(
+                    rng.choice(list(ResourceType)),
+                    rng.choice(list(PatternType)),
+                    rng.choice([None, "*", "orders"]) if plausible else self.string(),
+                    rng.choice([None, "User:a"]),
+                    rng.choice([None, "*"]),
+                    rng.choice(list(Operation)),
+                    rng.choice(list(Permission)),
                 )
                 for _ in range(rng.randrange(0, 3))
             )

@@ -106,6 +106,7 @@ def test_pure_core_imports_no_io_clock_randomness_or_threads(package: str) -> No
 PURE_PROTOCOL = [
     "raftcoord",
     "raftcoord.protocol",
+    "raftcoord.protocol.acl",
     "raftcoord.protocol.errors",
     "raftcoord.protocol.limits",
     "raftcoord.protocol.routing",

@@ -59,7 +59,8 @@ log = logging.getLogger("raftcoord.coordinator.markers")
 CALL_TIMEOUT_S = 5.0
 #: How long completing a batch of transactions may wait for Raft.
 COMPLETE_TIMEOUT_S = 10.0
-#: Shard whose replicated state holds the cluster's topics.
+#: The shard whose replicated state holds the cluster's metadata: topics,
+#: partition-log directories and offset ceilings, ACLs.
 METADATA_SHARD = 0
 #: How often a completion waiting for Raft checks whether the node is stopping.
 _STOP_CHECK_S = 0.1

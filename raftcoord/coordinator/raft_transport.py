@@ -64,6 +64,7 @@ from pysyncobj.transport import Transport, TransportNotReadyError
 
 from raftcoord.coordinator import raft_wire
 from raftcoord.coordinator.raft_wire import FrameReader, FrameSeal, WireError
+from raftcoord.protocol.process import LogLimiter
 
 log = logging.getLogger("raftcoord.coordinator.raft_transport")
 
@@ -91,26 +92,6 @@ class RaftTransportSettings:
     max_send_queue_bytes: int = 256 << 20
     #: Connections not yet authenticated, at most.
     max_handshakes: int = 16
-
-
-class _Limiter:
-    """Lets a log line through at most ``rate`` times a second (bursts of ``rate``)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.allowance = rate
-        self.last = time.monotonic()
-        self.suppressed = 0
-
-    def allow(self) -> bool:
-        now = time.monotonic()
-        self.allowance = min(self.rate, self.allowance + (now - self.last) * self.rate)
-        self.last = now
-        if self.allowance >= 1.0:
-            self.allowance -= 1.0
-            return True
-        self.suppressed += 1
-        return False
 
 
 class _Connection:
@@ -161,7 +142,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         self._unsent: set[_Connection] = set()  # messages queued, not yet handed to the socket
         self._server: socket.socket | None = None
         self._bind_failures = 0
-        self._log_limit = _Limiter(LOGS_PER_S)
+        self._log_limit = LogLimiter(LOGS_PER_S)
         self._destroyed = False
         syncObj.addOnTickCallback(self._on_tick)
 

@@ -221,6 +221,9 @@ class TlsConfig:
     cert_dir: Path
     #: Principals (``User:<CN>``) that may act as the cluster besides the nodes.
     super_users: tuple[str, ...] = ()
+    #: Kafka's ``allow.everyone.if.no.acl.found``: a resource no ACL names is
+    #: open to every principal (off: closed to all but the cluster).
+    allow_everyone_if_no_acl_found: bool = False
 
     def node_files(self, node_id: int) -> tuple[Path, Path]:
         """(certificate, key) of node ``node_id``."""
@@ -506,7 +509,7 @@ def _tls(raw: Any) -> TlsConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError("[tls] must be a table")
-    unknown = set(raw) - {"ca_file", "cert_dir", "super_users"}
+    unknown = set(raw) - {"ca_file", "cert_dir", "super_users", "allow_everyone_if_no_acl_found"}
     if unknown:
         raise ConfigError(f"[tls]: unknown keys {sorted(unknown)}")
     paths = {}
@@ -520,7 +523,12 @@ def _tls(raw: Any) -> TlsConfig | None:
         type(u) is str and u.startswith("User:") and len(u) > 5 for u in supers
     ):
         raise ConfigError(f'[tls].super_users must be a list of "User:<name>", got {supers!r}')
-    return TlsConfig(paths["ca_file"], paths["cert_dir"], tuple(supers))
+    open_by_default = raw.get("allow_everyone_if_no_acl_found", False)
+    if type(open_by_default) is not bool:
+        raise ConfigError(
+            f"[tls].allow_everyone_if_no_acl_found must be true or false, got {open_by_default!r}"
+        )
+    return TlsConfig(paths["ca_file"], paths["cert_dir"], tuple(supers), open_by_default)
 
 
 def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:

@@ -61,6 +61,27 @@ _UNPRINTABLE = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | 
 }
 
 
+class LogLimiter:
+    """Lets a log line through at most ``rate`` times a second (bursts of
+    ``rate``); counts what it held back."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.allowance = rate
+        self.last = time.monotonic()
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.allowance = min(self.rate, self.allowance + (now - self.last) * self.rate)
+        self.last = now
+        if self.allowance >= 1.0:
+            self.allowance -= 1.0
+            return True
+        self.suppressed += 1
+        return False
+
+
 class OneLineFormatter(logging.Formatter):
     """Formats a record's message on one line whatever it holds: control
     characters are escaped (``\\n``, ``\\x1b``); a traceback (``exc_info``)

@@ -15,19 +15,46 @@ partition nodes' batched adds, their directory and offset records) answer
 anyone else CLUSTER_AUTHORIZATION_FAILED (:func:`cluster_refusal`).
 Without ``[tls]`` every caller is ``User:ANONYMOUS`` and nothing is checked:
 a cluster for a lab only.
+
+With ``[tls]`` the authorizer is on (:class:`Authorizer`): every client
+request is checked against the cluster's ACLs (:mod:`raftcoord.protocol.acl`,
+kept in shard 0). A node acts as the cluster unless it names the principal
+it acts for in the :data:`PRINCIPAL_HEADER` of a call (the Kafka gateway for
+its clients, a coordinator forwarding a client's request); only a node's or
+a super user's call may name one, anyone else's header is ignored.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
 import grpc
 
+from raftcoord.protocol.acl import (
+    EMPTY_INDEX,
+    Acl,
+    AclIndex,
+    Operation,
+    Principal,
+    ResourceType,
+    allowed_on_some,
+    authorized,
+)
 from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.process import LogLimiter
 
 ANONYMOUS = "User:ANONYMOUS"
+#: The principal a node's call acts for (and the client's address).
+PRINCIPAL_HEADER = "x-raftcoord-principal"
+CLIENT_HOST_HEADER = "x-raftcoord-client-host"
+#: Authorization failures logged per second, at most.
+DENIALS_LOGGED_PER_S = 10.0
+
+log = logging.getLogger("raftcoord.authorizer")
 
 
 class SslFiles(TypedDict, total=False):
@@ -118,21 +145,138 @@ def node_refusal(config: ClusterConfig, context: Any, node_id: int) -> str | Non
     return f"{who} may not act for node {node_id} (CLUSTER_AUTHORIZATION_FAILED)"
 
 
+def cluster_principals(config: ClusterConfig) -> frozenset[str]:
+    """The principals that act as the cluster: every node's and the super users'."""
+    ids = [n.node_id for n in (*config.coordinators, *config.partition_nodes)]
+    ids += [k.node_id for k in config.kafka_listeners]
+    supers = config.tls.super_users if config.tls is not None else ()
+    return frozenset({node_principal(i) for i in ids} | set(supers))
+
+
+def peer_host(context: Any) -> str:
+    """The address of a gRPC call's peer (``127.0.0.1``), "" if unknown."""
+    peer = str(context.peer() or "")
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return ""
+
+
+def acting_for(who: Principal) -> list[tuple[str, str]]:
+    """The call metadata with which a node acts for ``who``."""
+    return [(PRINCIPAL_HEADER, who.name), (CLIENT_HOST_HEADER, who.host)]
+
+
 def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
     """Why the caller of a gRPC call may not send what only the cluster sends
     (answered CLUSTER_AUTHORIZATION_FAILED), or None when it may: anyone
     without ``[tls]``; else a node's principal or a super user's."""
-    tls = config.tls
-    if tls is None:
+    if config.tls is None:
         return None
     who = principal(context)
-    if who in tls.super_users:
-        return None
-    ids = [n.node_id for n in (*config.coordinators, *config.partition_nodes)]
-    ids += [k.node_id for k in config.kafka_listeners]
-    if who in {node_principal(i) for i in ids}:
+    if who in cluster_principals(config):
         return None
     return (
         f"{who} may not call this: only the cluster's nodes and super users "
         "may (CLUSTER_AUTHORIZATION_FAILED)"
     )
+
+
+class Authorizer:
+    """One node's decisions on its callers' requests: who a call is for
+    (:meth:`caller`) and whether the ACLs let it (:meth:`allows`). Off (every
+    call allowed, the caller anonymous) without ``[tls]``.
+
+    ``bindings`` gives the ACLs as the node knows them now (a coordinator's
+    replica of shard 0, a partition node's copy); the index is rebuilt when
+    they change. The nodes' own principals and the super users may do
+    anything; denials are logged (``event=authorization_failed``, at most
+    :data:`DENIALS_LOGGED_PER_S` a second).
+    """
+
+    def __init__(self, config: ClusterConfig, bindings: Callable[[], frozenset[Acl]]) -> None:
+        self.config = config
+        self.enabled = config.tls is not None
+        self._bindings = bindings
+        self._source: frozenset[Acl] = frozenset()
+        self._index = EMPTY_INDEX
+        self._cluster = cluster_principals(config)
+        self._allow_if_no_acl = (
+            config.tls.allow_everyone_if_no_acl_found if config.tls is not None else True
+        )
+        self._log_limit = LogLimiter(DENIALS_LOGGED_PER_S)
+
+    def index(self) -> AclIndex:
+        bindings = self._bindings()
+        if bindings is not self._source:
+            self._index, self._source = AclIndex(bindings), bindings
+        return self._index
+
+    def caller(self, context: Any) -> Principal:
+        """Who the call of ``context`` is for: the principal a node's call
+        names in its metadata, else the caller's own."""
+        host = peer_host(context)
+        if not self.enabled:
+            return Principal(ANONYMOUS, host)
+        own = principal(context)
+        if own in self._cluster:
+            metadata = dict(context.invocation_metadata())
+            acting = metadata.get(PRINCIPAL_HEADER)
+            if acting:
+                return Principal(str(acting), str(metadata.get(CLIENT_HOST_HEADER) or host))
+        return Principal(own, host)
+
+    def allows(
+        self, who: Principal, operation: Operation, resource_type: ResourceType, name: str
+    ) -> bool:
+        """Whether ``who`` may do ``operation`` on the resource."""
+        if not self.enabled or who.name in self._cluster:
+            return True
+        allowed = authorized(
+            self.index(), who, operation, resource_type, name, (), self._allow_if_no_acl
+        )
+        if not allowed:
+            self._denied(who, operation, f"{resource_type.name} {name!r}")
+        return allowed
+
+    def allows_on_some(
+        self, who: Principal, operation: Operation, resource_type: ResourceType
+    ) -> bool:
+        """Whether ``who`` may do ``operation`` on some resource of the type
+        (:func:`raftcoord.protocol.acl.allowed_on_some`)."""
+        if not self.enabled or who.name in self._cluster:
+            return True
+        allowed = allowed_on_some(self.index(), who, operation, resource_type)
+        if not allowed:
+            self._denied(who, operation, f"any {resource_type.name}")
+        return allowed
+
+    def filter(
+        self,
+        who: Principal,
+        operation: Operation,
+        resource_type: ResourceType,
+        names: Iterable[str],
+    ) -> list[str]:
+        """The names of ``names`` that ``who`` may ``operation`` (no log lines:
+        a listing leaves out what the caller may not see)."""
+        if not self.enabled or who.name in self._cluster:
+            return list(names)
+        index = self.index()
+        return [
+            n
+            for n in names
+            if authorized(index, who, operation, resource_type, n, (), self._allow_if_no_acl)
+        ]
+
+    def _denied(self, who: Principal, operation: Operation, resource: str) -> None:
+        if self._log_limit.allow():
+            log.warning(
+                "event=authorization_failed principal=%r host=%r operation=%s resource=%s",
+                who.name,
+                who.host,
+                operation.name,
+                resource,
+            )

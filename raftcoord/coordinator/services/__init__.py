@@ -13,6 +13,7 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
                    SyncGroup, Heartbeat, LeaveGroup, DescribeGroups
 ``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
+``acls``           CreateAcls, DescribeAcls, DeleteAcls
 =================  =====================================================
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 
 from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.services.acls import AclRPCs
 from raftcoord.coordinator.services.admin import AdminService, TransactionQueries
 from raftcoord.coordinator.services.common import ShardRouter
 from raftcoord.coordinator.services.groups import GroupRPCs
@@ -51,6 +53,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
         self.transactions = TransactionRPCs(router, self.topics)
         self.groups = GroupRPCs(router)
         self.queries = TransactionQueries(router, markers)
+        self.acls = AclRPCs(router)
 
     # --- transactions ----------------------------------------------------------
 
@@ -121,3 +124,14 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
         return self.topics.CreateTopics(request, context)
+
+    # --- access control --------------------------------------------------------
+
+    def CreateAcls(self, request: Any, context: Any) -> Any:
+        return self.acls.CreateAcls(request, context)
+
+    def DescribeAcls(self, request: Any, context: Any) -> Any:
+        return self.acls.DescribeAcls(request, context)
+
+    def DeleteAcls(self, request: Any, context: Any) -> Any:
+        return self.acls.DeleteAcls(request, context)

@@ -16,6 +16,7 @@ from marker_writer import ConsumerGroup, DataPartition, DeliveryProblem, Partici
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.services.common import Refused, ShardRouter
 from raftcoord.coordinator.shard import Reader, Shards
+from raftcoord.protocol.acl import Operation, ResourceType
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.tls import cluster_refusal
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, common_pb2, coordinator_pb2
@@ -29,8 +30,15 @@ class TransactionQueries:
 
     def DescribeTransactions(self, request: Any, context: Any) -> Any:
         descriptions = []
+        who = self.router.caller(context)
         for tid in request.transactional_ids:
             shard = self.router.shard_of(tid)
+            denied = self.router.denied(
+                who, (Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid)
+            )
+            if denied is not None:
+                descriptions.append(_no_description(tid, denied.error))
+                continue
             try:
                 meta = self.router.read(shard, _describe(tid))
             except Refused as refused:
@@ -82,6 +90,7 @@ class TransactionQueries:
         """Transactions of the shards this node leads (ask every node for all)."""
         states = [TxnState(s) for s in request.state_filters if s in TxnState._value2member_map_]
         listings: list[coordinator_pb2.TransactionListing] = []
+        who = self.router.caller(context)
         for shard in range(self.router.config.shard_count):
             if self.router.shards.availability(shard) is not ErrorCode.NONE:
                 continue
@@ -96,6 +105,14 @@ class TransactionQueries:
                 rows = self.router.read(shard, list_now)
             except Refused:
                 continue
+            visible = set(
+                self.router.authorizer.filter(
+                    who,
+                    Operation.DESCRIBE,
+                    ResourceType.TRANSACTIONAL_ID,
+                    (r.transactional_id for r in rows),
+                )
+            )
             listings.extend(
                 coordinator_pb2.TransactionListing(
                     transactional_id=r.transactional_id,
@@ -104,6 +121,7 @@ class TransactionQueries:
                     duration_ms=r.duration_ms,
                 )
                 for r in rows
+                if r.transactional_id in visible
             )
         return coordinator_pb2.ListTransactionsResponse(
             error_code=wire_error(ErrorCode.NONE), transactions=listings

@@ -24,12 +24,14 @@ from fsm import ErrorCode, Outcome
 from fsm.limits import request_refusal
 from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import CHECK_ONLY, Unstamped
+from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Reader, Shards
+from raftcoord.protocol.acl import Operation, Principal, ResourceType
 from raftcoord.protocol.channels import open_channel
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.tls import cluster_refusal
+from raftcoord.protocol.tls import Authorizer, acting_for, cluster_refusal
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
 from raftcoord.protocol.wire import wire_error
 
@@ -38,6 +40,15 @@ FORWARDED_HEADER = "x-raftcoord-forwarded-by"
 #: Deadline of a request forwarded to another node.
 FORWARD_TIMEOUT_S = 2.0
 T = TypeVar("T")
+#: One authorization: (operation, resource type, resource name).
+Check = tuple[Operation, ResourceType, str]
+#: Kafka's answer when the ACLs refuse an operation on a resource type.
+AUTHORIZATION_FAILED = {
+    ResourceType.TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+    ResourceType.GROUP: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+    ResourceType.CLUSTER: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ResourceType.TRANSACTIONAL_ID: ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+}
 
 
 class Refused(Exception):
@@ -69,6 +80,34 @@ class ShardRouter:
         self.config = config
         self.node_id = node_id
         self.fsm_config = fsm_config(config.settings)
+        #: ACL decisions, from this node's replica of shard 0 (it may lag the
+        #: leader's by what replication has not brought yet).
+        self.authorizer = Authorizer(
+            config, lambda: shards.query(METADATA_SHARD, lambda machine: machine.state.acls)
+        )
+
+    def caller(self, context: Any) -> Principal:
+        """Who a request is for (:meth:`raftcoord.protocol.tls.Authorizer.caller`)."""
+        return self.authorizer.caller(context)
+
+    def allows(
+        self, who: Principal, operation: Operation, resource_type: ResourceType, name: str
+    ) -> bool:
+        """Whether the ACLs let ``who`` do ``operation`` on the resource."""
+        return self.authorizer.allows(who, operation, resource_type, name)
+
+    def denied(self, who: Principal, *checks: Check) -> Outcome | None:
+        """The refusal of the first of ``checks`` (operation, resource type,
+        name) the ACLs do not let ``who`` do, with Kafka's error for the
+        resource type; None when all are allowed."""
+        for operation, resource_type, name in checks:
+            if not self.authorizer.allows(who, operation, resource_type, name):
+                return Outcome(
+                    error=AUTHORIZATION_FAILED[resource_type],
+                    message=f"{who.name} may not {operation.name} "
+                    f"{resource_type.name} {name[:200]!r}",
+                )
+        return None
 
     def cluster_refusal(self, context: Any) -> str | None:
         """Why the caller may not send what only the cluster sends, or None
@@ -167,16 +206,26 @@ class ShardRouter:
         leader = self.shards.leader_of(shard)
         if leader is None or leader.node_id == self.node_id:
             raise NotForwarded("no leader")
+        metadata = [(FORWARDED_HEADER, str(self.node_id))]
+        if self.authorizer.enabled:  # the leader checks the caller's rights too
+            metadata += acting_for(self.caller(context))
         try:
             with open_channel(leader.grpc, self.credentials) as channel:
                 stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
-                return getattr(stub, method)(
-                    request,
-                    timeout=FORWARD_TIMEOUT_S,
-                    metadata=[(FORWARDED_HEADER, str(self.node_id))],
-                )
+                return getattr(stub, method)(request, timeout=FORWARD_TIMEOUT_S, metadata=metadata)
         except grpc.RpcError as exc:
             raise NotForwarded(exc.code().name) from exc
+
+    def leader_answer(self, shard: int, context: Any, method: str, request: Any) -> Any | None:
+        """``shard``'s leader's answer to ``method`` when this node does not
+        lead it; None when this node should answer (it leads the shard, or
+        no leader could be asked: its own refusal then says why)."""
+        if self.shards.availability(shard) is ErrorCode.NONE:
+            return None
+        try:
+            return self.forward(shard, context, method, request)
+        except NotForwarded:
+            return None
 
 
 def answered(outcome: Outcome) -> Future[Outcome]:

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fsm import (
@@ -59,6 +60,7 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.coordinator.services.transactions import read_group_verification
+from raftcoord.protocol.acl import Operation, Principal, ResourceType
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S, MAX_ID_BYTES
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_error
@@ -90,6 +92,21 @@ class GroupRPCs:
         """Stored only when the group is in the producer's ongoing transaction,
         as the transaction's shard has it (asked before proposing)."""
         offsets = _offset_entries(request.topics)
+        who = self.router.caller(context)
+        denied = self.router.denied(
+            who,
+            (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id),
+            *self._group_and_topics(Operation.READ, request.group_id, offsets),
+        )
+        if denied is not None:
+            return coordinator_pb2.TxnOffsetCommitResponse(
+                error_code=wire_error(denied.error),
+                error_message=denied.message,
+                results=[
+                    partition_result(TopicPartition(o.topic, o.partition), denied.error)
+                    for o in offsets
+                ],
+            )
 
         def command(stamp: Stamp) -> Command:
             return TxnOffsetCommit(
@@ -156,6 +173,19 @@ class GroupRPCs:
 
     def OffsetCommit(self, request: Any, context: Any) -> Any:
         offsets = _offset_entries(request.topics)
+        denied = self.router.denied(
+            self.router.caller(context),
+            *self._group_and_topics(Operation.READ, request.group_id, offsets),
+        )
+        if denied is not None:
+            return coordinator_pb2.OffsetCommitResponse(
+                error_code=wire_error(denied.error),
+                error_message=denied.message,
+                results=[
+                    partition_result(TopicPartition(o.topic, o.partition), denied.error)
+                    for o in offsets
+                ],
+            )
         outcome = self.router.run(
             self.router.shard_of(request.group_id),
             lambda stamp: OffsetCommit(
@@ -183,6 +213,12 @@ class GroupRPCs:
                 error_message="group id must not be empty",
             )
         wanted = [TopicPartition(t.topic, p) for t in request.topics for p in t.partitions] or None
+        who = self.router.caller(context)
+        denied = self.router.denied(who, (Operation.DESCRIBE, ResourceType.GROUP, request.group_id))
+        if denied is not None:
+            return coordinator_pb2.OffsetFetchResponse(
+                error_code=wire_error(denied.error), error_message=denied.message
+            )
         try:
             fetched = self.router.read(
                 self.router.shard_of(request.group_id),
@@ -204,9 +240,37 @@ class GroupRPCs:
                     metadata=f.metadata,
                     error_code=wire_error(f.error),
                 )
-                for f in fetched
+                for f in self._describable(who, fetched, wanted is None)
             ],
         )
+
+    def _describable(self, who: Principal, fetched: list[Any], listing: bool) -> list[Any]:
+        """OffsetFetch's partitions as ``who`` may see them (Kafka's rule):
+        a topic it may not DESCRIBE is left out of a listing of the whole
+        group, and answered TOPIC_AUTHORIZATION_FAILED when asked for."""
+        if not self.router.authorizer.enabled:
+            return fetched
+        topics = {f.topic for f in fetched}
+        visible = set(
+            self.router.authorizer.filter(who, Operation.DESCRIBE, ResourceType.TOPIC, topics)
+        )
+        if listing:
+            return [f for f in fetched if f.topic in visible]
+        return [
+            f
+            if f.topic in visible
+            else replace(f, offset=-1, metadata="", error=ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            for f in fetched
+        ]
+
+    def _group_and_topics(
+        self, operation: Operation, group_id: str, offsets: tuple[OffsetEntry, ...]
+    ) -> list[tuple[Operation, ResourceType, str]]:
+        """The checks of an offset commit: the group, then each topic (READ)."""
+        topics = sorted({o.topic for o in offsets})
+        return [(operation, ResourceType.GROUP, group_id)] + [
+            (Operation.READ, ResourceType.TOPIC, t) for t in topics
+        ]
 
     def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
         """Group markers from marker writers: close each group's pending offsets
@@ -281,6 +345,11 @@ class GroupRPCs:
     # --- membership ----------------------------------------------------------------
 
     def JoinGroup(self, request: Any, context: Any) -> Any:
+        denied = self._group_denied(context, request.group_id)
+        if denied is not None:
+            return coordinator_pb2.JoinGroupResponse(
+                error_code=wire_error(denied.error), error_message=denied.message, generation_id=-1
+            )
         shard = self.router.shard_of(request.group_id)
         new_member_id = ""
         if not request.member_id:
@@ -339,6 +408,11 @@ class GroupRPCs:
                 )
 
     def SyncGroup(self, request: Any, context: Any) -> Any:
+        denied = self._group_denied(context, request.group_id)
+        if denied is not None:
+            return coordinator_pb2.SyncGroupResponse(
+                error_code=wire_error(denied.error), error_message=denied.message
+            )
         shard = self.router.shard_of(request.group_id)
         assignments = tuple(
             MemberAssignment(a.member_id, a.assignment) for a in request.assignments
@@ -406,6 +480,11 @@ class GroupRPCs:
             return _sync_error(refused.error, refused.message)
 
     def Heartbeat(self, request: Any, context: Any) -> Any:
+        denied = self._group_denied(context, request.group_id)
+        if denied is not None:
+            return coordinator_pb2.HeartbeatResponse(
+                error_code=wire_error(denied.error), error_message=denied.message
+            )
         outcome = self.router.run(
             self.router.shard_of(request.group_id),
             lambda stamp: Heartbeat(
@@ -421,6 +500,11 @@ class GroupRPCs:
         )
 
     def LeaveGroup(self, request: Any, context: Any) -> Any:
+        denied = self._group_denied(context, request.group_id)
+        if denied is not None:
+            return coordinator_pb2.LeaveGroupResponse(
+                error_code=wire_error(denied.error), error_message=denied.message
+            )
         shard = self.router.shard_of(request.group_id)
         try:
             self.router.check(shard)
@@ -454,10 +538,14 @@ class GroupRPCs:
 
     def DescribeGroups(self, request: Any, context: Any) -> Any:
         described = []
+        who = self.router.caller(context)
         for group_id in request.group_ids:
             try:
                 if id_error("group_id", group_id):
                     raise Refused(ErrorCode.INVALID_REQUEST, "invalid group id")
+                denied = self.router.denied(who, (Operation.DESCRIBE, ResourceType.GROUP, group_id))
+                if denied is not None:
+                    raise Refused(denied.error, denied.message)
                 group = self.router.read(self.router.shard_of(group_id), _group_of(group_id))
             except Refused as refused:
                 described.append(
@@ -468,6 +556,12 @@ class GroupRPCs:
                 continue
             described.append(_describe(group_id, group))
         return coordinator_pb2.DescribeGroupsResponse(groups=described)
+
+    def _group_denied(self, context: Any, group_id: str) -> Outcome | None:
+        """The refusal of a membership request whose caller may not READ the group."""
+        return self.router.denied(
+            self.router.caller(context), (Operation.READ, ResourceType.GROUP, group_id)
+        )
 
     @contextmanager
     def _slot(

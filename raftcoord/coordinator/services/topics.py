@@ -23,9 +23,10 @@ from fsm.metadata import TopicPartition
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
+from raftcoord.protocol.acl import CLUSTER_NAME, Acl, Operation, ResourceType
 from raftcoord.protocol.tls import node_refusal
 from raftcoord.protocol.v1 import coordinator_pb2
-from raftcoord.protocol.wire import wire_error
+from raftcoord.protocol.wire import acl_to_proto, wire_error
 
 
 class TopicRPCs:
@@ -110,8 +111,19 @@ class TopicRPCs:
                     f"shard {METADATA_SHARD} has no leader to confirm the topics with",
                 )
             topics = self.local_topics()
-        wanted = list(request.topics) or sorted(topics)
+        who = self.router.caller(context)
+        authorizer = self.router.authorizer
+        if request.topics:
+            wanted = list(request.topics)
+            visible = set(authorizer.filter(who, Operation.DESCRIBE, ResourceType.TOPIC, wanted))
+        else:  # every topic the caller may see
+            wanted = authorizer.filter(who, Operation.DESCRIBE, ResourceType.TOPIC, sorted(topics))
+            visible = set(wanted)
         config = self.router.config
+        acls: list[Any] = []
+        acls_included = request.include_acls and self.router.cluster_refusal(context) is None
+        if acls_included:
+            acls = [acl_to_proto(a) for a in sorted(authorizer.index().acls, key=Acl.to_wire)]
         return coordinator_pb2.MetadataResponse(
             coordinators=[
                 coordinator_pb2.NodeInfo(node_id=n.node_id, address=n.grpc)
@@ -122,13 +134,38 @@ class TopicRPCs:
                 for n in config.partition_nodes
             ],
             shard_count=config.shard_count,
-            topics=[_topic_metadata(name, topics.get(name)) for name in wanted],
+            topics=[
+                _topic_metadata(name, topics.get(name))
+                if name in visible
+                else coordinator_pb2.TopicMetadata(
+                    name=name, error_code=wire_error(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                )
+                for name in wanted
+            ],
+            acls=acls,
+            acls_included=acls_included,
         )
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
         nodes = [n.node_id for n in self.router.config.partition_nodes]
         results = []
+        who = self.router.caller(context)
+        authorizer = self.router.authorizer
+        may_create_any = authorizer.enabled and authorizer.allows(
+            who, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME
+        )
         for topic in request.topics:
+            if not may_create_any and not authorizer.allows(
+                who, Operation.CREATE, ResourceType.TOPIC, topic.name
+            ):
+                results.append(
+                    coordinator_pb2.CreateTopicResult(
+                        name=topic.name,
+                        error_code=wire_error(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                        error_message=f"{who.name} may not CREATE the topic",
+                    )
+                )
+                continue
             if not nodes:
                 results.append(
                     coordinator_pb2.CreateTopicResult(
@@ -244,12 +281,7 @@ class TopicRPCs:
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
                 error_message=f"node {request.node_id} is not a partition-log node of this cluster",
             )
-        if self.router.shards.availability(METADATA_SHARD) is ErrorCode.NONE:
-            return None
-        try:
-            return self.router.forward(METADATA_SHARD, context, method, request)
-        except NotForwarded:
-            return None  # run() answers NOT_COORDINATOR or why the shard cannot
+        return self.router.leader_answer(METADATA_SHARD, context, method, request)
 
 
 def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:

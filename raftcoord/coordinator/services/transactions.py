@@ -28,6 +28,7 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.coordinator.services.topics import TopicRPCs
+from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceType
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -43,6 +44,18 @@ class TransactionRPCs:
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
                 error_message="key must not be empty",
                 node_id=-1,
+            )
+        resource = (
+            ResourceType.GROUP
+            if request.key_type == coordinator_pb2.GROUP
+            else ResourceType.TRANSACTIONAL_ID
+        )
+        denied = self.router.denied(
+            self.router.caller(context), (Operation.DESCRIBE, resource, request.key)
+        )
+        if denied is not None:
+            return coordinator_pb2.FindCoordinatorResponse(
+                error_code=wire_error(denied.error), error_message=denied.message, node_id=-1
             )
         shard = self.router.shard_of(request.key)
         leader = self.router.shards.leader_of(shard)
@@ -61,8 +74,27 @@ class TransactionRPCs:
         )
 
     def InitProducerId(self, request: Any, context: Any) -> Any:
+        who = self.router.caller(context)
         if not request.HasField("transactional_id"):
+            if not self._may_write_idempotently(who):
+                return coordinator_pb2.InitProducerIdResponse(
+                    error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                    error_message=f"{who.name} may not IDEMPOTENT_WRITE the cluster "
+                    "nor WRITE any topic",
+                    producer_id=-1,
+                    producer_epoch=-1,
+                )
             return self._idempotent_producer_id(context)
+        denied = self.router.denied(
+            who, (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)
+        )
+        if denied is not None:
+            return coordinator_pb2.InitProducerIdResponse(
+                error_code=wire_error(denied.error),
+                error_message=denied.message,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
         has_pid, has_epoch = request.HasField("producer_id"), request.HasField("producer_epoch")
         expected_producer_id = request.producer_id if has_pid else -1
         expected_producer_epoch = request.producer_epoch if has_epoch else -1
@@ -94,6 +126,14 @@ class TransactionRPCs:
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
             produce_adds_partitions=self.router.config.settings.transaction_partition_verification_enable,
+        )
+
+    def _may_write_idempotently(self, who: Principal) -> bool:
+        """Kafka's rule for an idempotent producer's id: IDEMPOTENT_WRITE on
+        the cluster, or WRITE on some topic."""
+        authorizer = self.router.authorizer
+        return authorizer.allows_on_some(who, Operation.WRITE, ResourceType.TOPIC) or (
+            authorizer.allows(who, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME)
         )
 
     def _idempotent_producer_id(self, context: Any) -> Any:
@@ -141,6 +181,24 @@ class TransactionRPCs:
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),
                 transactions=[answer() for answer in answers],
+            )
+        who = self.router.caller(context)
+        denied = self.router.denied(
+            who, (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)
+        )
+        if denied is not None:
+            return _add_refused(request, denied, denied.error)
+        topics = sorted({t.topic for t in request.topics})
+        unwritable = [
+            t for t in topics if not self.router.allows(who, Operation.WRITE, ResourceType.TOPIC, t)
+        ]
+        if unwritable:
+            outcome = Outcome(
+                error=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                message=f"{who.name} may not WRITE the topics {unwritable[:10]}; nothing was added",
+            )
+            return _add_refused(
+                request, outcome, ErrorCode.OPERATION_NOT_ATTEMPTED, set(unwritable)
             )
         return self._start_add(request, context)()
 
@@ -233,6 +291,15 @@ class TransactionRPCs:
         return answer
 
     def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
+        denied = self.router.denied(
+            self.router.caller(context),
+            (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id),
+            (Operation.READ, ResourceType.GROUP, request.group_id),
+        )
+        if denied is not None:
+            return coordinator_pb2.AddOffsetsToTxnResponse(
+                error_code=wire_error(denied.error), error_message=denied.message
+            )
         if request.verify_only:
             try:
                 error, message = read_group_verification(self.router, request)
@@ -258,6 +325,18 @@ class TransactionRPCs:
         )
 
     def EndTxn(self, request: Any, context: Any) -> Any:
+        denied = self.router.denied(
+            self.router.caller(context),
+            (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id),
+        )
+        if denied is not None:
+            return coordinator_pb2.EndTxnResponse(
+                error_code=wire_error(denied.error),
+                error_message=denied.message,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+
         def command(stamp: Stamp) -> Command:
             return EndTxn(
                 request.transactional_id,
@@ -276,6 +355,29 @@ class TransactionRPCs:
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
         )
+
+
+def _add_refused(
+    request: Any,
+    outcome: Outcome,
+    others: ErrorCode,
+    refused_topics: frozenset[str] | set[str] = frozenset(),
+) -> Any:
+    """AddPartitionsToTxn's answer when the ACLs refuse it: the refused
+    topics' partitions (every partition, for a refused transactional id) get
+    the refusal, the others ``others``."""
+    return coordinator_pb2.AddPartitionsToTxnResponse(
+        error_code=wire_error(outcome.error),
+        error_message=outcome.message,
+        results=[
+            partition_result(
+                TopicPartition(t.topic, p),
+                outcome.error if not refused_topics or t.topic in refused_topics else others,
+            )
+            for t in request.topics
+            for p in t.partitions
+        ],
+    )
 
 
 #: Refusals of AddPartitionsToTxn that the leader's applied state gives

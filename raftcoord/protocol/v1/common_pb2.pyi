@@ -23,6 +23,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_MEMBER_ID: _ClassVar[ErrorCode]
     INVALID_SESSION_TIMEOUT: _ClassVar[ErrorCode]
     REBALANCE_IN_PROGRESS: _ClassVar[ErrorCode]
+    TOPIC_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    GROUP_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     CLUSTER_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
@@ -40,6 +42,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONCURRENT_TRANSACTIONS: _ClassVar[ErrorCode]
     TRANSACTION_COORDINATOR_FENCED: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    SECURITY_DISABLED: _ClassVar[ErrorCode]
     OPERATION_NOT_ATTEMPTED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
@@ -86,6 +89,8 @@ INCONSISTENT_GROUP_PROTOCOL: ErrorCode
 UNKNOWN_MEMBER_ID: ErrorCode
 INVALID_SESSION_TIMEOUT: ErrorCode
 REBALANCE_IN_PROGRESS: ErrorCode
+TOPIC_AUTHORIZATION_FAILED: ErrorCode
+GROUP_AUTHORIZATION_FAILED: ErrorCode
 CLUSTER_AUTHORIZATION_FAILED: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
 TOPIC_ALREADY_EXISTS: ErrorCode
@@ -103,6 +108,7 @@ INVALID_TRANSACTION_TIMEOUT: ErrorCode
 CONCURRENT_TRANSACTIONS: ErrorCode
 TRANSACTION_COORDINATOR_FENCED: ErrorCode
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
+SECURITY_DISABLED: ErrorCode
 OPERATION_NOT_ATTEMPTED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
@@ -146,3 +152,39 @@ class PartitionResult(_message.Message):
     error_code: ErrorCode
     error_message: str
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class AclBinding(_message.Message):
+    __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission_type")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+    def __init__(self, resource_type: _Optional[int] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[int] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[int] = ..., permission_type: _Optional[int] = ...) -> None: ...
+
+class AclBindingFilter(_message.Message):
+    __slots__ = ("resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission_type")
+    RESOURCE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+    def __init__(self, resource_type: _Optional[int] = ..., resource_name: _Optional[str] = ..., pattern_type: _Optional[int] = ..., principal: _Optional[str] = ..., host: _Optional[str] = ..., operation: _Optional[int] = ..., permission_type: _Optional[int] = ...) -> None: ...

@@ -337,12 +337,14 @@ class ListTransactionsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., transactions: _Optional[_Iterable[_Union[TransactionListing, _Mapping]]] = ...) -> None: ...
 
 class MetadataRequest(_message.Message):
-    __slots__ = ("topics", "read_barrier")
+    __slots__ = ("topics", "read_barrier", "include_acls")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     READ_BARRIER_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ACLS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
     read_barrier: bool
-    def __init__(self, topics: _Optional[_Iterable[str]] = ..., read_barrier: _Optional[bool] = ...) -> None: ...
+    include_acls: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., read_barrier: _Optional[bool] = ..., include_acls: _Optional[bool] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("node_id", "address")
@@ -373,16 +375,20 @@ class TopicMetadata(_message.Message):
     def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("coordinators", "partition_nodes", "shard_count", "topics")
+    __slots__ = ("coordinators", "partition_nodes", "shard_count", "topics", "acls", "acls_included")
     COORDINATORS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_NODES_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    ACLS_INCLUDED_FIELD_NUMBER: _ClassVar[int]
     coordinators: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     partition_nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     shard_count: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
-    def __init__(self, coordinators: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., partition_nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., shard_count: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ...) -> None: ...
+    acls: _containers.RepeatedCompositeFieldContainer[_common_pb2.AclBinding]
+    acls_included: bool
+    def __init__(self, coordinators: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., partition_nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., shard_count: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ..., acls_included: _Optional[bool] = ...) -> None: ...
 
 class CreatableTopic(_message.Message):
     __slots__ = ("name", "num_partitions")
@@ -665,3 +671,61 @@ class ReserveOffsetsResponse(_message.Message):
     error_message: str
     previous: _containers.RepeatedCompositeFieldContainer[PartitionCeiling]
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., previous: _Optional[_Iterable[_Union[PartitionCeiling, _Mapping]]] = ...) -> None: ...
+
+class CreateAclsRequest(_message.Message):
+    __slots__ = ("creations",)
+    CREATIONS_FIELD_NUMBER: _ClassVar[int]
+    creations: _containers.RepeatedCompositeFieldContainer[_common_pb2.AclBinding]
+    def __init__(self, creations: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ...) -> None: ...
+
+class AclCreationResult(_message.Message):
+    __slots__ = ("error_code", "error_message")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class CreateAclsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AclCreationResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AclCreationResult, _Mapping]]] = ...) -> None: ...
+
+class DescribeAclsRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: _common_pb2.AclBindingFilter
+    def __init__(self, filter: _Optional[_Union[_common_pb2.AclBindingFilter, _Mapping]] = ...) -> None: ...
+
+class DescribeAclsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "acls")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACLS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    acls: _containers.RepeatedCompositeFieldContainer[_common_pb2.AclBinding]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., acls: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsRequest(_message.Message):
+    __slots__ = ("filters",)
+    FILTERS_FIELD_NUMBER: _ClassVar[int]
+    filters: _containers.RepeatedCompositeFieldContainer[_common_pb2.AclBindingFilter]
+    def __init__(self, filters: _Optional[_Iterable[_Union[_common_pb2.AclBindingFilter, _Mapping]]] = ...) -> None: ...
+
+class AclDeletionResult(_message.Message):
+    __slots__ = ("error_code", "error_message", "deleted")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    deleted: _containers.RepeatedCompositeFieldContainer[_common_pb2.AclBinding]
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., deleted: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ...) -> None: ...
+
+class DeleteAclsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AclDeletionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AclDeletionResult, _Mapping]]] = ...) -> None: ...

@@ -136,6 +136,21 @@ class TransactionCoordinatorStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/CreateAcls',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/DescribeAcls',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/DeleteAcls',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -293,6 +308,28 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """Adds access-control bindings (shard 0; needs ALTER on the cluster).
+        SECURITY_DISABLED on a cluster without [tls].
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Lists the bindings a filter selects (needs DESCRIBE on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Removes the bindings the filters select (needs ALTER on the cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -395,6 +432,21 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.ReserveOffsets,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -938,6 +990,87 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/ReserveOffsets',
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/CreateAcls',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/DescribeAcls',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeAclsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/DeleteAcls',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,
