@@ -32,11 +32,13 @@ from typing import Any
 import grpc
 
 from partition_log.coalescing import CoalescingSender
+from raftcoord.protocol.acl import Acl
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
+from raftcoord.protocol.wire import acl_from_proto
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -69,6 +71,8 @@ class ClusterView:
         self.shard_count = 0
         self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
         self._next = 0
+        self._acls: frozenset[Acl] = frozenset()
+        self._acls_refreshed = 0.0  # monotonic time of the last refresh asked by a denial
 
     def refresh(self, wanted: str | None = None) -> bool:
         """Ask the coordinators (in turn until one answers); True on success.
@@ -80,7 +84,9 @@ class ClusterView:
         leader, so a topic created before the miss is found.
         """
         addresses = self._addresses
-        request = coordinator_pb2.MetadataRequest(read_barrier=wanted is not None)
+        request = coordinator_pb2.MetadataRequest(
+            read_barrier=wanted is not None, include_acls=True
+        )
         answer: Any = None
         for i in range(len(addresses)):
             address = addresses[(self._next + i) % len(addresses)]
@@ -100,11 +106,36 @@ class ClusterView:
             for t in answer.topics
             if t.error_code == ErrorCode.NONE
         }
+        acls = None
+        if answer.acls_included:
+            try:
+                acls = frozenset(acl_from_proto(a) for a in answer.acls)
+            except ValueError as exc:
+                log.warning("event=acls_not_understood error=%r", str(exc))
         with self._lock:
             # Topics are only ever added: a stale answer never hides a known one.
             self._topics = {**self._topics, **topics}
             self.shard_count = answer.shard_count
+            if acls is not None and acls != self._acls:
+                self._acls = acls
         return True
+
+    def acls(self) -> frozenset[Acl]:
+        """The cluster's ACLs as the last refresh brought them (the same
+        object until they change)."""
+        return self._acls
+
+    def refresh_acls(self) -> bool:
+        """Refresh now, for a request the ACLs this node has refuse (a grant
+        may not have reached it yet); at most every
+        :data:`MIN_REFRESH_INTERVAL_S`. Whether the ACLs changed."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._acls_refreshed < MIN_REFRESH_INTERVAL_S:
+                return False
+            self._acls_refreshed = now
+            before = self._acls
+        return self.refresh() and self._acls is not before
 
     def register_directory(self, directory_id: str, replace: bool = False) -> Any | None:
         """Shard 0's answer to RegisterDirectory, or None when no coordinator

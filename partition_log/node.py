@@ -45,7 +45,7 @@ from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, loa
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
-from raftcoord.protocol.tls import add_port, cluster_refusal, node_identity
+from raftcoord.protocol.tls import Authorizer, add_port, cluster_refusal, node_identity
 from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
@@ -474,6 +474,8 @@ class PartitionNode:
             verify_transactions=self.config.settings.transaction_partition_verification_enable,
             status=self.status,
             cluster_refusal=lambda context: cluster_refusal(self.config, context),
+            authorizer=Authorizer(self.config, self.view.acls),
+            refresh_acls=self.view.refresh_acls,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:

@@ -28,8 +28,10 @@ from partition_log import codec
 from partition_log.cluster_view import MAX_FLUSH_PARTITIONS, TxnPartitionAdder
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import AppendCheck, Verdict
+from raftcoord.protocol.acl import Operation, ResourceType
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, MAX_FETCH_WAIT_MS, MAX_SEQUENCE
+from raftcoord.protocol.tls import Authorizer
 from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2, partition_log_pb2_grpc
 from raftcoord.protocol.wire import wire_error
@@ -91,8 +93,15 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         verify_transactions: bool = True,
         status: Callable[[], Any] | None = None,
         cluster_refusal: Callable[[Any], str | None] = lambda context: None,
+        authorizer: Authorizer | None = None,
+        refresh_acls: Callable[[], bool] = lambda: False,
     ) -> None:
         self.lookup = lookup
+        #: The ACL decisions on clients' requests (None: none checked), and
+        #: how to fetch the ACLs again when they refuse (a grant may be on
+        #: its way; True when they changed).
+        self.authorizer = authorizer
+        self.refresh_acls = refresh_acls
         #: Why a call's caller may not send what only the cluster sends
         #: (markers), or None (:func:`raftcoord.protocol.tls.cluster_refusal`).
         self.cluster_refusal = cluster_refusal
@@ -115,12 +124,28 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         transactional_id = (
             request.transactional_id if request.HasField("transactional_id") else None
         )
+        lookup = self._authorized(context, Operation.WRITE)
+        if transactional_id is not None:
+            refused = self._refusal(
+                context, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id
+            )
+            if refused is not None:
+                return partition_log_pb2.ProduceResponse(
+                    partitions=[
+                        _produce_result(
+                            TopicPartition(e.topic, e.partition),
+                            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                            refused,
+                        )
+                        for e in request.partitions
+                    ]
+                )
         results: list[Any] = [None] * len(request.partitions)
         pending: list[_Pending] = []
         seen: set[TopicPartition] = set()
         for i, entry in enumerate(request.partitions):
             tp = TopicPartition(entry.topic, entry.partition)
-            prepared = self._prepare(i, entry, transactional_id, tp in seen)
+            prepared = self._prepare(i, entry, transactional_id, tp in seen, lookup)
             seen.add(tp)
             if isinstance(prepared, tuple):
                 results[i] = _produce_result(tp, *prepared)
@@ -139,7 +164,12 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             groups: dict[tuple[int, int], list[_Pending]] = {}
             for p in to_verify:
                 groups.setdefault((p.spec.producer_id, p.spec.producer_epoch), []).append(p)
-            flush = list(islice(_flush_partitions(request), MAX_FLUSH_PARTITIONS))
+            # The producer's other partitions are added only where it may write.
+            flush = [
+                tp
+                for tp in islice(_flush_partitions(request), MAX_FLUSH_PARTITIONS)
+                if lookup.refusal(tp.topic) is None
+            ]
             for (producer_id, epoch), group in groups.items():
                 answers = self.adder.add_partitions(
                     transactional_id, producer_id, epoch, [p.tp for p in group], flush
@@ -154,11 +184,16 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         return partition_log_pb2.ProduceResponse(partitions=results)
 
     def _prepare(
-        self, index: int, entry: Any, transactional_id: str | None, duplicate: bool
+        self,
+        index: int,
+        entry: Any,
+        transactional_id: str | None,
+        duplicate: bool,
+        lookup: Lookup,
     ) -> _Pending | tuple[ErrorCode, str]:
         if duplicate:
             return ErrorCode.INVALID_REQUEST, "the partition appears twice in the request"
-        found = self.lookup(entry.topic, entry.partition)
+        found = lookup(entry.topic, entry.partition)
         if isinstance(found, tuple):
             return found
         batch = entry.batch
@@ -240,10 +275,11 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             )
         deadline = time.monotonic() + request.max_wait_ms / 1000
         parked = False
+        lookup = self._authorized(context, Operation.READ)
         try:
             while True:
                 generation = self.changes.generation
-                answers, size, failed = self._read(request)
+                answers, size, failed = self._read(request, lookup)
                 remaining = deadline - time.monotonic()
                 if size >= request.min_bytes or failed or remaining <= 0:
                     break
@@ -268,7 +304,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             self.parked_fetches += 1
             return True
 
-    def _read(self, request: Any) -> tuple[list[Any], int, bool]:
+    def _read(self, request: Any, lookup: Lookup) -> tuple[list[Any], int, bool]:
         """One pass over the partitions of a Fetch: (answers, bytes of keys and values
         returned (at least 1 per record), whether some partition answered an error)."""
         read_committed = request.isolation_level == common_pb2.READ_COMMITTED
@@ -286,7 +322,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                 log_start_offset=-1,
             )
             answers.append(answer)
-            found = self.lookup(entry.topic, entry.partition)
+            found = lookup(entry.topic, entry.partition)
             if isinstance(found, tuple):
                 answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                 failed = True
@@ -331,12 +367,13 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def ListOffsets(self, request: Any, context: Any) -> Any:
         read_committed = request.isolation_level == common_pb2.READ_COMMITTED
         answers = []
+        lookup = self._authorized(context, Operation.DESCRIBE)
         for entry in request.partitions:
             answer = partition_log_pb2.ListOffsetsPartitionResponse(
                 topic=entry.topic, partition=entry.partition, offset=-1
             )
             answers.append(answer)
-            found = self.lookup(entry.topic, entry.partition)
+            found = lookup(entry.topic, entry.partition)
             if isinstance(found, tuple):
                 answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                 continue
@@ -404,13 +441,14 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
 
     def DescribeProducers(self, request: Any, context: Any) -> Any:
         answers = []
+        lookup = self._authorized(context, Operation.READ)
         for topic in request.topics:
             for index in topic.partitions:
                 answer = partition_log_pb2.DescribeProducersPartitionResponse(
                     topic=topic.topic, partition=index
                 )
                 answers.append(answer)
-                found = self.lookup(topic.topic, index)
+                found = lookup(topic.topic, index)
                 if isinstance(found, tuple):
                     answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                     continue
@@ -424,6 +462,55 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                         current_txn_start_offset=producer.current_txn_start_offset,
                     )
         return partition_log_pb2.DescribeProducersResponse(partitions=answers)
+
+    # --- authorization ---------------------------------------------------------------
+
+    def _refusal(
+        self, context: Any, operation: Operation, resource_type: ResourceType, name: str
+    ) -> str | None:
+        """Why the caller may not ``operation`` the resource, or None. A
+        refusal is checked again against freshly fetched ACLs (a grant may
+        not have reached this node yet)."""
+        authorizer = self.authorizer
+        if authorizer is None or not authorizer.enabled:
+            return None
+        who = authorizer.caller(context)
+        if authorizer.allows(who, operation, resource_type, name, log_denial=False):
+            return None
+        if self.refresh_acls() and authorizer.allows(who, operation, resource_type, name, False):
+            return None
+        authorizer.allows(who, operation, resource_type, name)  # logs the denial
+        return f"{who.name} may not {operation.name} {resource_type.name} {name[:200]!r}"
+
+    def _authorized(self, context: Any, operation: Operation) -> _AuthorizedLookup:
+        """The node's lookup for one request, with the caller's rights to
+        ``operation`` the topics."""
+        return _AuthorizedLookup(self, context, operation)
+
+
+class _AuthorizedLookup:
+    """A partition lookup for one request: a topic the caller may not
+    ``operation`` is TOPIC_AUTHORIZATION_FAILED (decided once per topic)."""
+
+    def __init__(self, service: PartitionLogService, context: Any, operation: Operation) -> None:
+        self._service = service
+        self._context = context
+        self._operation = operation
+        self._decided: dict[str, str | None] = {}
+
+    def refusal(self, topic: str) -> str | None:
+        """Why the caller may not ``operation`` ``topic``, or None."""
+        if topic not in self._decided:
+            self._decided[topic] = self._service._refusal(
+                self._context, self._operation, ResourceType.TOPIC, topic
+            )
+        return self._decided[topic]
+
+    def __call__(self, topic: str, partition: int) -> Partition | tuple[ErrorCode, str]:
+        refused = self.refusal(topic)
+        if refused is not None:
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED, refused
+        return self._service.lookup(topic, partition)
 
 
 def _fetch_problem(request: Any) -> str | None:

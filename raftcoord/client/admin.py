@@ -38,9 +38,11 @@ from raftcoord.client.records import (
     TransactionDescription,
     TransactionListing,
 )
+from raftcoord.protocol.acl import Acl, AclFilter
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.wire import acl_from_proto, acl_to_proto, filter_to_proto
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
 
@@ -225,6 +227,70 @@ class Admin:
             "coordinators": {n.node_id: n.address for n in answer.coordinators},
             "partition_nodes": {n.node_id: n.address for n in answer.partition_nodes},
         }
+
+    # --- access control ------------------------------------------------------------
+
+    def create_acls(self, acls: Sequence[Acl], timeout_ms: int | None = None) -> None:
+        """Add ACL bindings (all of them, or none on a refusal).
+
+        Raises:
+            ClusterAuthorizationFailedError: the caller may not ALTER the cluster.
+            InvalidRequestError: a binding cannot be stored (the first one's why).
+            SecurityDisabledError: the cluster has no authorizer.
+            KafkaTimeoutError: not done in time.
+        """
+        request = coordinator_pb2.CreateAclsRequest(creations=[acl_to_proto(a) for a in acls])
+        answer = self._acl_call("create_acls", "CreateAcls", request, timeout_ms)
+        failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
+        if failed is not None:
+            raise error_for(failed.error_code, failed.error_message)
+
+    def describe_acls(
+        self, acl_filter: AclFilter | None = None, timeout_ms: int | None = None
+    ) -> list[Acl]:
+        """The ACL bindings ``acl_filter`` selects (all by default).
+
+        Raises:
+            ClusterAuthorizationFailedError: the caller may not DESCRIBE the cluster.
+            SecurityDisabledError: the cluster has no authorizer.
+            KafkaTimeoutError: not done in time.
+        """
+        request = coordinator_pb2.DescribeAclsRequest(
+            filter=filter_to_proto(acl_filter or AclFilter())
+        )
+        answer = self._acl_call("describe_acls", "DescribeAcls", request, timeout_ms)
+        return [acl_from_proto(a) for a in answer.acls]
+
+    def delete_acls(
+        self, filters: Sequence[AclFilter], timeout_ms: int | None = None
+    ) -> list[list[Acl]]:
+        """Remove the bindings the filters select; what each filter removed.
+
+        Raises:
+            ClusterAuthorizationFailedError: the caller may not ALTER the cluster.
+            SecurityDisabledError: the cluster has no authorizer.
+            KafkaTimeoutError: not done in time.
+        """
+        request = coordinator_pb2.DeleteAclsRequest(filters=[filter_to_proto(f) for f in filters])
+        answer = self._acl_call("delete_acls", "DeleteAcls", request, timeout_ms)
+        failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
+        if failed is not None:
+            raise error_for(failed.error_code, failed.error_message)
+        return [[acl_from_proto(a) for a in r.deleted] for r in answer.results]
+
+    def _acl_call(self, what: str, method: str, request: Any, timeout_ms: int | None) -> Any:
+        """``method``'s answer from shard 0's leader (any coordinator forwards
+        to it), asked again while the shard cannot answer (an election)."""
+        deadline = self._deadline(what, timeout_ms)
+        backoff = self._coordinators.backoff()
+        while True:
+            answer = self._coordinators.call_any(method, request, deadline)
+            codes = [answer.error_code] if hasattr(answer, "error_code") else []
+            codes += [r.error_code for r in getattr(answer, "results", ())]
+            retry = next((c for c in codes if c in REDISCOVER or c in BACK_OFF), None)
+            if retry is None:
+                return answer
+            deadline.back_off(backoff, error_for(retry, f"{method}: {ErrorCode(retry).name}"))
 
     # --- transactions --------------------------------------------------------------
 

@@ -303,9 +303,29 @@ class RecordTooLargeError(KafkaError):
 class ClusterAuthorizationFailedError(KafkaError):
     """The caller's principal may not make an inter-node request (markers,
     the partition nodes' requests): only the cluster's nodes and super users
-    may."""
+    may; or the ACLs do not let it act on the cluster (create topics or
+    ACLs, an idempotent producer's id)."""
 
     code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+class TopicAuthorizationFailedError(KafkaError):
+    """The ACLs do not let the caller's principal read, write, describe or
+    create the topic."""
+
+    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class GroupAuthorizationFailedError(KafkaError):
+    """The ACLs do not let the caller's principal use the consumer group."""
+
+    code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class SecurityDisabledError(KafkaError):
+    """An ACL request to a cluster without an authorizer (no ``[tls]``)."""
+
+    code = ErrorCode.SECURITY_DISABLED
 
 
 class InvalidTimestampError(KafkaError):

@@ -33,8 +33,18 @@ from typing import Any
 
 import grpc
 
+from raftcoord.client import Admin
 from raftcoord.cluster import certs, node_faults
 from raftcoord.cluster import netns as namespaces
+from raftcoord.protocol.acl import (
+    CLUSTER_NAME,
+    WILDCARD,
+    Acl,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
 from raftcoord.protocol.channels import open_channel
 from raftcoord.protocol.config import (
     ClusterConfig,
@@ -61,7 +71,8 @@ RAFT_KEY_FILE = "raft.key"
 TLS_DIR = "tls"
 #: The client certificates ``--tls`` makes: a super user and an ordinary client.
 TLS_ADMIN = "admin"
-TLS_CLIENTS = (TLS_ADMIN, "client")
+TLS_CLIENT = "client"
+TLS_CLIENTS = (TLS_ADMIN, TLS_CLIENT)
 #: Partition-log node ids start here, so that they never collide with coordinator ids.
 PARTITION_NODE_BASE_ID = 101
 #: The ports of a node that has an address of its own (a namespace, a host of
@@ -462,6 +473,8 @@ class LocalCluster:
                     timeout_s,
                     f"{record.kind} node {record.node_id} did not answer",
                 )
+            if cluster_config.tls is not None:
+                self._grant_client(timeout_s)
         except BaseException as exc:
             self.down(grace_s=3)  # stop what was started
             if isinstance(exc, ClusterError):
@@ -627,14 +640,50 @@ class LocalCluster:
             )
         return load_config(config_path)
 
-    def client_tls(self, name: str = "client") -> SslFiles:
+    def _grant_client(self, timeout_s: float) -> None:
+        """ACLs that let the ``client`` certificate do what a workload does:
+        every operation on every topic, group and transactional id, and
+        idempotent writes (remove them with ``raftcoord acl remove``)."""
+        everything = [
+            Acl(
+                kind,
+                PatternType.LITERAL,
+                WILDCARD,
+                f"User:{TLS_CLIENT}",
+                WILDCARD,
+                Operation.ALL,
+                Permission.ALLOW,
+            )
+            for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+        ]
+        everything.append(
+            Acl(
+                ResourceType.CLUSTER,
+                PatternType.LITERAL,
+                CLUSTER_NAME,
+                f"User:{TLS_CLIENT}",
+                WILDCARD,
+                Operation.IDEMPOTENT_WRITE,
+                Permission.ALLOW,
+            )
+        )
+        with Admin(
+            self.bootstrap(), request_timeout_ms=int(timeout_s * 1000), **self.client_tls(TLS_ADMIN)
+        ) as admin:
+            admin.create_acls(everything)
+
+    def client_tls(self, name: str = TLS_CLIENT) -> SslFiles:
         """The client library's TLS arguments (``ssl_cafile``, ``ssl_certfile``,
-        ``ssl_keyfile``) for the client certificate ``name`` (``client``, or
-        ``admin``: a super user); empty without ``--tls``."""
+        ``ssl_keyfile``) for the client certificate ``name`` (``client``:
+        allowed everything a workload does; ``admin``: a super user; another
+        name: a certificate made now, with no rights until ACLs grant them);
+        empty without ``--tls``."""
         state = self._require()
         if state.tls is None:
             return {}
         directory = Path(state.tls)
+        if not (directory / f"{name}.pem").exists():
+            certs.issue(certs.load_ca(directory), directory, name, name, [])
         return {
             "ssl_cafile": str(directory / certs.CA_CERT),
             "ssl_certfile": str(directory / f"{name}.pem"),

@@ -1,6 +1,11 @@
 """The gateway's side of the cluster: gRPC calls to the coordinators and the
 partition-log nodes, with the shard leaders and partition owners it has learnt.
 
+Every call is made for the Kafka client being served (:data:`CALLER`, set
+per client connection): with TLS, the gateway is a node and names that
+client's principal in each call, so that the coordinators and partition
+nodes check the client's rights, not the gateway's.
+
 Every call is bounded by ``rpc_timeout_s``. A node that cannot be reached
 answers as Kafka would name it: COORDINATOR_NOT_AVAILABLE for a coordinator,
 NOT_LEADER_OR_FOLLOWER for a partition's node; the cached leader or owner is
@@ -12,15 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
+from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.channels import CHANNEL_POLICY
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.tls import acting_for
 from raftcoord.protocol.v1 import (
     coordinator_pb2,
     coordinator_pb2_grpc,
@@ -32,8 +40,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+#: The Kafka client a call is made for (None: the gateway's own calls).
+CALLER: ContextVar[Principal | None] = ContextVar("kafka_caller", default=None)
+
+
 class Unreachable(Exception):
     """No node could answer the call in time."""
+
+
+class _ActingFor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Names :data:`CALLER` in every call's metadata."""
+
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: Any, request: Any
+    ) -> Any:
+        who = CALLER.get()
+        if who is not None:
+            metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()))
+            for key, value in acting_for(who):
+                metadata.add(key, value)
+            client_call_details = client_call_details._replace(metadata=metadata)
+        return await continuation(client_call_details, request)
 
 
 class Backend:
@@ -65,7 +92,9 @@ class Backend:
             if self.credentials is None:
                 channel = grpc.aio.insecure_channel(address, options=options)
             else:
-                channel = grpc.aio.secure_channel(address, self.credentials, options=options)
+                channel = grpc.aio.secure_channel(
+                    address, self.credentials, options=options, interceptors=[_ActingFor()]
+                )
             self._channels[address] = channel
         return channel
 

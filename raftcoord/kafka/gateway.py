@@ -23,16 +23,17 @@ from typing import Any
 import grpc.aio
 
 from raftcoord.kafka import messages as m
-from raftcoord.kafka.backend import Backend, Unreachable
+from raftcoord.kafka.backend import CALLER, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
+from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
 from raftcoord.protocol.process import configure_logging
 from raftcoord.protocol.routing import stable_hash
-from raftcoord.protocol.tls import node_identity
+from raftcoord.protocol.tls import ANONYMOUS, node_identity
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
 
@@ -186,6 +187,9 @@ class Gateway:
             return
         self._connections.add(this)
         self._per_ip[ip] += 1
+        # The listener authenticates no one: its clients are anonymous (Kafka's
+        # PLAINTEXT listener); what they may do is what ACLs grant User:ANONYMOUS.
+        CALLER.set(Principal(ANONYMOUS, ip))
         answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         #: The connections this client's relayed requests go over, per owner gateway.

@@ -229,7 +229,12 @@ class Authorizer:
         return Principal(own, host)
 
     def allows(
-        self, who: Principal, operation: Operation, resource_type: ResourceType, name: str
+        self,
+        who: Principal,
+        operation: Operation,
+        resource_type: ResourceType,
+        name: str,
+        log_denial: bool = True,
     ) -> bool:
         """Whether ``who`` may do ``operation`` on the resource."""
         if not self.enabled or who.name in self._cluster:
@@ -237,7 +242,7 @@ class Authorizer:
         allowed = authorized(
             self.index(), who, operation, resource_type, name, (), self._allow_if_no_acl
         )
-        if not allowed:
+        if not allowed and log_denial:
             self._denied(who, operation, f"{resource_type.name} {name!r}")
         return allowed
 

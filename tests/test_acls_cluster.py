@@ -1,0 +1,290 @@
+"""ACLs on a cluster with TLS: two client identities, each with rights on
+its own prefix (PREFIXED bindings), and what the other may not do.
+
+``alice`` holds every operation on the topics, transactional ids and groups
+named ``alice-*``; ``bob`` the same on ``bob-*``. While alice's transaction
+is open, bob tries to take over her transactional id, end or abort her
+transaction, write to and read her topic, commit her group's offsets and
+see her transactions; each attempt answers Kafka's AUTHORIZATION_FAILED
+code within a second and changes nothing; alice is never fenced and her
+transaction commits as she decided. bob works within his prefix, and only
+there. Removing a binding takes his rights away on every node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.client.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
+)
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.acl import (
+    Acl,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+)
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.v1 import (
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    partition_log_pb2,
+    partition_log_pb2_grpc,
+)
+from tests.local_cluster import running_cluster
+
+pytestmark = pytest.mark.slow
+
+#: A refusal is answered at once: far below any retry loop's deadline.
+QUICK_S = 2.0
+
+
+def owns_prefix(user: str) -> list[Acl]:
+    return [
+        Acl(
+            kind,
+            PatternType.PREFIXED,
+            f"{user}-",
+            f"User:{user}",
+            "*",
+            Operation.ALL,
+            Permission.ALLOW,
+        )
+        for kind in (ResourceType.TOPIC, ResourceType.TRANSACTIONAL_ID, ResourceType.GROUP)
+    ]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("acls")
+    with running_cluster(root / "cluster", shards=2, partition_nodes=2, tls=True) as running:
+        with Admin(running.bootstrap(), **running.client_tls("admin")) as admin:
+            admin.create_topics({"alice-orders": 2, "bob-data": 1})
+            admin.create_acls(owns_prefix("alice") + owns_prefix("bob"))
+        yield running
+
+
+def coordinator_stub(cluster: LocalCluster, user: str, address: str) -> tuple[grpc.Channel, Any]:
+    channel = cluster.channel(address, user)
+    return channel, coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
+
+
+def quickly(call: Any, request: Any) -> Any:
+    """``call``'s answer to ``request``, which must come within QUICK_S."""
+    started = time.monotonic()
+    result = call(request, timeout=10)
+    assert time.monotonic() - started < QUICK_S
+    return result
+
+
+def produce_request(topic: str, partition: int, transactional_id: str | None) -> Any:
+    batch = partition_log_pb2.RecordBatch(
+        producer_id=-1, records=[partition_log_pb2.Record(value=b"forged")]
+    )
+    request = partition_log_pb2.ProduceRequest(
+        partitions=[
+            partition_log_pb2.PartitionProduceData(topic=topic, partition=partition, batch=batch)
+        ]
+    )
+    if transactional_id is not None:
+        request.transactional_id = transactional_id
+    return request
+
+
+def owner_of(cluster: LocalCluster, tp: TopicPartition) -> str:
+    """The gRPC address of the partition node that owns ``tp``."""
+    with cluster.channel(cluster.coordinators()[0].grpc) as channel:
+        metadata = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
+            coordinator_pb2.MetadataRequest(topics=[tp.topic]), timeout=10
+        )
+    node = metadata.topics[0].partitions[tp.partition].node_id
+    return {n.node_id: n.address for n in metadata.partition_nodes}[node]
+
+
+def read_committed(cluster: LocalCluster, user: str, tp: TopicPartition) -> list[bytes | None]:
+    with Consumer(
+        cluster.bootstrap(), isolation_level="read_committed", **cluster.client_tls(user)
+    ) as consumer:
+        consumer.assign([tp])
+        consumer.seek_to_beginning()
+        values: list[bytes | None] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=500)
+            values += [r.value for r in batch]
+            if not batch and values:
+                break
+        return values
+
+
+def test_bob_cannot_touch_alices_transaction_topics_or_groups(cluster: LocalCluster) -> None:
+    alice_tp = TopicPartition("alice-orders", 0)
+    with TransactionalProducer(
+        cluster.bootstrap(), "alice-tx", **cluster.client_tls("alice")
+    ) as alice:
+        alice.init_transactions()
+        alice.begin_transaction()
+        alice.send(alice_tp.topic, b"alice-1", partition=alice_tp.partition)
+        alice.flush()
+        pid, epoch = alice.producer_id, alice.producer_epoch
+
+        # bob takes over alice's transactional id: refused before any fencing.
+        with TransactionalProducer(
+            cluster.bootstrap(), "alice-tx", **cluster.client_tls("bob")
+        ) as thief:
+            started = time.monotonic()
+            with pytest.raises(TransactionalIdAuthorizationFailedError):
+                thief.init_transactions()
+            assert time.monotonic() - started < QUICK_S
+
+        for coordinator in cluster.coordinators():  # the leader, and the others that forward
+            channel, stub = coordinator_stub(cluster, "bob", coordinator.grpc)
+            with channel:
+                init = quickly(
+                    stub.InitProducerId,
+                    coordinator_pb2.InitProducerIdRequest(
+                        transactional_id="alice-tx", transaction_timeout_ms=60_000
+                    ),
+                )
+                assert init.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                end = quickly(
+                    stub.EndTxn,
+                    coordinator_pb2.EndTxnRequest(
+                        transactional_id="alice-tx",
+                        producer_id=pid,
+                        producer_epoch=epoch,
+                        committed=False,
+                    ),
+                )
+                assert end.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                add = stub.AddPartitionsToTxn(
+                    coordinator_pb2.AddPartitionsToTxnRequest(
+                        transactional_id="bob-tx",
+                        producer_id=pid,
+                        producer_epoch=epoch,
+                        topics=[common_pb2.TopicPartitions(topic="alice-orders", partitions=[1])],
+                    ),
+                    timeout=10,
+                )
+                assert add.error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                commit = stub.OffsetCommit(
+                    coordinator_pb2.OffsetCommitRequest(
+                        group_id="alice-group",
+                        topics=[
+                            coordinator_pb2.OffsetCommitTopic(
+                                topic="bob-data",
+                                partitions=[
+                                    coordinator_pb2.OffsetCommitPartition(partition=0, offset=7)
+                                ],
+                            )
+                        ],
+                    ),
+                    timeout=10,
+                )
+                assert commit.error_code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+                described = stub.DescribeTransactions(
+                    coordinator_pb2.DescribeTransactionsRequest(transactional_ids=["alice-tx"]),
+                    timeout=10,
+                )
+                assert (
+                    described.transactions[0].error_code
+                    == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                )
+                listed = stub.ListTransactions(
+                    coordinator_pb2.ListTransactionsRequest(duration_filter_ms=-1), timeout=10
+                )
+                assert all(t.transactional_id.startswith("bob-") for t in listed.transactions)
+
+        # bob writes and reads alice's topic on its partition node directly.
+        owner = owner_of(cluster, alice_tp)
+        with cluster.channel(owner, "bob") as channel:
+            plog = partition_log_pb2_grpc.PartitionLogStub(channel)
+            for transactional_id in (None, "bob-tx"):
+                produced = plog.Produce(
+                    produce_request(alice_tp.topic, alice_tp.partition, transactional_id),
+                    timeout=10,
+                )
+                assert produced.partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            produced = plog.Produce(
+                produce_request(alice_tp.topic, alice_tp.partition, "alice-tx"), timeout=10
+            )
+            assert (
+                produced.partitions[0].error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            )
+            fetched = plog.Fetch(
+                partition_log_pb2.FetchRequest(
+                    partitions=[
+                        partition_log_pb2.FetchPartition(
+                            topic=alice_tp.topic, partition=alice_tp.partition, fetch_offset=0
+                        )
+                    ],
+                    max_wait_ms=0,
+                ),
+                timeout=10,
+            )
+            assert fetched.partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            assert not fetched.partitions[0].records
+
+        with Admin(cluster.bootstrap(), **cluster.client_tls("bob")) as admin:
+            assert admin.list_topics() == {"bob-data": 1}
+            with pytest.raises(ClusterAuthorizationFailedError):
+                admin.create_acls(owns_prefix("mallory"))
+            with pytest.raises(TopicAuthorizationFailedError):
+                admin.create_topics({"alice-more": 1})
+
+        alice.commit_transaction()  # never fenced: her own decision stands
+    assert read_committed(cluster, "alice", alice_tp) == [b"alice-1"]
+    with pytest.raises(KafkaError):
+        read_committed(cluster, "bob", alice_tp)
+
+
+def test_bob_gets_exactly_his_prefix_and_loses_it_when_the_binding_goes(
+    cluster: LocalCluster,
+) -> None:
+    bob_tp = TopicPartition("bob-data", 0)
+    with TransactionalProducer(cluster.bootstrap(), "bob-tx", **cluster.client_tls("bob")) as bob:
+        bob.init_transactions()
+        bob.begin_transaction()
+        bob.send(bob_tp.topic, b"bob-1", partition=0)
+        bob.commit_transaction()
+    assert read_committed(cluster, "bob", bob_tp) == [b"bob-1"]
+    with TransactionalProducer(
+        cluster.bootstrap(), "bobby-tx", **cluster.client_tls("bob")
+    ) as other:
+        with pytest.raises(TransactionalIdAuthorizationFailedError):
+            other.init_transactions()
+
+    with Admin(cluster.bootstrap(), **cluster.client_tls("admin")) as admin:
+        (removed,) = admin.delete_acls(
+            [AclFilter(ResourceType.TOPIC, PatternType.PREFIXED, "bob-", "User:bob")]
+        )
+        assert [a.resource_name for a in removed] == ["bob-"]
+        left = admin.describe_acls(AclFilter(principal="User:bob"))
+        assert {a.resource_type for a in left} == {
+            ResourceType.GROUP,
+            ResourceType.TRANSACTIONAL_ID,
+        }
+    owner = owner_of(cluster, bob_tp)
+    with cluster.channel(owner, "bob") as channel:
+        plog = partition_log_pb2_grpc.PartitionLogStub(channel)
+        deadline = time.monotonic() + 10
+        while True:  # the partition node learns the change with its next refresh (~1 s)
+            produced = plog.Produce(produce_request(bob_tp.topic, 0, None), timeout=10)
+            code = produced.partitions[0].error_code
+            if code == ErrorCode.TOPIC_AUTHORIZATION_FAILED or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
