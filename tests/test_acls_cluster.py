@@ -13,6 +13,7 @@ there. Removing a binding takes his rights away on every node.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import grpc
 import pytest
 
+from raftcoord.cli.main import main
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
 from raftcoord.client.errors import (
     ClusterAuthorizationFailedError,
@@ -288,3 +290,30 @@ def test_bob_gets_exactly_his_prefix_and_loses_it_when_the_binding_goes(
                 break
             time.sleep(0.1)
         assert code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_the_acl_command_adds_lists_and_removes(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    where = ["--cluster-dir", str(cluster.data_dir)]
+    add = ["acl", "add", "--allow-principal", "User:carol", "--operation", "Read"]
+    add += ["--operation", "Describe", "--group", "carol-", "--resource-pattern-type", "prefixed"]
+    assert main([*add, *where]) == 0
+    capsys.readouterr()
+    assert main(["acl", "list", "--principal", "User:carol", "--json", *where]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(row["operation"] for row in listed) == ["DESCRIBE", "READ"]
+    assert {row["pattern_type"] for row in listed} == {"PREFIXED"}
+    # As carol (no rights on the cluster): refused, one line, status 1.
+    carol = cluster.client_tls("carol")
+    as_carol = ["--bootstrap-server", ",".join(cluster.bootstrap())]
+    as_carol += ["--ssl-cafile", carol["ssl_cafile"], "--ssl-certfile", carol["ssl_certfile"]]
+    as_carol += ["--ssl-keyfile", carol["ssl_keyfile"]]
+    assert main(["acl", "list", *as_carol]) == 1
+    assert "User:carol may not DESCRIBE CLUSTER" in capsys.readouterr().err
+    remove = ["acl", "remove", "--group", "carol-", "--resource-pattern-type", "prefixed"]
+    assert main([*remove, "--operation", "Read", "--json", *where]) == 0
+    removed = json.loads(capsys.readouterr().out)
+    assert [row["operation"] for row in removed] == ["READ"]
+    assert main(["acl", "list", "--principal", "User:carol", "--json", *where]) == 0
+    assert [row["operation"] for row in json.loads(capsys.readouterr().out)] == ["DESCRIBE"]

@@ -336,13 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     gateway.set_defaults(func=_kafka_gateway)
     from raftcoord.chaos import commands as chaos
-    from raftcoord.cli import bench, cluster
+    from raftcoord.cli import acl, bench, cluster
     from raftcoord.cli import txn as txn_cli
     from spark import cli as audit_cli
 
     cluster.add_parser(commands)
     chaos.add_parsers(commands)
     txn_cli.add_parser(commands)
+    acl.add_parser(commands)
     bench.add_parser(commands)
     audit = commands.add_parser(
         "audit", help="Spark exactly-once audit of a run's logs and history (docs/audit.md)"

@@ -22,9 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
 from raftcoord.client import (
     AbortTransactionSpec,
     Admin,
@@ -35,8 +33,7 @@ from raftcoord.client import (
 )
 from raftcoord.client.admin import TRANSACTION_STATES
 from raftcoord.client.errors import TransactionalIdNotFoundError
-from raftcoord.cluster.launcher import ClusterError, LocalCluster
-from raftcoord.protocol.tls import SslFiles
+from raftcoord.cluster.launcher import ClusterError
 
 __all__ = ["OpenTransaction", "add_parser", "is_candidate", "is_hanging"]
 
@@ -354,54 +351,14 @@ def add_parser(commands: Any) -> None:
     abort.add_argument("--coordinator-epoch", type=int)
     abort.set_defaults(run=_abort)
     for p in (listing, describe, producers, hanging, abort):
-        p.add_argument(
-            "--cluster-dir",
-            default=".raftcoord",
-            help="a `raftcoord cluster up` data dir, to find the coordinators (.raftcoord)",
-        )
-        p.add_argument(
-            "--bootstrap-server",
-            help="comma-separated coordinator addresses (host:port), instead of --cluster-dir",
-        )
-        for flag, what in (
-            ("--ssl-cafile", "the cluster CA's certificate"),
-            ("--ssl-certfile", "this client's certificate"),
-            ("--ssl-keyfile", "this client's key"),
-        ):
-            p.add_argument(
-                flag,
-                help=f"a cluster with TLS: {what} (PEM); with --cluster-dir of a `cluster up "
-                "--tls` cluster, its admin certificate by default",
-            )
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        p.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (30)")
+        add_connection_options(p)
     txn.set_defaults(func=_run)
-
-
-def _bootstrap(args: argparse.Namespace) -> list[str]:
-    if args.bootstrap_server:
-        return [a.strip() for a in args.bootstrap_server.split(",") if a.strip()]
-    return LocalCluster(args.cluster_dir).bootstrap()
-
-
-def _tls(args: argparse.Namespace) -> SslFiles:
-    """The client's TLS files: the ones given, else a local TLS cluster's admin's."""
-    given = SslFiles()
-    if args.ssl_cafile is not None:
-        given["ssl_cafile"] = args.ssl_cafile
-    if args.ssl_certfile is not None:
-        given["ssl_certfile"] = args.ssl_certfile
-    if args.ssl_keyfile is not None:
-        given["ssl_keyfile"] = args.ssl_keyfile
-    if given or args.bootstrap_server:
-        return given
-    return LocalCluster(args.cluster_dir).client_tls("admin")
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         timeout_ms = int(args.timeout * 1000)
-        with Admin(_bootstrap(args), request_timeout_ms=timeout_ms, **_tls(args)) as admin:
+        with Admin(bootstrap(args), request_timeout_ms=timeout_ms, **ssl_files(args)) as admin:
             rows, columns = args.run(admin, args)
     except (KafkaError, TxnCommandError, ClusterError, ValueError) as exc:
         print(f"raftcoord txn {args.txn_command}: {exc}", file=sys.stderr)
@@ -409,14 +366,5 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(*(header for header, _ in columns))
-    for row in rows:
-        table.add_row(*(_cell(row[key]) for _, key in columns))
-    Console(width=200).print(table)
+    print_table(rows, columns)
     return 0
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value)

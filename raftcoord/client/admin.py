@@ -259,6 +259,8 @@ class Admin:
             filter=filter_to_proto(acl_filter or AclFilter())
         )
         answer = self._acl_call("describe_acls", "DescribeAcls", request, timeout_ms)
+        if answer.error_code != ErrorCode.NONE:
+            raise error_for(answer.error_code, answer.error_message)
         return [acl_from_proto(a) for a in answer.acls]
 
     def delete_acls(

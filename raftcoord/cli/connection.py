@@ -1,0 +1,74 @@
+"""What the admin commands (``raftcoord txn``, ``raftcoord acl``) share: how
+they find and reach the coordinators, and how they print rows."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from raftcoord.cluster.launcher import TLS_ADMIN, LocalCluster
+from raftcoord.protocol.tls import SslFiles
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """--cluster-dir or --bootstrap-server, the TLS files, --json, --timeout."""
+    parser.add_argument(
+        "--cluster-dir",
+        default=".raftcoord",
+        help="a `raftcoord cluster up` data dir, to find the coordinators (.raftcoord)",
+    )
+    parser.add_argument(
+        "--bootstrap-server",
+        help="comma-separated coordinator addresses (host:port), instead of --cluster-dir",
+    )
+    for flag, what in (
+        ("--ssl-cafile", "the cluster CA's certificate"),
+        ("--ssl-certfile", "this client's certificate"),
+        ("--ssl-keyfile", "this client's key"),
+    ):
+        parser.add_argument(
+            flag,
+            help=f"a cluster with TLS: {what} (PEM); with --cluster-dir of a `cluster up "
+            "--tls` cluster, its admin certificate by default",
+        )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (30)")
+
+
+def bootstrap(args: argparse.Namespace) -> list[str]:
+    """The coordinators' addresses: --bootstrap-server, else the local cluster's."""
+    if args.bootstrap_server:
+        return [a.strip() for a in args.bootstrap_server.split(",") if a.strip()]
+    return LocalCluster(args.cluster_dir).bootstrap()
+
+
+def ssl_files(args: argparse.Namespace) -> SslFiles:
+    """The client's TLS files: the ones given, else a local TLS cluster's admin's."""
+    given = SslFiles()
+    if args.ssl_cafile is not None:
+        given["ssl_cafile"] = args.ssl_cafile
+    if args.ssl_certfile is not None:
+        given["ssl_certfile"] = args.ssl_certfile
+    if args.ssl_keyfile is not None:
+        given["ssl_keyfile"] = args.ssl_keyfile
+    if given or args.bootstrap_server:
+        return given
+    return LocalCluster(args.cluster_dir).client_tls(TLS_ADMIN)
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+    """``rows`` as a table of ``columns`` (header, key)."""
+    table = Table(*(header for header, _ in columns))
+    for row in rows:
+        table.add_row(*(_cell(row[key]) for _, key in columns))
+    Console(width=200).print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
