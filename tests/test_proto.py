@@ -53,7 +53,10 @@ EXTRA_KAFKA_CODES: dict[str, int] = {
     "INVALID_PARTITIONS": 37,
     "MESSAGE_TOO_LARGE": 10,
     "OFFSET_OUT_OF_RANGE": 1,
+    "TOPIC_AUTHORIZATION_FAILED": 29,
+    "GROUP_AUTHORIZATION_FAILED": 30,
     "CLUSTER_AUTHORIZATION_FAILED": 31,
+    "SECURITY_DISABLED": 54,
     "INVALID_TIMESTAMP": 32,
     "INVALID_RECORD": 87,
     "OPERATION_NOT_ATTEMPTED": 55,
@@ -93,6 +96,9 @@ COORDINATOR_RPCS = {
     "DescribeGroups",
     "RegisterDirectory",
     "ReserveOffsets",
+    "CreateAcls",
+    "DescribeAcls",
+    "DeleteAcls",
 }
 PARTITION_LOG_RPCS = {
     "Produce",
