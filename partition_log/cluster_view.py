@@ -72,6 +72,8 @@ class ClusterView:
         self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
         self._next = 0
         self._acls: frozenset[Acl] = frozenset()
+        #: The highest Raft term of each shard any coordinator told (terms only grow).
+        self._epochs: tuple[int, ...] = ()
         self._acls_refreshed = 0.0  # monotonic time of the last refresh asked by a denial
 
     def refresh(self, wanted: str | None = None) -> bool:
@@ -112,6 +114,7 @@ class ClusterView:
                 acls = frozenset(acl_from_proto(a) for a in answer.acls)
             except ValueError as exc:
                 log.warning("event=acls_not_understood error=%r", str(exc))
+        self._learn_epochs(answer.shard_epochs)
         with self._lock:
             # Topics are only ever added: a stale answer never hides a known one.
             self._topics = {**self._topics, **topics}
@@ -119,6 +122,41 @@ class ClusterView:
             if acls is not None and acls != self._acls:
                 self._acls = acls
         return True
+
+    def _learn_epochs(self, epochs: Sequence[int]) -> None:
+        with self._lock:
+            known = self._epochs + (0,) * (len(epochs) - len(self._epochs))
+            self._epochs = tuple(max(k, e) for k, e in zip(known, epochs, strict=False))
+
+    def confirm_coordinator_epoch(self, transactional_id: str, epoch: int) -> bool:
+        """Whether a coordinator confirms that ``epoch`` is no higher than the
+        Raft term of the shard of ``transactional_id`` (of any shard when it
+        is empty: an administrator's abort names no id): a marker's
+        coordinator epoch must have been a leader's. Asks the coordinators in
+        turn, until one confirms, when the terms known here are lower."""
+        if self._confirmed(transactional_id, epoch):
+            return True
+        request = coordinator_pb2.MetadataRequest()
+        for address in self._addresses:
+            try:
+                answer = self._channels.coordinator(address).Metadata(
+                    request, timeout=CALL_TIMEOUT_S
+                )
+            except grpc.RpcError:
+                continue
+            self._learn_epochs(answer.shard_epochs)
+            if self._confirmed(transactional_id, epoch):
+                return True
+        return False
+
+    def _confirmed(self, transactional_id: str, epoch: int) -> bool:
+        with self._lock:
+            epochs, count = self._epochs, self.shard_count
+        if not epochs or count != len(epochs):
+            return False
+        if not transactional_id:
+            return epoch <= max(epochs)
+        return epoch <= epochs[shard_for(transactional_id, count)]
 
     def acls(self) -> frozenset[Acl]:
         """The cluster's ACLs as the last refresh brought them (the same

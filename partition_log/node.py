@@ -476,6 +476,7 @@ class PartitionNode:
             cluster_refusal=lambda context: cluster_refusal(self.config, context),
             authorizer=Authorizer(self.config, self.view.acls),
             refresh_acls=self.view.refresh_acls,
+            confirm_epoch=self.view.confirm_coordinator_epoch,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:

@@ -95,7 +95,12 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         cluster_refusal: Callable[[Any], str | None] = lambda context: None,
         authorizer: Authorizer | None = None,
         refresh_acls: Callable[[], bool] = lambda: False,
+        confirm_epoch: Callable[[str, int], bool] = lambda transactional_id, epoch: True,
     ) -> None:
+        #: Whether a marker's coordinator epoch was a real leader's (of the
+        #: shard of its transactional id): a higher one is refused, so that
+        #: no marker can fence the real coordinator out of a producer.
+        self.confirm_epoch = confirm_epoch
         self.lookup = lookup
         #: The ACL decisions on clients' requests (None: none checked), and
         #: how to fetch the ACLs again when they refuse (a grant may be on
@@ -413,6 +418,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             )
             answers.append(answer)
             problem = _marker_problem(marker)
+            unconfirmed = problem is None and not self.confirm_epoch(
+                marker.transactional_id, marker.coordinator_epoch
+            )
             for group in marker.groups:
                 answer.groups.add(group_id=group, error_code=ErrorCode.INVALID_REQUEST)
             for topic in marker.topics:
@@ -421,6 +429,13 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                     if problem is not None:
                         result.error_code = wire_error(ErrorCode.INVALID_REQUEST)
                         result.error_message = problem
+                        continue
+                    if unconfirmed:  # retriable: a new leader's term may not be known yet
+                        result.error_code = wire_error(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                        result.error_message = (
+                            f"no coordinator confirms coordinator epoch "
+                            f"{marker.coordinator_epoch}: it is above the shard's leader epoch"
+                        )
                         continue
                     found = self.lookup(topic.topic, index)
                     if isinstance(found, tuple):

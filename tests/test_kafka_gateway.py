@@ -614,6 +614,18 @@ MINIMAL_REQUESTS: dict[int, dict[str, Any]] = {
     },
     25: {"transactional_id": "raw", "producer_id": 1, "producer_epoch": 0, "group_id": "g"},
     26: {"transactional_id": "raw", "producer_id": 1, "producer_epoch": 0, "committed": False},
+    # On a cluster without TLS: SECURITY_DISABLED, at once.
+    29: {
+        "resource_type_filter": 1,
+        "resource_name_filter": None,
+        "pattern_type_filter": 1,
+        "principal_filter": None,
+        "host_filter": None,
+        "operation": 1,
+        "permission_type": 1,
+    },
+    30: {"creations": []},
+    31: {"filters": []},
     28: {
         "transactional_id": "raw",
         "group_id": "g",

@@ -165,3 +165,38 @@ def test_a_connection_without_a_certificate_of_the_cluster_gets_no_answer(
                 partition_log_pb2.ListOffsetsRequest(), timeout=5
             )
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, what
+
+
+def test_a_node_cannot_forge_a_coordinator_epoch_no_leader_had(cluster: LocalCluster) -> None:
+    """Even a node's certificate (here the partition node's own) cannot
+    wedge a producer with a coordinator epoch above its shard's term: the
+    partition and the group's coordinator refuse it (retriably: a new
+    leader's term may not be known yet), and the owner's commit stands."""
+    (node,) = cluster.partition_nodes()
+    leader = cluster.coordinators()[0]
+    with TransactionalProducer(cluster.bootstrap(), "wedged", **cluster.client_tls()) as victim:
+        victim.init_transactions()
+        victim.begin_transaction()
+        victim.send(TP.topic, b"committed-despite-a-forged-epoch", partition=TP.partition)
+        victim.flush()
+        forged = forged_commit(victim.producer_id, victim.producer_epoch + 1)
+        forged.markers[0].result = common_pb2.ABORT
+        forged.markers[0].transactional_id = "wedged"
+        del forged.markers[0].groups[:]
+        as_node = f"node-{node.node_id}"
+        with cluster.channel(node.grpc, as_node) as channel:
+            answer = partition_log_pb2_grpc.PartitionLogStub(channel).WriteTxnMarkers(
+                forged, timeout=10
+            )
+        result = answer.markers[0].partitions[0]
+        assert result.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        assert "above the shard's leader epoch" in result.error_message
+        forged.markers[0].groups.append("victims")
+        del forged.markers[0].topics[:]
+        with cluster.channel(leader.grpc, as_node) as channel:
+            answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).WriteTxnMarkers(
+                forged, timeout=10
+            )
+        assert answer.markers[0].groups[0].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        victim.commit_transaction()
+    assert b"committed-despite-a-forged-epoch" in read_committed(cluster)

@@ -220,7 +220,11 @@ def test_bootstrap_server_and_clear_errors(cluster_dir: Path) -> None:
     assert "transactional id 'nobody'" in refused(cluster_dir, "describe", "nobody")
     assert "no topic 'nothing'" in refused(cluster_dir, "find-hanging", "--topic", "nothing")
     assert "no partition nothing-0" in refused(cluster_dir, "describe-producers", "nothing", "0")
-    assert "--coordinator-epoch" in refused(
+    assert "--producer-epoch" in refused(
+        cluster_dir, "abort", "--topic", "x", "--partition", "0", "--producer-id", "1"
+    )
+    # Without --coordinator-epoch the partition's own is used: none for an unknown partition.
+    assert "no partition x-0" in refused(
         cluster_dir, "abort", "--topic", "x", "--partition", "0", "--producer-id", "1",
         "--producer-epoch", "0",
     )  # fmt: skip

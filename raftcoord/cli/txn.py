@@ -261,14 +261,23 @@ def _abort(admin: Admin, args: argparse.Namespace) -> Any:
     else:
         missing = [
             f"--{name.replace('_', '-')}"
-            for name in ("producer_id", "producer_epoch", "coordinator_epoch")
+            for name in ("producer_id", "producer_epoch")
             if getattr(args, name) is None
         ]
         if missing:
             raise TxnCommandError(f"give --start-offset, or {', '.join(missing)} as well")
-        spec = AbortTransactionSpec(
-            tp, args.producer_id, args.producer_epoch, args.coordinator_epoch
-        )
+        coordinator_epoch = args.coordinator_epoch
+        if coordinator_epoch is None:  # the one the partition has for the producer
+            known = [
+                p for p in admin.describe_producers([tp])[tp] if p.producer_id == args.producer_id
+            ]
+            if not known:
+                raise TxnCommandError(
+                    f"producer {args.producer_id} has no state on {tp.topic}-{tp.partition}: "
+                    "give --coordinator-epoch"
+                )
+            coordinator_epoch = max(0, known[0].coordinator_epoch)
+        spec = AbortTransactionSpec(tp, args.producer_id, args.producer_epoch, coordinator_epoch)
     admin.abort_transaction(spec)
     row = {
         "topic": tp.topic,
@@ -348,7 +357,12 @@ def add_parser(commands: Any) -> None:
     )
     abort.add_argument("--producer-id", type=int)
     abort.add_argument("--producer-epoch", type=int, help="the epoch of the transaction's data")
-    abort.add_argument("--coordinator-epoch", type=int)
+    abort.add_argument(
+        "--coordinator-epoch",
+        type=int,
+        help="default: the one the partition holds for the producer (a higher one than any "
+        "leader of the shards had is refused)",
+    )
     abort.set_defaults(run=_abort)
     for p in (listing, describe, producers, hanging, abort):
         add_connection_options(p)

@@ -137,6 +137,9 @@ class CoordinatorNode:
     def status(self, shard: int) -> ShardStatus:
         return self.shards[shard].status()
 
+    def term(self, shard: int) -> int:
+        return int(self.shards[shard].replica.raftCurrentTerm)
+
     # --- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:

@@ -128,6 +128,11 @@ class Shards(Protocol):
     def status(self, shard: int) -> ShardStatus:
         """This node's replica of ``shard``, for operators."""
 
+    def term(self, shard: int) -> int:
+        """The current Raft term of this node's replica of ``shard``: no
+        leader of the shard stamped a higher coordinator epoch yet that this
+        replica heard of (a replica that is behind may know a lower one)."""
+
     def now_ms(self, shard: int) -> int:
         """The time of ``shard``'s leader clock on this node (its current or
         last leadership's :class:`raftcoord.coordinator.leader.LeaderClock`)."""

@@ -217,9 +217,9 @@ class Authorizer:
     def caller(self, context: Any) -> Principal:
         """Who the call of ``context`` is for: the principal a node's call
         names in its metadata, else the caller's own."""
-        host = peer_host(context)
         if not self.enabled:
-            return Principal(ANONYMOUS, host)
+            return Principal(ANONYMOUS, "")
+        host = peer_host(context)
         own = principal(context)
         if own in self._cluster:
             metadata = dict(context.invocation_metadata())

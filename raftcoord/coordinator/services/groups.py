@@ -340,7 +340,25 @@ class GroupRPCs:
             return ErrorCode.INVALID_REQUEST
         if marker.result not in (common_pb2.COMMIT, common_pb2.ABORT):
             return ErrorCode.INVALID_REQUEST
+        if not self._epoch_confirmed(marker):
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: this replica may lag
         return self.router.shards.availability(self.router.shard_of(group_id))
+
+    def _epoch_confirmed(self, marker: Any) -> bool:
+        """Whether the marker's coordinator epoch is no higher than the term
+        of its transaction's shard as this node's replica knows it (of any
+        shard, for a marker that names no transactional id), as the
+        partition-log nodes check: a higher one was no leader's."""
+        shards = self.router.shards
+        if marker.transactional_id:
+            return bool(
+                marker.coordinator_epoch
+                <= shards.term(self.router.shard_of(marker.transactional_id))
+            )
+        return bool(
+            marker.coordinator_epoch
+            <= max(shards.term(i) for i in range(self.router.config.shard_count))
+        )
 
     # --- membership ----------------------------------------------------------------
 

@@ -144,6 +144,7 @@ class TopicRPCs:
             ],
             acls=acls,
             acls_included=acls_included,
+            shard_epochs=[self.router.shards.term(i) for i in range(config.shard_count)],
         )
 
     def CreateTopics(self, request: Any, context: Any) -> Any:

@@ -375,20 +375,22 @@ class TopicMetadata(_message.Message):
     def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
-    __slots__ = ("coordinators", "partition_nodes", "shard_count", "topics", "acls", "acls_included")
+    __slots__ = ("coordinators", "partition_nodes", "shard_count", "topics", "acls", "acls_included", "shard_epochs")
     COORDINATORS_FIELD_NUMBER: _ClassVar[int]
     PARTITION_NODES_FIELD_NUMBER: _ClassVar[int]
     SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     ACLS_FIELD_NUMBER: _ClassVar[int]
     ACLS_INCLUDED_FIELD_NUMBER: _ClassVar[int]
+    SHARD_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     coordinators: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     partition_nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     shard_count: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicMetadata]
     acls: _containers.RepeatedCompositeFieldContainer[_common_pb2.AclBinding]
     acls_included: bool
-    def __init__(self, coordinators: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., partition_nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., shard_count: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ..., acls_included: _Optional[bool] = ...) -> None: ...
+    shard_epochs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, coordinators: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., partition_nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., shard_count: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ..., acls_included: _Optional[bool] = ..., shard_epochs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreatableTopic(_message.Message):
     __slots__ = ("name", "num_partitions")
