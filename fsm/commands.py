@@ -368,6 +368,31 @@ class DeleteAcls(Command):
     now_ms: int
 
 
+@dataclass(frozen=True)
+class UpsertScramCredential(Command):
+    """Set a user's SCRAM credential for one mechanism (shard 0 only): what
+    Kafka keeps of a password (:mod:`raftcoord.protocol.scram`)."""
+
+    TYPE: ClassVar[int] = 22
+    user: str
+    mechanism: str
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class DeleteScramCredential(Command):
+    """Remove a user's SCRAM credential for one mechanism (shard 0 only)."""
+
+    TYPE: ClassVar[int] = 23
+    user: str
+    mechanism: str
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -392,6 +417,8 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         ReserveOffsets,
         CreateAcls,
         DeleteAcls,
+        UpsertScramCredential,
+        DeleteScramCredential,
     )
 }
 
@@ -459,6 +486,7 @@ def _acl_filters(value: Any) -> tuple[AclFilter, ...]:
 
 _DECODERS: dict[Any, Any] = {
     int: as_int,
+    bytes: as_bytes,
     bool: as_bool,
     str: as_str,
     tuple[TopicPartition, ...]: _partitions,

@@ -22,6 +22,7 @@ from fsm.commands import (
     ReserveOffsets,
     SyncGroup,
     TxnOffsetCommit,
+    UpsertScramCredential,
 )
 from fsm.config import FsmConfig
 from fsm.errors import ErrorCode
@@ -30,6 +31,7 @@ from fsm.offsets import validate_offsets
 from fsm.transactions import validate_partitions
 from raftcoord.protocol.acl import MAX_ACL_FIELD_CHARS, binding_error
 from raftcoord.protocol.limits import id_error, is_directory_id, topic_error
+from raftcoord.protocol.scram import credential_error
 
 __all__ = ["id_error", "request_refusal", "topic_error"]
 
@@ -81,6 +83,10 @@ def request_refusal(command: Command, config: FsmConfig) -> tuple[ErrorCode, str
         problem = _acls_problem(command, config)
     elif isinstance(command, DeleteAcls):
         problem = _filters_problem(command, config)
+    elif isinstance(command, UpsertScramCredential):
+        problem = credential_error(
+            command.user, command.mechanism, command.iterations, command.salt
+        )
     if problem is not None:
         return ErrorCode.INVALID_REQUEST, problem
     for topic in dict.fromkeys(topics):

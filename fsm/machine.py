@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ from fsm.commands import (
     CreateAcls,
     CreateTopic,
     DeleteAcls,
+    DeleteScramCredential,
     EndTxn,
     ExpireTransactionalIds,
     GroupMarker,
@@ -33,6 +35,7 @@ from fsm.commands import (
     ReserveOffsets,
     SyncGroup,
     TxnOffsetCommit,
+    UpsertScramCredential,
     decode_entry,
 )
 from fsm.config import FsmConfig
@@ -43,12 +46,15 @@ from fsm.membership import GroupMembership
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
-from fsm.wire import as_int, as_list, as_str, check_version
+from fsm.wire import as_bytes, as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
 from raftcoord.protocol.acl import MAX_ACLS, Acl, acl_from_wire, binding_error
 from raftcoord.protocol.limits import MAX_OFFSET, is_directory_id
+from raftcoord.protocol.scram import MECHANISMS, ScramCredential, credential_error
 
 SNAPSHOT_VERSION = 4
+#: The most SCRAM credentials a cluster holds.
+MAX_USERS = 10_000
 #: Records per piece of :func:`snapshot_pieces` (about a millisecond of encoding).
 SNAPSHOT_PIECE_RECORDS = 500
 #: In the answer to a command whose handler attempted a transition the rules
@@ -77,6 +83,9 @@ class ShardState:
     offset_ceilings: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: The access-control bindings (shard 0 only; :class:`fsm.commands.CreateAcls`).
     acls: frozenset[Acl] = frozenset()
+    #: (user, mechanism) -> SCRAM credential (shard 0 only; the Kafka
+    #: gateways' SASL users, :class:`fsm.commands.UpsertScramCredential`).
+    scram: dict[tuple[str, str], ScramCredential] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -407,6 +416,30 @@ class TransactionStateMachine:
         self.state.acls = left
         return Outcome(deleted=tuple(deleted))
 
+    def _upsert_scram(self, cmd: UpsertScramCredential) -> Outcome:
+        problem = credential_error(cmd.user, cmd.mechanism, cmd.iterations, cmd.salt)
+        if problem is None:
+            size = hashlib.new(MECHANISMS[cmd.mechanism]).digest_size
+            if len(cmd.stored_key) != size or len(cmd.server_key) != size:
+                problem = f"{cmd.mechanism} keys are {size} bytes"
+        if problem is not None:
+            return fail(ErrorCode.INVALID_REQUEST, problem)
+        key = (cmd.user, cmd.mechanism)
+        if key not in self.state.scram and len(self.state.scram) >= MAX_USERS:
+            return fail(ErrorCode.INVALID_REQUEST, f"at most {MAX_USERS} credentials")
+        self.state.scram[key] = ScramCredential(
+            cmd.salt, cmd.iterations, cmd.stored_key, cmd.server_key
+        )
+        return Outcome()
+
+    def _delete_scram(self, cmd: DeleteScramCredential) -> Outcome:
+        if self.state.scram.pop((cmd.user, cmd.mechanism), None) is None:
+            return fail(
+                ErrorCode.RESOURCE_NOT_FOUND,
+                f"user {cmd.user[:64]!r} has no {cmd.mechanism[:40]} credential",
+            )
+        return Outcome()
+
     _HANDLERS: ClassVar[dict[type[Command], Callable[[Any, Any], Outcome]]] = {
         InitProducerId: _init,
         AddPartitions: _add_partitions,
@@ -429,6 +462,8 @@ class TransactionStateMachine:
         ReserveOffsets: _reserve_offsets,
         CreateAcls: _create_acls,
         DeleteAcls: _delete_acls,
+        UpsertScramCredential: _upsert_scram,
+        DeleteScramCredential: _delete_scram,
     }
 
     # --- what the leader asks before proposing -------------------------------------
@@ -596,6 +631,7 @@ class TransactionStateMachine:
             directories=dict(s.directories),
             offset_ceilings=dict(s.offset_ceilings),
             acls=s.acls,
+            scram=dict(s.scram),
         )
 
     @classmethod
@@ -620,6 +656,7 @@ class TransactionStateMachine:
             "directories",
             "offset_ceilings",
             "acls",
+            "scram",
         }
         if not isinstance(payload, dict):
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
@@ -631,7 +668,7 @@ class TransactionStateMachine:
             payload = {**payload, "v": 3, "directories": [], "offset_ceilings": []}
         if type(payload.get("v")) is int and payload["v"] == 3 and "acls" not in payload:
             # Version 3 came before access-control lists: none.
-            payload = {**payload, "v": SNAPSHOT_VERSION, "acls": []}
+            payload = {**payload, "v": SNAPSHOT_VERSION, "acls": [], "scram": []}
         check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
         if set(payload) != keys:
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
@@ -666,6 +703,14 @@ class TransactionStateMachine:
                 for topic, ceilings in as_list(payload["offset_ceilings"], 2)
             },
             acls=_acls_from_wire(payload["acls"]),
+            scram={
+                (as_str(user), as_str(mechanism)): ScramCredential(
+                    as_bytes(salt), as_int(iterations), as_bytes(stored), as_bytes(server)
+                )
+                for user, mechanism, salt, iterations, stored, server in as_list(
+                    payload["scram"], 6
+                )
+            },
         )
         return machine
 
@@ -723,7 +768,7 @@ def snapshot_pieces(
                 yield bytes(packer.bytes())
                 packer.reset()
 
-    packer.pack_map_header(10)
+    packer.pack_map_header(11)
     for key, value in (
         ("v", SNAPSHOT_VERSION),
         ("pids", state.pids.to_wire()),
@@ -745,6 +790,10 @@ def snapshot_pieces(
     yield from records("offset_ceilings", ([t, list(c)] for t, c in ceilings), len(ceilings))
     acls = sorted(a.to_wire() for a in state.acls)
     yield from records("acls", acls, len(acls))
+    scram = sorted(state.scram.items())
+    yield from records(
+        "scram", ([user, mech, *credential] for (user, mech), credential in scram), len(scram)
+    )
     yield bytes(packer.bytes())
 
 

@@ -22,6 +22,7 @@ from fsm import (
     CreateAcls,
     CreateTopic,
     DeleteAcls,
+    DeleteScramCredential,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -43,6 +44,7 @@ from fsm import (
     TransactionStateMachine,
     TxnOffsetCommit,
     TxnState,
+    UpsertScramCredential,
     decode_command,
     decode_entry,
     encode_command,
@@ -164,6 +166,16 @@ SAMPLES: list[Command] = [
         filters=(AclFilter(), AclFilter(ResourceType.GROUP, PatternType.MATCH, "g", "User:bob")),
         now_ms=17,
     ),
+    UpsertScramCredential(
+        user="alice",
+        mechanism="SCRAM-SHA-256",
+        salt=b"s" * 16,
+        iterations=4096,
+        stored_key=b"k" * 32,
+        server_key=b"v" * 32,
+        now_ms=18,
+    ),
+    DeleteScramCredential(user="alice", mechanism="SCRAM-SHA-512", now_ms=19),
     JoinGroup(
         group_id="group-1",
         member_id="",
@@ -293,7 +305,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 22, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 24, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message
@@ -713,7 +725,7 @@ def test_a_snapshot_from_before_membership_restores() -> None:
     m = _busy_machine()
     payload = msgpack.unpackb(m.snapshot(), raw=False)
     assert payload.pop("memberships") == []
-    for added_later in ("directories", "offset_ceilings", "acls"):
+    for added_later in ("directories", "offset_ceilings", "acls", "scram"):
         del payload[added_later]
     payload["v"] = 1
     restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
@@ -728,7 +740,7 @@ def test_a_snapshot_from_before_directories_restores_without_any() -> None:
     m = _busy_machine()
     payload = msgpack.unpackb(m.snapshot(), raw=False)
     assert payload.pop("directories") == [] and payload.pop("offset_ceilings") == []
-    assert payload.pop("acls") == []
+    assert payload.pop("acls") == [] and payload.pop("scram") == []
     payload["v"] = 2
     restored = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True), m.config)
     assert restored.state == m.state

@@ -212,6 +212,8 @@ class Fuzzer:
                 )
                 for _ in range(rng.randrange(0, 3))
             )
+        if kind is bytes:
+            return rng.randbytes(rng.choice([0, 16, 32, 64]))
         if kind == tuple[Acl, ...]:
             return tuple(
                 Acl(

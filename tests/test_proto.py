@@ -57,6 +57,10 @@ EXTRA_KAFKA_CODES: dict[str, int] = {
     "GROUP_AUTHORIZATION_FAILED": 30,
     "CLUSTER_AUTHORIZATION_FAILED": 31,
     "SECURITY_DISABLED": 54,
+    "UNSUPPORTED_SASL_MECHANISM": 33,
+    "ILLEGAL_SASL_STATE": 34,
+    "SASL_AUTHENTICATION_FAILED": 58,
+    "RESOURCE_NOT_FOUND": 91,
     "INVALID_TIMESTAMP": 32,
     "INVALID_RECORD": 87,
     "OPERATION_NOT_ATTEMPTED": 55,
@@ -99,6 +103,8 @@ COORDINATOR_RPCS = {
     "CreateAcls",
     "DescribeAcls",
     "DeleteAcls",
+    "AlterUserScramCredentials",
+    "DescribeUserScramCredentials",
 }
 PARTITION_LOG_RPCS = {
     "Produce",

@@ -110,6 +110,7 @@ PURE_PROTOCOL = [
     "raftcoord.protocol.errors",
     "raftcoord.protocol.limits",
     "raftcoord.protocol.routing",
+    "raftcoord.protocol.scram",
     "raftcoord.protocol.types",
 ]
 

@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     gateway.set_defaults(func=_kafka_gateway)
     from raftcoord.chaos import commands as chaos
-    from raftcoord.cli import acl, bench, cluster
+    from raftcoord.cli import acl, bench, cluster, user
     from raftcoord.cli import txn as txn_cli
     from spark import cli as audit_cli
 
@@ -344,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     chaos.add_parsers(commands)
     txn_cli.add_parser(commands)
     acl.add_parser(commands)
+    user.add_parser(commands)
     bench.add_parser(commands)
     audit = commands.add_parser(
         "audit", help="Spark exactly-once audit of a run's logs and history (docs/audit.md)"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -38,6 +39,7 @@ from raftcoord.client.records import (
     TransactionDescription,
     TransactionListing,
 )
+from raftcoord.protocol import scram
 from raftcoord.protocol.acl import Acl, AclFilter
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
@@ -60,6 +62,11 @@ TRANSACTION_STATES: dict[int, str] = {
     common_pb2.TRANSACTION_STATE_PREPARE_EPOCH_FENCE: "PrepareEpochFence",
 }
 _STATE_VALUES = {name: value for value, name in TRANSACTION_STATES.items()}
+
+
+#: Iterations of a new SCRAM credential (Kafka's admin tools use 4096..8192).
+DEFAULT_SCRAM_ITERATIONS = 8192
+SCRAM_SALT_BYTES = 32
 
 
 def _state_name(value: int) -> str:
@@ -240,7 +247,7 @@ class Admin:
             KafkaTimeoutError: not done in time.
         """
         request = coordinator_pb2.CreateAclsRequest(creations=[acl_to_proto(a) for a in acls])
-        answer = self._acl_call("create_acls", "CreateAcls", request, timeout_ms)
+        answer = self._security_call("create_acls", "CreateAcls", request, timeout_ms)
         failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
         if failed is not None:
             raise error_for(failed.error_code, failed.error_message)
@@ -258,7 +265,7 @@ class Admin:
         request = coordinator_pb2.DescribeAclsRequest(
             filter=filter_to_proto(acl_filter or AclFilter())
         )
-        answer = self._acl_call("describe_acls", "DescribeAcls", request, timeout_ms)
+        answer = self._security_call("describe_acls", "DescribeAcls", request, timeout_ms)
         if answer.error_code != ErrorCode.NONE:
             raise error_for(answer.error_code, answer.error_message)
         return [acl_from_proto(a) for a in answer.acls]
@@ -274,15 +281,93 @@ class Admin:
             KafkaTimeoutError: not done in time.
         """
         request = coordinator_pb2.DeleteAclsRequest(filters=[filter_to_proto(f) for f in filters])
-        answer = self._acl_call("delete_acls", "DeleteAcls", request, timeout_ms)
+        answer = self._security_call("delete_acls", "DeleteAcls", request, timeout_ms)
         failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
         if failed is not None:
             raise error_for(failed.error_code, failed.error_message)
         return [[acl_from_proto(a) for a in r.deleted] for r in answer.results]
 
-    def _acl_call(self, what: str, method: str, request: Any, timeout_ms: int | None) -> Any:
+    # --- SASL users ------------------------------------------------------------------
+
+    def upsert_scram_credential(
+        self,
+        user: str,
+        mechanism: str,
+        password: str,
+        iterations: int = DEFAULT_SCRAM_ITERATIONS,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Set ``user``'s password for ``mechanism`` (SCRAM-SHA-256 or
+        SCRAM-SHA-512), for the Kafka gateways' SASL_SSL listeners (SCRAM,
+        and PLAIN against the same credential). Only the salted password
+        leaves this process, as Kafka's admin client sends it.
+
+        Raises:
+            ClusterAuthorizationFailedError: the caller may not ALTER the cluster.
+            InvalidRequestError: an unknown mechanism, a bad user name or iterations.
+            SecurityDisabledError: the cluster has no authorizer.
+            KafkaTimeoutError: not done in time.
+        """
+        if mechanism not in scram.MECHANISMS:
+            raise error_for(ErrorCode.INVALID_REQUEST, f"unknown mechanism {mechanism!r}")
+        salt = os.urandom(SCRAM_SALT_BYTES)
+        upsertion = coordinator_pb2.ScramCredentialUpsertion(
+            name=user,
+            mechanism=mechanism,
+            iterations=iterations,
+            salt=salt,
+            salted_password=scram.salted_password(mechanism, password, salt, iterations),
+        )
+        self._alter_users(
+            coordinator_pb2.AlterUserScramCredentialsRequest(upsertions=[upsertion]), timeout_ms
+        )
+
+    def delete_scram_credential(
+        self, user: str, mechanism: str, timeout_ms: int | None = None
+    ) -> None:
+        """Remove ``user``'s credential for ``mechanism``.
+
+        Raises:
+            ResourceNotFoundError: there is none.
+            ClusterAuthorizationFailedError, SecurityDisabledError, KafkaTimeoutError:
+                as :meth:`upsert_scram_credential`.
+        """
+        deletion = coordinator_pb2.ScramCredentialDeletion(name=user, mechanism=mechanism)
+        self._alter_users(
+            coordinator_pb2.AlterUserScramCredentialsRequest(deletions=[deletion]), timeout_ms
+        )
+
+    def describe_scram_credentials(
+        self, users: Sequence[str] = (), timeout_ms: int | None = None
+    ) -> dict[str, dict[str, int]]:
+        """Each user's mechanisms and their iterations (all users by default;
+        a user asked for without any credential maps to an empty dict).
+
+        Raises:
+            ClusterAuthorizationFailedError: the caller may not DESCRIBE the cluster.
+            SecurityDisabledError: the cluster has no authorizer.
+            KafkaTimeoutError: not done in time.
+        """
+        request = coordinator_pb2.DescribeUserScramCredentialsRequest(users=list(users))
+        answer = self._security_call(
+            "describe_scram_credentials", "DescribeUserScramCredentials", request, timeout_ms
+        )
+        if answer.error_code != ErrorCode.NONE:
+            raise error_for(answer.error_code, answer.error_message)
+        return {r.user: {c.mechanism: c.iterations for c in r.credentials} for r in answer.results}
+
+    def _alter_users(self, request: Any, timeout_ms: int | None) -> None:
+        answer = self._security_call(
+            "alter_scram_credentials", "AlterUserScramCredentials", request, timeout_ms
+        )
+        failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
+        if failed is not None:
+            raise error_for(failed.error_code, f"{failed.user}: {failed.error_message}")
+
+    def _security_call(self, what: str, method: str, request: Any, timeout_ms: int | None) -> Any:
         """``method``'s answer from shard 0's leader (any coordinator forwards
-        to it), asked again while the shard cannot answer (an election)."""
+        to it), asked again while the shard cannot answer (an election): the
+        ACL and SASL-user requests."""
         deadline = self._deadline(what, timeout_ms)
         backoff = self._coordinators.backoff()
         while True:

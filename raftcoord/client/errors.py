@@ -322,6 +322,30 @@ class GroupAuthorizationFailedError(KafkaError):
     code = ErrorCode.GROUP_AUTHORIZATION_FAILED
 
 
+class UnsupportedSaslMechanismError(KafkaError):
+    """A Kafka gateway's listener does not offer the SASL mechanism."""
+
+    code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+class IllegalSaslStateError(KafkaError):
+    """A SASL request out of order at a Kafka gateway."""
+
+    code = ErrorCode.ILLEGAL_SASL_STATE
+
+
+class SaslAuthenticationFailedError(KafkaError):
+    """Wrong SASL credentials at a Kafka gateway."""
+
+    code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+class ResourceNotFoundError(KafkaError):
+    """A SCRAM credential to delete does not exist."""
+
+    code = ErrorCode.RESOURCE_NOT_FOUND
+
+
 class SecurityDisabledError(KafkaError):
     """An ACL request to a cluster without an authorizer (no ``[tls]``)."""
 

@@ -47,6 +47,7 @@ from raftcoord.protocol.acl import (
 )
 from raftcoord.protocol.channels import open_channel
 from raftcoord.protocol.config import (
+    KAFKA_SECURITY_PROTOCOLS,
     ClusterConfig,
     ConfigError,
     load_config,
@@ -206,6 +207,16 @@ def _rehost(text: str, network: namespaces.Network) -> str:
     return _ADDRESS.sub(lambda m: f"{m[1]}{moved.get(m[2], m[2])}:{m[3]}{m[1]}", text)
 
 
+def _add_tls_table(config_path: Path) -> None:
+    """Append the ``[tls]`` table of ``cluster up --tls`` to a config file: the
+    CA and certificates in ``tls/`` beside it, the super user ``admin``."""
+    with config_path.open("a") as out:
+        out.write(
+            f'\n[tls]\nca_file = "{TLS_DIR}/{certs.CA_CERT}"\ncert_dir = "{TLS_DIR}"\n'
+            f'super_users = ["User:{TLS_ADMIN}"]\n'
+        )
+
+
 def _without_tls(text: str) -> str:
     """A config's text without its ``[tls]`` table (a deployment's names the
     certificate files of its hosts; the launcher makes its own)."""
@@ -247,6 +258,7 @@ def write_config(
     settings: dict[str, Any] | None = None,
     hosts: dict[int, str] | None = None,
     kafka_listeners: int = 0,
+    kafka_security: str = "PLAINTEXT",
 ) -> None:
     """Write a cluster config for a local cluster; ``settings`` adds entries
     to its ``[settings]`` table (Kafka-style names), in place of the
@@ -254,7 +266,8 @@ def write_config(
     127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
     each on its own address with the fixed ports COORDINATOR_PORT,
     RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
-    Kafka gateways (only without ``hosts``) listen on 127.0.0.1 too."""
+    Kafka gateways (only without ``hosts``) listen on 127.0.0.1 too, with
+    ``kafka_security`` (their ``security_protocol``)."""
     if hosts is None:
         ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes + kafka_listeners))
 
@@ -295,7 +308,10 @@ def write_config(
     )
     for i in range(kafka_listeners):
         listener = address(KAFKA_LISTENER_BASE_ID + i, 0)
-        text += f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
+        text += (
+            f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
+            f'security_protocol = "{kafka_security}"\n'
+        )
     path.write_text(text)
     key = path.parent / RAFT_KEY_FILE
     if not key.exists():
@@ -334,6 +350,7 @@ class LocalCluster:
         kafka_listeners: int = 0,
         faults: bool = False,
         tls: bool = False,
+        kafka_security: str = "PLAINTEXT",
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         (its preferred one with auto.leader.rebalance.enable) and every
@@ -355,7 +372,9 @@ class LocalCluster:
         whose shape and settings are then used instead of the arguments),
         every host the config names becomes one namespace and its address is
         replaced by the namespace's. ``kafka_listeners`` Kafka gateways
-        (docs/kafka.md) start after the nodes, on 127.0.0.1 only.
+        (docs/kafka.md) start after the nodes, on 127.0.0.1 only, with
+        ``kafka_security`` (PLAINTEXT, or with ``tls`` SSL or SASL_SSL;
+        :meth:`kafka_client_config`).
 
         Raises:
             ClusterError: the data directory cannot be used, a cluster runs
@@ -369,6 +388,10 @@ class LocalCluster:
             )
         if kafka_listeners and netns:
             raise ClusterError("Kafka gateways run only on 127.0.0.1 (not with --netns)")
+        if kafka_security not in KAFKA_SECURITY_PROTOCOLS:
+            raise ClusterError(f"--kafka-security must be one of {list(KAFKA_SECURITY_PROTOCOLS)}")
+        if kafka_security != "PLAINTEXT" and not tls:
+            raise ClusterError(f"--kafka-security {kafka_security} needs --tls")
         if config is not None and not netns:
             raise ClusterError(
                 "a multi-host config starts only with --netns (each of its hosts a namespace)"
@@ -415,14 +438,17 @@ class LocalCluster:
                     settings,
                     hosts,
                     kafka_listeners,
+                    kafka_security,
                 )
+            if tls:
+                _add_tls_table(candidate)
             cluster_config = load_config(candidate)
             if network is not None:
                 stray = set(_hosts(cluster_config)) - {h.address for h in network.hosts}
                 if stray:
                     raise ClusterError(f"could not move the addresses of {sorted(stray)}")
             if tls:
-                cluster_config = self._make_certs(candidate, cluster_config)
+                self._make_certs(cluster_config)
             for node_dir in sorted(self.data_dir.glob("*node-*")):
                 refusal = shape_refusal(node_dir, cluster_config) if node_dir.is_dir() else None
                 if refusal is not None:
@@ -624,21 +650,12 @@ class LocalCluster:
 
     # --- inspection ----------------------------------------------------------------
 
-    def _make_certs(self, config_path: Path, config: ClusterConfig) -> ClusterConfig:
-        """Certificates for every node of ``config`` and the clients, and the
-        ``[tls]`` table naming them appended to the config file; the config then."""
-        if config.tls is not None:
-            raise ClusterError("the config has a [tls] table already; start it without --tls")
+    def _make_certs(self, config: ClusterConfig) -> None:
+        """A new CA, certificates for every node of ``config`` and the clients."""
         nodes = {n.node_id: [certs.host_of(n.grpc)] for n in config.coordinators}
         nodes |= {n.node_id: [certs.host_of(n.grpc)] for n in config.partition_nodes}
         nodes |= {k.node_id: [certs.host_of(k.address)] for k in config.kafka_listeners}
         certs.make_cluster_certs(self.data_dir / TLS_DIR, nodes, TLS_CLIENTS)
-        with config_path.open("a") as out:
-            out.write(
-                f'\n[tls]\nca_file = "{TLS_DIR}/{certs.CA_CERT}"\ncert_dir = "{TLS_DIR}"\n'
-                f'super_users = ["User:{TLS_ADMIN}"]\n'
-            )
-        return load_config(config_path)
 
     def _grant_client(self, timeout_s: float) -> None:
         """ACLs that let the ``client`` certificate do what a workload does:

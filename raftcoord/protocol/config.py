@@ -58,11 +58,20 @@ class NodeAddress:
 
 @dataclass(frozen=True)
 class KafkaListener:
-    """One Kafka gateway (docs/kafka.md): its broker id and the address Kafka
-    clients connect to."""
+    """One Kafka gateway (docs/kafka.md): its broker id, the address Kafka
+    clients connect to, and how they authenticate there (Kafka's
+    ``security.protocol``: :data:`KAFKA_SECURITY_PROTOCOLS`)."""
 
     node_id: int
     address: str
+    security_protocol: str = "PLAINTEXT"
+
+
+#: A Kafka listener's ``security_protocol``: PLAINTEXT (no authentication:
+#: every client is User:ANONYMOUS), SSL (TLS with a client certificate of
+#: the cluster's CA: User:<CN>), SASL_SSL (TLS, then SASL PLAIN or
+#: SCRAM-SHA-256/512 with the users the coordinators hold: User:<name>).
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
 
 
 @dataclass(frozen=True)
@@ -492,6 +501,12 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
     key_file = raw.get("raft_key_file")
     if key_file is not None and (type(key_file) is not str or not key_file):
         raise ConfigError(f"raft_key_file must be a path, got {key_file!r}")
+    tls = _tls(raw.get("tls"))
+    secured = [k.node_id for k in kafka_listeners if k.security_protocol != "PLAINTEXT"]
+    if secured and tls is None:
+        raise ConfigError(
+            f"[[kafka_listeners]] {secured} use TLS (SSL or SASL_SSL): the config needs [tls]"
+        )
     return ClusterConfig(
         shard_count,
         coordinators,
@@ -500,7 +515,7 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
         topic_config,
         kafka_listeners,
         Path(key_file) if key_file is not None else None,
-        _tls(raw.get("tls")),
+        tls,
     )
 
 
@@ -539,12 +554,21 @@ def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:
         where = f"kafka_listeners[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
-        if set(entry) - {"id", "address"}:
-            raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - {'id', 'address'})}")
+        keys = {"id", "address", "security_protocol"}
+        if set(entry) - keys:
+            raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - keys)}")
         node_id = entry.get("id")
         if type(node_id) is not int or node_id < 1:
             raise ConfigError(f"{where}.id must be a positive integer, got {node_id!r}")
-        listeners.append(KafkaListener(node_id, _address(entry.get("address"), f"{where}.address")))
+        protocol = entry.get("security_protocol", "PLAINTEXT")
+        if protocol not in KAFKA_SECURITY_PROTOCOLS:
+            raise ConfigError(
+                f"{where}.security_protocol must be one of {list(KAFKA_SECURITY_PROTOCOLS)}, "
+                f"got {protocol!r}"
+            )
+        listeners.append(
+            KafkaListener(node_id, _address(entry.get("address"), f"{where}.address"), protocol)
+        )
     return tuple(listeners)
 
 

@@ -14,6 +14,7 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
 ``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
 ``acls``           CreateAcls, DescribeAcls, DeleteAcls
+``users``          AlterUserScramCredentials, DescribeUserScramCredentials
 =================  =====================================================
 """
 
@@ -30,6 +31,7 @@ from raftcoord.coordinator.services.common import ShardRouter
 from raftcoord.coordinator.services.groups import GroupRPCs
 from raftcoord.coordinator.services.topics import TopicRPCs
 from raftcoord.coordinator.services.transactions import TransactionRPCs
+from raftcoord.coordinator.services.users import UserRPCs
 from raftcoord.coordinator.shard import Shards
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.v1 import coordinator_pb2_grpc
@@ -54,6 +56,7 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
         self.groups = GroupRPCs(router)
         self.queries = TransactionQueries(router, markers)
         self.acls = AclRPCs(router)
+        self.users = UserRPCs(router)
 
     # --- transactions ----------------------------------------------------------
 
@@ -135,3 +138,9 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def DeleteAcls(self, request: Any, context: Any) -> Any:
         return self.acls.DeleteAcls(request, context)
+
+    def AlterUserScramCredentials(self, request: Any, context: Any) -> Any:
+        return self.users.AlterUserScramCredentials(request, context)
+
+    def DescribeUserScramCredentials(self, request: Any, context: Any) -> Any:
+        return self.users.DescribeUserScramCredentials(request, context)

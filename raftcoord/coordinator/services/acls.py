@@ -14,7 +14,7 @@ from typing import Any
 from fsm import CreateAcls, DeleteAcls, ErrorCode, Outcome
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import Refused, ShardRouter
-from raftcoord.protocol.acl import CLUSTER_NAME, Acl, Operation, ResourceType
+from raftcoord.protocol.acl import Acl, Operation
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import (
     acl_from_proto,
@@ -23,15 +23,13 @@ from raftcoord.protocol.wire import (
     wire_error,
 )
 
-_DISABLED = "the cluster has no authorizer: ACLs need [tls] in the config"
-
 
 class AclRPCs:
     def __init__(self, router: ShardRouter) -> None:
         self.router = router
 
     def CreateAcls(self, request: Any, context: Any) -> Any:
-        refused = self._refusal(context, Operation.ALTER)
+        refused = self.router.security_refusal(context, Operation.ALTER)
         if refused is None:
             forwarded = self.router.leader_answer(METADATA_SHARD, context, "CreateAcls", request)
             if forwarded is not None:
@@ -68,7 +66,7 @@ class AclRPCs:
         )
 
     def DescribeAcls(self, request: Any, context: Any) -> Any:
-        refused = self._refusal(context, Operation.DESCRIBE)
+        refused = self.router.security_refusal(context, Operation.DESCRIBE)
         if refused is not None:
             return coordinator_pb2.DescribeAclsResponse(
                 error_code=wire_error(refused.error), error_message=refused.message
@@ -97,7 +95,7 @@ class AclRPCs:
         return coordinator_pb2.DescribeAclsResponse(acls=[acl_to_proto(a) for a in acls])
 
     def DeleteAcls(self, request: Any, context: Any) -> Any:
-        refused = self._refusal(context, Operation.ALTER)
+        refused = self.router.security_refusal(context, Operation.ALTER)
         if refused is None:
             forwarded = self.router.leader_answer(METADATA_SHARD, context, "DeleteAcls", request)
             if forwarded is not None:
@@ -130,13 +128,4 @@ class AclRPCs:
                 coordinator_pb2.AclDeletionResult(deleted=[acl_to_proto(a) for a in deleted])
                 for deleted in outcome.deleted
             ]
-        )
-
-    def _refusal(self, context: Any, operation: Operation) -> Outcome | None:
-        """SECURITY_DISABLED without an authorizer; the refusal of a caller
-        that may not ``operation`` the cluster; else None."""
-        if not self.router.authorizer.enabled:
-            return Outcome(error=ErrorCode.SECURITY_DISABLED, message=_DISABLED)
-        return self.router.denied(
-            self.router.caller(context), (operation, ResourceType.CLUSTER, CLUSTER_NAME)
         )

@@ -27,7 +27,7 @@ from raftcoord.coordinator.leader import CHECK_ONLY, Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Reader, Shards
-from raftcoord.protocol.acl import Operation, Principal, ResourceType
+from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceType
 from raftcoord.protocol.channels import open_channel
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
@@ -215,6 +215,17 @@ class ShardRouter:
                 return getattr(stub, method)(request, timeout=FORWARD_TIMEOUT_S, metadata=metadata)
         except grpc.RpcError as exc:
             raise NotForwarded(exc.code().name) from exc
+
+    def security_refusal(self, context: Any, operation: Operation) -> Outcome | None:
+        """The refusal of a request about the cluster's security (ACLs, SASL
+        users): SECURITY_DISABLED without an authorizer (no ``[tls]``), or
+        the caller may not ``operation`` the cluster; else None."""
+        if not self.authorizer.enabled:
+            return Outcome(
+                error=ErrorCode.SECURITY_DISABLED,
+                message="the cluster has no authorizer: ACLs and SASL users need [tls]",
+            )
+        return self.denied(self.caller(context), (operation, ResourceType.CLUSTER, CLUSTER_NAME))
 
     def leader_answer(self, shard: int, context: Any, method: str, request: Any) -> Any | None:
         """``shard``'s leader's answer to ``method`` when this node does not

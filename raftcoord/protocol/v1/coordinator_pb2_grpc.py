@@ -151,6 +151,16 @@ class TransactionCoordinatorStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/AlterUserScramCredentials',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/DescribeUserScramCredentials',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionCoordinatorServicer:
@@ -330,6 +340,24 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterUserScramCredentials(self, request, context):
+        """Sets or removes SASL/SCRAM users' credentials (shard 0; needs ALTER on
+        the cluster). Kafka's AlterUserScramCredentials: the salted password
+        is sent, the coordinator keeps only the stored and server keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserScramCredentials(self, request, context):
+        """The users' mechanisms and iterations (needs DESCRIBE on the cluster);
+        with include_keys, also the salt and keys (the cluster's nodes only:
+        the Kafka gateways authenticate with them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -447,6 +475,16 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterUserScramCredentialsResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1071,6 +1109,60 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/DeleteAcls',
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/AlterUserScramCredentials',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/DescribeUserScramCredentials',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeUserScramCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,
