@@ -26,6 +26,9 @@ from raftcoord.protocol.scram import MECHANISMS
 __all__ = ["add_parser"]
 
 
+_COLUMNS = [("User", "user"), ("Mechanism", "mechanism"), ("Iterations", "iterations")]
+
+
 class UserCommandError(Exception):
     """A command that cannot be done as asked; the message says why."""
 
