@@ -75,19 +75,21 @@ class ClusterView:
         #: The highest Raft term of each shard any coordinator told (terms only grow).
         self._epochs: tuple[int, ...] = ()
         self._acls_refreshed = 0.0  # monotonic time of the last refresh asked by a denial
+        self._acls_refreshing = threading.Lock()
 
-    def refresh(self, wanted: str | None = None) -> bool:
+    def refresh(self, wanted: str | None = None, confirmed: bool = False) -> bool:
         """Ask the coordinators (in turn until one answers); True on success.
 
         Coordinators answer from shard 0's leader's applied state, which
         writes nothing to the Raft log (the periodic refresh of an idle
         cluster costs no entries). With ``wanted`` (a topic this node
         missed) the answer comes through a read barrier on shard 0's
-        leader, so a topic created before the miss is found.
+        leader, so a topic created before the miss is found; ``confirmed``
+        asks the same for the ACLs (shard 0's leader's, through its log).
         """
         addresses = self._addresses
         request = coordinator_pb2.MetadataRequest(
-            read_barrier=wanted is not None, include_acls=True
+            read_barrier=wanted is not None or confirmed, include_acls=True
         )
         answer: Any = None
         for i in range(len(addresses)):
@@ -164,16 +166,21 @@ class ClusterView:
         return self._acls
 
     def refresh_acls(self) -> bool:
-        """Refresh now, for a request the ACLs this node has refuse (a grant
-        may not have reached it yet); at most every
-        :data:`MIN_REFRESH_INTERVAL_S`. Whether the ACLs changed."""
-        now = time.monotonic()
-        with self._lock:
+        """Refresh the ACLs from shard 0's leader now, for a request the ACLs
+        this node has refuse (a grant may not have reached it yet); one
+        refresh at a time, whose answer the requests waiting for it share,
+        and at most every :data:`MIN_REFRESH_INTERVAL_S`. Whether the ACLs
+        changed."""
+        before = self._acls
+        with self._acls_refreshing:
+            if self._acls is not before:  # refreshed while this request waited
+                return True
+            now = time.monotonic()
             if now - self._acls_refreshed < MIN_REFRESH_INTERVAL_S:
                 return False
             self._acls_refreshed = now
-            before = self._acls
-        return self.refresh() and self._acls is not before
+            self.refresh(confirmed=True)
+            return self._acls is not before
 
     def register_directory(self, directory_id: str, replace: bool = False) -> Any | None:
         """Shard 0's answer to RegisterDirectory, or None when no coordinator

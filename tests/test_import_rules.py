@@ -22,7 +22,8 @@ RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli", "be
 
 #: The protocol's modules without I/O, the only part of raftcoord the pure core may import.
 PURE_PROTOCOL = frozenset(
-    f"raftcoord.protocol.{name}" for name in ("acl", "errors", "limits", "routing", "scram", "types")
+    f"raftcoord.protocol.{name}"
+    for name in ("acl", "errors", "limits", "routing", "scram", "types")
 )
 #: pid_allocator is part of the pure core (fsm.machine allocates producer ids
 #: with it; tests/test_purity.py keeps it pure too).

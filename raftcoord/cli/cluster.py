@@ -97,6 +97,13 @@ def add_parser(commands: Any) -> None:
         "(every node's; clients 'admin', a super user, and 'client')",
     )
     up.add_argument(
+        "--kafka-security",
+        choices=["PLAINTEXT", "SSL", "SASL_SSL"],
+        default="PLAINTEXT",
+        help="the Kafka gateways' security.protocol; SSL and SASL_SSL need --tls "
+        "(docs/security.md) (default: %(default)s)",
+    )
+    up.add_argument(
         "--faults",
         action="store_true",
         help="preload a library into every node that makes its fsync fail or steps its wall "
@@ -187,6 +194,7 @@ def _run(args: argparse.Namespace) -> int:
                 kafka_listeners=args.kafka_listeners,
                 faults=args.faults,
                 tls=args.tls,
+                kafka_security=args.kafka_security,
             )
             print(cluster.status_table())
             if args.kafka_listeners:

@@ -547,6 +547,33 @@ class LocalCluster:
         """The Kafka gateways' addresses as Kafka's bootstrap.servers."""
         return ",".join(n.kafka for n in self.kafka_gateways())
 
+    def kafka_client_config(
+        self, name: str = TLS_CLIENT, sasl: tuple[str, str, str] | None = None
+    ) -> dict[str, str]:
+        """A Kafka client's connection settings (librdkafka's names) for the
+        gateways' listeners: ``bootstrap.servers``, and for SSL the cluster's
+        CA and the client certificate ``name``; for SASL_SSL the CA and
+        ``sasl`` (mechanism, user, password)."""
+        settings = {"bootstrap.servers": self.kafka_bootstrap()}
+        gateways = self.kafka_gateways()
+        config = load_config(self._require().config) if gateways else None
+        protocol = config.kafka_listeners[0].security_protocol if config else "PLAINTEXT"
+        if protocol == "PLAINTEXT":
+            return settings
+        files = self.client_tls(name)
+        settings |= {"security.protocol": protocol, "ssl.ca.location": files["ssl_cafile"]}
+        if protocol == "SSL":
+            settings["ssl.certificate.location"] = files["ssl_certfile"]
+            settings["ssl.key.location"] = files["ssl_keyfile"]
+        elif sasl is not None:
+            mechanism, user, password = sasl
+            settings |= {
+                "sasl.mechanism": mechanism,
+                "sasl.username": user,
+                "sasl.password": password,
+            }
+        return settings
+
     def bootstrap(self) -> list[str]:
         """The coordinators' gRPC addresses: what a client is given to start from."""
         return [n.grpc for n in self.coordinators()]

@@ -23,6 +23,12 @@ from typing import Any
 import grpc.aio
 
 from raftcoord.kafka import messages as m
+from raftcoord.kafka.auth import (
+    SaslExchange,
+    certificate_principal,
+    relay_context,
+    server_context,
+)
 from raftcoord.kafka.backend import CALLER, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
@@ -33,6 +39,7 @@ from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
 from raftcoord.protocol.process import configure_logging
 from raftcoord.protocol.routing import stable_hash
+from raftcoord.protocol.scram import ScramCredential
 from raftcoord.protocol.tls import ANONYMOUS, node_identity
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from raftcoord.protocol.wire import wire_state
@@ -126,6 +133,9 @@ class Gateway:
         self._per_ip: collections.Counter[str] = collections.Counter()
         #: How long a relayed request may take before its client's connection is closed.
         self.relay_timeout_s = self.backend.rpc_timeout_s * 3
+        #: TLS of the listener (SSL, SASL_SSL) and of relays to other gateways' TLS listeners.
+        self._tls = server_context(config, listener)
+        self._relay_tls = relay_context(config, listener.node_id)
         self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
             m.API_VERSIONS: self.api_versions,
             m.METADATA: self.metadata,
@@ -152,14 +162,26 @@ class Gateway:
             m.DESCRIBE_TRANSACTIONS: self.describe_transactions,
             m.LIST_TRANSACTIONS: self.list_transactions,
         }
-        assert set(self._handlers) == set(m.SUPPORTED)
+        # SaslHandshake and SaslAuthenticate are the connection's own (_sasl).
+        assert set(self._handlers) | {m.SASL_HANDSHAKE, m.SASL_AUTHENTICATE} == set(m.SUPPORTED)
 
     # --- serving -----------------------------------------------------------------------
 
     async def start(self) -> None:
         host, port = self.listener.address.rsplit(":", 1)
-        self._server = await asyncio.start_server(self._connection, host, int(port))
-        log.info("kafka gateway %d listening on %s", self.listener.node_id, self.listener.address)
+        self._server = await asyncio.start_server(
+            self._connection,
+            host,
+            int(port),
+            ssl=self._tls,
+            ssl_handshake_timeout=FRAME_READ_TIMEOUT_S if self._tls else None,
+        )
+        log.info(
+            "kafka gateway %d listening on %s (%s)",
+            self.listener.node_id,
+            self.listener.address,
+            self.listener.security_protocol,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -190,9 +212,15 @@ class Gateway:
             return
         self._connections.add(this)
         self._per_ip[ip] += 1
-        # The listener authenticates no one: its clients are anonymous (Kafka's
-        # PLAINTEXT listener); what they may do is what ACLs grant User:ANONYMOUS.
-        CALLER.set(Principal(ANONYMOUS, ip))
+        # Who the client is (raftcoord.kafka.auth): anonymous on a PLAINTEXT
+        # listener, its certificate's principal on SSL, SASL's on SASL_SSL.
+        protocol = self.listener.security_protocol
+        tls_principal = certificate_principal(writer.get_extra_info("peercert"))
+        sasl = SaslExchange(self.config, self.listener, tls_principal, self._credential)
+        known = ANONYMOUS if protocol == "PLAINTEXT" else tls_principal
+        if known is not None and protocol != "SASL_SSL":
+            CALLER.set(Principal(known, ip))
+        authenticated = protocol != "SASL_SSL"
         answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         #: The connections this client's relayed requests go over, per owner gateway.
@@ -212,6 +240,26 @@ class Gateway:
                 except BaseException:
                     budget.give(size)
                     raise
+                api_key = m.api_of(frame)[0] if len(frame) >= 4 else -1
+                if api_key in (m.SASL_HANDSHAKE, m.SASL_AUTHENTICATE):
+                    budget.give(size)
+                    response, failed = await self._sasl(frame, sasl)
+                    await answers.put(asyncio.create_task(_ready(response)))
+                    if sasl.principal is not None and not authenticated:
+                        authenticated = True
+                        CALLER.set(Principal(sasl.principal, sasl.host or ip))
+                    if failed and protocol == "SASL_SSL":  # Kafka closes after a failed attempt
+                        log.info("event=authentication_failed ip=%s", ip)
+                        await answers.put(asyncio.create_task(_closing("authentication failed")))
+                        await _closed(writer, FRAME_READ_TIMEOUT_S)  # the answer is sent first
+                        break
+                    continue
+                if not authenticated and api_key != m.API_VERSIONS:
+                    log.info(
+                        "event=connection_closed reason=unauthenticated_request api=%d", api_key
+                    )
+                    budget.give(size)
+                    break
                 answer = asyncio.create_task(self._answer(frame, peers))
                 answer.add_done_callback(functools.partial(_release, budget, size))
                 await answers.put(answer)
@@ -258,6 +306,48 @@ class Gateway:
         writer.transport.abort()
         while True:
             (await answers.get()).cancel()
+
+    async def _sasl(self, frame: bytes, sasl: SaslExchange) -> tuple[bytes, bool]:
+        """The response frame of a SaslHandshake or SaslAuthenticate, and
+        whether the step failed.
+
+        Raises:
+            CloseConnection: the frame does not decode.
+        """
+        try:
+            request = m.decode_request(frame)
+        except m.MalformedRequest as exc:
+            raise CloseConnection(str(exc)) from exc
+        if request.api_key == m.SASL_HANDSHAKE:
+            code = sasl.handshake(request.body.mechanism)
+            data: Data = {"error_code": code, "mechanisms": list(sasl.offered)}
+            message = ""
+        else:
+            code, message, server_bytes = await sasl.authenticate(bytes(request.body.auth_bytes))
+            data = {
+                "error_code": code,
+                "error_message": message or None,
+                "auth_bytes": server_bytes,
+                "session_lifetime": 0,
+            }
+        response = m.encode_response(
+            request.api_key, request.api_version, request.correlation_id, data
+        )
+        return response, code is not ErrorCode.NONE
+
+    async def _credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        """``user``'s SCRAM credential for ``mechanism`` from the coordinators, or None."""
+        answer = await self.backend.accepting_coordinator(
+            "DescribeUserScramCredentials",
+            coordinator_pb2.DescribeUserScramCredentialsRequest(users=[user], include_keys=True),
+        )
+        for described in answer.results:
+            for found in described.credentials:
+                if described.user == user and found.mechanism == mechanism and found.stored_key:
+                    return ScramCredential(
+                        found.salt, found.iterations, found.stored_key, found.server_key
+                    )
+        return None
 
     async def _answer(self, frame: bytes, peers: dict[int, Peer]) -> bytes | None:
         """The response frame of one request frame, or None when none is sent
@@ -312,7 +402,10 @@ class Gateway:
         expect_answer = not (request.api_key == m.PRODUCE and request.body.acks == 0)
         peer = peers.get(owner.node_id)
         if peer is None:
-            peer = peers[owner.node_id] = Peer(owner.address, self.relay_timeout_s)
+            tls = self._relay_tls if owner.security_protocol != "PLAINTEXT" else None
+            peer = peers[owner.node_id] = Peer(
+                owner.address, self.relay_timeout_s, tls, CALLER.get()
+            )
         try:
             answer = await peer.call(frame, expect_answer)
         except PeerUnavailable as exc:
@@ -1293,3 +1386,18 @@ def _acl_filter(body: Any) -> common_pb2.AclBindingFilter:
     if body.host_filter is not None:
         acl_filter.host = body.host_filter
     return acl_filter
+
+
+async def _ready(frame: bytes) -> bytes:
+    return frame
+
+
+async def _closing(why: str) -> bytes:
+    raise CloseConnection(why)
+
+
+async def _closed(writer: asyncio.StreamWriter, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until the connection's sender closed it."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not writer.transport.is_closing() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)

@@ -40,6 +40,7 @@ HEARTBEAT = 12
 LEAVE_GROUP = 13
 SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
+SASL_HANDSHAKE = 17
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 INIT_PRODUCER_ID = 22
@@ -50,6 +51,7 @@ TXN_OFFSET_COMMIT = 28
 DESCRIBE_ACLS = 29
 CREATE_ACLS = 30
 DELETE_ACLS = 31
+SASL_AUTHENTICATE = 36
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
 
@@ -68,6 +70,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LEAVE_GROUP: (0, 5),
     SYNC_GROUP: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
+    SASL_HANDSHAKE: (1, 1),
     API_VERSIONS: (0, 3),
     CREATE_TOPICS: (2, 7),
     INIT_PRODUCER_ID: (0, 4),
@@ -78,6 +81,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_ACLS: (1, 3),
     CREATE_ACLS: (1, 3),
     DELETE_ACLS: (1, 3),
+    SASL_AUTHENTICATE: (0, 2),
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 1),
 }
@@ -168,6 +172,41 @@ def encode_response(
     frame = out.getbuffer()
     _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
     return bytes(frame)
+
+
+def encode_request(
+    api_key: int, api_version: int, correlation_id: int, client_id: str, data: Mapping[str, Any]
+) -> bytes:
+    """The size-prefixed request frame for ``data`` (see :func:`build`)."""
+    schema = load_request_schema(api_key, api_version)
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    header = {
+        "request_api_key": api_key,
+        "request_api_version": api_version,
+        "correlation_id": correlation_id,
+        "client_id": client_id,
+    }
+    entity_writer(schema.__header_schema__)(out, build(schema.__header_schema__, header))
+    entity_writer(schema)(out, build(schema, data))
+    frame = out.getbuffer()
+    _SIZE.pack_into(frame, 0, len(frame) - _SIZE.size)
+    return bytes(frame)
+
+
+def decode_response(api_key: int, api_version: int, payload: bytes) -> Any:
+    """The response body in ``payload`` (a frame without its size prefix).
+
+    Raises:
+        MalformedRequest: it does not decode as that response.
+    """
+    schema = load_response_schema(api_key, api_version)
+    try:
+        _header, used = entity_reader(schema.__header_schema__)(payload, 0)
+        body, _ = entity_reader(schema)(payload, used)
+    except Exception as exc:  # kio raises several kinds for bytes that do not decode
+        raise MalformedRequest(f"api {api_key} version {api_version} response: {exc}") from exc
+    return body
 
 
 def _without_producer_fenced(data: Any) -> Any:

@@ -16,13 +16,24 @@ that order (a client's sequence numbers are rebased in arrival order, so
 reordering them could rebase a batch on a later one). Requests of other
 clients never wait behind them, and a failure or timeout closes only the
 connection of the client whose request failed.
+
+To a TLS listener (SSL or SASL_SSL) the relay connects with this gateway's
+node certificate and first authenticates with
+:data:`raftcoord.kafka.auth.RELAY_MECHANISM`, naming the client it acts for
+(:mod:`raftcoord.kafka.auth`), so that the owner checks that client's rights.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
+
+from raftcoord.kafka import messages as m
+from raftcoord.kafka.auth import RELAY_MECHANISM, relay_auth_bytes
+from raftcoord.protocol.acl import Principal
+from raftcoord.protocol.errors import ErrorCode
 
 _SIZE = struct.Struct(">i")
 #: Where a request's correlation id sits: after the api key and version.
@@ -39,9 +50,18 @@ class Peer:
     one client connection; requests are pipelined and each answer is matched
     to its request by correlation id."""
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float,
+        tls: ssl.SSLContext | None = None,
+        client: Principal | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        #: The TLS of a connection to a TLS listener, and the client relayed for.
+        self.tls = tls
+        self.client = client
         #: Held while a request is written, so that requests go out in call order.
         self._sending = asyncio.Lock()
         self._writer: asyncio.StreamWriter | None = None
@@ -79,7 +99,11 @@ class Peer:
                 raise self._failure
             if self._writer is None:
                 host, port = self.address.rsplit(":", 1)
-                reader, self._writer = await asyncio.open_connection(host, int(port))
+                reader, self._writer = await asyncio.open_connection(
+                    host, int(port), ssl=self.tls, server_hostname=host if self.tls else None
+                )
+                if self.tls is not None and self.client is not None:
+                    await self._authenticate(reader, self._writer, self.client)
                 self._reading = asyncio.create_task(self._read_answers(reader))
             self._correlation = (self._correlation + 1) % 2**31
             answer: asyncio.Future[bytes] | None = None
@@ -91,6 +115,30 @@ class Peer:
             self._writer.write(_SIZE.pack(len(sent)) + sent)
             await self._writer.drain()
             return answer
+
+    @staticmethod
+    async def _authenticate(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: Principal
+    ) -> None:
+        """Name ``client`` to the owner (SaslHandshake v1, SaslAuthenticate v2).
+
+        Raises:
+            OSError: the owner refused or answered something else.
+        """
+        steps: tuple[tuple[int, int, dict[str, object]], ...] = (
+            (m.SASL_HANDSHAKE, 1, {"mechanism": RELAY_MECHANISM}),
+            (m.SASL_AUTHENTICATE, 2, {"auth_bytes": relay_auth_bytes(client)}),
+        )
+        for correlation, (api_key, version, body) in enumerate(steps):
+            writer.write(m.encode_request(api_key, version, correlation, "relay", body))
+            await writer.drain()
+            (size,) = _SIZE.unpack(await reader.readexactly(_SIZE.size))
+            try:
+                answer = m.decode_response(api_key, version, await reader.readexactly(size))
+            except m.MalformedRequest as exc:
+                raise OSError(str(exc)) from exc
+            if int(answer.error_code) != ErrorCode.NONE:
+                raise OSError(f"relay authentication refused: {int(answer.error_code)}")
 
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:

@@ -132,14 +132,15 @@ def principal(context: Any) -> str:
     return f"User:{names[0].decode('utf-8', 'replace')}"
 
 
-def node_refusal(config: ClusterConfig, context: Any, node_id: int) -> str | None:
-    """Why the caller may not make a request in the name of node ``node_id``
-    (answered CLUSTER_AUTHORIZATION_FAILED), or None: anyone without
-    ``[tls]``; else that node's principal or a super user's."""
+def node_refusal(config: ClusterConfig, who: str, node_id: int) -> str | None:
+    """Why principal ``who`` may not make a request in the name of node
+    ``node_id`` (answered CLUSTER_AUTHORIZATION_FAILED), or None: anyone
+    without ``[tls]``; else that node's principal or a super user's. ``who``
+    is the caller a coordinator acts for (:meth:`Authorizer.caller`): a
+    request another coordinator forwards is the original caller's."""
     tls = config.tls
     if tls is None:
         return None
-    who = principal(context)
     if who == node_principal(node_id) or who in tls.super_users:
         return None
     return f"{who} may not act for node {node_id} (CLUSTER_AUTHORIZATION_FAILED)"

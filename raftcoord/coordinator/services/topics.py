@@ -102,7 +102,13 @@ class TopicRPCs:
         """Topic placement from shard 0's leader, without writing to its log
         unless ``read_barrier`` asks to confirm (a miss). Without it, a node
         with no leader to ask answers from its own replica; with it, such a
-        node fails the call (UNAVAILABLE) rather than answer unconfirmed."""
+        node fails the call (UNAVAILABLE) rather than answer unconfirmed.
+        The ACLs (``include_acls``) come from this node's replica of shard 0,
+        or with ``read_barrier`` from shard 0's leader through its log."""
+        if request.include_acls and request.read_barrier:
+            forwarded = self.router.leader_answer(METADATA_SHARD, context, "Metadata", request)
+            if forwarded is not None:
+                return forwarded
         topics = self.leader_topics(context, request.read_barrier)
         if topics is None:
             if request.read_barrier:
@@ -123,7 +129,16 @@ class TopicRPCs:
         acls: list[Any] = []
         acls_included = request.include_acls and self.router.cluster_refusal(context) is None
         if acls_included:
-            acls = [acl_to_proto(a) for a in sorted(authorizer.index().acls, key=Acl.to_wire)]
+            current = authorizer.index().acls
+            if request.read_barrier:
+                try:
+                    current = self.router.read(METADATA_SHARD, lambda machine: machine.state.acls)
+                except Refused:
+                    context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"shard {METADATA_SHARD} has no leader to confirm the ACLs with",
+                    )
+            acls = [acl_to_proto(a) for a in sorted(current, key=Acl.to_wire)]
         return coordinator_pb2.MetadataResponse(
             coordinators=[
                 coordinator_pb2.NodeInfo(node_id=n.node_id, address=n.grpc)
@@ -271,7 +286,9 @@ class TopicRPCs:
         (or a super user), a node id that is not a partition-log node's, or
         (when this node does not lead shard 0) shard 0's leader's answer."""
         response = getattr(coordinator_pb2, f"{method}Response")
-        refused = node_refusal(self.router.config, context, request.node_id)
+        refused = node_refusal(
+            self.router.config, self.router.caller(context).name, request.node_id
+        )
         if refused is not None:
             return response(
                 error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),

@@ -1,0 +1,189 @@
+"""Who a Kafka client is at a gateway's listener (its ``security_protocol``).
+
+* PLAINTEXT: no one is authenticated; every client is ``User:ANONYMOUS``.
+* SSL: TLS with a client certificate of the cluster's CA (required); the
+  principal is the certificate's ``User:<CN>``, as on the gRPC ports.
+* SASL_SSL: TLS (the server's certificate only), then SASL (Kafka's
+  SaslHandshake v1 and SaslAuthenticate): PLAIN or SCRAM-SHA-256/512
+  against the SCRAM credentials the coordinators keep (``raftcoord user
+  add``); the principal is ``User:<name>``. Until it succeeds only
+  ApiVersions and SASL requests are served; a failure is answered
+  SASL_AUTHENTICATION_FAILED and the connection closed.
+
+A gateway that relays a client's request to another gateway
+(:mod:`raftcoord.kafka.relay`) connects to a TLS listener with its own node
+certificate and then authenticates with :data:`RELAY_MECHANISM`, naming the
+client's principal and address: only a node's certificate may, so that the
+other gateway acts for the client and not for the relaying node.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from scramp import ScramException, ScramMechanism
+
+from raftcoord.protocol.acl import Principal
+from raftcoord.protocol.config import ClusterConfig, KafkaListener
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.scram import MECHANISMS, ScramCredential, password_matches
+from raftcoord.protocol.tls import cluster_principals
+
+#: The SASL mechanism by which a gateway names the client it relays for.
+RELAY_MECHANISM = "RAFTCOORD-RELAY"
+#: What a SASL_SSL listener offers its clients.
+SASL_MECHANISMS = ("PLAIN", *sorted(MECHANISMS))
+#: The longest SASL message accepted (a SCRAM or PLAIN exchange is tiny).
+MAX_SASL_BYTES = 4096
+
+#: (user, mechanism) -> the user's SCRAM credential, or None.
+CredentialLookup = Callable[[str, str], Awaitable[ScramCredential | None]]
+
+
+def server_context(config: ClusterConfig, listener: KafkaListener) -> ssl.SSLContext | None:
+    """The TLS side of ``listener`` (None for PLAINTEXT): the gateway's node
+    certificate; client certificates of the cluster's CA required (SSL) or
+    optional (SASL_SSL: a relaying gateway presents its own).
+
+    Raises:
+        OSError: a file of the gateway's identity cannot be read.
+    """
+    if listener.security_protocol == "PLAINTEXT" or config.tls is None:
+        return None
+    cert, key = config.tls.node_files(listener.node_id)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(config.tls.ca_file))
+    context.load_cert_chain(str(cert), str(key))
+    context.verify_mode = (
+        ssl.CERT_REQUIRED if listener.security_protocol == "SSL" else ssl.CERT_OPTIONAL
+    )
+    return context
+
+
+def relay_context(config: ClusterConfig, node_id: int) -> ssl.SSLContext | None:
+    """The TLS side of gateway ``node_id``'s connections to other gateways'
+    TLS listeners: the cluster's CA, this gateway's node certificate."""
+    if config.tls is None:
+        return None
+    cert, key = config.tls.node_files(node_id)
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(config.tls.ca_file))
+    context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+def certificate_principal(peercert: Any) -> str | None:
+    """``User:<CN>`` of a verified peer certificate (``getpeercert()``), or None."""
+    if not peercert:
+        return None
+    for rdn in peercert.get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName":
+                return f"User:{value}"
+    return None
+
+
+def relay_auth_bytes(client: Principal) -> bytes:
+    """What a relaying gateway authenticates with: the client it acts for."""
+    return f"{client.name}\0{client.host}".encode()
+
+
+class SaslExchange:
+    """One connection's SASL authentication.
+
+    ``tls_principal`` is the principal of the connection's client
+    certificate, if it presented one; a node's may use
+    :data:`RELAY_MECHANISM`.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        listener: KafkaListener,
+        tls_principal: str | None,
+        lookup: CredentialLookup,
+    ) -> None:
+        self._lookup = lookup
+        relaying = tls_principal is not None and tls_principal in cluster_principals(config)
+        offered: list[str] = []
+        if listener.security_protocol == "SASL_SSL":
+            offered += SASL_MECHANISMS
+        if relaying and listener.security_protocol != "PLAINTEXT":
+            offered.append(RELAY_MECHANISM)
+        self.offered = tuple(offered)
+        self.mechanism: str | None = None
+        #: Set once the exchange succeeded: who the client is.
+        self.principal: str | None = None
+        #: Set with the principal for a relay: the relayed client's address.
+        self.host: str | None = None
+        self._scram: Any = None
+        self._user = ""
+
+    def handshake(self, mechanism: str) -> ErrorCode:
+        """SaslHandshake: choose ``mechanism``."""
+        if self.mechanism is not None or self.principal is not None:
+            return ErrorCode.ILLEGAL_SASL_STATE
+        if mechanism not in self.offered:
+            return ErrorCode.UNSUPPORTED_SASL_MECHANISM
+        self.mechanism = mechanism
+        return ErrorCode.NONE
+
+    async def authenticate(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
+        """SaslAuthenticate: (error, message, the server's bytes). Sets
+        :attr:`principal` when the exchange is complete."""
+        if self.mechanism is None or self.principal is not None:
+            return ErrorCode.ILLEGAL_SASL_STATE, "SaslHandshake first, once", b""
+        if len(auth_bytes) > MAX_SASL_BYTES:
+            return ErrorCode.SASL_AUTHENTICATION_FAILED, "authentication failed", b""
+        try:
+            if self.mechanism == "PLAIN":
+                return await self._plain(auth_bytes)
+            if self.mechanism == RELAY_MECHANISM:
+                return self._relay(auth_bytes)
+            return await self._scram_step(auth_bytes)
+        except (ScramException, UnicodeDecodeError, ValueError) as exc:
+            return ErrorCode.SASL_AUTHENTICATION_FAILED, f"authentication failed: {exc}", b""
+
+    async def _plain(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
+        authzid, user, password = auth_bytes.decode().split("\0")
+        if authzid not in ("", user):
+            raise ValueError("PLAIN: the authorization id must be the user or empty")
+        for mechanism in sorted(MECHANISMS):
+            stored = await self._lookup(user, mechanism)
+            if stored is not None and password_matches(mechanism, password, stored):
+                self.principal = f"User:{user}"
+                return ErrorCode.NONE, "", b""
+        raise ValueError("PLAIN: wrong user name or password")
+
+    def _relay(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
+        name, host = auth_bytes.decode().split("\0")
+        if not name.startswith("User:"):
+            raise ValueError(f"{RELAY_MECHANISM}: not a principal")
+        self.principal, self.host = name, host
+        return ErrorCode.NONE, "", b""
+
+    async def _scram_step(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
+        assert self.mechanism is not None
+        message = auth_bytes.decode()
+        if self._scram is None:  # client-first: look the user's credential up first
+            self._user = _scram_user(message)
+            stored = await self._lookup(self._user, self.mechanism)
+            if stored is None:
+                raise ValueError(f"{self.mechanism}: wrong user name or password")
+            self._scram = ScramMechanism(self.mechanism).make_server(
+                lambda _user: (stored.salt, stored.stored_key, stored.server_key, stored.iterations)
+            )
+            self._scram.set_client_first(message)
+            return ErrorCode.NONE, "", self._scram.get_server_first().encode()
+        self._scram.set_client_final(message)
+        final = self._scram.get_server_final().encode()
+        self.principal = f"User:{self._user}"
+        return ErrorCode.NONE, "", final
+
+
+def _scram_user(client_first: str) -> str:
+    """The user name of a SCRAM client-first message (``n,,n=<name>,r=...``)."""
+    parts = client_first.split(",")
+    if len(parts) < 4 or not parts[2].startswith("n="):
+        raise ValueError("SCRAM: not a client-first message")
+    return parts[2][2:].replace("=2C", ",").replace("=3D", "=")

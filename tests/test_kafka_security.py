@@ -1,0 +1,165 @@
+"""The Kafka gateways' TLS listeners with unmodified confluent-kafka.
+
+SASL_SSL (two gateways, so that transactional requests are relayed to the
+gateway owning their transactional id, as the client they came from):
+alice (SCRAM-SHA-256) runs transactions on her topic and reads them back
+with SASL PLAIN; bob (SCRAM-SHA-512) may not write her topic; a wrong
+password is refused. SSL: the ``client`` certificate runs a transaction;
+a connection without a certificate gets nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import confluent_kafka
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+from raftcoord.client import Admin
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.acl import Acl, Operation, PatternType, Permission, ResourceType
+from tests.local_cluster import running_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+TIMEOUT_S = 30.0
+PARTITIONS = 4
+ALICE = ("SCRAM-SHA-256", "alice", "alice-secret")
+BOB = ("SCRAM-SHA-512", "bob", "bob-secret")
+
+
+@pytest.fixture(scope="module")
+def sasl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    path = tmp_path_factory.mktemp("kafka-sasl")
+    with running_cluster(
+        path, shards=2, partition_nodes=2, kafka_listeners=2, tls=True, kafka_security="SASL_SSL"
+    ) as running:
+        with Admin(running.bootstrap(), **running.client_tls("admin")) as admin:
+            # ACLs first: the writes after them carry them to every coordinator's replica.
+            admin.create_acls(
+                [
+                    Acl(
+                        kind,
+                        PatternType.PREFIXED,
+                        "alice-",
+                        "User:alice",
+                        "*",
+                        Operation.ALL,
+                        Permission.ALLOW,
+                    )
+                    for kind in (
+                        ResourceType.TOPIC,
+                        ResourceType.TRANSACTIONAL_ID,
+                        ResourceType.GROUP,
+                    )
+                ]
+            )
+            for mechanism, user, password in (ALICE, BOB):
+                admin.upsert_scram_credential(user, mechanism, password)
+            admin.create_topics({"alice-orders": PARTITIONS})
+        yield running
+
+
+def transactions(settings: dict[str, str], topic: str, count: int, transactional_id: str) -> None:
+    producer = Producer(
+        {**settings, "transactional.id": transactional_id, "transaction.timeout.ms": 60_000}
+    )
+    producer.init_transactions(TIMEOUT_S)
+    for n in range(count):
+        producer.begin_transaction()
+        for partition in range(PARTITIONS):
+            producer.produce(topic, f"{transactional_id}-{n}".encode(), partition=partition)
+        producer.commit_transaction(TIMEOUT_S)
+    producer.flush(TIMEOUT_S)
+
+
+def committed(settings: dict[str, str], topic: str, expected: int) -> list[bytes]:
+    consumer = Consumer(
+        {
+            **settings,
+            "group.id": "alice-readers",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        values: list[bytes] = []
+        for _ in range(400):
+            if len(values) >= expected:
+                break
+            msg = consumer.poll(0.25)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                raise KafkaException(msg.error())
+            value = msg.value()
+            assert value is not None
+            values.append(value)
+        return values
+    finally:
+        consumer.close()
+
+
+def test_sasl_scram_and_plain_users_get_what_their_acls_grant(sasl_cluster: LocalCluster) -> None:
+    alice = sasl_cluster.kafka_client_config(sasl=ALICE)
+    assert alice["security.protocol"] == "SASL_SSL"
+    transactions(alice, "alice-orders", 3, "alice-tx")
+    plain = sasl_cluster.kafka_client_config(sasl=("PLAIN", "alice", "alice-secret"))
+    values = committed(plain, "alice-orders", 3 * PARTITIONS)
+    assert sorted(values) == sorted(f"alice-tx-{n}".encode() for n in range(3) for _ in range(4))
+
+    errors: list[str] = []
+    bob = Producer(
+        {
+            **sasl_cluster.kafka_client_config(sasl=BOB),
+            "enable.idempotence": False,
+            "message.timeout.ms": 10_000,
+        }
+    )
+    bob.produce(
+        "alice-orders",
+        b"bob",
+        partition=0,
+        on_delivery=lambda error, _msg: errors.append(str(error)),
+    )
+    bob.flush(TIMEOUT_S)
+    assert len(errors) == 1 and "TOPIC_AUTHORIZATION_FAILED" in errors[0]
+
+
+def test_a_wrong_password_is_refused(sasl_cluster: LocalCluster) -> None:
+    wrong = sasl_cluster.kafka_client_config(sasl=("SCRAM-SHA-256", "alice", "guess"))
+    admin = AdminClient({**wrong, "socket.timeout.ms": 5_000})
+    with pytest.raises(KafkaException) as refused:
+        admin.list_topics(timeout=5)
+    assert refused.value.args[0].code() in (
+        confluent_kafka.KafkaError._AUTHENTICATION,
+        confluent_kafka.KafkaError._TRANSPORT,
+        confluent_kafka.KafkaError._TIMED_OUT,
+    )
+
+
+@pytest.fixture(scope="module")
+def ssl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    path = tmp_path_factory.mktemp("kafka-ssl")
+    with running_cluster(
+        path, shards=1, partition_nodes=1, kafka_listeners=1, tls=True, kafka_security="SSL"
+    ) as running:
+        with Admin(running.bootstrap(), **running.client_tls("admin")) as admin:
+            admin.create_topics({"orders": PARTITIONS})
+        yield running
+
+
+def test_an_ssl_client_certificate_runs_a_transaction(ssl_cluster: LocalCluster) -> None:
+    settings = ssl_cluster.kafka_client_config("client")  # granted a workload's rights
+    assert settings["security.protocol"] == "SSL"
+    transactions(settings, "orders", 2, "ssl-tx")
+    assert len(committed(settings, "orders", 2 * PARTITIONS)) == 2 * PARTITIONS
+    without_certificate = {
+        k: v for k, v in settings.items() if not k.startswith(("ssl.certificate", "ssl.key"))
+    }
+    admin = AdminClient({**without_certificate, "socket.timeout.ms": 5_000})
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=5)
