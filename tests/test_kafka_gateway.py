@@ -603,6 +603,8 @@ MINIMAL_REQUESTS: dict[int, dict[str, Any]] = {
     13: {"group_id": "g", "member_id": "raw-unknown", "members": [{"member_id": "raw-unknown"}]},
     14: {"group_id": "g", "generation_id": 1, "member_id": "raw-unknown", "assignments": []},
     15: {"groups": ["g"]},
+    # SASL on a PLAINTEXT listener: UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE.
+    17: {"mechanism": "PLAIN"},
     18: {"client_software_name": "raw", "client_software_version": "1"},
     19: {"topics": [], "timeout": 1000},
     22: {"transactional_id": None, "transaction_timeout": 1000},
@@ -614,6 +616,7 @@ MINIMAL_REQUESTS: dict[int, dict[str, Any]] = {
     },
     25: {"transactional_id": "raw", "producer_id": 1, "producer_epoch": 0, "group_id": "g"},
     26: {"transactional_id": "raw", "producer_id": 1, "producer_epoch": 0, "committed": False},
+    36: {"auth_bytes": b""},
     # On a cluster without TLS: SECURITY_DISABLED, at once.
     29: {
         "resource_type_filter": 1,
