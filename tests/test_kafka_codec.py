@@ -18,7 +18,13 @@ from kio.static.primitive import i16, i32
 
 from raftcoord.kafka import messages as m
 from raftcoord.kafka.epochs import EpochBook
-from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
+from raftcoord.kafka.records import (
+    BadBatch,
+    BatchTooLarge,
+    decompressed_size,
+    fetched_batches,
+    produced_batch,
+)
 from raftcoord.protocol.v1 import partition_log_pb2
 
 with warnings.catch_warnings():
@@ -132,7 +138,9 @@ def test_producer_fenced_reaches_older_versions_as_invalid_producer_epoch() -> N
 
 
 def test_a_produced_batch_keeps_its_producer_fields_and_records() -> None:
-    batch = produced_batch(batch_bytes([b"a", b"b"], producer_id=7, epoch=2, sequence=5), 10)
+    batch = produced_batch(
+        batch_bytes([b"a", b"b"], producer_id=7, epoch=2, sequence=5), 10, 1 << 20
+    )
     assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 2, 5)
     assert batch.is_transactional
     assert [r.value for r in batch.records] == [b"a", b"b"]
@@ -145,13 +153,13 @@ def test_a_produced_batch_keeps_its_producer_fields_and_records() -> None:
 def test_produced_bytes_that_are_not_one_v2_batch_are_refused() -> None:
     one = batch_bytes([b"a"])
     with pytest.raises(BadBatch, match="more than one"):
-        produced_batch(one + one, 10)
+        produced_batch(one + one, 10, 1 << 20)
     with pytest.raises(BadBatch):
-        produced_batch(b"", 10)
+        produced_batch(b"", 10, 1 << 20)
     corrupt = bytearray(one)
     corrupt[-1] ^= 0xFF
     with pytest.raises(BadBatch, match="CRC"):
-        produced_batch(bytes(corrupt), 10)
+        produced_batch(bytes(corrupt), 10, 1 << 20)
 
 
 def fetched(offset: int, value: bytes, producer_id: int = 7) -> partition_log_pb2.FetchedRecord:
@@ -245,3 +253,21 @@ def test_the_docs_list_exactly_the_advertised_versions() -> None:
     rows = re.findall(r"^\| [A-Za-z]+ \((\d+)\) \| (\d+)(?:\u2013(\d+))? \|", table, re.MULTILINE)
     listed = {int(key): (int(low), int(high or low)) for key, low, high in rows}
     assert listed == m.SUPPORTED
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4], ids=["none", "gzip", "snappy", "lz4", "zstd"])
+def test_a_batch_that_inflates_past_the_limit_is_refused_before_it_is_inflated(codec: int) -> None:
+    """2 MiB of zeros compress to a few kilobytes; with a 1 MiB limit the
+    batch is BatchTooLarge, found holding at most 1 MiB + 1 of it."""
+    builder = DefaultRecordBatchBuilder(2, codec, True, 7, 2, 0, 2**31 - 1)
+    builder.append(0, 1_000, None, bytes(2 << 20), [])
+    data = bytes(builder.build())
+    if codec:
+        assert len(data) < 200_000
+    assert decompressed_size(data, 1 << 20) == (1 << 20) + 1
+    with pytest.raises(BatchTooLarge):
+        produced_batch(data, 10, 1 << 20)
+    size = decompressed_size(data, 8 << 20)
+    assert (2 << 20) < size < (2 << 20) + 100  # the record's bytes and its framing
+    (record,) = produced_batch(data, 10, 8 << 20).records
+    assert len(record.value) == 2 << 20

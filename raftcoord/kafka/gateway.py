@@ -31,7 +31,7 @@ from raftcoord.kafka.auth import (
 )
 from raftcoord.kafka.backend import CALLER, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
-from raftcoord.kafka.records import BadBatch, fetched_batches, produced_batch
+from raftcoord.kafka.records import BadBatch, BatchTooLarge, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
@@ -1116,12 +1116,19 @@ class Gateway:
             for p in topic.partition_data:
                 try:
                     batch = await asyncio.get_running_loop().run_in_executor(
-                        self._decoder, produced_batch, bytes(p.records or b""), MAX_BATCH_RECORDS
+                        self._decoder,
+                        produced_batch,
+                        bytes(p.records or b""),
+                        MAX_BATCH_RECORDS,
+                        self.config.settings.message_max_bytes,
                     )
                 except BadBatch as exc:
-                    results[(topic.name, p.index)] = _produce_error(
-                        p.index, ErrorCode.INVALID_RECORD, str(exc)
+                    code = (
+                        ErrorCode.MESSAGE_TOO_LARGE
+                        if isinstance(exc, BatchTooLarge)
+                        else ErrorCode.INVALID_RECORD
                     )
+                    results[(topic.name, p.index)] = _produce_error(p.index, code, str(exc))
                     continue
                 client = (batch.producer_id, batch.producer_epoch)
                 server = self.epochs.server(*client)

@@ -14,9 +14,14 @@ client's next fetch starts where the log's would.
 
 from __future__ import annotations
 
+import io
 import struct
 import warnings
+import zlib
 from collections.abc import Sequence
+
+import lz4.frame
+import zstandard
 
 from raftcoord.protocol.v1 import partition_log_pb2
 
@@ -39,14 +44,84 @@ class BadBatch(ValueError):
     """Produced bytes that are not exactly one readable v2 record batch."""
 
 
-def produced_batch(data: bytes, max_records: int) -> partition_log_pb2.RecordBatch:
+class BatchTooLarge(BadBatch):
+    """A batch whose records decompress to more bytes than allowed."""
+
+
+#: A v2 batch's records start after its 61-byte header; its attributes
+#: (the codec in their low 3 bits) sit at offset 21.
+_RECORDS_AT = 61
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_AT = 21
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def decompressed_size(data: bytes, limit: int) -> int:
+    """How many bytes the records of the v2 batch ``data`` decompress to,
+    found without holding more than ``limit`` + 1 of them (a larger answer
+    is ``limit`` + 1): a few kilobytes that would inflate to gigabytes are
+    refused before they are inflated.
+
+    Raises:
+        BadBatch: the compressed records do not decode.
+    """
+    if len(data) < _RECORDS_AT:
+        raise BadBatch("a record batch shorter than its header")
+    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_AT)
+    payload = memoryview(data)[_RECORDS_AT:]
+    codec = attributes & 0x7
+    try:
+        if codec == 0:
+            return min(len(payload), limit + 1)
+        if codec == 1:  # gzip
+            return len(zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(payload, limit + 1))
+        if codec == 2:  # snappy: raw, or xerial blocks; each block's length leads it
+            return min(_snappy_size(bytes(payload)), limit + 1)
+        if codec == 3:  # lz4 frames
+            return len(lz4.frame.LZ4FrameDecompressor().decompress(payload, max_length=limit + 1))
+        if codec == 4:  # zstd
+            reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload))
+            return len(reader.read(limit + 1))
+    except (zlib.error, RuntimeError, zstandard.ZstdError, ValueError, struct.error) as exc:
+        raise BadBatch(f"compressed records do not decode: {exc}") from exc
+    raise BadBatch(f"unknown compression codec {codec}")
+
+
+def _snappy_size(payload: bytes) -> int:
+    """The uncompressed size of kafka-python's snappy payload: raw snappy, or
+    Xerial's framing (a 16-byte header, then blocks each led by its length)."""
+    if not payload.startswith(_XERIAL_MAGIC):
+        return _snappy_block_size(payload)
+    total, cursor = 0, 16
+    while cursor < len(payload):
+        (size,) = struct.unpack_from(">i", payload, cursor)
+        cursor += 4
+        if size < 0:
+            raise ValueError("negative snappy block size")
+        total += _snappy_block_size(payload[cursor : cursor + size])
+        cursor += size
+    return total
+
+
+def _snappy_block_size(block: bytes) -> int:
+    """A raw snappy block's uncompressed length: the varint it starts with."""
+    size = 0
+    for i, byte in enumerate(block[:5]):
+        size |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return size
+    raise ValueError("a snappy block without its length")
+
+
+def produced_batch(data: bytes, max_records: int, max_bytes: int) -> partition_log_pb2.RecordBatch:
     """The one v2 batch of a Produce request's partition as the partition-log message.
 
     Raises:
+        BatchTooLarge: its records decompress to more than ``max_bytes``.
         BadBatch: ``data`` holds no batch, more than one (Kafka accepts exactly
             one per partition from version 3 on), another magic, a control
-            batch, more than ``max_records`` records (checked before anything
-            is decompressed), or bytes that do not decode.
+            batch, more than ``max_records`` records (checked, like the
+            size, before anything is decompressed), or bytes that do not decode.
     """
     try:
         records = MemoryRecords(data)
@@ -65,6 +140,8 @@ def produced_batch(data: bytes, max_records: int) -> partition_log_pb2.RecordBat
             raise BadBatch(
                 f"the batch declares {batch.records_count} records, more than {max_records}"
             )
+        if decompressed_size(data, max_bytes) > max_bytes:
+            raise BatchTooLarge(f"the batch's records decompress to more than {max_bytes} bytes")
         out = partition_log_pb2.RecordBatch(
             producer_id=batch.producer_id,
             producer_epoch=batch.producer_epoch,
