@@ -2,9 +2,12 @@
 sends cannot take the gateway's memory or stop the other clients.
 
 * Big request frames wait for room in ``queued.max.request.bytes`` before
-  their bodies are read: eight clients each sending most of a 45 MiB frame
-  (and never the rest) leave the gateway's memory within one frame of where
-  it was, and a small request of another client is still answered.
+  their bodies are read: 64 clients each sending what they can of a 50 MiB
+  frame (and never the rest) leave the gateway's memory within the budget
+  and one frame of where it was, and a small request of another client is
+  still answered.
+* 2,000 connections (``max.connections``' default) held open cost the
+  gateway less than :data:`CONNECTIONS_BOUND` and another client is served.
 * A produced batch may declare at most 100,000 records, checked before it is
   decompressed: a few kilobytes that claim a million records are refused
   (INVALID_RECORD) instead of being decoded.
@@ -14,6 +17,7 @@ sends cannot take the gateway's memory or stop the other clients.
 
 from __future__ import annotations
 
+import resource
 import socket
 import time
 from collections.abc import Iterator
@@ -34,8 +38,8 @@ pytestmark = pytest.mark.slow
 
 MIB = 1 << 20
 QUEUED_BYTES = 64 * MIB
-MAX_CONNECTIONS = 40
-MAX_CONNECTIONS_PER_IP = 30
+MAX_CONNECTIONS = 80
+MAX_CONNECTIONS_PER_IP = 70
 TOPIC = "bounded"
 
 
@@ -125,12 +129,12 @@ def test_big_partial_frames_wait_for_room_and_small_requests_are_still_answered(
     sent = 0
     chunk = b"\x00" * MIB
     try:
-        for _ in range(8):
+        for _ in range(64):
             sock = gateway_socket(cluster)
             attackers.append(sock)
-            sock.sendall((45 * MIB).to_bytes(4, "big"))
-            sock.settimeout(0.5)
-            for _ in range(40):  # most of the frame, never all of it
+            sock.sendall((50 * MIB).to_bytes(4, "big"))
+            sock.settimeout(0.1)
+            for _ in range(45):  # most of the frame, never all of it
                 try:
                     sock.sendall(chunk)
                 except TimeoutError:
@@ -188,3 +192,35 @@ def test_a_batch_claiming_a_million_records_is_refused_before_it_is_decoded(
     assert produce_error(cluster, claimed_records_batch(1_000_000)) == 87  # INVALID_RECORD
     print(f"refused in {time.monotonic() - began:.3f} s")
     assert produce_error(cluster, claimed_records_batch(10)) == 0
+
+
+#: What 2,000 idle connections may cost the gateway (docs/kafka.md, "Bounds").
+CONNECTIONS_BOUND = 64 * MIB
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A gateway with the default connection limits (2,000; 1,000 per address)."""
+    path: Path = tmp_path_factory.mktemp("roomy")
+    with running_cluster(path, shards=1, partition_nodes=1, kafka_listeners=1) as running:
+        yield running
+
+
+def test_two_thousand_connections_stay_within_a_bound_and_others_are_served(
+    roomy: LocalCluster,
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4096)), hard))
+    (gateway,) = roomy.kafka_gateways()
+    before = rss_bytes(gateway.pid)
+    held: list[socket.socket] = []
+    try:
+        for source in ("127.0.0.2", "127.0.0.3"):
+            held += [answered(connect_from(roomy, source)) for _ in range(995)]
+        grown = rss_bytes(gateway.pid) - before
+        print(f"{len(held)} connections; the gateway grew {grown / MIB:.1f} MiB")
+        assert grown < CONNECTIONS_BOUND
+        assert api_versions_answered(roomy)
+    finally:
+        for sock in held:
+            sock.close()

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import functools
 import logging
+import resource
 import signal
 import struct
 from collections.abc import Awaitable, Callable
@@ -67,6 +68,9 @@ DECODE_THREADS = 2
 #: decompressed): a few kilobytes of gzip must not inflate into millions of
 #: records to decode.
 MAX_BATCH_RECORDS = 100_000
+#: Open files the gateway needs besides its clients' connections (gRPC
+#: channels, relays, logs).
+SPARE_DESCRIPTORS = 256
 CLUSTER_ID = "raftcoord"
 #: Kafka's timestamps for ListOffsets: latest and earliest.
 _LATEST, _EARLIEST = -1, -2
@@ -1362,6 +1366,7 @@ def _list_offsets_error(partition: int, code: int) -> Data:
 def run_gateway(config: ClusterConfig, listener: KafkaListener) -> int:
     """Serve until SIGTERM or SIGINT."""
     configure_logging()
+    _allow_descriptors(config.settings.max_connections + SPARE_DESCRIPTORS)
 
     async def main() -> None:
         gateway = Gateway(config, listener)
@@ -1375,6 +1380,21 @@ def run_gateway(config: ClusterConfig, listener: KafkaListener) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _allow_descriptors(wanted: int) -> None:
+    """Raise the soft limit of open files towards ``wanted`` (within the hard
+    limit), so that ``max.connections`` clients can connect; a lower limit
+    is logged."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning(
+            "event=open_files_limited limit=%d wanted=%d (max.connections plus spare)", soft, wanted
+        )
 
 
 def _acl_filter(body: Any) -> common_pb2.AclBindingFilter:
