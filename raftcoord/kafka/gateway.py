@@ -17,6 +17,7 @@ import logging
 import resource
 import signal
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -68,6 +69,9 @@ DECODE_THREADS = 2
 #: decompressed): a few kilobytes of gzip must not inflate into millions of
 #: records to decode.
 MAX_BATCH_RECORDS = 100_000
+#: Client addresses whose connection rate is tracked at most (beyond, the
+#: idle ones are forgotten).
+MAX_TRACKED_ADDRESSES = 10_000
 #: Open files the gateway needs besides its clients' connections (gRPC
 #: channels, relays, logs).
 SPARE_DESCRIPTORS = 256
@@ -109,6 +113,33 @@ def _release(budget: ByteBudget, size: int, _answered: asyncio.Task[bytes | None
     budget.give(size)
 
 
+class CreationRate:
+    """New connections per client address: at most ``rate`` a second, in
+    bursts of ``rate`` (a token bucket per address); a negative rate lets
+    every one through. Addresses whose bucket is full again are forgotten
+    once :data:`MAX_TRACKED_ADDRESSES` are tracked."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._buckets: dict[str, tuple[float, float]] = {}  # ip -> (tokens, when)
+
+    def allow(self, ip: str, now: float | None = None) -> bool:
+        if self.rate < 0:
+            return True
+        now = time.monotonic() if now is None else now
+        tokens, when = self._buckets.get(ip, (float(self.rate), now))
+        tokens = min(float(self.rate), tokens + (now - when) * self.rate)
+        allowed = tokens >= 1.0
+        self._buckets[ip] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._buckets) > MAX_TRACKED_ADDRESSES:
+            self._buckets = {
+                a: (t, w)
+                for a, (t, w) in self._buckets.items()
+                if t + (now - w) * self.rate < self.rate
+            }
+        return allowed
+
+
 class CloseConnection(Exception):
     """The connection must be closed instead of answered."""
 
@@ -135,6 +166,8 @@ class Gateway:
         self._connections: set[asyncio.Task[None]] = set()
         #: Open connections per client address (max.connections.per.ip).
         self._per_ip: collections.Counter[str] = collections.Counter()
+        #: New connections per client address (max.connection.creation.rate.per.ip).
+        self._creations = CreationRate(settings.max_connection_creation_rate_per_ip)
         #: How long a relayed request may take before its client's connection is closed.
         self.relay_timeout_s = self.backend.rpc_timeout_s * 3
         #: TLS of the listener (SSL, SASL_SSL) and of relays to other gateways' TLS listeners.
@@ -210,6 +243,11 @@ class Gateway:
             refused = f"reason=max.connections limit={settings.max_connections}"
         elif self._per_ip[ip] >= settings.max_connections_per_ip:
             refused = f"reason=max.connections.per.ip limit={settings.max_connections_per_ip}"
+        elif not self._creations.allow(ip):
+            refused = (
+                "reason=max.connection.creation.rate.per.ip "
+                f"limit={settings.max_connection_creation_rate_per_ip}"
+            )
         if refused is not None:
             log.warning("event=connection_refused ip=%s %s", ip, refused)
             writer.transport.abort()

@@ -159,6 +159,10 @@ class Settings:
     max_connections: int = 2_000
     # max.connections.per.ip: the same for the connections of one client address.
     max_connections_per_ip: int = 1_000
+    # max.connection.creation.rate.per.ip: new connections one client address
+    # may open per second (bursts of as many); past it they are closed at
+    # once. -1: unlimited (Kafka's connection_creation_rate quota).
+    max_connection_creation_rate_per_ip: int = -1
 
 
 _SETTING_NAMES = {
@@ -197,6 +201,7 @@ _SETTING_NAMES = {
     "connections.max.idle.ms": "connections_max_idle_ms",
     "max.connections": "max_connections",
     "max.connections.per.ip": "max_connections_per_ip",
+    "max.connection.creation.rate.per.ip": "max_connection_creation_rate_per_ip",
 }
 #: A Produce request carries a batch's records as protobuf fields, which take
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
@@ -204,7 +209,9 @@ _SETTING_NAMES = {
 REQUEST_BYTES_PER_BATCH_BYTE = 3
 _CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
 #: Settings for which -1 means unlimited.
-_UNLIMITED = frozenset({"log_retention_ms", "log_retention_bytes"})
+_UNLIMITED = frozenset(
+    {"log_retention_ms", "log_retention_bytes", "max_connection_creation_rate_per_ip"}
+)
 #: The topic-level settings of [topic_config.<topic>] (Kafka's names).
 _TOPIC_SETTING_NAMES = {"retention.ms": "retention_ms", "retention.bytes": "retention_bytes"}
 
