@@ -173,12 +173,17 @@ def acting_for(who: Principal) -> list[tuple[str, str]]:
 def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
     """Why the caller of a gRPC call may not send what only the cluster sends
     (answered CLUSTER_AUTHORIZATION_FAILED), or None when it may: anyone
-    without ``[tls]``; else a node's principal or a super user's."""
+    without ``[tls]``; else a node's principal or a super user's, unless it
+    acts for another principal (:data:`PRINCIPAL_HEADER`) that is neither."""
     if config.tls is None:
         return None
+    cluster = cluster_principals(config)
     who = principal(context)
-    if who in cluster_principals(config):
-        return None
+    if who in cluster:
+        acting = dict(context.invocation_metadata()).get(PRINCIPAL_HEADER)
+        if not acting or acting in cluster:
+            return None
+        who = str(acting)
     return (
         f"{who} may not call this: only the cluster's nodes and super users "
         "may (CLUSTER_AUTHORIZATION_FAILED)"
@@ -228,6 +233,12 @@ class Authorizer:
             if acting:
                 return Principal(str(acting), str(metadata.get(CLIENT_HOST_HEADER) or host))
         return Principal(own, host)
+
+    def acts_as_cluster(self, who: Principal) -> bool:
+        """Whether ``who`` (a call's :meth:`caller`) is a node or a super user:
+        the caller a request is for, so that a node forwarding a client's
+        request does not lend the client its rights."""
+        return not self.enabled or who.name in self._cluster
 
     def allows(
         self,

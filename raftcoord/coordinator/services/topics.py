@@ -127,7 +127,7 @@ class TopicRPCs:
             visible = set(wanted)
         config = self.router.config
         acls: list[Any] = []
-        acls_included = request.include_acls and self.router.cluster_refusal(context) is None
+        acls_included = request.include_acls and authorizer.acts_as_cluster(who)
         if acls_included:
             current = authorizer.index().acls
             if request.read_barrier:

@@ -69,7 +69,8 @@ class UserRPCs:
         )
         if forwarded is not None:
             return forwarded
-        keys = request.include_keys and self.router.cluster_refusal(context) is None
+        authorizer = self.router.authorizer
+        keys = request.include_keys and authorizer.acts_as_cluster(self.router.caller(context))
         wanted = set(request.users)
         try:
             stored: dict[tuple[str, str], ScramCredential] = self.router.read(
