@@ -71,7 +71,7 @@ class ClusterView:
         self.shard_count = 0
         self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
         self._next = 0
-        self._acls: frozenset[Acl] = frozenset()
+        self._acls: frozenset[Acl] | None = None  # None until an answer brought them
         #: The highest Raft term of each shard any coordinator told (terms only grow).
         self._epochs: tuple[int, ...] = ()
         self._acls_refreshed = 0.0  # monotonic time of the last refresh asked by a denial
@@ -116,7 +116,7 @@ class ClusterView:
                 acls = frozenset(acl_from_proto(a) for a in answer.acls)
             except ValueError as exc:
                 log.warning("event=acls_not_understood error=%r", str(exc))
-        self._learn_epochs(answer.shard_epochs)
+        self._learn_epochs(answer.shard_epochs, answer.shard_count)
         with self._lock:
             # Topics are only ever added: a stale answer never hides a known one.
             self._topics = {**self._topics, **topics}
@@ -125,10 +125,12 @@ class ClusterView:
                 self._acls = acls
         return True
 
-    def _learn_epochs(self, epochs: Sequence[int]) -> None:
+    def _learn_epochs(self, epochs: Sequence[int], shard_count: int) -> None:
+        if len(epochs) != shard_count:  # an answer without the terms of every shard
+            return
         with self._lock:
-            known = self._epochs + (0,) * (len(epochs) - len(self._epochs))
-            self._epochs = tuple(max(k, e) for k, e in zip(known, epochs, strict=False))
+            known = self._epochs if len(self._epochs) == shard_count else (0,) * shard_count
+            self._epochs = tuple(max(k, e) for k, e in zip(known, epochs, strict=True))
 
     def confirm_coordinator_epoch(self, transactional_id: str, epoch: int) -> bool:
         """Whether a coordinator confirms that ``epoch`` is no higher than the
@@ -146,7 +148,7 @@ class ClusterView:
                 )
             except grpc.RpcError:
                 continue
-            self._learn_epochs(answer.shard_epochs)
+            self._learn_epochs(answer.shard_epochs, answer.shard_count)
             if self._confirmed(transactional_id, epoch):
                 return True
         return False
@@ -160,9 +162,9 @@ class ClusterView:
             return epoch <= max(epochs)
         return epoch <= epochs[shard_for(transactional_id, count)]
 
-    def acls(self) -> frozenset[Acl]:
+    def acls(self) -> frozenset[Acl] | None:
         """The cluster's ACLs as the last refresh brought them (the same
-        object until they change)."""
+        object until they change); None before any did."""
         return self._acls
 
     def refresh_acls(self) -> bool:

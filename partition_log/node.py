@@ -39,7 +39,7 @@ from partition_log.cluster_view import ClusterView, TxnPartitionAdder, owed_mark
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
-from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
@@ -50,6 +50,8 @@ from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
 
 log = logging.getLogger("raftcoord.partition_log")
 
+#: The largest Metadata answer a partition-log node reads (every topic and ACL).
+METADATA_MAX_BYTES = 64 << 20
 #: How often the placement is refreshed in the background.
 METADATA_REFRESH_S = 1.0
 #: gRPC worker threads; a parked (long-poll) Fetch holds one.
@@ -91,7 +93,9 @@ class PartitionNode:
         channels = ChannelCache(
             credentials=None
             if self.tls_identity is None
-            else self.tls_identity.channel_credentials()
+            else self.tls_identity.channel_credentials(),
+            # Metadata answers carry every topic and ACL: room beyond gRPC's 4 MiB.
+            options=(*CHANNEL_POLICY, ("grpc.max_receive_message_length", METADATA_MAX_BYTES)),
         )
         self.view = ClusterView(channels, coordinators, node_id)
         self.adder = TxnPartitionAdder(

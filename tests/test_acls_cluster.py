@@ -31,6 +31,7 @@ from raftcoord.client.errors import (
 )
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.acl import (
+    CLUSTER_NAME,
     Acl,
     AclFilter,
     Operation,
@@ -317,3 +318,38 @@ def test_the_acl_command_adds_lists_and_removes(
     assert [row["operation"] for row in removed] == ["READ"]
     assert main(["acl", "list", "--principal", "User:carol", "--json", *where]) == 0
     assert [row["operation"] for row in json.loads(capsys.readouterr().out)] == ["DESCRIBE"]
+
+
+def test_no_client_gets_scram_keys_or_the_acls_through_a_forwarding_node(
+    cluster: LocalCluster,
+) -> None:
+    """A certificate allowed to DESCRIBE the cluster sees users and their
+    mechanisms, never their keys or the whole ACL list, even when a
+    coordinator that does not lead shard 0 forwards its request (with the
+    node's own certificate); a node's certificate gets both."""
+    with Admin(cluster.bootstrap(), **cluster.client_tls("admin")) as admin:
+        admin.upsert_scram_credential("erin", "SCRAM-SHA-256", "erin-secret")
+        admin.create_acls(
+            [
+                Acl(
+                    ResourceType.CLUSTER,
+                    PatternType.LITERAL,
+                    CLUSTER_NAME,
+                    "User:dora",
+                    "*",
+                    Operation.DESCRIBE,
+                    Permission.ALLOW,
+                )
+            ]
+        )
+    keys = coordinator_pb2.DescribeUserScramCredentialsRequest(users=["erin"], include_keys=True)
+    acls = coordinator_pb2.MetadataRequest(include_acls=True, read_barrier=True)
+    for coordinator in cluster.coordinators():
+        for who, trusted in (("dora", False), ("node-1", True)):
+            channel, stub = coordinator_stub(cluster, who, coordinator.grpc)
+            with channel:
+                (user,) = stub.DescribeUserScramCredentials(keys, timeout=10).results
+                assert [c.mechanism for c in user.credentials] == ["SCRAM-SHA-256"]
+                assert bool(user.credentials[0].stored_key) is trusted, (who, coordinator)
+                answer = stub.Metadata(acls, timeout=10)
+                assert answer.acls_included is trusted and bool(answer.acls) is trusted

@@ -4,13 +4,16 @@ with kafka-python, an independent implementation of the same formats."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+import lz4.frame
 import pytest
+import zstandard
 from kio.index import load_response_schema
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
@@ -33,6 +36,9 @@ with warnings.catch_warnings():
     from kafka.protocol.producer import ProduceRequest
     from kafka.record.default_records import DefaultRecordBatchBuilder
     from kafka.record.memory_records import MemoryRecords
+
+
+MIB = 1 << 20
 
 
 def batch_bytes(
@@ -271,3 +277,19 @@ def test_a_batch_that_inflates_past_the_limit_is_refused_before_it_is_inflated(c
     assert (2 << 20) < size < (2 << 20) + 100  # the record's bytes and its framing
     (record,) = produced_batch(data, 10, 8 << 20).records
     assert len(record.value) == 2 << 20
+
+
+@pytest.mark.parametrize("codec", [1, 3, 4], ids=["gzip", "lz4", "zstd"])
+def test_every_member_of_a_compressed_payload_counts(codec: int) -> None:
+    """Concatenated gzip members, lz4 or zstd frames are all inflated by the
+    reader, so the bound counts them all: three 1 MiB members are 3 MiB."""
+    compress = {
+        1: gzip.compress,
+        3: lz4.frame.compress,
+        4: zstandard.ZstdCompressor().compress,
+    }[codec]
+    header = bytearray(61)
+    header[21:23] = codec.to_bytes(2, "big")
+    data = bytes(header) + compress(bytes(MIB)) * 3
+    assert decompressed_size(data, 2 * MIB) == 2 * MIB + 1
+    assert decompressed_size(data, 8 * MIB) == 3 * MIB

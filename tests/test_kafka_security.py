@@ -10,6 +10,8 @@ a connection without a certificate gets nothing.
 
 from __future__ import annotations
 
+import socket
+import ssl
 from collections.abc import Iterator
 
 import confluent_kafka
@@ -19,7 +21,11 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from raftcoord.client import Admin
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.kafka import messages as m
 from raftcoord.protocol.acl import Acl, Operation, PatternType, Permission, ResourceType
+from raftcoord.protocol.config import load_config
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.routing import stable_hash
 from tests.local_cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -145,7 +151,7 @@ def test_a_wrong_password_is_refused(sasl_cluster: LocalCluster) -> None:
 def ssl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     path = tmp_path_factory.mktemp("kafka-ssl")
     with running_cluster(
-        path, shards=1, partition_nodes=1, kafka_listeners=1, tls=True, kafka_security="SSL"
+        path, shards=1, partition_nodes=1, kafka_listeners=2, tls=True, kafka_security="SSL"
     ) as running:
         with Admin(running.bootstrap(), **running.client_tls("admin")) as admin:
             admin.create_topics({"orders": PARTITIONS})
@@ -163,3 +169,39 @@ def test_an_ssl_client_certificate_runs_a_transaction(ssl_cluster: LocalCluster)
     admin = AdminClient({**without_certificate, "socket.timeout.ms": 5_000})
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=5)
+
+
+def test_a_relayed_request_keeps_its_clients_rights(ssl_cluster: LocalCluster) -> None:
+    """A certificate with no ACLs asks the gateway that does not own a
+    transactional id for its producer id: the request is relayed to the
+    owner, which must judge it as that client's, not as the relaying node's."""
+    files = ssl_cluster.client_tls("dave")  # no rights
+    gateways = ssl_cluster.kafka_gateways()
+    for asked in gateways:
+        other = next(g for g in gateways if g is not asked)
+        listeners = load_config(ssl_cluster.data_dir / "cluster.toml").kafka_listeners
+        index = [k.node_id for k in listeners].index(other.node_id)
+        transactional_id = next(
+            f"dave-{i}" for i in range(1000) if stable_hash(f"dave-{i}") % len(listeners) == index
+        )
+        context = ssl.create_default_context(cafile=files["ssl_cafile"])
+        context.load_cert_chain(files["ssl_certfile"], files["ssl_keyfile"])
+        host, port = asked.kafka.rsplit(":", 1)
+        with (
+            socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as raw,
+            context.wrap_socket(raw, server_hostname=host) as sock,
+        ):
+            body = {"transactional_id": transactional_id, "transaction_timeout": 60_000}
+            sock.sendall(m.encode_request(m.INIT_PRODUCER_ID, 1, 7, "raw", body))
+            size = int.from_bytes(read_exactly(sock, 4), "big")
+            answer = m.decode_response(m.INIT_PRODUCER_ID, 1, read_exactly(sock, size))
+        assert int(answer.error_code) == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def read_exactly(sock: ssl.SSLSocket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "the gateway closed the connection"
+        data += chunk
+    return data

@@ -19,6 +19,7 @@ other gateway acts for the client and not for the relaying node.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -104,12 +105,19 @@ class SaslExchange:
         lookup: CredentialLookup,
     ) -> None:
         self._lookup = lookup
-        relaying = tls_principal is not None and tls_principal in cluster_principals(config)
+        self._cluster = cluster_principals(config)
+        #: A node's certificate on a TLS listener: another gateway relaying,
+        #: which must name its client (RELAY_MECHANISM) before anything else.
+        self.relaying = (
+            listener.security_protocol != "PLAINTEXT"
+            and tls_principal is not None
+            and tls_principal in self._cluster
+        )
         offered: list[str] = []
-        if listener.security_protocol == "SASL_SSL":
-            offered += SASL_MECHANISMS
-        if relaying and listener.security_protocol != "PLAINTEXT":
+        if self.relaying:
             offered.append(RELAY_MECHANISM)
+        elif listener.security_protocol == "SASL_SSL":
+            offered += SASL_MECHANISMS
         self.offered = tuple(offered)
         self.mechanism: str | None = None
         #: Set once the exchange succeeded: who the client is.
@@ -150,15 +158,15 @@ class SaslExchange:
             raise ValueError("PLAIN: the authorization id must be the user or empty")
         for mechanism in sorted(MECHANISMS):
             stored = await self._lookup(user, mechanism)
-            if stored is not None and password_matches(mechanism, password, stored):
-                self.principal = f"User:{user}"
+            if stored is not None and await _matches(mechanism, password, stored):
+                self.principal = self._client(user)
                 return ErrorCode.NONE, "", b""
         raise ValueError("PLAIN: wrong user name or password")
 
     def _relay(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
         name, host = auth_bytes.decode().split("\0")
-        if not name.startswith("User:"):
-            raise ValueError(f"{RELAY_MECHANISM}: not a principal")
+        if not name.startswith("User:") or name in self._cluster:
+            raise ValueError(f"{RELAY_MECHANISM}: not a client's principal")
         self.principal, self.host = name, host
         return ErrorCode.NONE, "", b""
 
@@ -177,8 +185,23 @@ class SaslExchange:
             return ErrorCode.NONE, "", self._scram.get_server_first().encode()
         self._scram.set_client_final(message)
         final = self._scram.get_server_final().encode()
-        self.principal = f"User:{self._user}"
+        self.principal = self._client(self._user)
         return ErrorCode.NONE, "", final
+
+    def _client(self, user: str) -> str:
+        """The principal of SASL user ``user``; never one of the cluster's
+        (a user named like a node does not act as one)."""
+        principal = f"User:{user}"
+        if principal in self._cluster:
+            raise ValueError(f"SASL user {user!r} is named like a node or super user")
+        return principal
+
+
+async def _matches(mechanism: str, password: str, stored: ScramCredential) -> bool:
+    """:func:`password_matches` off the event loop (PBKDF2 takes milliseconds)."""
+    return await asyncio.get_running_loop().run_in_executor(
+        None, password_matches, mechanism, password, stored
+    )
 
 
 def _scram_user(client_first: str) -> str:

@@ -69,6 +69,9 @@ DECODE_THREADS = 2
 #: decompressed): a few kilobytes of gzip must not inflate into millions of
 #: records to decode.
 MAX_BATCH_RECORDS = 100_000
+#: The largest request frame before a connection is authenticated (Kafka's
+#: sasl.server.max.receive.size).
+MAX_UNAUTHENTICATED_FRAME = 512 * 1024
 #: Client addresses whose connection rate is tracked at most (beyond, the
 #: idle ones are forgotten).
 MAX_TRACKED_ADDRESSES = 10_000
@@ -257,12 +260,20 @@ class Gateway:
         # Who the client is (raftcoord.kafka.auth): anonymous on a PLAINTEXT
         # listener, its certificate's principal on SSL, SASL's on SASL_SSL.
         protocol = self.listener.security_protocol
-        tls_principal = certificate_principal(writer.get_extra_info("peercert"))
+        tls_principal = None
+        if self._tls is not None:  # a certificate without a common name is anonymous
+            tls_principal = certificate_principal(writer.get_extra_info("peercert"))
         sasl = SaslExchange(self.config, self.listener, tls_principal, self._credential)
-        known = ANONYMOUS if protocol == "PLAINTEXT" else tls_principal
-        if known is not None and protocol != "SASL_SSL":
+        known: str | None = None
+        if protocol == "PLAINTEXT":
+            known = ANONYMOUS
+        elif protocol == "SSL":
+            known = tls_principal or ANONYMOUS
+        if sasl.relaying:  # another gateway: it names the client it relays for first
+            known = None
+        authenticated = known is not None
+        if known is not None:
             CALLER.set(Principal(known, ip))
-        authenticated = protocol != "SASL_SSL"
         answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         #: The connections this client's relayed requests go over, per owner gateway.
@@ -271,7 +282,8 @@ class Gateway:
             while True:
                 size_bytes = await asyncio.wait_for(reader.readexactly(_SIZE.size), self._idle_s)
                 (size,) = _SIZE.unpack(size_bytes)
-                if not 0 < size <= self._largest_frame:
+                largest = self._largest_frame if authenticated else MAX_UNAUTHENTICATED_FRAME
+                if not 0 < size <= largest:
                     log.info("event=connection_closed reason=frame_size size=%d", size)
                     break
                 small = size <= min(SMALL_FRAME_BYTES, self._small_frames.total)
@@ -285,12 +297,16 @@ class Gateway:
                 api_key = m.api_of(frame)[0] if len(frame) >= 4 else -1
                 if api_key in (m.SASL_HANDSHAKE, m.SASL_AUTHENTICATE):
                     budget.give(size)
-                    response, failed = await self._sasl(frame, sasl)
+                    try:
+                        response, failed = await self._sasl(frame, sasl)
+                    except CloseConnection as exc:
+                        log.info("event=connection_closed reason=bad_sasl_request error=%r", exc)
+                        break
                     await answers.put(asyncio.create_task(_ready(response)))
                     if sasl.principal is not None and not authenticated:
                         authenticated = True
                         CALLER.set(Principal(sasl.principal, sasl.host or ip))
-                    if failed and protocol == "SASL_SSL":  # Kafka closes after a failed attempt
+                    if failed and not authenticated:  # Kafka closes after a failed attempt
                         log.info("event=authentication_failed ip=%s", ip)
                         await answers.put(asyncio.create_task(_closing("authentication failed")))
                         await _closed(writer, FRAME_READ_TIMEOUT_S)  # the answer is sent first

@@ -18,7 +18,8 @@ import io
 import struct
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import lz4.frame
 import zstandard
@@ -73,18 +74,50 @@ def decompressed_size(data: bytes, limit: int) -> int:
     try:
         if codec == 0:
             return min(len(payload), limit + 1)
-        if codec == 1:  # gzip
-            return len(zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(payload, limit + 1))
+        if codec == 1:  # gzip, maybe several members (the reader inflates them all)
+            return _members_size(
+                bytes(payload),
+                limit,
+                lambda data, most: _unused_after(
+                    zlib.decompressobj(16 + zlib.MAX_WBITS), data, most
+                ),
+            )
         if codec == 2:  # snappy: raw, or xerial blocks; each block's length leads it
             return min(_snappy_size(bytes(payload)), limit + 1)
-        if codec == 3:  # lz4 frames
-            return len(lz4.frame.LZ4FrameDecompressor().decompress(payload, max_length=limit + 1))
-        if codec == 4:  # zstd
-            reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload))
+        if codec == 3:  # lz4, maybe several frames
+            return _members_size(
+                bytes(payload),
+                limit,
+                lambda data, most: _unused_after(lz4.frame.LZ4FrameDecompressor(), data, most),
+            )
+        if codec == 4:  # zstd, maybe several frames
+            reader = zstandard.ZstdDecompressor().stream_reader(
+                io.BytesIO(payload), read_across_frames=True
+            )
             return len(reader.read(limit + 1))
     except (zlib.error, RuntimeError, zstandard.ZstdError, ValueError, struct.error) as exc:
         raise BadBatch(f"compressed records do not decode: {exc}") from exc
     raise BadBatch(f"unknown compression codec {codec}")
+
+
+def _unused_after(decompressor: Any, data: bytes, most: int) -> tuple[int, bytes]:
+    """(bytes ``decompressor`` inflates the first member of ``data`` to, at
+    most ``most``; what follows that member, b"" when it is not finished)."""
+    if isinstance(decompressor, lz4.frame.LZ4FrameDecompressor):
+        size = len(decompressor.decompress(data, max_length=most))
+        return size, decompressor.unused_data if decompressor.eof else b""
+    size = len(decompressor.decompress(data, most))
+    return size, decompressor.unused_data if decompressor.eof else b""
+
+
+def _members_size(data: bytes, limit: int, first: Callable[[bytes, int], tuple[int, bytes]]) -> int:
+    """The inflated size of concatenated members (gzip members, lz4 frames),
+    ``limit`` + 1 when larger; ``first`` inflates one member."""
+    total = 0
+    while data and total <= limit:
+        size, data = first(data, limit + 1 - total)
+        total += size
+    return min(total, limit + 1)
 
 
 def _snappy_size(payload: bytes) -> int:

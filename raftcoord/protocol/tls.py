@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
+from urllib.parse import quote, unquote
 
 import grpc
 
@@ -166,8 +167,18 @@ def peer_host(context: Any) -> str:
 
 
 def acting_for(who: Principal) -> list[tuple[str, str]]:
-    """The call metadata with which a node acts for ``who``."""
-    return [(PRINCIPAL_HEADER, who.name), (CLIENT_HOST_HEADER, who.host)]
+    """The call metadata with which a node acts for ``who`` (percent-encoded:
+    gRPC metadata values are printable ASCII, names need not be)."""
+    return [(PRINCIPAL_HEADER, quote(who.name, safe="")), (CLIENT_HOST_HEADER, quote(who.host))]
+
+
+def _acting(context: Any) -> tuple[str, str] | None:
+    """The principal and client address a call names (:func:`acting_for`), or None."""
+    metadata = dict(context.invocation_metadata())
+    name = metadata.get(PRINCIPAL_HEADER)
+    if not name:
+        return None
+    return unquote(str(name)), unquote(str(metadata.get(CLIENT_HOST_HEADER) or ""))
 
 
 def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
@@ -180,10 +191,10 @@ def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
     cluster = cluster_principals(config)
     who = principal(context)
     if who in cluster:
-        acting = dict(context.invocation_metadata()).get(PRINCIPAL_HEADER)
-        if not acting or acting in cluster:
+        acting = _acting(context)
+        if acting is None or acting[0] in cluster:
             return None
-        who = str(acting)
+        who = acting[0]
     return (
         f"{who} may not call this: only the cluster's nodes and super users "
         "may (CLUSTER_AUTHORIZATION_FAILED)"
@@ -196,13 +207,17 @@ class Authorizer:
     call allowed, the caller anonymous) without ``[tls]``.
 
     ``bindings`` gives the ACLs as the node knows them now (a coordinator's
-    replica of shard 0, a partition node's copy); the index is rebuilt when
-    they change. The nodes' own principals and the super users may do
-    anything; denials are logged (``event=authorization_failed``, at most
+    replica of shard 0, a partition node's copy; None while it has none yet:
+    then only the cluster is allowed, also with
+    ``allow_everyone_if_no_acl_found``); the index is rebuilt when they
+    change. The nodes' own principals and the super users may do anything;
+    denials are logged (``event=authorization_failed``, at most
     :data:`DENIALS_LOGGED_PER_S` a second).
     """
 
-    def __init__(self, config: ClusterConfig, bindings: Callable[[], frozenset[Acl]]) -> None:
+    def __init__(
+        self, config: ClusterConfig, bindings: Callable[[], frozenset[Acl] | None]
+    ) -> None:
         self.config = config
         self.enabled = config.tls is not None
         self._bindings = bindings
@@ -214,8 +229,11 @@ class Authorizer:
         )
         self._log_limit = LogLimiter(DENIALS_LOGGED_PER_S)
 
-    def index(self) -> AclIndex:
+    def index(self) -> AclIndex | None:
+        """The ACLs indexed, None while they are not known."""
         bindings = self._bindings()
+        if bindings is None:
+            return None
         if bindings is not self._source:
             self._index, self._source = AclIndex(bindings), bindings
         return self._index
@@ -228,10 +246,9 @@ class Authorizer:
         host = peer_host(context)
         own = principal(context)
         if own in self._cluster:
-            metadata = dict(context.invocation_metadata())
-            acting = metadata.get(PRINCIPAL_HEADER)
-            if acting:
-                return Principal(str(acting), str(metadata.get(CLIENT_HOST_HEADER) or host))
+            acting = _acting(context)
+            if acting is not None:
+                return Principal(acting[0], acting[1] or host)
         return Principal(own, host)
 
     def acts_as_cluster(self, who: Principal) -> bool:
@@ -251,8 +268,9 @@ class Authorizer:
         """Whether ``who`` may do ``operation`` on the resource."""
         if not self.enabled or who.name in self._cluster:
             return True
-        allowed = authorized(
-            self.index(), who, operation, resource_type, name, (), self._allow_if_no_acl
+        index = self.index()
+        allowed = index is not None and authorized(
+            index, who, operation, resource_type, name, (), self._allow_if_no_acl
         )
         if not allowed and log_denial:
             self._denied(who, operation, f"{resource_type.name} {name!r}")
@@ -265,7 +283,8 @@ class Authorizer:
         (:func:`raftcoord.protocol.acl.allowed_on_some`)."""
         if not self.enabled or who.name in self._cluster:
             return True
-        allowed = allowed_on_some(self.index(), who, operation, resource_type)
+        index = self.index()
+        allowed = index is not None and allowed_on_some(index, who, operation, resource_type)
         if not allowed:
             self._denied(who, operation, f"any {resource_type.name}")
         return allowed
@@ -282,6 +301,8 @@ class Authorizer:
         if not self.enabled or who.name in self._cluster:
             return list(names)
         index = self.index()
+        if index is None:
+            return []
         return [
             n
             for n in names

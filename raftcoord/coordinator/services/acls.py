@@ -14,7 +14,7 @@ from typing import Any
 from fsm import CreateAcls, DeleteAcls, ErrorCode, Outcome
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import Refused, ShardRouter
-from raftcoord.protocol.acl import Acl, Operation
+from raftcoord.protocol.acl import Acl, Operation, binding_error
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import (
     acl_from_proto,
@@ -44,6 +44,10 @@ class AclRPCs:
                 acl = acl_from_proto(binding)
             except ValueError as exc:
                 results.append((ErrorCode.INVALID_REQUEST, f"unknown number: {exc}"))
+                continue
+            problem = binding_error(acl)
+            if problem is not None:  # this binding alone is refused, as Kafka does
+                results.append((ErrorCode.INVALID_REQUEST, problem))
                 continue
             results.append((ErrorCode.NONE, ""))
             valid.append(acl)

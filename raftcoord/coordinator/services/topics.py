@@ -129,7 +129,8 @@ class TopicRPCs:
         acls: list[Any] = []
         acls_included = request.include_acls and authorizer.acts_as_cluster(who)
         if acls_included:
-            current = authorizer.index().acls
+            index = authorizer.index()
+            current = index.acls if index is not None else frozenset()
             if request.read_barrier:
                 try:
                     current = self.router.read(METADATA_SHARD, lambda machine: machine.state.acls)

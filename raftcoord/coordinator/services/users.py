@@ -14,7 +14,8 @@ from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import Refused, ShardRouter
 from raftcoord.protocol.acl import Operation
-from raftcoord.protocol.scram import ScramCredential, credential, credential_error
+from raftcoord.protocol.scram import MECHANISMS, ScramCredential, credential, credential_error
+from raftcoord.protocol.tls import cluster_principals
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -37,14 +38,26 @@ class UserRPCs:
         results = []
         for deletion in request.deletions:
             user, mechanism = deletion.name, deletion.mechanism
+            if mechanism not in MECHANISMS:
+                unknown = f"unknown mechanism {mechanism[:40]!r}"
+                results.append((user, ErrorCode.UNSUPPORTED_SASL_MECHANISM, unknown))
+                continue
             outcome = self.router.run(METADATA_SHARD, _delete(user, mechanism))
             results.append((user, outcome.error, outcome.message))
+        cluster = cluster_principals(self.router.config)
         for upsertion in request.upsertions:
             problem = credential_error(
                 upsertion.name, upsertion.mechanism, upsertion.iterations, upsertion.salt
             )
+            if problem is None and f"User:{upsertion.name}" in cluster:
+                problem = f"{upsertion.name!r} is a node's or a super user's name"
             if problem is not None:
-                results.append((upsertion.name, ErrorCode.INVALID_REQUEST, problem))
+                code = (
+                    ErrorCode.UNSUPPORTED_SASL_MECHANISM
+                    if upsertion.mechanism not in MECHANISMS
+                    else ErrorCode.INVALID_REQUEST
+                )
+                results.append((upsertion.name, code, problem))
                 continue
             made = credential(
                 upsertion.mechanism,
