@@ -187,7 +187,11 @@ class CoordinatorClient:
 
     Discovered coordinators are cached per (key type, key) and forgotten on
     NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, REQUEST_TIMED_OUT and
-    transport failures. Thread-safe.
+    transport failures. Until some node has answered once, a round in which
+    every address is unreachable (nothing listens there, or something that
+    is not a gRPC server) fails at once, naming the addresses: a wrong
+    bootstrap list is told in a second, not after the request timeout.
+    Thread-safe.
     """
 
     def __init__(
@@ -205,6 +209,8 @@ class CoordinatorClient:
         self._known: list[str] = list(self.bootstrap)
         self._coordinators: dict[tuple[int, str], str] = {}
         self._rotation = itertools.count(random.randrange(len(self.bootstrap)))
+        #: Whether some node has answered a call (then failures are retried).
+        self.reached = False
 
     def backoff(self) -> Backoff:
         return Backoff(self.backoff_initial_s, self.backoff_max_s, jitter=JITTER)
@@ -239,12 +245,15 @@ class CoordinatorClient:
         """
         backoff = self.backoff()
         failures = 0
+        unreachable: list[str] = []
         while True:
             address = self._next_address()
             try:
-                return getattr(self.channels.coordinator(address), method)(
+                answer = getattr(self.channels.coordinator(address), method)(
                     request, timeout=deadline.attempt(LOOKUP_TIMEOUT_S)
                 )
+                self.reached = True
+                return answer
             except grpc.RpcError as exc:
                 if isinstance(exc, grpc.Call) and exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                     raise NotACoordinatorNodeError(
@@ -252,8 +261,15 @@ class CoordinatorClient:
                         f"{exc.details()}); bootstrap must list coordinator addresses"
                     ) from None
                 last = transport_error(exc, address)
+                if isinstance(exc, grpc.Call) and exc.code() is grpc.StatusCode.UNAVAILABLE:
+                    unreachable.append(address)
             failures += 1
             if failures % len(self.addresses()) == 0:
+                if not self.reached and set(unreachable) >= set(self.addresses()):
+                    raise KafkaConnectionError(
+                        f"no coordinator answers at {', '.join(self.addresses())}: {last}"
+                    )
+                unreachable.clear()
                 deadline.back_off(backoff, last)  # every node failed once: pause
             elif deadline.expired():
                 raise deadline.timeout_error(last)

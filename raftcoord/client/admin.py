@@ -24,6 +24,7 @@ from raftcoord.client._wire import topic_partitions
 from raftcoord.client.errors import (
     IllegalStateError,
     InvalidTxnStateError,
+    KafkaConnectionError,
     KafkaError,
     RetriableError,
     UnknownTopicOrPartitionError,
@@ -392,7 +393,8 @@ class Admin:
 
         Every coordinator node is asked (each answers for the shards it
         leads) and the answers are merged. A node that cannot be reached is
-        skipped: the shards it led have other leaders once it is gone.
+        skipped: the shards it led have other leaders once it is gone; when
+        none can, KafkaConnectionError.
 
         Args:
             states: only these states (Kafka's names, e.g. "Ongoing"); empty: any.
@@ -401,6 +403,7 @@ class Admin:
 
         Raises:
             ValueError: an unknown state name.
+            KafkaConnectionError: no coordinator answered.
         """
         deadline = self._deadline("list_transactions", timeout_ms)
         try:
@@ -418,13 +421,16 @@ class Admin:
         except KafkaError as exc:
             log.debug("metadata not refreshed: %s", exc)
         found: dict[str, TransactionListing] = {}
-        for address in self._coordinators.addresses():
+        failures: list[KafkaError] = []
+        addresses = self._coordinators.addresses()
+        for address in addresses:
             try:
                 answer = self._coordinators.channels.coordinator(address).ListTransactions(
                     request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
                 )
             except grpc.RpcError as exc:
-                log.info("list_transactions skips %s", transport_error(exc, address))
+                failures.append(transport_error(exc, address))
+                log.info("list_transactions skips %s", failures[-1])
                 continue
             if answer.error_code != ErrorCode.NONE:
                 log.info("list_transactions: %s answered %s", address, answer.error_code)
@@ -439,6 +445,10 @@ class Admin:
                         duration_ms=int(t.duration_ms),
                     ),
                 )
+        if len(failures) == len(addresses):  # no node answered: nothing is known
+            raise KafkaConnectionError(
+                f"no coordinator answered: {'; '.join(str(f) for f in failures)}"
+            )
         return [found[tid] for tid in sorted(found)]
 
     def describe_transactions(
