@@ -78,8 +78,8 @@ def test_workload_and_chaos_are_listed() -> None:
 
 def test_workload_refuses_bad_options_before_touching_a_cluster(tmp_path: Path) -> None:
     result = _cli("workload", "--cluster-dir", str(tmp_path), "--duration", "0")
-    assert result.returncode == 1
-    assert "--duration must be > 0" in result.stdout
+    assert result.returncode == 2
+    assert "--duration: 0 must be a positive number of seconds" in result.stderr
     assert not list(tmp_path.iterdir())
 
 
@@ -103,3 +103,24 @@ def test_demo_help_says_what_the_demo_does() -> None:
     assert "without the partition fault" in text  # where namespaces are not available
     assert "Spark exactly-once audit" in text and "exits 0 on PASS" in text
     assert "(default: 60.0)" in text and "(default: 2000)" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (["demo", "--duration", "-5"], "--duration: -5 must be a positive number of seconds"),
+        (["chaos", "--duration", "-5"], "--duration: -5 must be a positive number of seconds"),
+        (["workload", "--duration", "0"], "--duration: 0 must be a positive number of seconds"),
+        (["workload", "--duration", "nan"], "--duration: nan must be a positive number"),
+        (["workload", "--transactions", "-1"], "--transactions: -1 must be a positive integer"),
+    ],
+)
+def test_nonsense_lengths_are_refused_before_anything_starts(
+    args: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raftcoord.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert refusal in capsys.readouterr().err

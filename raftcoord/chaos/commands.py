@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from raftcoord.chaos.arguments import positive_int, positive_seconds
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
 from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
@@ -59,8 +60,8 @@ def add_parsers(commands: Any) -> None:
     )
     _common(workload, "none", "history.jsonl")
     length = workload.add_mutually_exclusive_group()
-    length.add_argument("--duration", type=float, help="seconds of traffic (default 60)")
-    length.add_argument("--transactions", type=int, help="producer transactions in all")
+    length.add_argument("--duration", type=positive_seconds, help="seconds of traffic (default 60)")
+    length.add_argument("--transactions", type=positive_int, help="producer transactions in all")
     defaults = Options(seed=0)
     for name, help_ in (
         ("producers", "transactional producers"),
@@ -96,7 +97,7 @@ def add_parsers(commands: Any) -> None:
     )
     workload.add_argument(
         "--drain-timeout",
-        type=float,
+        type=positive_seconds,
         default=defaults.drain_timeout_s,
         help=f"seconds the drain may take ({defaults.drain_timeout_s:.0f})",
     )
@@ -104,7 +105,9 @@ def add_parsers(commands: Any) -> None:
 
     chaos = commands.add_parser("chaos", help="the nemesis alone against a running cluster")
     _common(chaos, "all", "chaos-history.jsonl")
-    chaos.add_argument("--duration", type=float, default=60.0, help="seconds of faults (60)")
+    chaos.add_argument(
+        "--duration", type=positive_seconds, default=60.0, help="seconds of faults (60)"
+    )
     chaos.set_defaults(func=_chaos)
 
 

@@ -209,6 +209,8 @@ def _certs(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
+    from raftcoord.chaos.arguments import positive_seconds
+
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument(
         "--duration",
-        type=float,
+        type=positive_seconds,
         default=60.0,
         help="seconds of traffic with faults; the heal, drain and audit come after "
         "(default: %(default)s)",

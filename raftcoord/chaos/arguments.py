@@ -1,0 +1,28 @@
+"""Command-line argument types of the workload, chaos and demo commands
+(light: the command line imports it before it knows which command runs)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_seconds(text: str) -> float:
+    """An argument that is a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argument that is a positive integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
+    return value
