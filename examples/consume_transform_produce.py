@@ -12,6 +12,10 @@ Run against a local cluster (`raftcoord cluster up`)::
 
     python examples/consume_transform_produce.py --cluster-dir .raftcoord \\
         --input input --output output --group copier
+
+Topics that do not exist are created first (the output with the input's
+partition count); an input created here is empty, so the run copies
+nothing and says so: produce records to it and run again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from raftcoord.client import (
     TransactionAbortableError,
     TransactionalProducer,
 )
+from raftcoord.protocol.tls import SslFiles
 
 
 def transform(value: bytes) -> bytes:
@@ -45,21 +50,24 @@ def copy_topic(
     records_per_transaction: int = 20,
     die_in_transaction: int | None = None,
     on_commit: Callable[[int], None] | None = None,
+    tls: SslFiles | None = None,
 ) -> int:
     """Copy until the input is drained; returns how many records were copied.
 
     ``die_in_transaction``: kill this process with SIGKILL in the middle of
     that transaction (1-based), after its records were sent and its offsets
     added, before the commit. ``on_commit`` is told the running count.
+    ``tls``: the clients' TLS files for a cluster with TLS (``ssl_cafile``...).
     """
-    with Admin(bootstrap) as admin:
+    tls = tls or SslFiles()
+    with Admin(bootstrap, **tls) as admin:
         partitions = [
             TopicPartition(input_topic, p) for p in range(admin.list_topics()[input_topic])
         ]
     copied = 0
     with (
-        TransactionalProducer(bootstrap, transactional_id=transactional_id) as producer,
-        Consumer(bootstrap, group_id=group, isolation_level="read_committed") as consumer,
+        TransactionalProducer(bootstrap, transactional_id=transactional_id, **tls) as producer,
+        Consumer(bootstrap, group_id=group, isolation_level="read_committed", **tls) as consumer,
     ):
         # First fence any older worker with this transactional.id (its open
         # transaction is aborted), then start from the group's committed offsets.
@@ -105,6 +113,24 @@ def copy_topic(
                 on_commit(copied)
 
 
+def ensure_topics(
+    bootstrap: Sequence[str],
+    input_topic: str,
+    output_topic: str,
+    partitions: int,
+    tls: SslFiles | None = None,
+) -> list[str]:
+    """Create whichever of the two topics does not exist (the output with the
+    input's partition count); returns the names created."""
+    with Admin(bootstrap, **(tls or SslFiles())) as admin:
+        existing = admin.list_topics()
+        count = existing.get(input_topic, partitions)
+        missing = {t: count for t in (input_topic, output_topic) if t not in existing}
+        if missing:
+            admin.create_topics(missing, exist_ok=True)
+    return sorted(missing)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster-dir", default=".raftcoord", help="a `raftcoord cluster up` dir")
@@ -114,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transactional-id", default="copier-1")
     parser.add_argument("--records-per-transaction", type=int, default=20)
     parser.add_argument(
+        "--partitions", type=int, default=3, help="partitions of a topic created here (3)"
+    )
+    parser.add_argument(
         "--die-in-transaction",
         type=int,
         help="kill -9 this worker in the middle of transaction N (to test recovery)",
@@ -121,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from raftcoord.cluster.launcher import LocalCluster
 
-    bootstrap = LocalCluster(Path(args.cluster_dir)).bootstrap()
+    cluster = LocalCluster(Path(args.cluster_dir))
+    bootstrap, tls = cluster.bootstrap(), cluster.client_tls()
+    for topic in ensure_topics(bootstrap, args.input, args.output, args.partitions, tls):
+        print(f"topic {topic!r} did not exist: created it", flush=True)
+        if topic == args.input:
+            print(f"{args.input!r} is empty: produce records to it and run again", flush=True)
     copied = copy_topic(
         bootstrap,
         args.input,
@@ -131,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         args.records_per_transaction,
         args.die_in_transaction,
         on_commit=lambda n: print(f"committed {n} records", flush=True),
+        tls=tls,
     )
     print(f"done: copied {copied} records from {args.input} to {args.output}")
     return 0

@@ -124,3 +124,15 @@ def test_nonsense_lengths_are_refused_before_anything_starts(
         main(args)
     assert exited.value.code == 2
     assert refusal in capsys.readouterr().err
+
+
+def test_the_readme_hanging_recipe_runs_on_a_cluster_of_its_own() -> None:
+    """Beside the cluster of the README's sections before it: every command
+    of the recipe names its own cluster directory."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    start = readme.index("A hanging transaction made on purpose")
+    recipe = readme[start : readme.index("\n## ", start)]
+    commands = [line for line in recipe.splitlines() if line.startswith(".venv/bin/raftcoord")]
+    assert len(commands) >= 6
+    assert all("--cluster-dir .hanging" in line for line in commands), commands
+    assert 'LocalCluster(".hanging")' in recipe and ".raftcoord" not in recipe

@@ -378,3 +378,27 @@ def test_readme_python_example_runs(
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1] == "42", printed
+
+
+def test_the_copy_example_creates_missing_topics_and_says_so(shared_cluster: LocalCluster) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "consume_transform_produce.py"),
+            "--cluster-dir",
+            str(shared_cluster.data_dir),
+            "--input",
+            "fresh-in",
+            "--output",
+            "fresh-out",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'fresh-in' is empty: produce records to it and run again" in result.stdout
+    assert "copied 0 records" in result.stdout
+    with Admin(shared_cluster.bootstrap()) as admin:
+        topics = admin.list_topics()
+    assert topics["fresh-in"] == topics["fresh-out"] == 3

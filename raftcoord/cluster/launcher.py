@@ -454,7 +454,7 @@ class LocalCluster:
                 if refusal is not None:
                     raise ClusterError(
                         f"{refusal}. Start the cluster with the same shape, "
-                        "or use another --data-dir."
+                        "or use another --cluster-dir."
                     )
         except BaseException:
             candidate.unlink(missing_ok=True)
