@@ -217,7 +217,7 @@ def test_bootstrap_server_and_clear_errors(cluster_dir: Path) -> None:
     bootstrap = ",".join(LocalCluster(cluster_dir).bootstrap())
     result = raftcoord("txn", "list", "--bootstrap-server", bootstrap, "--json")
     assert result.returncode == 0 and isinstance(json.loads(result.stdout), list)
-    assert "transactional id 'nobody'" in refused(cluster_dir, "describe", "nobody")
+    assert "transactional id 'nobody' not found" in refused(cluster_dir, "describe", "nobody")
     assert "no topic 'nothing'" in refused(cluster_dir, "find-hanging", "--topic", "nothing")
     assert "no partition nothing-0" in refused(cluster_dir, "describe-producers", "nothing", "0")
     assert "--producer-epoch" in refused(
@@ -230,3 +230,5 @@ def test_bootstrap_server_and_clear_errors(cluster_dir: Path) -> None:
     )  # fmt: skip
     table = raftcoord("txn", "list", "--cluster-dir", str(cluster_dir))
     assert table.returncode == 0 and "TransactionalId" in table.stdout
+    nothing = raftcoord("txn", "find-hanging", "--cluster-dir", str(cluster_dir))
+    assert nothing.returncode == 0 and nothing.stdout.strip() == "no hanging transaction"

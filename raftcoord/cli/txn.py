@@ -50,6 +50,14 @@ _MARKER_EPOCH_BUMP = {
 }
 
 
+#: What a command that found nothing says instead of an empty table.
+NOTHING_FOUND = {
+    "list": "no transactional id matches",
+    "describe-producers": "no producer has state on the partition",
+    "find-hanging": "no hanging transaction",
+}
+
+
 class TxnCommandError(Exception):
     """A command that cannot be done as asked; the message says why."""
 
@@ -379,6 +387,9 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         print(json.dumps(rows, indent=2))
+        return 0
+    if not rows and args.txn_command in NOTHING_FOUND:
+        print(NOTHING_FOUND[args.txn_command])
         return 0
     print_table(rows, columns)
     return 0

@@ -475,7 +475,9 @@ class Admin:
             )
             description = answer.transactions[0]
             if description.error_code != ErrorCode.NONE:
-                failures.append(error_for(description.error_code, f"transactional id {tid!r}"))
+                code = ErrorCode(description.error_code)
+                why = "not found" if code is ErrorCode.TRANSACTIONAL_ID_NOT_FOUND else code.name
+                failures.append(error_for(code, f"transactional id {tid!r} {why}"))
                 continue
             described[tid] = _description(description)
         if failures:
