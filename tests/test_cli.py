@@ -136,3 +136,33 @@ def test_the_readme_hanging_recipe_runs_on_a_cluster_of_its_own() -> None:
     assert len(commands) >= 6
     assert all("--cluster-dir .hanging" in line for line in commands), commands
     assert 'LocalCluster(".hanging")' in recipe and ".raftcoord" not in recipe
+
+
+def test_a_refused_cluster_up_does_not_say_it_is_starting(tmp_path: Path) -> None:
+    result = _cli(
+        "cluster", "up", "--cluster-dir", str(tmp_path / "c"), "--kafka-listeners", "1",
+        "--kafka-security", "SSL",
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--kafka-security SSL needs --tls" in result.stderr
+    assert "starting" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (["cluster", "up", "--coordinaters", "3"], "raftcoord cluster up"),
+        (["txn", "list", "--nope"], "raftcoord txn list"),
+        (["acl", "add", "--principle", "User:x"], "raftcoord acl add"),
+    ],
+)
+def test_a_flag_typo_is_told_with_the_subcommands_usage(
+    args: list[str], usage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raftcoord.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: {usage}" in err and f"{usage}: error: unrecognized arguments" in err

@@ -180,7 +180,6 @@ def _run(args: argparse.Namespace) -> int:
                 f"{args.partition_nodes} partition-log nodes"
             )
             where = " in network namespaces" if args.netns else ""
-            print(f"starting {what}{where} in {cluster.data_dir} ...", flush=True)
             cluster.up(
                 args.coordinators,
                 args.shards,
@@ -195,6 +194,9 @@ def _run(args: argparse.Namespace) -> int:
                 faults=args.faults,
                 tls=args.tls,
                 kafka_security=args.kafka_security,
+                starting=lambda: print(
+                    f"starting {what}{where} in {cluster.data_dir} ...", flush=True
+                ),
             )
             print(cluster.status_table())
             if args.kafka_listeners:

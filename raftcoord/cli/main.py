@@ -207,6 +207,18 @@ def _certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser that ``argv`` chose, following its command names."""
+    for token in argv:
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not commands:
+            break
+        chosen = commands[0].choices.get(token)
+        if chosen is not None:
+            parser = chosen
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
     from raftcoord.chaos.arguments import positive_seconds
@@ -353,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     audit_cli.add_arguments(audit)
     audit.set_defaults(func=audit_cli.command)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # told with the usage of the subcommand that was given them
+        _chosen(parser, sys.argv[1:] if argv is None else argv).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     result: int = args.func(args)
     return result

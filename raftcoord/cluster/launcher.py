@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,6 +352,7 @@ class LocalCluster:
         faults: bool = False,
         tls: bool = False,
         kafka_security: str = "PLAINTEXT",
+        starting: Callable[[], None] | None = None,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         (its preferred one with auto.leader.rebalance.enable) and every
@@ -374,7 +376,8 @@ class LocalCluster:
         replaced by the namespace's. ``kafka_listeners`` Kafka gateways
         (docs/kafka.md) start after the nodes, on 127.0.0.1 only, with
         ``kafka_security`` (PLAINTEXT, or with ``tls`` SSL or SASL_SSL;
-        :meth:`kafka_client_config`).
+        :meth:`kafka_client_config`). ``starting`` is called once every
+        check has passed, just before the first node starts.
 
         Raises:
             ClusterError: the data directory cannot be used, a cluster runs
@@ -481,6 +484,8 @@ class LocalCluster:
             faults_dir,
             str(self.data_dir / TLS_DIR) if cluster_config.tls is not None else None,
         )
+        if starting is not None:
+            starting()
         try:
             for record in self.state.nodes:
                 self._spawn(record)
