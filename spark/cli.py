@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions")
 
 
+def configure(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord audit``."""
+    add_arguments(p)
+    p.set_defaults(func=command)
+
+
 def command(args: argparse.Namespace) -> int:
     """Run the audit from parsed arguments; returns the exit status."""
     cluster_dir = Path(args.cluster_dir).resolve()

@@ -166,3 +166,24 @@ def test_a_flag_typo_is_told_with_the_subcommands_usage(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert f"usage: {usage}" in err and f"{usage}: error: unrecognized arguments" in err
+
+
+def test_cluster_help_loads_neither_spark_nor_the_kafka_codec() -> None:
+    """Each command imports only what it uses: `raftcoord cluster --help`
+    builds no other command's parser."""
+    probe = (
+        "import sys\n"
+        "from raftcoord.cli.main import main\n"
+        "try:\n"
+        "    main(['cluster', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('pyspark', 'kio', 'raftcoord.kafka', 'raftcoord.chaos.workload', 'spark')\n"
+        "print(sorted(m for m in sys.modules\n"
+        "             if any(m == h or m.startswith(h + '.') for h in heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -74,14 +74,35 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     data = str(tmp_path / "c")
     pids: list[int] = []
     try:
-        up = raftcoord("cluster", "up", "--cluster-dir", data, "--shards", "2")
+        up = raftcoord(
+            "cluster", "up", "--cluster-dir", data, "--shards", "2", "--kafka-listeners", "1"
+        )
         assert up.returncode == 0, up.stderr
         state = json.loads((Path(data) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
-        assert len(pids) == 6 and all(Path(n["log"]).exists() for n in state["nodes"])
-        assert [n["kind"] for n in state["nodes"]] == ["coordinator"] * 3 + ["partition-log"] * 3
+        assert len(pids) == 7 and all(Path(n["log"]).exists() for n in state["nodes"])
+        kinds = [n["kind"] for n in state["nodes"]]
+        assert kinds == ["coordinator"] * 3 + ["partition-log"] * 3 + ["kafka-gateway"]
         assert up.stdout.count("leader") == 2  # one leader per shard in the table
         assert up.stdout.count("partition-log, serving") == 3
+        healthy = raftcoord("cluster", "status", "--cluster-dir", data, "--json")
+        assert healthy.returncode == 0, healthy.stdout
+        assert all(n["answers"] for n in json.loads(healthy.stdout))
+        # A stopped gateway still takes connections (the kernel does), but answers nothing.
+        assert (
+            raftcoord(
+                "cluster", "kill", "201", "--signal", "STOP", "--cluster-dir", data
+            ).returncode
+            == 0
+        )
+        stopped = raftcoord("cluster", "status", "--cluster-dir", data)
+        assert stopped.returncode == 1 and "kafka-gateway, no answer" in stopped.stdout
+        assert (
+            raftcoord(
+                "cluster", "kill", "201", "--signal", "CONT", "--cluster-dir", data
+            ).returncode
+            == 0
+        )
         killed = raftcoord("cluster", "kill", "102", "--cluster-dir", data)
         assert killed.returncode == 0
         started = raftcoord("cluster", "start", "102", "--cluster-dir", data)
@@ -98,8 +119,9 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         down = raftcoord("cluster", "down", "--cluster-dir", data)
     assert down.returncode == 0, down.stderr
     assert not any(running(pid) for pid in pids)
-    # --data-dir, the option's older name, still works
-    assert raftcoord("cluster", "status", "--data-dir", data).stdout.count(" no ") >= 6
+    # --data-dir, the option's older name, still works; every node down: status 1
+    dead = raftcoord("cluster", "status", "--data-dir", data)
+    assert dead.returncode == 1 and dead.stdout.count(" no ") >= 7
 
 
 @pytest.mark.slow

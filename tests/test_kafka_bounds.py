@@ -17,6 +17,7 @@ sends cannot take the gateway's memory or stop the other clients.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import socket
 import time
@@ -229,3 +230,26 @@ def test_two_thousand_connections_stay_within_a_bound_and_others_are_served(
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_client_speaking_another_protocol_cannot_flood_the_log(cluster: LocalCluster) -> None:
+    """100 connections that open with HTTP/2's preface (a gRPC client on the
+    Kafka port) are closed at their first frame size; the gateway logs a few
+    key=value lines about them, not 100."""
+    (gateway,) = cluster.kafka_gateways()
+    log = Path(gateway.log)
+    before = len(log.read_text().splitlines())
+    host, port = gateway.kafka.rsplit(":", 1)
+    for _ in range(100):
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            sock.settimeout(5)
+            with contextlib.suppress(ConnectionError):
+                sock.recv(1)  # until the gateway closes it
+    deadline = time.monotonic() + 5
+    while len(log.read_text().splitlines()) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = log.read_text().splitlines()[before:]
+    print(f"{len(lines)} log lines for 100 connections")
+    assert 1 <= len(lines) <= 20
+    assert all("event=connection_closed" in line and "reason=frame_size" in line for line in lines)

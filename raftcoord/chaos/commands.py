@@ -19,7 +19,7 @@ from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
 from raftcoord.client import KafkaError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
-__all__ = ["add_parsers"]
+__all__ = ["configure_chaos", "configure_workload"]
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -54,10 +54,8 @@ def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name:
     parser.add_argument("--history", help=f"history file (default: CLUSTER_DIR/{history_name})")
 
 
-def add_parsers(commands: Any) -> None:
-    workload = commands.add_parser(
-        "workload", help="transactional traffic with faults, recorded in a history"
-    )
+def configure_workload(workload: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord workload``."""
     _common(workload, "none", "history.jsonl")
     length = workload.add_mutually_exclusive_group()
     length.add_argument("--duration", type=positive_seconds, help="seconds of traffic (default 60)")
@@ -103,7 +101,9 @@ def add_parsers(commands: Any) -> None:
     )
     workload.set_defaults(func=_workload)
 
-    chaos = commands.add_parser("chaos", help="the nemesis alone against a running cluster")
+
+def configure_chaos(chaos: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord chaos``."""
     _common(chaos, "all", "chaos-history.jsonl")
     chaos.add_argument(
         "--duration", type=positive_seconds, default=60.0, help="seconds of faults (60)"

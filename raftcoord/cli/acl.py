@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 from itertools import product
-from typing import Any
 
 from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
 from raftcoord.client import Admin, KafkaError
@@ -32,7 +31,7 @@ from raftcoord.protocol.acl import (
     ResourceType,
 )
 
-__all__ = ["add_parser"]
+__all__ = ["configure"]
 
 #: --operation's names, as kafka-acls.sh spells them.
 OPERATIONS = {
@@ -69,8 +68,8 @@ class AclCommandError(Exception):
     """A command that cannot be done as asked; the message says why."""
 
 
-def add_parser(commands: Any) -> None:
-    acl = commands.add_parser("acl", help="add, list and remove ACLs (kafka-acls.sh)")
+def configure(acl: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord acl``."""
     sub = acl.add_subparsers(dest="acl_command", required=True)
     add = sub.add_parser("add", help="bind principals to operations on resources")
     listing = sub.add_parser("list", help="the bindings on the resources named (all by default)")

@@ -35,20 +35,19 @@ def _run(args: argparse.Namespace) -> int:
     return result
 
 
-def add_parser(commands: Any) -> None:
+def configure(bench: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord bench``."""
     from raftcoord.bench import targets
 
-    bench = commands.add_parser(
-        "bench",
-        help="benchmarks: with no suite, a local cluster against its ceilings and the targets",
-        description="With no SUITE: start local clusters (3 coordinators x 3 shards, 3 "
+    bench.description = (
+        "With no SUITE: start local clusters (3 coordinators x 3 shards, 3 "
         "partition-log nodes, fsync always) and measure, in one run, the machine's ceilings "
         "(an empty gRPC call, a bare Raft commit, fsyncs/s), transactions end to end through "
         "the public client, producers in one client process on rotating partitions with "
         "every node's CPU, transactional against idempotent throughput, failover, "
         "coordinator memory and cost with many open transactions, and scaling by shard "
         "count; prints the figures and the targets (docs/performance.md). A SUITE runs "
-        "one of the narrower benchmarks.",
+        "one of the narrower benchmarks."
     )
     targets.add_arguments(bench)
     bench.set_defaults(func=_run, bench_module="targets")

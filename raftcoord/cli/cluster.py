@@ -5,6 +5,7 @@ and of its network namespaces (:mod:`raftcoord.cluster.netns`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tomllib
 from typing import Any
@@ -19,10 +20,8 @@ _CLUSTER_DIR_HELP = (
 )
 
 
-def add_parser(commands: Any) -> None:
-    cluster = commands.add_parser(
-        "cluster", help="run a local cluster (on 127.0.0.1, or in network namespaces)"
-    )
+def configure(cluster: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord cluster``."""
     sub = cluster.add_subparsers(dest="cluster_command", required=True)
     up = sub.add_parser(
         "up",
@@ -127,7 +126,12 @@ def add_parser(commands: Any) -> None:
         "nodes in no group keep reaching everyone",
     )
     heal = sub.add_parser("heal", help="remove every cut of 'cluster partition'")
-    status = sub.add_parser("status", help="node, role and term per shard, pid, alive")
+    status = sub.add_parser(
+        "status",
+        help="node, role and term per shard, pid, alive; exits 1 unless every node answers "
+        "and every shard has a leader",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     down = sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound")
     kill = sub.add_parser("kill", help="send a signal to one node")
     kill.add_argument("node", type=int)
@@ -202,7 +206,10 @@ def _run(args: argparse.Namespace) -> int:
             if args.kafka_listeners:
                 print(f"Kafka bootstrap.servers: {cluster.kafka_bootstrap()}")
         elif args.cluster_command == "status":
-            print(cluster.status_table())
+            nodes = cluster.status()
+            print(json.dumps(nodes, indent=2) if args.json else cluster.status_table(nodes))
+            if not cluster.healthy(nodes):
+                return 1
         elif args.cluster_command == "down":
             cluster.down()
             print(f"stopped the cluster in {cluster.data_dir}")

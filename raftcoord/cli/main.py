@@ -4,6 +4,7 @@ and nemesis, the Spark audit and the benchmarks."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -207,6 +208,46 @@ def _certs(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The commands whose modules import much (the client, the chaos workload,
+#: Spark): their one-line help, and the function of their module that adds
+#: their arguments, imported only when the command is the one given, so that
+#: `raftcoord cluster --help` does not load Spark nor the Kafka codec.
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "cluster": (
+        "run a local cluster (on 127.0.0.1, or in network namespaces)",
+        "raftcoord.cli.cluster",
+        "configure",
+    ),
+    "workload": (
+        "transactional traffic with faults, recorded in a history",
+        "raftcoord.chaos.commands",
+        "configure_workload",
+    ),
+    "chaos": (
+        "the nemesis alone against a running cluster",
+        "raftcoord.chaos.commands",
+        "configure_chaos",
+    ),
+    "txn": (
+        "list, describe and abort transactions; find hanging ones (KIP-664)",
+        "raftcoord.cli.txn",
+        "configure",
+    ),
+    "acl": ("add, list and remove ACLs (kafka-acls.sh)", "raftcoord.cli.acl", "configure"),
+    "user": ("add, list and remove SASL/SCRAM users", "raftcoord.cli.user", "configure"),
+    "bench": (
+        "benchmarks: with no suite, a local cluster against its ceilings and the targets",
+        "raftcoord.cli.bench",
+        "configure",
+    ),
+    "audit": (
+        "Spark exactly-once audit of a run's logs and history (docs/audit.md)",
+        "spark.cli",
+        "configure",
+    ),
+}
+
+
 def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
     """The (sub)command parser that ``argv`` chose, following its command names."""
     for token in argv:
@@ -349,26 +390,17 @@ def main(argv: list[str] | None = None) -> int:
         "--id", required=True, type=int, help="this gateway's id in [[kafka_listeners]]"
     )
     gateway.set_defaults(func=_kafka_gateway)
-    from raftcoord.chaos import commands as chaos
-    from raftcoord.cli import acl, bench, cluster, user
-    from raftcoord.cli import txn as txn_cli
-    from spark import cli as audit_cli
-
-    cluster.add_parser(commands)
-    chaos.add_parsers(commands)
-    txn_cli.add_parser(commands)
-    acl.add_parser(commands)
-    user.add_parser(commands)
-    bench.add_parser(commands)
-    audit = commands.add_parser(
-        "audit", help="Spark exactly-once audit of a run's logs and history (docs/audit.md)"
-    )
-    audit_cli.add_arguments(audit)
-    audit.set_defaults(func=audit_cli.command)
+    given = sys.argv[1:] if argv is None else argv
+    chosen = next((token for token in given if not token.startswith("-")), None)
+    for name, (text, module, function) in LAZY_COMMANDS.items():
+        sub = commands.add_parser(name, help=text, description=text)
+        if name == chosen:  # only the command given is built, with what it imports
+            getattr(importlib.import_module(module), function)(sub)
     args, unknown = parser.parse_known_args(argv)
+    if not hasattr(args, "func"):  # a command that was not built (options before it)
+        parser.print_usage(sys.stderr)
+        return 2
     if unknown:  # told with the usage of the subcommand that was given them
-        _chosen(parser, sys.argv[1:] if argv is None else argv).error(
-            f"unrecognized arguments: {' '.join(unknown)}"
-        )
+        _chosen(parser, given).error(f"unrecognized arguments: {' '.join(unknown)}")
     result: int = args.func(args)
     return result

@@ -35,7 +35,7 @@ from raftcoord.client.admin import TRANSACTION_STATES
 from raftcoord.client.errors import TransactionalIdNotFoundError
 from raftcoord.cluster.launcher import ClusterError
 
-__all__ = ["OpenTransaction", "add_parser", "is_candidate", "is_hanging"]
+__all__ = ["OpenTransaction", "configure", "is_candidate", "is_hanging"]
 
 #: find-hanging's default --max-transaction-timeout (Kafka's, and
 #: transaction.max.timeout.ms's default), in minutes.
@@ -311,10 +311,8 @@ def _now_ms() -> int:
 # --- command line -------------------------------------------------------------------
 
 
-def add_parser(commands: Any) -> None:
-    txn = commands.add_parser(
-        "txn", help="list, describe and abort transactions; find hanging ones (KIP-664)"
-    )
+def configure(txn: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord txn``."""
     sub = txn.add_subparsers(dest="txn_command", required=True)
     listing = sub.add_parser("list", help="the transactional ids the coordinators know")
     listing.add_argument(

@@ -23,7 +23,7 @@ from raftcoord.client.admin import DEFAULT_SCRAM_ITERATIONS
 from raftcoord.cluster.launcher import ClusterError
 from raftcoord.protocol.scram import MECHANISMS
 
-__all__ = ["add_parser"]
+__all__ = ["configure"]
 
 
 _COLUMNS = [("User", "user"), ("Mechanism", "mechanism"), ("Iterations", "iterations")]
@@ -33,8 +33,8 @@ class UserCommandError(Exception):
     """A command that cannot be done as asked; the message says why."""
 
 
-def add_parser(commands: Any) -> None:
-    user = commands.add_parser("user", help="add, list and remove SASL/SCRAM users")
+def configure(user: argparse.ArgumentParser) -> None:
+    """The arguments of ``raftcoord user``."""
     sub = user.add_subparsers(dest="user_command", required=True)
     add = sub.add_parser("add", help="set a user's password (SCRAM, and PLAIN against it)")
     listing = sub.add_parser("list", help="every user's mechanisms")

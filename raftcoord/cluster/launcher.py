@@ -23,6 +23,8 @@ import os
 import re
 import signal
 import socket
+import ssl
+import struct
 import subprocess
 import sys
 import tempfile
@@ -793,12 +795,7 @@ class LocalCluster:
         connections), or None when the node does not answer."""
         record = self._require().node(node_id)
         if record.kind == "kafka-gateway":
-            host, port = record.kafka.rsplit(":", 1)
-            try:
-                socket.create_connection((host, int(port)), timeout=timeout_s).close()
-            except OSError:
-                return None
-            return True
+            return True if self._gateway_answers(record, timeout_s) else None
         with self.channel(record.grpc) as channel:
             try:
                 if record.kind == "partition-log":
@@ -810,6 +807,34 @@ class LocalCluster:
                 )
             except grpc.RpcError:
                 return None
+
+    def _gateway_answers(self, record: NodeRecord, timeout_s: float) -> bool:
+        """Whether a Kafka gateway answers an ApiVersions request in time (a
+        stopped one still accepts connections: the kernel does), over TLS
+        with the admin certificate on a TLS listener."""
+        host, port = record.kafka.rsplit(":", 1)
+        files = self.client_tls(TLS_ADMIN)
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s) as raw:
+                sock: socket.socket = raw
+                if files and self._kafka_security() != "PLAINTEXT":
+                    context = ssl.create_default_context(cafile=files["ssl_cafile"])
+                    context.load_cert_chain(files["ssl_certfile"], files["ssl_keyfile"])
+                    sock = context.wrap_socket(raw, server_hostname=host)
+                sock.sendall(_API_VERSIONS_PROBE)
+                answer = b""
+                while len(answer) < 8:
+                    chunk = sock.recv(8 - len(answer))
+                    if not chunk:
+                        return False
+                    answer += chunk
+        except (OSError, ssl.SSLError):
+            return False
+        return answer[4:8] == _PROBE_CORRELATION.to_bytes(4, "big")
+
+    def _kafka_security(self) -> str:
+        config = load_config(self._require().config)
+        return config.kafka_listeners[0].security_protocol if config.kafka_listeners else ""
 
     def _settled(self, node_id: int) -> bool:
         """Whether the node answers, a partition-log node once the coordinators
@@ -869,31 +894,61 @@ class LocalCluster:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
 
-    def status_table(self) -> str:
-        """A readable table: node, pid, alive, then role@term per shard."""
+    def status(self) -> list[dict[str, Any]]:
+        """Each node as ``cluster status`` shows it: ``node``, ``kind``,
+        ``address``, ``pid``, ``alive`` (its process), ``answers`` (it
+        answered within half a second: a coordinator's NodeStatus, a
+        partition node's status, a gateway's ApiVersions), and per kind
+        ``shards`` (a coordinator's role, term and applied index per shard)
+        or ``serving`` (what the others serve)."""
         state = self._require()
+        nodes = []
+        for record in state.nodes:
+            alive = self.alive(record.node_id)
+            status = self.node_status(record.node_id, 0.5) if alive else None
+            node: dict[str, Any] = {
+                "node": record.node_id,
+                "kind": record.kind,
+                "address": record.grpc or record.kafka,
+                "pid": record.pid,
+                "alive": alive,
+                "answers": status is not None,
+            }
+            if record.kind == "coordinator":
+                node["shards"] = [
+                    {
+                        "shard": shard.shard,
+                        "role": "leader" if shard.is_leader else "follower",
+                        "term": shard.term,
+                        "applied_index": shard.applied_index,
+                    }
+                    for shard in (status.shards if status is not None else ())
+                ]
+            else:
+                node["serving"] = None if status is None else _serving(status)
+            nodes.append(node)
+        return nodes
+
+    def status_table(self, nodes: list[dict[str, Any]] | None = None) -> str:
+        """A readable table of :meth:`status`: node, pid, alive, then
+        role@term per shard (or what a partition node or gateway serves)."""
+        state = self._require()
+        nodes = self.status() if nodes is None else nodes
         header = ["node", "address", "pid", "alive"] + [
             f"shard {s}" for s in range(state.shard_count)
         ]
         rows = []
-        for record in state.nodes:
-            alive = self.alive(record.node_id)
-            status = self.node_status(record.node_id, 0.5) if alive else None
-            address = record.grpc or record.kafka
-            cells = [str(record.node_id), address, str(record.pid), "yes" if alive else "no"]
-            if record.kind != "coordinator":
-                answer = "no answer" if status is None else _serving(status)
-                cells += [f"{record.kind}, {answer}" if alive else "-"]
+        for node in nodes:
+            alive = node["alive"]
+            cells = [str(node["node"]), node["address"], str(node["pid"]), "yes" if alive else "no"]
+            if node["kind"] != "coordinator":
+                answer = node["serving"] or "no answer"
+                cells += [f"{node['kind']}, {answer}" if alive else "-"]
                 cells += [""] * (state.shard_count - 1)
-                rows.append(cells)
-                continue
-            for s in range(state.shard_count):
-                if status is None:
-                    cells.append("-" if not alive else "no answer")
-                    continue
-                shard = status.shards[s]
-                role = "leader" if shard.is_leader else "follower"
-                cells.append(f"{role} t{shard.term} @{shard.applied_index}")
+            elif not node["answers"]:
+                cells += ["no answer" if alive else "-"] * state.shard_count
+            else:
+                cells += [f"{s['role']} t{s['term']} @{s['applied_index']}" for s in node["shards"]]
             rows.append(cells)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         lines = [
@@ -901,6 +956,19 @@ class LocalCluster:
             for r in [header, *rows]
         ]
         return "\n".join(lines)
+
+    @staticmethod
+    def healthy(nodes: list[dict[str, Any]]) -> bool:
+        """Whether every node of :meth:`status` answers and every shard has a leader."""
+        led = {s["shard"] for n in nodes for s in n.get("shards", ()) if s["role"] == "leader"}
+        shards = {s["shard"] for n in nodes for s in n.get("shards", ())}
+        return all(n["answers"] for n in nodes) and bool(shards) and led == shards
+
+
+#: An ApiVersions v0 request (api key 18, version 0, correlation id, client
+#: id "status"), size-prefixed: what a Kafka client first sends.
+_PROBE_CORRELATION = 0x5A5A
+_API_VERSIONS_PROBE = struct.pack(">ihhih", 16, 18, 0, _PROBE_CORRELATION, 6) + b"status"
 
 
 def _serving(status: Any) -> str:

@@ -121,7 +121,9 @@ class Backend:
             try:
                 return await call(self.coordinator_stub(node.grpc))
             except grpc.aio.AioRpcError as exc:
-                log.debug("coordinator %s: %s", node.grpc, exc.code())
+                log.debug(
+                    "event=coordinator_unreachable address=%s code=%s", node.grpc, exc.code().name
+                )
         raise Unreachable("no coordinator answered")
 
     async def accepting_coordinator(self, method: str, request: Any) -> Any:
@@ -134,7 +136,9 @@ class Backend:
                     request, timeout=self.rpc_timeout_s
                 )
             except grpc.aio.AioRpcError as exc:
-                log.debug("coordinator %s: %s", node.grpc, exc.code())
+                log.debug(
+                    "event=coordinator_unreachable address=%s code=%s", node.grpc, exc.code().name
+                )
                 continue
             results = getattr(answer, "results", ())
             if (
@@ -191,14 +195,24 @@ class Backend:
                 request, timeout=self.rpc_timeout_s + wait_s
             )
         except grpc.aio.AioRpcError as exc:
-            log.info("shard %d leader %s unreachable: %s", shard, address, exc.code())
+            log.info(
+                "event=leader_unreachable shard=%d address=%s code=%s",
+                shard,
+                address,
+                exc.code().name,
+            )
             self._leaders.pop(shard, None)
             return _failed(
                 method, ErrorCode.COORDINATOR_NOT_AVAILABLE, f"coordinator {address}: {exc.code()}"
             )
         code = getattr(answer, "error_code", ErrorCode.NONE)
         if code in REDISCOVER:
-            log.info("shard %d: %s answers %s", shard, address, ErrorCode(code).name)
+            log.info(
+                "event=leader_moved shard=%d address=%s error=%s",
+                shard,
+                address,
+                ErrorCode(code).name,
+            )
             self._leaders.pop(shard, None)
         return answer
 
@@ -281,7 +295,11 @@ class Backend:
             if isinstance(answer, BaseException):
                 if not isinstance(answer, grpc.aio.AioRpcError):
                     raise answer
-                log.info("partition-log node %s: %s", address, answer.code())
+                log.info(
+                    "event=partition_node_unreachable address=%s code=%s",
+                    address,
+                    answer.code().name,
+                )
                 for topic, partition, _ in group:
                     self.forget_topic(topic)
                     failed.append((topic, partition, ErrorCode.NOT_LEADER_OR_FOLLOWER))

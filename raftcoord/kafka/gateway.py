@@ -39,7 +39,7 @@ from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
-from raftcoord.protocol.process import configure_logging
+from raftcoord.protocol.process import LogLimiter, configure_logging
 from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.scram import ScramCredential
 from raftcoord.protocol.tls import ANONYMOUS, node_identity
@@ -72,6 +72,10 @@ MAX_BATCH_RECORDS = 100_000
 #: The largest request frame before a connection is authenticated (Kafka's
 #: sasl.server.max.receive.size).
 MAX_UNAUTHENTICATED_FRAME = 512 * 1024
+#: Log lines about single connections (refused, closed, failed to
+#: authenticate) per second, at most: a client that reconnects in a loop
+#: (a gRPC client on the Kafka port) cannot flood the log.
+CONNECTION_LOGS_PER_S = 5.0
 #: Client addresses whose connection rate is tracked at most (beyond, the
 #: idle ones are forgotten).
 MAX_TRACKED_ADDRESSES = 10_000
@@ -217,7 +221,7 @@ class Gateway:
             ssl_handshake_timeout=FRAME_READ_TIMEOUT_S if self._tls else None,
         )
         log.info(
-            "kafka gateway %d listening on %s (%s)",
+            "event=listening node=%d address=%s security_protocol=%s",
             self.listener.node_id,
             self.listener.address,
             self.listener.security_protocol,
@@ -252,7 +256,7 @@ class Gateway:
                 f"limit={settings.max_connection_creation_rate_per_ip}"
             )
         if refused is not None:
-            log.warning("event=connection_refused ip=%s %s", ip, refused)
+            _connection_log(logging.WARNING, "event=connection_refused ip=%s %s", ip, refused)
             writer.transport.abort()
             return
         self._connections.add(this)
@@ -284,7 +288,12 @@ class Gateway:
                 (size,) = _SIZE.unpack(size_bytes)
                 largest = self._largest_frame if authenticated else MAX_UNAUTHENTICATED_FRAME
                 if not 0 < size <= largest:
-                    log.info("event=connection_closed reason=frame_size size=%d", size)
+                    _connection_log(
+                        logging.INFO,
+                        "event=connection_closed ip=%s reason=frame_size size=%d",
+                        ip,
+                        size,
+                    )
                     break
                 small = size <= min(SMALL_FRAME_BYTES, self._small_frames.total)
                 budget = self._small_frames if small else self._large_frames
@@ -300,14 +309,19 @@ class Gateway:
                     try:
                         response, failed = await self._sasl(frame, sasl)
                     except CloseConnection as exc:
-                        log.info("event=connection_closed reason=bad_sasl_request error=%r", exc)
+                        _connection_log(
+                            logging.INFO,
+                            "event=connection_closed ip=%s reason=bad_sasl_request error=%r",
+                            ip,
+                            str(exc),
+                        )
                         break
                     await answers.put(asyncio.create_task(_ready(response)))
                     if sasl.principal is not None and not authenticated:
                         authenticated = True
                         CALLER.set(Principal(sasl.principal, sasl.host or ip))
                     if failed and not authenticated:  # Kafka closes after a failed attempt
-                        log.info("event=authentication_failed ip=%s", ip)
+                        _connection_log(logging.INFO, "event=authentication_failed ip=%s", ip)
                         await answers.put(asyncio.create_task(_closing("authentication failed")))
                         await _closed(writer, FRAME_READ_TIMEOUT_S)  # the answer is sent first
                         break
@@ -322,7 +336,9 @@ class Gateway:
                 answer.add_done_callback(functools.partial(_release, budget, size))
                 await answers.put(answer)
         except TimeoutError:
-            log.info("event=connection_closed reason=idle_or_slow_frame")
+            _connection_log(
+                logging.INFO, "event=connection_closed ip=%s reason=idle_or_slow_frame", ip
+            )
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -356,11 +372,13 @@ class Gateway:
                     writer.write(frame)
                     await writer.drain()
         except CloseConnection as exc:
-            log.info("closing a connection: %s", exc)
+            _connection_log(logging.INFO, "event=connection_closed reason=%r", str(exc))
         except ConnectionError as exc:
-            log.info("closing a connection that failed: %r", exc)
+            _connection_log(
+                logging.INFO, "event=connection_closed reason=send_failed error=%r", str(exc)
+            )
         except Exception:
-            log.exception("closing a connection whose answer could not be sent")
+            log.exception("event=connection_closed reason=answer_not_sent")
         writer.transport.abort()
         while True:
             (await answers.get()).cancel()
@@ -443,7 +461,7 @@ class Gateway:
                 return None
             return m.encode_response(api_key, version, request.correlation_id, data)
         except Exception as exc:
-            log.exception("api %d version %d failed", api_key, version)
+            log.exception("event=request_failed api=%d version=%d", api_key, version)
             raise CloseConnection(f"api {api_key} version {version} failed") from exc
 
     def owner_of(self, key: str) -> KafkaListener:
@@ -737,7 +755,11 @@ class Gateway:
             except grpc.aio.AioRpcError as exc:
                 # A coordinator that cannot be reached leads no shard the
                 # others could not see: its shards have moved to live ones.
-                log.info("ListTransactions: coordinator %s: %s", node, exc.code())
+                log.info(
+                    "event=coordinator_unreachable api=ListTransactions node=%s code=%s",
+                    node,
+                    exc.code().name,
+                )
                 continue
             if int(answer.error_code) != ErrorCode.NONE:
                 error = ErrorCode(answer.error_code)
@@ -1482,3 +1504,18 @@ async def _closed(writer: asyncio.StreamWriter, timeout_s: float) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not writer.transport.is_closing() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
+
+
+_CONNECTION_LOG_LIMIT = LogLimiter(CONNECTION_LOGS_PER_S)
+
+
+def _connection_log(level: int, message: str, *args: object) -> None:
+    """A log line about one connection, within :data:`CONNECTION_LOGS_PER_S`
+    (the first line after a quiet spell says how many were left out)."""
+    limit = _CONNECTION_LOG_LIMIT
+    if not limit.allow():
+        return
+    if limit.suppressed:
+        message, args = message + " suppressed=%d", (*args, limit.suppressed)
+        limit.suppressed = 0
+    log.log(level, message, *args)
