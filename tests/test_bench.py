@@ -85,12 +85,13 @@ def test_outcomes_merge_counts_and_take_the_longest_elapsed() -> None:
     assert a.errors == {"KafkaTimeoutError": 1}
 
 
-def test_a_target_says_how_far_and_whether_it_is_met() -> None:
+def test_a_target_says_its_margin_the_same_way_for_both_kinds() -> None:
     at_most = Target("p99", 75.0, 50.0, at_most=True, unit="ms")
-    assert at_most.met is False and at_most.how_far == 1.5
-    assert at_most.as_row() == ["p99", "≤ 50 ms", "75 ms", "1.50", "NOT met"]
-    at_least = Target("ratio", 0.5, 0.35, at_most=False, unit="x")
-    assert at_least.met is True
+    assert at_most.met is False and at_most.margin is not None and at_most.margin < 1
+    assert at_most.as_row() == ["p99", "≤ 50 ms", "75 ms", "0.67", "NOT met"]
+    at_least = Target("ratio", 0.5, 0.25, at_most=False, unit="x")
+    assert at_least.met is True and at_least.margin == 2.0
+    assert Target("p99", 25.0, 50.0, at_most=True).margin == 2.0  # met: above 1 too
     missing = Target("failover", None, 1.0, at_most=True, unit="s")
     assert missing.met is None and missing.as_row()[2:] == ["-", "-", "not measured"]
 

@@ -112,14 +112,19 @@ class Target:
         return self.value <= self.bound if self.at_most else self.value >= self.bound
 
     @property
-    def how_far(self) -> float | None:
-        """value / bound: how far from the target (1.0 on it)."""
-        if self.value is None or self.bound == 0:
+    def margin(self) -> float | None:
+        """How far the value is on the good side of the bound, read the same
+        way for both kinds of target: 1.0 on it, above 1 met, below not
+        (bound / value for an at-most target, value / bound for an at-least one)."""
+        if self.value is None:
             return None
-        return self.value / self.bound
+        over, under = (self.bound, self.value) if self.at_most else (self.value, self.bound)
+        if under == 0:
+            return None if over == 0 else float("inf")
+        return over / under
 
     def as_row(self) -> list[str]:
-        """Cells: target, bound, value, value/bound, met."""
+        """Cells: target, bound, value, margin, met."""
         sign = "≤" if self.at_most else "≥"
         unit = f" {self.unit}" if self.unit else ""
         met = {None: "not measured", True: "met", False: "NOT met"}[self.met]
@@ -127,6 +132,6 @@ class Target:
             self.name,
             f"{sign} {self.bound:g}{unit}",
             "-" if self.value is None else f"{self.value:.3g}{unit}",
-            "-" if self.how_far is None else f"{self.how_far:.2f}",
+            "-" if self.margin is None else f"{self.margin:.2f}",
             met,
         ]

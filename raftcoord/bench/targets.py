@@ -849,7 +849,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
     out.append(
         _table(
             "targets",
-            ["target", "bound", "measured", "measured / bound", "verdict"],
+            ["target", "bound", "measured", "margin (≥ 1: met)", "verdict"],
             [t.as_row() for t in targets(results)],
         )
     )
