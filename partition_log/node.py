@@ -43,6 +43,7 @@ from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.health import Health
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
 from raftcoord.protocol.tls import Authorizer, add_port, cluster_refusal, node_identity
@@ -483,9 +484,15 @@ class PartitionNode:
             confirm_epoch=self.view.confirm_coordinator_epoch,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
+        self.health = Health(
+            self._server,
+            [partition_log_pb2.DESCRIPTOR.services_by_name["PartitionLog"].full_name],
+            self.can_serve,
+        )
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         self._server.start()
+        self._threads.append(self.health.start(self._stopping))
         log.info(
             "node=%d event=started kind=partition-log grpc=%s partitions=%d fsync=%s data_dir=%s",
             self.node_id,
@@ -494,6 +501,11 @@ class PartitionNode:
             self._fsync.value,
             self.data_dir,
         )
+
+    def can_serve(self) -> bool:
+        """The node's health: its data directory is the one on record and it
+        knows the topic map (one metadata refresh answered)."""
+        return self.directory_state is DirectoryState.SERVING and self.view.shard_count > 0
 
     def _refresh_loop(self) -> None:
         while not self._stopping.wait(METADATA_REFRESH_S):

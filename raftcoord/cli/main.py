@@ -8,6 +8,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from raftcoord.chaos.arguments import positive_seconds
 from raftcoord.protocol.process import exit_with_watched_process
 
 
@@ -262,8 +263,6 @@ def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Argume
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
-    from raftcoord.chaos.arguments import positive_seconds
-
     parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(

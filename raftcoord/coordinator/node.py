@@ -42,6 +42,7 @@ from raftcoord.coordinator.shard import (
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.health import Health
 from raftcoord.protocol.process import (
     EXIT_DATA_DAMAGED,
     EXIT_STORAGE_FAILED,
@@ -51,7 +52,7 @@ from raftcoord.protocol.process import (
 from raftcoord.protocol.routing import preferred_leader
 from raftcoord.protocol.tls import add_port, node_identity
 from raftcoord.protocol.types import WriteMarkers
-from raftcoord.protocol.v1 import admin_pb2_grpc, coordinator_pb2_grpc
+from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("raftcoord.coordinator.node")
 
@@ -171,6 +172,7 @@ class CoordinatorNode:
             thread.start()
         self._server = self._make_server()
         self._server.start()
+        self._threads.append(self.health.start(self._stopping))
         log.info(
             "node=%d event=started grpc=%s shards=%d data_dir=%s",
             self.node_id,
@@ -271,9 +273,26 @@ class CoordinatorNode:
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
             AdminService(self, self.config, self.node_id), server
         )
+        self.health = Health(
+            server,
+            [
+                coordinator_pb2.DESCRIPTOR.services_by_name["TransactionCoordinator"].full_name,
+                admin_pb2.DESCRIPTOR.services_by_name["CoordinatorAdmin"].full_name,
+            ],
+            self.can_serve,
+        )
         if add_port(server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         return server
+
+    def can_serve(self) -> bool:
+        """The node's health: every shard has a leader (this node or one it
+        hears from), and the shards it leads have applied their logs."""
+        return all(
+            self.leader_of(shard) is not None
+            and (not replica.is_leader or replica.availability() is ErrorCode.NONE)
+            for shard, replica in enumerate(self.shards)
+        )
 
     def stop(self) -> None:
         """Stop serving, stop ticking, close journals (SIGTERM path)."""
