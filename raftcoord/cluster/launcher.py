@@ -815,12 +815,14 @@ class LocalCluster:
         host, port = record.kafka.rsplit(":", 1)
         files = self.client_tls(TLS_ADMIN)
         try:
-            with socket.create_connection((host, int(port)), timeout=timeout_s) as raw:
-                sock: socket.socket = raw
+            with contextlib.ExitStack() as closing:
+                sock = closing.enter_context(
+                    socket.create_connection((host, int(port)), timeout=timeout_s)
+                )
                 if files and self._kafka_security() != "PLAINTEXT":
                     context = ssl.create_default_context(cafile=files["ssl_cafile"])
                     context.load_cert_chain(files["ssl_certfile"], files["ssl_keyfile"])
-                    sock = context.wrap_socket(raw, server_hostname=host)
+                    sock = closing.enter_context(context.wrap_socket(sock, server_hostname=host))
                 sock.sendall(_API_VERSIONS_PROBE)
                 answer = b""
                 while len(answer) < 8:
