@@ -30,6 +30,7 @@ from raftcoord.client import (
     Consumer,
     ConsumerRecord,
     IllegalStateError,
+    KafkaConnectionError,
     KafkaTimeoutError,
     Producer,
     ProducerFencedError,
@@ -301,15 +302,15 @@ def test_discovery_survives_a_dead_bootstrap_address(bootstrap: list[str]) -> No
             producer.commit_transaction()
 
 
-def test_coordinator_calls_time_out_when_no_coordinator_answers() -> None:
+def test_coordinator_calls_fail_at_once_when_no_coordinator_was_ever_reached() -> None:
     from raftcoord.cluster.launcher import free_ports
 
     dead = [f"127.0.0.1:{p}" for p in free_ports(2)]
-    with TransactionalProducer(dead, "nobody-home", request_timeout_ms=400) as producer:
+    with TransactionalProducer(dead, "nobody-home", request_timeout_ms=30_000) as producer:
         started = time.monotonic()
-        with pytest.raises(KafkaTimeoutError, match="init_transactions"):
+        with pytest.raises(KafkaConnectionError, match=f"no coordinator answers at .*{dead[1]}"):
             producer.init_transactions()
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 3  # not the 30 s request timeout
         assert producer.state == "initializing"  # may be called again
 
 
