@@ -19,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from raftcoord.chaos.arguments import HISTORY_FILE
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -30,7 +32,11 @@ def parser() -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-dir", required=True, help="the cluster's data directory")
-    p.add_argument("--history", help="the workload's history.jsonl (docs/history.md)")
+    p.add_argument(
+        "--history",
+        help="the workload's history.jsonl (docs/history.md); default CLUSTER_DIR/"
+        f"{HISTORY_FILE} when it is there",
+    )
     p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     p.add_argument(
         "--report", help="directory for audit.json and audit.html (default CLUSTER_DIR/audit)"
@@ -47,7 +53,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace) -> int:
     """Run the audit from parsed arguments; returns the exit status."""
     cluster_dir = Path(args.cluster_dir).resolve()
-    history = Path(args.history).resolve() if args.history else None
+    history = history_of(cluster_dir, args.history)
+    if history is not None and not args.history:
+        print(f"history: {history} (the workload's, in the cluster directory)")
     problem = _check_inputs(cluster_dir, history)
     if problem is not None:
         print(f"raftcoord audit: {problem}", file=sys.stderr)
@@ -64,6 +72,16 @@ def command(args: argparse.Namespace) -> int:
     print_table(outcome.results)
     print(f"report: {outcome.html_path}\njson:   {outcome.json_path}")
     return 0 if outcome.verdict == "PASS" else 1
+
+
+def history_of(cluster_dir: Path, given: str | None) -> Path | None:
+    """The history to audit: ``--history``, else the one ``raftcoord
+    workload`` writes into the cluster directory (``history.jsonl``) when it
+    is there, else None (the checks that need it are skipped)."""
+    if given:
+        return Path(given).resolve()
+    written = cluster_dir / HISTORY_FILE
+    return written if written.is_file() else None
 
 
 def _check_inputs(cluster_dir: Path, history: Path | None) -> str | None:

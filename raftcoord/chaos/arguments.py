@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+#: The history `raftcoord workload` writes into the cluster directory unless
+#: told otherwise (what `raftcoord audit` reads there by default).
+HISTORY_FILE = "history.jsonl"
+
 
 def positive_seconds(text: str) -> float:
     """An argument that is a positive, finite number of seconds."""

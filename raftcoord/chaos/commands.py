@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from raftcoord.chaos.arguments import positive_int, positive_seconds
+from raftcoord.chaos.arguments import HISTORY_FILE, positive_int, positive_seconds
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
 from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
@@ -56,7 +56,7 @@ def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name:
 
 def configure_workload(workload: argparse.ArgumentParser) -> None:
     """The arguments of ``raftcoord workload``."""
-    _common(workload, "none", "history.jsonl")
+    _common(workload, "none", HISTORY_FILE)
     length = workload.add_mutually_exclusive_group()
     length.add_argument("--duration", type=positive_seconds, help="seconds of traffic (default 60)")
     length.add_argument("--transactions", type=positive_int, help="producer transactions in all")
@@ -150,7 +150,7 @@ def _workload(args: argparse.Namespace) -> int:
         )
         options.check()
         cluster = _cluster(args)
-        history = Path(args.history) if args.history else cluster.data_dir / "history.jsonl"
+        history = Path(args.history) if args.history else cluster.data_dir / HISTORY_FILE
         summary = run_with_progress(Workload(cluster, options, history, say=console.print), console)
     except (ClusterError, KafkaError, ValueError) as exc:
         console.print(f"raftcoord workload: {exc}", style="red")
