@@ -99,14 +99,7 @@ class GroupRPCs:
             *self._group_and_topics(Operation.READ, request.group_id, offsets),
         )
         if denied is not None:
-            return coordinator_pb2.TxnOffsetCommitResponse(
-                error_code=wire_error(denied.error),
-                error_message=denied.message,
-                results=[
-                    partition_result(TopicPartition(o.topic, o.partition), denied.error)
-                    for o in offsets
-                ],
-            )
+            return _offsets_answer(coordinator_pb2.TxnOffsetCommitResponse, denied, offsets)
 
         def command(stamp: Stamp) -> Command:
             return TxnOffsetCommit(
@@ -126,14 +119,7 @@ class GroupRPCs:
             return None if error is ErrorCode.NONE else Outcome(error=error, message=message)
 
         outcome = self.router.run(self.router.shard_of(request.group_id), command, in_transaction)
-        return coordinator_pb2.TxnOffsetCommitResponse(
-            error_code=wire_error(outcome.error),
-            error_message=outcome.message,
-            results=[
-                partition_result(TopicPartition(o.topic, o.partition), outcome.error)
-                for o in offsets
-            ],
-        )
+        return _offsets_answer(coordinator_pb2.TxnOffsetCommitResponse, outcome, offsets)
 
     def _verify_group(self, request: Any, context: Any) -> tuple[ErrorCode, str]:
         """Whether ``request.group_id`` is in the ongoing transaction of
@@ -178,14 +164,7 @@ class GroupRPCs:
             *self._group_and_topics(Operation.READ, request.group_id, offsets),
         )
         if denied is not None:
-            return coordinator_pb2.OffsetCommitResponse(
-                error_code=wire_error(denied.error),
-                error_message=denied.message,
-                results=[
-                    partition_result(TopicPartition(o.topic, o.partition), denied.error)
-                    for o in offsets
-                ],
-            )
+            return _offsets_answer(coordinator_pb2.OffsetCommitResponse, denied, offsets)
         outcome = self.router.run(
             self.router.shard_of(request.group_id),
             lambda stamp: OffsetCommit(
@@ -197,14 +176,7 @@ class GroupRPCs:
                 request.group_instance_id,
             ),
         )
-        return coordinator_pb2.OffsetCommitResponse(
-            error_code=wire_error(outcome.error),
-            error_message=outcome.message,
-            results=[
-                partition_result(TopicPartition(o.topic, o.partition), outcome.error)
-                for o in offsets
-            ],
-        )
+        return _offsets_answer(coordinator_pb2.OffsetCommitResponse, outcome, offsets)
 
     def OffsetFetch(self, request: Any, context: Any) -> Any:
         if not request.group_id:
@@ -734,6 +706,18 @@ def group_marker(
     """The GroupMarker command that resolves a transaction's pending offsets."""
     return lambda stamp: GroupMarker(
         group_id, producer_id, producer_epoch, commit, stamp.now_ms, coordinator_epoch
+    )
+
+
+def _offsets_answer(response: Any, outcome: Outcome, offsets: tuple[OffsetEntry, ...]) -> Any:
+    """An offset commit's answer (``response``, TxnOffsetCommit's or
+    OffsetCommit's): ``outcome`` for the request and each of its partitions."""
+    return response(
+        error_code=wire_error(outcome.error),
+        error_message=outcome.message,
+        results=[
+            partition_result(TopicPartition(o.topic, o.partition), outcome.error) for o in offsets
+        ],
     )
 
 
