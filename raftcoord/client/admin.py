@@ -249,9 +249,7 @@ class Admin:
         """
         request = coordinator_pb2.CreateAclsRequest(creations=[acl_to_proto(a) for a in acls])
         answer = self._security_call("create_acls", "CreateAcls", request, timeout_ms)
-        failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
-        if failed is not None:
-            raise error_for(failed.error_code, failed.error_message)
+        _raise_first_failure(answer.results)
 
     def describe_acls(
         self, acl_filter: AclFilter | None = None, timeout_ms: int | None = None
@@ -283,9 +281,7 @@ class Admin:
         """
         request = coordinator_pb2.DeleteAclsRequest(filters=[filter_to_proto(f) for f in filters])
         answer = self._security_call("delete_acls", "DeleteAcls", request, timeout_ms)
-        failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
-        if failed is not None:
-            raise error_for(failed.error_code, failed.error_message)
+        _raise_first_failure(answer.results)
         return [[acl_from_proto(a) for a in r.deleted] for r in answer.results]
 
     # --- SASL users ------------------------------------------------------------------
@@ -361,9 +357,7 @@ class Admin:
         answer = self._security_call(
             "alter_scram_credentials", "AlterUserScramCredentials", request, timeout_ms
         )
-        failed = next((r for r in answer.results if r.error_code != ErrorCode.NONE), None)
-        if failed is not None:
-            raise error_for(failed.error_code, f"{failed.user}: {failed.error_message}")
+        _raise_first_failure(answer.results, lambda r: f"{r.user}: {r.error_message}")
 
     def _security_call(self, what: str, method: str, request: Any, timeout_ms: int | None) -> Any:
         """``method``'s answer from shard 0's leader (any coordinator forwards
@@ -666,6 +660,16 @@ class Admin:
             if pending:
                 deadline.back_off(backoff, last)
         return done
+
+
+def _raise_first_failure(
+    results: Iterable[Any], message: Callable[[Any], str] = lambda r: str(r.error_message)
+) -> None:
+    """Raise the error of the first of ``results`` (each with an
+    ``error_code``) that failed, with ``message`` of it."""
+    failed = next((r for r in results if r.error_code != ErrorCode.NONE), None)
+    if failed is not None:
+        raise error_for(failed.error_code, message(failed))
 
 
 def _first_description_error(answer: Any) -> int:
