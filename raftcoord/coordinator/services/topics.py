@@ -105,11 +105,24 @@ class TopicRPCs:
         node fails the call (UNAVAILABLE) rather than answer unconfirmed.
         The ACLs (``include_acls``) come from this node's replica of shard 0,
         or with ``read_barrier`` from shard 0's leader through its log."""
+        confirmed_acls: frozenset[Acl] | None = None
+        topics: dict[str, tuple[int, ...]] | None
         if request.include_acls and request.read_barrier:
             forwarded = self.router.leader_answer(METADATA_SHARD, context, "Metadata", request)
             if forwarded is not None:
                 return forwarded
-        topics = self.leader_topics(context, request.read_barrier)
+            # Topics and ACLs through one barrier of shard 0's leader (this node).
+            try:
+                topics, confirmed_acls = self.router.read(
+                    METADATA_SHARD, lambda machine: (dict(machine.state.topics), machine.state.acls)
+                )
+            except Refused:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"shard {METADATA_SHARD} has no leader to confirm the topics and ACLs with",
+                )
+        else:
+            topics = self.leader_topics(context, request.read_barrier)
         if topics is None:
             if request.read_barrier:
                 context.abort(
@@ -129,16 +142,10 @@ class TopicRPCs:
         acls: list[Any] = []
         acls_included = request.include_acls and authorizer.acts_as_cluster(who)
         if acls_included:
-            index = authorizer.index()
-            current = index.acls if index is not None else frozenset()
-            if request.read_barrier:
-                try:
-                    current = self.router.read(METADATA_SHARD, lambda machine: machine.state.acls)
-                except Refused:
-                    context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"shard {METADATA_SHARD} has no leader to confirm the ACLs with",
-                    )
+            current = confirmed_acls
+            if current is None:
+                index = authorizer.index()
+                current = index.acls if index is not None else frozenset()
             acls = [acl_to_proto(a) for a in sorted(current, key=Acl.to_wire)]
         return coordinator_pb2.MetadataResponse(
             coordinators=[
