@@ -562,10 +562,8 @@ class LocalCluster:
         CA and the client certificate ``name``; for SASL_SSL the CA and
         ``sasl`` (mechanism, user, password)."""
         settings = {"bootstrap.servers": self.kafka_bootstrap()}
-        gateways = self.kafka_gateways()
-        config = load_config(self._require().config) if gateways else None
-        protocol = config.kafka_listeners[0].security_protocol if config else "PLAINTEXT"
-        if protocol == "PLAINTEXT":
+        protocol = self._kafka_security()
+        if protocol in ("", "PLAINTEXT"):
             return settings
         files = self.client_tls(name)
         settings |= {"security.protocol": protocol, "ssl.ca.location": files["ssl_cafile"]}
@@ -835,6 +833,7 @@ class LocalCluster:
         return answer[4:8] == _PROBE_CORRELATION.to_bytes(4, "big")
 
     def _kafka_security(self) -> str:
+        """The gateways' security_protocol ("" without gateways)."""
         config = load_config(self._require().config)
         return config.kafka_listeners[0].security_protocol if config.kafka_listeners else ""
 
