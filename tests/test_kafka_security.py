@@ -27,6 +27,7 @@ from raftcoord.protocol.config import load_config
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import stable_hash
 from tests.local_cluster import running_cluster
+from tests.test_kafka_gateway import read_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -193,15 +194,5 @@ def test_a_relayed_request_keeps_its_clients_rights(ssl_cluster: LocalCluster) -
         ):
             body = {"transactional_id": transactional_id, "transaction_timeout": 60_000}
             sock.sendall(m.encode_request(m.INIT_PRODUCER_ID, 1, 7, "raw", body))
-            size = int.from_bytes(read_exactly(sock, 4), "big")
-            answer = m.decode_response(m.INIT_PRODUCER_ID, 1, read_exactly(sock, size))
+            answer = m.decode_response(m.INIT_PRODUCER_ID, 1, read_frame(sock))
         assert int(answer.error_code) == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-
-
-def read_exactly(sock: ssl.SSLSocket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        assert chunk, "the gateway closed the connection"
-        data += chunk
-    return data
