@@ -12,12 +12,15 @@ record and it knows the topic map), else NOT_SERVING.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger("raftcoord.health")
 
 #: How often the node's check is run.
 CHECK_INTERVAL_S = 0.5
@@ -54,6 +57,8 @@ class Health:
             try:
                 serving = self._check()
             except Exception:  # a check that fails says the node cannot serve
+                if self.serving:  # logged once, when it stops serving for it
+                    log.exception("event=health_check_failed")
                 serving = False
             if serving != self.serving:
                 self._set(serving)
