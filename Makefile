@@ -8,8 +8,11 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 TYPED = fsm pid_allocator marker_writer raftcoord partition_log spark tests/history_checker.py tests/simulation.py
+#: Debian packages the tests use, as binary:package, installed (as root) when
+#: the binary is missing: Prometheus's promtool checks the alert rules.
+DEBIAN_TOOLS := /usr/bin/promtool:prometheus
 
-.PHONY: help install test test-fast lint typecheck proto demo clean
+.PHONY: help install debian-tools test test-fast lint typecheck proto demo clean
 
 help:
 	@echo "make demo       the main job: local cluster, chaos workload with every fault, Spark audit, verdict"
@@ -24,9 +27,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) debian-tools
 
-test: $(STAMP)
+debian-tools:
+	@missing=$$(for t in $(DEBIAN_TOOLS); do test -x $${t%%:*} || echo $${t##*:}; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "missing Debian packages (install them as root): $$missing"; \
+	  fi; \
+	fi
+
+test: $(STAMP) debian-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -441,6 +441,26 @@ class MarkerBook:
             "stale_transactions": self.counters.stale_transactions,
             "unroutable_markers": self.counters.unroutable_markers,
             "oldest_pending_ms": 0 if oldest is None else int((now - oldest) * 1000),
+            "backlog": self.backlog(now),
+        }
+
+    def backlog(self, now: float) -> dict[str, tuple[int, float]]:
+        """Per destination, the markers queued or in flight there and the
+        age (seconds) of the oldest one's transaction; markers waiting to be
+        tried again (or routed) are under ``"retrying"``."""
+        by_destination: dict[str, list[PendingMarker]] = {}
+        for destination, queue in self._queues.items():
+            by_destination.setdefault(str(destination), []).extend(m for m in queue if m.live)
+        for destination, batch in self._in_flight.items():
+            markers = (m for group in batch.markers for m in group if m.live)
+            by_destination.setdefault(str(destination), []).extend(markers)
+        retrying = [m for _, _, m in self._scheduled if m.live]
+        if retrying:
+            by_destination["retrying"] = retrying
+        return {
+            name: (len(markers), now - min(m.txn.added_at for m in markers))
+            for name, markers in sorted(by_destination.items())
+            if markers
         }
 
     def clear(self) -> None:

@@ -71,13 +71,20 @@ logger = logging.getLogger(__name__)
 fsync_failure_handler: Callable[[str, OSError], None] | None = None
 
 
+#: Called with the seconds each successful fsync took (the node's metrics).
+fsync_observer: Callable[[float], None] | None = None
+
+
 def _fsync(fd: int, what: Path | str) -> None:
+    started = time.perf_counter()
     try:
         os.fsync(fd)
     except OSError as exc:
         if fsync_failure_handler is not None:
             fsync_failure_handler(str(what), exc)
         raise
+    if fsync_observer is not None:
+        fsync_observer(time.perf_counter() - started)
 
 
 _INDEX_ENTRY = struct.Struct(">II")

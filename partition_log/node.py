@@ -37,6 +37,7 @@ import grpc
 import partition_log.log
 from partition_log.cluster_view import ClusterView, TxnPartitionAdder, owed_marker
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
+from partition_log.metrics import PartitionCollector
 from partition_log.partition import Partition
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
@@ -45,6 +46,7 @@ from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, loa
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.health import Health
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
+from raftcoord.protocol.metrics import Metrics, RpcMetrics
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
 from raftcoord.protocol.tls import Authorizer, add_port, cluster_refusal, node_identity
 from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
@@ -125,6 +127,15 @@ class PartitionNode:
         self._threads: list[threading.Thread] = []
         self._flusher: LogFlusher | None = None
         self._server: grpc.Server | None = None
+        #: The node's Prometheus metrics, when its config gives it an address.
+        self.metrics: Metrics | None = None
+        if self.me.metrics is not None:
+            self.metrics = Metrics()
+            self.metrics.add(
+                PartitionCollector(
+                    lambda: list(self.partitions.values()), lambda: len(self.damaged)
+                )
+            )
 
     # --- partitions ----------------------------------------------------------------
 
@@ -463,6 +474,7 @@ class PartitionNode:
             self._flusher.start()
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
+            interceptors=[] if self.metrics is None else [RpcMetrics(self.metrics)],
             options=[
                 ("grpc.so_reuseport", 0),
                 # A batch over message.max.bytes must reach the service to be
@@ -493,10 +505,15 @@ class PartitionNode:
             raise OSError(f"cannot listen on {self.me.grpc}")
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
+        if self.metrics is not None and self.me.metrics is not None:
+            partition_log.log.fsync_observer = self.metrics.fsyncs()
+            self.metrics.serve(self.me.metrics, self.config, self.node_id)
         log.info(
-            "node=%d event=started kind=partition-log grpc=%s partitions=%d fsync=%s data_dir=%s",
+            "node=%d event=started kind=partition-log grpc=%s metrics=%s partitions=%d fsync=%s "
+            "data_dir=%s",
             self.node_id,
             self.me.grpc,
+            self.me.metrics or "-",
             len(self.partitions),
             self._fsync.value,
             self.data_dir,
@@ -541,6 +558,8 @@ class PartitionNode:
             partition.close()
         # Every partition is flushed and closed: the next start may trust the logs.
         (self.data_dir / CLEAN_SHUTDOWN_FILE).touch()
+        if self.metrics is not None:
+            self.metrics.close()
         log.info("node=%d event=stopped", self.node_id)
 
 

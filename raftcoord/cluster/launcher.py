@@ -85,6 +85,9 @@ PARTITION_NODE_BASE_ID = 101
 COORDINATOR_PORT = 7100
 RAFT_BASE_PORT = 7201
 PARTITION_NODE_PORT = 7300
+#: The metrics endpoints' ports of nodes with an address of their own.
+COORDINATOR_METRICS_PORT = 7110
+PARTITION_NODE_METRICS_PORT = 7310
 SIGNALS = {
     "KILL": signal.SIGKILL,
     "STOP": signal.SIGSTOP,
@@ -108,6 +111,7 @@ class NodeRecord:
     log: str = ""
     netns: str = ""  # the network namespace it runs in ("": the root namespace)
     kafka: str = ""  # a Kafka gateway's address for Kafka clients
+    metrics: str = ""  # its Prometheus endpoint ("": none)
 
 
 @dataclass
@@ -262,6 +266,7 @@ def write_config(
     hosts: dict[int, str] | None = None,
     kafka_listeners: int = 0,
     kafka_security: str = "PLAINTEXT",
+    metrics: bool = True,
 ) -> None:
     """Write a cluster config for a local cluster; ``settings`` adds entries
     to its ``[settings]`` table (Kafka-style names), in place of the
@@ -270,9 +275,14 @@ def write_config(
     each on its own address with the fixed ports COORDINATOR_PORT,
     RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
     Kafka gateways (only without ``hosts``) listen on 127.0.0.1 too, with
-    ``kafka_security`` (their ``security_protocol``)."""
+    ``kafka_security`` (their ``security_protocol``). With ``metrics`` every
+    process gets a metrics endpoint (COORDINATOR_METRICS_PORT and
+    PARTITION_NODE_METRICS_PORT given ``hosts``)."""
+    processes = coordinators + partition_nodes + kafka_listeners
     if hosts is None:
-        ports = iter(free_ports(coordinators * (1 + shards) + partition_nodes + kafka_listeners))
+        ports = iter(
+            free_ports(coordinators * (1 + shards) + partition_nodes + kafka_listeners + processes)
+        )
 
         def address(node_id: int, port: int) -> str:
             return f'"127.0.0.1:{next(ports)}"'
@@ -282,14 +292,21 @@ def write_config(
         def address(node_id: int, port: int) -> str:
             return f'"{hosts[node_id]}:{port}"'
 
+    def metrics_line(node_id: int, port: int) -> str:
+        return f"metrics = {address(node_id, port)}\n" if metrics else ""
+
     ids = node_ids(coordinators, partition_nodes)
     blocks = []
     for node_id in ids[:coordinators]:
         grpc_address = address(node_id, COORDINATOR_PORT)
         raft = ", ".join(address(node_id, RAFT_BASE_PORT + s) for s in range(shards))
-        blocks.append(f"[[coordinators]]\nid = {node_id}\ngrpc = {grpc_address}\nraft = [{raft}]\n")
+        blocks.append(
+            f"[[coordinators]]\nid = {node_id}\ngrpc = {grpc_address}\nraft = [{raft}]\n"
+            + metrics_line(node_id, COORDINATOR_METRICS_PORT)
+        )
     partition_blocks = [
         f"[[partition_nodes]]\nid = {node_id}\ngrpc = {address(node_id, PARTITION_NODE_PORT)}\n"
+        + metrics_line(node_id, PARTITION_NODE_METRICS_PORT)
         for node_id in ids[coordinators:]
     ]
     overridden = {json.dumps(k) for k in settings or {}}
@@ -314,6 +331,7 @@ def write_config(
         text += (
             f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
             f'security_protocol = "{kafka_security}"\n'
+            + metrics_line(KAFKA_LISTENER_BASE_ID + i, 0)
         )
     path.write_text(text)
     key = path.parent / RAFT_KEY_FILE
@@ -355,6 +373,7 @@ class LocalCluster:
         tls: bool = False,
         kafka_security: str = "PLAINTEXT",
         starting: Callable[[], None] | None = None,
+        metrics: bool = True,
     ) -> ClusterState:
         """Write the config, start every node, wait until every shard has a leader
         (its preferred one with auto.leader.rebalance.enable) and every
@@ -378,8 +397,10 @@ class LocalCluster:
         replaced by the namespace's. ``kafka_listeners`` Kafka gateways
         (docs/kafka.md) start after the nodes, on 127.0.0.1 only, with
         ``kafka_security`` (PLAINTEXT, or with ``tls`` SSL or SASL_SSL;
-        :meth:`kafka_client_config`). ``starting`` is called once every
-        check has passed, just before the first node starts.
+        :meth:`kafka_client_config`). With ``metrics`` (the default) every
+        process serves Prometheus metrics (docs/metrics.md; the addresses are
+        in :meth:`status`). ``starting`` is called once every check has
+        passed, just before the first node starts.
 
         Raises:
             ClusterError: the data directory cannot be used, a cluster runs
@@ -444,6 +465,7 @@ class LocalCluster:
                     hosts,
                     kafka_listeners,
                     kafka_security,
+                    metrics,
                 )
             if tls:
                 _add_tls_table(candidate)
@@ -467,10 +489,14 @@ class LocalCluster:
                 namespaces.destroy(network)
             raise
         records = [
-            NodeRecord(n.node_id, "coordinator", n.grpc) for n in cluster_config.coordinators
-        ] + [NodeRecord(n.node_id, "partition-log", n.grpc) for n in cluster_config.partition_nodes]
+            NodeRecord(n.node_id, "coordinator", n.grpc, metrics=n.metrics or "")
+            for n in cluster_config.coordinators
+        ] + [
+            NodeRecord(n.node_id, "partition-log", n.grpc, metrics=n.metrics or "")
+            for n in cluster_config.partition_nodes
+        ]
         records += [
-            NodeRecord(k.node_id, "kafka-gateway", "", kafka=k.address)
+            NodeRecord(k.node_id, "kafka-gateway", "", kafka=k.address, metrics=k.metrics or "")
             for k in cluster_config.kafka_listeners
         ]
         if network is not None:
@@ -897,7 +923,8 @@ class LocalCluster:
 
     def status(self) -> list[dict[str, Any]]:
         """Each node as ``cluster status`` shows it: ``node``, ``kind``,
-        ``address``, ``pid``, ``alive`` (its process), ``answers`` (it
+        ``address``, ``metrics`` (its metrics endpoint, "" for none), ``pid``,
+        ``alive`` (its process), ``answers`` (it
         answered within half a second: a coordinator's NodeStatus, a
         partition node's status, a gateway's ApiVersions), and per kind
         ``shards`` (a coordinator's role, term and applied index per shard)
@@ -911,6 +938,7 @@ class LocalCluster:
                 "node": record.node_id,
                 "kind": record.kind,
                 "address": record.grpc or record.kafka,
+                "metrics": record.metrics,
                 "pid": record.pid,
                 "alive": alive,
                 "answers": status is not None,
@@ -931,17 +959,23 @@ class LocalCluster:
         return nodes
 
     def status_table(self, nodes: list[dict[str, Any]] | None = None) -> str:
-        """A readable table of :meth:`status`: node, pid, alive, then
+        """A readable table of :meth:`status`: node, addresses, pid, alive, then
         role@term per shard (or what a partition node or gateway serves)."""
         state = self._require()
         nodes = self.status() if nodes is None else nodes
-        header = ["node", "address", "pid", "alive"] + [
+        header = ["node", "address", "metrics", "pid", "alive"] + [
             f"shard {s}" for s in range(state.shard_count)
         ]
         rows = []
         for node in nodes:
             alive = node["alive"]
-            cells = [str(node["node"]), node["address"], str(node["pid"]), "yes" if alive else "no"]
+            cells = [
+                str(node["node"]),
+                node["address"],
+                node["metrics"] or "-",
+                str(node["pid"]),
+                "yes" if alive else "no",
+            ]
             if node["kind"] != "coordinator":
                 answer = node["serving"] or "no answer"
                 cells += [f"{node['kind']}, {answer}" if alive else "-"]

@@ -288,6 +288,12 @@ class MarkerWriters:
             writer.stop(timeout_s=1.0)
         self.channels.close()
 
+    def metrics(self) -> list[dict[str, Any]]:
+        """Each running writer's :meth:`MarkerWriter.metrics`."""
+        with self._lock:
+            writers = list(self._writers.values())
+        return [writer.metrics() for writer in writers]
+
     def pending(self, shard: int, key: TxnKey) -> dict[Participant, DeliveryProblem | None] | None:
         """What this node's writer of ``shard`` still owes transaction ``key``
         (see :meth:`MarkerWriter.pending`); None without such a writer."""

@@ -26,6 +26,7 @@ from fsm import Outcome, TransactionStateMachine
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.metrics import CoordinatorCollector
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.raft_journal import JournalCorruptError
 from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica, SnapshotDamaged
@@ -43,6 +44,7 @@ from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.health import Health
+from raftcoord.protocol.metrics import Metrics, RpcMetrics
 from raftcoord.protocol.process import (
     EXIT_DATA_DAMAGED,
     EXIT_STORAGE_FAILED,
@@ -87,6 +89,11 @@ class CoordinatorNode:
             None if self.tls_identity is None else self.tls_identity.channel_credentials()
         )
         self.markers = MarkerWriters(self, config, node_id, self.credentials)
+        #: The node's Prometheus metrics, when its config gives it an address.
+        self.metrics: Metrics | None = None
+        if self.me.metrics is not None:
+            self.metrics = Metrics()
+            self.metrics.add(CoordinatorCollector(self))
 
     # --- addresses -------------------------------------------------------------------
 
@@ -173,10 +180,14 @@ class CoordinatorNode:
         self._server = self._make_server()
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
+        if self.metrics is not None and self.me.metrics is not None:
+            raft_journal.fsync_observer = self.metrics.fsyncs()
+            self.metrics.serve(self.me.metrics, self.config, self.node_id)
         log.info(
-            "node=%d event=started grpc=%s shards=%d data_dir=%s",
+            "node=%d event=started grpc=%s metrics=%s shards=%d data_dir=%s",
             self.node_id,
             self.me.grpc,
+            self.me.metrics or "-",
             len(self.shards),
             self.data_dir,
         )
@@ -263,7 +274,10 @@ class CoordinatorNode:
     def _make_server(self) -> grpc.Server:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
-            interceptors=[CallerDeadlines()],
+            interceptors=[
+                *([] if self.metrics is None else [RpcMetrics(self.metrics)]),
+                CallerDeadlines(),
+            ],
             options=[("grpc.so_reuseport", 0)],
         )
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
@@ -306,6 +320,8 @@ class CoordinatorNode:
             thread.join(timeout=5.0)
         for shard in self.shards:
             shard.stop()
+        if self.metrics is not None:
+            self.metrics.close()
         log.info("node=%d event=stopped", self.node_id)
 
     def wait(self) -> None:

@@ -246,6 +246,11 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         one being the last entry of the latest snapshot."""
         return self._SyncObj__raftLog
 
+    def log_entry_count(self) -> int:
+        """Entries in this member's Raft log (the first is the last entry of
+        the latest snapshot)."""
+        return len(self._log_entries())
+
     def _use_serializer(self, serializer: Any) -> None:
         """Put ``serializer`` in place of pysyncobj's snapshot serializer (log
         compaction and snapshot transfer); it offers the same methods."""

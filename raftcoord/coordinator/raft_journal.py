@@ -180,6 +180,10 @@ _fsync_total = 0
 fsync_failure_handler: Callable[[str, OSError], None] | None = None
 
 
+#: Called with the seconds each successful fsync took (a node's metrics).
+fsync_observer: Callable[[float], None] | None = None
+
+
 def fsync_total() -> int:
     """Number of fsync/fdatasync calls made by this module in this process."""
     return _fsync_total
@@ -424,6 +428,7 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
     # ------------------------------------------------------------- low level
 
     def _fsync_fd(self, fd: int, *, full: bool) -> None:
+        started = time.perf_counter()
         try:
             if full or not hasattr(os, "fdatasync"):
                 os.fsync(fd)
@@ -433,6 +438,8 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             if fsync_failure_handler is not None:
                 fsync_failure_handler(self.path, exc)
             raise
+        if fsync_observer is not None:
+            fsync_observer(time.perf_counter() - started)
         self.fsync_count += 1
         _count_fsync()
 

@@ -263,6 +263,13 @@ class Shard:
         self._next_group_sweep = 0
         #: When the current leadership began (group sessions count from it).
         self._leader_since_ms = 0
+        #: What this replica counted since the process started (its metrics):
+        #: leaders it saw elected (a new term with a known leader), and, while
+        #: it led, transactions aborted for their timeout and producers fenced.
+        self.leader_changes = 0
+        self.timeouts = 0
+        self.fenced = 0
+        self._seen_leader: tuple[int, str] | None = None
         #: Groups whose GroupTimeouts is queued, held or in flight: the
         #: sweeper proposes no second one until its answer came.
         self._group_timeouts_pending: set[str] = set()
@@ -320,11 +327,16 @@ class Shard:
                 applied_index=self.replica.raftLastApplied,
                 state_digest="",
                 transactional_ids=len(machine.state.transactions),
-                parked_requests=self._parked.count,
+                parked_requests=self.parked_count,
             ), machine.frozen_state()
 
         status, state = self.replica.query(read)
         return replace(status, state_digest=hashlib.sha256(encode_snapshot(state)).hexdigest())
+
+    @property
+    def parked_count(self) -> int:
+        """Requests parked behind a completing transaction."""
+        return self._parked.count
 
     def change_count(self) -> int:
         """How many entries this replica applied and leaderships it lost so far."""
@@ -389,6 +401,11 @@ class Shard:
     def _track_leadership(self) -> None:
         leading = self.replica.is_leader()
         term = int(self.replica.raftCurrentTerm)
+        if self._seen_leader is None or self._seen_leader[0] != term:
+            leader = self.replica.leader_address()
+            if leader is not None:
+                self._seen_leader = (term, leader)
+                self.leader_changes += 1
         if leading and (not self.is_leader or term != self.leader_term):
             if self.is_leader:
                 self._lose_leadership("term changed")
@@ -671,7 +688,12 @@ class Shard:
             self.wake()
         for effect in effects:
             if isinstance(effect, ProducerFenced):
-                event = "timeout_abort" if effect.reason == "timeout" else "producer_fenced"
+                timed_out = effect.reason == "timeout"
+                if timed_out:
+                    self.timeouts += 1
+                else:
+                    self.fenced += 1
+                event = "timeout_abort" if timed_out else "producer_fenced"
                 log.info(
                     "node=%d shard=%d event=%s transactional_id=%s producer_id=%d "
                     "old_epoch=%d new_epoch=%d",

@@ -33,12 +33,14 @@ from raftcoord.kafka.auth import (
 )
 from raftcoord.kafka.backend import CALLER, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
+from raftcoord.kafka.metrics import GatewayMetrics
 from raftcoord.kafka.records import BadBatch, BatchTooLarge, fetched_batches, produced_batch
 from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
+from raftcoord.protocol.metrics import Metrics
 from raftcoord.protocol.process import LogLimiter, configure_logging
 from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.scram import ScramCredential
@@ -208,6 +210,16 @@ class Gateway:
         }
         # SaslHandshake and SaslAuthenticate are the connection's own (_sasl).
         assert set(self._handlers) | {m.SASL_HANDSHAKE, m.SASL_AUTHENTICATE} == set(m.SUPPORTED)
+        #: The gateway's Prometheus registry, when its listener has a metrics address.
+        self.registry: Metrics | None = None
+        self.metrics: GatewayMetrics | None = None
+        if listener.metrics is not None:
+            self.registry = Metrics()
+            self.metrics = GatewayMetrics(
+                self.registry,
+                lambda: len(self._connections),
+                lambda: sum(b.total - b.free for b in (self._small_frames, self._large_frames)),
+            )
 
     # --- serving -----------------------------------------------------------------------
 
@@ -220,11 +232,14 @@ class Gateway:
             ssl=self._tls,
             ssl_handshake_timeout=FRAME_READ_TIMEOUT_S if self._tls else None,
         )
+        if self.registry is not None and self.listener.metrics is not None:
+            self.registry.serve(self.listener.metrics, self.config, self.listener.node_id)
         log.info(
-            "event=listening node=%d address=%s security_protocol=%s",
+            "event=listening node=%d address=%s security_protocol=%s metrics=%s",
             self.listener.node_id,
             self.listener.address,
             self.listener.security_protocol,
+            self.listener.metrics or "-",
         )
 
     async def stop(self) -> None:
@@ -237,6 +252,8 @@ class Gateway:
             await self._server.wait_closed()
         await self.backend.close()
         self._decoder.shutdown(wait=False, cancel_futures=True)
+        if self.registry is not None:
+            self.registry.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read requests until the client closes; answer them in order."""
@@ -245,22 +262,31 @@ class Gateway:
         settings = self.config.settings
         address = writer.get_extra_info("peername")
         ip = str(address[0]) if isinstance(address, tuple) and address else ""
-        refused = None
+        refused: tuple[str, int] | None = None
         if len(self._connections) >= settings.max_connections:
-            refused = f"reason=max.connections limit={settings.max_connections}"
+            refused = ("max.connections", settings.max_connections)
         elif self._per_ip[ip] >= settings.max_connections_per_ip:
-            refused = f"reason=max.connections.per.ip limit={settings.max_connections_per_ip}"
+            refused = ("max.connections.per.ip", settings.max_connections_per_ip)
         elif not self._creations.allow(ip):
             refused = (
-                "reason=max.connection.creation.rate.per.ip "
-                f"limit={settings.max_connection_creation_rate_per_ip}"
+                "max.connection.creation.rate.per.ip",
+                settings.max_connection_creation_rate_per_ip,
             )
         if refused is not None:
-            _connection_log(logging.WARNING, "event=connection_refused ip=%s %s", ip, refused)
+            _connection_log(
+                logging.WARNING,
+                "event=connection_refused ip=%s reason=%s limit=%d",
+                ip,
+                *refused,
+            )
+            if self.metrics is not None:
+                self.metrics.refused.labels(refused[0]).inc()
             writer.transport.abort()
             return
         self._connections.add(this)
         self._per_ip[ip] += 1
+        if self.metrics is not None:
+            self.metrics.opened.inc()
         # Who the client is (raftcoord.kafka.auth): anonymous on a PLAINTEXT
         # listener, its certificate's principal on SSL, SASL's on SASL_SSL.
         protocol = self.listener.security_protocol
@@ -455,12 +481,17 @@ class Gateway:
             owner = self.owner_of(transactional_id)
             if owner != self.listener:
                 return await self._relay(owner, frame, request, peers)
+        started = time.perf_counter()
         try:
             data = await self._handlers[api_key](request)
+            if self.metrics is not None:
+                self.metrics.answered(api_key, {} if data is None else data, started)
             if data is None:
                 return None
             return m.encode_response(api_key, version, request.correlation_id, data)
         except Exception as exc:
+            if self.metrics is not None:
+                self.metrics.answered(api_key, None, started)
             log.exception("event=request_failed api=%d version=%d", api_key, version)
             raise CloseConnection(f"api {api_key} version {version} failed") from exc
 

@@ -49,22 +49,26 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class NodeAddress:
-    """One node: its id, gRPC address and (coordinators) one Raft address per shard."""
+    """One node: its id, gRPC address, (coordinators) one Raft address per
+    shard, and the address of its Prometheus metrics endpoint (None: none)."""
 
     node_id: int
     grpc: str
     raft: tuple[str, ...] = ()
+    metrics: str | None = None
 
 
 @dataclass(frozen=True)
 class KafkaListener:
     """One Kafka gateway (docs/kafka.md): its broker id, the address Kafka
     clients connect to, and how they authenticate there (Kafka's
-    ``security.protocol``: :data:`KAFKA_SECURITY_PROTOCOLS`)."""
+    ``security.protocol``: :data:`KAFKA_SECURITY_PROTOCOLS`), and the
+    address of its Prometheus metrics endpoint (None: none)."""
 
     node_id: int
     address: str
     security_protocol: str = "PLAINTEXT"
+    metrics: str | None = None
 
 
 #: A Kafka listener's ``security_protocol``: PLAINTEXT (no authentication:
@@ -561,7 +565,7 @@ def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:
         where = f"kafka_listeners[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
-        keys = {"id", "address", "security_protocol"}
+        keys = {"id", "address", "security_protocol", "metrics"}
         if set(entry) - keys:
             raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - keys)}")
         node_id = entry.get("id")
@@ -574,7 +578,12 @@ def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:
                 f"got {protocol!r}"
             )
         listeners.append(
-            KafkaListener(node_id, _address(entry.get("address"), f"{where}.address"), protocol)
+            KafkaListener(
+                node_id,
+                _address(entry.get("address"), f"{where}.address"),
+                protocol,
+                _metrics_address(entry, where),
+            )
         )
     return tuple(listeners)
 
@@ -615,6 +624,11 @@ def _address(value: Any, where: str) -> str:
     return value
 
 
+def _metrics_address(entry: dict[str, Any], where: str) -> str | None:
+    value = entry.get("metrics")
+    return None if value is None else _address(value, f"{where}.metrics")
+
+
 def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ...]:
     if raw is None:
         return ()
@@ -625,7 +639,7 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
         where = f"{key}[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
-        allowed = {"id", "grpc", "raft"} if shard_count is not None else {"id", "grpc"}
+        allowed = {"id", "grpc", "metrics"} | ({"raft"} if shard_count is not None else set())
         if set(entry) - allowed:
             raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - allowed)}")
         node_id = entry.get("id")
@@ -640,7 +654,7 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
                     f"{where}.raft must list {shard_count} addresses (one per shard), got {ports!r}"
                 )
             raft = tuple(_address(a, f"{where}.raft[{j}]") for j, a in enumerate(ports))
-        nodes.append(NodeAddress(node_id, grpc, raft))
+        nodes.append(NodeAddress(node_id, grpc, raft, _metrics_address(entry, where)))
     ids = [n.node_id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"[[{key}]] ids must be unique, got {ids}")

@@ -1,0 +1,240 @@
+"""Prometheus metrics: one registry per process, its HTTP endpoint, and what
+every node measures the same way (docs/metrics.md lists every metric).
+
+A process makes one :class:`Metrics` when its config gives it a metrics
+address (``metrics = "host:port"`` in its ``[[coordinators]]``,
+``[[partition_nodes]]`` or ``[[kafka_listeners]]`` entry) and serves it with
+:meth:`Metrics.serve`: plain HTTP without ``[tls]``; with ``[tls]``, HTTPS
+with the node's certificate, and only for clients that present a
+certificate of the cluster's CA (what the node's metrics say about topics
+and transactional ids is not for everyone who reaches the port).
+
+What every process exports: the standard ``process_*`` (CPU seconds, RSS,
+open files) and ``python_gc_*`` families, the garbage collector's pauses
+(``raftcoord_gc_pause_seconds``, the frozen heap's collections included),
+and, on the gRPC servers, ``raftcoord_rpc_*`` per method and error code
+(:class:`RpcMetrics`). Each node kind adds its own (collected when scraped).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.exposition import start_http_server
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.errors import ErrorCode
+
+log = logging.getLogger("raftcoord.metrics")
+
+#: Buckets of request latencies (seconds): 0.5 ms to 10 s.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+#: Buckets of fsyncs and collector pauses (seconds): 50 us to 1 s.
+PAUSE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+
+
+class Metrics:
+    """One process's registry and the metrics every node kind has."""
+
+    def __init__(self) -> None:
+        # No ``_created`` series: they double what is scraped and nothing here uses them.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.gc_pause = Histogram(
+            "raftcoord_gc_pause_seconds",
+            "Pauses of the garbage collector, by generation",
+            ["generation"],
+            buckets=PAUSE_BUCKETS,
+            registry=self.registry,
+        )
+        self._gc_started = 0.0
+        self._server: Any = None
+
+    def add(self, collector: Collector) -> None:
+        """Register ``collector`` (read when the endpoint is scraped)."""
+        self.registry.register(collector)
+
+    def counter(self, name: str, documentation: str, labels: Iterable[str] = ()) -> Counter:
+        return Counter(name, documentation, list(labels), registry=self.registry)
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: Iterable[str] = (),
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+    ) -> Histogram:
+        return Histogram(name, documentation, list(labels), buckets=buckets, registry=self.registry)
+
+    def fsyncs(self) -> Callable[[float], None]:
+        """What a node's logs call with the seconds each fsync took."""
+        return self.histogram(
+            "raftcoord_fsync_duration_seconds",
+            "Time of each fsync of a log (Raft journal or partition log)",
+            buckets=PAUSE_BUCKETS,
+        ).observe
+
+    def _on_gc(self, phase: str, info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started:
+            pause = time.perf_counter() - self._gc_started
+            self.gc_pause.labels(str(info.get("generation", ""))).observe(pause)
+
+    def serve(self, address: str, config: ClusterConfig, node_id: int) -> None:
+        """Serve the registry on ``address`` (``host:port``) and start timing
+        the collector's pauses; over mutual TLS when ``config`` has ``[tls]``
+        (node ``node_id``'s certificate).
+
+        Raises:
+            OSError: it cannot listen there, or a certificate file is unreadable.
+        """
+        host, port = address.rsplit(":", 1)
+        tls: dict[str, Any] = {}
+        if config.tls is not None:
+            cert, key = config.tls.node_files(node_id)
+            tls = {
+                "certfile": str(cert),
+                "keyfile": str(key),
+                "client_cafile": str(config.tls.ca_file),
+                "client_auth_required": True,
+            }
+        self._server, _thread = start_http_server(
+            int(port), addr=host, registry=self.registry, **tls
+        )
+        gc.callbacks.append(self._on_gc)
+
+    def close(self) -> None:
+        """Stop serving (the process is stopping)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def error_name(code: int) -> str:
+    """The name of error ``code`` (a number it does not know: the number)."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _error_reader(descriptor: Any) -> Callable[[Any], int]:
+    """How to read the error of a response of message type ``descriptor``:
+    its ``error_code`` field, else the first error of its first repeated
+    field whose entries have one (per-partition answers), else none."""
+    fields = descriptor.fields_by_name
+    if "error_code" in fields:
+        return lambda response: int(response.error_code)
+    for field in descriptor.fields:
+        entry = field.message_type
+        if field.is_repeated and entry and "error_code" in entry.fields_by_name:
+            name = field.name
+            return lambda response: next(
+                (int(e.error_code) for e in getattr(response, name) if e.error_code), 0
+            )
+    return lambda response: 0
+
+
+class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
+    """Counts and times every unary call of a gRPC server by method and by
+    the error code of its answer (``grpc_<STATUS>`` when the call failed at
+    the gRPC level), with the bytes received and sent."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._requests = metrics.counter(
+            "raftcoord_rpc_requests_total",
+            "gRPC calls answered, by method and error code",
+            ["method", "code"],
+        )
+        self._latency = metrics.histogram(
+            "raftcoord_rpc_duration_seconds", "Time to answer a gRPC call, by method", ["method"]
+        )
+        self._received = metrics.counter(
+            "raftcoord_rpc_received_bytes_total", "Bytes of gRPC requests, by method", ["method"]
+        )
+        self._sent = metrics.counter(
+            "raftcoord_rpc_sent_bytes_total", "Bytes of gRPC answers, by method", ["method"]
+        )
+        self._readers: dict[str, Callable[[Any], int]] = {}
+        self._unreadable: set[str] = set()
+
+    def _reader(self, response: Any) -> Callable[[Any], int]:
+        descriptor = response.DESCRIPTOR
+        reader = self._readers.get(descriptor.full_name)
+        if reader is None:
+            reader = self._readers[descriptor.full_name] = _error_reader(descriptor)
+        return reader
+
+    def _count(self, method: str, failed: str | None, request: Any, response: Any) -> None:
+        """Count one call; a response this cannot read is counted ``UNKNOWN``
+        (and logged once): measuring never fails a call."""
+        code = failed or "UNKNOWN"
+        try:
+            self._received.labels(method).inc(request.ByteSize())
+            if response is not None:
+                self._sent.labels(method).inc(response.ByteSize())
+                code = error_name(self._reader(response)(response))
+        except Exception:
+            if method not in self._unreadable:
+                self._unreadable.add(method)
+                log.exception("event=metrics_failed method=%s", method)
+        self._requests.labels(method, code).inc()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        behavior = handler.unary_unary
+        method = details.method.rsplit("/", 1)[-1]
+        latency = self._latency.labels(method)
+
+        def measured(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                response = behavior(request, context)
+            except BaseException:
+                status = context.code()  # set by abort(); None: the handler raised
+                self._count(method, f"grpc_{getattr(status, 'name', 'UNKNOWN')}", request, None)
+                latency.observe(time.perf_counter() - started)
+                raise
+            latency.observe(time.perf_counter() - started)
+            self._count(method, None, request, response)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(
+            measured,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
