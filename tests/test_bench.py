@@ -287,11 +287,12 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
 
 
 def test_the_tls_table_shows_both_modes_and_their_ratio() -> None:
-    from raftcoord.bench.tls_cost import table
+    from raftcoord.bench.variants import table
 
     def row(mode: str, per_s: float, cpu: float) -> dict[str, Any]:
         return {
             "mode": mode,
+            "round": 1,
             "producers": 1,
             "per_s": per_s,
             "p50_ms": 10.0,
@@ -303,7 +304,7 @@ def test_the_tls_table_shows_both_modes_and_their_ratio() -> None:
 
     out = io.StringIO()
     Console(file=out, width=200).print(
-        table([row("plaintext", 50.0, 20.0), row("TLS", 40.0, 25.0)])
+        table("tls", [row("plaintext", 50.0, 20.0), row("TLS", 40.0, 25.0)])
     )
     text = out.getvalue()
     assert "plaintext" in text and "TLS / plaintext" in text

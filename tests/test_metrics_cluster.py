@@ -53,8 +53,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
+def nodes(cluster: LocalCluster) -> list[NodeRecord]:
+    assert cluster.state is not None
+    return cluster.state.nodes
+
+
 def by_kind(cluster: LocalCluster, kind: str) -> list[NodeRecord]:
-    return [n for n in cluster._require().nodes if n.kind == kind]
+    return [n for n in nodes(cluster) if n.kind == kind]
 
 
 def test_each_process_serves_what_the_table_lists_for_its_kind(cluster: LocalCluster) -> None:
@@ -66,7 +71,7 @@ def test_each_process_serves_what_the_table_lists_for_its_kind(cluster: LocalClu
         "kafka-gateway": every | docs["Kafka gateways"],
     }
     status = {n["node"]: n["metrics"] for n in cluster.status()}
-    for record in cluster._require().nodes:
+    for record in nodes(cluster):
         assert record.metrics and status[record.node_id] == record.metrics
         names, _ = scrape(record.metrics)
         ours = {n for n in names if n.startswith("raftcoord_")}
@@ -168,7 +173,8 @@ def test_a_cluster_without_metrics_has_no_endpoints(tmp_path: Path) -> None:
         tmp_path / "cluster", shards=1, partition_nodes=1, metrics=False
     ) as cluster:
         assert all(n["metrics"] == "" for n in cluster.status())
-        assert "metrics" not in Path(cluster._require().config).read_text()
+        assert cluster.state is not None
+        assert "metrics" not in Path(cluster.state.config).read_text()
         with TransactionalProducer(cluster.bootstrap(), "unmetered") as producer:
             producer.init_transactions()
             producer.begin_transaction()

@@ -165,9 +165,12 @@ class Options:
 
 
 @contextlib.contextmanager
-def local_cluster(parent: str | None, shards: int, tls: bool = False) -> Iterator[LocalCluster]:
+def local_cluster(
+    parent: str | None, shards: int, tls: bool = False, metrics: bool = True
+) -> Iterator[LocalCluster]:
     """A running cluster with the benchmark's topic (with ``tls``, every gRPC
-    connection over mutual TLS); stopped on the way out."""
+    connection over mutual TLS; ``metrics``: every process serves metrics);
+    stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="raftcoord-bench-", dir=parent) as workdir:
         cluster = LocalCluster(workdir)
         try:
@@ -178,6 +181,7 @@ def local_cluster(parent: str | None, shards: int, tls: bool = False) -> Iterato
                 partition_nodes=PARTITION_NODES,
                 timeout_s=60.0,
                 tls=tls,
+                metrics=metrics,
             )
             with Admin(bootstrap(cluster), **cluster.client_tls()) as admin:
                 admin.create_topics({TOPIC: TOPIC_PARTITIONS})

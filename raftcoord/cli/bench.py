@@ -22,7 +22,11 @@ SUITES = {
         "confluent-kafka through the Kafka gateway against the native client over gRPC",
     ),
     "snapshot": ("snapshot", "a shard's log compaction against its open transactions"),
-    "tls": ("tls_cost", "the same transactional load against a plaintext and a TLS cluster"),
+    "tls": ("variants", "the same transactional load against a plaintext and a TLS cluster"),
+    "metrics": (
+        "variants",
+        "the same transactional load against a cluster without and one with metrics endpoints",
+    ),
 }
 
 
