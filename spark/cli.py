@@ -7,7 +7,8 @@ Local mode (``local[*]``) by default; with ``--master spark://HOST:PORT`` the
 same job runs on a standalone cluster, whose executors read the files (the
 paths must be readable from them). Prints the checks and the verdict,
 writes ``audit.json`` and ``audit.html`` into the report directory, and
-exits 0 on PASS, 1 on FAIL, 2 on bad arguments.
+exits 0 on PASS, 1 on FAIL, 2 on INCOMPLETE (a check did not run; also
+argparse's usage errors), 64 when the inputs are not a run's.
 
 This module does not import pyspark until the audit runs, so that the rest of
 the ``raftcoord`` command line starts fast.
@@ -20,6 +21,11 @@ import sys
 from pathlib import Path
 
 from raftcoord.chaos.arguments import HISTORY_FILE
+
+#: The exit status of each verdict.
+EXIT_STATUS = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 2}
+#: The inputs given are not a run's (EX_USAGE).
+EXIT_BAD_INPUTS = 64
 
 
 def parser() -> argparse.ArgumentParser:
@@ -59,7 +65,7 @@ def command(args: argparse.Namespace) -> int:
     problem = _check_inputs(cluster_dir, history)
     if problem is not None:
         print(f"raftcoord audit: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUTS
     report_dir = Path(args.report).resolve() if args.report else cluster_dir / "audit"
     from spark.audit import run_audit, session
     from spark.report import print_table
@@ -71,7 +77,7 @@ def command(args: argparse.Namespace) -> int:
         spark.stop()
     print_table(outcome.results)
     print(f"report: {outcome.html_path}\njson:   {outcome.json_path}")
-    return 0 if outcome.verdict == "PASS" else 1
+    return EXIT_STATUS[outcome.verdict]
 
 
 def history_of(cluster_dir: Path, given: str | None) -> Path | None:

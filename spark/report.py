@@ -22,11 +22,22 @@ from rich.table import Table
 
 from spark.checks import CheckResult
 
-_COLOURS = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
+_COLOURS = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INCOMPLETE": "bold yellow"}
 
 
 def verdict(results: list[CheckResult]) -> str:
-    return "FAIL" if any(r.status == "FAIL" for r in results) else "PASS"
+    """FAIL when a check found a violation; else INCOMPLETE when a check did
+    not run (a run that nobody fully checked proves nothing); else PASS."""
+    if any(r.status == "FAIL" for r in results):
+        return "FAIL"
+    if not results or any(r.status != "PASS" for r in results):
+        return "INCOMPLETE"
+    return "PASS"
+
+
+def incomplete_reasons(results: list[CheckResult]) -> list[str]:
+    """``check: why it did not run`` for every check that did not run."""
+    return [f"{r.name}: {r.skipped or 'did not run'}" for r in results if r.status == "SKIP"]
 
 
 def print_table(results: list[CheckResult], console: Console | None = None) -> None:
@@ -42,6 +53,10 @@ def print_table(results: list[CheckResult], console: Console | None = None) -> N
     console.print(table)
     v = verdict(results)
     console.print(f"verdict: [{_COLOURS[v]}]{v}[/]")
+    if v == "INCOMPLETE":
+        console.print(f"{len(incomplete_reasons(results))} of {len(results)} checks did not run:")
+        for reason in incomplete_reasons(results):
+            console.print(f"  {reason}")
 
 
 def to_json(
@@ -49,6 +64,7 @@ def to_json(
 ) -> dict[str, Any]:
     return {
         "verdict": verdict(results),
+        "incomplete": incomplete_reasons(results),
         "inputs": inputs,
         "checks": [
             {
@@ -81,7 +97,7 @@ _STYLE = """
 body { font-family: sans-serif; margin: 2em; max-width: 75em; color: #222; }
 .verdict { font-size: 2.2em; font-weight: bold; padding: .3em .6em; display: inline-block; }
 .PASS { background: #d9f2d9; color: #155715; } .FAIL { background: #f8d7d7; color: #8a1212; }
-.SKIP { background: #fff3cd; color: #7a5b00; }
+.SKIP, .INCOMPLETE { background: #fff3cd; color: #7a5b00; }
 table { border-collapse: collapse; margin: 1em 0; }
 td, th { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
 td.n { text-align: right; } code { font-size: .85em; white-space: pre-wrap; }
@@ -96,6 +112,15 @@ def _html(doc: dict[str, Any]) -> str:
         f"<style>{_STYLE}</style></head><body>",
         "<h1>raftcoord exactly-once audit</h1>",
         f"<div class='verdict {doc['verdict']}'>{doc['verdict']}</div>",
+        *(
+            [
+                "<p>Not every check ran, so this run is not proven exactly-once:</p><ul>",
+                *(f"<li>{html.escape(r)}</li>" for r in doc.get("incomplete", ())),
+                "</ul>",
+            ]
+            if doc["verdict"] == "INCOMPLETE"
+            else []
+        ),
         f"<p>{html.escape(_inputs_line(doc['inputs']))}</p>",
         "<h2>Checks</h2><table><tr><th>check</th><th>result</th><th>count</th>"
         "<th>meaning</th><th>examples</th></tr>",

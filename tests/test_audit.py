@@ -397,6 +397,21 @@ def test_clean_run_passes_and_reports(spark: Any, clean: Run, tmp_path: Path) ->
     assert "http://" not in page and "https://" not in page
 
 
+def test_a_run_audited_without_its_history_is_incomplete(
+    spark: Any, clean: Run, tmp_path: Path
+) -> None:
+    cluster, _history = clean.write(tmp_path)
+    outcome = audit.run_audit(spark, cluster, None, tmp_path / "report")
+    skipped = [r.name for r in outcome.results if r.status == "SKIP"]
+    assert skipped and not outcome.failed()
+    assert outcome.verdict == "INCOMPLETE"
+    document = json.loads(outcome.json_path.read_text())
+    assert [r.split(":")[0] for r in document["incomplete"]] == skipped
+    page = outcome.html_path.read_text()
+    assert "INCOMPLETE" in page and "Not every check ran" in page
+    assert page.index("Not every check ran") < page.index("<h2>Checks</h2>")
+
+
 def test_each_planted_anomaly_is_found_by_its_check_only(
     spark: Any, clean: Run, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ The seed is printed; RAFTCOORD_CHAOS_SEED=N replays a run's choices.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 
 from raftcoord.chaos.workload import Options, Workload
+from raftcoord.cli.demo import demo_verdict
 from raftcoord.client import Admin, TransactionListing
 from raftcoord.cluster import netns
 from tests.history_checker import check
@@ -128,6 +130,48 @@ def test_the_faults_ran_and_moved_leaders(chaos_run: ChaosRun) -> None:
         assert "partition" in kinds, [p["detail"] for p in partitions]
     for start in partitions:
         assert start["targets"] or start["detail"].startswith("not run: "), start
+
+
+def test_faults_ran_one_at_a_time_and_each_kind_is_accounted_for(chaos_run: ChaosRun) -> None:
+    ran = [(start, end) for start, end in _faults(chaos_run.events) if start["targets"]]
+    for (_, end), (start, _) in itertools.pairwise(ran):
+        assert end["index"] < start["index"], (end, start)  # the next only after the end
+    report = {r["fault"]: r for r in chaos_run.summary["fault_report"]}
+    assert list(report) == list(FAULTS)
+    for kind, row in report.items():
+        happened = sum(1 for start, _ in ran if start["fault"] == kind)
+        assert row["happened"] == happened, row
+        assert row["changed"] <= row["happened"], row
+        assert bool(row["not_run"]) == (kind == "partition" and not NETNS), row
+    for kind in ("leader-kill", "pause"):  # each moves a leader
+        assert report[kind]["changed"] == report[kind]["happened"] >= 1, report[kind]
+    ends = [end for _, end in ran]
+    assert sum(1 for end in ends if end["changed"]) == sum(r["changed"] for r in report.values())
+
+
+def test_a_fault_asked_for_that_cannot_act_makes_the_demo_incomplete(tmp_path: Path) -> None:
+    """A cluster outside network namespaces cannot be partitioned: the run
+    says so, and the demo's verdict on it is INCOMPLETE even though the
+    audit passed."""
+    with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=1) as cluster:
+        options = Options(
+            seed=SEED,
+            duration_s=2,
+            producers=1,
+            workers=0,
+            pollers=0,
+            nemesis=("partition",),
+            fault_interval_s=0.5,
+            every_fault=True,
+            drain_timeout_s=30,
+        )
+        summary = Workload(cluster, options, tmp_path / "history.jsonl", say=print).run()
+    (row,) = summary["fault_report"]
+    assert row["fault"] == "partition" and row["happened"] == 0
+    assert "network namespaces" in row["not_run"]
+    assert demo_verdict("PASS", summary) == ("INCOMPLETE", ["fault partition never happened"])
+    assert demo_verdict("INCOMPLETE", summary)[0] == "INCOMPLETE"
+    assert demo_verdict("FAIL", summary)[0] == "FAIL"
 
 
 def test_requests_failed_and_were_retried(chaos_run: ChaosRun) -> None:

@@ -11,8 +11,9 @@ from typing import TypeVar
 
 import pytest
 
+from raftcoord.chaos.arguments import FAULTS, parse_faults
 from raftcoord.chaos.history import History, HistoryError
-from raftcoord.chaos.nemesis import FAULTS, parse_faults, plans
+from raftcoord.chaos.nemesis import plans
 from raftcoord.chaos.workload import (
     Options,
     input_values,

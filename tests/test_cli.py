@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ def test_demo_runs_the_workload_with_faults_audits_it_and_passes(tmp_path: Path)
         "300",
         "--seed",
         "7",
+        "--nemesis",
+        "leader-kill,pause,plog-restart",
         "--cluster-dir",
         str(tmp_path / "demo"),
         timeout=420,
@@ -39,6 +42,12 @@ def test_demo_runs_the_workload_with_faults_audits_it_and_passes(tmp_path: Path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     faults = result.stdout.split("faults", 1)[1]  # the faults table, then the audit
     assert "kill -9" in faults or "SIGSTOP" in faults, result.stdout[-4000:]
+    asked = result.stdout.split("faults asked for", 1)[1].split("raftcoord audit", 1)[0]
+    for kind in ("leader-kill", "pause", "plog-restart"):
+        row = next(line for line in asked.splitlines() if kind in line)
+        happened = int(row.split("│")[2])
+        assert happened >= 1, asked
+    assert re.search(r"audit: +\d+ s", result.stdout)
     assert "VERDICT: PASS" in result.stdout
     assert (tmp_path / "demo" / "audit" / "audit.html").is_file()
     assert "Traceback" not in result.stderr
@@ -101,8 +110,10 @@ def test_demo_help_says_what_the_demo_does() -> None:
     text = " ".join(_cli("demo", "--help").stdout.split())
     assert "3 coordinators x 3 shards, 3 partition-log nodes" in text
     assert "without the partition fault" in text  # where namespaces are not available
-    assert "Spark exactly-once audit" in text and "exits 0 on PASS" in text
+    assert "Spark exactly-once audit" in text and "PASS (exit 0)" in text
+    assert "INCOMPLETE (2: a check did not run, or a fault asked for never happened" in text
     assert "(default: 60.0)" in text and "(default: 2000)" in text
+    assert "(default: all)" in text  # --nemesis
 
 
 @pytest.mark.parametrize(

@@ -30,3 +30,32 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be a positive integer")
     return value
+
+
+#: The nemesis's fault kinds (docs/chaos.md).
+FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition", "disk")
+
+
+def parse_faults(text: str) -> tuple[str, ...]:
+    """``"leader-kill,pause"``, ``"all"`` or ``""``/``"none"`` -> fault names.
+
+    Raises:
+        ValueError: an unknown fault name.
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names in ([], ["none"]):
+        return ()
+    if "all" in names:
+        return FAULTS
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        raise ValueError(f"unknown fault(s) {unknown}; use {', '.join(FAULTS)}, all or none")
+    return tuple(dict.fromkeys(names))
+
+
+def fault_list(text: str) -> tuple[str, ...]:
+    """An argument that is a list of faults (:func:`parse_faults`)."""
+    try:
+        return parse_faults(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

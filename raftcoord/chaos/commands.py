@@ -12,21 +12,21 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from raftcoord.chaos.arguments import HISTORY_FILE, positive_int, positive_seconds
+from raftcoord.chaos.arguments import (
+    FAULTS,
+    HISTORY_FILE,
+    fault_list,
+    parse_faults,
+    positive_int,
+    positive_seconds,
+)
 from raftcoord.chaos.history import History
-from raftcoord.chaos.nemesis import FAULTS, parse_faults, run_alone
+from raftcoord.chaos.nemesis import run_alone
 from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
 from raftcoord.client import KafkaError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
 __all__ = ["configure_chaos", "configure_workload"]
-
-
-def _faults(text: str) -> tuple[str, ...]:
-    try:
-        return parse_faults(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name: str) -> None:
@@ -40,7 +40,7 @@ def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name:
         "--nemesis",
         "--faults",
         dest="nemesis",
-        type=_faults,
+        type=fault_list,
         default=parse_faults(nemesis_default),
         help=f"comma-separated faults ({', '.join(FAULTS)}), all or none "
         f"(default: {nemesis_default})",
@@ -94,6 +94,12 @@ def configure_workload(workload: argparse.ArgumentParser) -> None:
         f"cluster's Kafka gateways ({defaults.client_kind})",
     )
     workload.add_argument(
+        "--every-fault",
+        action="store_true",
+        help="with --duration: go on (up to twice as long) until every fault asked for "
+        "that can run here has happened once",
+    )
+    workload.add_argument(
         "--drain-timeout",
         type=positive_seconds,
         default=defaults.drain_timeout_s,
@@ -144,6 +150,7 @@ def _workload(args: argparse.Namespace) -> int:
             records_per_transaction=args.records_per_transaction,
             nemesis=args.nemesis,
             fault_interval_s=args.fault_interval,
+            every_fault=args.every_fault,
             drain_timeout_s=args.drain_timeout,
             request_timeout_ms=args.request_timeout,
             client_kind=args.client,
@@ -156,6 +163,8 @@ def _workload(args: argparse.Namespace) -> int:
         console.print(f"raftcoord workload: {exc}", style="red")
         return 1
     console.print(summary_table(summary))
+    if summary["fault_report"]:
+        console.print(fault_report_table(summary["fault_report"]))
     console.print(f"history: {history}")
     return 1 if summary["crashed"] or summary["unfinished"] else 0
 
@@ -185,17 +194,37 @@ def _progress(progress: dict[str, Any]) -> Table:
 
 def summary_table(summary: dict[str, Any]) -> Table:
     """The run's summary: per op how many invocations ended ok, fail (did not
-    happen) and info (unknown), then the faults."""
+    happen) and info (unknown), then what crashed or did not finish."""
     table = Table(title=f"summary (seed {summary['seed']}, {summary['elapsed_s']} s)")
     for column in ("op", "invoked", "ok", "fail", "info (unknown)"):
         table.add_column(column, justify="left" if column == "op" else "right")
     for op, counts in summary["ops"].items():
         table.add_row(op, *(str(counts[t]) for t in ("invoke", "ok", "fail", "info")))
-    for fault, count in sorted(summary["faults"].items()):
-        table.add_row(f"fault {fault}", str(count), "", "", "")
     for what in ("crashed", "unfinished"):
         for entry in summary[what]:
             table.add_row(f"[red]{what}[/red]", entry, "", "", "")
+    return table
+
+
+def missing_faults(report: list[dict[str, Any]]) -> list[str]:
+    """The fault kinds of a nemesis report (Nemesis.report) that were asked
+    for and never happened."""
+    return [r["fault"] for r in report if not r["happened"]]
+
+
+def fault_report_table(report: list[dict[str, Any]]) -> Table:
+    """Per fault kind asked for: how many happened, how many of them changed
+    something (a leader moved, requests failed, a node stopped on its disk),
+    and why a kind did not run."""
+    table = Table(title="faults asked for")
+    for column in ("fault", "happened", "changed something", "note"):
+        table.add_column(
+            column, justify="right" if column in ("happened", "changed something") else "left"
+        )
+    for row in report:
+        note = row["not_run"] or ("" if row["happened"] else "did not happen in the run's time")
+        style = "red" if not row["happened"] else ""
+        table.add_row(row["fault"], str(row["happened"]), str(row["changed"]), note, style=style)
     return table
 
 
@@ -228,11 +257,6 @@ def _chaos(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         console.print(f"raftcoord chaos: {exc}", style="red")
         return 1
-    table = Table(title=f"faults (seed {seed})")
-    table.add_column("fault")
-    table.add_column("count", justify="right")
-    for fault, count in sorted(nemesis.done.items()):
-        table.add_row(fault, str(count))
-    console.print(table)
+    console.print(fault_report_table(nemesis.report()))
     console.print(f"history: {path}")
     return 0

@@ -17,7 +17,7 @@ import random
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +25,8 @@ from raftcoord.chaos.history import History
 from raftcoord.cluster import netns
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
-__all__ = ["FAULTS", "Fault", "FaultPlan", "Nemesis", "parse_faults", "plans"]
+__all__ = ["Fault", "FaultPlan", "Nemesis", "client_failures", "effect", "plans"]
 
-FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition", "disk")
 #: The node restarts and waits of one fault end are retried this long by the final heal.
 HEAL_TIMEOUT_S = 60.0
 #: A fault that cannot start (e.g. its shard has no leader yet) is tried this
@@ -37,23 +36,9 @@ START_ATTEMPTS = 5
 NEW_LEADER_TIMEOUT_S = 10.0
 #: How long a disk fault's end waits for its node to stop on a failed fsync.
 DISK_STOP_TIMEOUT_S = 10.0
-
-
-def parse_faults(text: str) -> tuple[str, ...]:
-    """``"leader-kill,pause"``, ``"all"`` or ``""``/``"none"`` -> fault names.
-
-    Raises:
-        ValueError: an unknown fault name.
-    """
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if names in ([], ["none"]):
-        return ()
-    if "all" in names:
-        return FAULTS
-    unknown = sorted(set(names) - set(FAULTS))
-    if unknown:
-        raise ValueError(f"unknown fault(s) {unknown}; use {', '.join(FAULTS)}, all or none")
-    return tuple(dict.fromkeys(names))
+#: History ops that are not client operations (a fault's failed requests
+#: are the client operations that failed or ended unknown while it lasted).
+NOT_CLIENT_OPS = ("run", "fault", "final")
 
 
 @dataclass(frozen=True)
@@ -100,6 +85,36 @@ class Fault:
     end: Callable[[], tuple[str, dict[str, Any]]]
     #: Recorded with the start and the end (e.g. the shard whose leader is hit).
     fields: dict[str, Any] = field(default_factory=dict)
+    #: The shards' leaders and the client operations that had failed, at its start.
+    leaders: dict[str, int] = field(default_factory=dict)
+    failures: int = 0
+
+
+def client_failures(counts: Mapping[tuple[str, str], int]) -> int:
+    """Client operations of a history tally (History.counts) that failed or
+    ended unknown."""
+    return sum(
+        n
+        for (op, type_), n in counts.items()
+        if type_ in ("fail", "info") and op not in NOT_CLIENT_OPS
+    )
+
+
+def effect(fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[str, Any]) -> str:
+    """What ``fault`` changed, as the cluster and the clients saw it by its
+    end: a leader moved, requests failed, a node stopped on its disk; ""
+    when none of these was seen."""
+    seen = []
+    moved = sorted(
+        s for s in set(fault.leaders) | set(leaders) if fault.leaders.get(s) != leaders.get(s)
+    )
+    if moved or outcome.get("new_leader") is not None:
+        seen.append(f"leader moved (shards {', '.join(moved) or fault.fields.get('shard')})")
+    if outcome.get("stopped"):
+        seen.append("node stopped on a failed fsync")
+    if failures > fault.failures:
+        seen.append(f"{failures - fault.failures} client operations failed or ended unknown")
+    return "; ".join(seen)
 
 
 def _why_no_partitions(cluster: LocalCluster) -> str | None:
@@ -121,7 +136,7 @@ class Nemesis:
     Args:
         cluster: the cluster to break (its launcher state is updated on restarts).
         history: where fault events go.
-        kinds: the faults to run (see :data:`FAULTS`).
+        kinds: the faults to run (:data:`raftcoord.chaos.arguments.FAULTS`).
         interval_s: quiet time between the end of one fault and the next start.
         seed: the schedule's seed.
         say: prints a line for the user.
@@ -142,7 +157,12 @@ class Nemesis:
         self.say = say
         self._lock = threading.Lock()
         self._active: list[Fault] = []
+        #: Per kind: faults ended, and those of them that changed something.
         self.done: dict[str, int] = {}
+        self.effective: dict[str, int] = {}
+        #: The kinds asked for, and why those that cannot run here do not.
+        self.requested = tuple(kinds)
+        self.not_run: dict[str, str] = {}
         self._stop = threading.Event()
         self._partitions = False  # whether partition faults run (and need healing)
         runnable = list(kinds)
@@ -174,6 +194,7 @@ class Nemesis:
         return float(max(timeout) if isinstance(timeout, list) else timeout) / 1000
 
     def _skip(self, kind: str, detail: str) -> None:
+        self.not_run[kind] = detail
         self.say(f"nemesis: {kind} {detail}")
         for phase in ("start", "end"):
             self.history.event(
@@ -187,8 +208,31 @@ class Nemesis:
         with self._lock:
             return [f"{f.plan.kind} {f.targets}" for f in self._active]
 
+    def report(self) -> list[dict[str, Any]]:
+        """Per kind asked for: how many of its faults happened (ended), how
+        many of them changed something (:func:`effect`), and why it did not
+        run here, if so."""
+        with self._lock:
+            return [
+                {
+                    "fault": kind,
+                    "happened": self.done.get(kind, 0),
+                    "changed": self.effective.get(kind, 0),
+                    "not_run": self.not_run.get(kind, ""),
+                }
+                for kind in self.requested
+            ]
+
+    def every_kind_happened(self) -> bool:
+        """Whether every kind that can run here has happened at least once."""
+        with self._lock:
+            return all(self.done.get(kind, 0) for kind in self.kinds)
+
     def run(self) -> None:
-        """Run faults until :meth:`stop`; the fault in progress is ended then."""
+        """Run faults until :meth:`stop`, strictly one at a time: the next
+        starts only after the previous one ended and the cluster recovered
+        (every node up, every shard with a leader). The fault in progress
+        is ended when stopped."""
         for plan in self._plans:
             if self._stop.wait(self.interval_s):
                 return
@@ -201,6 +245,30 @@ class Nemesis:
                 continue
             self._stop.wait(plan.hold_s)
             self._end(fault)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Until stopped: end what did not end yet, and wait until every node
+        runs and every shard has a leader (what the next fault starts from)."""
+        said = False
+        while not self._stop.is_set():
+            with self._lock:
+                active = list(self._active)
+            for fault in active:
+                self._end(fault)
+            if not active and self._recovered():
+                return
+            if not said:
+                self.say("nemesis: waiting for the cluster to recover before the next fault")
+                said = True
+            self._stop.wait(0.5)
+
+    def _recovered(self) -> bool:
+        state = self.cluster.state
+        assert state is not None
+        if not all(self.cluster.alive(n.node_id) for n in state.nodes):
+            return False
+        return len(self.cluster.leaders()) == state.shard_count
 
     def stop(self) -> None:
         self._stop.set()
@@ -263,7 +331,10 @@ class Nemesis:
         **fields: Any,
     ) -> Fault:
         """Record the start, do ``act``, and remember the fault as active."""
-        fault = Fault(plan, targets, detail, end, fields)
+        leaders = self._leaders()
+        fault = Fault(
+            plan, targets, detail, end, fields, leaders, client_failures(self.history.counts())
+        )
         self.history.event(
             "nemesis",
             "info",
@@ -272,7 +343,7 @@ class Nemesis:
             fault=plan.kind,
             targets=targets,
             detail=detail,
-            leaders=self._leaders(),
+            leaders=leaders,
             **fields,
         )
         with self._lock:
@@ -288,22 +359,28 @@ class Nemesis:
         except ClusterError as exc:
             self.say(f"nemesis: {fault.plan.kind} {fault.targets} did not end yet: {exc}")
             return
+        leaders = self._leaders()
+        changed = effect(fault, leaders, client_failures(self.history.counts()), outcome)
+        kind = fault.plan.kind
         with self._lock:
             self._active.remove(fault)
-            self.done[fault.plan.kind] = self.done.get(fault.plan.kind, 0) + 1
+            self.done[kind] = self.done.get(kind, 0) + 1
+            if changed:
+                self.effective[kind] = self.effective.get(kind, 0) + 1
         self.history.event(
             "nemesis",
             "info",
             "fault",
             phase="end",
-            fault=fault.plan.kind,
+            fault=kind,
             targets=fault.targets,
             detail=detail,
-            leaders=self._leaders(),
+            leaders=leaders,
+            changed=changed,
             **fault.fields,
             **outcome,
         )
-        self.say(f"nemesis: {fault.plan.kind} end {fault.targets}: {detail}")
+        self.say(f"nemesis: {kind} end {fault.targets}: {detail} ({changed or 'no change seen'})")
 
     def _leaders(self) -> dict[str, int]:
         return {str(shard): node for shard, node in sorted(self.cluster.leaders().items())}

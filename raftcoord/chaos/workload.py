@@ -48,7 +48,7 @@ from raftcoord.chaos.clients import (
     WorkloadTransactionalProducer,
 )
 from raftcoord.chaos.history import History
-from raftcoord.chaos.nemesis import Nemesis
+from raftcoord.chaos.nemesis import NOT_CLIENT_OPS, Nemesis
 from raftcoord.client import (
     ConsumerRecord,
     KafkaError,
@@ -74,8 +74,6 @@ INPUT_BATCH_BYTES = 4096
 #: How long the final read may go without reading anything before it gives
 #: up (its total time grows with the data of the run).
 FINAL_READ_STALL_S = 60.0
-#: History ops that are not client operations.
-_NOT_OPS = ("run", "fault", "final")
 #: ``--client``: raftcoord's client library, or Kafka's client through the
 #: Kafka gateways (:func:`client_module`).
 CLIENT_KINDS = ("raftcoord", "kafka")
@@ -99,6 +97,9 @@ class Options:
     records_per_transaction: int = 20
     nemesis: tuple[str, ...] = ()
     fault_interval_s: float = 10.0
+    #: With a --duration: go on (up to twice as long) until every fault kind
+    #: that can run here has happened at least once.
+    every_fault: bool = False
     drain_timeout_s: float = 300.0
     #: The clients' request timeout, and the producers' delivery timeout: short
     #: enough that faults show up as failed operations, long enough to ride
@@ -779,11 +780,24 @@ class Workload:
             nemesis_thread = threading.Thread(target=self.nemesis.run, name="nemesis", daemon=True)
             nemesis_thread.start()
         end = None if o.duration_s is None else time.monotonic() + o.duration_s
+        latest = None if o.duration_s is None else time.monotonic() + 2 * o.duration_s
         producers = [t for t in self.threads if t.name.startswith("txn-")]
+        extended = False
         try:
             while not r.traffic_over.wait(0.2):
                 if end is not None and time.monotonic() >= end:
-                    break
+                    waiting = (
+                        o.every_fault
+                        and self.nemesis is not None
+                        and not self.nemesis.every_kind_happened()
+                        and latest is not None
+                        and time.monotonic() < latest
+                    )
+                    if not waiting:
+                        break
+                    if not extended:
+                        self.say("going on until every fault kind has happened once")
+                        extended = True
                 if end is None and not any(t.is_alive() for t in producers):
                     break  # every producer crashed: the budget can never be spent
         except KeyboardInterrupt:
@@ -896,7 +910,7 @@ class Workload:
             "aborts": counts[("abort", "ok")],
             "failures": sum(n for (op, t), n in counts.items() if t == "fail"),
             "unknown": sum(
-                n for (op, t), n in counts.items() if t == "info" and op not in _NOT_OPS
+                n for (op, t), n in counts.items() if t == "info" and op not in NOT_CLIENT_OPS
             ),
             "faults": self.nemesis.current() if self.nemesis is not None else [],
             "faults_done": sum(self.nemesis.done.values()) if self.nemesis is not None else 0,
@@ -906,7 +920,7 @@ class Workload:
         counts = self.history.counts()
         ops: dict[str, dict[str, int]] = {}
         for (op, type_), n in sorted(counts.items()):
-            if op in _NOT_OPS:
+            if op in NOT_CLIENT_OPS:
                 continue
             ops.setdefault(op, {"invoke": 0, "ok": 0, "fail": 0, "info": 0})[type_] = n
         return {
@@ -914,6 +928,7 @@ class Workload:
             "elapsed_s": round(time.monotonic() - self.started, 1),
             "ops": ops,
             "faults": dict(self.nemesis.done) if self.nemesis is not None else {},
+            "fault_report": self.nemesis.report() if self.nemesis is not None else [],
             "crashed": list(self.run_state.crashed),
             "unfinished": sorted(self.history.outstanding()),
         }
