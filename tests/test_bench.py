@@ -1,10 +1,13 @@
-"""``raftcoord bench``: its pure helpers, and one quick run end to end."""
+"""``raftcoord bench``: its pure helpers, its log lines, its client processes, and one
+quick run end to end."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +17,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from raftcoord.bench.load import Outcome, split
+from raftcoord.bench.load import ClientPool, Outcome, Work, run_load, split
+from raftcoord.bench.progress import Steps, bench_logging
 from raftcoord.bench.stats import (
     CLK_TCK,
     Target,
@@ -309,3 +313,76 @@ def test_the_tls_table_shows_both_modes_and_their_ratio() -> None:
     text = out.getvalue()
     assert "plaintext" in text and "TLS / plaintext" in text
     assert "0.80" in text and "1.25" in text  # throughput and cluster CPU per transaction
+
+
+# --- what the bench shows while it runs ------------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\]8;[^\x1b]*\x1b\\")
+SOURCE_LOCATION = re.compile(r"\w+\.py:\d+|file://")
+LOG_LINE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) raftcoord\.[a-z._]+ \S.*"
+)
+
+
+def test_bench_log_lines_are_the_nodes_format_without_source_locations() -> None:
+    # A terminal, as a user runs it: rich's Console.log and RichHandler would
+    # end every line with its file:line there.
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200)
+    client = logging.getLogger("raftcoord.client.producer")
+    with Steps(console, 2) as step:
+        step("starting the cluster")
+        client.warning("could not abort the open transaction on close: %s", "boom")
+        client.info("producer 7: epoch bumped")  # below WARNING: not shown
+        step("ceilings: Ping, 1 caller")
+        step.finish()
+    text = ANSI.sub("", out.getvalue()).replace("\r", "\n")
+    assert not SOURCE_LOCATION.search(text), text
+    lines = [line.strip() for line in text.splitlines() if " raftcoord." in line]
+    assert len(lines) == 3, text
+    for line in lines:
+        assert LOG_LINE.fullmatch(line), line
+    assert lines[0].endswith(
+        " INFO raftcoord.bench event=step step=1/2 what='starting the cluster'"
+    )
+    assert lines[1].endswith(
+        " WARNING raftcoord.client.producer could not abort the open transaction on close: boom"
+    )
+    assert lines[2].endswith(" event=step step=2/2 what='ceilings: Ping, 1 caller'")
+    assert "epoch bumped" not in text
+    assert "2/2" in text  # the progress bar's count
+
+
+def test_bench_logging_leaves_the_loggers_as_it_found_them() -> None:
+    root, bench = logging.getLogger(), logging.getLogger("raftcoord.bench")
+    before = (list(root.handlers), root.level, bench.level)
+    out = io.StringIO()
+    with bench_logging(Console(file=out, width=200)) as log:
+        log.info("event=step what=%r", "a\nb")
+    assert (list(root.handlers), root.level, bench.level) == before
+    line = out.getvalue()
+    assert line.count("\n") == 1 and "what='a\\nb'" in line  # one line whatever it holds
+    assert not SOURCE_LOCATION.search(line)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_client_pool_runs_load_after_load_in_the_same_processes() -> None:
+    from raftcoord.bench.grpc_style import server
+
+    with server("thread pool") as (address, pid), ClientPool(2) as pool:
+        workers = pool.pids
+        loads = [
+            run_load(Work("ping", [address]), callers, 0.3, 2, [pid], pool=pool)
+            for callers in (4, 1, 2)  # the second leaves one process idle
+        ]
+        for load, callers in zip(loads, (4, 1, 2), strict=True):
+            assert load.concurrency == callers
+            assert load.outcome.completed > 0 and load.outcome.failed == 0
+            assert load.node_cpu_s[pid] > 0
+        assert pool.pids == workers
+        # A load whose actors cannot start stops the run, and the pool.
+        with pytest.raises(RuntimeError, match="failed to start"):
+            run_load(Work("ping", ["127.0.0.1:1"]), 1, 0.3, 1, [pid], pool=pool)
+        assert pool.closed
+    assert not [w for w in workers if Path(f"/proc/{w}").exists()]  # ended and reaped

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raftcoord.bench.load import Work, run_load
+from raftcoord.bench.progress import bench_logging
 from raftcoord.bench.stats import machine, percentile, wide_console
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc
@@ -124,13 +125,13 @@ def measure(
 
 def run(args: argparse.Namespace) -> int:
     seconds = args.seconds or (1.0 if args.quick else 4.0)
-    console = Console(stderr=True)
     rows = []
     with contextlib.ExitStack() as stack:
+        log = stack.enter_context(bench_logging(Console(stderr=True)))
         servers = {style: stack.enter_context(server(style)) for style in STYLES}
         for callers in args.callers:
             for style, (address, pid) in servers.items():
-                console.log(f"{style}: {callers} callers for {seconds:g} s")
+                log.info("event=step server=%r callers=%d seconds=%g", style, callers, seconds)
                 rows.append(measure(style, address, pid, callers, seconds, args.client_processes))
     rows.sort(key=lambda r: (STYLES.index(r["style"]), r["callers"]))
     table = Table(

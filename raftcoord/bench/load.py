@@ -9,6 +9,13 @@ producer id, or a channel), then all start together, repeat their step for
 every node process) is read just before the start and after the last report,
 and each client process reports its own CPU, so the two are told apart.
 
+A :class:`ClientPool` keeps its client processes between loads: a run of
+many short load steps (``raftcoord bench``) starts them once instead of
+spawning and importing them again for every step. Given one, :func:`run_load`
+uses its first processes; without one it starts processes for that load
+alone. Either way the actors of a load are new (their producers are made
+before the start and closed after the report), so a step measures the same.
+
 Actors (:class:`Work` ``kind``):
 
 * ``transactions``: a :class:`~raftcoord.client.TransactionalProducer`
@@ -25,13 +32,15 @@ Actors (:class:`Work` ``kind``):
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import queue
+import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +48,14 @@ import grpc
 
 from raftcoord.bench.stats import cpu_deltas_s, cpu_of
 from raftcoord.client import KafkaError, Producer, RecordMetadata, TransactionalProducer
+from raftcoord.protocol.process import LOG_FORMAT, OneLineFormatter
 from raftcoord.protocol.tls import SslFiles
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc
 
 KINDS = ("transactions", "idempotent", "ping")
 CALL_TIMEOUT_S = 30.0
+#: How often a client process waiting for work checks that its parent still runs.
+PARENT_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -241,14 +253,19 @@ def _client_process(
     go: Any,
     results: Any,
 ) -> None:
-    """One client process: ``count`` actors, one thread each."""
+    """One load in a client process: ``count`` actors, one thread each."""
     try:
-        actors = [Actor(work, first_index + k) for k in range(count)]
+        # Made at once (each producer's InitProducerId is a Raft commit): the
+        # set-up is not measured, only waited for.
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            actors = list(pool.map(lambda k: Actor(work, first_index + k), range(count)))
     except Exception as exc:  # reported to the parent, which stops the run
         ready.put(f"{type(exc).__name__}: {exc}")
         return
     ready.put("ready")
-    go.wait()
+    while not go.wait(PARENT_CHECK_S):
+        if _parent_gone():
+            return
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     outcomes = [Outcome() for _ in actors]
@@ -275,10 +292,137 @@ def _client_process(
         actor.close()
 
 
+def _client_logging() -> None:
+    """A client process's log lines: warnings and above (the client library's
+    own, say a leader that moved), in the nodes' format."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter(LOG_FORMAT))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+def _parent_gone() -> bool:
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
+def _client_worker(commands: Any, ready: Any, go: Any, results: Any) -> None:
+    """A pooled client process: one load per command until ``None``, or
+    until the process that started it is gone. Ctrl-C is left to that
+    process, which stops its pool."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _client_logging()
+    while True:
+        try:
+            command = commands.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if _parent_gone():
+                return
+            continue
+        if command is None:
+            return
+        work, first_index, count, duration_s = command
+        _client_process(work, first_index, count, duration_s, ready, go, results)
+
+
 def split(total: int, parts: int) -> list[int]:
     """``total`` spread as evenly as possible over at most ``parts`` non-empty parts."""
     parts = max(1, min(parts, total))
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+class ClientPool:
+    """``processes`` client processes (spawned, never forked: gRPC does not
+    survive a fork), started once and given one load after another by
+    :func:`run_load`. A load that fails leaves the pool closed."""
+
+    def __init__(self, processes: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._ready, self._results, self._go = context.Queue(), context.Queue(), context.Event()
+        self._commands = [context.Queue() for _ in range(processes)]
+        self._procs = [
+            context.Process(
+                target=_client_worker,
+                args=(commands, self._ready, self._go, self._results),
+                daemon=True,
+            )
+            for commands in self._commands
+        ]
+        for proc in self._procs:
+            proc.start()
+        self.closed = False
+
+    @property
+    def size(self) -> int:
+        return len(self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        """The client processes' pids, in the order loads are given to them."""
+        return [proc.pid for proc in self._procs if proc.pid is not None]
+
+    def __enter__(self) -> ClientPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """Ask every process to end after its load (its producers closed), and
+        kill what is still running ``grace_s`` later."""
+        if self.closed:
+            return
+        self.closed = True
+        for commands in self._commands:
+            commands.put(None)
+        deadline = time.monotonic() + grace_s
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+
+    def load(
+        self,
+        work: Work,
+        concurrency: int,
+        duration_s: float,
+        processes: int,
+        cluster_pids: list[int],
+        setup_timeout_s: float = 120.0,
+    ) -> LoadResult:
+        """``concurrency`` actors over the first ``processes`` processes for ``duration_s``."""
+        if self.closed:
+            raise RuntimeError("the client pool is closed")
+        parts = split(concurrency, processes)
+        if len(parts) > self.size:
+            raise ValueError(f"{len(parts)} client processes asked of a pool of {self.size}")
+        try:
+            first = 0
+            for commands, count in zip(self._commands, parts, strict=False):
+                commands.put((work, first, count, duration_s))
+                first += count
+            for _ in parts:
+                try:
+                    message = self._ready.get(timeout=setup_timeout_s)
+                except queue.Empty:
+                    raise RuntimeError(
+                        f"client processes not ready in {setup_timeout_s:.0f} s"
+                    ) from None
+                if message != "ready":
+                    raise RuntimeError(f"a client process failed to start: {message}")
+            cpu0 = cpu_of(cluster_pids)
+            self._go.set()
+            outcome = Outcome()
+            for _ in parts:
+                outcome.merge(self._results.get(timeout=duration_s + setup_timeout_s))
+            cpu1 = cpu_of(cluster_pids)
+            # Every process has passed the start (each reported): the next load waits again.
+            self._go.clear()
+        except BaseException:
+            self.close(grace_s=0.0)
+            raise
+        return LoadResult(concurrency, outcome, cpu_deltas_s(cpu0, cpu1))
 
 
 def run_load(
@@ -288,42 +432,11 @@ def run_load(
     processes: int,
     cluster_pids: list[int],
     setup_timeout_s: float = 120.0,
+    pool: ClientPool | None = None,
 ) -> LoadResult:
-    """``concurrency`` actors over ``processes`` client processes for ``duration_s``."""
-    context = multiprocessing.get_context("spawn")
-    ready, results, go = context.Queue(), context.Queue(), context.Event()
-    procs = []
-    first = 0
-    for count in split(concurrency, processes):
-        proc = context.Process(
-            target=_client_process,
-            args=(work, first, count, duration_s, ready, go, results),
-            daemon=True,
-        )
-        proc.start()
-        procs.append(proc)
-        first += count
-    try:
-        for _ in procs:
-            try:
-                message = ready.get(timeout=setup_timeout_s)
-            except queue.Empty:
-                raise RuntimeError(
-                    f"client processes not ready in {setup_timeout_s:.0f} s"
-                ) from None
-            if message != "ready":
-                raise RuntimeError(f"a client process failed to start: {message}")
-        cpu0 = cpu_of(cluster_pids)
-        go.set()
-        outcome = Outcome()
-        for _ in procs:
-            outcome.merge(results.get(timeout=duration_s + setup_timeout_s))
-        cpu1 = cpu_of(cluster_pids)
-        for proc in procs:
-            proc.join(timeout=30)
-        return LoadResult(concurrency, outcome, cpu_deltas_s(cpu0, cpu1))
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=10)
+    """``concurrency`` actors over ``processes`` client processes for
+    ``duration_s``: those of ``pool``, or processes started for this load."""
+    if pool is not None:
+        return pool.load(work, concurrency, duration_s, processes, cluster_pids, setup_timeout_s)
+    with ClientPool(len(split(concurrency, processes))) as own:
+        return own.load(work, concurrency, duration_s, processes, cluster_pids, setup_timeout_s)

@@ -44,6 +44,7 @@ from fsm import (
     TransactionStateMachine,
     encode_entry,
 )
+from raftcoord.bench.progress import bench_logging
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
@@ -154,24 +155,26 @@ def run(args: argparse.Namespace) -> int:
         "file MB",
     ):
         table.add_column(column, justify="right")
-    for count in (int(s) for s in args.sizes.split(",")):
-        runs = []
-        for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory(dir=args.dir) as directory:
-                runs.append(measure(count, Path(directory)))
-            console.log(
-                f"{count} open transactions: "
-                + ", ".join(f"{key} {value:.1f}" for key, value in runs[-1].items())
+    with bench_logging(Console(stderr=True)) as log:
+        for count in (int(s) for s in args.sizes.split(",")):
+            runs = []
+            for _ in range(args.repeat):
+                with tempfile.TemporaryDirectory(dir=args.dir) as directory:
+                    runs.append(measure(count, Path(directory)))
+                log.info(
+                    "event=measured open_transactions=%d %s",
+                    count,
+                    " ".join(f"{key}={value:.1f}" for key, value in runs[-1].items()),
+                )
+            median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            table.add_row(
+                str(count),
+                f"{median['longest_tick_ms']:.1f}",
+                f"{median['compaction_ms']:.0f}",
+                f"{median['encode_ms']:.0f}",
+                f"{median['restore_ms']:.0f}",
+                f"{median['file_mb']:.1f}",
             )
-        median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        table.add_row(
-            str(count),
-            f"{median['longest_tick_ms']:.1f}",
-            f"{median['compaction_ms']:.0f}",
-            f"{median['encode_ms']:.0f}",
-            f"{median['restore_ms']:.0f}",
-            f"{median['file_mb']:.1f}",
-        )
     console.print(table)
     console.print(
         f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), load average "

@@ -1,11 +1,13 @@
 """The main benchmark: a local cluster against its machine's own ceilings and
 the performance targets, in one run so that the ratios hold on a noisy machine.
 
-Run: ``raftcoord bench`` (about 10 minutes; ``--quick`` about 90 s). Every
-cluster is a :class:`~raftcoord.cluster.launcher.LocalCluster` it starts
-itself in a temporary directory (under ``--dir``): 3 coordinators x 3 shards,
-3 partition-log nodes, fsync always, a topic of 6 partitions. Phases
-(docs/performance.md says what each measures and how):
+Run: ``raftcoord bench`` (about 10 minutes; ``--quick`` about 50 s on 2
+cores, docs/performance.md says where the time goes). Every cluster is a
+:class:`~raftcoord.cluster.launcher.LocalCluster` it starts itself in a
+temporary directory (under ``--dir``): 3 coordinators x 3 shards, 3
+partition-log nodes, fsync always, a topic of 6 partitions. Every load step
+runs in the same client processes (a :class:`~raftcoord.bench.load.ClientPool`
+started once). Phases (docs/performance.md says what each measures and how):
 
 1. ceilings: the empty ``CoordinatorAdmin.Ping`` call on a coordinator (1 and
    32 concurrent callers), a bare Raft commit through a shard (InitProducerId
@@ -42,16 +44,16 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from raftcoord.bench.load import Actor, LoadResult, Outcome, Work, run_load
+from raftcoord.bench.load import Actor, ClientPool, LoadResult, Outcome, Work, run_load
+from raftcoord.bench.progress import Steps
 from raftcoord.bench.stats import Target, machine, percentile, rss_bytes, wide_console
 from raftcoord.client import Admin
 from raftcoord.cluster.launcher import LocalCluster
@@ -79,7 +81,11 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="every phase small (about 90 s)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every phase small (about 50 s on 2 cores, load average 7-16)",
+    )
     parser.add_argument("--json", dest="json_path", help="also write the results here as JSON")
     parser.add_argument("--dir", help="parent of the cluster directories (default: system tmp)")
     parser.add_argument(
@@ -138,6 +144,8 @@ class Options:
     processes: int
     parent: str | None
     skip: set[str]
+    #: The client processes every load step uses (started once per run).
+    pool: ClientPool | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Options:
@@ -158,6 +166,23 @@ class Options:
             processes=args.client_processes,
             parent=args.dir,
             skip=args.skip,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k != "pool"} | {"skip": sorted(self.skip)}
+
+    def load(
+        self, work: Work, concurrency: int, cluster: LocalCluster, processes: int | None = None
+    ) -> LoadResult:
+        """One load step of ``seconds`` against ``cluster``, in the
+        run's client processes (the first ``processes`` of them)."""
+        return run_load(
+            work,
+            concurrency,
+            self.seconds,
+            processes or self.processes,
+            pids(cluster),
+            pool=self.pool,
         )
 
 
@@ -262,9 +287,7 @@ def ceilings(
     for callers in (1, 32):
         step(f"ceilings: Ping, {plural(callers, 'caller')}")
         work = Work("ping", [leader.grpc])
-        ping.append(
-            load_figures(run_load(work, callers, options.seconds, options.processes, pids(cluster)))
-        )
+        ping.append(load_figures(options.load(work, callers, cluster)))
     step("ceilings: bare Raft commit")
     tid = "bench-raft-commit"
     with Admin(bootstrap(cluster)) as admin:
@@ -325,9 +348,7 @@ def end_to_end(
     for producers, records in shapes:
         step(f"end to end: {plural(producers, 'producer')}, {records} records per transaction")
         work = txn_work(cluster, f"e2e-{producers}-{records}", records)
-        figures = load_figures(
-            run_load(work, producers, options.seconds, options.processes, pids(cluster))
-        )
+        figures = load_figures(options.load(work, producers, cluster))
         rows.append({"producers": producers, "records_per_txn": records, **figures})
     return rows
 
@@ -370,7 +391,7 @@ def one_process(
                 id_prefix=f"one-{kind}-{threads}",
                 rotate=True,
             )
-            result = run_load(work, threads, options.seconds, 1, pids(cluster))
+            result = options.load(work, threads, cluster, processes=1)
             elapsed = result.outcome.elapsed_s
             node_cpu = {
                 str(r["node_id"]): round(100 * result.node_cpu_s.get(r["pid"], 0.0) / elapsed, 1)
@@ -405,9 +426,7 @@ def interval_commits(
         work = Work(
             kind, bootstrap(cluster), TOPIC, TOPIC_PARTITIONS, interval_s=0.1, id_prefix="interval"
         )
-        result[kind] = load_figures(
-            run_load(work, producers, options.seconds, options.processes, pids(cluster))
-        )
+        result[kind] = load_figures(options.load(work, producers, cluster))
     idem = result["idempotent"]["records_per_s"]
     result["ratio"] = round(result["transactions"]["records_per_s"] / idem, 3) if idem else 0.0
     return result
@@ -418,7 +437,8 @@ def failover(
 ) -> dict[str, Any]:
     """kill -9 of shard 0's leader while 4 producers of shard 0's ids commit
     (threads of this process); the time from the kill to the first commit that
-    returns after it. The node is started again between kills."""
+    returns after it. The node is started again between kills (not after
+    the last one: this is the last phase on its cluster)."""
     assert cluster.state is not None
     shard = 0
     prefix = "failover"
@@ -460,8 +480,9 @@ def failover(
             with lock:
                 first = min(t for t in commits if t > killed_at)
             times.append(first - killed_at)
-            cluster.start(victim, timeout_s=60.0)
-            cluster.wait_for_leaders(60.0)
+            if k + 1 < options.failovers:  # after the last kill the cluster is stopped
+                cluster.start(victim, timeout_s=60.0)
+                cluster.wait_for_leaders(60.0)
             with lock:
                 commits.clear()
     finally:
@@ -514,7 +535,7 @@ def open_transactions(
     def cost(level: int) -> dict[str, Any]:
         step(f"open transactions: cost per transaction at {level}")
         work = txn_work(cluster, f"cost-{level}")
-        return load_figures(run_load(work, 8, options.seconds, options.processes, pids(cluster)))
+        return load_figures(options.load(work, 8, cluster))
 
     levels: list[dict[str, Any]] = [{"open": 0, "rss_mb": rss_mb()}]
     opened = 0
@@ -619,9 +640,7 @@ def scaling(options: Options, step: Callable[[str], None]) -> list[dict[str, Any
         step(f"scaling: {plural(shards, 'shard')}")
         with local_cluster(options.parent, shards) as cluster:
             work = txn_work(cluster, f"scale-{shards}")
-            figures = load_figures(
-                run_load(work, 32, options.seconds, options.processes, pids(cluster))
-            )
+            figures = load_figures(options.load(work, 32, cluster))
         rows.append({"shards": shards, **figures})
     return rows
 
@@ -921,7 +940,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     results: dict[str, Any] = {
         "machine": machine(),
-        "options": vars(options) | {"skip": sorted(options.skip)},
+        "options": options.as_json(),
     }
     phases = {
         "ceilings": 4,
@@ -933,23 +952,8 @@ def run(args: argparse.Namespace) -> int:
         "scaling": len(options.scale_shards),
     }
     total = 1 + sum(n for name, n in phases.items() if name not in options.skip)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("starting the cluster", total=total)
-        first = [True]
-
-        def step(description: str) -> None:
-            if not first[0]:
-                progress.advance(task)
-            first[0] = False
-            progress.update(task, description=description)
-            console.log(description)
-
+    with Steps(console, total) as step, ClientPool(options.processes) as pool:
+        options.pool = pool
         step("starting the cluster")
         with local_cluster(options.parent, SHARDS) as cluster:
             if "ceilings" not in options.skip:
@@ -967,7 +971,7 @@ def run(args: argparse.Namespace) -> int:
                 results["open_transactions"] = open_transactions(cluster, options, step)
         if "scaling" not in options.skip:
             results["scaling"] = scaling(options, step)
-        progress.update(task, completed=total, description="done")
+        step.finish()
     results["failed_transactions"] = failed_transactions(results)
     results["targets"] = [
         {"name": t.name, "value": t.value, "bound": t.bound, "at_most": t.at_most, "met": t.met}
