@@ -290,6 +290,26 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert "targets" in text
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("suite", ["metrics", "tls"])
+def test_an_option_comparison_runs_both_clusters(suite: str, tmp_path: Path) -> None:
+    """``raftcoord bench metrics`` and ``tls`` in brief: one step per
+    cluster, their ratio, and (metrics) the endpoints scraped meanwhile."""
+    command = [sys.executable, "-m", "raftcoord.cli", "bench", suite, "--seconds", "2.5"]
+    command += ["--producers", "1", "--json", "--dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(done.stdout[done.stdout.index("[\n") :])
+    from raftcoord.bench.variants import COMPARISONS
+
+    _title, baseline, option = COMPARISONS[suite]
+    assert [r["mode"] for r in rows] == [baseline.name, option.name]
+    assert all(r["completed"] > 0 and r["failed"] == 0 for r in rows), rows
+    assert [r["scrapes"] > 0 for r in rows] == [False, option.scraped]
+    assert f"{option.name} / {baseline.name}" in done.stdout
+
+
 def test_the_tls_table_shows_both_modes_and_their_ratio() -> None:
     from raftcoord.bench.variants import table
 

@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from raftcoord.bench.load import Work, run_load
+from raftcoord.bench.load import ClientPool, Work, run_load
 from raftcoord.bench.targets import (
     SHARDS,
     TOPIC,
@@ -86,12 +86,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def scraping(cluster: LocalCluster, interval_s: float) -> Iterator[list[int]]:
+def scraping(cluster: LocalCluster, interval_s: float | None) -> Iterator[list[int]]:
     """Scrape every metrics endpoint of ``cluster`` every ``interval_s``
-    until the block ends; yields the list of scrapes done (one count)."""
+    (None: never) until the block ends; yields a list of one count, the
+    scrapes done."""
     assert cluster.state is not None
     addresses = [n.metrics for n in cluster.state.nodes if n.metrics]
     done = [0]
+    if interval_s is None:
+        yield done
+        return
     stop = threading.Event()
 
     def scrape() -> None:
@@ -114,36 +118,49 @@ def measure(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     _title, baseline, option = COMPARISONS[args.suite]
     producers = [int(p) for p in args.producers.split(",") if p.strip()]
     rows = []
-    for round_ in range(1, args.rounds + 1):
-        for variant in (baseline, option):
-            with local_cluster(args.dir, SHARDS, **variant.options) as cluster:
-                for count in producers:
-                    console.print(
-                        f"round {round_}, {variant.name}: {count} producer(s) "
-                        f"for {args.seconds:g} s"
-                    )
-                    work = Work(
-                        "transactions",
-                        bootstrap(cluster),
-                        TOPIC,
-                        TOPIC_PARTITIONS,
-                        id_prefix=f"{args.suite}-{round_}-{variant.name}-{count}".replace(" ", "-"),
-                        rotate=True,
-                        tls=cluster.client_tls(),
-                    )
-                    with scraping(
-                        cluster, SCRAPE_INTERVAL_S if variant.scraped else float("inf")
-                    ) as scrapes:
-                        result = run_load(work, count, args.seconds, 1, pids(cluster))
-                    rows.append(
-                        {
-                            "mode": variant.name,
-                            "round": round_,
-                            "producers": count,
-                            "scrapes": scrapes[0],
-                            **load_figures(result),
-                        }
-                    )
+    with ClientPool(1) as pool:
+        for round_ in range(1, args.rounds + 1):
+            for variant in (baseline, option):
+                rows += _variant(args, console, pool, round_, variant, producers)
+    return rows
+
+
+def _variant(
+    args: argparse.Namespace,
+    console: Console,
+    pool: ClientPool,
+    round_: int,
+    variant: Variant,
+    producers: list[int],
+) -> list[dict[str, Any]]:
+    """One round's steps against a cluster of ``variant``, by ``pool``'s client process."""
+    rows = []
+    with local_cluster(args.dir, SHARDS, **variant.options) as cluster:
+        for count in producers:
+            console.print(
+                f"round {round_}, {variant.name}: {count} producer(s) for {args.seconds:g} s"
+            )
+            work = Work(
+                "transactions",
+                bootstrap(cluster),
+                TOPIC,
+                TOPIC_PARTITIONS,
+                id_prefix=f"{args.suite}-{round_}-{variant.name}-{count}".replace(" ", "-"),
+                rotate=True,
+                tls=cluster.client_tls(),
+            )
+            interval = SCRAPE_INTERVAL_S if variant.scraped else None
+            with scraping(cluster, interval) as scrapes:
+                result = run_load(work, count, args.seconds, 1, pids(cluster), pool=pool)
+            rows.append(
+                {
+                    "mode": variant.name,
+                    "round": round_,
+                    "producers": count,
+                    "scrapes": scrapes[0],
+                    **load_figures(result),
+                }
+            )
     return rows
 
 
