@@ -9,8 +9,10 @@ PYTEST_ARGS ?=
 
 TYPED = fsm pid_allocator marker_writer raftcoord partition_log spark tests/history_checker.py tests/simulation.py
 #: Debian packages the tests use, as binary:package, installed (as root) when
-#: the binary is missing: Prometheus's promtool checks the alert rules.
-DEBIAN_TOOLS := /usr/bin/promtool:prometheus
+#: the binary is missing: Prometheus's promtool checks the alert rules;
+#: Chromium is the browser the console's browser test drives (never one
+#: Playwright would download).
+DEBIAN_TOOLS := /usr/bin/promtool:prometheus /usr/bin/chromium:chromium
 
 .PHONY: help install debian-tools test test-fast lint typecheck proto demo clean
 

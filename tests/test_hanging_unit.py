@@ -16,7 +16,6 @@ from fsm.errors import ErrorCode
 from partition_log.log import FsyncPolicy
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
-from raftcoord.cli.txn import OpenTransaction, is_candidate, is_hanging
 from raftcoord.client import (
     PendingMarker,
     ProducerState,
@@ -24,6 +23,7 @@ from raftcoord.client import (
     TransactionDescription,
 )
 from raftcoord.client import admin as admin_module
+from raftcoord.client.hanging import OpenTransaction, is_candidate, is_hanging
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 from tests.reserved import reserved
 

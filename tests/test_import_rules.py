@@ -2,8 +2,8 @@
 
 A component is a top-level package (fsm, pid_allocator, marker_writer,
 partition_log, spark) or a subpackage of raftcoord (protocol, coordinator,
-client, cluster, chaos, cli, bench, kafka). Every import counts, also one inside a
-function
+client, cluster, chaos, cli, bench, kafka, console). Every import counts, also
+one inside a function
 or under ``TYPE_CHECKING``: a hidden arrow is still an arrow.
 """
 
@@ -18,7 +18,17 @@ from tests.test_purity import FORBIDDEN
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TOP_LEVEL = ("fsm", "pid_allocator", "marker_writer", "partition_log", "spark")
-RAFTCOORD = ("protocol", "coordinator", "client", "cluster", "chaos", "cli", "bench", "kafka")
+RAFTCOORD = (
+    "protocol",
+    "coordinator",
+    "client",
+    "cluster",
+    "chaos",
+    "cli",
+    "bench",
+    "kafka",
+    "console",
+)
 
 #: The protocol's modules without I/O, the only part of raftcoord the pure core may import.
 PURE_PROTOCOL = frozenset(
@@ -86,6 +96,12 @@ def violations(module: str, imports: Iterable[tuple[int, str]]) -> list[str]:
             refuse("the protocol imports no other component")
         if other == "raftcoord.bench" and owner not in ("raftcoord.bench", "raftcoord.cli"):
             refuse("only the command line imports the benchmarks")
+        if owner == "raftcoord.console" and other not in (
+            None,
+            "raftcoord.console",
+            "raftcoord.client",
+        ):
+            refuse("the console reads the cluster only through the client library")
     return problems
 
 
@@ -216,6 +232,17 @@ def test_the_checker_refuses_forbidden_arrows() -> None:
         " (only the command line imports the benchmarks)",
     ]
     assert check("raftcoord.cli.bench", "from raftcoord.bench import targets") == []
+    assert check("raftcoord.console.collect", "from raftcoord.client import Admin") == []
+    assert check("raftcoord.console.app", "from partition_log import service") == [
+        "raftcoord.console.app:1: partition_log"
+        " (the console reads the cluster only through the client library)",
+        "raftcoord.console.app:1: partition_log.service"
+        " (the console reads the cluster only through the client library)",
+    ]
+    assert check("raftcoord.console.model", "import raftcoord.protocol.v1.admin_pb2") == [
+        "raftcoord.console.model:1: raftcoord.protocol.v1.admin_pb2"
+        " (the console reads the cluster only through the client library)",
+    ]
 
 
 def test_the_checker_finds_a_cycle() -> None:

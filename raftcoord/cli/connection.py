@@ -14,8 +14,11 @@ from raftcoord.cluster.launcher import TLS_ADMIN, LocalCluster
 from raftcoord.protocol.tls import SslFiles
 
 
-def add_connection_options(parser: argparse.ArgumentParser) -> None:
-    """--cluster-dir or --bootstrap-server, the TLS files, --json, --timeout."""
+def add_connection_options(
+    parser: argparse.ArgumentParser, json_output: bool = True, timeout_s: float = 30.0
+) -> None:
+    """--cluster-dir or --bootstrap-server, the TLS files, --json (unless not
+    ``json_output``), --timeout (default ``timeout_s``)."""
     parser.add_argument(
         "--cluster-dir",
         default=".raftcoord",
@@ -35,8 +38,11 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
             help=f"a cluster with TLS: {what} (PEM); with --cluster-dir of a `cluster up "
             "--tls` cluster, its admin certificate by default",
         )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds for each request (30)")
+    if json_output:
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--timeout", type=float, default=timeout_s, help=f"seconds for each request ({timeout_s:g})"
+    )
 
 
 def bootstrap(args: argparse.Namespace) -> list[str]:

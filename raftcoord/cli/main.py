@@ -234,6 +234,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "raftcoord.cli.txn",
         "configure",
     ),
+    "console": (
+        "a read-only web console of a cluster (docs/console.md)",
+        "raftcoord.cli.console",
+        "configure",
+    ),
     "acl": ("add, list and remove ACLs (kafka-acls.sh)", "raftcoord.cli.acl", "configure"),
     "user": ("add, list and remove SASL/SCRAM users", "raftcoord.cli.user", "configure"),
     "bench": (

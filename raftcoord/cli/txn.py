@@ -18,38 +18,20 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
-from raftcoord.client import (
-    AbortTransactionSpec,
-    Admin,
-    KafkaError,
-    ProducerState,
-    TopicPartition,
-    TransactionDescription,
-)
+from raftcoord.client import AbortTransactionSpec, Admin, KafkaError, TopicPartition
 from raftcoord.client.admin import TRANSACTION_STATES
-from raftcoord.client.errors import TransactionalIdNotFoundError
+from raftcoord.client.hanging import find_hanging
 from raftcoord.cluster.launcher import ClusterError
 
-__all__ = ["OpenTransaction", "configure", "is_candidate", "is_hanging"]
+__all__ = ["configure"]
 
 #: find-hanging's default --max-transaction-timeout (Kafka's, and
 #: transaction.max.timeout.ms's default), in minutes.
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MIN = 15
-#: Coordinator states in which the transaction's markers are still to be
-#: written, and the epoch they will carry (Ongoing: the next one).
-_MARKER_EPOCH_BUMP = {
-    "Ongoing": 1,
-    "PrepareCommit": 0,
-    "PrepareAbort": 0,
-    "PrepareEpochFence": 0,
-}
-
-
 #: What a command that found nothing says instead of an empty table.
 NOTHING_FOUND = {
     "list": "no transactional id matches",
@@ -60,46 +42,6 @@ NOTHING_FOUND = {
 
 class TxnCommandError(Exception):
     """A command that cannot be done as asked; the message says why."""
-
-
-# --- the hanging decision (pure) ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OpenTransaction:
-    """A producer's open transaction on one partition."""
-
-    topic_partition: TopicPartition
-    producer: ProducerState
-
-
-def is_candidate(producer: ProducerState, now_ms: int, max_transaction_timeout_ms: int) -> bool:
-    """Whether the producer has an open transaction on the partition and has
-    written nothing there for longer than the longest transaction timeout (as
-    Kafka's find-hanging: a live transaction ends, or is aborted, before)."""
-    return (
-        producer.current_transaction_start_offset >= 0
-        and now_ms - producer.last_timestamp_ms > max_transaction_timeout_ms
-    )
-
-
-def is_hanging(txn: OpenTransaction, descriptions: Iterable[TransactionDescription]) -> bool:
-    """Whether no coordinator will end ``txn``: none of ``descriptions`` (the
-    coordinators' transactions of its producer id) has this partition in a
-    transaction whose markers are still to come with an epoch above the
-    partition's (a marker closes a transaction only if its epoch is greater
-    than the transaction's data epoch)."""
-    producer = txn.producer
-    for d in descriptions:
-        bump = _MARKER_EPOCH_BUMP.get(d.state)
-        if (
-            bump is not None
-            and d.producer_id == producer.producer_id
-            and txn.topic_partition in d.partitions
-            and d.producer_epoch + bump > producer.producer_epoch
-        ):
-            return False
-    return True
 
 
 # --- commands -----------------------------------------------------------------------
@@ -181,19 +123,7 @@ def _find_hanging(admin: Admin, args: argparse.Namespace) -> Any:
         partitions = [TopicPartition(t, p) for t in chosen for p in range(topics[t])]
     now_ms = _now_ms()
     max_timeout_ms = args.max_transaction_timeout * 60_000
-    candidates = [
-        OpenTransaction(tp, producer)
-        for tp, producers in admin.describe_producers(partitions).items()
-        for producer in producers
-        if is_candidate(producer, now_ms, max_timeout_ms)
-    ]
-    hanging = _hanging(admin, candidates)
-    if hanging:
-        # A transaction that ended between the two looks is not hanging: keep
-        # only what is still open on a second look.
-        again = admin.describe_producers({t.topic_partition for t in hanging})
-        still = {(tp, _open_key(p)) for tp, producers in again.items() for p in producers}
-        hanging = [t for t in hanging if (t.topic_partition, _open_key(t.producer)) in still]
+    hanging = find_hanging(admin, admin.describe_producers(partitions), now_ms, max_timeout_ms)
     rows = [
         {
             "topic": t.topic_partition.topic,
@@ -205,7 +135,7 @@ def _find_hanging(admin: Admin, args: argparse.Namespace) -> Any:
             "last_timestamp_ms": t.producer.last_timestamp_ms,
             "duration_min": (now_ms - t.producer.last_timestamp_ms) // 60_000,
         }
-        for t in sorted(hanging, key=lambda t: (t.topic_partition, t.producer.producer_id))
+        for t in hanging
     ]
     columns = [
         ("Topic", "topic"),
@@ -218,32 +148,6 @@ def _find_hanging(admin: Admin, args: argparse.Namespace) -> Any:
         ("Duration(min)", "duration_min"),
     ]
     return rows, columns
-
-
-def _open_key(producer: ProducerState) -> tuple[int, int, int]:
-    """What names a producer's open transaction on a partition."""
-    return (
-        producer.producer_id,
-        producer.producer_epoch,
-        producer.current_transaction_start_offset,
-    )
-
-
-def _hanging(admin: Admin, candidates: Sequence[OpenTransaction]) -> list[OpenTransaction]:
-    """The candidates no coordinator will end (asking the coordinators about
-    the candidates' producer ids)."""
-    if not candidates:
-        return []
-    producer_ids = {c.producer.producer_id for c in candidates}
-    described: dict[int, list[TransactionDescription]] = {}
-    for listing in admin.list_transactions(producer_ids=producer_ids):
-        try:
-            found = admin.describe_transactions([listing.transactional_id])
-        except TransactionalIdNotFoundError:
-            continue  # expired since it was listed: it ends nothing
-        for d in found.values():
-            described.setdefault(d.producer_id, []).append(d)
-    return [c for c in candidates if is_hanging(c, described.get(c.producer.producer_id, []))]
 
 
 def _abort(admin: Admin, args: argparse.Namespace) -> Any:

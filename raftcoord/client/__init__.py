@@ -6,7 +6,8 @@
 * :class:`Consumer`: reads assigned partitions (read_committed or
   read_uncommitted) and commits group offsets.
 * :class:`Admin`: topics, listing/describing transactions, the producers of
-  partitions and aborting hanging transactions.
+  partitions and aborting hanging transactions (:mod:`raftcoord.client.hanging`
+  finds them), consumer groups and their offsets, the nodes' state.
 
 ``bootstrap`` lists coordinator gRPC addresses; the client learns the
 partition-log nodes and topic placement from the coordinators. Errors are
@@ -51,10 +52,13 @@ from raftcoord.client.records import (
     AbortTransactionSpec,
     ConsumerGroupDescription,
     ConsumerRecord,
+    CoordinatorDescription,
     MemberDescription,
+    PartitionNodeDescription,
     PendingMarker,
     ProducerState,
     RecordMetadata,
+    ShardReplica,
     TopicPartition,
     TransactionDescription,
     TransactionListing,
@@ -66,6 +70,7 @@ __all__ = [
     "Consumer",
     "ConsumerGroupDescription",
     "ConsumerRecord",
+    "CoordinatorDescription",
     "DefaultPartitioner",
     "FatalError",
     "IllegalStateError",
@@ -77,12 +82,14 @@ __all__ = [
     "MemberDescription",
     "NotACoordinatorNodeError",
     "OutOfOrderSequenceError",
+    "PartitionNodeDescription",
     "PendingMarker",
     "Producer",
     "ProducerFencedError",
     "ProducerState",
     "RecordMetadata",
     "RetriableError",
+    "ShardReplica",
     "TopicAlreadyExistsError",
     "TopicPartition",
     "TransactionAbortableError",

@@ -350,7 +350,9 @@ class CoordinatorClient:
                         self.forget(key_type, key)
                     elif code not in retry:
                         return answer
-                    last = error_for(code, answer.error_message)
+                    # Answers whose error is per entry (DescribeTransactions,
+                    # DescribeGroups) have no top-level message.
+                    last = error_for(code, getattr(answer, "error_message", "") or method)
                     if code == ErrorCode.CONCURRENT_TRANSACTIONS:
                         deadline.back_off(concurrent, last)
                         continue

@@ -14,6 +14,7 @@ import grpc
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     BACK_OFF,
+    LOOKUP_TIMEOUT_S,
     CoordinatorClient,
     Deadline,
     MetadataCache,
@@ -33,9 +34,12 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import (
     AbortTransactionSpec,
     ConsumerGroupDescription,
+    CoordinatorDescription,
     MemberDescription,
+    PartitionNodeDescription,
     PendingMarker,
     ProducerState,
+    ShardReplica,
     TopicPartition,
     TransactionDescription,
     TransactionListing,
@@ -44,7 +48,13 @@ from raftcoord.protocol import scram
 from raftcoord.protocol.acl import Acl, AclFilter
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    coordinator_pb2,
+    partition_log_pb2,
+)
 from raftcoord.protocol.wire import acl_from_proto, acl_to_proto, filter_to_proto
 
 __all__ = ["TRANSACTION_STATES", "Admin"]
@@ -235,6 +245,89 @@ class Admin:
             "coordinators": {n.node_id: n.address for n in answer.coordinators},
             "partition_nodes": {n.node_id: n.address for n in answer.partition_nodes},
         }
+
+    def describe_coordinators(self, timeout_ms: int | None = None) -> list[CoordinatorDescription]:
+        """Every coordinator node and its replica of each shard (role, Raft
+        term, the leader it knows, commit and applied indexes), by node id, as
+        each node tells it (NodeStatus). A node that does not answer, or does
+        not let this client ask (with TLS, only the cluster's nodes and super
+        users may), is described with the reason in ``error``.
+
+        Raises:
+            KafkaConnectionError, KafkaTimeoutError: no coordinator answered
+                the cluster's metadata.
+        """
+        deadline = self._deadline("describe_coordinators", timeout_ms)
+        nodes = self.describe_cluster(timeout_ms)["coordinators"]
+        described = []
+        for node_id, address in sorted(nodes.items()):
+            stub = admin_pb2_grpc.CoordinatorAdminStub(self._channels.channel(address))
+            try:
+                answer = stub.NodeStatus(
+                    admin_pb2.NodeStatusRequest(), timeout=deadline.attempt(LOOKUP_TIMEOUT_S)
+                )
+            except grpc.RpcError as exc:
+                described.append(
+                    CoordinatorDescription(node_id, address, str(transport_error(exc, address)))
+                )
+                continue
+            replicas = tuple(
+                ShardReplica(
+                    shard=int(r.shard),
+                    is_leader=bool(r.is_leader),
+                    term=int(r.term),
+                    leader_node_id=int(r.leader_node_id),
+                    leader_address=r.leader_address,
+                    commit_index=int(r.commit_index),
+                    applied_index=int(r.applied_index),
+                    transactional_ids=int(r.transactional_ids),
+                    parked_requests=int(r.parked_requests),
+                )
+                for r in answer.shards
+            )
+            described.append(CoordinatorDescription(node_id, address, None, replicas))
+        return described
+
+    def describe_partition_nodes(
+        self, timeout_ms: int | None = None
+    ) -> list[PartitionNodeDescription]:
+        """Every partition-log node's data directory and the partitions it
+        refuses to serve, by node id (PartitionNodeStatus). A node that does
+        not answer, or does not let this client ask (with TLS, only the
+        cluster's nodes and super users may), is described with the reason in
+        ``error``.
+
+        Raises:
+            KafkaConnectionError, KafkaTimeoutError: no coordinator answered
+                the cluster's metadata.
+        """
+        deadline = self._deadline("describe_partition_nodes", timeout_ms)
+        nodes = self.describe_cluster(timeout_ms)["partition_nodes"]
+        described = []
+        for node_id, address in sorted(nodes.items()):
+            try:
+                answer = self._channels.partition_log(address).PartitionNodeStatus(
+                    partition_log_pb2.PartitionNodeStatusRequest(),
+                    timeout=deadline.attempt(LOOKUP_TIMEOUT_S),
+                )
+            except grpc.RpcError as exc:
+                described.append(
+                    PartitionNodeDescription(node_id, address, str(transport_error(exc, address)))
+                )
+                continue
+            described.append(
+                PartitionNodeDescription(
+                    node_id,
+                    address,
+                    None,
+                    directory_id=answer.directory_id,
+                    directory_state=answer.directory_state,
+                    refused=tuple(
+                        (TopicPartition(r.topic, r.partition), r.reason) for r in answer.refused
+                    ),
+                )
+            )
+        return described
 
     # --- access control ------------------------------------------------------------
 
@@ -500,6 +593,34 @@ class Admin:
             )
             described[group_id] = _group_description(answer.groups[0])
         return described
+
+    def list_consumer_group_offsets(
+        self, group_id: str, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """The group's committed offsets (the next offset to consume), by
+        partition, of every partition it has one for (Kafka's
+        listConsumerGroupOffsets; a transactional commit still pending is not
+        waited for: the last committed offset is answered).
+
+        Raises:
+            KafkaError: the group's coordinator refused (e.g. not authorized).
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("list_consumer_group_offsets", timeout_ms)
+        answer = self._coordinators.call(
+            coordinator_pb2.GROUP,
+            group_id,
+            "OffsetFetch",
+            coordinator_pb2.OffsetFetchRequest(group_id=group_id, require_stable=False),
+            deadline,
+        )
+        if answer.error_code != ErrorCode.NONE:
+            raise error_for(answer.error_code, f"group {group_id!r}: {answer.error_message}")
+        return {
+            TopicPartition(p.topic, p.partition): int(p.offset)
+            for p in answer.partitions
+            if p.error_code == ErrorCode.NONE and p.offset >= 0
+        }
 
     def find_coordinator(self, transactional_id: str, timeout_ms: int | None = None) -> str:
         """The address of the coordinator node of ``transactional_id`` (the

@@ -155,3 +155,52 @@ class AbortTransactionSpec:
     producer_id: int
     producer_epoch: int
     coordinator_epoch: int
+
+
+@dataclass(frozen=True)
+class ShardReplica:
+    """One coordinator node's replica of a shard, as the node tells it
+    (:meth:`Admin.describe_coordinators`)."""
+
+    shard: int
+    #: True while this replica is the shard's Raft leader (and has applied its log).
+    is_leader: bool
+    #: The replica's current Raft term (the coordinator epoch while leader).
+    term: int
+    #: The leader this replica knows: node id (-1 when none) and address ("" when none).
+    leader_node_id: int
+    leader_address: str
+    #: Raft commit index this replica knows, and the last index it applied.
+    commit_index: int
+    applied_index: int
+    #: Transactional ids the shard holds.
+    transactional_ids: int
+    #: Requests the leader holds until their id's previous transaction completes.
+    parked_requests: int
+
+
+@dataclass(frozen=True)
+class CoordinatorDescription:
+    """A coordinator node and its shard replicas (:meth:`Admin.describe_coordinators`)."""
+
+    node_id: int
+    address: str
+    #: Why the node did not answer; None when it did.
+    error: str | None
+    #: Its replicas, by shard; empty when it did not answer.
+    shards: tuple[ShardReplica, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartitionNodeDescription:
+    """A partition-log node's state (:meth:`Admin.describe_partition_nodes`)."""
+
+    node_id: int
+    address: str
+    #: Why the node did not answer; None when it did.
+    error: str | None
+    #: Its data directory's id, and "serving", "registering" or "replaced".
+    directory_id: str = ""
+    directory_state: str = ""
+    #: The partitions it refuses to serve, and why.
+    refused: tuple[tuple[TopicPartition, str], ...] = ()
