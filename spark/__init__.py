@@ -1,1 +1,3 @@
-"""Spark audit jobs over the replicated logs (not built yet)."""
+"""The Spark exactly-once audit of a run (``raftcoord audit``, docs/audit.md): data
+sources over the partition-log segments, the coordinators' applied-transitions logs and
+the workload history, the checks over them, and the report."""

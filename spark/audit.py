@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkFiles
 from pyspark.sql import SparkSession
 
 from spark import checks, report, sources, stats
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 LOG_CONFIG = PACKAGE_DIR / "log4j2.properties"
+_ZIP_NAME = "raftcoord_audit.zip"
 #: The inputs' entry of the audit's own time.
 AUDIT_SECONDS = "audit time (s)"
 
@@ -66,14 +68,18 @@ def session(master: str = "local[*]", shuffle_partitions: int = 8) -> SparkSessi
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    spark.sparkContext.addPyFile(str(_package_zip()))
+    spark.sparkContext.addPyFile(str(_package_zip(Path(SparkFiles.getRootDirectory()))))
     sources.register(spark)
     return spark
 
 
-def _package_zip() -> Path:
-    """This package as a zip, so that executors that do not have it installed import it."""
-    target = Path(tempfile.mkdtemp(prefix="raftcoord-audit-")) / "raftcoord_audit.zip"
+def _package_zip(spark_files: Path) -> Path:
+    """This package as a zip, so that executors that do not have it installed import it.
+
+    It is written under the driver's SparkFiles directory, which Spark deletes when the
+    session stops: the executors fetch it from the driver until then, and nothing is
+    left behind after."""
+    target = Path(tempfile.mkdtemp(prefix="raftcoord-audit-", dir=spark_files)) / _ZIP_NAME
     with zipfile.ZipFile(target, "w") as z:
         for path in sorted(PACKAGE_DIR.glob("*.py")):
             z.write(path, f"spark/{path.name}")

@@ -19,7 +19,7 @@ The truth is re-derived from the data, the way Kafka defines it:
 Each check is a DataFrame of violations; the driver collects only its count
 and a few examples.
 
-One file on purpose (about 800 lines): every check reads the same derived
+One file on purpose (about 1,000 lines): every check reads the same derived
 tables (decisions, visible records, polls), built once by :class:`Audit`;
 splitting the checks would split what they share.
 """
@@ -36,6 +36,10 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 EXAMPLES = 5
+#: the fault kinds whose end restarts a partition-log node (docs/history.md)
+_PLOG_RESTARTS = ("plog-restart", "disk")
+#: producer sequences wrap from here to 0
+_SEQUENCE_MAX = 2**31 - 1
 PREPARE = {"PREPARE_COMMIT": "COMMIT", "PREPARE_ABORT": "ABORT"}
 #: (name, what a violation is), in the order the report lists them
 CHECKS: list[tuple[str, str]] = [
@@ -55,6 +59,7 @@ CHECKS: list[tuple[str, str]] = [
     ("skipped-poll", "a poller jumped over a record visible to read_committed"),
     ("replica-divergence", "coordinator replicas applied different transitions at one Raft entry"),
     ("exactly-once-pipeline", "outputs are not one per consumed input, or offsets not at the end"),
+    ("order", "a producer's records in a partition out of the order it sent them"),
     ("unseen", "a committed write that no poller read by the end"),
     ("liveness", "a transaction still open at the end of the run"),
     ("unreadable-data", "a batch, transition or history event that cannot be decoded"),
@@ -254,9 +259,12 @@ class Audit:
             .otherwise("unknown")
             .alias("outcome"),
         )
+        self.faults = ok.where(F.col("op") == "fault").cache()
         sends = ok.where((F.col("op") == "send") & (F.col("type") == "invoke")).select(
-            "txn", "process", *_tp(), "value", "source"
+            "txn", "process", "index", *_tp(), "value", "source"
         )
+        self.sends = sends
+        sends = sends.drop("index")
         listed = (
             ok.where(F.col("op").isin("commit", "abort") & (F.col("type") == "invoke"))
             .select("txn", "process", F.explode("writes").alias("w"))
@@ -316,6 +324,7 @@ class Audit:
             "skipped-poll": self.skipped_poll,
             "replica-divergence": self.replica_divergence,
             "exactly-once-pipeline": self.exactly_once_pipeline,
+            "order": self.order,
             "unseen": self.unseen,
             "liveness": self.liveness,
             "unreadable-data": self.unreadable_data,
@@ -563,52 +572,113 @@ class Audit:
         )
 
     def skipped_poll(self) -> DataFrame | str:
+        """Between two successive read_committed reads of a partition by a poller, at
+        offsets a then b, no record the logs show visible has an offset in (a, b),
+        whether or not a and b are themselves visible records."""
         if (why := self._needs_history()) is not None:
             return why
-        rank = self.visible.select(
+        pairs = self._poller_pairs().where(
+            (F.col("isolation") == "read_committed") & F.col("offset").isNotNull()
+        )
+        # How many visible records lie below (lt) and at or below (le) each read offset.
+        points = (
+            self.visible.select(*_tp(), "offset", F.lit(1).alias("vis"))
+            .unionByName(pairs.select(*_tp(), "offset", F.lit(0).alias("vis")))
+            .unionByName(
+                pairs.select(*_tp(), F.col("prev_offset").alias("offset"), F.lit(0).alias("vis"))
+            )
+        )
+        by_offset = Window.partitionBy(*_tp()).orderBy("offset")
+        below = by_offset.rangeBetween(Window.unboundedPreceding, -1)
+        upto = by_offset.rangeBetween(Window.unboundedPreceding, 0)
+        counts = points.select(
             *_tp(),
             "offset",
-            F.row_number().over(Window.partitionBy(*_tp()).orderBy("offset")).alias("rank"),
-        )
-        pairs = self._poller_pairs().where(F.col("isolation") == "read_committed")
+            F.coalesce(F.sum("vis").over(below), F.lit(0)).alias("lt"),
+            F.coalesce(F.sum("vis").over(upto), F.lit(0)).alias("le"),
+        ).distinct()
         return (
-            pairs.join(rank, [*_tp(), "offset"])
+            pairs.join(counts.select(*_tp(), "offset", "lt"), [*_tp(), "offset"])
             .join(
-                rank.select(
-                    *_tp(), F.col("offset").alias("prev_offset"), F.col("rank").alias("prev_rank")
-                ),
+                counts.select(*_tp(), F.col("offset").alias("prev_offset"), "le"),
                 [*_tp(), "prev_offset"],
             )
-            .where(F.col("rank") > F.col("prev_rank") + 1)
+            .where(F.col("lt") > F.col("le"))
             .select(
                 "process",
                 "index",
                 *_tp(),
                 "prev_offset",
                 "offset",
-                (F.col("rank") - F.col("prev_rank") - 1).alias("visible_skipped"),
+                (F.col("lt") - F.col("le")).alias("visible_skipped"),
             )
         )
 
     def replica_divergence(self) -> DataFrame:
+        """Replicas of a shard that applied different transitions at one Raft entry, an
+        entry missing from a replica that applied entries after it, or entries applied
+        out of order. A replica's last entry may be cut short by a crash (the lines of
+        one entry are one write): it must be a prefix of the others' version of it."""
         tr = self.replica_transitions
-        per_replica = tr.groupBy("shard", "index", "node").agg(
-            F.transform(
-                F.array_sort(F.collect_list(F.struct("pos", "text"))), lambda s: s["text"]
-            ).alias("applied")
+        last = tr.groupBy("node", "shard").agg(F.max("index").alias("last"))
+        per_replica = (
+            tr.groupBy("shard", "index", "node")
+            .agg(
+                F.transform(
+                    F.array_sort(F.collect_list(F.struct("pos", "text"))), lambda s: s["text"]
+                ).alias("applied")
+            )
+            .join(last, ["node", "shard"])
+            .withColumn("partial", F.col("index") == F.col("last"))
+        )
+        entry = Window.partitionBy("shard", "index")
+        whole = F.when(~F.col("partial"), F.col("applied"))
+        judged = (
+            per_replica.withColumn("versions", F.size(F.collect_set(whole).over(entry)))
+            .withColumn(
+                "reference",
+                F.coalesce(
+                    F.first(whole, True).over(entry),
+                    F.max_by("applied", F.size("applied")).over(entry),
+                ),
+            )
+            .withColumn(
+                "bad",
+                (F.col("versions") > 1)
+                | (
+                    F.col("partial")
+                    & (F.slice("reference", 1, F.size("applied")) != F.col("applied"))
+                ),
+            )
         )
         differ = (
-            per_replica.groupBy("shard", "index")
+            judged.groupBy("shard", "index")
             .agg(
-                F.countDistinct("applied").alias("versions"),
+                F.max("bad").alias("bad"),
                 F.collect_list(F.struct("node", "applied")).alias("replicas"),
             )
-            .where("versions > 1")
+            .where("bad")
             .select(
                 F.lit("different transitions").alias("problem"),
                 "shard",
                 "index",
                 F.col("replicas").cast("string").alias("detail"),
+            )
+        )
+        applied = tr.select("node", "shard", "index").distinct()
+        holes = (
+            applied.select("shard", "index")
+            .distinct()
+            .join(last, "shard")
+            .where(F.col("index") < F.col("last"))
+            .join(applied, ["node", "shard", "index"], "left_anti")
+            .select(
+                F.lit("entry missing from a replica").alias("problem"),
+                "shard",
+                "index",
+                F.format_string(
+                    "node %d applied entries up to %d without it", "node", "last"
+                ).alias("detail"),
             )
         )
         order = Window.partitionBy("node", "shard").orderBy("line")
@@ -624,7 +694,7 @@ class Audit:
                 ),
             )
         )
-        return differ.unionByName(backwards)
+        return differ.unionByName(holes).unionByName(backwards)
 
     def exactly_once_pipeline(self) -> DataFrame | str:
         if (why := self._needs_history()) is not None:
@@ -685,6 +755,36 @@ class Audit:
                 )
             )
         )
+        held = self.records.where(F.col("topic") == source_t).select(
+            F.col("topic").alias("it"),
+            F.col("partition").alias("ip"),
+            F.col("offset").alias("io"),
+            F.col("value").alias("input_value"),
+            F.col("visible").alias("input_visible"),
+        )
+        not_held = (
+            outputs.where(F.col("source.topic") == source_t)
+            .join(
+                held,
+                (F.col("source.topic") == F.col("it"))
+                & (F.col("source.partition") == F.col("ip"))
+                & (F.col("source.offset") == F.col("io")),
+                "left",
+            )
+            .select(
+                F.when(F.col("io").isNull(), "output of an input the log does not hold")
+                .when(
+                    F.col("input_value") != F.col("source.value"),
+                    "output of an input whose offset holds another value",
+                )
+                .when(~F.col("input_visible"), "output of an input that is not visible")
+                .alias("problem"),
+                *_tp(),
+                "offset",
+                "value",
+            )
+            .where(F.col("problem").isNotNull())
+        )
         ends = self.ends.where(F.col("topic") == source_t).join(committed, _tp(), "full")
         not_at_end = ends.where(
             F.coalesce("end", F.lit(0)) != F.coalesce("next_offset", F.lit(0))
@@ -696,7 +796,92 @@ class Audit:
                 "log end %s", F.coalesce(F.col("end").cast("string"), F.lit("none"))
             ).alias("value"),
         )
-        return untransformed.unionByName(beyond).unionByName(not_at_end)
+        return untransformed.unionByName(beyond).unionByName(not_held).unionByName(not_at_end)
+
+    def order(self) -> DataFrame:
+        """Per partition, each producer's records in the order it sent them. From the
+        logs: the data batches of one producer id and epoch have increasing base
+        sequences (a repeated sequence is a batch written twice: a ``duplicate``).
+        From the history: each process's visible writes to a partition are at offsets
+        in the order of their sends, and the visible outputs of the workers' input
+        partition are in the order of their inputs' offsets."""
+        by_producer = Window.partitionBy(
+            "topic", "partition", "producer_id", "producer_epoch"
+        ).orderBy("base_offset")
+        # A sequence wraps to 0 after the previous batch reached 2^31 - 1.
+        wrapped = (F.col("base_sequence") == 0) & (
+            F.col("prev") + F.col("prev_count") > _SEQUENCE_MAX
+        )
+        found = (
+            self.batches.where(
+                ~F.col("control") & (F.col("producer_id") >= 0) & (F.col("base_sequence") >= 0)
+            )
+            .withColumn("prev", F.lag("base_sequence").over(by_producer).cast("long"))
+            .withColumn("prev_count", F.lag("record_count").over(by_producer))
+            .where((F.col("base_sequence") < F.col("prev")) & ~wrapped)
+            .select(
+                F.lit("sequence").alias("kind"),
+                *_tp(),
+                F.col("base_offset").alias("offset"),
+                F.format_string(
+                    "producer %d epoch %d: base sequence %d after %d",
+                    "producer_id",
+                    "producer_epoch",
+                    "base_sequence",
+                    "prev",
+                ).alias("detail"),
+            )
+        )
+        if self.history is None:
+            return found
+        first_offset = self.visible.groupBy(*_tp(), "value").agg(F.min("offset").alias("offset"))
+        by_sender = Window.partitionBy("process", "topic", "partition").orderBy("index")
+        sends = (
+            self.sends.join(first_offset, [*_tp(), "value"])
+            .withColumn("prev_offset", F.lag("offset").over(by_sender))
+            .withColumn("prev_value", F.lag("value").over(by_sender))
+            .where(F.col("offset") < F.col("prev_offset"))
+            .select(
+                F.lit("send order").alias("kind"),
+                *_tp(),
+                "offset",
+                F.format_string(
+                    "%s sent %s before %s, written at offsets %d and %d",
+                    "process",
+                    "prev_value",
+                    "value",
+                    "prev_offset",
+                    "offset",
+                ).alias("detail"),
+            )
+        )
+        found = found.unionByName(sends)
+        if self.input_topic:
+            by_output = Window.partitionBy("topic", "partition", "source_partition").orderBy(
+                "offset"
+            )
+            outputs = (
+                self._visible_outputs()
+                .where(F.col("source.topic") == self.input_topic)
+                .withColumn("source_partition", F.col("source.partition"))
+                .withColumn("source_offset", F.col("source.offset"))
+                .withColumn("prev_source", F.lag("source_offset").over(by_output))
+                .where(F.col("source_offset") < F.col("prev_source"))
+                .select(
+                    F.lit("outputs out of their inputs' order").alias("kind"),
+                    *_tp(),
+                    "offset",
+                    F.format_string(
+                        "output of input %s/%d offset %d after one of offset %d",
+                        F.col("source.topic"),
+                        "source_partition",
+                        "source_offset",
+                        "prev_source",
+                    ).alias("detail"),
+                )
+            )
+            found = found.unionByName(outputs)
+        return found
 
     def unseen(self) -> DataFrame | str:
         if (why := self._needs_history()) is not None:
@@ -752,26 +937,70 @@ class Audit:
         return found
 
     def unreadable_data(self) -> DataFrame:
-        segments = self.segments.where(
-            F.col("problem").isNotNull() & ~F.col("problem").startswith("torn tail")
-        ).select(
+        """Every row a source could not read, with its problem, except a torn tail that
+        a crash explains: the last line of a transitions log, and the end of a
+        partition's newest segment unless the node was restarted after it."""
+        problems = self.segments.where(F.col("problem").isNotNull())
+        torn = F.col("problem").startswith("torn tail")
+        segments = problems.where(~torn).select(
             F.concat_ws("/", F.lit("partition-node"), "node", "topic", "partition").alias("file"),
             F.coalesce("offset", "base_offset", "position").alias("at"),
             "problem",
         )
-        transitions = self.transitions.where(F.col("problem").startswith("bad transition")).select(
+        transitions = self.transitions.where(F.col("problem").isNotNull() & ~torn).select(
             F.format_string("node-%d/shard-%d", "node", "shard").alias("file"),
             F.col("line").alias("at"),
             "problem",
         )
         found = segments.unionByName(transitions)
         if self.history is not None:
+            found = found.unionByName(self._torn_tails_after_restarts(problems.where(torn)))
             found = found.unionByName(
                 self.history.where(F.col("problem").isNotNull()).select(
                     F.lit("history").alias("file"), F.col("position").alias("at"), "problem"
                 )
             )
         return found
+
+    def _torn_tails_after_restarts(self, torn: DataFrame) -> DataFrame:
+        """The torn tails of partitions whose node the history says was restarted at or
+        after the last write known to precede the tail (the newest timestamp of the
+        partition's batches, the torn batch's own when its header is whole): recovery
+        at that restart would have cut it. Unknown (no timestamp at all): any restart
+        of the node."""
+        known = self.batches.groupBy("topic", "partition", "node").agg(
+            F.max("max_timestamp").alias("known")
+        )
+        stopped = F.get_json_object("info", "$.stopped")
+        restarts = self.faults.where(
+            (F.col("phase") == "end")
+            & F.col("fault").isin(*_PLOG_RESTARTS)
+            & (stopped.isNull() | (stopped != "false"))
+        ).select(
+            F.explode(F.from_json("targets", "array<int>")).alias("node"),
+            F.col("time_ms").alias("restart_ms"),
+        )
+        return (
+            torn.join(known, ["topic", "partition", "node"], "left")
+            .withColumn("known", F.greatest("known", "max_timestamp"))
+            .join(restarts, "node")
+            .where(F.col("known").isNull() | (F.col("restart_ms") >= F.col("known")))
+            .groupBy("node", "topic", "partition", "position", "base_offset", "problem", "known")
+            .agg(F.max("restart_ms").alias("restart_ms"))
+            .select(
+                F.concat_ws("/", F.lit("partition-node"), "node", "topic", "partition").alias(
+                    "file"
+                ),
+                F.coalesce("base_offset", "position").alias("at"),
+                F.format_string(
+                    "%s, but the node was restarted at %.0f, after the last write known "
+                    "before it (%s): its recovery would have cut it",
+                    "problem",
+                    "restart_ms",
+                    F.coalesce(F.col("known").cast("string"), F.lit("none")),
+                ).alias("problem"),
+            )
+        )
 
     # --- shared pieces -----------------------------------------------------------------------
 

@@ -7,14 +7,17 @@ Three sources, each read by the executors (the driver only lists files):
   input partition per log partition. Batches are decoded with kafka-python's
   ``DefaultRecordBatch`` alone, so that a bug in the storage code cannot hide
   itself: each row carries the batch header, the record, and for control
-  records the marker (COMMIT/ABORT, coordinator epoch).
+  records the marker (COMMIT/ABORT, coordinator epoch). A batch whose header
+  does not check out field by field is not decoded.
 * ``raftcoord_transitions``: every line of every coordinator replica's
   applied-transitions log (``node-N/shard-S/transitions.jsonl``), one input
   partition per file.
 * ``raftcoord_history``: the workload history (JSON lines, docs/history.md),
   split into byte ranges that end at line boundaries.
 
-A row that cannot be decoded is still returned, with ``problem`` saying why.
+A row that cannot be decoded is still returned, with ``problem`` saying why; the
+audit counts every such row as ``unreadable-data`` except a torn tail that a crash
+explains (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -74,6 +77,15 @@ _SHARD_DIR = re.compile(r"shard-(?P<shard>\d+)")
 _SEGMENT_NAME = re.compile(r"\d{20}\.log")
 _LOG_OVERHEAD = struct.Struct(">qi")  # base offset, length (the bytes after this field)
 _HEADER_SIZE = 61
+_MAGIC_AT = 16
+_TIMESTAMPS = struct.Struct(">qq")  # first timestamp, max timestamp
+_TIMESTAMPS_AT = 27
+_TIMESTAMPS_END = _TIMESTAMPS_AT + _TIMESTAMPS.size
+#: attributes bits 0-2 compression, 3 timestamp type, 4 transactional, 5 control,
+#: 6 delete horizon; bits 7-15 are unused and must be 0
+_DEFINED_ATTRIBUTES = 0x7F
+#: none, gzip, snappy, lz4, zstd
+_COMPRESSION_TYPES = range(5)
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 ABORT, 1 COMMIT)
 _MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 _HISTORY_SPLIT_BYTES = 32 * 1024 * 1024
@@ -140,76 +152,125 @@ class SegmentsReader(DataSourceReader):
 
 
 def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
-    """Every record of one partition's segments, in offset order (schema SEGMENTS_SCHEMA)."""
-    from kafka.record.default_records import DefaultRecordBatch
+    """Every record of one partition's segments, in offset order (schema SEGMENTS_SCHEMA).
 
+    Each batch's header is checked field by field, as RecordBatch v2 defines it, before
+    anything of it is decoded: the length against the bytes that follow, the magic byte,
+    the attributes' undefined bits, the last offset delta against the record count, and
+    the base offset against the segment's base and the batch before it. A batch that
+    fails any of these, or its CRC-32C, is one row whose ``problem`` says why, with the
+    header fields read and no records. The (base offset, length) framing is the same in
+    every message format, so the next batch is read where the length says, unless the
+    length itself is impossible: then the rest of the segment is one row.
+    """
     match = _PARTITION_DIR.fullmatch(directory.name)
     assert match is not None
     topic, index = match["topic"], int(match["partition"])
     segments = sorted(p for p in directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
+    # The offset the next batch must start at (None after an untrusted batch: unknown),
+    # and the last offset of the last trusted batch (offsets only go up).
     expected: int | None = None
+    floor = -1
     for n, path in enumerate(segments):
         base = int(path.stem)
         data = path.read_bytes()
         last_segment = n == len(segments) - 1
+        where = (topic, index, node, base)
         if expected is not None and base != expected:
-            yield _problem_row(
-                topic, index, node, base, 0, f"segment {base} follows offset {expected}"
-            )
+            yield _problem_row(*where, 0, f"segment {base} follows offset {expected}")
+        elif base <= floor:
+            yield _problem_row(*where, 0, f"segment {base} does not follow offset {floor}")
         expected = base
         pos = 0
         while pos < len(data):
-            if len(data) - pos < _HEADER_SIZE:
-                yield _problem_row(
-                    topic, index, node, base, pos, _tail(len(data) - pos, last_segment)
-                )
+            left = len(data) - pos
+            if left < _LOG_OVERHEAD.size:
+                yield _problem_row(*where, pos, _tail(data, pos, last_segment))
                 break
             base_offset, length = _LOG_OVERHEAD.unpack_from(data, pos)
             size = _LOG_OVERHEAD.size + length
-            if length < _HEADER_SIZE - _LOG_OVERHEAD.size or pos + size > len(data):
+            if length < _HEADER_SIZE - _LOG_OVERHEAD.size:
                 yield _problem_row(
-                    topic, index, node, base, pos, _tail(len(data) - pos, last_segment)
+                    *where,
+                    pos,
+                    f"batch length {length}, shorter than a v2 header: "
+                    f"the segment's last {left} bytes not read",
+                    base_offset=base_offset,
                 )
+                expected = None
                 break
-            batch = DefaultRecordBatch(data[pos : pos + size])
-            problem = (
-                None
-                if base_offset == expected
-                else f"base offset {base_offset}, expected {expected}"
-            )
-            header = (
-                topic,
-                index,
-                node,
-                base,
-                pos,
-                size,
-                base_offset,
-                batch.last_offset,
-                batch.leader_epoch,
-                batch.magic,
-                batch.validate_crc(),
-                batch.attributes,
-                batch.is_transactional,
-                batch.is_control_batch,
-                batch.timestamp_type,
-                batch.compression_type,
-                batch.first_timestamp,
-                batch.max_timestamp,
-                batch.producer_id,
-                batch.producer_epoch,
-                batch.base_sequence,
-                batch.records_count,
-            )
-            if problem is None and not header[10]:
-                problem = "CRC-32C mismatch"
-            rows = 0
-            try:
-                for i, record in enumerate(batch):
-                    control_type, coordinator_epoch = None, None
-                    if batch.is_control_batch:
-                        control_type, coordinator_epoch = _marker(record.key, record.value)
-                    yield (
+            if size > left:
+                yield _problem_row(*where, pos, _tail(data, pos, last_segment), **_torn(data, pos))
+                break
+            batch_bytes = data[pos : pos + size]
+            pos += size
+            magic = batch_bytes[_MAGIC_AT]
+            if magic != 2:
+                yield _problem_row(
+                    *where, pos - size, f"magic {magic}, not 2", base_offset=base_offset, size=size
+                )
+                expected = None
+                continue
+            rows, problem = _decode(where, pos - size, batch_bytes, expected, floor)
+            if problem is not None:
+                yield (*rows[0][:-1], problem)
+                expected = None
+                continue
+            yield from rows
+            last_offset = rows[0][7]
+            expected, floor = last_offset + 1, last_offset
+
+
+def _decode(
+    where: tuple[str, int, int, int],
+    pos: int,
+    data: bytes,
+    expected: int | None,
+    floor: int,
+) -> tuple[list[tuple[Any, ...]], str | None]:
+    """The rows of one whole batch of magic 2, or a row of its header and the problem
+    that makes it untrusted."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    batch = DefaultRecordBatch(data)
+    header = (
+        *where,
+        pos,
+        len(data),
+        batch.base_offset,
+        batch.last_offset,
+        batch.leader_epoch,
+        batch.magic,
+        batch.validate_crc(),
+        batch.attributes,
+        batch.is_transactional,
+        batch.is_control_batch,
+        batch.timestamp_type,
+        batch.compression_type,
+        batch.first_timestamp,
+        batch.max_timestamp,
+        batch.producer_id,
+        batch.producer_epoch,
+        batch.base_sequence,
+        batch.records_count,
+    )
+    problems = _header_problems(batch, where[3], expected, floor)
+    if not problems and not header[10]:
+        problems.append("CRC-32C mismatch")
+    rows: list[tuple[Any, ...]] = []
+    if not problems:
+        try:
+            for i, record in enumerate(batch):
+                if record.offset != batch.base_offset + i:
+                    raise ValueError(
+                        f"record {i} at offset delta {record.offset - batch.base_offset}"
+                    )
+                control_type: str | None = None
+                coordinator_epoch: int | None = None
+                if batch.is_control_batch:
+                    control_type, coordinator_epoch = _marker(record.key, record.value)
+                rows.append(
+                    (
                         *header,
                         i,
                         record.offset,
@@ -218,26 +279,72 @@ def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
                         _text(record.value),
                         control_type,
                         coordinator_epoch,
-                        problem,
+                        None,
                     )
-                    rows += 1
-            except Exception as exc:  # a corrupt record: reported, the log goes on
-                yield (*header, rows, None, None, None, None, None, None, f"undecodable: {exc}")
-                rows += 1
-            if rows == 0:
-                yield (*header, 0, None, None, None, None, None, None, problem or "empty batch")
-            expected = batch.next_offset
-            pos += size
+                )
+        except Exception as exc:  # a corrupt record: the whole batch is untrusted
+            problems.append(f"undecodable records: {exc}")
+    if problems:
+        return [(*header, *[None] * 8)], "; ".join(problems)
+    return rows, None
 
 
-def _tail(size: int, last_segment: int | bool) -> str:
-    # Only the active segment can end in a write cut short by a crash (never acknowledged).
+def _header_problems(batch: Any, segment: int, expected: int | None, floor: int) -> list[str]:
+    """What is wrong with a v2 batch's header (magic and length already checked)."""
+    problems = []
+    attributes = batch.attributes
+    if attributes & ~_DEFINED_ATTRIBUTES:
+        problems.append(
+            f"attributes {attributes:#06x}: undefined bits "
+            f"{attributes & ~_DEFINED_ATTRIBUTES & 0xFFFF:#06x} set"
+        )
+    if batch.compression_type not in _COMPRESSION_TYPES:
+        problems.append(f"compression type {batch.compression_type} undefined")
+    count, delta = batch.records_count, batch.last_offset_delta
+    if count < 1 or delta != count - 1:
+        problems.append(f"last offset delta {delta} with {count} records")
+    base_offset = batch.base_offset
+    if base_offset < segment:
+        problems.append(f"base offset {base_offset} below the segment's base {segment}")
+    elif base_offset <= floor:
+        problems.append(
+            f"base offset {base_offset} not above the previous batch's last offset {floor}"
+        )
+    elif expected is not None and base_offset != expected:
+        problems.append(f"base offset {base_offset}, expected {expected}")
+    return problems
+
+
+def _tail(data: bytes, pos: int, last_segment: bool) -> str:
+    """The problem of the bytes at the end of a segment that are less than a batch.
+
+    Only the newest (active) segment can end in a write that a crash cut short, never
+    acknowledged: the start of a v2 batch (its magic 2, when that byte is there). Such
+    a torn tail may still be a violation when the node was restarted after it was
+    written (the audit's ``unreadable-data`` decides, with the history)."""
+    size = len(data) - pos
+    magic = data[pos + _MAGIC_AT] if size > _MAGIC_AT else 2
+    if magic != 2:
+        return f"incomplete batch: {size} bytes, magic {magic}, not 2"
     return f"torn tail: {size} bytes" if last_segment else f"incomplete batch: {size} bytes"
 
 
-def _marker(key: bytes | None, value: bytes | None) -> tuple[str | None, int | None]:
+def _torn(data: bytes, pos: int) -> dict[str, Any]:
+    """The header fields of a torn batch that its bytes hold: base offset, magic and,
+    with the timestamps there, its first and max timestamps."""
+    fields: dict[str, Any] = {"base_offset": _LOG_OVERHEAD.unpack_from(data, pos)[0]}
+    if len(data) - pos > _MAGIC_AT:
+        fields["magic"] = data[pos + _MAGIC_AT]
+    if len(data) - pos >= _TIMESTAMPS_END:
+        fields["timestamps"] = _TIMESTAMPS.unpack_from(data, pos + _TIMESTAMPS_AT)
+    return fields
+
+
+def _marker(key: bytes | None, value: bytes | None) -> tuple[str, int | None]:
+    """A control record's type and coordinator epoch; ValueError when its key is not a
+    control record key (version, type)."""
     if key is None or len(key) != _CONTROL_KEY.size:
-        return None, None
+        raise ValueError(f"control record key {key!r}")
     _, kind = _CONTROL_KEY.unpack(key)
     name = {0: "ABORT", 1: "COMMIT"}.get(kind, f"TYPE-{kind}")
     epoch = None
@@ -247,9 +354,36 @@ def _marker(key: bytes | None, value: bytes | None) -> tuple[str | None, int | N
 
 
 def _problem_row(
-    topic: str, index: int, node: int, segment: int, pos: int, problem: str
+    topic: str,
+    index: int,
+    node: int,
+    segment: int,
+    pos: int,
+    problem: str,
+    base_offset: int | None = None,
+    size: int | None = None,
+    magic: int | None = None,
+    timestamps: tuple[int, int] | None = None,
 ) -> tuple[Any, ...]:
-    return (topic, index, node, segment, pos, *([None] * 24), problem)
+    """A row of no record: what could be read of a batch, and why it was not decoded."""
+    first_ts, max_ts = timestamps or (None, None)
+    return (
+        topic,
+        index,
+        node,
+        segment,
+        pos,
+        size,
+        base_offset,
+        None,
+        None,
+        magic,
+        *[None] * 6,
+        first_ts,
+        max_ts,
+        *[None] * 11,
+        problem,
+    )
 
 
 # --- applied transitions ---------------------------------------------------------------------
@@ -290,36 +424,70 @@ class TransitionsReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         partition = _file_partition(partition)
-        if not partition.path:
-            return
-        with open(partition.path, encoding="utf-8", errors="backslashreplace") as f:
-            for line_no, line in enumerate(f):
-                yield _transition_row(partition.node, partition.shard, line_no, line)
+        if partition.path:
+            yield from read_transitions_file(Path(partition.path), partition.node, partition.shard)
 
 
-def _transition_row(node: int, shard: int, line_no: int, line: str) -> tuple[Any, ...]:
+def read_transitions_file(path: Path, node: int, shard: int) -> Iterator[tuple[Any, ...]]:
+    """Every line of one replica's transitions log (schema TRANSITIONS_SCHEMA).
+
+    A replica writes each Raft entry's lines, each ending in a newline, with one write:
+    a crash can tear only the last line of the file, which then has no newline. Such a
+    torn tail is a row with ``problem`` "torn tail" (a crash, not a violation). Any other
+    line that does not parse is unreadable, except that a torn line continued by the
+    restarted replica (which appends after the torn bytes) is two rows: the torn bytes,
+    unreadable, and the whole object written after them.
+    """
+    with open(path, encoding="utf-8", errors="backslashreplace") as f:
+        line = f.readline()
+        line_no = 0
+        while line:
+            following = f.readline()
+            yield from _transition_rows(node, shard, line_no, line, last=not following)
+            line, line_no = following, line_no + 1
+
+
+def _transition_rows(
+    node: int, shard: int, line_no: int, line: str, last: bool
+) -> Iterator[tuple[Any, ...]]:
     text = line.strip()
-    problem = None
     try:
-        obj = json.loads(text)
+        yield _transition_row(node, shard, line_no, text, json.loads(text))
+        return
     except ValueError:
-        # A line torn by kill -9 and then continued by the restarted node: keep the
-        # last whole object on it.
-        start = text.rfind('{"index"')
+        pass
+    # The restarted replica appended the entry again after the torn bytes: keep the last
+    # whole object on the line.
+    start = text.rfind('{"index"')
+    if start > 0:
         try:
-            obj = json.loads(text[start:]) if start > 0 else None
-            problem = f"torn line, kept the object at column {start}"
+            obj = json.loads(text[start:])
         except ValueError:
-            obj = None
-        if obj is None:
-            return (
+            pass
+        else:
+            yield _unreadable_line(
                 node,
                 shard,
                 line_no,
-                *([None] * 11),
-                text[:200],
-                f"unreadable line: {text[:80]!r}",
+                text[:start],
+                f"torn line continued by a later write at column {start}",
             )
+            yield _transition_row(node, shard, line_no, text[start:], obj)
+            return
+    if last and not line.endswith("\n"):
+        problem = f"torn tail: {len(line.encode())} bytes, the last line cut by a crash"
+    else:
+        problem = f"unreadable line: {text[:80]!r}"
+    yield _unreadable_line(node, shard, line_no, text, problem)
+
+
+def _unreadable_line(
+    node: int, shard: int, line_no: int, text: str, problem: str
+) -> tuple[Any, ...]:
+    return (node, shard, line_no, *([None] * 11), text[:200], problem)
+
+
+def _transition_row(node: int, shard: int, line_no: int, text: str, obj: Any) -> tuple[Any, ...]:
     try:
         canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
         return (
@@ -338,10 +506,10 @@ def _transition_row(node: int, shard: int, line_no: int, line: str) -> tuple[Any
             [str(g) for g in obj.get("groups") or []],
             _int(obj.get("time_ms")),
             canonical,
-            problem,
+            None,
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        return (node, shard, line_no, *([None] * 11), text[:200], f"bad transition: {exc!r}")
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        return _unreadable_line(node, shard, line_no, text, f"bad transition: {exc!r}")
 
 
 def _int(value: Any) -> int | None:
@@ -391,12 +559,13 @@ class HistoryReader(DataSourceReader):
                 line = f.readline()
                 if not line:
                     break
-                if line.strip():
-                    yield _history_row(line, pos)
+                yield _history_row(line, pos)
                 pos += len(line)
 
 
 def _history_row(line: bytes, pos: int) -> tuple[Any, ...]:
+    if not line.strip():
+        return (*([None] * 32), pos, f"empty line at byte {pos}")
     try:
         e = json.loads(line)
         if not isinstance(e, dict):
@@ -442,7 +611,7 @@ def _history_row(line: bytes, pos: int) -> tuple[Any, ...]:
             pos,
             None,
         )
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
+    except (AttributeError, ValueError, TypeError, IndexError, KeyError) as exc:
         return (*([None] * 32), pos, f"unreadable event at byte {pos}: {exc!r}")
 
 

@@ -14,9 +14,10 @@ exactly as a cluster does: ``partition-node-N/<topic>-<partition>/`` holding
 
 Offsets are assigned when the run is written, so a planted batch shifts the
 offsets of the batches after it, and the history's offsets follow: a send or
-a read names its value (a read may name another value, whose offset it then
-reads), and its offset is the one that value ends up at. ``Run.log_edits``
-damage the logs after that, behind the history's back.
+a read names its value (a read or a send's ``source`` may name another value,
+whose offset it then reads, or an offset outright), and its offset is the one
+that value ends up at. ``Run.log_edits`` damage the logs after that, behind
+the history's back, and ``Run.file_edits`` the files once written.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class Batch:
     transactional: bool = True
     control: str | None = None
     coordinator_epoch: int = 0
+    #: the magic byte written (a v2 batch's is 2)
+    magic: int = 2
 
     def encode(self) -> bytearray:
         if self.control is not None:
@@ -80,6 +83,7 @@ class Batch:
             for i, value in enumerate(self.values):
                 builder.append(i, self.timestamp, None, value.encode(), [])
         batch: bytearray = builder.build()
+        batch[16] = self.magic  # outside the CRC, as in Kafka
         return batch
 
     @property
@@ -95,8 +99,10 @@ class Run:
     logs: dict[tuple[str, int], list[Batch]] = field(default_factory=dict)
     #: shard -> transitions, identical on every replica unless ``replica_edits`` says otherwise
     transitions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    #: (node, shard) -> {line number: replacement transition}
-    replica_edits: dict[tuple[int, int], dict[int, dict[str, Any]]] = field(default_factory=dict)
+    #: (node, shard) -> {line number: replacement transition, or None to leave it out}
+    replica_edits: dict[tuple[int, int], dict[int, dict[str, Any] | None]] = field(
+        default_factory=dict
+    )
     events: list[dict[str, Any]] = field(default_factory=list)
     #: final read: [topic, partition, value]; offsets resolved when written
     final_reads: list[list[Any]] = field(default_factory=list)
@@ -107,6 +113,8 @@ class Run:
     )
     #: added to the group's committed offsets of the final event
     committed_delta: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: applied to the cluster directory once everything is written (damage to the bytes)
+    file_edits: list[Callable[[Path], None]] = field(default_factory=list)
     coordinators: int = 3
     shards: int = 3
     plog_nodes: int = 3
@@ -135,12 +143,24 @@ class Run:
                 edits = self.replica_edits.get((node, shard), {})
                 with path.open("w") as f:
                     for n, t in enumerate(transitions):
-                        f.write(json.dumps(edits.get(n, t)) + "\n")
+                        line = edits.get(n, t)
+                        if line is not None:
+                            f.write(json.dumps(line) + "\n")
         history = root / "history.jsonl"
         with history.open("w") as f:
             for i, event in enumerate(self.events):
                 f.write(json.dumps(self._resolve(event, i, offsets, ends)) + "\n")
+        for damage in self.file_edits:
+            damage(cluster)
         return cluster, history
+
+    def base_offsets(self, tp: tuple[str, int]) -> list[int]:
+        """The base offset each batch of ``tp`` is written at (before ``log_edits``)."""
+        bases, next_offset = [], 0
+        for batch in self.logs[tp]:
+            bases.append(next_offset)
+            next_offset += batch.size
+        return bases
 
     def _resolve(
         self,
@@ -153,13 +173,10 @@ class Run:
         if e["op"] == "send" and e["type"] == "ok":
             e["offset"] = offsets.get((e["topic"], e["partition"], e["value"]), -1)
         if e.get("source") is not None:
-            t, p, _, v = e["source"]
-            e["source"] = [t, p, offsets[(t, p, v)], v]
+            t, p, o, v = e["source"]
+            e["source"] = [t, p, _offset(offsets, t, p, o, v), v]
         if "reads" in e:
-            e["reads"] = [
-                [t, p, offsets.get((t, p, v if o is None else o), -1), v]
-                for t, p, o, v in e["reads"]
-            ]
+            e["reads"] = [[t, p, _offset(offsets, t, p, o, v), v] for t, p, o, v in e["reads"]]
         if e["op"] == "offsets" and "offsets" in e:
             e["offsets"] = [[t, p, offsets[(t, p, v)] + 1] for t, p, v in e["offsets"]]
         if e["op"] == "final":
@@ -170,6 +187,16 @@ class Run:
                 for p in range(self.partitions)
             }
         return e
+
+
+def _offset(
+    offsets: dict[tuple[str, int, str], int], topic: str, partition: int, at: Any, value: str
+) -> int:
+    """The offset a read or source names: ``at`` None, the offset of ``value``; a string,
+    the offset of that value; an int, that offset."""
+    if isinstance(at, int):
+        return at
+    return offsets.get((topic, partition, value if at is None else at), -1)
 
 
 def _layout(

@@ -9,6 +9,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
+import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +59,8 @@ class Picker:
     run: Run
     partitions: set[tuple[str, int]] = field(default_factory=set)
     txns: set[str] = field(default_factory=set)
+    #: partition-log nodes whose restart a plant recorded in the history
+    restarted: set[int] = field(default_factory=set)
 
     def take(self, tp: tuple[str, int] | None = None, txn: str | None = None) -> None:
         if tp is not None:
@@ -85,13 +91,15 @@ def _transactions(run: Run) -> dict[str, dict[str, Any]]:
     return txns
 
 
-def _ending_with_commit(pick: Picker) -> tuple[tuple[str, int], str]:
-    """A free partition of EVENTS whose log ends with a free committed transaction's data
-    batch and COMMIT marker, with that transaction; both taken."""
+def _ending_with_commit(
+    pick: Picker, topics: tuple[str, ...] = (EVENTS,)
+) -> tuple[tuple[str, int], str]:
+    """A free partition of ``topics`` whose log ends with a free committed transaction's
+    data batch and COMMIT marker, with that transaction; both taken."""
     txns = _transactions(pick.run)
     by_batch = {(t["pid"], t["epoch"]): name for name, t in txns.items()}
     for tp, batches in sorted(pick.run.logs.items()):
-        if tp[0] != EVENTS or len(batches) < 2:
+        if tp[0] not in topics or len(batches) < 2:
             continue
         data, marker = batches[-2], batches[-1]
         txn = by_batch.get((data.producer_id, data.epoch))
@@ -105,6 +113,11 @@ def _ending_with_commit(pick: Picker) -> tuple[tuple[str, int], str]:
             pick.take(tp, txn)
             return tp, txn
     raise AssertionError("no free partition ends with a committed transaction")
+
+
+def _input_first(item: tuple[tuple[str, int], Any]) -> tuple[bool, tuple[str, int]]:
+    """Sorts partitions of INPUT first (fewer plants need them than EVENTS)."""
+    return item[0][0] != INPUT, item[0]
 
 
 def _polls(run: Run, process: str | None = None) -> list[dict[str, Any]]:
@@ -331,8 +344,9 @@ def plant_replica_divergence(pick: Picker) -> Planted:
 
 def plant_pipeline(pick: Picker) -> Planted:
     """The worker's committed offset of an input partition stops short of its end."""
-    pick.take((INPUT, 0))
-    pick.run.committed_delta[(INPUT, 0)] = -1
+    tp = next((INPUT, p) for p in range(pick.run.partitions) if pick.free((INPUT, p)))
+    pick.take(tp)
+    pick.run.committed_delta[tp] = -1
     return Planted(1, ("not at the input's end",))
 
 
@@ -362,23 +376,301 @@ def plant_liveness(pick: Picker) -> Planted:
     return Planted(1, (e["txn"],))
 
 
-PLANTS: dict[str, Callable[[Picker], Planted]] = {
-    "torn-transaction": plant_torn_transaction,
-    "duplicate": plant_duplicate,
-    "lost-write": plant_lost_write,
-    "one-decision": plant_one_decision,
-    "epoch-order": plant_epoch_order,
-    "unseen": plant_unseen,
-    "aborted-read": plant_aborted_read,
-    "uncommitted-read": plant_uncommitted_read,
-    "zombie-write": plant_zombie_write,
-    "inconsistent-offsets": plant_inconsistent_offsets,
-    "nonmonotonic-poll": plant_nonmonotonic_poll,
-    "skipped-poll": plant_skipped_poll,
-    "replica-divergence": plant_replica_divergence,
-    "exactly-once-pipeline": plant_pipeline,
-    "liveness": plant_liveness,
-}
+def plant_pipeline_source(pick: Picker) -> Planted:
+    """An output's send names an input at a real offset of its input partition, but
+    with a value that the input log does not hold there."""
+    run = pick.run
+    p = next(p for p in range(run.partitions) if pick.free((OUTPUT, p)) and pick.free((INPUT, p)))
+    pick.take((OUTPUT, p))
+    pick.take((INPUT, p))
+    send = next(
+        e
+        for e in run.events
+        if e["op"] == "send"
+        and e["type"] == "invoke"
+        and e["topic"] == OUTPUT
+        and e["partition"] == p
+    )
+    topic, partition, _, value = send["source"]
+    send["source"] = [topic, partition, value, "not-the-input"]  # at the offset of ``value``
+    return Planted(1, ("holds another value",))
+
+
+def plant_order_sequences(pick: Picker) -> Planted:
+    """A producer's sequence numbers go backwards in a log: batches of an idempotent
+    producer that is not in the history (as the input topic's pre-filler), at the end
+    of a partition, with base sequences 5 then 3."""
+    tp = next(tp for tp in sorted(pick.run.logs) if tp[0] == EVENTS and pick.free(tp))
+    pick.take(tp)
+    batches = pick.run.logs[tp]
+    ts = batches[-1].timestamp
+    batches.append(Batch(900, 0, 5, ["resent-5"], ts, transactional=False))
+    batches.append(Batch(900, 0, 3, ["resent-3"], ts, transactional=False))
+    return Planted(1, ("base sequence 3 after 5",))
+
+
+def _committed_pair(pick: Picker) -> tuple[tuple[str, int], str, int]:
+    """A free EVENTS partition, a free committed transaction with at least two values in
+    one batch there, and that batch's position; both taken."""
+    txns = _transactions(pick.run)
+    for name, t in txns.items():
+        if t.get("outcome") != "commit" or not pick.free(txn=name):
+            continue
+        for tp in sorted({(w[0], w[1]) for w in t["writes"]}):
+            batches = pick.run.logs[tp]
+            at = next(
+                (
+                    i
+                    for i, b in enumerate(batches)
+                    if b.control is None and (b.producer_id, b.epoch) == (t["pid"], t["epoch"])
+                ),
+                None,
+            )
+            if tp[0] == EVENTS and pick.free(tp) and at is not None and len(batches[at].values) > 1:
+                pick.take(tp, name)
+                return tp, name, at
+    raise AssertionError("no free committed transaction writes two values to a partition")
+
+
+def plant_order_sends(pick: Picker) -> Planted:
+    """The log holds a producer's first two values of a batch in the order opposite to
+    their sends (the pollers read them in log order)."""
+    tp, _, at = _committed_pair(pick)
+    batch = pick.run.logs[tp][at]
+    first, second = batch.values[:2]
+    batch.values[:2] = [second, first]
+    for e in _polls(pick.run):
+        reads = e["reads"]
+        for j in range(len(reads) - 1):
+            if [reads[j][3], reads[j + 1][3]] == [first, second]:
+                reads[j], reads[j + 1] = reads[j + 1], reads[j]
+    return Planted(1, (second,))
+
+
+def plant_order_outputs(pick: Picker) -> Planted:
+    """Two successive outputs of the worker name their inputs in the opposite order."""
+    run = pick.run
+    p = next(p for p in range(run.partitions) if pick.free((OUTPUT, p)) and pick.free((INPUT, p)))
+    pick.take((OUTPUT, p))
+    pick.take((INPUT, p))
+    sends = [
+        e
+        for e in run.events
+        if e["op"] == "send"
+        and e["type"] == "invoke"
+        and e["topic"] == OUTPUT
+        and e["partition"] == p
+    ]
+    a, b = sends[0], sends[1]
+    assert a["txn"] == b["txn"]
+    a["source"], b["source"] = b["source"], a["source"]
+    return Planted(1, ("outputs out of their inputs' order",))
+
+
+def plant_skipped_to_marker(pick: Picker) -> Planted:
+    """A poller's read lands on the offset of a COMMIT marker (a record no read_committed
+    read can return), jumping over the visible record before it."""
+    run = pick.run
+    reads_of = _polls(run, "poller-0")
+    for tp, batches in sorted(run.logs.items(), key=_input_first):
+        if tp[0] not in (INPUT, EVENTS) or not pick.free(tp):
+            continue
+        bases = run.base_offsets(tp)
+        for i in range(1, len(batches)):
+            data, marker = batches[i - 1], batches[i]
+            if marker.control != "COMMIT" or data.control is not None or len(data.values) < 2:
+                continue
+            last = data.values[-1]
+            for e in reads_of:
+                j = next((j for j, r in enumerate(e["reads"]) if r[3] == last), None)
+                if j is not None and j > 0 and e["reads"][j - 1][:2] == list(tp):
+                    pick.take(tp)
+                    e["reads"][j] = [*tp, bases[i], "phantom"]
+                    return Planted(1, ('"visible_skipped":1',))
+    raise AssertionError("no free partition for the skipped read")
+
+
+def plant_replica_hole(pick: Picker) -> Planted:
+    """One replica lacks an entry in the middle of its transitions log."""
+    transitions = pick.run.transitions[1]
+    line = len(transitions) // 2
+    pick.run.replica_edits[(3, 1)] = {line: None}
+    return Planted(1, (f'"shard":1,"index":{transitions[line]["index"]},',))
+
+
+def plant_torn_entry_tail(pick: Picker) -> Planted:
+    """Not an anomaly: a replica's log ends in the torn second line of a two-transition
+    entry (kill -9 while it wrote the entry); the other replicas hold both lines."""
+    transitions = pick.run.transitions[2]
+    transitions[-1]["index"] = transitions[-2]["index"]
+
+    def tear(cluster: Path) -> None:
+        path = cluster / "node-1" / "shard-2" / "transitions.jsonl"
+        data = path.read_bytes()
+        path.write_bytes(data[: data.rindex(b"\n", 0, len(data) - 1) + 1 + 40])
+
+    pick.run.file_edits.append(tear)
+    return Planted(0, ())
+
+
+def plant_torn_line_continued(pick: Picker) -> Planted:
+    """A replica's line torn and then continued by the restarted node on the same line:
+    the torn bytes are unreadable (the whole object after them is read)."""
+    line = len(pick.run.transitions[1]) // 3
+
+    def tear(cluster: Path) -> None:
+        path = cluster / "node-1" / "shard-1" / "transitions.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        lines[line] = lines[line][:25] + lines[line]
+        path.write_text("".join(lines))
+
+    pick.run.file_edits.append(tear)
+    return Planted(1, ("torn line continued",))
+
+
+def plant_crc(pick: Picker) -> Planted:
+    """A damaged batch of aborted data: its CRC no longer matches, so it is not decoded
+    (and, aborted, nothing else misses it)."""
+    for tp, batches in sorted(pick.run.logs.items(), key=_input_first):
+        at = next(
+            (
+                i
+                for i in range(len(batches) - 1)
+                if batches[i].control is None
+                and batches[i + 1].control == "ABORT"
+                and batches[i + 1].producer_id == batches[i].producer_id
+            ),
+            None,
+        )
+        if tp[0] in (INPUT, EVENTS) and pick.free(tp) and at is not None:
+            break
+    else:
+        raise AssertionError("no free partition with aborted data")
+    pick.take(tp)
+    position = sum(len(b.encode()) for b in batches[:at])
+
+    def damage(cluster: Path) -> None:
+        segment = next(cluster.glob(f"partition-node-*/{tp[0]}-{tp[1]}/*.log"))
+        data = bytearray(segment.read_bytes())
+        data[position + 17] ^= 0xFF
+        segment.write_bytes(bytes(data))
+
+    pick.run.file_edits.append(damage)
+    return Planted(1, ("CRC-32C mismatch",))
+
+
+def plant_bad_magic(pick: Picker) -> Planted:
+    """A copy of a committed batch with magic 1 at the end of a log: not a v2 batch, so
+    not decoded (decoded as v2 it would add its values a second time)."""
+    tp, _ = _ending_with_commit(pick, (OUTPUT,))
+    batches = pick.run.logs[tp]
+    batches.append(dataclasses.replace(copy.deepcopy(batches[-2]), magic=1))
+    return Planted(1, ("magic 1, not 2",))
+
+
+def _node_of(run: Run, tp: tuple[str, int]) -> int:
+    return 101 + tp[1] % run.plog_nodes  # as Run.write lays the partitions out
+
+
+def _tear_segment(run: Run, tp: tuple[str, int]) -> None:
+    """Append the first 50 bytes of a batch (a whole header, part of the records) to the
+    newest segment of ``tp``."""
+    last = run.logs[tp][-1]
+    torn = Batch(800, 0, 0, ["never-acknowledged"] * 3, last.timestamp).encode()[:50]
+    struct.pack_into(">q", torn, 0, run.base_offsets(tp)[-1] + last.size)
+
+    def tear(cluster: Path) -> None:
+        directory = cluster / f"partition-node-{_node_of(run, tp)}" / f"{tp[0]}-{tp[1]}"
+        with max(directory.glob("*.log")).open("ab") as f:
+            f.write(torn)
+
+    run.file_edits.append(tear)
+
+
+def _fault_before_final(run: Run, fault: str, node: int, **end: Any) -> None:
+    """A fault on ``node`` (its start, then its end with ``end``'s fields) recorded in
+    the history just before the final read, after every write."""
+    final = next(i for i, e in enumerate(run.events) if e["op"] == "final")
+    at = run.events[final]
+    run.events[final:final] = [
+        {
+            "time_ms": at["time_ms"] - 0.5 + 0.25 * n,
+            "mono_ns": at["mono_ns"] - 500_000 + 250_000 * n,
+            "process": "nemesis",
+            "type": "info",
+            "op": "fault",
+            "phase": phase,
+            "fault": fault,
+            "targets": [node],
+            "detail": f"{fault} on partition-log node {node}",
+            **(end if phase == "end" else {}),
+        }
+        for n, phase in enumerate(("start", "end"))
+    ]
+
+
+def plant_torn_tail_restarted(pick: Picker) -> Planted:
+    """A torn tail in the newest segment of a partition-log node that the history says
+    was restarted after the partition's last write: its recovery would have cut it."""
+    run = pick.run
+    tp = next(tp for tp in sorted(run.logs) if tp[0] == OUTPUT and pick.free(tp))
+    pick.take(tp)
+    _tear_segment(run, tp)
+    node = _node_of(run, tp)
+    pick.restarted.add(node)
+    _fault_before_final(run, "plog-restart", node)
+    return Planted(1, (f"partition-node/{node}/{tp[0]}/{tp[1]}",))
+
+
+def plant_torn_tail_excused(pick: Picker) -> Planted:
+    """Not an anomaly: a torn tail in the newest segment of a partition-log node that was
+    never restarted (it died during that write; nothing after it was acknowledged): a
+    disk fault on it ended without stopping it."""
+    run = pick.run
+    tp = next(
+        tp
+        for tp in sorted(run.logs)
+        if tp[0] == OUTPUT and pick.free(tp) and _node_of(run, tp) not in pick.restarted
+    )
+    pick.take(tp)
+    _tear_segment(run, tp)
+    _fault_before_final(run, "disk", _node_of(run, tp), stopped=False)
+    return Planted(0, ())
+
+
+#: (the check that must find it, the plant), in the order they are planted; a check may
+#: have several, and a plant of something that is not an anomaly expects nothing at all
+PLANTS: list[tuple[str, Callable[[Picker], Planted]]] = [
+    # first: few partitions have what these need
+    ("order", plant_order_sends),
+    ("order", plant_order_sequences),
+    ("torn-transaction", plant_torn_transaction),
+    ("duplicate", plant_duplicate),
+    ("lost-write", plant_lost_write),
+    ("one-decision", plant_one_decision),
+    ("epoch-order", plant_epoch_order),
+    ("unseen", plant_unseen),
+    ("aborted-read", plant_aborted_read),
+    ("uncommitted-read", plant_uncommitted_read),
+    ("zombie-write", plant_zombie_write),
+    ("inconsistent-offsets", plant_inconsistent_offsets),
+    ("nonmonotonic-poll", plant_nonmonotonic_poll),
+    ("skipped-poll", plant_skipped_poll),
+    ("replica-divergence", plant_replica_divergence),
+    ("exactly-once-pipeline", plant_pipeline),
+    ("liveness", plant_liveness),
+    # then the plants that take whichever partition is left
+    ("skipped-poll", plant_skipped_to_marker),
+    ("replica-divergence", plant_replica_hole),
+    ("replica-divergence", plant_torn_entry_tail),
+    ("exactly-once-pipeline", plant_pipeline_source),
+    ("order", plant_order_outputs),
+    ("unreadable-data", plant_crc),
+    ("unreadable-data", plant_bad_magic),
+    ("unreadable-data", plant_torn_line_continued),
+    ("unreadable-data", plant_torn_tail_restarted),
+    ("unreadable-data", plant_torn_tail_excused),
+]
 
 
 def test_clean_run_passes_and_reports(spark: Any, clean: Run, tmp_path: Path) -> None:
@@ -417,22 +709,68 @@ def test_each_planted_anomaly_is_found_by_its_check_only(
 ) -> None:
     run = copy.deepcopy(clean)
     pick = Picker(run)
-    planted = {check: plant(pick) for check, plant in PLANTS.items()}
+    planted: dict[str, Planted] = {}
+    for check, plant in PLANTS:
+        more = plant(pick)
+        have = planted.setdefault(check, Planted(0, ()))
+        have.count += more.count
+        have.needles += more.needles
     cluster, history = run.write(tmp_path)
-    # A damaged batch, in a partition no plant touched: its CRC no longer matches.
-    spare = next(p for p in range(12) if (EVENTS, p) not in pick.partitions)
-    segment = next(cluster.glob(f"partition-node-*/{EVENTS}-{spare}/*.log"))
-    data = bytearray(segment.read_bytes())
-    data[17] ^= 0xFF
-    segment.write_bytes(bytes(data))
-    planted["unreadable-data"] = Planted(1, ("CRC-32C mismatch",))
     results = _audit(spark, cluster, history)
-    assert set(planted) == {name for name, _ in CHECKS}
     found = {
         name: (r.count, [json.dumps(e, separators=(",", ":")) for e in r.examples])
         for name, r in results.items()
     }
-    for name, expected in planted.items():
-        count, examples = found[name]
-        assert count == expected.count, (name, found[name])
-        assert all(any(n in e for n in expected.needles) for e in examples), (name, found[name])
+    wrong = [
+        (name, expected.count, found.get(name))
+        for name, expected in planted.items()
+        if name not in found
+        or found[name][0] != expected.count
+        or not all(any(n in e for n in expected.needles) for e in found[name][1])
+    ]
+    assert not wrong, "\n".join(map(str, wrong))  # (check, planted, (found, examples))
+    assert set(planted) == {name for name, _ in CHECKS}
+
+
+_SESSION_SCRIPT = """
+import json
+import sys
+from pathlib import Path
+
+from spark.audit import session
+
+root = Path(sys.argv[1])
+spark = session("local[1]", shuffle_partitions=1)
+assert spark.range(3).count() == 3
+before = sorted(str(p) for p in root.rglob("raftcoord_audit.zip"))
+spark.stop()
+after = sorted(str(p) for p in root.rglob("raftcoord_audit.zip"))
+print(json.dumps([before, after]))
+"""
+
+
+def test_a_session_leaves_no_temporary_files_when_it_stops(tmp_path: Path) -> None:
+    """The package zip shipped to the executors is gone once the session stopped (its
+    own process: stopping the shared session would stop the other tests')."""
+    temp, local = tmp_path / "tmp", tmp_path / "local"
+    temp.mkdir()
+    local.mkdir()
+    env = {
+        **os.environ,
+        "TMPDIR": str(temp),
+        "SPARK_LOCAL_DIRS": str(local),
+        "RAFTCOORD_AUDIT_DRIVER_MEMORY": "512m",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _SESSION_SCRIPT, str(tmp_path)],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before  # shipped while the session ran
+    assert after == []
+    assert list(temp.glob("raftcoord-audit-*")) == []
