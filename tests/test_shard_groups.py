@@ -113,3 +113,23 @@ def test_a_change_wakes_its_waiters(shard: Shard) -> None:
     joined = shard.submit(first_join)
     tick_until(shard, joined.done)
     assert shard.await_change(seen, 10) > seen
+
+
+def test_a_transitions_line_cut_short_by_a_crash_is_removed_when_the_log_opens(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "transitions.jsonl"
+    whole = '{"index": 7, "term": 2, "shard": 0}\n'
+    path.write_text(whole + '{"index": 8, "te')
+    log = TransitionsLog(path, 0)
+    try:
+        assert path.read_text() == whole  # the next entry starts on a line of its own
+        assert log.last_index == 7
+    finally:
+        log.close()
+    path.write_text('{"index": 9')  # nothing whole at all
+    TransitionsLog(path, 0).close()
+    assert path.read_text() == ""
+    path.write_text(whole)  # a whole last line stays
+    TransitionsLog(path, 0).close()
+    assert path.read_text() == whole

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -174,14 +175,48 @@ class TransitionsLog:
     name, null when the id was created), ``to``, ``partitions`` (list of
     [topic, partition]), ``groups``, ``time_ms`` (the leader-stamped time).
     pysyncobj re-applies its journal after a restart; entries at or below the
-    last index already in the file are not written again.
+    last index already in the file are not written again. A last line cut
+    short by a crash is removed when the file is opened, so that the next
+    entry starts on a line of its own.
     """
 
     def __init__(self, path: Path, shard: int) -> None:
         self.path = path
         self.shard = shard
+        self._cut_torn_tail(path)
         self.last_index = self._last_index(path)
         self._file: IO[str] = path.open("a", encoding="utf-8")
+
+    def _cut_torn_tail(self, path: Path) -> None:
+        """Truncate ``path`` after its last newline when its last line has none."""
+        if not path.exists():
+            return
+        with path.open("r+b") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return
+            keep = size
+            while keep > 0:
+                start = max(0, keep - 65536)
+                f.seek(start)
+                newline = f.read(keep - start).rfind(b"\n")
+                if newline >= 0:
+                    keep = start + newline + 1
+                    break
+                keep = start
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        log.warning(
+            "shard=%d event=transitions_tail_cut path=%s bytes=%d: a last line cut short "
+            "by a crash was removed",
+            self.shard,
+            path,
+            size - keep,
+        )
 
     @staticmethod
     def _last_index(path: Path) -> int:
