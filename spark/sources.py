@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import crc32c
+import msgpack
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -151,6 +153,30 @@ class SegmentsReader(DataSourceReader):
             yield from read_partition_dir(Path(partition.path), partition.node)
 
 
+#: The partition log's record of offsets never handed out: msgpack [[from, to], ...]
+#: then the CRC-32C of those bytes (u32, little-endian).
+OFFSET_GAPS_FILE = "offset-gaps"
+
+
+def read_offset_gaps(directory: Path) -> tuple[set[tuple[int, int]], str | None]:
+    """The (from, to) offset gaps a partition recorded when it continued its
+    log at a reserved offset after a possible loss (a new segment at ``to``
+    may follow offset ``from``), and why the file could not be read (None:
+    it could, or there is none)."""
+    path = directory / OFFSET_GAPS_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return set(), None
+    body, tail = data[:-4], data[-4:]
+    if len(data) < 4 or crc32c.crc32c(body) != int.from_bytes(tail, "little"):
+        return set(), f"{OFFSET_GAPS_FILE}: CRC-32C mismatch"
+    try:
+        return {(int(a), int(b)) for a, b in msgpack.unpackb(body)}, None
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        return set(), f"{OFFSET_GAPS_FILE}: {exc}"
+
+
 def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
     """Every record of one partition's segments, in offset order (schema SEGMENTS_SCHEMA).
 
@@ -167,6 +193,9 @@ def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
     assert match is not None
     topic, index = match["topic"], int(match["partition"])
     segments = sorted(p for p in directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
+    gaps, damaged = read_offset_gaps(directory)
+    if damaged is not None:
+        yield _problem_row(topic, index, node, -1, 0, damaged)
     # The offset the next batch must start at (None after an untrusted batch: unknown),
     # and the last offset of the last trusted batch (offsets only go up).
     expected: int | None = None
@@ -176,7 +205,7 @@ def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
         data = path.read_bytes()
         last_segment = n == len(segments) - 1
         where = (topic, index, node, base)
-        if expected is not None and base != expected:
+        if expected is not None and base != expected and (expected, base) not in gaps:
             yield _problem_row(*where, 0, f"segment {base} follows offset {expected}")
         elif base <= floor:
             yield _problem_row(*where, 0, f"segment {base} does not follow offset {floor}")

@@ -217,3 +217,28 @@ def test_every_history_line_that_cannot_be_read_is_a_row_with_its_problem(tmp_pa
     rows = [dict(zip(columns, r, strict=True)) for p in reader.partitions() for r in reader.read(p)]
     assert [r["problem"] is None for r in rows] == [True, False, False, False, True]
     assert rows[1]["problem"].startswith("empty line")
+
+
+def test_a_jump_the_partition_log_recorded_as_an_offset_gap_is_no_problem(
+    tmp_path: Path,
+) -> None:
+    """A partition that continued at a reserved offset after a possible loss
+    (the partition log's skip_to, which records the gap) reads as one log;
+    a jump it did not record, or a damaged record of gaps, is reported."""
+    from partition_log.log import FsyncPolicy, PartitionLogStore
+
+    directory = tmp_path / "events-0"
+    store = PartitionLogStore(directory, fsync=FsyncPolicy.NEVER)
+    store.append(_batch(0, ["a"]))
+    store.skip_to(1000)
+    store.append(_batch(0, ["b"], sequence=1))
+    store.close()
+    rows = [dict(zip(SEGMENT_COLUMNS, r, strict=True)) for r in read_partition_dir(directory, 1)]
+    assert _records(rows) == [(0, "a"), (1000, "b")]
+    assert _problems(rows) == []
+    (directory / "offset-gaps").unlink()
+    rows = [dict(zip(SEGMENT_COLUMNS, r, strict=True)) for r in read_partition_dir(directory, 1)]
+    assert _problems(rows) == ["segment 1000 follows offset 1"]
+    (directory / "offset-gaps").write_bytes(b"\x91\x92\x01\xcd\x03\xe8" + b"\0\0\0\0")
+    rows = [dict(zip(SEGMENT_COLUMNS, r, strict=True)) for r in read_partition_dir(directory, 1)]
+    assert _problems(rows) == ["offset-gaps: CRC-32C mismatch", "segment 1000 follows offset 1"]
