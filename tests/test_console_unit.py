@@ -30,7 +30,7 @@ from raftcoord.client import (
     PartitionNodeDescription,
     PendingMarker,
     ProducerState,
-    ShardReplica,
+    ShardReplicaDescription,
     TopicPartition,
     TransactionDescription,
     TransactionListing,
@@ -54,8 +54,10 @@ ORDERS_1 = TopicPartition("orders", 1)
 # --- made-up answers -----------------------------------------------------------------
 
 
-def replica(shard: int, leader: int | None, term: int = 4, applied: int = 100) -> ShardReplica:
-    return ShardReplica(
+def replica(
+    shard: int, leader: int | None, term: int = 4, applied: int = 100
+) -> ShardReplicaDescription:
+    return ShardReplicaDescription(
         shard=shard,
         is_leader=False,
         term=term,
@@ -68,9 +70,9 @@ def replica(shard: int, leader: int | None, term: int = 4, applied: int = 100) -
     )
 
 
-def leading(shard: int, node: int, term: int = 4) -> ShardReplica:
+def leading(shard: int, node: int, term: int = 4) -> ShardReplicaDescription:
     r = replica(shard, node, term, applied=110)
-    return ShardReplica(**{**r.__dict__, "is_leader": True, "transactional_ids": 12})
+    return ShardReplicaDescription(**{**r.__dict__, "is_leader": True, "transactional_ids": 12})
 
 
 COORDINATORS = [
@@ -567,7 +569,7 @@ def test_admin_describes_every_node_also_those_that_do_not_answer() -> None:
     with admin:
         one, two = admin.describe_coordinators()
         assert (one.node_id, one.address, one.error) == (1, "c1:1", None)
-        assert one.shards == (ShardReplica(0, True, 3, 1, "c1:1", 9, 8, 2, 0),)
+        assert one.shards == (ShardReplicaDescription(0, True, 3, 1, "c1:1", 9, 8, 2, 0),)
         assert (two.node_id, two.shards) == (2, ())
         assert two.error == "c2:1: UNAVAILABLE: connection refused"
         first, second = admin.describe_partition_nodes()

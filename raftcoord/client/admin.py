@@ -39,7 +39,7 @@ from raftcoord.client.records import (
     PartitionNodeDescription,
     PendingMarker,
     ProducerState,
-    ShardReplica,
+    ShardReplicaDescription,
     TopicPartition,
     TransactionDescription,
     TransactionListing,
@@ -272,7 +272,7 @@ class Admin:
                 )
                 continue
             replicas = tuple(
-                ShardReplica(
+                ShardReplicaDescription(
                     shard=int(r.shard),
                     is_leader=bool(r.is_leader),
                     term=int(r.term),

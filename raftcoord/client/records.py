@@ -158,7 +158,7 @@ class AbortTransactionSpec:
 
 
 @dataclass(frozen=True)
-class ShardReplica:
+class ShardReplicaDescription:
     """One coordinator node's replica of a shard, as the node tells it
     (:meth:`Admin.describe_coordinators`)."""
 
@@ -188,7 +188,7 @@ class CoordinatorDescription:
     #: Why the node did not answer; None when it did.
     error: str | None
     #: Its replicas, by shard; empty when it did not answer.
-    shards: tuple[ShardReplica, ...] = ()
+    shards: tuple[ShardReplicaDescription, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from raftcoord.client import (
     CoordinatorDescription,
     PartitionNodeDescription,
     ProducerState,
-    ShardReplica,
+    ShardReplicaDescription,
     TopicPartition,
     TransactionDescription,
     TransactionListing,
@@ -219,7 +219,7 @@ def cluster_view(
     """The nodes, and each shard's leader and replicas, from what every
     coordinator said of its own replicas."""
     coordinators = coordinators or ()
-    by_shard: dict[int, dict[int, ShardReplica]] = {}
+    by_shard: dict[int, dict[int, ShardReplicaDescription]] = {}
     for node in coordinators:
         for replica in node.shards:
             by_shard.setdefault(replica.shard, {})[node.node_id] = replica
@@ -254,7 +254,9 @@ def cluster_view(
 
 
 def _shard_row(
-    shard: int, replicas: Mapping[int, ShardReplica], nodes: Sequence[CoordinatorDescription]
+    shard: int,
+    replicas: Mapping[int, ShardReplicaDescription],
+    nodes: Sequence[CoordinatorDescription],
 ) -> ShardRow:
     leaders = [r for r in replicas.values() if r.is_leader]
     newest = max(replicas.values(), key=lambda r: r.term, default=None)
