@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import tempfile
 import time
+import tomllib
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,23 @@ LOG_CONFIG = PACKAGE_DIR / "log4j2.properties"
 _ZIP_NAME = "raftcoord_audit.zip"
 #: The inputs' entry of the audit's own time.
 AUDIT_SECONDS = "audit time (s)"
+#: What the local launcher writes into the cluster directory: what it started, and the config.
+STATE_FILE = "cluster.json"
+CONFIG_FILE = "cluster.toml"
+#: The words for the kinds of node in ``cluster.json``.
+_NODE_KINDS = {
+    "coordinator": "coordinators",
+    "partition-log": "partition-log nodes",
+    "kafka-gateway": "Kafka gateways",
+}
+#: ``cluster.toml``'s node lists, and their words.
+_CONFIG_NODES = {
+    "coordinators": "coordinators",
+    "partition_nodes": "partition-log nodes",
+    "kafka_listeners": "Kafka gateways",
+}
+_NODE_DIR = re.compile(r"node-\d+")
+_SHARD_DIR = re.compile(r"shard-(\d+)")
 
 
 @dataclass
@@ -117,6 +138,65 @@ def run_audit(
         "master": spark.sparkContext.master,
         AUDIT_SECONDS: round(time.monotonic() - started, 1),
     }
-    document = report.to_json(results, figures, inputs)
+    document = report.to_json(results, figures, inputs, describe_cluster(cluster_dir))
     json_path, html_path = report.write(report_dir, document)
     return AuditOutcome(results, document, json_path, html_path)
+
+
+def describe_cluster(cluster_dir: Path) -> dict[str, Any]:
+    """What the cluster directory says of the cluster, read on the driver
+    (small files): ``shards``, every shard that a coordinator's directory
+    (``node-N/shard-S/``) or the config's ``shard_count`` names; from
+    ``cluster.json`` (the launcher's record) or else ``cluster.toml``, the
+    ``nodes`` per kind and ``shard_count``; from ``cluster.toml``, its
+    ``settings``. A piece that is missing or cannot be read is left out."""
+    shards: set[int] = set()
+    for node_dir in _subdirs(cluster_dir):
+        if _NODE_DIR.fullmatch(node_dir.name):
+            for shard_dir in _subdirs(node_dir):
+                found = _SHARD_DIR.fullmatch(shard_dir.name)
+                if found:
+                    shards.add(int(found[1]))
+    state = _read(cluster_dir / STATE_FILE, json.loads)
+    config = _read(cluster_dir / CONFIG_FILE, tomllib.loads)
+    if not config and isinstance(state.get("config"), str):
+        config = _read(Path(state["config"]), tomllib.loads)
+    out: dict[str, Any] = {}
+    nodes: dict[str, list[int]] = {}
+    if isinstance(state.get("nodes"), list):
+        for node in state["nodes"]:
+            if isinstance(node, dict) and isinstance(node.get("node_id"), int):
+                kind = str(node.get("kind"))
+                nodes.setdefault(_NODE_KINDS.get(kind, kind), []).append(node["node_id"])
+    else:
+        for key, words in _CONFIG_NODES.items():
+            entries = config.get(key)
+            ids = [n["id"] for n in entries or [] if isinstance(n, dict) and "id" in n]
+            if isinstance(entries, list) and ids:
+                nodes[words] = ids
+    if nodes:
+        out["nodes"] = {kind: sorted(ids) for kind, ids in nodes.items()}
+    shard_count = state.get("shard_count", config.get("shard_count"))
+    if isinstance(shard_count, int) and shard_count > 0:
+        out["shard_count"] = shard_count
+        shards.update(range(shard_count))
+    if isinstance(config.get("settings"), dict):
+        out["settings"] = config["settings"]
+    out["shards"] = sorted(shards)
+    return out
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def _read(path: Path, parse: Callable[[str], Any]) -> dict[str, Any]:
+    """The object in a small JSON or TOML file; {} when it is missing or unreadable."""
+    try:
+        found = parse(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}

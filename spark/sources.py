@@ -66,7 +66,7 @@ HISTORY_SCHEMA = (
     "writes array<struct<topic:string,partition:int,value:string>>, isolation string, "
     f"partitions array<{_TP}>, "
     "reads array<struct<topic:string,partition:int,offset:long,value:string>>, "
-    "phase string, fault string, targets string, detail string, "
+    "phase string, fault string, targets string, detail string, hold_s double, "
     "end_offsets map<string,long>, `committed` map<string,long>, topics map<string,int>, "
     "input_topic string, output_topic string, info string, position long, problem string"
 )
@@ -594,7 +594,7 @@ class HistoryReader(DataSourceReader):
 
 def _history_row(line: bytes, pos: int) -> tuple[Any, ...]:
     if not line.strip():
-        return (*([None] * 32), pos, f"empty line at byte {pos}")
+        return (*([None] * _HISTORY_FIELDS), pos, f"empty line at byte {pos}")
     try:
         e = json.loads(line)
         if not isinstance(e, dict):
@@ -631,6 +631,7 @@ def _history_row(line: bytes, pos: int) -> tuple[Any, ...]:
             e.get("fault"),
             None if e.get("targets") is None else json.dumps(e["targets"]),
             None if e.get("detail") is None else str(e["detail"]),
+            None if e.get("hold_s") is None else float(e["hold_s"]),
             _map(e.get("end_offsets")),
             _map(e.get("committed")),
             _map(e.get("topics")),
@@ -641,14 +642,16 @@ def _history_row(line: bytes, pos: int) -> tuple[Any, ...]:
             None,
         )
     except (AttributeError, ValueError, TypeError, IndexError, KeyError) as exc:
-        return (*([None] * 32), pos, f"unreadable event at byte {pos}: {exc!r}")
+        return (*([None] * _HISTORY_FIELDS), pos, f"unreadable event at byte {pos}: {exc!r}")
 
 
 _HISTORY_KEYS = frozenset(
     "index time_ms mono_ns process type op txn producer_id producer_epoch error message topic "
     "partition value offset source group offsets writes isolation partitions reads phase fault "
-    "targets detail end_offsets committed topics input_topic output_topic".split()
+    "targets detail hold_s end_offsets committed topics input_topic output_topic".split()
 )
+#: The history's columns before ``position`` and ``problem``.
+_HISTORY_FIELDS = 33
 
 
 def _tuples(items: Any, types: tuple[type, ...]) -> list[tuple[Any, ...]] | None:

@@ -57,7 +57,12 @@ def collect(audit: Audit) -> dict[str, Any]:
         .otherwise("failed or unknown")
     )
     timeline = ends.groupBy(second.alias("second"), outcome.alias("outcome")).count()
-    out["timeline"] = [r.asDict() for r in timeline.orderBy("second").collect()]
+    out["summary"] = _summary(hist)
+    out["timeline"] = zero_filled(
+        [r.asDict() for r in timeline.orderBy("second").collect()],
+        out["summary"]["start_ms"],
+        out["summary"]["end_ms"],
+    )
     latency = (
         ends.where(
             (F.col("op") == "commit") & (F.col("type") == "ok") & (F.col("inv_type") == "invoke")
@@ -83,11 +88,68 @@ def collect(audit: Audit) -> dict[str, Any]:
     }
     faults = (
         hist.where(F.col("op") == "fault")
-        .select("index", "time_ms", "phase", "fault", "targets", "detail")
+        .select("index", "time_ms", "phase", "fault", "targets", "detail", "hold_s")
         .orderBy("index")
     )
     out["faults"] = _fault_windows([r.asDict() for r in faults.collect()])
-    out["summary"] = _summary(hist)
+    runs = hist.where(F.col("op") == "run").select("index", "type", "info").orderBy("index")
+    out["run"] = run_header([r.asDict() for r in runs.collect()])
+    return out
+
+
+#: The outcomes of a transaction's end, as the timeline counts them.
+OUTCOMES = ("commit", "abort", "failed or unknown")
+#: A run longer than this (or a clock gone wrong) is not filled second by
+#: second: only the seconds around each gap get their zeros.
+MAX_FILLED_SECONDS = 7 * 24 * 3600
+
+
+def zero_filled(
+    rows: list[dict[str, Any]], start_ms: float | None, end_ms: float | None
+) -> list[dict[str, Any]]:
+    """The timeline's rows (``second``, ``outcome``, ``count``) with a row of
+    count 0 for every outcome in every second from the run's start to its end
+    that has none, so that a plot does not join its lines across a quiet
+    gap; sorted by second, then outcome. Over more than
+    :data:`MAX_FILLED_SECONDS`, the zeros are the seconds just before and
+    after each second that has counts."""
+    counts = {(r["second"], r["outcome"]): r["count"] for r in rows}
+    seconds = {r["second"] for r in rows}
+    if (
+        start_ms is not None
+        and end_ms is not None
+        and 0 <= end_ms - start_ms <= MAX_FILLED_SECONDS * 1000
+    ):
+        seconds.update(range(int(start_ms // 1000), int(end_ms // 1000) + 1))
+    else:
+        seconds.update([s + step for s in seconds for step in (-1, 1)])
+    outcomes = list(OUTCOMES) + sorted({r["outcome"] for r in rows} - set(OUTCOMES))
+    return [
+        {"second": s, "outcome": o, "count": counts.get((s, o), 0)}
+        for s in sorted(seconds)
+        for o in outcomes
+    ]
+
+
+def run_header(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the run's ``run`` events say about it (docs/history.md): from
+    the first, ``seed`` and ``args``; from the last (type ``ok``), its
+    ``summary``. Missing pieces are left out."""
+    out: dict[str, Any] = {}
+    parsed = []
+    for e in events:
+        try:
+            info = json.loads(e["info"]) if e.get("info") else {}
+        except ValueError:
+            continue
+        if isinstance(info, dict):
+            parsed.append((e.get("type"), info))
+    if parsed and parsed[0][0] == "info":
+        first = parsed[0][1]
+        out.update({k: first[k] for k in ("seed", "args") if first.get(k) is not None})
+    last = [info for type_, info in parsed if type_ == "ok"]
+    if last and isinstance(last[-1].get("summary"), dict):
+        out["summary"] = last[-1]["summary"]
     return out
 
 
@@ -96,7 +158,9 @@ def _fill(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fault_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pair each fault's start with its end (the next end of that fault and targets)."""
+    """Pair each fault's start with its end (the next end of that fault and
+    targets); ``hold_s`` is the planned hold its start recorded (None in a
+    history from before it was recorded)."""
     windows: list[dict[str, Any]] = []
     open_: dict[tuple[str, str], dict[str, Any]] = {}
     for e in events:
@@ -108,6 +172,7 @@ def _fault_windows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "detail": e["detail"],
                 "start_ms": e["time_ms"],
                 "end_ms": None,
+                "hold_s": e.get("hold_s"),
             }
             windows.append(window)
             open_[key] = window

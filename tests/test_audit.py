@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -681,11 +682,25 @@ def test_clean_run_passes_and_reports(spark: Any, clean: Run, tmp_path: Path) ->
     document = json.loads(outcome.json_path.read_text())
     assert document["verdict"] == "PASS"
     assert [c["name"] for c in document["checks"]] == [n for n, _ in CHECKS]
-    assert [w["fault"] for w in document["stats"]["faults"]] == ["leader-kill", "pause"]
-    assert len(document["stats"]["partitions"]) == 36
+    stats = document["stats"]
+    assert [w["fault"] for w in stats["faults"]] == ["leader-kill", "pause"]
+    assert len(stats["partitions"]) == 36
+    # every second of the run, quiet ones included, for every outcome
+    seconds = sorted({row["second"] for row in stats["timeline"]})
+    assert seconds == list(range(seconds[0], seconds[-1] + 1))
+    assert seconds[0] == stats["summary"]["start_ms"] // 1000
+    assert seconds[-1] == stats["summary"]["end_ms"] // 1000
+    assert stats["run"]["seed"] == 7
+    assert document["cluster"]["shards"] == sorted(clean.transitions)
     page = outcome.html_path.read_text()
-    assert page.index("PASS") < page.index("Transactions over time") < page.index("Partitions")
-    assert page.count("<img src='data:image/png;base64,") == 4
+    sections = ["id='verdict'", "id='run'", "id='checks'", "id='timeline'", "id='terms'",
+                "id='leader-changes'", "id='partitions'", "id='totals'"]  # fmt: skip
+    assert [page.index(s) for s in sections] == sorted(page.index(s) for s in sections)
+    assert page.count("<img ") == page.count("src='data:image/png;base64,") == 4
+    assert page.count("data-lanes='leader-kill pause'") == 2  # under both time plots
+    shards = re.findall(r"<tr data-shard='(\d+)'>", page)
+    assert shards == [str(s) for s in sorted(clean.transitions)]
+    assert "transactions committed (commit ok)" in page
     assert "http://" not in page and "https://" not in page
 
 

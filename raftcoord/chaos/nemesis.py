@@ -330,7 +330,8 @@ class Nemesis:
         end: Callable[[], tuple[str, dict[str, Any]]],
         **fields: Any,
     ) -> Fault:
-        """Record the start, do ``act``, and remember the fault as active."""
+        """Record the start (with the planned hold, ``hold_s``), do ``act``, and
+        remember the fault as active."""
         leaders = self._leaders()
         fault = Fault(
             plan, targets, detail, end, fields, leaders, client_failures(self.history.counts())
@@ -343,6 +344,7 @@ class Nemesis:
             fault=plan.kind,
             targets=targets,
             detail=detail,
+            hold_s=plan.hold_s,
             leaders=leaders,
             **fields,
         )
