@@ -192,9 +192,15 @@ class Audit:
     # --- the coordinator ---------------------------------------------------------------------
 
     def _derive_coordinator(self) -> None:
-        tr = self.transitions.where(F.col("index").isNotNull()).withColumn(
+        lines = self.transitions.where(F.col("index").isNotNull()).withColumn(
             "shard", F.coalesce("file_shard", "shard")
         )
+        # A replica whose state a snapshot replaced (a follower too far behind) applied
+        # the entries it covers without logging them, and says so in one marker line.
+        self.snapshot_markers = lines.where(F.col("snapshot")).select(
+            "node", "shard", "line", "index"
+        )
+        tr = lines.where(~F.col("snapshot"))
         tr = tr.withColumn(
             "pos",
             F.row_number().over(Window.partitionBy("node", "shard", "index").orderBy("line")),
@@ -666,12 +672,38 @@ class Audit:
             )
         )
         applied = tr.select("node", "shard", "index").distinct()
+        # The entries a snapshot brought a replica: after its line before the marker,
+        # up to the marker's index.
+        earlier = self.snapshot_markers.alias("m").join(
+            tr.select("node", "shard", F.col("line").alias("t_line"), F.col("index").alias("t")),
+            ["node", "shard"],
+            "left",
+        )
+        by_snapshot = (
+            earlier.where(F.col("t_line").isNull() | (F.col("t_line") < F.col("line")))
+            .groupBy("node", "shard", "line", "index")
+            .agg(F.coalesce(F.max("t"), F.lit(-1)).alias("after"))
+            .select(
+                F.col("node").alias("s_node"),
+                F.col("shard").alias("s_shard"),
+                "after",
+                F.col("index").alias("upto"),
+            )
+        )
         holes = (
             applied.select("shard", "index")
             .distinct()
             .join(last, "shard")
             .where(F.col("index") < F.col("last"))
             .join(applied, ["node", "shard", "index"], "left_anti")
+            .join(
+                by_snapshot,
+                (F.col("s_node") == F.col("node"))
+                & (F.col("s_shard") == F.col("shard"))
+                & (F.col("index") > F.col("after"))
+                & (F.col("index") <= F.col("upto")),
+                "left_anti",
+            )
             .select(
                 F.lit("entry missing from a replica").alias("problem"),
                 "shard",

@@ -53,7 +53,7 @@ TRANSITIONS_SCHEMA = (
     "node int, shard int, line long, file_shard int, `index` long, term long, "
     "transactional_id string, producer_id long, producer_epoch int, from_state string, "
     "to_state string, partitions array<struct<topic:string,partition:int>>, "
-    "groups array<string>, time_ms long, text string, problem string"
+    "groups array<string>, time_ms long, text string, problem string, snapshot boolean"
 )
 
 _TP = "struct<topic:string,partition:int>"
@@ -513,7 +513,7 @@ def _transition_rows(
 def _unreadable_line(
     node: int, shard: int, line_no: int, text: str, problem: str
 ) -> tuple[Any, ...]:
-    return (node, shard, line_no, *([None] * 11), text[:200], problem)
+    return (node, shard, line_no, *([None] * 11), text[:200], problem, None)
 
 
 def _transition_row(node: int, shard: int, line_no: int, text: str, obj: Any) -> tuple[Any, ...]:
@@ -536,6 +536,7 @@ def _transition_row(node: int, shard: int, line_no: int, text: str, obj: Any) ->
             _int(obj.get("time_ms")),
             canonical,
             None,
+            obj.get("snapshot") is True,
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         return _unreadable_line(node, shard, line_no, text, f"bad transition: {exc!r}")

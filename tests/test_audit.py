@@ -514,6 +514,21 @@ def plant_torn_entry_tail(pick: Picker) -> Planted:
     return Planted(0, ())
 
 
+def plant_caught_up_by_snapshot(pick: Picker) -> Planted:
+    """Not an anomaly: a replica that fell far behind got the leader's snapshot, so
+    it logged no transitions for the entries the snapshot covers, and one marker line
+    in their place (what a coordinator writes then)."""
+    transitions = pick.run.transitions[0]
+    index = [t["index"] for t in transitions]
+    first = next(i for i in range(len(index) // 2, len(index)) if index[i] != index[i - 1])
+    last = next(i for i in range(3 * len(index) // 4, len(index) - 1) if index[i] != index[i + 1])
+    marker = {"index": index[last], "term": transitions[last]["term"], "shard": 0}
+    edits: dict[int, dict[str, Any] | None] = dict.fromkeys(range(first, last))
+    edits[last] = {**marker, "snapshot": True}
+    pick.run.replica_edits[(1, 0)] = edits
+    return Planted(0, ())
+
+
 def plant_torn_line_continued(pick: Picker) -> Planted:
     """A replica's line torn and then continued by the restarted node on the same line:
     the torn bytes are unreadable (the whole object after them is read)."""
@@ -664,6 +679,7 @@ PLANTS: list[tuple[str, Callable[[Picker], Planted]]] = [
     ("skipped-poll", plant_skipped_to_marker),
     ("replica-divergence", plant_replica_hole),
     ("replica-divergence", plant_torn_entry_tail),
+    ("replica-divergence", plant_caught_up_by_snapshot),
     ("exactly-once-pipeline", plant_pipeline_source),
     ("order", plant_order_outputs),
     ("unreadable-data", plant_crc),

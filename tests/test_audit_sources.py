@@ -242,3 +242,15 @@ def test_a_jump_the_partition_log_recorded_as_an_offset_gap_is_no_problem(
     (directory / "offset-gaps").write_bytes(b"\x91\x92\x01\xcd\x03\xe8" + b"\0\0\0\0")
     rows = [dict(zip(SEGMENT_COLUMNS, r, strict=True)) for r in read_partition_dir(directory, 1)]
     assert _problems(rows) == ["offset-gaps: CRC-32C mismatch", "segment 1000 follows offset 1"]
+
+
+def test_a_snapshot_marker_line_is_read_as_one() -> None:
+    from spark.sources import _transition_rows
+
+    marker = '{"index":30000,"term":4,"shard":3,"snapshot":true}\n'
+    (row,) = _transition_rows(1, 3, 7, marker, last=False)
+    values = dict(zip(TRANSITION_COLUMNS, row, strict=True))
+    assert values["index"] == 30000 and values["snapshot"] is True and values["problem"] is None
+    line = '{"index":5,"term":1,"shard":3,"transactional_id":"t","to":"ONGOING"}\n'
+    (row,) = _transition_rows(1, 3, 8, line, last=False)
+    assert dict(zip(TRANSITION_COLUMNS, row, strict=True))["snapshot"] is False

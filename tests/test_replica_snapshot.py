@@ -48,6 +48,7 @@ def make_replica(
     applied: list[int],
     partners: list[str] | None = None,
     election_timeout_s: tuple[float, float] = (0.05, 0.1),
+    snapshots: list[tuple[int, int]] | None = None,
 ) -> ShardReplica:
     tmp_path.mkdir(parents=True, exist_ok=True)
     journal, dump = str(tmp_path / "journal"), str(tmp_path / "snapshot")
@@ -63,6 +64,7 @@ def make_replica(
         lambda index, term, outcomes: applied.append(index),
         node_id=1,
         transport=RaftTransportSettings(RAFT_KEY),
+        on_snapshot=None if snapshots is None else lambda i, t: snapshots.append((i, t)),
     )
 
 
@@ -399,9 +401,15 @@ def test_a_lagging_follower_receives_a_large_snapshot_in_chunks(tmp_path: Path) 
         size = (tmp_path / f"r{replicas.index(leader)}" / "snapshot").stat().st_size
         assert size > leader._snapshots._chunk_bytes
         expected = leader.machine.snapshot()
-        late = make_replica(tmp_path / "r2", addresses[2], [], addresses[:2], election_s)
+        installed: list[tuple[int, int]] = []
+        late = make_replica(tmp_path / "r2", addresses[2], [], addresses[:2], election_s, installed)
         tick_all(lambda: late is not None and late.machine.snapshot() == expected)
         assert leader.is_leader() and leader.raftCurrentTerm == term
+        # The follower is told the snapshot's last entry (its transitions log
+        # says the entries up to it came by snapshot).
+        last = read_snapshot_file(str(tmp_path / f"r{replicas.index(leader)}" / "snapshot"))
+        assert installed == [(last["last"][1], last["last"][2])]
+        assert installed[0][0] > 2000
     finally:
         for r in [*replicas, *([late] if late else [])]:
             r.destroy()

@@ -43,7 +43,10 @@ def shard(tmp_path: Path) -> Iterator[Shard]:
     machine = TransactionStateMachine(0, 1, FsmConfig(group_min_session_timeout_ms=SESSION_MS))
     address = f"127.0.0.1:{free_ports(1)[0]}"
 
-    def replica(on_applied: Callable[[int, int, list[Outcome]], None]) -> ShardReplica:
+    def replica(
+        on_applied: Callable[[int, int, list[Outcome]], None],
+        on_snapshot: Callable[[int, int], None],
+    ) -> ShardReplica:
         return ShardReplica(
             address,
             [],
@@ -52,6 +55,7 @@ def shard(tmp_path: Path) -> Iterator[Shard]:
             on_applied,
             node_id=1,
             transport=RaftTransportSettings(RAFT_KEY),
+            on_snapshot=on_snapshot,
         )
 
     made = Shard(
@@ -133,3 +137,20 @@ def test_a_transitions_line_cut_short_by_a_crash_is_removed_when_the_log_opens(
     path.write_text(whole)  # a whole last line stays
     TransitionsLog(path, 0).close()
     assert path.read_text() == whole
+
+
+def test_a_snapshot_beyond_the_last_line_is_written_as_a_marker(tmp_path: Path) -> None:
+    path = tmp_path / "transitions.jsonl"
+    path.write_text('{"index": 7, "term": 2, "shard": 0}\n')
+    log = TransitionsLog(path, 3)
+    try:
+        log.snapshot(5, 2)  # its own snapshot, older than its last line: nothing
+        log.snapshot(30_000, 4)  # the leader's, far ahead
+        log.snapshot(30_000, 4)  # once
+    finally:
+        log.close()
+    lines = path.read_text().splitlines()
+    assert lines[1:] == ['{"index":30000,"term":4,"shard":3,"snapshot":true}']
+    reopened = TransitionsLog(path, 3)
+    reopened.close()
+    assert reopened.last_index == 30_000

@@ -29,7 +29,13 @@ from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.metrics import CoordinatorCollector
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.raft_journal import JournalCorruptError
-from raftcoord.coordinator.replica import EntryNotApplied, ShardReplica, SnapshotDamaged
+from raftcoord.coordinator.replica import (
+    AppliedListener,
+    EntryNotApplied,
+    ShardReplica,
+    SnapshotDamaged,
+    SnapshotListener,
+)
 from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import (
@@ -214,15 +220,18 @@ class CoordinatorNode:
             settings.transaction_park_timeout_ms,
         )
 
-        def replica_factory(on_applied: object) -> ShardReplica:
+        def replica_factory(
+            on_applied: AppliedListener, on_snapshot: SnapshotListener
+        ) -> ShardReplica:
             return ShardReplica(
                 me,
                 partners,
                 conf,
                 machine,
-                on_applied,  # type: ignore[arg-type]
+                on_applied,
                 node_id=self.node_id,
                 transport=self.raft_transport,
+                on_snapshot=on_snapshot,
             )
 
         transitions = TransitionsLog(shard_dir / "transitions.jsonl", shard)

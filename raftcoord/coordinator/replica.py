@@ -109,6 +109,9 @@ log = logging.getLogger("raftcoord.coordinator.replica")
 
 #: Called on every replica after an entry is applied: (index, term, outcomes).
 AppliedListener = Callable[[int, int, list[Outcome]], None]
+#: Called when a replica's state is replaced by a snapshot (its own at start,
+#: or the leader's): (index, term) of the snapshot's last entry.
+SnapshotListener = Callable[[int, int], None]
 
 #: Called once a proposed entry is applied or dropped: (outcomes, error), the
 #: outcomes being None unless ``error`` is NONE (see
@@ -157,6 +160,7 @@ class ShardReplica(RaftGroup):
         *,
         node_id: int,
         transport: RaftTransportSettings,
+        on_snapshot: SnapshotListener | None = None,
     ) -> None:
         # Attributes set before SyncObj.__init__ are treated by pysyncobj as
         # its own; the snapshot file holds only the machine.
@@ -165,6 +169,7 @@ class ShardReplica(RaftGroup):
         self.shard = machine.state.pids.layout.shard
         self.lock = threading.RLock()
         self._on_applied = on_applied
+        self._on_snapshot = on_snapshot
         self._refused_conflict: tuple[int, int] | None = None  # (index, term) logged
         self._damaged: SnapshotDamaged | None = None
         if conf.fullDumpFile is None:
@@ -371,6 +376,8 @@ class ShardReplica(RaftGroup):
         last = (payload["last"][0], payload["last"][1], payload["last"][2])
         previous = (payload["previous"][0], payload["previous"][1], payload["previous"][2])
         self._trim_journal_to(previous, last)
+        if self._on_snapshot is not None:
+            self._on_snapshot(int(last[1]), int(last[2]))
         return last, previous, []
 
     def _trim_journal_to(self, previous: Any, last: Any) -> None:

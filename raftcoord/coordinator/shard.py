@@ -58,7 +58,7 @@ from raftcoord.coordinator.leader import (
     park_key,
     timed_out_abort,
 )
-from raftcoord.coordinator.replica import ShardReplica
+from raftcoord.coordinator.replica import AppliedListener, ShardReplica, SnapshotListener
 from raftcoord.protocol.config import NodeAddress
 
 log = logging.getLogger("raftcoord.coordinator.shard")
@@ -177,7 +177,11 @@ class TransitionsLog:
     pysyncobj re-applies its journal after a restart; entries at or below the
     last index already in the file are not written again. A last line cut
     short by a crash is removed when the file is opened, so that the next
-    entry starts on a line of its own.
+    entry starts on a line of its own. A replica whose state is replaced by
+    a snapshot beyond its last line (a follower too far behind gets the
+    leader's) applies the entries it covers without writing them: it writes
+    ``{"index", "term", "shard", "snapshot": true}`` instead, saying that the
+    entries after its previous line up to ``index`` came by snapshot.
     """
 
     def __init__(self, path: Path, shard: int) -> None:
@@ -230,6 +234,18 @@ class TransitionsLog:
                         continue  # a torn last line after kill -9
         return last
 
+    def snapshot(self, index: int, term: int) -> None:
+        """The replica's state was replaced by a snapshot up to entry ``index``
+        (of ``term``): say so unless the file reaches that far already."""
+        if index <= self.last_index:
+            return
+        self._file.write(
+            _COMPACT.encode({"index": index, "term": term, "shard": self.shard, "snapshot": True})
+            + "\n"
+        )
+        self._file.flush()
+        self.last_index = index
+
     def write(self, index: int, term: int, transitions: list[Transition]) -> None:
         if index <= self.last_index or not transitions:
             return
@@ -267,7 +283,7 @@ class Shard:
         self,
         shard: int,
         node_id: int,
-        replica_factory: Callable[[Callable[[int, int, list[Outcome]], None]], ShardReplica],
+        replica_factory: Callable[[AppliedListener, SnapshotListener], ShardReplica],
         transitions: TransitionsLog,
         timers: ShardTimers,
         marker_sink: MarkerSink,
@@ -313,7 +329,7 @@ class Shard:
         #: wake when it moves (:meth:`await_change`).
         self._changes = 0
         self._changed = threading.Condition()
-        self.replica = replica_factory(self._on_applied)
+        self.replica = replica_factory(self._on_applied, self.transitions.snapshot)
         #: The leader's time (:class:`raftcoord.coordinator.leader.LeaderClock`).
         self.clock = LeaderClock(time.time, time.monotonic)
         self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), self.clock.now_ms)
