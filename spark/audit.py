@@ -19,8 +19,10 @@ from typing import Any
 
 from pyspark import SparkFiles
 from pyspark.sql import SparkSession
+from rich.console import Console
 
 from spark import checks, report, sources, stats
+from spark.progress import spark_progress
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 LOG_CONFIG = PACKAGE_DIR / "log4j2.properties"
@@ -124,12 +126,16 @@ def run_audit(
     cluster_dir: Path,
     history: Path | None,
     report_dir: Path,
+    console: Console | None = None,
 ) -> AuditOutcome:
-    """Run every check and write the reports."""
+    """Run every check and write the reports; with ``console``, the stages
+    Spark runs meanwhile are shown on it."""
     started = time.monotonic()
     try:
-        job, results = audit(spark, cluster_dir, history)
-        figures = stats.collect(job)
+        with spark_progress(spark, console or Console(quiet=True), "checks"):
+            job, results = audit(spark, cluster_dir, history)
+        with spark_progress(spark, console or Console(quiet=True), "report figures"):
+            figures = stats.collect(job)
     finally:
         spark.catalog.clearCache()
     inputs = {

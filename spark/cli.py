@@ -67,15 +67,19 @@ def command(args: argparse.Namespace) -> int:
         print(f"raftcoord audit: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUTS
     report_dir = Path(args.report).resolve() if args.report else cluster_dir / "audit"
+    from rich.console import Console
+
     from spark.audit import run_audit, session
     from spark.report import print_table
 
+    console = Console()
     spark = session(args.master, args.shuffle_partitions)
     try:
-        outcome = run_audit(spark, cluster_dir, history, report_dir)
+        outcome = run_audit(spark, cluster_dir, history, report_dir, console)
     finally:
         spark.stop()
-    print_table(outcome.results)
+    print_table(outcome.results, console)
+    console.print(f"audit: {outcome.seconds:.0f} s")
     print(f"report: {outcome.html_path}\njson:   {outcome.json_path}")
     return EXIT_STATUS[outcome.verdict]
 

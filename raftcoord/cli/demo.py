@@ -88,7 +88,7 @@ def run_demo(
 
     spark = session()
     try:
-        outcome = run_audit(spark, data_dir, history, data_dir / "audit")
+        outcome = run_audit(spark, data_dir, history, data_dir / "audit", console)
     finally:
         spark.stop()
     print_table(outcome.results, console)
