@@ -306,6 +306,27 @@ def test_the_nemesis_records_the_planned_hold_in_a_fault_start(tmp_path: Path) -
     assert cluster.killed == [(101, "KILL")]
 
 
+def test_the_final_heal_records_a_restart_of_a_node_down_outside_any_fault(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "cluster.toml"
+    config.write_text('[settings]\n"raft.election.timeout.ms" = [300, 600]\n')
+    cluster = _Cluster(config)
+    cluster.state.nodes = [_Node(1), _Node(101)]  # type: ignore[attr-defined]
+    cluster.wait_for_leaders = lambda timeout_s: {0: 1}  # type: ignore[attr-defined]
+    cluster.down.add(101)  # crashed by itself
+    path = tmp_path / "history.jsonl"
+    with History(path) as history:
+        nemesis = Nemesis(cluster, history, ["plog-restart"], 0.1, 1, say=lambda _: None)  # type: ignore[arg-type]
+        nemesis.heal()
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(e["phase"], e["fault"], e["targets"]) for e in events] == [
+        ("start", "heal-restart", [101]),
+        ("end", "heal-restart", [101]),
+    ]
+    assert cluster.alive(101) and cluster.killed == [(1, "CONT")]
+
+
 # --- a whole page ------------------------------------------------------------------------------
 
 

@@ -36,6 +36,9 @@ START_ATTEMPTS = 5
 NEW_LEADER_TIMEOUT_S = 10.0
 #: How long a disk fault's end waits for its node to stop on a failed fsync.
 DISK_STOP_TIMEOUT_S = 10.0
+#: The ``fault`` of the events around a restart by the final heal of a node
+#: that was down outside any fault (docs/history.md).
+HEAL_RESTART = "heal-restart"
 #: History ops that are not client operations (a fault's failed requests
 #: are the client operations that failed or ended unknown while it lasted).
 NOT_CLIENT_OPS = ("run", "fault", "final")
@@ -295,8 +298,21 @@ class Nemesis:
         assert state is not None
         for record in state.nodes:
             if not self.cluster.alive(record.node_id):
-                self.say(f"nemesis: node {record.node_id} was down outside any fault; restarting")
-                self.cluster.start(record.node_id)
+                detail = f"node {record.node_id} was down outside any fault"
+                self.say(f"nemesis: {detail}; restarting")
+                # Recorded as a fault of its own: a restart the audit must know of.
+                for phase in ("start", "end"):
+                    if phase == "end":
+                        self.cluster.start(record.node_id)
+                    self.history.event(
+                        "nemesis",
+                        "info",
+                        "fault",
+                        phase=phase,
+                        fault=HEAL_RESTART,
+                        targets=[record.node_id],
+                        detail=detail if phase == "start" else "restarted by the final heal",
+                    )
             else:
                 self.cluster.kill(record.node_id, "CONT")
         self.cluster.wait_for_leaders(HEAL_TIMEOUT_S)
