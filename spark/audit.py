@@ -69,9 +69,16 @@ class AuditOutcome:
         return {r.name for r in self.results if r.status == "FAIL"}
 
 
-def session(master: str = "local[*]", shuffle_partitions: int = 8) -> SparkSession:
+def session(master: str = "local[*]", shuffle_partitions: int | None = None) -> SparkSession:
     """A SparkSession for the audit: quiet logging, executors on this Python, the audit's
-    package shipped to them, and its data sources registered."""
+    package shipped to them, and its data sources registered.
+
+    ``shuffle_partitions`` defaults to this machine's cores. In local mode adaptive
+    query execution is off: on one machine's data it only splits each of the audit's
+    queries into a job per shuffle stage (146 jobs and 384 stages for one audit
+    against 51 and 165 without it; 10,000 values audited in 34 s instead of 45 s).
+    """
+    partitions = shuffle_partitions or os.cpu_count() or 2
     # Executors run the data sources' readers: they need kafka-python and pyarrow,
     # which this interpreter has (spark.pyspark.python or PYSPARK_PYTHON overrides).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -83,7 +90,8 @@ def session(master: str = "local[*]", shuffle_partitions: int = 8) -> SparkSessi
         .appName("raftcoord-audit")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.sql.adaptive.enabled", str(not master.startswith("local")).lower())
         .config("spark.sql.autoBroadcastJoinThreshold", "32m")
         .config("spark.driver.memory", os.environ.get("RAFTCOORD_AUDIT_DRIVER_MEMORY", "2g"))
         .config("spark.driver.extraJavaOptions", java_options)

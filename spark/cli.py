@@ -47,7 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--report", help="directory for audit.json and audit.html (default CLUSTER_DIR/audit)"
     )
-    p.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions")
+    p.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        help="spark.sql.shuffle.partitions (default: this machine's cores)",
+    )
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -34,6 +34,8 @@ from typing import Any
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+#: The highest producer epoch a batch can carry (a signed 16-bit field).
+MAX_EPOCH = 32_767
 INPUT = "input"
 EVENTS = "events"
 OUTPUT = "output"
@@ -410,6 +412,8 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
         b.transition(proc, pid, 0, None, "EMPTY")
         state[proc] = (pid, 0, 0, "EMPTY")
 
+    next_pid = [len(procs)]
+
     def step(
         proc: str,
         writes: list[Write],
@@ -417,6 +421,15 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
         offsets: list[list[Any]] | None = None,
     ) -> None:
         pid, epoch, n, st = state[proc]
+        if epoch + 1 >= MAX_EPOCH:
+            # Its epochs are spent (each transaction bumps one): as a coordinator
+            # does, the transactional id goes on under a new producer id from epoch 0.
+            pid, epoch = next_pid[0], 0
+            next_pid[0] += 1
+            b.event(proc, "invoke", "init")
+            b.event(proc, "ok", "init", producer_id=pid, producer_epoch=0)
+            b.transition(proc, pid, 0, st, "EMPTY")
+            st = "EMPTY"
         st = b.transaction(proc, pid, epoch, n, writes, commit, st or "EMPTY", offsets)
         state[proc] = (pid, epoch + 1, n + 1, st)
 

@@ -27,7 +27,9 @@ from spark import audit, stats, synthetic
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument(
+        "--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default: cores)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
