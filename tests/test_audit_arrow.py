@@ -79,4 +79,4 @@ def test_a_reader_cuts_its_rows_into_batches_of_the_set_size(
     assert [b.num_rows for b in batches] == [50] * (len(rows) // 50) + (
         [len(rows) % 50] if len(rows) % 50 else []
     )
-    assert [tuple(r.values()) for b in batches for r in b.to_pylist()][0] == rows[0]
+    assert [tuple(r.values()) for b in batches for r in b.to_pylist()] == rows
