@@ -8,7 +8,6 @@ waits, within a bound, for what the page must come to show."""
 
 from __future__ import annotations
 
-import os
 import re
 import select
 import shlex
@@ -19,27 +18,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from raftcoord.client import Admin, Producer, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.v1 import coordinator_pb2, coordinator_pb2_grpc, partition_log_pb2_grpc
 from tests import plog_client
+from tests.browser import chromium_page
 from tests.local_cluster import running_cluster
 
 pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 #: How long the console may take to show what happened in the cluster (it
 #: asks every half second here).
 SHOWN_MS = 30_000
@@ -106,16 +96,8 @@ def console(cluster: LocalCluster, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def page() -> Iterator[Page]:
-    """A page of headless Chromium (closed, with its processes, after the test)."""
-    assert os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing: `make install` installs it"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=60_000
-        )
-        try:
-            yield browser.new_page(viewport={"width": 1400, "height": 1000})
-        finally:
-            browser.close()
+    with chromium_page(1400) as opened:
+        yield opened
 
 
 def partition_owner(cluster: LocalCluster, topic: str, partition: int) -> str:

@@ -10,7 +10,6 @@ is static: every wait is bounded, none is a sleep."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,23 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from spark import audit, synthetic
 from spark.synthetic import Run
+from tests.browser import chromium_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 #: The page is one file with nothing to fetch: it is complete at once.
 SHOWN_MS = 10_000
 SEED = 11
@@ -112,16 +102,8 @@ def audited(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Audited:
 
 @pytest.fixture
 def page() -> Iterator[Page]:
-    """A page of headless Chromium (closed, with its processes, after the test)."""
-    assert os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing: `make install` installs it"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=60_000
-        )
-        try:
-            yield browser.new_page(viewport={"width": 1300, "height": 1000})
-        finally:
-            browser.close()
+    with chromium_page(1300) as opened:
+        yield opened
 
 
 def test_the_report_shows_the_verdict_the_run_the_lanes_and_every_shard(
