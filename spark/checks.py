@@ -674,7 +674,7 @@ class Audit:
         applied = tr.select("node", "shard", "index").distinct()
         # The entries a snapshot brought a replica: after its line before the marker,
         # up to the marker's index.
-        earlier = self.snapshot_markers.alias("m").join(
+        earlier = self.snapshot_markers.join(
             tr.select("node", "shard", F.col("line").alias("t_line"), F.col("index").alias("t")),
             ["node", "shard"],
             "left",

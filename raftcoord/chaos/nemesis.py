@@ -255,16 +255,21 @@ class Nemesis:
         runs and every shard has a leader (what the next fault starts from)."""
         said = False
         while not self._stop.is_set():
-            with self._lock:
-                active = list(self._active)
-            for fault in active:
-                self._end(fault)
-            if not active and self._recovered():
+            if self._end_active() and self._recovered():
                 return
             if not said:
                 self.say("nemesis: waiting for the cluster to recover before the next fault")
                 said = True
             self._stop.wait(0.5)
+
+    def _end_active(self) -> bool:
+        """Try to end every fault in progress; whether none is left."""
+        with self._lock:
+            active = list(self._active)
+        for fault in active:
+            self._end(fault)
+        with self._lock:
+            return not self._active
 
     def _recovered(self) -> bool:
         state = self.cluster.state
@@ -281,14 +286,7 @@ class Nemesis:
         (SIGCONT to all, heal the network); wait for every shard's leader."""
         self._stop.set()
         deadline = time.monotonic() + HEAL_TIMEOUT_S
-        while True:
-            with self._lock:
-                active = list(self._active)
-            for fault in active:
-                self._end(fault)
-            with self._lock:
-                if not self._active:
-                    break
+        while not self._end_active():
             if time.monotonic() > deadline:
                 raise ClusterError(f"could not heal: {self.current()}")
             time.sleep(1.0)

@@ -35,12 +35,11 @@ from raftcoord.chaos.commands import (
 from raftcoord.chaos.workload import Options, Workload
 from raftcoord.cluster import netns, node_faults
 from raftcoord.cluster.launcher import LocalCluster
+from spark.cli import EXIT_STATUS
 
 #: Quiet time between one fault's recovery and the next fault: short, so that
 #: every kind fits in the demo's minute.
 FAULT_INTERVAL_S = 2.0
-#: The exit status of each verdict.
-EXIT_STATUS = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 2}
 
 
 def run_demo(
