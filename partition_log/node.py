@@ -43,13 +43,19 @@ from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
+from raftcoord.protocol.data_files import PARTITION_LOG, DataFilesService
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.health import Health
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.metrics import Metrics, RpcMetrics
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
 from raftcoord.protocol.tls import Authorizer, add_port, cluster_refusal, node_identity
-from raftcoord.protocol.v1 import partition_log_pb2, partition_log_pb2_grpc
+from raftcoord.protocol.v1 import (
+    data_files_pb2,
+    data_files_pb2_grpc,
+    partition_log_pb2,
+    partition_log_pb2_grpc,
+)
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -496,9 +502,21 @@ class PartitionNode:
             confirm_epoch=self.view.confirm_coordinator_epoch,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
+        data_files_pb2_grpc.add_DataFilesServicer_to_server(
+            DataFilesService(
+                self.data_dir,
+                self.node_id,
+                PARTITION_LOG,
+                lambda context: cluster_refusal(self.config, context),
+            ),
+            self._server,
+        )
         self.health = Health(
             self._server,
-            [partition_log_pb2.DESCRIPTOR.services_by_name["PartitionLog"].full_name],
+            [
+                partition_log_pb2.DESCRIPTOR.services_by_name["PartitionLog"].full_name,
+                data_files_pb2.DESCRIPTOR.services_by_name["DataFiles"].full_name,
+            ],
             self.can_serve,
         )
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:

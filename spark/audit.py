@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pyspark import SparkFiles
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from rich.console import Console
 
-from spark import checks, report, sources, stats
+from spark import checks, nodes, report, sources, stats
 from spark.progress import spark_progress
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -117,13 +117,24 @@ def _package_zip(spark_files: Path) -> Path:
     return target
 
 
+#: Where the audit reads a cluster's data files: its directory (local mode),
+#: or its nodes over the network (:mod:`spark.nodes`).
+ClusterFiles = Path | nodes.Cluster
+
+
 def audit(
-    spark: SparkSession, cluster_dir: Path, history: Path | None
+    spark: SparkSession, cluster: ClusterFiles, history: Path | None
 ) -> tuple[checks.Audit, list[checks.CheckResult]]:
     """Read the inputs through the data sources and run every check."""
     sources.register(spark)
-    segments = spark.read.format(sources.SEGMENTS).load(str(cluster_dir))
-    transitions = spark.read.format(sources.TRANSITIONS).load(str(cluster_dir))
+
+    def load(source: str) -> DataFrame:
+        if isinstance(cluster, nodes.Cluster):
+            return spark.read.format(source).options(**cluster.options()).load()
+        return spark.read.format(source).load(str(cluster))
+
+    segments = load(sources.SEGMENTS)
+    transitions = load(sources.TRANSITIONS)
     events = None if history is None else spark.read.format(sources.HISTORY).load(str(history))
     job = checks.Audit(segments, transitions, events)
     return job, job.run()
@@ -131,7 +142,7 @@ def audit(
 
 def run_audit(
     spark: SparkSession,
-    cluster_dir: Path,
+    cluster: ClusterFiles,
     history: Path | None,
     report_dir: Path,
     console: Console | None = None,
@@ -141,55 +152,65 @@ def run_audit(
     started = time.monotonic()
     try:
         with spark_progress(spark, console or Console(quiet=True), "checks"):
-            job, results = audit(spark, cluster_dir, history)
+            job, results = audit(spark, cluster, history)
         with spark_progress(spark, console or Console(quiet=True), "report figures"):
             figures = stats.collect(job)
     finally:
         spark.catalog.clearCache()
+    where = (
+        {"cluster config": str(cluster.config)}
+        if isinstance(cluster, nodes.Cluster)
+        else {"cluster dir": str(cluster)}
+    )
     inputs = {
-        "cluster dir": str(cluster_dir),
+        **where,
         "history": str(history) if history else "none",
         "master": spark.sparkContext.master,
         AUDIT_SECONDS: round(time.monotonic() - started, 1),
     }
-    document = report.to_json(results, figures, inputs, describe_cluster(cluster_dir))
+    document = report.to_json(results, figures, inputs, describe_cluster(cluster))
     json_path, html_path = report.write(report_dir, document)
     return AuditOutcome(results, document, json_path, html_path)
 
 
-def describe_cluster(cluster_dir: Path) -> dict[str, Any]:
+def describe_cluster(cluster: ClusterFiles) -> dict[str, Any]:
     """What the cluster directory says of the cluster, read on the driver
     (small files): ``shards``, every shard that a coordinator's directory
     (``node-N/shard-S/``) or the config's ``shard_count`` names; from
     ``cluster.json`` (the launcher's record) or else ``cluster.toml``, the
     ``nodes`` per kind and ``shard_count``; from ``cluster.toml``, its
-    ``settings``. A piece that is missing or cannot be read is left out."""
+    ``settings``. A piece that is missing or cannot be read is left out.
+    Audited over the network, the same from the cluster's config alone."""
     shards: set[int] = set()
-    for node_dir in _subdirs(cluster_dir):
-        if _NODE_DIR.fullmatch(node_dir.name):
-            for shard_dir in _subdirs(node_dir):
-                found = _SHARD_DIR.fullmatch(shard_dir.name)
-                if found:
-                    shards.add(int(found[1]))
-    state = _read(cluster_dir / STATE_FILE, json.loads)
-    config = _read(cluster_dir / CONFIG_FILE, tomllib.loads)
+    if isinstance(cluster, nodes.Cluster):
+        state: dict[str, Any] = {}
+        config = _read(cluster.config, tomllib.loads)
+    else:
+        for node_dir in _subdirs(cluster):
+            if _NODE_DIR.fullmatch(node_dir.name):
+                for shard_dir in _subdirs(node_dir):
+                    found = _SHARD_DIR.fullmatch(shard_dir.name)
+                    if found:
+                        shards.add(int(found[1]))
+        state = _read(cluster / STATE_FILE, json.loads)
+        config = _read(cluster / CONFIG_FILE, tomllib.loads)
     if not config and isinstance(state.get("config"), str):
         config = _read(Path(state["config"]), tomllib.loads)
     out: dict[str, Any] = {}
-    nodes: dict[str, list[int]] = {}
+    ids_by_kind: dict[str, list[int]] = {}
     if isinstance(state.get("nodes"), list):
         for node in state["nodes"]:
             if isinstance(node, dict) and isinstance(node.get("node_id"), int):
                 kind = str(node.get("kind"))
-                nodes.setdefault(_NODE_KINDS.get(kind, kind), []).append(node["node_id"])
+                ids_by_kind.setdefault(_NODE_KINDS.get(kind, kind), []).append(node["node_id"])
     else:
         for key, words in _CONFIG_NODES.items():
             entries = config.get(key)
             ids = [n["id"] for n in entries or [] if isinstance(n, dict) and "id" in n]
             if isinstance(entries, list) and ids:
-                nodes[words] = ids
-    if nodes:
-        out["nodes"] = {kind: sorted(ids) for kind, ids in nodes.items()}
+                ids_by_kind[words] = ids
+    if ids_by_kind:
+        out["nodes"] = {kind: sorted(ids) for kind, ids in ids_by_kind.items()}
     shard_count = state.get("shard_count", config.get("shard_count"))
     if isinstance(shard_count, int) and shard_count > 0:
         out["shard_count"] = shard_count

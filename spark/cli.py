@@ -1,11 +1,16 @@
 """``raftcoord audit``: the Spark exactly-once audit of a run.
 
     raftcoord audit --cluster-dir DIR [--history FILE] [--master URL] [--report DIR]
+    raftcoord audit --cluster-config cluster.toml [--ssl-...] [--history FILE] ...
 
 also runnable as ``python -m spark ...`` or ``spark-submit spark/__main__.py ...``.
 Local mode (``local[*]``) by default; with ``--master spark://HOST:PORT`` the
 same job runs on a standalone cluster, whose executors read the files (the
-paths must be readable from them). Prints the checks and the verdict,
+paths must be readable from them). With ``--cluster-config`` the data files
+are read from the nodes the config lists, over their DataFiles RPC
+(:mod:`spark.nodes`): a cluster on several hosts is audited in place, the
+executors calling the nodes with a node's or a super user's certificate
+(by default the config's ``[tls]`` directory's ``admin``). Prints the checks and the verdict,
 writes ``audit.json`` and ``audit.html`` into the report directory, and
 exits 0 on PASS, 1 on FAIL, 2 on INCOMPLETE (a check did not run; also
 argparse's usage errors), 64 when the inputs are not a run's.
@@ -19,8 +24,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raftcoord.chaos.arguments import HISTORY_FILE
+
+if TYPE_CHECKING:
+    from spark.nodes import Cluster
 
 #: The exit status of each verdict.
 EXIT_STATUS = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 2}
@@ -37,7 +46,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster-dir", required=True, help="the cluster's data directory")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--cluster-dir", help="the cluster's data directory")
+    where.add_argument(
+        "--cluster-config",
+        help="the cluster's config (cluster.toml): read the data files from its nodes",
+    )
+    for flag, what in (
+        ("--ssl-cafile", "the cluster CA's certificate (default: the config's ca_file)"),
+        ("--ssl-certfile", "a node's or super user's certificate (default: CERT_DIR/admin.pem)"),
+        ("--ssl-keyfile", "its key (default: CERT_DIR/admin.key)"),
+    ):
+        p.add_argument(flag, help=f"with --cluster-config of a cluster with [tls]: {what}")
     p.add_argument(
         "--history",
         help="the workload's history.jsonl (docs/history.md); default CLUSTER_DIR/"
@@ -45,7 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     p.add_argument(
-        "--report", help="directory for audit.json and audit.html (default CLUSTER_DIR/audit)"
+        "--report",
+        help="directory for audit.json and audit.html (default CLUSTER_DIR/audit, "
+        "or ./audit with --cluster-config)",
     )
     p.add_argument(
         "--shuffle-partitions",
@@ -62,15 +84,25 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Run the audit from parsed arguments; returns the exit status."""
-    cluster_dir = Path(args.cluster_dir).resolve()
-    history = history_of(cluster_dir, args.history)
-    if history is not None and not args.history:
-        print(f"history: {history} (the workload's, in the cluster directory)")
-    problem = _check_inputs(cluster_dir, history)
-    if problem is not None:
-        print(f"raftcoord audit: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUTS
-    report_dir = Path(args.report).resolve() if args.report else cluster_dir / "audit"
+    cluster: Path | Cluster
+    if args.cluster_config:
+        history = Path(args.history).resolve() if args.history else None
+        found = _network_inputs(args, history)
+        if isinstance(found, str):
+            print(f"raftcoord audit: {found}", file=sys.stderr)
+            return EXIT_BAD_INPUTS
+        cluster = found
+        report_dir = Path(args.report or "audit").resolve()
+    else:
+        cluster = Path(args.cluster_dir).resolve()
+        history = history_of(cluster, args.history)
+        if history is not None and not args.history:
+            print(f"history: {history} (the workload's, in the cluster directory)")
+        problem = _check_inputs(cluster, history)
+        if problem is not None:
+            print(f"raftcoord audit: {problem}", file=sys.stderr)
+            return EXIT_BAD_INPUTS
+        report_dir = Path(args.report).resolve() if args.report else cluster / "audit"
     from rich.console import Console
 
     from spark.audit import run_audit, session
@@ -79,7 +111,7 @@ def command(args: argparse.Namespace) -> int:
     console = Console()
     spark = session(args.master, args.shuffle_partitions)
     try:
-        outcome = run_audit(spark, cluster_dir, history, report_dir, console)
+        outcome = run_audit(spark, cluster, history, report_dir, console)
     finally:
         spark.stop()
     print_table(outcome.results, console)
@@ -109,6 +141,36 @@ def _check_inputs(cluster_dir: Path, history: Path | None) -> str | None:
     if history is not None and not history.is_file():
         return f"--history {history} is not a file"
     return None
+
+
+def _network_inputs(args: argparse.Namespace, history: Path | None) -> Cluster | str:
+    """The cluster ``--cluster-config`` names with the TLS files to call its
+    nodes with, or why it cannot be audited."""
+    from raftcoord.protocol.config import ConfigError, load_config
+    from raftcoord.protocol.tls import ADMIN_CERT_NAME
+    from spark.nodes import Cluster
+
+    path = Path(args.cluster_config).resolve()
+    try:
+        config = load_config(path)
+    except (OSError, ConfigError) as exc:
+        return f"--cluster-config {path}: {exc}"
+    if history is not None and not history.is_file():
+        return f"--history {history} is not a file"
+    given = (args.ssl_cafile, args.ssl_certfile, args.ssl_keyfile)
+    if config.tls is None:
+        if any(given):
+            return f"--ssl-* given, but {path} has no [tls] table"
+        return Cluster(path)
+    ca, cert, key = (
+        given[0] or config.tls.ca_file,
+        given[1] or config.tls.cert_dir / f"{ADMIN_CERT_NAME}.pem",
+        given[2] or config.tls.cert_dir / f"{ADMIN_CERT_NAME}.key",
+    )
+    for flag, file in (("--ssl-cafile", ca), ("--ssl-certfile", cert), ("--ssl-keyfile", key)):
+        if not Path(file).is_file():
+            return f"{flag} {file} is not a file ({path} has [tls]: a node's or super user's)"
+    return Cluster(path, (str(ca), str(cert), str(key)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -428,7 +428,7 @@ def _run_section(doc: dict[str, Any]) -> str:
     if inputs.get("master"):
         said.append(f"master {html.escape(str(inputs['master']))}")
     rows.append(("audit", "the audit", ", ".join(s for s in said if s)))
-    for key in ("cluster dir", "history"):
+    for key in ("cluster dir", "cluster config", "history"):
         if key in inputs:
             rows.append(
                 (key.replace(" ", "-"), key, f"<code>{html.escape(str(inputs[key]))}</code>")

@@ -15,6 +15,12 @@ Three sources, each read by the executors (the driver only lists files):
 * ``raftcoord_history``: the workload history (JSON lines, docs/history.md),
   split into byte ranges that end at line boundaries.
 
+The segments and transitions are read from a cluster directory (``load(DIR)``)
+or, with the option ``cluster_config`` (:meth:`spark.nodes.Cluster.options`),
+from the nodes the config lists, over their DataFiles RPC: one input partition
+per (node, log partition) or (node, transitions file), the raw bytes decoded
+here all the same.
+
 A row that cannot be decoded is still returned, with ``problem`` saying why; the
 audit counts every such row as ``unreadable-data`` except a torn tail that a crash
 explains (docs/audit.md).
@@ -22,13 +28,15 @@ explains (docs/audit.md).
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
 import crc32c
 import msgpack
@@ -36,6 +44,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
+
+from raftcoord.protocol.data_files import COORDINATOR, PARTITION_LOG
+from spark import nodes
 
 #: Rows per Arrow record batch a reader hands to Spark.
 ARROW_BATCH_ROWS = 4096
@@ -99,15 +110,30 @@ _HISTORY_SPLIT_BYTES = 32 * 1024 * 1024
 
 
 class FilePartition(InputPartition):
-    """One input partition: a file or directory, and a byte range of it."""
+    """One input partition: a file or directory, and a byte range of it. Read
+    from a node (``address``): its ``files`` (name, size), or the ``problem``
+    that kept the driver from listing them."""
 
-    def __init__(self, path: str, node: int = -1, shard: int = -1, start: int = 0, end: int = -1):
+    def __init__(
+        self,
+        path: str,
+        node: int = -1,
+        shard: int = -1,
+        start: int = 0,
+        end: int = -1,
+        address: str = "",
+        files: tuple[tuple[str, int], ...] = (),
+        problem: str | None = None,
+    ):
         super().__init__(path)
         self.path = path
         self.node = node
         self.shard = shard
         self.start = start
         self.end = end
+        self.address = address
+        self.files = files
+        self.problem = problem
 
 
 def _file_partition(partition: InputPartition) -> FilePartition:
@@ -134,6 +160,8 @@ class SegmentsSource(DataSource):
         return SEGMENTS_SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
+        if "cluster_config" in self.options:
+            return NodeSegmentsReader(nodes.cluster_of(dict(self.options)), schema)
         return SegmentsReader(self.options["path"], schema)
 
 
@@ -195,21 +223,70 @@ class SegmentsReader(ArrowReader):
             yield from read_partition_dir(Path(partition.path), partition.node)
 
 
+class NodeSegmentsReader(ArrowReader):
+    """The segments of every partition-log node the cluster config lists, read
+    over the network (:mod:`spark.nodes`)."""
+
+    def __init__(self, cluster: nodes.Cluster, schema: Any = None) -> None:
+        super().__init__(schema)
+        self.cluster = cluster
+
+    def partitions(self) -> list[FilePartition]:
+        found = []
+        for node in nodes.list_nodes(self.cluster, PARTITION_LOG):
+            if node.problem is not None:
+                found.append(FilePartition("", node.node_id, problem=node.problem))
+                continue
+            for directory, files in node.by_directory().items():
+                found.append(
+                    FilePartition(directory, node.node_id, address=node.address, files=tuple(files))
+                )
+        return found or [FilePartition("")]
+
+    def rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        partition = _file_partition(partition)
+        if partition.problem is not None:
+            yield _problem_row(None, None, partition.node, -1, 0, partition.problem)
+        if not partition.path:
+            return
+        match = _PARTITION_DIR.fullmatch(partition.path)
+        assert match is not None
+        fetcher = nodes.Fetcher(self.cluster, partition.address)
+        try:
+            segments: list[tuple[int, Callable[[], bytes]]] = []
+            gaps: Callable[[], bytes] | None = None
+            for name, size in partition.files:
+                file = name.rpartition("/")[2]
+                load = functools.partial(fetcher.fetch, name, size)
+                if file == OFFSET_GAPS_FILE:
+                    gaps = load
+                elif _SEGMENT_NAME.fullmatch(file):
+                    segments.append((int(file.removesuffix(".log")), load))
+            yield from read_partition(
+                match["topic"], int(match["partition"]), partition.node, segments, gaps
+            )
+        finally:
+            fetcher.close()
+
+
 #: The partition log's record of offsets never handed out: msgpack [[from, to], ...]
 #: then the CRC-32C of those bytes (u32, little-endian).
 OFFSET_GAPS_FILE = "offset-gaps"
 
 
-def read_offset_gaps(directory: Path) -> tuple[set[tuple[int, int]], str | None]:
+def read_offset_gaps(load: Callable[[], bytes] | None) -> tuple[set[tuple[int, int]], str | None]:
     """The (from, to) offset gaps a partition recorded when it continued its
     log at a reserved offset after a possible loss (a new segment at ``to``
     may follow offset ``from``), and why the file could not be read (None:
-    it could, or there is none)."""
-    path = directory / OFFSET_GAPS_FILE
+    it could, or there is none). ``load`` reads the file; None: there is none."""
+    if load is None:
+        return set(), None
     try:
-        data = path.read_bytes()
+        data = load()
     except FileNotFoundError:
         return set(), None
+    except OSError as exc:
+        return set(), f"{OFFSET_GAPS_FILE}: {exc}"
     body, tail = data[:-4], data[-4:]
     if len(data) < 4 or crc32c.crc32c(body) != int.from_bytes(tail, "little"):
         return set(), f"{OFFSET_GAPS_FILE}: CRC-32C mismatch"
@@ -233,20 +310,44 @@ def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
     """
     match = _PARTITION_DIR.fullmatch(directory.name)
     assert match is not None
-    topic, index = match["topic"], int(match["partition"])
     segments = sorted(p for p in directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
-    gaps, damaged = read_offset_gaps(directory)
+    gaps = directory / OFFSET_GAPS_FILE
+    yield from read_partition(
+        match["topic"],
+        int(match["partition"]),
+        node,
+        [(int(p.stem), p.read_bytes) for p in segments],
+        gaps.read_bytes if gaps.exists() else None,
+    )
+
+
+def read_partition(
+    topic: str,
+    index: int,
+    node: int,
+    segments: list[tuple[int, Callable[[], bytes]]],
+    gaps_file: Callable[[], bytes] | None,
+) -> Iterator[tuple[Any, ...]]:
+    """Every record of one partition (:func:`read_partition_dir`), its segments
+    given as (base offset, a function that reads the segment's bytes) and its
+    offset-gaps file as a function that reads it (None: there is none)."""
+    gaps, damaged = read_offset_gaps(gaps_file)
     if damaged is not None:
         yield _problem_row(topic, index, node, -1, 0, damaged)
     # The offset the next batch must start at (None after an untrusted batch: unknown),
     # and the last offset of the last trusted batch (offsets only go up).
     expected: int | None = None
     floor = -1
-    for n, path in enumerate(segments):
-        base = int(path.stem)
-        data = path.read_bytes()
-        last_segment = n == len(segments) - 1
+    segments = sorted(segments, key=lambda s: s[0])
+    for n, (base, load) in enumerate(segments):
         where = (topic, index, node, base)
+        try:
+            data = load()
+        except OSError as exc:
+            yield _problem_row(*where, 0, f"segment {base} could not be read: {exc}")
+            expected = None
+            continue
+        last_segment = n == len(segments) - 1
         if expected is not None and base != expected and (expected, base) not in gaps:
             yield _problem_row(*where, 0, f"segment {base} follows offset {expected}")
         elif base <= floor:
@@ -425,8 +526,8 @@ def _marker(key: bytes | None, value: bytes | None) -> tuple[str, int | None]:
 
 
 def _problem_row(
-    topic: str,
-    index: int,
+    topic: str | None,
+    index: int | None,
     node: int,
     segment: int,
     pos: int,
@@ -471,6 +572,8 @@ class TransitionsSource(DataSource):
         return TRANSITIONS_SCHEMA
 
     def reader(self, schema: Any) -> DataSourceReader:
+        if "cluster_config" in self.options:
+            return NodeTransitionsReader(nodes.cluster_of(dict(self.options)), schema)
         return TransitionsReader(self.options["path"], schema)
 
 
@@ -500,7 +603,62 @@ class TransitionsReader(ArrowReader):
             yield from read_transitions_file(Path(partition.path), partition.node, partition.shard)
 
 
+class NodeTransitionsReader(ArrowReader):
+    """The transitions logs of every coordinator the cluster config lists, read
+    over the network (:mod:`spark.nodes`)."""
+
+    def __init__(self, cluster: nodes.Cluster, schema: Any = None) -> None:
+        super().__init__(schema)
+        self.cluster = cluster
+
+    def partitions(self) -> list[FilePartition]:
+        found = []
+        for node in nodes.list_nodes(self.cluster, COORDINATOR):
+            if node.problem is not None:
+                found.append(FilePartition("", node.node_id, problem=node.problem))
+                continue
+            for directory, files in node.by_directory().items():
+                shard = _SHARD_DIR.fullmatch(directory)
+                assert shard is not None
+                found.append(
+                    FilePartition(
+                        directory,
+                        node.node_id,
+                        int(shard["shard"]),
+                        address=node.address,
+                        files=tuple(files),
+                    )
+                )
+        return found or [FilePartition("")]
+
+    def rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        partition = _file_partition(partition)
+        if partition.problem is not None:
+            yield _unreadable_line(partition.node, None, 0, "", partition.problem)
+        if not partition.path:
+            return
+        fetcher = nodes.Fetcher(self.cluster, partition.address)
+        try:
+            for name, size in partition.files:
+                try:
+                    data = fetcher.fetch(name, size)
+                except OSError as exc:
+                    problem = f"could not be read: {exc}"
+                    yield _unreadable_line(partition.node, partition.shard, 0, "", problem)
+                    continue
+                text = io.StringIO(data.decode("utf-8", "backslashreplace"), newline=None)
+                yield from read_transitions(text, partition.node, partition.shard)
+        finally:
+            fetcher.close()
+
+
 def read_transitions_file(path: Path, node: int, shard: int) -> Iterator[tuple[Any, ...]]:
+    """Every line of one replica's transitions log file (:func:`read_transitions`)."""
+    with open(path, encoding="utf-8", errors="backslashreplace") as f:
+        yield from read_transitions(f, node, shard)
+
+
+def read_transitions(f: TextIO, node: int, shard: int) -> Iterator[tuple[Any, ...]]:
     """Every line of one replica's transitions log (schema TRANSITIONS_SCHEMA).
 
     A replica writes each Raft entry's lines, each ending in a newline, with one write:
@@ -510,13 +668,12 @@ def read_transitions_file(path: Path, node: int, shard: int) -> Iterator[tuple[A
     restarted replica (which appends after the torn bytes) is two rows: the torn bytes,
     unreadable, and the whole object written after them.
     """
-    with open(path, encoding="utf-8", errors="backslashreplace") as f:
-        line = f.readline()
-        line_no = 0
-        while line:
-            following = f.readline()
-            yield from _transition_rows(node, shard, line_no, line, last=not following)
-            line, line_no = following, line_no + 1
+    line = f.readline()
+    line_no = 0
+    while line:
+        following = f.readline()
+        yield from _transition_rows(node, shard, line_no, line, last=not following)
+        line, line_no = following, line_no + 1
 
 
 def _transition_rows(
@@ -554,7 +711,7 @@ def _transition_rows(
 
 
 def _unreadable_line(
-    node: int, shard: int, line_no: int, text: str, problem: str
+    node: int, shard: int | None, line_no: int, text: str, problem: str
 ) -> tuple[Any, ...]:
     return (node, shard, line_no, *([None] * 11), text[:200], problem, None)
 

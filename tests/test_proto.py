@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FileDescriptor
 
-from raftcoord.protocol.v1 import admin_pb2, common_pb2, coordinator_pb2, partition_log_pb2
+from raftcoord.protocol.v1 import (
+    admin_pb2,
+    common_pb2,
+    coordinator_pb2,
+    data_files_pb2,
+    partition_log_pb2,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GENERATED_DIR = REPO_ROOT / "raftcoord" / "protocol" / "v1"
@@ -231,3 +237,14 @@ def test_produce_request_preserves_key_presence() -> None:
     assert absent.HasField("value") and absent.value == b"v"
     assert empty.HasField("key") and empty.key == b""
     assert empty.HasField("value") and empty.value == b""
+
+
+def test_data_files_service() -> None:
+    """DataFiles: a unary listing and a server stream of one file's bytes."""
+    service = data_files_pb2.DESCRIPTOR.services_by_name["DataFiles"]
+    listing = service.methods_by_name["ListDataFiles"]
+    reading = service.methods_by_name["ReadDataFile"]
+    assert set(service.methods_by_name) == {"ListDataFiles", "ReadDataFile"}
+    assert not listing.client_streaming and not listing.server_streaming
+    assert not reading.client_streaming and reading.server_streaming
+    assert reading.output_type.name == "DataFileChunk"

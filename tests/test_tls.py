@@ -35,6 +35,8 @@ from raftcoord.protocol.v1 import (
     common_pb2,
     coordinator_pb2,
     coordinator_pb2_grpc,
+    data_files_pb2,
+    data_files_pb2_grpc,
     partition_log_pb2,
     partition_log_pb2_grpc,
 )
@@ -200,3 +202,74 @@ def test_a_node_cannot_forge_a_coordinator_epoch_no_leader_had(cluster: LocalClu
         assert answer.markers[0].groups[0].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
         victim.commit_transaction()
     assert b"committed-despite-a-forged-epoch" in read_committed(cluster)
+
+
+def test_only_the_cluster_reads_a_nodes_data_files_and_only_those(cluster: LocalCluster) -> None:
+    """The DataFiles RPC (the audit's network mode) serves a super user the
+    bytes on disk of a partition node's segments and a coordinator's
+    transitions logs, ranges included; an ordinary client is refused, and no
+    name reaches anything else under or outside the data directory."""
+    with TransactionalProducer(cluster.bootstrap(), "files", **cluster.client_tls()) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(TP.topic, b"on-disk", partition=TP.partition)
+        producer.commit_transaction()
+    (node,) = cluster.partition_nodes()
+    coordinator = cluster.coordinators()[0]
+    segment = f"{TP.topic}-{TP.partition}/{0:020d}.log"
+    on_disk = cluster.data_dir / f"partition-node-{node.node_id}" / segment
+    with cluster.channel(node.grpc, "admin") as channel:
+        files = data_files_pb2_grpc.DataFilesStub(channel)
+        listed = files.ListDataFiles(data_files_pb2.ListDataFilesRequest(), timeout=10)
+        assert (listed.node_id, listed.kind) == (node.node_id, "partition-log")
+        sizes = {f.name: f.size for f in listed.files}
+        assert sizes[segment] > 0 and all(n.startswith(f"{TP.topic}-") for n in sizes)
+
+        def read(name: str, offset: int = 0, length: int = 0) -> bytes:
+            request = data_files_pb2.ReadDataFileRequest(name=name, offset=offset, length=length)
+            return b"".join(c.data for c in files.ReadDataFile(request, timeout=10))
+
+        data = on_disk.read_bytes()
+        assert read(segment) == data and b"on-disk" in data
+        assert read(segment, 5, 20) == data[5:25]
+        assert read(segment, len(data) + 10) == b""
+        (cluster.data_dir / "secret").write_text("not a data file")
+        link = cluster.data_dir / f"partition-node-{node.node_id}" / "linked-0"
+        link.symlink_to(on_disk.parent)
+        try:
+            names = [
+                "../secret",
+                f"{TP.topic}-{TP.partition}/../../secret",
+                "/etc/passwd",
+                "meta.properties",
+                f"{segment}\x00",
+                f"linked-0/{0:020d}.log",
+                f"{TP.topic}-{TP.partition}/{1:020d}.log",
+            ]
+            for name in names:
+                with pytest.raises(grpc.RpcError) as refused:
+                    read(name)
+                assert refused.value.code() is grpc.StatusCode.NOT_FOUND, name
+            listed = files.ListDataFiles(data_files_pb2.ListDataFilesRequest(), timeout=10)
+            assert not any(f.name.startswith("linked-") for f in listed.files)
+        finally:
+            link.unlink()
+        with pytest.raises(grpc.RpcError) as refused:
+            read(segment, -1)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    with cluster.channel(coordinator.grpc, "admin") as channel:
+        listed = data_files_pb2_grpc.DataFilesStub(channel).ListDataFiles(
+            data_files_pb2.ListDataFilesRequest(), timeout=10
+        )
+    assert (listed.node_id, listed.kind) == (coordinator.node_id, "coordinator")
+    assert [f.name for f in listed.files] == ["shard-0/transitions.jsonl"]
+    for address in (node.grpc, coordinator.grpc):
+        with cluster.channel(address, "client") as channel:
+            files = data_files_pb2_grpc.DataFilesStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                files.ListDataFiles(data_files_pb2.ListDataFilesRequest(), timeout=10)
+            assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            request = data_files_pb2.ReadDataFileRequest(name=segment)
+            with pytest.raises(grpc.RpcError) as refused:
+                b"".join(c.data for c in files.ReadDataFile(request, timeout=10))
+            assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED

@@ -58,7 +58,7 @@ from raftcoord.protocol.config import (
     write_raft_key,
 )
 from raftcoord.protocol.routing import preferred_leader
-from raftcoord.protocol.tls import Identity, SslFiles
+from raftcoord.protocol.tls import ADMIN_CERT_NAME, Identity, SslFiles
 from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -74,7 +74,7 @@ RAFT_KEY_FILE = "raft.key"
 #: Where ``--tls`` puts the CA and the certificates, under the cluster directory.
 TLS_DIR = "tls"
 #: The client certificates ``--tls`` makes: a super user and an ordinary client.
-TLS_ADMIN = "admin"
+TLS_ADMIN = ADMIN_CERT_NAME
 TLS_CLIENT = "client"
 TLS_CLIENTS = (TLS_ADMIN, TLS_CLIENT)
 #: Partition-log node ids start here, so that they never collide with coordinator ids.

@@ -48,6 +48,7 @@ from raftcoord.coordinator.shard import (
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
+from raftcoord.protocol.data_files import COORDINATOR, DataFilesService
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.health import Health
 from raftcoord.protocol.metrics import Metrics, RpcMetrics
@@ -58,9 +59,16 @@ from raftcoord.protocol.process import (
     serve,
 )
 from raftcoord.protocol.routing import preferred_leader
-from raftcoord.protocol.tls import add_port, node_identity
+from raftcoord.protocol.tls import add_port, cluster_refusal, node_identity
 from raftcoord.protocol.types import WriteMarkers
-from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    data_files_pb2,
+    data_files_pb2_grpc,
+)
 
 log = logging.getLogger("raftcoord.coordinator.node")
 
@@ -296,11 +304,21 @@ class CoordinatorNode:
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
             AdminService(self, self.config, self.node_id), server
         )
+        data_files_pb2_grpc.add_DataFilesServicer_to_server(
+            DataFilesService(
+                self.data_dir,
+                self.node_id,
+                COORDINATOR,
+                lambda context: cluster_refusal(self.config, context),
+            ),
+            server,
+        )
         self.health = Health(
             server,
             [
                 coordinator_pb2.DESCRIPTOR.services_by_name["TransactionCoordinator"].full_name,
                 admin_pb2.DESCRIPTOR.services_by_name["CoordinatorAdmin"].full_name,
+                data_files_pb2.DESCRIPTOR.services_by_name["DataFiles"].full_name,
             ],
             self.can_serve,
         )

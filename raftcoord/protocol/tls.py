@@ -49,6 +49,9 @@ from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.process import LogLimiter
 
 ANONYMOUS = "User:ANONYMOUS"
+#: The operator's certificate (a super user) beside the nodes' in a ``[tls]``
+#: cert_dir: what ``cluster up --tls`` makes and deploy/ names.
+ADMIN_CERT_NAME = "admin"
 #: The principal a node's call acts for (and the client's address).
 PRINCIPAL_HEADER = "x-raftcoord-principal"
 CLIENT_HOST_HEADER = "x-raftcoord-client-host"
