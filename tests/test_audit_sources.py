@@ -9,12 +9,16 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from raftcoord.cluster.launcher import free_ports
+from spark.nodes import Cluster
 from spark.sources import (
     HISTORY_SCHEMA,
     SEGMENTS_SCHEMA,
     TRANSITIONS_SCHEMA,
     FilePartition,
     HistoryReader,
+    NodeSegmentsReader,
+    NodeTransitionsReader,
     TransitionsReader,
     read_partition_dir,
 )
@@ -254,3 +258,25 @@ def test_a_snapshot_marker_line_is_read_as_one() -> None:
     line = '{"index":5,"term":1,"shard":3,"transactional_id":"t","to":"ONGOING"}\n'
     (row,) = _transition_rows(1, 3, 8, line, last=False)
     assert dict(zip(TRANSITION_COLUMNS, row, strict=True))["snapshot"] is False
+
+
+def test_a_node_that_cannot_be_listed_is_unreadable_data(tmp_path: Path) -> None:
+    """Read over the network, a node that does not answer is a row of its own
+    with the reason (so ``unreadable-data`` fails), never a node left out."""
+    closed = free_ports(3)  # nothing listens there
+    config = tmp_path / "cluster.toml"
+    config.write_text(
+        f'shard_count = 1\n\n[[coordinators]]\nid = 1\ngrpc = "127.0.0.1:{closed[0]}"\n'
+        f'raft = ["127.0.0.1:{closed[1]}"]\n\n[[partition_nodes]]\nid = 101\n'
+        f'grpc = "127.0.0.1:{closed[2]}"\n'
+    )
+    cluster = Cluster(config)
+    for reader, columns in (
+        (NodeSegmentsReader(cluster), SEGMENT_COLUMNS),
+        (NodeTransitionsReader(cluster), TRANSITION_COLUMNS),
+    ):
+        (partition,) = reader.partitions()
+        rows = [dict(zip(columns, r, strict=True)) for r in reader.read(partition)]
+        assert len(rows) == 1
+        port = closed[0] if rows[0]["node"] == 1 else closed[2]
+        assert f"127.0.0.1:{port} answered UNAVAILABLE" in rows[0]["problem"]
