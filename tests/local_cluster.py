@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from raftcoord.client import TopicPartition, TransactionalProducer
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.coordinator.leader import FIRST_CHECK_MS
 
 
 @contextmanager
@@ -33,3 +35,13 @@ def commit_offsets(cluster: LocalCluster, name: str) -> None:
         producer.begin_transaction()
         producer.send_offsets_to_transaction({TopicPartition("t", 0): 1}, f"group-{name}")
         producer.commit_transaction()
+
+
+def after_first_checks(started: float) -> None:
+    """Return once the first imbalance checks of coordinators that were
+    running at ``started`` (time.monotonic()) are over: each checks
+    FIRST_CHECK_MS after it starts, and a test that watches leaderships
+    stay where they are must not see one of those."""
+    remaining = started + FIRST_CHECK_MS / 1000 + 0.5 - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)  # the condition is the time itself

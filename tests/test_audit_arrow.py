@@ -63,7 +63,6 @@ def test_spark_reads_through_arrow_exactly_the_rows_the_readers_make(
         ), name
 
 
-
 def test_a_reader_cuts_its_rows_into_batches_of_the_set_size(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,9 @@
 """The chaos workload with Kafka's client (``--client kafka``): confluent-kafka
 through two Kafka gateways on a local cluster while the nemesis kills
-coordinator leaders and restarts partition-log nodes; the independent
-checker judges the history.
+coordinator leaders and restarts partition-log nodes and, where network
+namespaces can be made (every node and gateway in its own), cuts gateways
+off from the coordinators; the independent checker and the Spark audit
+judge the history and the logs.
 
 The seed is printed; RAFTCOORD_CHAOS_SEED=N replays a run's choices.
 """
@@ -17,7 +19,9 @@ from typing import Any
 import pytest
 
 from raftcoord.chaos.workload import Options, Workload
+from raftcoord.cluster import netns
 from raftcoord.cluster.launcher import ClusterError
+from spark.audit import run_audit
 from tests.history_checker import check
 from tests.history_format import read_history
 from tests.local_cluster import running_cluster
@@ -27,11 +31,13 @@ pytest.importorskip("confluent_kafka")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SEED = int(os.environ.get("RAFTCOORD_CHAOS_SEED", "20261124"))
-FAULTS = ("leader-kill", "plog-restart")
+NETNS = netns.unavailable() is None
+FAULTS = ("leader-kill", "plog-restart", *(("gateway-partition",) if NETNS else ()))
 
 
 @dataclass
 class KafkaRun:
+    cluster_dir: Path
     history: Path
     events: list[dict[str, Any]]
     summary: dict[str, Any]
@@ -41,7 +47,9 @@ class KafkaRun:
 def kafka_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaRun]:
     print(f"chaos seed {SEED} (replay with RAFTCOORD_CHAOS_SEED={SEED})")
     root = tmp_path_factory.mktemp("chaos-kafka")
-    with running_cluster(root / "cluster", partition_nodes=2, kafka_listeners=2) as cluster:
+    with running_cluster(
+        root / "cluster", partition_nodes=2, kafka_listeners=2, netns=NETNS
+    ) as cluster:
         options = Options(
             seed=SEED,
             duration_s=24,
@@ -53,16 +61,17 @@ def kafka_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaRun]:
             fault_interval_s=2.0,
             drain_timeout_s=120,
             client_kind="kafka",
+            every_fault=True,
         )
         history = root / "history.jsonl"
         summary = Workload(cluster, options, history, say=print).run()
-        yield KafkaRun(history, read_history(history), summary)
+        yield KafkaRun(cluster.data_dir, history, read_history(history), summary)
 
 
 def test_the_run_finished_with_faults(kafka_run: KafkaRun) -> None:
     summary = kafka_run.summary
     assert summary["crashed"] == [] and summary["unfinished"] == []
-    assert summary["faults"].get("leader-kill", 0) >= 1
+    assert all(summary["faults"].get(kind, 0) >= 1 for kind in FAULTS), summary["faults"]
     assert summary["ops"]["commit"]["ok"] > 0 and summary["ops"]["offsets"]["ok"] > 0
 
 
@@ -74,6 +83,13 @@ def test_the_history_names_no_producer_identity(kafka_run: KafkaRun) -> None:
 def test_the_independent_checker_finds_nothing(kafka_run: KafkaRun) -> None:
     violations = check(kafka_run.history)
     assert {name: found[:3] for name, found in violations.items() if found} == {}
+
+
+def test_the_audit_passes(kafka_run: KafkaRun, spark: Any, tmp_path: Path) -> None:
+    outcome = run_audit(spark, kafka_run.cluster_dir, kafka_run.history, tmp_path / "report")
+    assert outcome.verdict == "PASS", [
+        (r.name, r.status, r.skipped, r.examples[:2]) for r in outcome.results if r.status != "PASS"
+    ]
 
 
 def test_the_kafka_client_needs_gateways(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
 from tests.coord_client import Coordinators, partitions
-from tests.local_cluster import running_cluster
+from tests.local_cluster import after_first_checks, running_cluster
 
 pytestmark = pytest.mark.slow
 ABORT_SWEEP_MS = 100
@@ -796,23 +797,49 @@ def test_a_waiting_request_is_answered_not_coordinator_when_the_leadership_ends(
         client.close()
 
 
-def test_shard_leaders_spread_and_return_to_their_preferred_coordinator(
-    cluster: LocalCluster,
-) -> None:
-    preferred = cluster.preferred_leaders()
-    assert len(set(preferred.values())) == 3
-    assert cluster.wait_for_leaders() == preferred  # the cluster started so
-    shard, node = 0, preferred[0]
-    cluster.kill(node, "KILL")
-    cluster.wait_until(
-        lambda: cluster.leaders().get(shard) not in (None, node),
-        30,
-        f"shard {shard} did not elect another leader",
-    )
-    cluster.start(node)
-    # Caught up again, the preferred node takes its shard back.
-    cluster.wait_until(
-        lambda: cluster.leaders() == preferred,
-        30,
-        f"shard {shard} did not return to node {node}",
-    )
+def test_a_restarted_node_gets_its_shard_back_at_a_check_or_an_election(tmp_path: Path) -> None:
+    """auto.leader.rebalance.enable waits as Kafka's does: the leaders spread
+    over the nodes, a restarted preferred node does not take its shard back
+    before an imbalance check (an hour away here), an operator's preferred
+    leader election moves it at once, and after every node restarted the
+    first checks (5 s after each start) restore the preferred leaders."""
+    settings = {"leader.imbalance.check.interval.seconds": 3600}
+    with running_cluster(tmp_path / "cluster", partition_nodes=0, settings=settings) as cluster:
+        preferred = cluster.preferred_leaders()
+        assert len(set(preferred.values())) == 3
+        assert cluster.leaders() == preferred  # the cluster started so
+        after_first_checks(time.monotonic())
+        shard, node = 0, preferred[0]
+        cluster.kill(node, "KILL")
+        cluster.wait_until(
+            lambda: cluster.leaders().get(shard) not in (None, node),
+            30,
+            f"shard {shard} did not elect another leader",
+        )
+        other = cluster.leaders()[shard]
+        cluster.start(node)
+
+        def caught_up() -> bool:
+            mine, theirs = cluster.node_status(node), cluster.node_status(other)
+            return (
+                mine is not None
+                and theirs is not None
+                and mine.shards[shard].applied_index >= theirs.shards[shard].commit_index
+            )
+
+        cluster.wait_until(caught_up, 30, f"node {node} did not catch up")
+        moved = cluster.wait_until(
+            lambda: cluster.leaders().get(shard) != other, 3, "", raise_on_timeout=False
+        )
+        assert not moved, f"shard {shard} moved from node {other} before any check"
+        assert cluster.elect_preferred_leaders() == preferred
+        assert cluster.leaders() == preferred
+        for coordinator in cluster.coordinators():
+            cluster.kill(coordinator.node_id, "KILL")
+        for coordinator in cluster.coordinators():
+            cluster.start(coordinator.node_id)
+        cluster.wait_until(
+            lambda: cluster.leaders() == preferred,
+            30,
+            "the first imbalance checks did not restore the preferred leaders",
+        )

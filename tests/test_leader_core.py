@@ -23,11 +23,13 @@ from fsm import (
     decode_command,
 )
 from raftcoord.coordinator.leader import (
+    FIRST_CHECK_MS,
     MAX_ENTRIES_IN_FLIGHT,
     PARK_MARGIN_MS,
-    TRANSFER_AFTER_MS,
+    TRANSFER_GRACE_MS,
     TRANSFER_HOLD_MS,
     TRANSFER_RETRY_MS,
+    ImbalanceChecks,
     LeaderClock,
     LeaderCore,
     NeedsProducerId,
@@ -35,6 +37,7 @@ from raftcoord.coordinator.leader import (
     Stamp,
     Unstamped,
     covering_outcome,
+    imbalanced,
     park_deadline,
     park_key,
     timed_out_abort,
@@ -57,9 +60,16 @@ class Queued:
     parkable: bool = True
 
 
+#: leader.imbalance.check.interval.seconds of the tests' leaders, in ms.
+INTERVAL_MS = 300_000
+
+
 def core(block_size: int = 10, clock: FakeClock | None = None) -> LeaderCore:
+    """A leader whose node started at the clock's time (its first imbalance
+    check FIRST_CHECK_MS later, then every INTERVAL_MS)."""
+    clock = clock or FakeClock()
     layout = TransactionStateMachine(0, 1, None, block_size).state.pids.layout
-    leader = LeaderCore(layout, clock or FakeClock())
+    leader = LeaderCore(layout, clock, ImbalanceChecks(clock.now_ms, INTERVAL_MS))
     leader.elected(7)
     return leader
 
@@ -343,12 +353,12 @@ def test_the_preferred_leader_never_transfers() -> None:
         assert not leader.transfer_due(clock.now_ms)
 
 
-def test_another_leader_transfers_after_leading_a_while_with_no_entry_in_flight() -> None:
+def test_another_leader_waits_for_the_nodes_check_and_no_entry_in_flight() -> None:
     clock = FakeClock()
     leader = core(clock=clock)
     assert not leader.transfer_due(clock.now_ms)  # not ready yet
     leader.became_ready(clock.now_ms, preferred=False)
-    clock.now_ms += TRANSFER_AFTER_MS - 1
+    clock.now_ms += FIRST_CHECK_MS - 1
     assert not leader.transfer_due(clock.now_ms)
     clock.now_ms += 1
     assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
@@ -357,11 +367,53 @@ def test_another_leader_transfers_after_leading_a_while_with_no_entry_in_flight(
     assert leader.transfer_due(clock.now_ms)
 
 
+def test_a_leadership_that_begins_after_the_first_check_waits_for_the_next() -> None:
+    """A restarted preferred node does not get its shard back at once: the
+    leader that took over waits for its node's next periodic check."""
+    clock = FakeClock()
+    started = clock.now_ms
+    leader = core(clock=clock)
+    clock.now_ms = started + FIRST_CHECK_MS + 1_000
+    leader.became_ready(clock.now_ms, preferred=False)
+    for later in (0, 60_000, INTERVAL_MS - 1_001):
+        assert not leader.transfer_due(clock.now_ms + later)
+    assert leader.transfer_due(started + FIRST_CHECK_MS + INTERVAL_MS)
+
+
+def test_a_balanced_check_or_one_without_a_moment_to_transfer_waits_for_the_next() -> None:
+    clock = FakeClock()
+    check = clock.now_ms + FIRST_CHECK_MS
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=False)
+    assert leader.transfer_due(check)
+    leader.balanced(check)  # the preferred node's imbalance is within bounds
+    assert not leader.transfer_due(check + INTERVAL_MS - 1)
+    assert leader.transfer_due(check + INTERVAL_MS)
+    # The follower's log never matched within the grace: the check gives up.
+    assert not leader.transfer_due(check + INTERVAL_MS + TRANSFER_GRACE_MS)
+    assert not leader.transfer_due(check + 2 * INTERVAL_MS - 1)
+    assert leader.transfer_due(check + 2 * INTERVAL_MS)
+
+
+def test_an_operators_election_asks_at_once_whatever_the_imbalance() -> None:
+    clock = FakeClock()
+    leader = core(clock=clock)
+    leader.became_ready(clock.now_ms, preferred=False)
+    clock.now_ms += 1_000
+    assert not leader.transfer_due(clock.now_ms) and not leader.forced
+    assert leader.elect_preferred(clock.now_ms)
+    assert leader.transfer_due(clock.now_ms) and leader.forced
+    preferred = core(clock=clock)
+    preferred.became_ready(clock.now_ms, preferred=True)
+    assert not preferred.elect_preferred(clock.now_ms)
+    assert not preferred.transfer_due(clock.now_ms + INTERVAL_MS)
+
+
 def test_a_transfer_holds_new_entries_then_retries_later() -> None:
     clock = FakeClock()
     leader = core(clock=clock)
     leader.became_ready(clock.now_ms, preferred=False)
-    clock.now_ms += TRANSFER_AFTER_MS
+    clock.now_ms += FIRST_CHECK_MS
     assert leader.transfer_due(clock.now_ms)
     leader.transferred(clock.now_ms)
     asked = clock.now_ms
@@ -379,11 +431,31 @@ def test_a_new_leadership_starts_without_a_transfer_or_a_hold() -> None:
     clock = FakeClock()
     leader = core(clock=clock)
     leader.became_ready(clock.now_ms, preferred=False)
-    clock.now_ms += TRANSFER_AFTER_MS
+    clock.now_ms += FIRST_CHECK_MS
     leader.transferred(clock.now_ms)
     leader.elected(8)
     assert not leader.transfer_due(clock.now_ms + TRANSFER_RETRY_MS)
     assert leader.batch([Queued(add_offsets("a"))], leader.stamp(), never, nowhere) is not None
+
+
+def test_the_imbalance_ratio_is_kafkas() -> None:
+    """Shards 0..5 prefer nodes 1, 2, 3, 1, 2, 3."""
+    preferred = [1, 2, 3, 1, 2, 3]
+    assert not imbalanced([1, 2, 3, 1, 2, 3], preferred, 1, 10)
+    assert imbalanced([2, 2, 3, 1, 2, 3], preferred, 1, 10)  # 1 of 2: 50 % > 10 %
+    assert imbalanced([None, 2, 3, 1, 2, 3], preferred, 1, 10)  # no leader known
+    assert not imbalanced([2, 2, 3, 1, 2, 3], preferred, 1, 50)  # 50 % is not above 50 %
+    assert imbalanced([2, 2, 3, 2, 2, 3], preferred, 1, 99)
+    assert not imbalanced([1, 1, 1], [1, 1, 1], 2, 10)  # no shard prefers node 2
+
+
+def test_checks_come_first_after_the_start_then_every_interval() -> None:
+    checks = ImbalanceChecks(1_000, INTERVAL_MS)
+    first = 1_000 + FIRST_CHECK_MS
+    assert checks.next_at(0) == first and checks.next_at(first) == first
+    assert checks.next_at(first + 1) == first + INTERVAL_MS
+    assert checks.next_at(first + INTERVAL_MS) == first + INTERVAL_MS
+    assert checks.next_at(first + 5 * INTERVAL_MS + 7) == first + 6 * INTERVAL_MS
 
 
 def test_a_request_its_transactions_completion_holds_up_is_parked_not_proposed() -> None:
@@ -434,7 +506,7 @@ def test_no_block_is_requested_while_a_transfer_holds_new_entries() -> None:
     leader = core(clock=clock)
     assert leader.block_due(clock.now_ms)
     leader.became_ready(clock.now_ms, preferred=False)
-    clock.now_ms += TRANSFER_AFTER_MS
+    clock.now_ms += FIRST_CHECK_MS
     leader.transferred(clock.now_ms)
     assert not leader.block_due(clock.now_ms)
     assert not leader.block_due(clock.now_ms + TRANSFER_HOLD_MS - 1)

@@ -194,7 +194,7 @@ def test_kafka_enum_numbers() -> None:
     [
         (coordinator_pb2.DESCRIPTOR, "TransactionCoordinator", COORDINATOR_RPCS),
         (partition_log_pb2.DESCRIPTOR, "PartitionLog", PARTITION_LOG_RPCS),
-        (admin_pb2.DESCRIPTOR, "CoordinatorAdmin", {"NodeStatus", "Ping"}),
+        (admin_pb2.DESCRIPTOR, "CoordinatorAdmin", {"NodeStatus", "Ping", "ElectLeaders"}),
     ],
 )
 def test_service_methods(file: FileDescriptor, service: str, rpcs: set[str]) -> None:

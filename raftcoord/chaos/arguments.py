@@ -32,12 +32,17 @@ def positive_int(text: str) -> int:
     return value
 
 
-#: The nemesis's fault kinds (docs/chaos.md).
+#: The nemesis's fault kinds on the nodes (docs/chaos.md): ``all`` is these.
 FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition", "disk")
+#: Faults on a cluster's Kafka gateways, run only when asked for by name.
+GATEWAY_FAULTS = ("gateway-partition",)
+#: Every fault kind.
+FAULT_KINDS = FAULTS + GATEWAY_FAULTS
 
 
 def parse_faults(text: str) -> tuple[str, ...]:
-    """``"leader-kill,pause"``, ``"all"`` or ``""``/``"none"`` -> fault names.
+    """``"leader-kill,pause"``, ``"all"`` (:data:`FAULTS`) or ``""``/``"none"``
+    -> fault names.
 
     Raises:
         ValueError: an unknown fault name.
@@ -47,9 +52,9 @@ def parse_faults(text: str) -> tuple[str, ...]:
         return ()
     if "all" in names:
         return FAULTS
-    unknown = sorted(set(names) - set(FAULTS))
+    unknown = sorted(set(names) - set(FAULT_KINDS))
     if unknown:
-        raise ValueError(f"unknown fault(s) {unknown}; use {', '.join(FAULTS)}, all or none")
+        raise ValueError(f"unknown fault(s) {unknown}; use {', '.join(FAULT_KINDS)}, all or none")
     return tuple(dict.fromkeys(names))
 
 

@@ -13,7 +13,8 @@ from rich.live import Live
 from rich.table import Table
 
 from raftcoord.chaos.arguments import (
-    FAULTS,
+    FAULT_KINDS,
+    GATEWAY_FAULTS,
     HISTORY_FILE,
     fault_list,
     parse_faults,
@@ -42,8 +43,8 @@ def _common(parser: argparse.ArgumentParser, nemesis_default: str, history_name:
         dest="nemesis",
         type=fault_list,
         default=parse_faults(nemesis_default),
-        help=f"comma-separated faults ({', '.join(FAULTS)}), all or none "
-        f"(default: {nemesis_default})",
+        help=f"comma-separated faults ({', '.join(FAULT_KINDS)}), all (all but "
+        f"{', '.join(GATEWAY_FAULTS)}) or none (default: {nemesis_default})",
     )
     parser.add_argument(
         "--fault-interval",

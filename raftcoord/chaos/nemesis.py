@@ -69,7 +69,7 @@ def plans(seed: int, kinds: Sequence[str], election_timeout_s: float) -> Iterato
         for kind in round_:
             if kind == "pause":
                 hold = election_timeout_s * rng.uniform(2.0, 4.0)
-            elif kind == "partition":
+            elif kind in ("partition", "gateway-partition"):
                 hold = rng.uniform(2.0, 5.0)
             else:
                 hold = rng.uniform(1.0, 3.0)
@@ -139,7 +139,7 @@ class Nemesis:
     Args:
         cluster: the cluster to break (its launcher state is updated on restarts).
         history: where fault events go.
-        kinds: the faults to run (:data:`raftcoord.chaos.arguments.FAULTS`).
+        kinds: the faults to run (:data:`raftcoord.chaos.arguments.FAULT_KINDS`).
         interval_s: quiet time between the end of one fault and the next start.
         seed: the schedule's seed.
         say: prints a line for the user.
@@ -169,12 +169,17 @@ class Nemesis:
         self._stop = threading.Event()
         self._partitions = False  # whether partition faults run (and need healing)
         runnable = list(kinds)
-        if "partition" in runnable:
+        for kind in ("partition", "gateway-partition"):
+            if kind not in runnable:
+                continue
             reason = _why_no_partitions(cluster)
-            self._partitions = reason is None
-            if reason is not None:
-                runnable.remove("partition")
-                self._skip("partition", f"not run: {reason}")
+            if reason is None and kind == "gateway-partition" and not cluster.kafka_gateways():
+                reason = "the cluster has no Kafka gateways (`cluster up --kafka-listeners N`)"
+            if reason is None:
+                self._partitions = True
+            else:
+                runnable.remove(kind)
+                self._skip(kind, f"not run: {reason}")
         state = cluster.state
         if "disk" in runnable and (state is None or state.faults is None):
             runnable.remove("disk")
@@ -324,6 +329,7 @@ class Nemesis:
             "pause": self._pause,
             "plog-restart": self._plog_restart,
             "partition": self._partition,
+            "gateway-partition": self._gateway_partition,
             "disk": self._disk,
         }[plan.kind]
         try:
@@ -564,6 +570,26 @@ class Nemesis:
             lambda: netns.partition(self.cluster, groups),
             end,
             **fields,
+        )
+
+    def _gateway_partition(self, plan: FaultPlan) -> Fault:
+        """Cut one Kafka gateway off from every coordinator (it still
+        reaches the partition-log nodes and the other gateways, and clients
+        still reach it)."""
+        gateways = sorted(n.node_id for n in self.cluster.kafka_gateways())
+        gateway = gateways[plan.choice % len(gateways)]
+        groups = [[gateway], sorted(n.node_id for n in self.cluster.coordinators())]
+
+        def end() -> tuple[str, dict[str, Any]]:
+            netns.heal(self.cluster)
+            return "healed the network", {}
+
+        return self._begin(
+            plan,
+            groups,
+            f"cut Kafka gateway {gateway} off from the coordinators for {plan.hold_s} s",
+            lambda: netns.partition(self.cluster, groups),
+            end,
         )
 
 

@@ -1,4 +1,4 @@
-"""``raftcoord cluster up|status|down|kill|start|partition|heal``: the
+"""``raftcoord cluster up|status|down|kill|start|elect-leaders|partition|heal``: the
 command line of the local cluster launcher (:mod:`raftcoord.cluster.launcher`)
 and of its network namespaces (:mod:`raftcoord.cluster.netns`)."""
 
@@ -53,7 +53,8 @@ def configure(cluster: argparse.ArgumentParser) -> None:
         "--kafka-listeners",
         type=int,
         default=0,
-        help="Kafka wire-protocol gateways (0..9) on 127.0.0.1, for unmodified Kafka "
+        help="Kafka wire-protocol gateways (0..9) on 127.0.0.1 (each in a namespace of its "
+        "own with --netns), for unmodified Kafka "
         "clients (docs/kafka.md) (default: %(default)s)",
     )
     up.add_argument(
@@ -138,7 +139,12 @@ def configure(cluster: argparse.ArgumentParser) -> None:
     kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
     start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
     start.add_argument("node", type=int)
-    for p in (up, partition, heal, status, down, kill, start):
+    elect = sub.add_parser(
+        "elect-leaders",
+        help="move every shard's leadership to its preferred coordinator now "
+        "(Kafka's preferred leader election; otherwise the next imbalance check does)",
+    )
+    for p in (up, partition, heal, status, down, kill, start, elect):
         p.add_argument(
             "--cluster-dir",
             "--data-dir",
@@ -219,6 +225,9 @@ def _run(args: argparse.Namespace) -> int:
         elif args.cluster_command == "start":
             cluster.start(args.node)
             print(f"started node {args.node}")
+        elif args.cluster_command == "elect-leaders":
+            leaders = cluster.elect_preferred_leaders()
+            print(", ".join(f"shard {s}: node {n}" for s, n in sorted(leaders.items())))
         elif args.cluster_command == "partition":
             namespaces.partition(cluster, args.groups)
             print("cut the network between " + " | ".join(map(str, args.groups)))

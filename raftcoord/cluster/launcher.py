@@ -81,13 +81,16 @@ TLS_CLIENTS = (TLS_ADMIN, TLS_CLIENT)
 PARTITION_NODE_BASE_ID = 101
 #: The ports of a node that has an address of its own (a namespace, a host of
 #: deploy/cluster.toml): a coordinator's gRPC port, shard S's Raft port
-#: (RAFT_BASE_PORT + S), a partition-log node's gRPC port.
+#: (RAFT_BASE_PORT + S), a partition-log node's gRPC port, a Kafka gateway's
+#: listener (Kafka's own port).
 COORDINATOR_PORT = 7100
 RAFT_BASE_PORT = 7201
 PARTITION_NODE_PORT = 7300
+KAFKA_PORT = 9092
 #: The metrics endpoints' ports of nodes with an address of their own.
 COORDINATOR_METRICS_PORT = 7110
 PARTITION_NODE_METRICS_PORT = 7310
+KAFKA_METRICS_PORT = 7410
 SIGNALS = {
     "KILL": signal.SIGKILL,
     "STOP": signal.SIGSTOP,
@@ -171,11 +174,14 @@ def node_command(
     return command
 
 
-def node_ids(coordinators: int, partition_nodes: int) -> list[int]:
+def node_ids(coordinators: int, partition_nodes: int, kafka_listeners: int = 0) -> list[int]:
     """The ids of a launched cluster's nodes: coordinators 1..N, then
-    partition-log nodes from PARTITION_NODE_BASE_ID."""
-    return list(range(1, coordinators + 1)) + list(
-        range(PARTITION_NODE_BASE_ID, PARTITION_NODE_BASE_ID + partition_nodes)
+    partition-log nodes from PARTITION_NODE_BASE_ID, then Kafka gateways
+    from KAFKA_LISTENER_BASE_ID."""
+    return (
+        list(range(1, coordinators + 1))
+        + list(range(PARTITION_NODE_BASE_ID, PARTITION_NODE_BASE_ID + partition_nodes))
+        + list(range(KAFKA_LISTENER_BASE_ID, KAFKA_LISTENER_BASE_ID + kafka_listeners))
     )
 
 
@@ -192,6 +198,7 @@ def _hosts(config: ClusterConfig) -> list[str]:
     """The distinct hosts a config's addresses name, in order of appearance."""
     addresses = [a for n in config.coordinators for a in (n.grpc, *n.raft)]
     addresses += [n.grpc for n in config.partition_nodes]
+    addresses += [k.address for k in config.kafka_listeners]
     return list(dict.fromkeys(_host(a) for a in addresses))
 
 
@@ -274,10 +281,10 @@ def write_config(
     127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
     each on its own address with the fixed ports COORDINATOR_PORT,
     RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
-    Kafka gateways (only without ``hosts``) listen on 127.0.0.1 too, with
+    Kafka gateways listen the same way (on KAFKA_PORT given ``hosts``), with
     ``kafka_security`` (their ``security_protocol``). With ``metrics`` every
-    process gets a metrics endpoint (COORDINATOR_METRICS_PORT and
-    PARTITION_NODE_METRICS_PORT given ``hosts``)."""
+    process gets a metrics endpoint (COORDINATOR_METRICS_PORT,
+    PARTITION_NODE_METRICS_PORT and KAFKA_METRICS_PORT given ``hosts``)."""
     processes = coordinators + partition_nodes + kafka_listeners
     if hosts is None:
         ports = iter(
@@ -295,7 +302,7 @@ def write_config(
     def metrics_line(node_id: int, port: int) -> str:
         return f"metrics = {address(node_id, port)}\n" if metrics else ""
 
-    ids = node_ids(coordinators, partition_nodes)
+    ids = node_ids(coordinators, partition_nodes)[: coordinators + partition_nodes]
     blocks = []
     for node_id in ids[:coordinators]:
         grpc_address = address(node_id, COORDINATOR_PORT)
@@ -326,12 +333,10 @@ def write_config(
         coordinators="\n".join(blocks),
         partition_nodes="\n".join(partition_blocks),
     )
-    for i in range(kafka_listeners):
-        listener = address(KAFKA_LISTENER_BASE_ID + i, 0)
+    for node_id in node_ids(0, 0, kafka_listeners):
         text += (
-            f"\n[[kafka_listeners]]\nid = {KAFKA_LISTENER_BASE_ID + i}\naddress = {listener}\n"
-            f'security_protocol = "{kafka_security}"\n'
-            + metrics_line(KAFKA_LISTENER_BASE_ID + i, 0)
+            f"\n[[kafka_listeners]]\nid = {node_id}\naddress = {address(node_id, KAFKA_PORT)}\n"
+            f'security_protocol = "{kafka_security}"\n' + metrics_line(node_id, KAFKA_METRICS_PORT)
         )
     path.write_text(text)
     key = path.parent / RAFT_KEY_FILE
@@ -395,7 +400,8 @@ class LocalCluster:
         whose shape and settings are then used instead of the arguments),
         every host the config names becomes one namespace and its address is
         replaced by the namespace's. ``kafka_listeners`` Kafka gateways
-        (docs/kafka.md) start after the nodes, on 127.0.0.1 only, with
+        (docs/kafka.md) start after the nodes (each in a namespace of its
+        own with ``netns``; a multi-host config lists its own), with
         ``kafka_security`` (PLAINTEXT, or with ``tls`` SSL or SASL_SSL;
         :meth:`kafka_client_config`). With ``metrics`` (the default) every
         process serves Prometheus metrics (docs/metrics.md; the addresses are
@@ -412,8 +418,10 @@ class LocalCluster:
                 f"a cluster is already running in {self.data_dir}; "
                 "run `raftcoord cluster down` first"
             )
-        if kafka_listeners and netns:
-            raise ClusterError("Kafka gateways run only on 127.0.0.1 (not with --netns)")
+        if kafka_listeners and config is not None:
+            raise ClusterError(
+                "--kafka-listeners with a multi-host config: list them in its [[kafka_listeners]]"
+            )
         if kafka_security not in KAFKA_SECURITY_PROTOCOLS:
             raise ClusterError(f"--kafka-security must be one of {list(KAFKA_SECURITY_PROTOCOLS)}")
         if kafka_security != "PLAINTEXT" and not tls:
@@ -434,7 +442,7 @@ class LocalCluster:
         network = None
         if netns:
             labels = (
-                [_host_label(i) for i in node_ids(coordinators, partition_nodes)]
+                [_host_label(i) for i in node_ids(coordinators, partition_nodes, kafka_listeners)]
                 if given is None
                 else _hosts(given[1])
             )
@@ -451,7 +459,7 @@ class LocalCluster:
             else:
                 hosts = None
                 if network is not None:
-                    ids = node_ids(coordinators, partition_nodes)
+                    ids = node_ids(coordinators, partition_nodes, kafka_listeners)
                     hosts = {i: network.host(_host_label(i)).address for i in ids}
                 write_config(
                     candidate,
@@ -501,7 +509,7 @@ class LocalCluster:
         ]
         if network is not None:
             for record in records:
-                record.netns = network.by_address(_host(record.grpc)).namespace
+                record.netns = network.by_address(_host(record.grpc or record.kafka)).namespace
         candidate.replace(config_path)
         self.state = ClusterState(
             str(self.data_dir),
@@ -520,12 +528,7 @@ class LocalCluster:
             self._save()
             self.wait_for_leaders(timeout_s)
             if cluster_config.settings.auto_leader_rebalance_enable:
-                preferred = self.preferred_leaders()
-                self.wait_until(
-                    lambda: self.leaders() == preferred,
-                    timeout_s,
-                    "the shards' leaders did not move to their preferred coordinators",
-                )
+                self.elect_preferred_leaders(timeout_s)
             for record in self.partition_nodes() + self.kafka_gateways():
                 self.wait_until(
                     lambda r=record: self._settled(r.node_id),
@@ -891,6 +894,30 @@ class LocalCluster:
             shard: coordinators[preferred_leader(shard, len(coordinators))].node_id
             for shard in range(self._require().shard_count)
         }
+
+    def elect_preferred_leaders(self, timeout_s: float = 30.0) -> dict[int, int]:
+        """Kafka's preferred leader election: ask every coordinator to hand
+        the shards it leads to their preferred coordinators now (asked again
+        while it has not happened: a leadership that is not ready yet, a
+        follower that is behind), and wait until each shard is led so."""
+        preferred = self.preferred_leaders()
+
+        def elected() -> bool:
+            if self.leaders() == preferred:
+                return True
+            for record in self.coordinators():
+                with self.channel(record.grpc) as channel, contextlib.suppress(grpc.RpcError):
+                    admin_pb2_grpc.CoordinatorAdminStub(channel).ElectLeaders(
+                        admin_pb2.ElectLeadersRequest(), timeout=1.0
+                    )
+            return False
+
+        self.wait_until(
+            elected,
+            timeout_s,
+            "the shards' leaders did not move to their preferred coordinators",
+        )
+        return preferred
 
     def wait_for_leaders(self, timeout_s: float = 30.0) -> dict[int, int]:
         """Wait until every shard has a ready leader."""

@@ -22,13 +22,20 @@ entry and what the leader stamps into it.
   shard's state holds, so replicated timestamps never move backwards.
 * Preferred leaders (Kafka's auto leader rebalance): shard ``s`` prefers
   coordinator ``s mod n``. A leader that is not its shard's preferred one
-  asks the preferred follower to take over (Raft's TimeoutNow) once it has
-  led for :data:`TRANSFER_AFTER_MS`, whenever it has no entry in flight,
-  and holds new entries for :data:`TRANSFER_HOLD_MS` after asking. Only the
-  preferred node is ever asked and it never transfers, so leadership
-  cannot flap. A follower whose log does not match yet is asked again on a
-  later tick; after an election it lost, it is asked again
-  :data:`TRANSFER_RETRY_MS` after the last time.
+  waits for the node's next imbalance check (:class:`ImbalanceChecks`:
+  Kafka's ``leader.imbalance.check.interval.seconds``, the first check
+  :data:`FIRST_CHECK_MS` after the node starts) or an operator's election
+  (:meth:`LeaderCore.elect_preferred`); then, when the preferred node's
+  imbalance is above ``leader.imbalance.per.broker.percentage`` (the node
+  decides, :func:`imbalanced`), it asks the preferred follower to take over
+  (Raft's TimeoutNow) whenever it has no entry in flight, and holds new
+  entries for :data:`TRANSFER_HOLD_MS` after asking. A follower whose log
+  does not match yet is asked again on a later tick; after an election it
+  lost, again :data:`TRANSFER_RETRY_MS` after the last time; a check that
+  found no moment to transfer within :data:`TRANSFER_GRACE_MS` waits for
+  the next one. Only the preferred node is ever asked and it never
+  transfers, so leadership cannot flap, and a restarted node does not take
+  its shards back before a check: one failure costs one leader change.
 * Parking: a client's request the state machine answers
   CONCURRENT_TRANSACTIONS because the transactional id's previous
   transaction is still completing (Prepare*, markers pending) is held by
@@ -76,15 +83,45 @@ MAX_ENTRIES_IN_FLIGHT = 1
 #: gave up never runs later.
 PARK_MARGIN_MS = 100
 
-#: A leadership that is not its shard's preferred one transfers its leadership no sooner
-#: than this after it became ready.
-TRANSFER_AFTER_MS = 1_000
+#: A node's first imbalance check, this long after it starts (Kafka's
+#: controller checks 5 s after it takes over).
+FIRST_CHECK_MS = 5_000
+#: How long one check (or an operator's election) keeps trying to transfer.
+TRANSFER_GRACE_MS = 10_000
 #: After asking the preferred follower to take over, new entries wait this
 #: long (its election normally ends the leadership first).
 TRANSFER_HOLD_MS = 500
 #: How soon a leadership asks again after it asked (an election the
 #: preferred follower lost).
 TRANSFER_RETRY_MS = 2_000
+
+
+@dataclass(frozen=True)
+class ImbalanceChecks:
+    """When a node checks its leaderships for imbalance: :data:`FIRST_CHECK_MS`
+    after it started (``started_ms``), then every ``interval_ms``."""
+
+    started_ms: int
+    interval_ms: int
+
+    def next_at(self, now_ms: int) -> int:
+        """The time of the first check at or after ``now_ms``."""
+        first = self.started_ms + FIRST_CHECK_MS
+        if now_ms <= first:
+            return first
+        return first + -(-(now_ms - first) // self.interval_ms) * self.interval_ms
+
+
+def imbalanced(
+    leaders: Sequence[int | None], preferred: Sequence[int], node: int, percentage: int
+) -> bool:
+    """Whether ``node`` leads too few of the shards that prefer it: Kafka's
+    imbalance ratio, the shards that prefer it (``preferred[s]``) led by
+    another node or none (``leaders[s]``, None: no leader known) over all
+    that prefer it, above ``percentage`` %."""
+    mine = [s for s, p in enumerate(preferred) if p == node]
+    others = sum(1 for s in mine if leaders[s] != node)
+    return bool(mine) and others * 100 > percentage * len(mine)
 
 
 @dataclass(frozen=True)
@@ -202,9 +239,15 @@ class LeaderClock:
 class LeaderCore:
     """One shard's leader logic for one node, across its leaderships."""
 
-    def __init__(self, layout: PidLayout, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        layout: PidLayout,
+        clock: Callable[[], int],
+        checks: ImbalanceChecks = ImbalanceChecks(0, 300_000),
+    ) -> None:
         self.layout = layout
         self.clock = clock  # milliseconds
+        self.checks = checks
         self.cursor = PidCursor()
         #: The coordinator epoch of the current (or last) leadership, -1 before any.
         self.epoch = -1
@@ -213,6 +256,10 @@ class LeaderCore:
         #: When to ask the preferred follower to take over; None: never (this
         #: node is the preferred one, or the leadership is not ready).
         self.transfer_at: int | None = None
+        #: When the check (or election) that asks now began.
+        self.check_at = 0
+        #: An operator asked for the preferred leader (asked whatever the imbalance).
+        self.forced = False
         #: No new entry before this time: a leadership transfer is under way.
         self.hold_until = 0
 
@@ -224,13 +271,15 @@ class LeaderCore:
         self.epoch = epoch
         self.in_flight = 0
         self.transfer_at = None
+        self.forced = False
         self.hold_until = 0
         self.cursor.reset()
 
     def became_ready(self, now_ms: int, preferred: bool) -> None:
         """The leadership is ready (its first entry applied); ``preferred``:
         this node is the shard's preferred leader, or nobody is."""
-        self.transfer_at = None if preferred else now_ms + TRANSFER_AFTER_MS
+        self.transfer_at = None if preferred else self.checks.next_at(now_ms)
+        self.check_at = self.transfer_at or 0
 
     def deposed(self) -> None:
         """The leadership ended: its ids and block requests are dropped."""
@@ -240,18 +289,34 @@ class LeaderCore:
 
     def transfer_due(self, now_ms: int) -> bool:
         """Whether to ask the preferred follower to take over now (it is
-        asked only if its log matches the leader's, so with no entry in flight)."""
-        return (
-            self.transfer_at is not None
-            and now_ms >= self.transfer_at
-            and now_ms >= self.hold_until
-            and self.in_flight == 0
-        )
+        asked only if its log matches the leader's, so with no entry in
+        flight); past the check's grace the next check is waited for."""
+        if self.transfer_at is None or now_ms < self.transfer_at:
+            return False
+        if now_ms >= self.check_at + TRANSFER_GRACE_MS:
+            self.balanced(now_ms)
+            return False
+        return now_ms >= self.hold_until and self.in_flight == 0
 
     def transferred(self, now_ms: int) -> None:
         """The preferred follower was asked to take over: new entries wait."""
         self.hold_until = now_ms + TRANSFER_HOLD_MS
         self.transfer_at = now_ms + TRANSFER_RETRY_MS
+
+    def balanced(self, now_ms: int) -> None:
+        """A check found nothing to do (or no moment to do it): the next check."""
+        if self.transfer_at is not None:
+            self.transfer_at = self.check_at = self.checks.next_at(now_ms + 1)
+            self.forced = False
+
+    def elect_preferred(self, now_ms: int) -> bool:
+        """An operator asks for the preferred leader now (Kafka's preferred
+        leader election): whether this leadership will ask it."""
+        if self.transfer_at is None:
+            return False
+        self.transfer_at = self.check_at = now_ms
+        self.forced = True
+        return True
 
     # --- stamping ------------------------------------------------------------------
 

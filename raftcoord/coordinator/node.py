@@ -24,7 +24,7 @@ import grpc
 
 from fsm import Outcome, TransactionStateMachine
 from raftcoord.coordinator import raft_journal
-from raftcoord.coordinator.leader import Unstamped
+from raftcoord.coordinator.leader import ImbalanceChecks, Unstamped, imbalanced
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.metrics import CoordinatorCollector
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
@@ -94,6 +94,11 @@ class CoordinatorNode:
         self.node_id = node_id
         self.data_dir = data_dir
         self.shards: list[Shard] = []
+        #: When this node checks its leaderships for imbalance (from its start).
+        self.imbalance_checks = ImbalanceChecks(
+            int(time.time() * 1000),
+            config.settings.leader_imbalance_check_interval_seconds * 1000,
+        )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
@@ -257,9 +262,27 @@ class CoordinatorNode:
                 if settings.auto_leader_rebalance_enable and preferred.node_id != self.node_id
                 else None
             ),
+            checks=self.imbalance_checks,
+            imbalanced=lambda: self._imbalanced(preferred.node_id),
         )
         raft_journal.attach_tick_sync(made.replica, journal)
         return made
+
+    def _imbalanced(self, node_id: int) -> bool:
+        """Whether coordinator ``node_id`` leads too few of the shards that
+        prefer it (leader.imbalance.per.broker.percentage), as this node sees
+        the shards' leaders."""
+        coordinators = self.config.coordinators
+        shards = range(self.config.shard_count)
+        leaders = [getattr(self.leader_of(s), "node_id", None) for s in shards]
+        preferred = [coordinators[preferred_leader(s, len(coordinators))].node_id for s in shards]
+        percentage = self.config.settings.leader_imbalance_per_broker_percentage
+        return imbalanced(leaders, preferred, node_id, percentage)
+
+    def elect_preferred_leaders(self) -> list[int]:
+        """Kafka's preferred leader election on this node: the shards it leads
+        whose preferred leader is another node, each asked to hand over now."""
+        return [s.shard for s in self.shards if s.elect_preferred()]
 
     def _hand_off(self, shard: int, markers: WriteMarkers) -> None:
         self.markers.hand_off(self.shards[shard], markers)

@@ -48,6 +48,7 @@ from fsm import (
 from fsm.states import PREPARE_STATES
 from raftcoord.coordinator.leader import (
     CHECK_ONLY,
+    ImbalanceChecks,
     LeaderClock,
     LeaderCore,
     Parking,
@@ -137,6 +138,10 @@ class Shards(Protocol):
     def now_ms(self, shard: int) -> int:
         """The time of ``shard``'s leader clock on this node (its current or
         last leadership's :class:`raftcoord.coordinator.leader.LeaderClock`)."""
+
+    def elect_preferred_leaders(self) -> list[int]:
+        """Kafka's preferred leader election on this node: the shards it leads
+        whose preferred leader is another node, each asked to hand over now."""
 
 
 @dataclass
@@ -288,6 +293,8 @@ class Shard:
         timers: ShardTimers,
         marker_sink: MarkerSink,
         preferred_leader: str | None = None,
+        checks: ImbalanceChecks | None = None,
+        imbalanced: Callable[[], bool] = lambda: True,
     ) -> None:
         self.shard = shard
         self.node_id = node_id
@@ -295,6 +302,8 @@ class Shard:
         #: node: leaderships here transfer to it. None: this node is the
         #: preferred one, or leaders are not rebalanced.
         self.preferred_leader = preferred_leader
+        #: Whether the preferred node's imbalance is above the threshold now.
+        self.imbalanced = imbalanced
         self.transitions = transitions
         self.timers = timers
         self.marker_sink = marker_sink
@@ -332,7 +341,11 @@ class Shard:
         self.replica = replica_factory(self._on_applied, self.transitions.snapshot)
         #: The leader's time (:class:`raftcoord.coordinator.leader.LeaderClock`).
         self.clock = LeaderClock(time.time, time.monotonic)
-        self.core = LeaderCore(self.replica.query(lambda m: m.state.pids.layout), self.clock.now_ms)
+        self.core = LeaderCore(
+            self.replica.query(lambda m: m.state.pids.layout),
+            self.clock.now_ms,
+            checks or ImbalanceChecks(int(time.time() * 1000), 300_000),
+        )
         # The shard thread drives the core; gRPC threads take producer ids from it.
         self._core_lock = threading.Lock()
         #: Wakes the tick thread from its poll.
@@ -500,10 +513,24 @@ class Shard:
             _fail(request, ErrorCode.NOT_COORDINATOR)
         self._count_change()
 
+    def elect_preferred(self) -> bool:
+        """An operator asks for the shard's preferred leader (Kafka's preferred
+        leader election): whether this node leads the shard, is not its
+        preferred leader and will ask it to take over."""
+        if not (self.is_leader and self.ready):
+            return False
+        with self._core_lock:
+            return self.core.elect_preferred(self.clock.now_ms())
+
     def _transfer_to_preferred(self, now: int) -> None:
         with self._core_lock:
             due = self.core.transfer_due(now)
+            forced = self.core.forced
         if not due or self.preferred_leader is None:
+            return
+        if not forced and not self.imbalanced():
+            with self._core_lock:
+                self.core.balanced(now)
             return
         if self.replica.transfer_leadership(self.preferred_leader):
             with self._core_lock:

@@ -147,10 +147,18 @@ class Settings:
     transaction_park_timeout_ms: int = 1_000
     # auto.leader.rebalance.enable: shard s prefers coordinator s mod n (in
     # the order of [[coordinators]]); a leader that is not the preferred one
-    # transfers its leadership to it once the preferred node is up and its
-    # Raft log matches the leader's (Raft's TimeoutNow; the election keeps
-    # every committed entry), so the shards' leaders spread over the nodes.
+    # transfers its leadership to it at an imbalance check that finds the
+    # preferred node up, its Raft log matching the leader's (Raft's
+    # TimeoutNow; the election keeps every committed entry) and its share of
+    # the shards it prefers but does not lead above
+    # leader.imbalance.per.broker.percentage, so the shards' leaders spread
+    # over the nodes without a restarted node taking its shards back at once.
     auto_leader_rebalance_enable: bool = True
+    # leader.imbalance.check.interval.seconds: how often each coordinator
+    # checks the shards it leads (the first check 5 s after it starts).
+    leader_imbalance_check_interval_seconds: int = 300
+    # leader.imbalance.per.broker.percentage (1..100).
+    leader_imbalance_per_broker_percentage: int = 10
     # Kafka gateways (docs/kafka.md, "Bounds"). queued.max.request.bytes: the
     # bytes of request frames a gateway holds at once (being read or being
     # answered); a frame waits for room before its body is read, frames of
@@ -201,6 +209,8 @@ _SETTING_NAMES = {
     "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
     "transaction.park.timeout.ms": "transaction_park_timeout_ms",
     "auto.leader.rebalance.enable": "auto_leader_rebalance_enable",
+    "leader.imbalance.check.interval.seconds": "leader_imbalance_check_interval_seconds",
+    "leader.imbalance.per.broker.percentage": "leader_imbalance_per_broker_percentage",
     "queued.max.request.bytes": "queued_max_request_bytes",
     "connections.max.idle.ms": "connections_max_idle_ms",
     "max.connections": "max_connections",
@@ -707,6 +717,8 @@ def _settings(raw: Any) -> Settings:
         raise ConfigError(f"producer.epoch.max must be in 2..{KAFKA_MAX_PRODUCER_EPOCH}")
     if settings.socket_request_max_bytes > 2**31 - 1:
         raise ConfigError("socket.request.max.bytes must fit in 32 bits")
+    if settings.leader_imbalance_per_broker_percentage > 100:
+        raise ConfigError("leader.imbalance.per.broker.percentage must be in 1..100")
     if settings.group_min_session_timeout_ms > settings.group_max_session_timeout_ms:
         raise ConfigError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
     if (

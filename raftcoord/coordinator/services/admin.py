@@ -166,6 +166,12 @@ class AdminService(admin_pb2_grpc.CoordinatorAdminServicer):
     def Ping(self, request: Any, context: Any) -> Any:
         return admin_pb2.PingResponse()
 
+    def ElectLeaders(self, request: Any, context: Any) -> Any:
+        refused = cluster_refusal(self.config, context)
+        if refused is not None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
+        return admin_pb2.ElectLeadersResponse(shards=self.shards.elect_preferred_leaders())
+
 
 def _describe(transactional_id: str) -> Reader[TransactionMetadata | None]:
     return lambda machine: machine.describe(transactional_id)

@@ -24,23 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!raftcoord/protocol/v1/admin.proto\x12\x0craftcoord.v1\"\r\n\x0bPingRequest\"\x0e\n\x0cPingResponse\"\x13\n\x11NodeStatusRequest\"\xe4\x01\n\x0bShardStatus\x12\r\n\x05shard\x18\x01 \x01(\x05\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x16\n\x0eleader_node_id\x18\x04 \x01(\x05\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x03\x12\x15\n\rapplied_index\x18\x07 \x01(\x03\x12\x14\n\x0cstate_digest\x18\x08 \x01(\t\x12\x19\n\x11transactional_ids\x18\t \x01(\x05\x12\x17\n\x0fparked_requests\x18\n \x01(\x05\"n\n\x12NodeStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12)\n\x06shards\x18\x04 \x03(\x0b\x32\x19.raftcoord.v1.ShardStatus2\xa2\x01\n\x10\x43oordinatorAdmin\x12O\n\nNodeStatus\x12\x1f.raftcoord.v1.NodeStatusRequest\x1a .raftcoord.v1.NodeStatusResponse\x12=\n\x04Ping\x12\x19.raftcoord.v1.PingRequest\x1a\x1a.raftcoord.v1.PingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!raftcoord/protocol/v1/admin.proto\x12\x0craftcoord.v1\"\x15\n\x13\x45lectLeadersRequest\"&\n\x14\x45lectLeadersResponse\x12\x0e\n\x06shards\x18\x01 \x03(\x05\"\r\n\x0bPingRequest\"\x0e\n\x0cPingResponse\"\x13\n\x11NodeStatusRequest\"\xe4\x01\n\x0bShardStatus\x12\r\n\x05shard\x18\x01 \x01(\x05\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x16\n\x0eleader_node_id\x18\x04 \x01(\x05\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x06 \x01(\x03\x12\x15\n\rapplied_index\x18\x07 \x01(\x03\x12\x14\n\x0cstate_digest\x18\x08 \x01(\t\x12\x19\n\x11transactional_ids\x18\t \x01(\x05\x12\x17\n\x0fparked_requests\x18\n \x01(\x05\"n\n\x12NodeStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12)\n\x06shards\x18\x04 \x03(\x0b\x32\x19.raftcoord.v1.ShardStatus2\xf9\x01\n\x10\x43oordinatorAdmin\x12O\n\nNodeStatus\x12\x1f.raftcoord.v1.NodeStatusRequest\x1a .raftcoord.v1.NodeStatusResponse\x12=\n\x04Ping\x12\x19.raftcoord.v1.PingRequest\x1a\x1a.raftcoord.v1.PingResponse\x12U\n\x0c\x45lectLeaders\x12!.raftcoord.v1.ElectLeadersRequest\x1a\".raftcoord.v1.ElectLeadersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftcoord.protocol.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PINGREQUEST']._serialized_start=51
-  _globals['_PINGREQUEST']._serialized_end=64
-  _globals['_PINGRESPONSE']._serialized_start=66
-  _globals['_PINGRESPONSE']._serialized_end=80
-  _globals['_NODESTATUSREQUEST']._serialized_start=82
-  _globals['_NODESTATUSREQUEST']._serialized_end=101
-  _globals['_SHARDSTATUS']._serialized_start=104
-  _globals['_SHARDSTATUS']._serialized_end=332
-  _globals['_NODESTATUSRESPONSE']._serialized_start=334
-  _globals['_NODESTATUSRESPONSE']._serialized_end=444
-  _globals['_COORDINATORADMIN']._serialized_start=447
-  _globals['_COORDINATORADMIN']._serialized_end=609
+  _globals['_ELECTLEADERSREQUEST']._serialized_start=51
+  _globals['_ELECTLEADERSREQUEST']._serialized_end=72
+  _globals['_ELECTLEADERSRESPONSE']._serialized_start=74
+  _globals['_ELECTLEADERSRESPONSE']._serialized_end=112
+  _globals['_PINGREQUEST']._serialized_start=114
+  _globals['_PINGREQUEST']._serialized_end=127
+  _globals['_PINGRESPONSE']._serialized_start=129
+  _globals['_PINGRESPONSE']._serialized_end=143
+  _globals['_NODESTATUSREQUEST']._serialized_start=145
+  _globals['_NODESTATUSREQUEST']._serialized_end=164
+  _globals['_SHARDSTATUS']._serialized_start=167
+  _globals['_SHARDSTATUS']._serialized_end=395
+  _globals['_NODESTATUSRESPONSE']._serialized_start=397
+  _globals['_NODESTATUSRESPONSE']._serialized_end=507
+  _globals['_COORDINATORADMIN']._serialized_start=510
+  _globals['_COORDINATORADMIN']._serialized_end=759
 # @@protoc_insertion_point(module_scope)

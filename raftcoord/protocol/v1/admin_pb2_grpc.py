@@ -47,6 +47,11 @@ class CoordinatorAdminStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingResponse.FromString,
                 _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/raftcoord.v1.CoordinatorAdmin/ElectLeaders',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorAdminServicer:
@@ -70,6 +75,17 @@ class CoordinatorAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ElectLeaders(self, request, context):
+        """Kafka's preferred leader election (kafka-leader-election.sh
+        --election-type PREFERRED) on this node: each shard it leads whose
+        preferred leader is another coordinator asks that one to take over now,
+        whatever the imbalance (auto.leader.rebalance.enable waits for the next
+        imbalance check). Only the cluster's nodes and super users may call it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +98,11 @@ def add_CoordinatorAdminServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_admin__pb2.ElectLeadersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,6 +162,33 @@ class CoordinatorAdmin:
             '/raftcoord.v1.CoordinatorAdmin/Ping',
             raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_admin__pb2.PingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.CoordinatorAdmin/ElectLeaders',
+            raftcoord_dot_protocol_dot_v1_dot_admin__pb2.ElectLeadersRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_admin__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,
