@@ -123,6 +123,11 @@ def test_a_pause_outlasts_the_election_timeout() -> None:
     assert pauses and all(p.hold_s >= 2 * 0.6 for p in pauses)
 
 
+def test_a_gateway_partition_lasts_as_long_as_a_partition() -> None:
+    held = [p.hold_s for p in itertools.islice(plans(3, ["gateway-partition"], 0.6), 50)]
+    assert all(2.0 <= h <= 5.0 for h in held)
+
+
 def test_no_faults_no_schedule() -> None:
     assert _take(plans(1, (), 0.6), 5) == []
 
@@ -131,6 +136,9 @@ def test_fault_names() -> None:
     assert parse_faults("all") == FAULTS
     assert parse_faults("none") == parse_faults("") == ()
     assert parse_faults("pause, leader-kill,pause") == ("pause", "leader-kill")
+    # Asked for by name only: `all` runs on clusters without gateways too.
+    assert "gateway-partition" not in FAULTS
+    assert parse_faults("gateway-partition,leader-kill") == ("gateway-partition", "leader-kill")
     with pytest.raises(ValueError, match="unknown fault"):
         parse_faults("leader-kill,meteor")
 
