@@ -92,3 +92,42 @@ def test_the_next_transaction_after_a_coordinator_restart_is_prompt(
     producer.flush(TIMEOUT_S)
     print("after each restart, the next transaction took (s):", [round(t, 3) for t in took])
     assert statistics.median(took) < 1.0, took
+
+
+def test_a_leader_the_gateway_remembers_that_moved_is_not_the_clients_problem(
+    cluster: LocalCluster,
+) -> None:
+    """The gateway remembers the leader of a group's shard; that node is
+    killed and started again while no call goes through the gateway, so the
+    gateway still names it although another node leads the shard now.
+    librdkafka's committed() (OffsetFetch) does not retry NOT_COORDINATOR: the
+    gateway asks the coordinators again itself and the offsets are read."""
+    state = cluster.state
+    assert state is not None
+    group = "remembered"
+    shard = shard_for(group, state.shard_count)
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap(),
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        offsets = [confluent_kafka.TopicPartition(TOPIC, 0, 7)]
+        consumer.commit(offsets=offsets, asynchronous=False)
+        leader = cluster.leaders()[shard]
+        cluster.kill(leader, "KILL")
+        cluster.wait_until(
+            lambda: cluster.leaders().get(shard) not in (None, leader),
+            30,
+            f"shard {shard} did not elect another leader",
+        )
+        cluster.start(leader)
+        cluster.wait_until(
+            lambda: cluster.node_status(leader) is not None, 30, f"node {leader} did not answer"
+        )
+        (read,) = consumer.committed([confluent_kafka.TopicPartition(TOPIC, 0)], TIMEOUT_S)
+        assert read.error is None and read.offset == 7
+    finally:
+        consumer.close()

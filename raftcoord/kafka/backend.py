@@ -36,6 +36,9 @@ from raftcoord.protocol.v1 import (
 )
 
 log = logging.getLogger(__name__)
+#: Answers of a coordinator that did not take a request (it does not lead the
+#: shard, or not yet): the same request may go to the leader found now.
+NOT_PROCESSED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 
 T = TypeVar("T")
 
@@ -182,8 +185,31 @@ class Backend:
         Returns the coordinator's answer; on a REDISCOVER answer the leader
         is forgotten (the client rediscovers, and the gateway with it). A
         leader that cannot be reached is answered as COORDINATOR_NOT_AVAILABLE.
+        A remembered leader that answers that it did not take the request
+        (:data:`NOT_PROCESSED`) is forgotten and the request sent once more to
+        the leader found now.
         """
         shard = shard_for(key, self.config.shard_count)
+        cached = self._leaders.get(shard)
+        answer = await self._to_leader_once(shard, key, key_type, method, request, wait_s)
+        code = getattr(answer, "error_code", ErrorCode.NONE)
+        if cached is not None and code in NOT_PROCESSED:
+            # The leader this gateway remembered no longer leads (a leadership
+            # moved while no call of it failed): ask once more, of the leader
+            # the coordinators name now, rather than hand the client an error
+            # that not every client retries (librdkafka's committed() does not).
+            answer = await self._to_leader_once(shard, key, key_type, method, request, wait_s)
+        return answer
+
+    async def _to_leader_once(
+        self,
+        shard: int,
+        key: str,
+        key_type: coordinator_pb2.KeyType,
+        method: str,
+        request: Any,
+        wait_s: float,
+    ) -> Any:
         address = self._leaders.get(shard)
         if address is None:
             found = await self.find_coordinator(key, key_type)
