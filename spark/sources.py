@@ -223,9 +223,13 @@ class SegmentsReader(ArrowReader):
             yield from read_partition_dir(Path(partition.path), partition.node)
 
 
-class NodeSegmentsReader(ArrowReader):
-    """The segments of every partition-log node the cluster config lists, read
-    over the network (:mod:`spark.nodes`)."""
+class NodeReader(ArrowReader):
+    """A reader of the files of every node of one kind the cluster config
+    lists, over the network (:mod:`spark.nodes`): one input partition per
+    (node, directory of files), and one for each node that could not list
+    its files (its row says why)."""
+
+    kind = ""  # raftcoord.protocol.data_files.COORDINATOR or PARTITION_LOG
 
     def __init__(self, cluster: nodes.Cluster, schema: Any = None) -> None:
         super().__init__(schema)
@@ -233,15 +237,31 @@ class NodeSegmentsReader(ArrowReader):
 
     def partitions(self) -> list[FilePartition]:
         found = []
-        for node in nodes.list_nodes(self.cluster, PARTITION_LOG):
+        for node in nodes.list_nodes(self.cluster, self.kind):
             if node.problem is not None:
                 found.append(FilePartition("", node.node_id, problem=node.problem))
                 continue
             for directory, files in node.by_directory().items():
                 found.append(
-                    FilePartition(directory, node.node_id, address=node.address, files=tuple(files))
+                    FilePartition(
+                        directory,
+                        node.node_id,
+                        self.shard_of(directory),
+                        address=node.address,
+                        files=tuple(files),
+                    )
                 )
         return found or [FilePartition("")]
+
+    def shard_of(self, directory: str) -> int:
+        """The shard a directory of files holds (-1: none)."""
+        return -1
+
+
+class NodeSegmentsReader(NodeReader):
+    """The segments of every partition-log node the cluster config lists."""
+
+    kind = PARTITION_LOG
 
     def rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         partition = _file_partition(partition)
@@ -603,33 +623,15 @@ class TransitionsReader(ArrowReader):
             yield from read_transitions_file(Path(partition.path), partition.node, partition.shard)
 
 
-class NodeTransitionsReader(ArrowReader):
-    """The transitions logs of every coordinator the cluster config lists, read
-    over the network (:mod:`spark.nodes`)."""
+class NodeTransitionsReader(NodeReader):
+    """The transitions logs of every coordinator the cluster config lists."""
 
-    def __init__(self, cluster: nodes.Cluster, schema: Any = None) -> None:
-        super().__init__(schema)
-        self.cluster = cluster
+    kind = COORDINATOR
 
-    def partitions(self) -> list[FilePartition]:
-        found = []
-        for node in nodes.list_nodes(self.cluster, COORDINATOR):
-            if node.problem is not None:
-                found.append(FilePartition("", node.node_id, problem=node.problem))
-                continue
-            for directory, files in node.by_directory().items():
-                shard = _SHARD_DIR.fullmatch(directory)
-                assert shard is not None
-                found.append(
-                    FilePartition(
-                        directory,
-                        node.node_id,
-                        int(shard["shard"]),
-                        address=node.address,
-                        files=tuple(files),
-                    )
-                )
-        return found or [FilePartition("")]
+    def shard_of(self, directory: str) -> int:
+        shard = _SHARD_DIR.fullmatch(directory)
+        assert shard is not None  # the node lists only shard-S/transitions.jsonl
+        return int(shard["shard"])
 
     def rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         partition = _file_partition(partition)

@@ -558,6 +558,19 @@ class Nemesis:
             minority = sorted(random.Random(plan.choice).sample(nodes, count))
             how = f"split coordinators {minority} from the others"
         groups = [minority, [n for n in nodes if n not in minority]]
+        return self._cut(plan, groups, how, **fields)
+
+    def _gateway_partition(self, plan: FaultPlan) -> Fault:
+        """Cut one Kafka gateway off from every coordinator (it still
+        reaches the partition-log nodes and the other gateways, and clients
+        still reach it)."""
+        gateways = sorted(n.node_id for n in self.cluster.kafka_gateways())
+        gateway = gateways[plan.choice % len(gateways)]
+        groups = [[gateway], sorted(n.node_id for n in self.cluster.coordinators())]
+        return self._cut(plan, groups, f"cut Kafka gateway {gateway} off from the coordinators")
+
+    def _cut(self, plan: FaultPlan, groups: list[list[int]], how: str, **fields: Any) -> Fault:
+        """Cut the network between ``groups`` of nodes; healed at the end."""
 
         def end() -> tuple[str, dict[str, Any]]:
             netns.heal(self.cluster)
@@ -570,26 +583,6 @@ class Nemesis:
             lambda: netns.partition(self.cluster, groups),
             end,
             **fields,
-        )
-
-    def _gateway_partition(self, plan: FaultPlan) -> Fault:
-        """Cut one Kafka gateway off from every coordinator (it still
-        reaches the partition-log nodes and the other gateways, and clients
-        still reach it)."""
-        gateways = sorted(n.node_id for n in self.cluster.kafka_gateways())
-        gateway = gateways[plan.choice % len(gateways)]
-        groups = [[gateway], sorted(n.node_id for n in self.cluster.coordinators())]
-
-        def end() -> tuple[str, dict[str, Any]]:
-            netns.heal(self.cluster)
-            return "healed the network", {}
-
-        return self._begin(
-            plan,
-            groups,
-            f"cut Kafka gateway {gateway} off from the coordinators for {plan.hold_s} s",
-            lambda: netns.partition(self.cluster, groups),
-            end,
         )
 
 
