@@ -5,6 +5,7 @@ that the checks that need a history are not skipped for want of a flag."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from raftcoord.chaos.arguments import HISTORY_FILE
 from spark.cli import history_of
@@ -32,3 +33,54 @@ def test_a_skipped_check_makes_the_verdict_incomplete_not_pass() -> None:
     assert verdict(failing) == "FAIL"  # a violation outweighs a check that did not run
     assert verdict([]) == "INCOMPLETE"  # nothing checked proves nothing
     assert EXIT_STATUS == {"PASS": 0, "FAIL": 1, "INCOMPLETE": 2}
+
+
+def _config(directory: Path, tls: bool) -> Path:
+    path = directory / "cluster.toml"
+    text = (
+        'shard_count = 1\n\n[[coordinators]]\nid = 1\ngrpc = "127.0.0.1:7100"\n'
+        'raft = ["127.0.0.1:7201"]\n\n[[partition_nodes]]\nid = 101\ngrpc = "127.0.0.1:7300"\n'
+    )
+    if tls:
+        text += '\n[tls]\nca_file = "tls/ca.pem"\ncert_dir = "tls"\nsuper_users = ["User:admin"]\n'
+    path.write_text(text)
+    return path
+
+
+def _network_args(config: Path, *more: str) -> Any:
+    from spark.cli import parser
+
+    return parser().parse_args(["--cluster-config", str(config), *more])
+
+
+def test_across_hosts_the_audit_calls_the_nodes_as_the_configs_admin(tmp_path: Path) -> None:
+    """--cluster-config of a cluster with [tls]: the CA of the config and
+    cert_dir's admin certificate unless others are given; a missing file, or
+    TLS files for a cluster without TLS, are refused before Spark starts."""
+    from spark.cli import _network_inputs
+    from spark.nodes import Cluster
+
+    plain = _config(tmp_path, tls=False)
+    assert _network_inputs(_network_args(plain), None) == Cluster(plain.resolve())
+    refused = _network_inputs(_network_args(plain, "--ssl-certfile", "x.pem"), None)
+    assert isinstance(refused, str) and "has no [tls] table" in refused
+    secured_dir = tmp_path / "secured"
+    secured_dir.mkdir()
+    secured = _config(secured_dir, tls=True)
+    missing = _network_inputs(_network_args(secured), None)
+    assert isinstance(missing, str) and "ca.pem is not a file" in missing
+    (secured_dir / "tls").mkdir()
+    for name in ("ca.pem", "admin.pem", "admin.key", "mine.pem", "mine.key"):
+        (secured_dir / "tls" / name).write_text("PEM")
+    tls = secured_dir / "tls"
+    assert _network_inputs(_network_args(secured), None) == Cluster(
+        secured.resolve(), (str(tls / "ca.pem"), str(tls / "admin.pem"), str(tls / "admin.key"))
+    )
+    given = _network_args(
+        secured, "--ssl-certfile", str(tls / "mine.pem"), "--ssl-keyfile", str(tls / "mine.key")
+    )
+    assert _network_inputs(given, None) == Cluster(
+        secured.resolve(), (str(tls / "ca.pem"), str(tls / "mine.pem"), str(tls / "mine.key"))
+    )
+    history = _network_inputs(_network_args(plain), tmp_path / "no-such-history.jsonl")
+    assert isinstance(history, str) and "is not a file" in history
