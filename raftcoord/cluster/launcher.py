@@ -302,7 +302,7 @@ def write_config(
     def metrics_line(node_id: int, port: int) -> str:
         return f"metrics = {address(node_id, port)}\n" if metrics else ""
 
-    ids = node_ids(coordinators, partition_nodes)[: coordinators + partition_nodes]
+    ids = node_ids(coordinators, partition_nodes)
     blocks = []
     for node_id in ids[:coordinators]:
         grpc_address = address(node_id, COORDINATOR_PORT)

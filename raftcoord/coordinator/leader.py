@@ -86,6 +86,8 @@ PARK_MARGIN_MS = 100
 #: A node's first imbalance check, this long after it starts (Kafka's
 #: controller checks 5 s after it takes over).
 FIRST_CHECK_MS = 5_000
+#: Kafka's default leader.imbalance.check.interval.seconds, in milliseconds.
+KAFKA_CHECK_INTERVAL_MS = 300_000
 #: How long one check (or an operator's election) keeps trying to transfer.
 TRANSFER_GRACE_MS = 10_000
 #: After asking the preferred follower to take over, new entries wait this
@@ -243,11 +245,13 @@ class LeaderCore:
         self,
         layout: PidLayout,
         clock: Callable[[], int],
-        checks: ImbalanceChecks = ImbalanceChecks(0, 300_000),
+        checks: ImbalanceChecks | None = None,
     ) -> None:
         self.layout = layout
         self.clock = clock  # milliseconds
-        self.checks = checks
+        #: When the node checks its leaderships (without a node: as if it
+        #: started at time 0, with Kafka's default interval).
+        self.checks = checks or ImbalanceChecks(0, KAFKA_CHECK_INTERVAL_MS)
         self.cursor = PidCursor()
         #: The coordinator epoch of the current (or last) leadership, -1 before any.
         self.epoch = -1

@@ -344,7 +344,7 @@ class Shard:
         self.core = LeaderCore(
             self.replica.query(lambda m: m.state.pids.layout),
             self.clock.now_ms,
-            checks or ImbalanceChecks(int(time.time() * 1000), 300_000),
+            checks,
         )
         # The shard thread drives the core; gRPC threads take producer ids from it.
         self._core_lock = threading.Lock()
