@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 #: Answers of a coordinator that did not take a request (it does not lead the
 #: shard, or not yet): the same request may go to the leader found now.
 NOT_PROCESSED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+#: How long the gateway itself keeps sending a coordinator request that was
+#: not taken (the shard's leadership is moving: an election after a kill, a
+#: preferred leader taking its shard back) before the client gets the error,
+#: and the pauses between tries. Not every Kafka client retries every such
+#: answer (librdkafka's committed() and CreateTopics do not).
+LEADER_MOVE_WAIT_S = 2.0
+LEADER_MOVE_BACKOFF_S = (0.05, 0.1, 0.2, 0.4)
 
 T = TypeVar("T")
 
@@ -132,7 +139,15 @@ class Backend:
     async def accepting_coordinator(self, method: str, request: Any) -> Any:
         """``method(request)`` on every coordinator in turn until one does not
         answer NOT_COORDINATOR (for requests that belong to shard 0's leader,
-        such as CreateTopics); COORDINATOR_NOT_AVAILABLE when none accepts."""
+        such as CreateTopics), in rounds for up to :data:`LEADER_MOVE_WAIT_S`;
+        COORDINATOR_NOT_AVAILABLE when none accepts."""
+        async for _ in while_leadership_moves():
+            answer = await self._accepting_round(method, request)
+            if answer is not None:
+                return answer
+        return _failed(method, ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator accepted")
+
+    async def _accepting_round(self, method: str, request: Any) -> Any | None:
         for node in self.config.coordinators:
             try:
                 answer = await getattr(self.coordinator_stub(node.grpc), method)(
@@ -149,7 +164,7 @@ class Backend:
                 and getattr(answer, "error_code", ErrorCode.NONE) not in REDISCOVER
             ):
                 return answer
-        return _failed(method, ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator accepted")
+        return None
 
     async def find_coordinator(
         self, key: str, key_type: coordinator_pb2.KeyType
@@ -185,20 +200,18 @@ class Backend:
         Returns the coordinator's answer; on a REDISCOVER answer the leader
         is forgotten (the client rediscovers, and the gateway with it). A
         leader that cannot be reached is answered as COORDINATOR_NOT_AVAILABLE.
-        A remembered leader that answers that it did not take the request
-        (:data:`NOT_PROCESSED`) is forgotten and the request sent once more to
-        the leader found now.
+        An answer that the request was not taken (:data:`NOT_PROCESSED`, or
+        no connection to the leader) is not the client's yet: the gateway
+        finds the leader again and resends, for up to :data:`LEADER_MOVE_WAIT_S`.
         """
         shard = shard_for(key, self.config.shard_count)
-        cached = self._leaders.get(shard)
-        answer = await self._to_leader_once(shard, key, key_type, method, request, wait_s)
-        code = getattr(answer, "error_code", ErrorCode.NONE)
-        if cached is not None and code in NOT_PROCESSED:
-            # The leader this gateway remembered no longer leads (a leadership
-            # moved while no call of it failed): ask once more, of the leader
-            # the coordinators name now, rather than hand the client an error
-            # that not every client retries (librdkafka's committed() does not).
-            answer = await self._to_leader_once(shard, key, key_type, method, request, wait_s)
+        answer = None
+        async for _ in while_leadership_moves():
+            answer, taken = await self._to_leader_once(
+                shard, key, key_type, method, request, wait_s
+            )
+            if taken:
+                break
         return answer
 
     async def _to_leader_once(
@@ -209,12 +222,16 @@ class Backend:
         method: str,
         request: Any,
         wait_s: float,
-    ) -> Any:
+    ) -> tuple[Any, bool]:
+        """One try of :meth:`to_leader`: the answer, and whether the request
+        may have been taken (False: the coordinator said it did not take it,
+        or the connection failed; resending it is what the client would do)."""
         address = self._leaders.get(shard)
         if address is None:
             found = await self.find_coordinator(key, key_type)
             if int(found.error_code) != ErrorCode.NONE:
-                return _failed(method, found.error_code, found.error_message)
+                not_taken = int(found.error_code) in NOT_PROCESSED
+                return _failed(method, found.error_code, found.error_message), not not_taken
             address = found.address
         try:
             answer = await getattr(self.coordinator_stub(address), method)(
@@ -228,9 +245,12 @@ class Backend:
                 exc.code().name,
             )
             self._leaders.pop(shard, None)
-            return _failed(
+            failed = _failed(
                 method, ErrorCode.COORDINATOR_NOT_AVAILABLE, f"coordinator {address}: {exc.code()}"
             )
+            # No connection: the request never left; a timeout: it may have run
+            # (the client is told, and decides).
+            return failed, exc.code() is not grpc.StatusCode.UNAVAILABLE
         code = getattr(answer, "error_code", ErrorCode.NONE)
         if code in REDISCOVER:
             log.info(
@@ -240,7 +260,7 @@ class Backend:
                 ErrorCode(code).name,
             )
             self._leaders.pop(shard, None)
-        return answer
+        return answer, code not in NOT_PROCESSED
 
     def forget_leader(self, key: str) -> None:
         """Ask the coordinators again who leads ``key``'s shard next time (an
@@ -332,6 +352,21 @@ class Backend:
             else:
                 done.append(([payload for _, _, payload in group], answer))
         return done, failed
+
+
+async def while_leadership_moves() -> AsyncIterator[int]:
+    """Tries (numbered from 0) for up to :data:`LEADER_MOVE_WAIT_S`, with
+    :data:`LEADER_MOVE_BACKOFF_S` between them: the caller breaks out when a
+    try was taken."""
+    deadline = asyncio.get_running_loop().time() + LEADER_MOVE_WAIT_S
+    tries = 0
+    while True:
+        yield tries
+        pause = LEADER_MOVE_BACKOFF_S[min(tries, len(LEADER_MOVE_BACKOFF_S) - 1)]
+        if asyncio.get_running_loop().time() + pause > deadline:
+            return
+        await asyncio.sleep(pause)
+        tries += 1
 
 
 def _failed(method: str, code: int, message: str) -> Any:
