@@ -69,8 +69,7 @@ class Cluster:
 
 def cluster_of(options: dict[str, str]) -> Cluster:
     """The cluster a data source's ``options`` name (:meth:`Cluster.options`)."""
-    files = [options.get(key) for key in TLS_OPTIONS]
-    ca, cert, key = files
+    ca, cert, key = (options.get(key) for key in TLS_OPTIONS)
     tls = (ca, cert, key) if ca is not None and cert is not None and key is not None else None
     return Cluster(Path(options["cluster_config"]), tls)
 
@@ -78,9 +77,9 @@ def cluster_of(options: dict[str, str]) -> Cluster:
 def list_nodes(cluster: Cluster, kind: str) -> list[NodeFiles]:
     """Every node of ``kind`` in the config, with its files (or the reason it
     could not list them)."""
+    assert kind in (COORDINATOR, PARTITION_LOG)
     config = load_config(cluster.config)
     nodes = config.coordinators if kind == COORDINATOR else config.partition_nodes
-    assert kind in (COORDINATOR, PARTITION_LOG)
     listed = []
     for node in nodes:
         try:

@@ -113,6 +113,10 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         assert "no" in status.stdout.splitlines()[2].split()  # node 2 not alive
         started = raftcoord("cluster", "start", "2", "--cluster-dir", data)
         assert started.returncode == 0, started.stderr
+        # Node 2 is shard 1's preferred leader: an election gives it back at once.
+        elected = raftcoord("cluster", "elect-leaders", "--cluster-dir", data)
+        assert elected.returncode == 0, elected.stderr
+        assert elected.stdout.strip() == "shard 0: node 1, shard 1: node 2"
         state = json.loads((Path(data) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
     finally:
