@@ -11,9 +11,10 @@ from typing import TypeVar
 
 import pytest
 
+import raftcoord.chaos.history as history_module
 from raftcoord.chaos.arguments import FAULTS, parse_faults
-from raftcoord.chaos.history import History, HistoryError
-from raftcoord.chaos.nemesis import plans
+from raftcoord.chaos.history import SLOW_S, History, HistoryError
+from raftcoord.chaos.nemesis import Fault, FaultPlan, effect, plans
 from raftcoord.chaos.workload import (
     Options,
     input_values,
@@ -209,3 +210,32 @@ def test_structure_check_finds_broken_histories() -> None:
     assert any("mono_ns goes back" in p for p in problems)
     assert any("invokes with send open" in p for p in problems)
     assert any("never completed" in p for p in problems)
+
+
+def test_operations_held_up_count_as_slow_but_polls_do_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """History.slow: client operations over SLOW_S, outstanding or completed;
+    polls, which wait for records by design, never count. A fault whose
+    clients were only held up (a gateway cut off) changed something."""
+    now = [0]
+    monkeypatch.setattr(history_module.time, "monotonic_ns", lambda: now[0])
+    with History(tmp_path / "h.jsonl") as history:
+        history.invoke("txn-0", "commit")
+        history.invoke("poller-0", "poll")
+        assert history.slow() == 0
+        now[0] += int((SLOW_S + 0.5) * 1e9)
+        assert history.slow() == 1  # the commit, still waiting
+        history.complete("txn-0", "ok")
+        history.complete("poller-0", "ok")
+        assert history.slow() == 1  # the commit, done late; not the poll
+        history.invoke("txn-0", "commit")
+        history.complete("txn-0", "ok")
+        assert history.slow() == 1
+    fault = Fault(plans_for_one("gateway-partition"), [[201], [1, 2, 3]], "cut", lambda: ("", {}))
+    assert effect(fault, {}, 0, {}, slow=0) == ""
+    assert effect(fault, {}, 0, {}, slow=2) == f"2 client operations took over {SLOW_S:g} s"
+
+
+def plans_for_one(kind: str) -> FaultPlan:
+    return next(plans(1, [kind], 0.6))

@@ -24,6 +24,9 @@ __all__ = ["COMPLETIONS", "History", "HistoryError"]
 
 #: The types that complete an ``invoke``.
 COMPLETIONS = frozenset({"ok", "fail", "info"})
+#: A client operation that takes longer than this was held up (a commit takes
+#: tens of milliseconds; polls wait for records by design and do not count).
+SLOW_S = 1.0
 
 
 class HistoryError(Exception):
@@ -46,8 +49,10 @@ class History:
         self._index = 0
         self._flush_interval_ns = int(flush_interval_s * 1e9)
         self._last_flush_ns = time.monotonic_ns()
-        #: process -> op of its outstanding invoke.
-        self._open: dict[str, str] = {}
+        #: process -> op of its outstanding invoke, and when it was invoked (ns).
+        self._open: dict[str, tuple[str, int]] = {}
+        #: Client operations (polls aside) that took longer than SLOW_S.
+        self._slow = 0
         #: (op, type) -> how many events; read by progress displays.
         self._counts: Counter[tuple[str, str]] = Counter()
         self._closed = False
@@ -85,10 +90,10 @@ class History:
                 f"{type_!r} does not complete an operation; use {sorted(COMPLETIONS)}"
             )
         with self._lock:
-            op = self._open.get(process)
-        if op is None:
+            open_op = self._open.get(process)
+        if open_op is None:
             raise HistoryError(f"{process} completes an operation it never invoked")
-        return self._write(process, type_, op, fields)
+        return self._write(process, type_, open_op[0], fields)
 
     def event(self, process: str, type_: str, op: str, **fields: Any) -> dict[str, Any]:
         """Record an event that is not an operation of a client process
@@ -103,18 +108,21 @@ class History:
         with self._lock:
             if self._closed:
                 raise HistoryError("the history is closed")
-            outstanding = self._open.get(process)
+            opened = self._open.get(process)
+            outstanding = None if opened is None else opened[0]
+            now_ns = time.monotonic_ns()
             if type_ == "invoke":
                 if outstanding is not None:
                     raise HistoryError(f"{process} invokes {op} while its {outstanding} is open")
-                self._open[process] = op
+                self._open[process] = (op, now_ns)
             elif not standalone:
-                if outstanding != op:
+                if opened is None or outstanding != op:
                     raise HistoryError(f"{process} completes {op} but its open op is {outstanding}")
                 del self._open[process]
+                if _slow(op, now_ns - opened[1]):
+                    self._slow += 1
             elif outstanding is not None:
                 raise HistoryError(f"{process} records {op} while its {outstanding} is open")
-            now_ns = time.monotonic_ns()
             event: dict[str, Any] = {
                 "index": self._index,
                 "time_ms": time.time() * 1000,
@@ -142,7 +150,15 @@ class History:
     def outstanding(self) -> dict[str, str]:
         """process -> op of every operation not completed yet."""
         with self._lock:
-            return dict(self._open)
+            return {process: op for process, (op, _) in self._open.items()}
+
+    def slow(self) -> int:
+        """Client operations (polls aside, which wait by design) that took
+        longer than :data:`SLOW_S`, completed or still outstanding now."""
+        now_ns = time.monotonic_ns()
+        with self._lock:
+            waiting = sum(1 for op, at in self._open.values() if _slow(op, now_ns - at))
+            return self._slow + waiting
 
     def close(self) -> None:
         """Flush and fsync the file and close it. Closing twice is a no-op."""
@@ -153,3 +169,7 @@ class History:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
+
+
+def _slow(op: str, waited_ns: int) -> bool:
+    return op != "poll" and waited_ns > SLOW_S * 1e9

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftcoord.chaos.history import History
+from raftcoord.chaos.history import SLOW_S, History
 from raftcoord.cluster import netns
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
@@ -88,9 +88,11 @@ class Fault:
     end: Callable[[], tuple[str, dict[str, Any]]]
     #: Recorded with the start and the end (e.g. the shard whose leader is hit).
     fields: dict[str, Any] = field(default_factory=dict)
-    #: The shards' leaders and the client operations that had failed, at its start.
+    #: The shards' leaders, the client operations that had failed and those
+    #: that had been slow (History.slow), at its start.
     leaders: dict[str, int] = field(default_factory=dict)
     failures: int = 0
+    slow: int = 0
 
 
 def client_failures(counts: Mapping[tuple[str, str], int]) -> int:
@@ -103,9 +105,12 @@ def client_failures(counts: Mapping[tuple[str, str], int]) -> int:
     )
 
 
-def effect(fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[str, Any]) -> str:
+def effect(
+    fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[str, Any], slow: int = 0
+) -> str:
     """What ``fault`` changed, as the cluster and the clients saw it by its
-    end: a leader moved, requests failed, a node stopped on its disk; ""
+    end: a leader moved, requests failed, requests were held up (took over
+    :data:`raftcoord.chaos.history.SLOW_S`), a node stopped on its disk; ""
     when none of these was seen."""
     seen = []
     moved = sorted(
@@ -117,6 +122,8 @@ def effect(fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[s
         seen.append("node stopped on a failed fsync")
     if failures > fault.failures:
         seen.append(f"{failures - fault.failures} client operations failed or ended unknown")
+    if slow > fault.slow:
+        seen.append(f"{slow - fault.slow} client operations took over {SLOW_S:g} s")
     return "; ".join(seen)
 
 
@@ -354,7 +361,14 @@ class Nemesis:
         remember the fault as active."""
         leaders = self._leaders()
         fault = Fault(
-            plan, targets, detail, end, fields, leaders, client_failures(self.history.counts())
+            plan,
+            targets,
+            detail,
+            end,
+            fields,
+            leaders,
+            client_failures(self.history.counts()),
+            self.history.slow(),
         )
         self.history.event(
             "nemesis",
@@ -382,7 +396,8 @@ class Nemesis:
             self.say(f"nemesis: {fault.plan.kind} {fault.targets} did not end yet: {exc}")
             return
         leaders = self._leaders()
-        changed = effect(fault, leaders, client_failures(self.history.counts()), outcome)
+        failures, slow = client_failures(self.history.counts()), self.history.slow()
+        changed = effect(fault, leaders, failures, outcome, slow)
         kind = fault.plan.kind
         with self._lock:
             self._active.remove(fault)
