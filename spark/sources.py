@@ -34,7 +34,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -273,18 +273,12 @@ class NodeSegmentsReader(NodeReader):
         assert match is not None
         fetcher = nodes.Fetcher(self.cluster, partition.address)
         try:
-            segments: list[tuple[int, Callable[[], bytes]]] = []
-            gaps: Callable[[], bytes] | None = None
-            for name, size in partition.files:
-                file = name.rpartition("/")[2]
-                load = functools.partial(fetcher.fetch, name, size)
-                if file == OFFSET_GAPS_FILE:
-                    gaps = load
-                elif _SEGMENT_NAME.fullmatch(file):
-                    segments.append((int(file.removesuffix(".log")), load))
-            yield from read_partition(
-                match["topic"], int(match["partition"]), partition.node, segments, gaps
-            )
+            files = {
+                name.rpartition("/")[2]: functools.partial(fetcher.fetch, name, size)
+                for name, size in partition.files
+            }
+            topic, index = match["topic"], int(match["partition"])
+            yield from read_partition(topic, index, partition.node, files)
         finally:
             fetcher.close()
 
@@ -330,35 +324,32 @@ def read_partition_dir(directory: Path, node: int) -> Iterator[tuple[Any, ...]]:
     """
     match = _PARTITION_DIR.fullmatch(directory.name)
     assert match is not None
-    segments = sorted(p for p in directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
-    gaps = directory / OFFSET_GAPS_FILE
-    yield from read_partition(
-        match["topic"],
-        int(match["partition"]),
-        node,
-        [(int(p.stem), p.read_bytes) for p in segments],
-        gaps.read_bytes if gaps.exists() else None,
-    )
+    files = {p.name: p.read_bytes for p in directory.iterdir()}
+    yield from read_partition(match["topic"], int(match["partition"]), node, files)
 
 
 def read_partition(
-    topic: str,
-    index: int,
-    node: int,
-    segments: list[tuple[int, Callable[[], bytes]]],
-    gaps_file: Callable[[], bytes] | None,
+    topic: str, index: int, node: int, files: Mapping[str, Callable[[], bytes]]
 ) -> Iterator[tuple[Any, ...]]:
-    """Every record of one partition (:func:`read_partition_dir`), its segments
-    given as (base offset, a function that reads the segment's bytes) and its
-    offset-gaps file as a function that reads it (None: there is none)."""
-    gaps, damaged = read_offset_gaps(gaps_file)
+    """Every record of one partition (:func:`read_partition_dir`), given the
+    files of its directory by name, each as a function that reads its bytes:
+    the segments (``<base offset>.log``) and the offset-gaps file; any other
+    name is not the partition's data."""
+    gaps, damaged = read_offset_gaps(files.get(OFFSET_GAPS_FILE))
     if damaged is not None:
         yield _problem_row(topic, index, node, -1, 0, damaged)
     # The offset the next batch must start at (None after an untrusted batch: unknown),
     # and the last offset of the last trusted batch (offsets only go up).
     expected: int | None = None
     floor = -1
-    segments = sorted(segments, key=lambda s: s[0])
+    segments = sorted(
+        (
+            (int(name.removesuffix(".log")), load)
+            for name, load in files.items()
+            if _SEGMENT_NAME.fullmatch(name)
+        ),
+        key=lambda segment: segment[0],
+    )
     for n, (base, load) in enumerate(segments):
         where = (topic, index, node, base)
         try:

@@ -119,7 +119,7 @@ class History:
                 if opened is None or outstanding != op:
                     raise HistoryError(f"{process} completes {op} but its open op is {outstanding}")
                 del self._open[process]
-                if _slow(op, now_ns - opened[1]):
+                if _held_up(op, now_ns - opened[1]):
                     self._slow += 1
             elif outstanding is not None:
                 raise HistoryError(f"{process} records {op} while its {outstanding} is open")
@@ -157,7 +157,7 @@ class History:
         longer than :data:`SLOW_S`, completed or still outstanding now."""
         now_ns = time.monotonic_ns()
         with self._lock:
-            waiting = sum(1 for op, at in self._open.values() if _slow(op, now_ns - at))
+            waiting = sum(1 for op, at in self._open.values() if _held_up(op, now_ns - at))
             return self._slow + waiting
 
     def close(self) -> None:
@@ -171,5 +171,5 @@ class History:
             self._file.close()
 
 
-def _slow(op: str, waited_ns: int) -> bool:
+def _held_up(op: str, waited_ns: int) -> bool:
     return op != "poll" and waited_ns > SLOW_S * 1e9

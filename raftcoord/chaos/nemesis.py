@@ -39,6 +39,8 @@ DISK_STOP_TIMEOUT_S = 10.0
 #: The ``fault`` of the events around a restart by the final heal of a node
 #: that was down outside any fault (docs/history.md).
 HEAL_RESTART = "heal-restart"
+#: The faults that cut the network (they need namespaces, and a heal).
+NETWORK_FAULTS = ("partition", "gateway-partition")
 #: History ops that are not client operations (a fault's failed requests
 #: are the client operations that failed or ended unknown while it lasted).
 NOT_CLIENT_OPS = ("run", "fault", "final")
@@ -69,7 +71,7 @@ def plans(seed: int, kinds: Sequence[str], election_timeout_s: float) -> Iterato
         for kind in round_:
             if kind == "pause":
                 hold = election_timeout_s * rng.uniform(2.0, 4.0)
-            elif kind in ("partition", "gateway-partition"):
+            elif kind in NETWORK_FAULTS:
                 hold = rng.uniform(2.0, 5.0)
             else:
                 hold = rng.uniform(1.0, 3.0)
@@ -106,7 +108,7 @@ def client_failures(counts: Mapping[tuple[str, str], int]) -> int:
 
 
 def effect(
-    fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[str, Any], slow: int = 0
+    fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[str, Any], slow: int
 ) -> str:
     """What ``fault`` changed, as the cluster and the clients saw it by its
     end: a leader moved, requests failed, requests were held up (took over
@@ -176,7 +178,7 @@ class Nemesis:
         self._stop = threading.Event()
         self._partitions = False  # whether partition faults run (and need healing)
         runnable = list(kinds)
-        for kind in ("partition", "gateway-partition"):
+        for kind in NETWORK_FAULTS:
             if kind not in runnable:
                 continue
             reason = _why_no_partitions(cluster)

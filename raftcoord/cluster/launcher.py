@@ -116,6 +116,16 @@ class NodeRecord:
     kafka: str = ""  # a Kafka gateway's address for Kafka clients
     metrics: str = ""  # its Prometheus endpoint ("": none)
 
+    @property
+    def address(self) -> str:
+        """Where it listens: its gRPC address, a gateway's Kafka listener."""
+        return self.grpc or self.kafka
+
+    @property
+    def host(self) -> str:
+        """The host (IP address) of :attr:`address`."""
+        return _host(self.address)
+
 
 @dataclass
 class ClusterState:
@@ -509,7 +519,7 @@ class LocalCluster:
         ]
         if network is not None:
             for record in records:
-                record.netns = network.by_address(_host(record.grpc or record.kafka)).namespace
+                record.netns = network.by_address(record.host).namespace
         candidate.replace(config_path)
         self.state = ClusterState(
             str(self.data_dir),
@@ -964,7 +974,7 @@ class LocalCluster:
             node: dict[str, Any] = {
                 "node": record.node_id,
                 "kind": record.kind,
-                "address": record.grpc or record.kafka,
+                "address": record.address,
                 "metrics": record.metrics,
                 "pid": record.pid,
                 "alive": alive,

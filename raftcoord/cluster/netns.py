@@ -198,7 +198,7 @@ def partition(cluster: LocalCluster, groups: list[list[int]]) -> None:
             if node_id in listed:
                 raise NetnsError(f"node {node_id} is in two groups")
             listed.add(node_id)
-            label = network.by_address((record.grpc or record.kafka).rsplit(":", 1)[0]).label
+            label = network.by_address(record.host).label
             other_index, other = placed.setdefault(label, (index, node_id))
             if other_index != index:
                 raise NetnsError(

@@ -141,7 +141,7 @@ class Backend:
         answer NOT_COORDINATOR (for requests that belong to shard 0's leader,
         such as CreateTopics), in rounds for up to :data:`LEADER_MOVE_WAIT_S`;
         COORDINATOR_NOT_AVAILABLE when none accepts."""
-        async for _ in while_leadership_moves():
+        async for _ in _while_leadership_moves():
             answer = await self._accepting_round(method, request)
             if answer is not None:
                 return answer
@@ -191,6 +191,7 @@ class Backend:
         method: str,
         request: Any,
         wait_s: float = 0.0,
+        not_taken: Callable[[Any], bool] | None = None,
     ) -> Any:
         """``method(request)`` on the leader of the shard of ``key`` (a
         transactional id or a group id, as ``key_type`` says), bounded by
@@ -201,15 +202,19 @@ class Backend:
         is forgotten (the client rediscovers, and the gateway with it). A
         leader that cannot be reached is answered as COORDINATOR_NOT_AVAILABLE.
         An answer that the request was not taken (:data:`NOT_PROCESSED`, or
-        no connection to the leader) is not the client's yet: the gateway
+        no connection to the leader, or what ``not_taken`` says of an answer
+        whose errors are per item) is not the client's yet: the gateway
         finds the leader again and resends, for up to :data:`LEADER_MOVE_WAIT_S`.
         """
         shard = shard_for(key, self.config.shard_count)
         answer = None
-        async for _ in while_leadership_moves():
+        async for _ in _while_leadership_moves():
             answer, taken = await self._to_leader_once(
                 shard, key, key_type, method, request, wait_s
             )
+            if taken and not_taken is not None and not_taken(answer):
+                self._leaders.pop(shard, None)
+                taken = False
             if taken:
                 break
         return answer
@@ -230,8 +235,8 @@ class Backend:
         if address is None:
             found = await self.find_coordinator(key, key_type)
             if int(found.error_code) != ErrorCode.NONE:
-                not_taken = int(found.error_code) in NOT_PROCESSED
-                return _failed(method, found.error_code, found.error_message), not not_taken
+                taken = int(found.error_code) not in NOT_PROCESSED
+                return _failed(method, found.error_code, found.error_message), taken
             address = found.address
         try:
             answer = await getattr(self.coordinator_stub(address), method)(
@@ -354,14 +359,14 @@ class Backend:
         return done, failed
 
 
-async def while_leadership_moves() -> AsyncIterator[int]:
-    """Tries (numbered from 0) for up to :data:`LEADER_MOVE_WAIT_S`, with
+async def _while_leadership_moves() -> AsyncIterator[None]:
+    """One step per try, for up to :data:`LEADER_MOVE_WAIT_S`, with
     :data:`LEADER_MOVE_BACKOFF_S` between them: the caller breaks out when a
     try was taken."""
     deadline = asyncio.get_running_loop().time() + LEADER_MOVE_WAIT_S
     tries = 0
     while True:
-        yield tries
+        yield
         pause = LEADER_MOVE_BACKOFF_S[min(tries, len(LEADER_MOVE_BACKOFF_S) - 1)]
         if asyncio.get_running_loop().time() + pause > deadline:
             return

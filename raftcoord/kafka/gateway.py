@@ -31,13 +31,7 @@ from raftcoord.kafka.auth import (
     relay_context,
     server_context,
 )
-from raftcoord.kafka.backend import (
-    CALLER,
-    NOT_PROCESSED,
-    Backend,
-    Unreachable,
-    while_leadership_moves,
-)
+from raftcoord.kafka.backend import CALLER, NOT_PROCESSED, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.metrics import GatewayMetrics
 from raftcoord.kafka.records import BadBatch, BatchTooLarge, fetched_batches, produced_batch
@@ -736,24 +730,22 @@ class Gateway:
         ids = list(request.body.transactional_ids)
 
         async def describe(transactional_id: str) -> Data:
-            found = None
-            async for _ in while_leadership_moves():
-                answer = await self.backend.to_leader(
-                    transactional_id,
-                    coordinator_pb2.TRANSACTION,
-                    "DescribeTransactions",
-                    coordinator_pb2.DescribeTransactionsRequest(
-                        transactional_ids=[transactional_id]
-                    ),
-                )
-                found = next(
+            def entry(answer: Any) -> Any:
+                return next(
                     (t for t in answer.transactions if t.transactional_id == transactional_id),
                     None,
                 )
-                if found is not None and found.error_code in REDISCOVER:
-                    self.backend.forget_leader(transactional_id)
-                if found is not None and found.error_code not in NOT_PROCESSED:
-                    break
+
+            answer = await self.backend.to_leader(
+                transactional_id,
+                coordinator_pb2.TRANSACTION,
+                "DescribeTransactions",
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[transactional_id]),
+                not_taken=lambda a: entry(a) is None or entry(a).error_code in NOT_PROCESSED,
+            )
+            found = entry(answer)
+            if found is not None and found.error_code in REDISCOVER:
+                self.backend.forget_leader(transactional_id)
             if found is None:
                 return {
                     "transactional_id": transactional_id,
