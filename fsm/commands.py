@@ -87,6 +87,8 @@ class InitProducerId(Command):
     ``new_producer_id`` is a fresh id stamped by the leader when the handler
     will need one (see :func:`fsm.machine.TransactionStateMachine.needs_new_producer_id`),
     else -1. ``expected_*`` are the KIP-360 expected id/epoch, -1 when absent.
+    ``enable_two_phase_commit`` and ``keep_prepared_txn`` are KIP-939's
+    (:mod:`fsm.transactions`).
     """
 
     TYPE: ClassVar[int] = 1
@@ -97,6 +99,8 @@ class InitProducerId(Command):
     new_producer_id: int = NO_PRODUCER_ID
     expected_producer_id: int = NO_PRODUCER_ID
     expected_producer_epoch: int = NO_PRODUCER_EPOCH
+    enable_two_phase_commit: bool = False
+    keep_prepared_txn: bool = False
 
 
 @dataclass(frozen=True)
@@ -512,6 +516,7 @@ _SCHEMAS = {type_id: _schema(cls) for type_id, cls in COMMAND_TYPES.items()}
 #: field's default. Every other field must be on the wire.
 _ADDED_LATER: dict[int, frozenset[str]] = {
     GroupMarker.TYPE: frozenset({"coordinator_epoch"}),
+    InitProducerId.TYPE: frozenset({"enable_two_phase_commit", "keep_prepared_txn"}),
 } | {
     cls.TYPE: frozenset({"generation_id", "member_id", "group_instance_id"})
     for cls in (TxnOffsetCommit, OffsetCommit)

@@ -56,6 +56,8 @@ class Outcome:
     AllocatePidBlock. ``expired`` lists ids removed by ExpireTransactionalIds.
     ``generation`` answers the group commands (see :mod:`fsm.membership`).
     ``deleted`` answers DeleteAcls: the bindings each filter removed.
+    ``ongoing_producer_id``/``ongoing_producer_epoch`` answer InitProducerId:
+    the identity of the transaction it kept open (KIP-939), -1 when none.
     An error outcome may still carry effects (InitProducerId on an open
     transaction fences and aborts it, then answers CONCURRENT_TRANSACTIONS).
     """
@@ -69,6 +71,8 @@ class Outcome:
     expired: tuple[str, ...] = ()
     generation: int = -1
     deleted: tuple[tuple[Acl, ...], ...] = ()
+    ongoing_producer_id: int = NO_PRODUCER_ID
+    ongoing_producer_epoch: int = NO_PRODUCER_EPOCH
     effects: tuple[Effect, ...] = ()
 
     @property

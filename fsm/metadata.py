@@ -7,7 +7,7 @@ from typing import Any
 
 from fsm.errors import CommandError, IllegalTransition
 from fsm.states import COMPLETION_OF, TxnState, is_legal
-from fsm.wire import as_int, as_list, as_str
+from fsm.wire import as_bool, as_int, as_list, as_str
 from raftcoord.protocol.types import TopicPartition as TopicPartition
 
 NO_PRODUCER_ID = -1
@@ -32,6 +32,17 @@ class TransactionMetadata:
     new producer id because the epoch is exhausted.
     ``pending_state`` is the state the in-flight two-phase transition will
     end in (the Complete* state of a Prepare* state), None when idle.
+
+    Two-phase commit for an external transaction manager (KIP-939):
+    ``two_phase`` says the producer that initialized last asked for it
+    (``enable_two_phase_commit``), so its transactions never time out.
+    ``ongoing_producer_id``/``ongoing_producer_epoch`` are the identity the
+    records of a *kept* transaction carry: InitProducerId with
+    ``keep_prepared_txn`` found it Ongoing, bumped the epoch past it (fencing
+    the producer that wrote it) and kept it open for the new producer to
+    commit or abort. They stay until the next transaction begins (so that a
+    completed kept transaction can still be matched with its records), and
+    are -1 for a transaction that was never kept.
     """
 
     transactional_id: str
@@ -48,10 +59,19 @@ class TransactionMetadata:
     partitions: frozenset[TopicPartition] = field(default_factory=frozenset)
     groups: frozenset[str] = field(default_factory=frozenset)
     coordinator_epoch: int = 0
+    two_phase: bool = False
+    ongoing_producer_id: int = NO_PRODUCER_ID
+    ongoing_producer_epoch: int = NO_PRODUCER_EPOCH
 
     @property
     def has_participants(self) -> bool:
         return bool(self.partitions or self.groups)
+
+    @property
+    def kept(self) -> bool:
+        """Whether the open transaction was kept by a new producer (KIP-939):
+        it takes no more records or participants, only its end."""
+        return self.state is TxnState.ONGOING and self.ongoing_producer_id != NO_PRODUCER_ID
 
     def to_wire(self) -> list[Any]:
         return [
@@ -69,6 +89,9 @@ class TransactionMetadata:
             sorted([t, p] for t, p in self.partitions),
             sorted(self.groups),
             self.coordinator_epoch,
+            self.two_phase,
+            self.ongoing_producer_id,
+            self.ongoing_producer_epoch,
         ]
 
     @classmethod
@@ -78,7 +101,10 @@ class TransactionMetadata:
         Raises:
             CommandError: malformed data or an unknown state id.
         """
-        if not isinstance(data, list) or len(data) != 14:
+        if isinstance(data, list) and len(data) == 14:
+            # Written before two-phase commit: no transaction was kept.
+            data = [*data, False, NO_PRODUCER_ID, NO_PRODUCER_EPOCH]
+        if not isinstance(data, list) or len(data) != 17:
             raise CommandError(f"malformed transaction metadata: {data!r}")
         (
             txn_id,
@@ -95,6 +121,9 @@ class TransactionMetadata:
             partitions,
             groups,
             coord_epoch,
+            two_phase,
+            ongoing_pid,
+            ongoing_epoch,
         ) = data
         try:
             return cls(
@@ -114,6 +143,9 @@ class TransactionMetadata:
                 ),
                 groups=frozenset(as_str(g) for g in as_list(groups)),
                 coordinator_epoch=as_int(coord_epoch),
+                two_phase=as_bool(two_phase),
+                ongoing_producer_id=as_int(ongoing_pid),
+                ongoing_producer_epoch=as_int(ongoing_epoch),
             )
         except ValueError as exc:  # an unknown state id
             raise CommandError(f"malformed transaction metadata {data!r}: {exc}") from exc

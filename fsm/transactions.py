@@ -13,6 +13,15 @@ closes an open transaction only with a marker whose epoch is greater than
 the transaction's data epoch; a late duplicate marker therefore never closes
 the next transaction.
 
+Two-phase commit for an external transaction manager (KIP-939): a producer
+that initializes with ``enable_two_phase_commit`` opens transactions that
+never time out, and one that initializes with ``keep_prepared_txn`` while
+a transaction is Ongoing keeps it open instead of aborting it: the epoch is
+bumped past it (fencing the producer that wrote it), the transaction takes
+no more records or participants, and the new producer commits or aborts it
+with EndTxn at the bumped epoch. Its markers then carry an epoch two above
+the records', still strictly greater.
+
 One file on purpose (about 560 lines): the handlers share their checks and
 their order (producer id and epoch first, then the state table), and reading
 them side by side is how one sees that every request is checked alike.
@@ -45,6 +54,11 @@ from fsm.rules import NOT_TIMED_OUT, STALE_MARKERS, Request, Rule, rule
 from fsm.states import COMPLETION_OF, PREPARE_STATES, TRANSIENT_STATES, TxnState
 
 INT32_MAX = 2**31 - 1
+#: Why a kept transaction (KIP-939) refuses records and participants.
+KEPT_REFUSAL = (
+    "the transaction was kept by InitProducerId (keep_prepared_txn): it takes no more "
+    "records or participants; commit or abort it"
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +127,16 @@ def init_producer_id(
     """
     if not cmd.transactional_id:
         return refuse(meta, ErrorCode.INVALID_REQUEST, "transactional.id must not be empty")
-    if not 0 < cmd.timeout_ms <= config.transaction_max_timeout_ms:
+    if cmd.enable_two_phase_commit:
+        # A transaction in a two-phase commit never times out, so its
+        # timeout is not bounded by transaction.max.timeout.ms (KIP-939).
+        if cmd.timeout_ms <= 0:
+            return refuse(
+                meta,
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                f"transaction timeout {cmd.timeout_ms} ms must be positive",
+            )
+    elif not 0 < cmd.timeout_ms <= config.transaction_max_timeout_ms:
         return refuse(
             meta,
             ErrorCode.INVALID_TRANSACTION_TIMEOUT,
@@ -134,6 +157,7 @@ def init_producer_id(
             timeout_ms=cmd.timeout_ms,
             last_update_ms=cmd.now_ms,
             coordinator_epoch=cmd.coordinator_epoch,
+            two_phase=cmd.enable_two_phase_commit,
         )
         return Step(created, _answer(created, (moved(None, created, cmd.now_ms),)))
     refused = refusal(meta, Request.INIT_PRODUCER_ID)
@@ -141,6 +165,8 @@ def init_producer_id(
         return refused
     if expected and not _expected_id_valid(meta, cmd, config):
         return refuse(meta, ErrorCode.PRODUCER_FENCED, "expected producer id does not match")
+    if meta.state is TxnState.ONGOING and cmd.keep_prepared_txn:
+        return _keep_ongoing(meta, cmd, config)
     if meta.state is TxnState.ONGOING:
         fenced = fence_and_abort(
             meta, cmd.now_ms, cmd.coordinator_epoch, "init_producer_id", config
@@ -165,12 +191,59 @@ def _expected_id_valid(meta: TransactionMetadata, cmd: InitProducerId, config: F
     )
 
 
+def _keep_ongoing(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig) -> Step:
+    """KIP-939's InitProducerId with ``keep_prepared_txn`` on an Ongoing
+    transaction: bump the epoch (fencing the producer that wrote it) and
+    keep the transaction open, remembering the identity of its records."""
+    expected = (cmd.expected_producer_id, cmd.expected_producer_epoch)
+    if expected[0] != NO_PRODUCER_ID:
+        if meta.kept and expected == (meta.last_producer_id, meta.last_producer_epoch):
+            return Step(meta, _answer(meta))  # a retry of the keep that bumped
+        if expected != (meta.producer_id, meta.producer_epoch):
+            return refuse(meta, ErrorCode.PRODUCER_FENCED, "expected epoch is not the current one")
+    if config.epoch_exhausted(meta.producer_epoch + 1):
+        # The markers need an epoch above the bumped one, under this
+        # producer id (the records' own): none is left.
+        return refuse(
+            meta,
+            ErrorCode.INVALID_TXN_STATE,
+            f"epoch {meta.producer_epoch} leaves no room to keep the transaction; "
+            "initialize without keep_prepared_txn to abort it",
+        )
+    new = transition(
+        meta,
+        TxnState.ONGOING,
+        producer_epoch=meta.producer_epoch + 1,
+        last_producer_id=meta.producer_id,
+        last_producer_epoch=(
+            NO_PRODUCER_EPOCH
+            if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
+            else meta.producer_epoch
+        ),
+        ongoing_producer_id=meta.ongoing_producer_id if meta.kept else meta.producer_id,
+        ongoing_producer_epoch=meta.ongoing_producer_epoch if meta.kept else meta.producer_epoch,
+        two_phase=cmd.enable_two_phase_commit,
+        timeout_ms=cmd.timeout_ms,
+        last_update_ms=cmd.now_ms,
+        coordinator_epoch=cmd.coordinator_epoch,
+    )
+    fenced = ProducerFenced(
+        meta.transactional_id,
+        meta.producer_id,
+        meta.producer_epoch,
+        new.producer_epoch,
+        "init_producer_id",
+    )
+    return Step(new, _answer(new, (fenced, moved(meta, new, cmd.now_ms))))
+
+
 def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig) -> Step:
     common = {
         "timeout_ms": cmd.timeout_ms,
         "last_update_ms": cmd.now_ms,
         "txn_start_ms": NO_TIMESTAMP,
         "coordinator_epoch": cmd.coordinator_epoch,
+        "two_phase": cmd.enable_two_phase_commit,
     }
     is_retry = (
         cmd.expected_producer_epoch != NO_PRODUCER_EPOCH
@@ -266,11 +339,16 @@ def fence_and_abort(
 
 
 def _answer(meta: TransactionMetadata, effects: tuple[Effect, ...] = ()) -> Outcome:
-    """Success, answering with the producer id/epoch the producer must use next."""
+    """Success, answering with the producer id/epoch the producer must use
+    next, and the identity of the kept transaction it may end (KIP-939)."""
     if meta.next_producer_id != NO_PRODUCER_ID:
         return Outcome(producer_id=meta.next_producer_id, producer_epoch=0, effects=effects)
     return Outcome(
-        producer_id=meta.producer_id, producer_epoch=meta.producer_epoch, effects=effects
+        producer_id=meta.producer_id,
+        producer_epoch=meta.producer_epoch,
+        ongoing_producer_id=meta.ongoing_producer_id if meta.kept else NO_PRODUCER_ID,
+        ongoing_producer_epoch=meta.ongoing_producer_epoch if meta.kept else NO_PRODUCER_EPOCH,
+        effects=effects,
     )
 
 
@@ -320,6 +398,8 @@ def verify_ongoing(
         return ErrorCode.PRODUCER_FENCED, f"epoch {producer_epoch} is not the current one"
     if meta.state is not TxnState.ONGOING:
         return ErrorCode.INVALID_TXN_STATE, f"no ongoing transaction (state {meta.state.name})"
+    if meta.kept:
+        return ErrorCode.INVALID_TXN_STATE, KEPT_REFUSAL
     return ErrorCode.NONE, ""
 
 
@@ -398,6 +478,8 @@ def _add_participants(
     refused = refusal(meta, Request.ADD_TO_TXN)
     if refused is not None:
         return refused
+    if meta.kept:
+        return refuse(meta, ErrorCode.INVALID_TXN_STATE, KEPT_REFUSAL)
     ongoing = meta.state is TxnState.ONGOING
     if ongoing and partitions <= meta.partitions and groups <= meta.groups:
         return Step(meta, _answer(meta))
@@ -409,6 +491,9 @@ def _add_participants(
         txn_start_ms=meta.txn_start_ms if ongoing else now_ms,
         last_update_ms=now_ms,
         coordinator_epoch=coordinator_epoch,
+        # A new transaction begins: the kept one before it, if any, is over.
+        ongoing_producer_id=meta.ongoing_producer_id if ongoing else NO_PRODUCER_ID,
+        ongoing_producer_epoch=meta.ongoing_producer_epoch if ongoing else NO_PRODUCER_EPOCH,
     )
     return Step(new, _answer(new, (moved(meta, new, now_ms),)))
 
@@ -515,9 +600,11 @@ def markers_written(meta: TransactionMetadata | None, cmd: MarkersWritten) -> St
 
 
 def has_timed_out(meta: TransactionMetadata, now_ms: int) -> bool:
-    """Whether an Ongoing transaction has outlived its timeout at ``now_ms``."""
+    """Whether an Ongoing transaction has outlived its timeout at ``now_ms``
+    (never one of a two-phase commit producer: KIP-939)."""
     return (
         meta.state is TxnState.ONGOING
+        and not meta.two_phase
         and meta.pending_state is None
         and meta.txn_start_ms + meta.timeout_ms < now_ms
     )

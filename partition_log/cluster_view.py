@@ -317,14 +317,20 @@ def owed_marker(
     lost the marker (a flush policy other than ``always``). The completed
     transaction must be this one: its records' producer id and epoch
     (``last_producer_*``) are the open transaction's, or, after a fencing
-    abort (no ``last_producer_epoch``), the abort's epoch is the next one.
+    abort (no ``last_producer_epoch``), the abort's epoch is the next one,
+    or it was a transaction kept for a two-phase commit (KIP-939) whose
+    records carry ``ongoing_txn_producer_*``.
     """
     for d in descriptions:
         completed = d.state in _COMPLETED
         if not completed:
             continue
         commit = d.state == common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
-        if (d.last_producer_id, d.last_producer_epoch) == (producer_id, data_epoch):
+        kept = d.HasField("ongoing_txn_producer_id") and (
+            d.ongoing_txn_producer_id,
+            d.ongoing_txn_producer_epoch,
+        ) == (producer_id, data_epoch)
+        if kept or (d.last_producer_id, d.last_producer_epoch) == (producer_id, data_epoch):
             return commit, d.coordinator_epoch
         fenced = d.last_producer_epoch == -1 and not commit
         if fenced and (d.producer_id, d.producer_epoch) == (producer_id, data_epoch + 1):

@@ -11,7 +11,9 @@ The truth is re-derived from the data, the way Kafka defines it:
   transaction; nothing from it on is visible.
 * The coordinator's decision for a transaction is the Prepare* transition of
   its applied-transitions logs; its epoch is the markers' epoch, and the
-  transaction's own epoch is the one of the ONGOING state before it.
+  transaction's own epoch (its records') is the one of the ONGOING state
+  that began it (a transaction kept for a two-phase commit moves to ONGOING
+  again at a bumped epoch, its records keeping the first).
 * A history transaction committed when its ``commit`` is ``ok``, aborted
   after an ``abort`` or a failed ``commit``, unknown after a ``commit``
   ``info``, and is still open without any of these.
@@ -214,9 +216,14 @@ class Audit:
         )
         unique = unique.withColumn(
             "txn_epoch",
-            F.last(F.when(F.col("to_state") == "ONGOING", F.col("producer_epoch")), True).over(
-                before
-            ),
+            F.last(
+                F.when(
+                    (F.col("to_state") == "ONGOING")
+                    & ~F.coalesce(F.col("from_state") == "ONGOING", F.lit(False)),
+                    F.col("producer_epoch"),
+                ),
+                True,
+            ).over(before),
         )
         self.unique_transitions = unique.cache()
         decision = F.create_map(*[F.lit(x) for kv in PREPARE.items() for x in kv])[

@@ -112,7 +112,13 @@ class Leader:
     # --- commands, stamped -----------------------------------------------------------
 
     def init(
-        self, tid: str, timeout_ms: int = 60_000, expected: tuple[int, int] | None = None
+        self,
+        tid: str,
+        timeout_ms: int = 60_000,
+        expected: tuple[int, int] | None = None,
+        *,
+        two_phase: bool = False,
+        keep: bool = False,
     ) -> Outcome:
         exp_pid, exp_epoch = expected if expected is not None else (-1, -1)
         return self.propose(
@@ -124,6 +130,8 @@ class Leader:
                 s.new_producer_id,
                 exp_pid,
                 exp_epoch,
+                enable_two_phase_commit=two_phase,
+                keep_prepared_txn=keep,
             )
         )
 

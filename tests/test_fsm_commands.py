@@ -74,6 +74,8 @@ SAMPLES: list[Command] = [
         new_producer_id=2**62,
         expected_producer_id=41,
         expected_producer_epoch=3,
+        enable_two_phase_commit=True,
+        keep_prepared_txn=True,
     ),
     AddPartitions(
         transactional_id="txn-a",

@@ -43,3 +43,21 @@ def test_nothing_is_owed_for_another_transaction_or_one_not_completed() -> None:
     ):
         assert owed_marker(5, 3, [described(state, 5, 4, 5, 3)]) is None
     assert owed_marker(5, 3, []) is None
+
+
+def test_a_kept_transaction_owes_its_decision_to_its_records_identity() -> None:
+    # KIP-939: records at epoch 3, kept at 4, committed at 5 (last 5/4).
+    kept = coordinator_pb2.TransactionDescription(
+        state=COMMIT,
+        producer_id=5,
+        producer_epoch=5,
+        last_producer_id=5,
+        last_producer_epoch=4,
+        ongoing_txn_producer_id=5,
+        ongoing_txn_producer_epoch=3,
+        coordinator_epoch=7,
+    )
+    assert owed_marker(5, 3, [kept]) == (True, 7)
+    assert owed_marker(5, 2, [kept]) is None
+    # A coordinator without the fields: producer 0 at epoch 0 is not matched.
+    assert owed_marker(0, 0, [described(COMMIT, 5, 4, 5, 3)]) is None

@@ -46,6 +46,7 @@ OPERATIONS = {
     "DescribeConfigs": Operation.DESCRIBE_CONFIGS,
     "AlterConfigs": Operation.ALTER_CONFIGS,
     "IdempotentWrite": Operation.IDEMPOTENT_WRITE,
+    "TwoPhaseCommit": Operation.TWO_PHASE_COMMIT,
 }
 _PATTERNS = {
     "literal": PatternType.LITERAL,

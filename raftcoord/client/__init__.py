@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+from raftcoord.client._transactions import PreparedTxnState
 from raftcoord.client.admin import Admin
 from raftcoord.client.consumer import Consumer
 from raftcoord.client.errors import (
@@ -84,6 +85,7 @@ __all__ = [
     "OutOfOrderSequenceError",
     "PartitionNodeDescription",
     "PendingMarker",
+    "PreparedTxnState",
     "Producer",
     "ProducerFencedError",
     "ProducerState",

@@ -21,6 +21,9 @@ class ProducerTxnState(Enum):
     INITIALIZING = "initializing"
     READY = "ready"
     IN_TRANSACTION = "in-transaction"
+    #: KIP-939: flushed and waiting for the external transaction manager's
+    #: decision (prepare_transaction, or init_transactions keeping one).
+    PREPARED_TRANSACTION = "prepared-transaction"
     COMMITTING = "committing"
     ABORTING = "aborting"
     ABORTABLE_ERROR = "abortable-error"
@@ -33,12 +36,25 @@ class ProducerTxnState(Enum):
 TRANSITIONS: dict[ProducerTxnState, frozenset[ProducerTxnState]] = {
     # init_transactions; a timed-out init may be called again.
     ProducerTxnState.UNINITIALIZED: frozenset({ProducerTxnState.INITIALIZING}),
+    # A kept transaction (KIP-939) is prepared from the start.
     ProducerTxnState.INITIALIZING: frozenset(
-        {ProducerTxnState.INITIALIZING, ProducerTxnState.READY}
+        {
+            ProducerTxnState.INITIALIZING,
+            ProducerTxnState.READY,
+            ProducerTxnState.PREPARED_TRANSACTION,
+        }
     ),
     ProducerTxnState.READY: frozenset({ProducerTxnState.IN_TRANSACTION}),
     ProducerTxnState.IN_TRANSACTION: frozenset(
-        {ProducerTxnState.COMMITTING, ProducerTxnState.ABORTING, ProducerTxnState.ABORTABLE_ERROR}
+        {
+            ProducerTxnState.COMMITTING,
+            ProducerTxnState.ABORTING,
+            ProducerTxnState.ABORTABLE_ERROR,
+            ProducerTxnState.PREPARED_TRANSACTION,
+        }
+    ),
+    ProducerTxnState.PREPARED_TRANSACTION: frozenset(
+        {ProducerTxnState.COMMITTING, ProducerTxnState.ABORTING}
     ),
     # A commit that timed out may be called again (EndTxn is retried), or a
     # send failed during its flush (abortable).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from raftcoord.client._net import Deadline
@@ -32,7 +33,7 @@ from raftcoord.client.records import TopicPartition
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import coordinator_pb2
 
-__all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "TransactionManager"]
+__all__ = ["DEFAULT_TRANSACTION_TIMEOUT_MS", "PreparedTxnState", "TransactionManager"]
 
 log = logging.getLogger("raftcoord.client.producer")
 
@@ -41,17 +42,46 @@ log = logging.getLogger("raftcoord.client.producer")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 
 
+@dataclass(frozen=True)
+class PreparedTxnState:
+    """What an external transaction manager stores when a producer prepared
+    a transaction (KIP-939): the producer id and epoch of its records.
+    ``str()`` gives the form to store, :meth:`parse` reads it back."""
+
+    producer_id: int
+    producer_epoch: int
+
+    def __str__(self) -> str:
+        return f"{self.producer_id}:{self.producer_epoch}"
+
+    @classmethod
+    def parse(cls, text: str) -> PreparedTxnState:
+        """The state ``str()`` wrote.
+
+        Raises:
+            ValueError: ``text`` is not ``<producer id>:<epoch>``.
+        """
+        pid, sep, epoch = text.partition(":")
+        if not sep or not pid.isdigit() or not epoch.isdigit():
+            raise ValueError(f"not a prepared transaction state: {text!r}")
+        return cls(int(pid), int(epoch))
+
+
 class TransactionManager:
     """The transaction state machine of one transactional producer.
 
     ``timeout_ms`` None means the default: Kafka's 60000, or
     ``delivery_timeout + request_timeout`` of the sender when longer.
+    ``two_phase`` is KIP-939's transaction.two.phase.commit.enable.
     """
 
     sender: Sender
 
-    def __init__(self, transactional_id: str, timeout_ms: int | None) -> None:
+    def __init__(self, transactional_id: str, timeout_ms: int | None, two_phase: bool) -> None:
         self.transactional_id = transactional_id
+        self.two_phase = two_phase
+        #: The prepared transaction's state (KIP-939), while one is.
+        self.prepared: PreparedTxnState | None = None
         self._requested_timeout_ms = timeout_ms
         #: transaction.timeout.ms as sent to the coordinator (resolved by :meth:`attach`).
         self.timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS if timeout_ms is None else timeout_ms
@@ -98,14 +128,17 @@ class TransactionManager:
 
     # --- the application's calls -------------------------------------------------------
 
-    def init(self) -> None:
+    def init(self, keep_prepared_txn: bool) -> None:
         cond = self.sender.cond
         with cond:
             self._raise_if_fatal()
             check_transition(self.state, ProducerTxnState.INITIALIZING, "init_transactions")
             self.state = ProducerTxnState.INITIALIZING
         request = coordinator_pb2.InitProducerIdRequest(
-            transactional_id=self.transactional_id, transaction_timeout_ms=self.timeout_ms
+            transactional_id=self.transactional_id,
+            transaction_timeout_ms=self.timeout_ms,
+            enable_two_phase_commit=self.two_phase,
+            keep_prepared_txn=keep_prepared_txn,
         )
         answer = self._call("InitProducerId", request, "init_transactions")
         if answer.error_code != ErrorCode.NONE:
@@ -113,7 +146,63 @@ class TransactionManager:
         with cond:
             self.sender.identity = (int(answer.producer_id), int(answer.producer_epoch))
             self._produce_adds_partitions = bool(answer.produce_adds_partitions)
-            self.state = ProducerTxnState.READY
+            self._reset_locked()
+            if answer.HasField("ongoing_txn_producer_id") and answer.ongoing_txn_producer_id >= 0:
+                # A transaction was kept open for this producer to end.
+                self.prepared = PreparedTxnState(
+                    int(answer.ongoing_txn_producer_id), int(answer.ongoing_txn_producer_epoch)
+                )
+                self._mark_started_locked()
+                self.state = ProducerTxnState.PREPARED_TRANSACTION
+            else:
+                self.state = ProducerTxnState.READY
+
+    def prepare(self) -> PreparedTxnState:
+        """KIP-939's first phase: flush, then hold the transaction for the
+        external transaction manager's decision."""
+        cond = self.sender.cond
+        with cond:
+            self._raise_if_fatal()
+            if not self.two_phase:
+                raise IllegalStateError(
+                    "cannot prepare_transaction: the producer was not created with "
+                    "enable_two_phase_commit=True"
+                )
+            if self.state is ProducerTxnState.ABORTABLE_ERROR:
+                raise self._abortable("cannot prepare")
+            check_transition(
+                self.state, ProducerTxnState.PREPARED_TRANSACTION, "prepare_transaction"
+            )
+        self.sender.flush(None)
+        with cond:
+            self._raise_if_fatal()
+            if self._error is not None:
+                self.state = ProducerTxnState.ABORTABLE_ERROR
+                raise self._abortable("cannot prepare")
+            assert self.sender.identity is not None
+            self.prepared = PreparedTxnState(*self.sender.identity)
+            self.state = ProducerTxnState.PREPARED_TRANSACTION
+            return self.prepared
+
+    def complete(self, state: PreparedTxnState) -> bool | None:
+        """KIP-939's second phase: commit the prepared transaction if ``state``
+        is its state, else abort it; None when no transaction is prepared."""
+        with self.sender.cond:
+            self._raise_if_fatal()
+            prepared = self.prepared
+            if prepared is None and self.state is ProducerTxnState.READY:
+                return None
+            if prepared is None:
+                raise IllegalStateError(
+                    f"cannot complete_transaction in state {self.state.value} "
+                    "(no transaction is prepared)"
+                )
+        commit = state == prepared
+        if commit:
+            self.commit()
+        else:
+            self.abort()
+        return commit
 
     def begin(self) -> None:
         with self.sender.cond:
@@ -215,6 +304,8 @@ class TransactionManager:
                 ProducerTxnState.ABORTABLE_ERROR,
                 ProducerTxnState.ABORTING,
             )
+        # A prepared transaction is left to the external transaction manager
+        # (KIP-939): a new producer ends it after init_transactions(keep_prepared_txn=True).
         if open_transaction:
             try:
                 self.abort()
@@ -342,6 +433,7 @@ class TransactionManager:
             self.state = ProducerTxnState.READY
 
     def _reset_locked(self) -> None:
+        self.prepared = None
         self._partitions.clear()
         self.flush_partitions = ()
         self._groups.clear()

@@ -32,7 +32,7 @@ from typing import Any
 from raftcoord.client._accumulator import BATCH_HEADER_SIZE, PendingRecord
 from raftcoord.client._net import CoordinatorClient, Deadline, MetadataCache, client_channels
 from raftcoord.client._sender import Sender, SenderSettings
-from raftcoord.client._transactions import TransactionManager
+from raftcoord.client._transactions import PreparedTxnState, TransactionManager
 from raftcoord.client.errors import RecordTooLargeError
 from raftcoord.client.partitioner import DefaultPartitioner
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
@@ -344,7 +344,28 @@ class TransactionalProducer(Producer):
             the transaction can be aborted, before the coordinator times the
             transaction out. Given together with ``delivery_timeout_ms``, it
             must be longer than it (ValueError otherwise).
+        enable_two_phase_commit: take part in a two-phase commit run by an
+            external transaction manager (KIP-939): the coordinator never
+            times this producer's transactions out, ``prepare_transaction``
+            holds one for the manager's decision and a new producer ends it
+            after ``init_transactions(keep_prepared_txn=True)``. Needs
+            ``transaction.two.phase.commit.enable`` on the cluster and, with
+            ACLs, TWO_PHASE_COMMIT on the transactional id.
         **kwargs: as for :class:`Producer`.
+
+    Two-phase commit::
+
+        producer = TransactionalProducer(bootstrap, "tx-1", enable_two_phase_commit=True)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("orders", value=b"v")
+        state = producer.prepare_transaction()    # flushed; store str(state) with the
+        ...                                       # external decision, then:
+        producer.complete_transaction(state)      # commits (another state aborts)
+
+        # after a crash, a new producer with the same id:
+        producer.init_transactions(keep_prepared_txn=True)
+        producer.complete_transaction(PreparedTxnState.parse(stored))
     """
 
     _transactions: TransactionManager
@@ -355,6 +376,7 @@ class TransactionalProducer(Producer):
         transactional_id: str,
         *,
         transaction_timeout_ms: int | None = None,
+        enable_two_phase_commit: bool = False,
         **kwargs: Any,
     ) -> None:
         if not isinstance(transactional_id, str):
@@ -376,7 +398,9 @@ class TransactionalProducer(Producer):
                 )
         elif transaction_timeout_ms is not None:
             _check_int("transaction_timeout_ms", transaction_timeout_ms, 1)
-        self._transactions = TransactionManager(transactional_id, transaction_timeout_ms)
+        self._transactions = TransactionManager(
+            transactional_id, transaction_timeout_ms, bool(enable_two_phase_commit)
+        )
         super().__init__(bootstrap, **kwargs)
 
     @property
@@ -397,17 +421,59 @@ class TransactionalProducer(Producer):
 
     # --- transactions ------------------------------------------------------------------
 
-    def init_transactions(self) -> None:
+    def init_transactions(self, keep_prepared_txn: bool = False) -> None:
         """Register the transactional id with its coordinator: get the producer id
         and a new epoch, fencing every older producer with this id (an open
         transaction of theirs is aborted first).
+
+        With ``keep_prepared_txn`` (KIP-939) an open transaction is kept
+        instead: the producer is then in the prepared state, and only
+        ``complete_transaction``, ``commit_transaction`` or
+        ``abort_transaction`` end it (``prepared_state`` is its state).
 
         Raises:
             KafkaTimeoutError: not done within ``request_timeout_ms``; call again.
             ProducerFencedError, FatalError: the producer cannot be used.
             IllegalStateError: called twice.
         """
-        self._transactions.init()
+        self._transactions.init(keep_prepared_txn)
+
+    @property
+    def prepared_state(self) -> PreparedTxnState | None:
+        """The prepared transaction's state (KIP-939), None when none is."""
+        with self._sender.cond:
+            return self._transactions.prepared
+
+    def prepare_transaction(self) -> PreparedTxnState:
+        """Flush every pending record and hold the transaction for an external
+        transaction manager's decision (KIP-939's first phase). The
+        transaction survives this producer's crash and coordinator
+        failovers and never times out. Store ``str()`` of the answer with
+        the decision; end the transaction with ``complete_transaction``.
+
+        Raises:
+            IllegalStateError: no transaction is open, or the producer was
+                not created with ``enable_two_phase_commit=True``.
+            TransactionAbortableError: a send failed; abort.
+            FatalError: the producer was fenced.
+        """
+        return self._transactions.prepare()
+
+    def complete_transaction(self, state: PreparedTxnState) -> bool | None:
+        """End the prepared transaction: commit it if ``state`` is its state
+        (the one ``prepare_transaction`` answered, or ``prepared_state``
+        after ``init_transactions(keep_prepared_txn=True)``), else abort it.
+
+        Returns:
+            True when committed, False when aborted, None when no transaction
+            was prepared (the coordinator had none to keep: nothing to do).
+
+        Raises:
+            KafkaTimeoutError: the outcome is not known yet; call again.
+            FatalError: the producer was fenced.
+            IllegalStateError: a transaction is open but not prepared.
+        """
+        return self._transactions.complete(state)
 
     def begin_transaction(self) -> None:
         """Start a transaction (local only: the coordinator learns of it with the

@@ -61,6 +61,8 @@ class Operation(IntEnum):
     DESCRIBE_CONFIGS = 10
     ALTER_CONFIGS = 11
     IDEMPOTENT_WRITE = 12
+    #: KIP-939: take part in a two-phase commit (on a transactional id).
+    TWO_PHASE_COMMIT = 15
 
 
 class Permission(IntEnum):
@@ -108,7 +110,9 @@ OPERATIONS: Final = {
             Operation.IDEMPOTENT_WRITE,
         }
     ),
-    ResourceType.TRANSACTIONAL_ID: frozenset({Operation.ALL, Operation.WRITE, Operation.DESCRIBE}),
+    ResourceType.TRANSACTIONAL_ID: frozenset(
+        {Operation.ALL, Operation.WRITE, Operation.DESCRIBE, Operation.TWO_PHASE_COMMIT}
+    ),
 }
 
 

@@ -126,6 +126,11 @@ class Settings:
     # a producer writing to a partition its coordinator never heard of then
     # leaves a hanging transaction there (`raftcoord txn find-hanging` finds it).
     transaction_partition_verification_enable: bool = True
+    # transaction.two.phase.commit.enable (KIP-939): whether producers may
+    # initialize for a two-phase commit run by an external transaction
+    # manager (their transactions never time out). Off, such an
+    # InitProducerId is TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+    transaction_two_phase_commit_enable: bool = False
     # add.partitions.to.txn.retry.backoff.ms / add.partitions.to.txn.retry.backoff.max.ms
     # (Kafka's, since 4.0): a partition-log node whose add of a partition is
     # answered CONCURRENT_TRANSACTIONS (the producer's previous transaction
@@ -202,6 +207,7 @@ _SETTING_NAMES = {
     "producer.epoch.max": "max_producer_epoch",
     "socket.request.max.bytes": "socket_request_max_bytes",
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
+    "transaction.two.phase.commit.enable": "transaction_two_phase_commit_enable",
     "add.partitions.to.txn.retry.backoff.ms": "add_partitions_to_txn_retry_backoff_ms",
     "add.partitions.to.txn.retry.backoff.max.ms": "add_partitions_to_txn_retry_backoff_max_ms",
     "group.min.session.timeout.ms": "group_min_session_timeout_ms",

@@ -69,6 +69,9 @@ class TransactionQueries:
                     pending_markers=self._pending_markers(shard, meta),
                     last_producer_id=meta.last_producer_id,
                     last_producer_epoch=meta.last_producer_epoch,
+                    ongoing_txn_producer_id=meta.ongoing_producer_id,
+                    ongoing_txn_producer_epoch=meta.ongoing_producer_epoch,
+                    two_phase_commit=meta.two_phase,
                 )
             )
         return coordinator_pb2.DescribeTransactionsResponse(transactions=descriptions)
@@ -199,4 +202,6 @@ def _no_description(transactional_id: str, error: ErrorCode) -> Any:
         transaction_start_time_ms=-1,
         last_producer_id=-1,
         last_producer_epoch=-1,
+        ongoing_txn_producer_id=-1,
+        ongoing_txn_producer_epoch=-1,
     )

@@ -85,9 +85,19 @@ class TransactionRPCs:
                     producer_epoch=-1,
                 )
             return self._idempotent_producer_id(context)
-        denied = self.router.denied(
-            who, (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)
-        )
+        tid = request.transactional_id
+        checks = [(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid)]
+        if request.enable_two_phase_commit:
+            if not self.router.config.settings.transaction_two_phase_commit_enable:
+                return coordinator_pb2.InitProducerIdResponse(
+                    error_code=wire_error(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+                    error_message="two-phase commit is not enabled on this cluster "
+                    "(transaction.two.phase.commit.enable)",
+                    producer_id=-1,
+                    producer_epoch=-1,
+                )
+            checks.append((Operation.TWO_PHASE_COMMIT, ResourceType.TRANSACTIONAL_ID, tid))
+        denied = self.router.denied(who, *checks)
         if denied is not None:
             return coordinator_pb2.InitProducerIdResponse(
                 error_code=wire_error(denied.error),
@@ -108,6 +118,8 @@ class TransactionRPCs:
                 new_producer_id=stamp.new_producer_id,
                 expected_producer_id=expected_producer_id,
                 expected_producer_epoch=expected_producer_epoch,
+                enable_two_phase_commit=request.enable_two_phase_commit,
+                keep_prepared_txn=request.keep_prepared_txn,
             )
 
         if has_pid != has_epoch or (
@@ -126,6 +138,8 @@ class TransactionRPCs:
             producer_id=outcome.producer_id,
             producer_epoch=outcome.producer_epoch,
             produce_adds_partitions=self.router.config.settings.transaction_partition_verification_enable,
+            ongoing_txn_producer_id=outcome.ongoing_producer_id,
+            ongoing_txn_producer_epoch=outcome.ongoing_producer_epoch,
         )
 
     def _may_write_idempotently(self, who: Principal) -> bool:

@@ -39,30 +39,38 @@ class FindCoordinatorResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., node_id: _Optional[int] = ..., address: _Optional[str] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
-    __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch")
+    __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch", "enable_two_phase_commit", "keep_prepared_txn")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_TWO_PHASE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PREPARED_TXN_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     transaction_timeout_ms: int
     producer_id: int
     producer_epoch: int
-    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+    enable_two_phase_commit: bool
+    keep_prepared_txn: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., enable_two_phase_commit: _Optional[bool] = ..., keep_prepared_txn: _Optional[bool] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch", "produce_adds_partitions")
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch", "produce_adds_partitions", "ongoing_txn_producer_id", "ongoing_txn_producer_epoch")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PRODUCE_ADDS_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_TXN_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_TXN_PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     error_message: str
     producer_id: int
     producer_epoch: int
     produce_adds_partitions: bool
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., produce_adds_partitions: _Optional[bool] = ...) -> None: ...
+    ongoing_txn_producer_id: int
+    ongoing_txn_producer_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., produce_adds_partitions: _Optional[bool] = ..., ongoing_txn_producer_id: _Optional[int] = ..., ongoing_txn_producer_epoch: _Optional[int] = ...) -> None: ...
 
 class AddPartitionsToTxnRequest(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics", "verify_only", "transactions")
@@ -253,7 +261,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers", "last_producer_id", "last_producer_epoch")
+    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers", "last_producer_id", "last_producer_epoch", "ongoing_txn_producer_id", "ongoing_txn_producer_epoch", "two_phase_commit")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +276,9 @@ class TransactionDescription(_message.Message):
     PENDING_MARKERS_FIELD_NUMBER: _ClassVar[int]
     LAST_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_TXN_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    ONGOING_TXN_PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TWO_PHASE_COMMIT_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     transactional_id: str
     state: _common_pb2.TransactionState
@@ -282,7 +293,10 @@ class TransactionDescription(_message.Message):
     pending_markers: _containers.RepeatedCompositeFieldContainer[PendingMarker]
     last_producer_id: int
     last_producer_epoch: int
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ..., last_producer_id: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ...) -> None: ...
+    ongoing_txn_producer_id: int
+    ongoing_txn_producer_epoch: int
+    two_phase_commit: bool
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ..., last_producer_id: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ..., ongoing_txn_producer_id: _Optional[int] = ..., ongoing_txn_producer_epoch: _Optional[int] = ..., two_phase_commit: _Optional[bool] = ...) -> None: ...
 
 class PendingMarker(_message.Message):
     __slots__ = ("topic", "partition", "group_id", "last_error_code", "last_error_message")
