@@ -24,6 +24,10 @@ from raftcoord.client import (
     TransactionAbortableError,
     TransactionalProducer,
 )
+from raftcoord.client.errors import (
+    TransactionalIdAuthorizationFailedError,
+    TransactionalIdNotFoundError,
+)
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.v1 import coordinator_pb2, coordinator_pb2_grpc
 from tests.local_cluster import running_cluster
@@ -402,3 +406,18 @@ def test_the_copy_example_creates_missing_topics_and_says_so(shared_cluster: Loc
     with Admin(shared_cluster.bootstrap()) as admin:
         topics = admin.list_topics()
     assert topics["fresh-in"] == topics["fresh-out"] == 3
+
+
+def test_two_phase_commit_needs_the_cluster_setting(shared_cluster: LocalCluster) -> None:
+    """transaction.two.phase.commit.enable is off by default: a producer that
+    asks for two-phase commit (KIP-939) is refused, and nothing is created."""
+    producer = TransactionalProducer(
+        shared_cluster.bootstrap(), "two-phase-off", enable_two_phase_commit=True
+    )
+    with (
+        producer,
+        pytest.raises(TransactionalIdAuthorizationFailedError, match=r"two\.phase\.commit\.enable"),
+    ):
+        producer.init_transactions()
+    with Admin(shared_cluster.bootstrap()) as admin, pytest.raises(TransactionalIdNotFoundError):
+        admin.describe_transactions(["two-phase-off"])

@@ -1,0 +1,200 @@
+"""Two-phase commit for external transaction managers (KIP-939) on a real
+cluster: a prepared transaction survives its producer's crash (SIGKILL), a
+kill of its shard's leader and its own timeout many times over, and is then
+committed by a new producer holding the prepared state, or aborted when the
+state does not match; the example that makes a SQLite database and a topic
+agree is run through both crashes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftcoord.client import (
+    Admin,
+    FatalError,
+    IllegalStateError,
+    PreparedTxnState,
+    TopicPartition,
+    TransactionalProducer,
+)
+from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.routing import shard_for
+from tests.local_cluster import running_cluster
+from tests.test_end_to_end import read, state_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_MS = 1_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(
+        tmp_path_factory.mktemp("two-phase") / "cluster",
+        abort_interval_ms=100,
+        settings={"transaction.two.phase.commit.enable": True},
+    ) as running:
+        yield running
+
+
+def topic(cluster: LocalCluster, name: str) -> list[TopicPartition]:
+    with Admin(cluster.bootstrap()) as admin:
+        admin.create_topics({name: 2})
+    return [TopicPartition(name, p) for p in range(2)]
+
+
+def outlive_the_timeout() -> None:
+    """Let the transaction timeout pass many times over, with the abort
+    sweep every 100 ms: what must not happen is the condition here."""
+    time.sleep(TIMEOUT_MS * 3 / 1000)
+
+
+def test_a_prepared_transaction_survives_its_producer_and_a_leader_kill(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    partitions = topic(cluster, "prepared")
+    script = f"""
+import sys
+from raftcoord.client import TransactionalProducer
+p = TransactionalProducer({cluster.bootstrap()!r}, "survivor",
+                          enable_two_phase_commit=True, transaction_timeout_ms={TIMEOUT_MS})
+p.init_transactions()
+p.begin_transaction()
+for n in range(4):
+    p.send("prepared", value=b"kept-%d" % n, partition=n % 2)
+print(p.prepare_transaction(), flush=True)
+sys.stdin.read()
+"""
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    ) as client:
+        try:
+            assert client.stdout is not None
+            state = PreparedTxnState.parse(client.stdout.readline().strip())
+        finally:
+            client.kill()
+            client.wait(30)
+    assert client.returncode == -9
+
+    assert cluster.state is not None
+    shard = shard_for("survivor", cluster.state.shard_count)
+    leader = cluster.leaders()[shard]
+    cluster.kill(leader, "KILL")
+    cluster.wait_until(
+        lambda: cluster.leaders().get(shard) not in (None, leader),
+        30,
+        f"shard {shard} did not elect another leader",
+    )
+    outlive_the_timeout()
+    assert state_of(cluster, "survivor") == "Ongoing"
+    assert read(cluster, partitions, committed=False) != []
+    cluster.start(leader)
+
+    with TransactionalProducer(
+        cluster.bootstrap(), "survivor", enable_two_phase_commit=True
+    ) as producer:
+        producer.init_transactions(keep_prepared_txn=True)
+        assert producer.prepared_state == state
+        assert producer.state == "prepared-transaction"
+        with pytest.raises(IllegalStateError):
+            producer.send("prepared", value=b"late", partition=0)
+        with pytest.raises(IllegalStateError):
+            producer.begin_transaction()
+        assert producer.complete_transaction(state) is True
+        assert producer.prepared_state is None
+        assert sorted(read(cluster, partitions, committed=True)) == [
+            b"kept-%d" % n for n in range(4)
+        ]
+        # The producer goes on with ordinary transactions.
+        producer.begin_transaction()
+        producer.send("prepared", value=b"next", partition=1)
+        producer.commit_transaction()
+    assert b"next" in read(cluster, partitions, committed=True)
+
+
+def test_a_mismatched_state_aborts_and_the_old_producer_is_fenced(cluster: LocalCluster) -> None:
+    partitions = topic(cluster, "mismatch")
+    old = TransactionalProducer(
+        cluster.bootstrap(), "mismatched", enable_two_phase_commit=True, linger_ms=0
+    )
+    old.init_transactions()
+    old.begin_transaction()
+    old.send("mismatch", value=b"doomed", partition=0)
+    state = old.prepare_transaction()
+    outlive_the_timeout()
+
+    with TransactionalProducer(
+        cluster.bootstrap(), "mismatched", enable_two_phase_commit=True
+    ) as producer:
+        producer.init_transactions(keep_prepared_txn=True)
+        assert producer.prepared_state == state
+        # The old producer was fenced by the keep.
+        with pytest.raises(FatalError):
+            old.complete_transaction(state)
+        other = PreparedTxnState(state.producer_id, state.producer_epoch + 1)
+        assert producer.complete_transaction(other) is False
+    assert read(cluster, partitions, committed=True) == []
+    assert state_of(cluster, "mismatched") == "CompleteAbort"
+    # Nothing is prepared any more: a new producer has nothing to complete.
+    with TransactionalProducer(
+        cluster.bootstrap(), "mismatched", enable_two_phase_commit=True
+    ) as producer:
+        producer.init_transactions(keep_prepared_txn=True)
+        assert producer.prepared_state is None
+        assert producer.complete_transaction(state) is None
+    old.close()
+
+
+@pytest.mark.parametrize("crash_after", ["prepare", "decision"])
+def test_the_database_and_the_topic_agree_after_a_crash(
+    cluster: LocalCluster, tmp_path: Path, crash_after: str
+) -> None:
+    db_path = tmp_path / "transfers.db"
+    name = f"transfers-{crash_after}"
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "two_phase_commit.py"),
+                "--cluster-dir",
+                str(cluster.data_dir),
+                "--db",
+                str(db_path),
+                "--topic",
+                name,
+                "--transactional-id",
+                name,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    crashed = run("--transfers", "3", "--crash-after", crash_after)
+    assert crashed.returncode == -9, crashed.stderr
+    assert "transfer 2 done" in crashed.stdout and "transfer 3" not in crashed.stdout
+    recovered = run("--transfers", "1")
+    assert recovered.returncode == 0, recovered.stderr
+    expected = "committed" if crash_after == "decision" else "aborted"
+    assert f"recovery: {expected}" in recovered.stdout
+
+    with sqlite3.connect(db_path) as db:
+        stored = sorted(
+            b"transfer-%d:%d" % row for row in db.execute("SELECT id, amount FROM transfers")
+        )
+    assert len(stored) == (4 if crash_after == "decision" else 3)
+    partitions = [TopicPartition(name, p) for p in range(2)]
+    assert sorted(read(cluster, partitions, committed=True)) == stored
