@@ -25,6 +25,7 @@ class Request(Enum):
     """The requests and commands that act on one transactional.id."""
 
     INIT_PRODUCER_ID = "InitProducerId"
+    INIT_KEEP = "InitProducerId(keep_prepared_txn)"
     ADD_TO_TXN = "AddPartitionsToTxn / AddOffsetsToTxn"
     END_COMMIT = "EndTxn(commit)"
     END_ABORT = "EndTxn(abort)"
@@ -98,6 +99,13 @@ REQUESTS: Mapping[Request, Mapping[TxnState, Rule]] = {
         **_each(IDLE_STATES, Rule(to=TxnState.EMPTY)),
         # The open transaction is fenced and aborted; the producer retries.
         TxnState.ONGOING: Rule(ErrorCode.CONCURRENT_TRANSACTIONS, TxnState.PREPARE_ABORT),
+        **_BUSY,
+    },
+    Request.INIT_KEEP: {
+        **_each(IDLE_STATES, Rule(to=TxnState.EMPTY)),
+        # KIP-939: the open transaction is kept at a bumped epoch (fencing the
+        # producer that wrote it) for the new producer to end.
+        TxnState.ONGOING: Rule(to=TxnState.ONGOING),
         **_BUSY,
     },
     Request.ADD_TO_TXN: {

@@ -160,7 +160,9 @@ def init_producer_id(
             two_phase=cmd.enable_two_phase_commit,
         )
         return Step(created, _answer(created, (moved(None, created, cmd.now_ms),)))
-    refused = refusal(meta, Request.INIT_PRODUCER_ID)
+    refused = refusal(
+        meta, Request.INIT_KEEP if cmd.keep_prepared_txn else Request.INIT_PRODUCER_ID
+    )
     if refused is not None:
         return refused
     if expected and not _expected_id_valid(meta, cmd, config):

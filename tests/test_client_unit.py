@@ -28,6 +28,7 @@ from raftcoord.client import (
     Consumer,
     KafkaTimeoutError,
     OutOfOrderSequenceError,
+    PreparedTxnState,
     Producer,
     ProducerFencedError,
     TopicPartition,
@@ -461,6 +462,8 @@ class FakeCluster:
         #: InitProducerId's produce_adds_partitions: the partition-log node adds
         #: partitions to transactions (KIP-890 part 2).
         self.produce_adds_partitions = False
+        #: The identity of a transaction InitProducerId(keep_prepared_txn) keeps (KIP-939).
+        self.kept: tuple[int, int] | None = None
 
     # coordinator --------------------------------------------------------------------
 
@@ -489,10 +492,13 @@ class FakeCluster:
         if method == "InitProducerId":
             with self.lock:
                 if request.HasField("transactional_id"):
+                    kept = self.kept if request.keep_prepared_txn else None
                     return coordinator_pb2.InitProducerIdResponse(
                         producer_id=1,
                         producer_epoch=self.epoch,
                         produce_adds_partitions=self.produce_adds_partitions,
+                        ongoing_txn_producer_id=-1 if kept is None else kept[0],
+                        ongoing_txn_producer_epoch=-1 if kept is None else kept[1],
                     )
                 self.next_pid += 1
                 return coordinator_pb2.InitProducerIdResponse(
@@ -902,3 +908,90 @@ def test_one_partitions_error_does_not_cost_the_others_their_records() -> None:
         assert [r.value for r in consumer.poll(5_000)] == [b"c"]
         consumer.seek(t0, 7)  # past the bad batch: the held error is dropped
         assert [(r.partition, r.offset) for r in consumer.poll(5_000)] == [(0, 7)]
+
+
+# --- two-phase commit (KIP-939) -----------------------------------------------------
+
+
+def end_txns(fake: FakeCluster) -> list[bool]:
+    return [r.committed for m, r in fake.calls if m == "EndTxn"]
+
+
+def test_prepare_needs_two_phase_commit_enabled() -> None:
+    fake = FakeCluster()
+    with TransactionalProducer(["fake:9092"], "tx", channels=FakeChannels(fake)) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        with pytest.raises(IllegalStateError, match="enable_two_phase_commit"):
+            producer.prepare_transaction()
+    [init] = [r for m, r in fake.calls if m == "InitProducerId"]
+    assert not init.enable_two_phase_commit and not init.keep_prepared_txn
+
+
+@pytest.mark.parametrize("matches", [True, False])
+def test_prepare_then_complete_commits_only_the_matching_state(matches: bool) -> None:
+    fake = FakeCluster()
+    with TransactionalProducer(
+        ["fake:9092"], "tx", channels=FakeChannels(fake), enable_two_phase_commit=True
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        future = producer.send("t", b"v", partition=0)
+        state = producer.prepare_transaction()
+        assert future.done() and state == PreparedTxnState(1, 0)  # flushed
+        assert producer.state == "prepared-transaction" and producer.prepared_state == state
+        with pytest.raises(IllegalStateError):
+            producer.send("t", b"late", partition=0)
+        with pytest.raises(IllegalStateError):
+            producer.begin_transaction()
+        given = state if matches else PreparedTxnState(1, 7)
+        assert producer.complete_transaction(given) is matches
+        assert producer.state == "ready" and producer.prepared_state is None
+        assert producer.complete_transaction(state) is None  # nothing prepared any more
+    [init] = [r for m, r in fake.calls if m == "InitProducerId"]
+    assert init.enable_two_phase_commit
+    assert end_txns(fake) == [matches]
+
+
+def test_a_kept_transaction_is_prepared_after_init_and_close_leaves_it() -> None:
+    fake = FakeCluster()
+    fake.epoch, fake.kept = 4, (1, 3)
+    with TransactionalProducer(
+        ["fake:9092"], "tx", channels=FakeChannels(fake), enable_two_phase_commit=True
+    ) as producer:
+        producer.init_transactions(keep_prepared_txn=True)
+        assert producer.state == "prepared-transaction"
+        assert producer.prepared_state == PreparedTxnState(1, 3)
+    assert end_txns(fake) == []  # closing does not abort a prepared transaction
+    with TransactionalProducer(
+        ["fake:9092"], "tx", channels=FakeChannels(fake), enable_two_phase_commit=True
+    ) as producer:
+        producer.init_transactions(keep_prepared_txn=True)
+        assert producer.complete_transaction(PreparedTxnState(1, 3)) is True
+    [*_, end] = [r for m, r in fake.calls if m == "EndTxn"]
+    assert end.committed and (end.producer_id, end.producer_epoch) == (1, 4)
+    [*_, init] = [r for m, r in fake.calls if m == "InitProducerId"]
+    assert init.keep_prepared_txn
+
+
+def test_a_coordinator_without_two_phase_commit_keeps_nothing() -> None:
+    fake = FakeCluster()
+    with TransactionalProducer(
+        ["fake:9092"], "tx", channels=FakeChannels(fake), enable_two_phase_commit=True
+    ) as producer:
+        original = fake.coordinator_call
+        fake.coordinator_call = lambda method, request: (  # type: ignore[method-assign]
+            coordinator_pb2.InitProducerIdResponse(producer_id=1, producer_epoch=0)
+            if method == "InitProducerId"
+            else original(method, request)
+        )
+        producer.init_transactions(keep_prepared_txn=True)  # no ongoing_txn_* fields
+        assert producer.state == "ready" and producer.prepared_state is None
+
+
+def test_prepared_state_text_round_trip() -> None:
+    state = PreparedTxnState(12345, 6)
+    assert str(state) == "12345:6" and PreparedTxnState.parse(str(state)) == state
+    for bad in ("", "12", "a:1", "1:", "-1:2", "1:2:3"):
+        with pytest.raises(ValueError, match="prepared transaction state"):
+            PreparedTxnState.parse(bad)

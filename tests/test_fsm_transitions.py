@@ -127,6 +127,7 @@ def machine_with(state: TxnState) -> TransactionStateMachine:
 def events(pid: int = PID, epoch: int = EPOCH) -> dict[str, Command]:
     return {
         "init": InitProducerId("t", 30_000, NOW, 2, FRESH_PID),
+        "init_keep": InitProducerId("t", 30_000, NOW, 2, FRESH_PID, keep_prepared_txn=True),
         "add_partitions": AddPartitions("t", pid, epoch, (("b", 1),), NOW, 2),
         "add_offsets": AddOffsets("t", pid, epoch, "g", NOW, 2),
         "end_commit": EndTxn("t", pid, epoch, True, NOW, 2),
@@ -148,6 +149,7 @@ C, INV, F = (
 EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     TxnState.EMPTY: {
         "init": (OK, TxnState.EMPTY),
+        "init_keep": (OK, TxnState.EMPTY),
         "add_partitions": (OK, TxnState.ONGOING),
         "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (INV, UNCHANGED),
@@ -159,6 +161,8 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     TxnState.ONGOING: {
         # InitProducerId fences and aborts the open transaction, then says "retry".
         "init": (C, TxnState.PREPARE_ABORT),
+        # KIP-939: kept open at a bumped epoch for the new producer to end.
+        "init_keep": (OK, TxnState.ONGOING),
         "add_partitions": (OK, TxnState.ONGOING),
         "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (OK, TxnState.PREPARE_COMMIT),
@@ -171,6 +175,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     # whatever its decision (the retry identity's rows are below).
     TxnState.PREPARE_COMMIT: {
         "init": (C, UNCHANGED),
+        "init_keep": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
         "end_commit": (C, UNCHANGED),
@@ -181,6 +186,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     },
     TxnState.PREPARE_ABORT: {
         "init": (C, UNCHANGED),
+        "init_keep": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
         "end_commit": (C, UNCHANGED),
@@ -191,6 +197,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     },
     TxnState.COMPLETE_COMMIT: {
         "init": (OK, TxnState.EMPTY),
+        "init_keep": (OK, TxnState.EMPTY),
         "add_partitions": (OK, TxnState.ONGOING),
         "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (INV, UNCHANGED),
@@ -201,6 +208,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     },
     TxnState.COMPLETE_ABORT: {
         "init": (OK, TxnState.EMPTY),
+        "init_keep": (OK, TxnState.EMPTY),
         "add_partitions": (OK, TxnState.ONGOING),
         "add_offsets": (OK, TxnState.ONGOING),
         "end_commit": (INV, UNCHANGED),
@@ -212,6 +220,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     # Dead and PrepareEpochFence never outlive one command; found anyway, they are busy.
     TxnState.DEAD: {
         "init": (C, UNCHANGED),
+        "init_keep": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
         "end_commit": (C, UNCHANGED),
@@ -222,6 +231,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
     },
     TxnState.PREPARE_EPOCH_FENCE: {
         "init": (C, UNCHANGED),
+        "init_keep": (C, UNCHANGED),
         "add_partitions": (C, UNCHANGED),
         "add_offsets": (C, UNCHANGED),
         "end_commit": (C, UNCHANGED),
@@ -331,6 +341,7 @@ def test_state_event(
 
 REQUEST_OF_EVENT = {
     "init": Request.INIT_PRODUCER_ID,
+    "init_keep": Request.INIT_KEEP,
     "add_partitions": Request.ADD_TO_TXN,
     "add_offsets": Request.ADD_TO_TXN,
     "end_commit": Request.END_COMMIT,
