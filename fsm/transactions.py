@@ -203,15 +203,21 @@ def _keep_ongoing(meta: TransactionMetadata, cmd: InitProducerId, config: FsmCon
             return Step(meta, _answer(meta))  # a retry of the keep that bumped
         if expected != (meta.producer_id, meta.producer_epoch):
             return refuse(meta, ErrorCode.PRODUCER_FENCED, "expected epoch is not the current one")
+    kept = {
+        "ongoing_producer_id": meta.ongoing_producer_id if meta.kept else meta.producer_id,
+        "ongoing_producer_epoch": meta.ongoing_producer_epoch if meta.kept else meta.producer_epoch,
+        "two_phase": cmd.enable_two_phase_commit,
+        "timeout_ms": cmd.timeout_ms,
+        "last_update_ms": cmd.now_ms,
+        "coordinator_epoch": cmd.coordinator_epoch,
+    }
     if config.epoch_exhausted(meta.producer_epoch + 1):
-        # The markers need an epoch above the bumped one, under this
-        # producer id (the records' own): none is left.
-        return refuse(
-            meta,
-            ErrorCode.INVALID_TXN_STATE,
-            f"epoch {meta.producer_epoch} leaves no room to keep the transaction; "
-            "initialize without keep_prepared_txn to abort it",
-        )
+        # The markers need an epoch above the kept one under the records'
+        # own producer id, and the bump would leave none: the transaction
+        # is kept without one (the old producer is not fenced, as Kafka's
+        # keep never fences), so that a decided commit can always be made.
+        new = transition(meta, TxnState.ONGOING, **kept)
+        return Step(new, _answer(new, (moved(meta, new, cmd.now_ms),)))
     new = transition(
         meta,
         TxnState.ONGOING,
@@ -222,12 +228,7 @@ def _keep_ongoing(meta: TransactionMetadata, cmd: InitProducerId, config: FsmCon
             if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
             else meta.producer_epoch
         ),
-        ongoing_producer_id=meta.ongoing_producer_id if meta.kept else meta.producer_id,
-        ongoing_producer_epoch=meta.ongoing_producer_epoch if meta.kept else meta.producer_epoch,
-        two_phase=cmd.enable_two_phase_commit,
-        timeout_ms=cmd.timeout_ms,
-        last_update_ms=cmd.now_ms,
-        coordinator_epoch=cmd.coordinator_epoch,
+        **kept,
     )
     fenced = ProducerFenced(
         meta.transactional_id,

@@ -309,8 +309,12 @@ class _Builder:
         commit: bool,
         state: str,
         offsets: list[list[Any]] | None = None,
+        kept: bool = False,
     ) -> str:
-        """One transaction of ``process`` at ``epoch``; returns the state it ends in."""
+        """One transaction of ``process`` at ``epoch``; returns the state it ends in.
+        A ``kept`` one is kept for a two-phase commit before it ends: the
+        coordinator bumps its epoch while it stays Ongoing, and its markers
+        carry an epoch two above its records'."""
         txn = f"{process}:{n}"
         ident = {"txn": txn, "producer_id": pid, "producer_epoch": epoch}
         parts = sorted({(t, p) for t, p, _, _ in writes})
@@ -343,10 +347,22 @@ class _Builder:
         listed = [[t, p, v] for t, p, v, _ in writes]
         self.event(process, "invoke", op, writes=listed, **ident)
         decision = "COMMIT" if commit else "ABORT"
+        marker_epoch = epoch + 1
+        if kept:
+            self.transition(
+                process,
+                pid,
+                marker_epoch,
+                "ONGOING",
+                "ONGOING",
+                partitions=[list(tp) for tp in parts],
+                groups=[GROUP] if offsets else [],
+            )
+            marker_epoch += 1
         self.transition(
             process,
             pid,
-            epoch + 1,
+            marker_epoch,
             "ONGOING",
             f"PREPARE_{decision}",
             partitions=[list(tp) for tp in parts],
@@ -355,7 +371,7 @@ class _Builder:
             self.run.logs[tp].append(
                 Batch(
                     pid,
-                    epoch + 1,
+                    marker_epoch,
                     -1,
                     [],
                     int(self.clock.ms),
@@ -368,7 +384,7 @@ class _Builder:
         self.transition(
             process,
             pid,
-            epoch + 1,
+            marker_epoch,
             f"PREPARE_{decision}",
             f"COMPLETE_{decision}",
             partitions=[list(tp) for tp in parts],
@@ -421,7 +437,11 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
         offsets: list[list[Any]] | None = None,
     ) -> None:
         pid, epoch, n, st = state[proc]
-        if epoch + 1 >= MAX_EPOCH:
+        # One transaction in seven of one producer is kept for a two-phase
+        # commit (a second epoch bump) before it ends.
+        kept = proc == "txn-1" and n % 7 == 3
+        bumps = 2 if kept else 1
+        if epoch + bumps >= MAX_EPOCH:
             # Its epochs are spent (each transaction bumps one): as a coordinator
             # does, the transactional id goes on under a new producer id from epoch 0.
             pid, epoch = next_pid[0], 0
@@ -430,8 +450,8 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
             b.event(proc, "ok", "init", producer_id=pid, producer_epoch=0)
             b.transition(proc, pid, 0, st, "EMPTY")
             st = "EMPTY"
-        st = b.transaction(proc, pid, epoch, n, writes, commit, st or "EMPTY", offsets)
-        state[proc] = (pid, epoch + 1, n + 1, st)
+        st = b.transaction(proc, pid, epoch, n, writes, commit, st or "EMPTY", offsets, kept)
+        state[proc] = (pid, epoch + bumps, n + 1, st)
 
     written = 0
     target = max(values // 2, 1)

@@ -35,7 +35,9 @@ everything that world does:
 * Clients (one per transactional id) run InitProducerId, AddPartitions,
   produce, AddOffsets/TxnOffsetCommit and EndTxn with retries; they crash,
   stall past their timeout, and leave zombies behind that go on with an old
-  epoch.
+  epoch. One of them takes part in a two-phase commit (KIP-939): its
+  transactions never time out, it crashes after preparing, and its next
+  incarnation keeps the open transaction (``keep_prepared_txn``) and ends it.
 
 After every step the invariants are checked (see :class:`Simulation`); after
 the faults stop, a quiet period must bring every transaction to completion
@@ -105,6 +107,8 @@ from raftcoord.protocol.types import TopicPartition
 REPLICAS = 3
 MAJORITY = REPLICAS // 2 + 1
 TXN_IDS = ("tx-a", "tx-b", "tx-c")
+#: The transactional id whose producer uses two-phase commit (KIP-939).
+TWO_PHASE_ID = "tx-c"
 PARTITIONS = tuple(TopicPartition("t", i) for i in range(3))
 GROUP = "g"
 #: Small limits so that producer ids rotate and blocks run out within a run.
@@ -341,6 +345,12 @@ class Client:
     #: library's ``transaction_partitions``; a Kafka client's do not).
     names_partitions: bool = False
 
+    @property
+    def two_phase(self) -> bool:
+        """Whether it takes part in a two-phase commit: it initializes with
+        ``enable_two_phase_commit`` and ``keep_prepared_txn``."""
+        return self.tid == TWO_PHASE_ID
+
 
 @dataclass
 class Zombie:
@@ -362,6 +372,7 @@ class Stats:
     truncated: int = 0
     timeouts: int = 0
     zombies: int = 0
+    kept: int = 0
     marker_calls: int = 0
     duplicates: int = 0
     parked: int = 0
@@ -380,6 +391,7 @@ class Stats:
         "truncated",
         "timeouts",
         "zombies",
+        "kept",
         "marker_calls",
         "duplicates",
         "parked",
@@ -398,6 +410,8 @@ class Decision:
     commit: bool
     partitions: frozenset[TopicPartition]
     groups: frozenset[str]
+    #: The epoch of the transaction's records: the one it began at.
+    data_epoch: int
 
 
 # --- the simulation ------------------------------------------------------------------
@@ -441,6 +455,8 @@ class Simulation:
         self.reference: dict[int, bytes] = {}
         self.effects_seen = 0
         self.identity: dict[str, tuple[int, int]] = {}
+        #: Per transactional id, the epoch its open transaction began at.
+        self.began_at: dict[str, int] = {}
         self.pid_owner: dict[int, str] = {}
         self.stamped: set[int] = set()
         self.decisions: dict[tuple[int, int], Decision] = {}
@@ -865,7 +881,7 @@ class Simulation:
     def client_step(self, client: Client) -> None:
         phase = client.phase
         if phase == "init":
-            self.call(client, _init_producer_id(client.tid, TXN_TIMEOUT_MS))
+            self.call(client, _init_producer_id(client.tid, TXN_TIMEOUT_MS, client.two_phase))
         elif phase == "begin":
             if not self.faults:
                 client.phase = "done"
@@ -887,6 +903,9 @@ class Simulation:
         elif phase == "commit_offsets":
             self.commit_offsets(client)
         elif phase == "end":
+            if self.faults and client.two_phase and self.chance(0.1):
+                self.restart_client(client)  # it crashed once prepared
+                return
             if self.faults and not client.stalled and self.chance(0.05):
                 client.stalled = True  # outlive the timeout: the sweeper aborts it
                 client.next_at = self.now + TXN_TIMEOUT_MS + SWEEP_INTERVAL_MS
@@ -912,6 +931,11 @@ class Simulation:
         if isinstance(command, InitProducerId):
             client.producer_id, client.epoch = outcome.producer_id, outcome.producer_epoch
             client.phase = "begin"
+            if outcome.ongoing_producer_id >= 0:  # kept: end it, as the manager decides
+                self.stats.kept += 1
+                client.phase = "end"
+                client.commit = self.chance(0.5)
+                client.stalled = False
         elif isinstance(command, AddOffsets):
             client.phase = "commit_offsets"
         elif isinstance(command, TxnOffsetCommit):
@@ -1081,9 +1105,14 @@ class Simulation:
         owner = self.pid_owner.setdefault(t.producer_id, t.transactional_id)
         if owner != t.transactional_id:
             raise Violation(f"producer id {t.producer_id} serves {owner} and {t.transactional_id}")
+        if t.to_state is TxnState.ONGOING and t.from_state is not TxnState.ONGOING:
+            self.began_at[t.transactional_id] = t.producer_epoch
         if t.to_state in PREPARE_STATES:
             decision = Decision(
-                t.to_state is TxnState.PREPARE_COMMIT, frozenset(t.partitions), frozenset(t.groups)
+                t.to_state is TxnState.PREPARE_COMMIT,
+                frozenset(t.partitions),
+                frozenset(t.groups),
+                self.began_at.get(t.transactional_id, -1),
             )
             earlier = self.decisions.setdefault(identity, decision)
             if earlier.commit != decision.commit:
@@ -1124,11 +1153,12 @@ class Simulation:
                 raise Violation(f"marker for {marker.producer_id} sent to {tuple(partition.tp)}")
             if first_offset < 0:
                 return
+            data_epoch = self.decision_for(marker).data_epoch
             for record in partition.records[first_offset:]:
                 if (
                     record.producer_id == marker.producer_id
                     and record.commit is None
-                    and record.epoch != marker.producer_epoch - 1
+                    and record.epoch != data_epoch
                 ):
                     raise Violation(
                         f"marker epoch {marker.producer_epoch} of producer {marker.producer_id} "
@@ -1191,9 +1221,15 @@ class Simulation:
 # --- requests, built as the coordinator's service builds them -------------------------
 
 
-def _init_producer_id(tid: str, timeout_ms: int) -> Unstamped:
+def _init_producer_id(tid: str, timeout_ms: int, two_phase: bool) -> Unstamped:
     return lambda stamp: InitProducerId(
-        tid, timeout_ms, stamp.now_ms, stamp.coordinator_epoch, stamp.new_producer_id
+        tid,
+        timeout_ms,
+        stamp.now_ms,
+        stamp.coordinator_epoch,
+        stamp.new_producer_id,
+        enable_two_phase_commit=two_phase,
+        keep_prepared_txn=two_phase,
     )
 
 

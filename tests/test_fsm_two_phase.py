@@ -163,19 +163,21 @@ def test_keep_retries_and_fencing_by_expected_identity() -> None:
     assert meta_of(leader, "tx").producer_epoch == epoch + 1
 
 
-def test_keep_refused_where_no_epoch_is_left_for_the_markers() -> None:
+def test_keep_at_the_last_epoch_keeps_without_a_bump() -> None:
     leader = Leader.new(FsmConfig(max_producer_epoch=4))
     pid = leader.init("tx", two_phase=True).producer_id
     assert leader.add("tx", pid, 0, ("a", 0)).ok
-    # Epochs 3 and up are exhausted: a kept transaction at 2 ends with markers at 3.
+    # Epochs 3 and up are exhausted: a transaction at 2 ends with markers at 3.
     assert leader.init("tx", two_phase=True, keep=True).producer_epoch == 1
     assert leader.init("tx", two_phase=True, keep=True).producer_epoch == 2
-    before = leader.machine.snapshot()
-    refused = leader.init("tx", two_phase=True, keep=True)  # would be 3
-    assert refused.error is ErrorCode.INVALID_TXN_STATE
-    assert leader.machine.snapshot() == before
+    last = leader.init("tx", two_phase=True, keep=True)  # a bump would reach 3
+    assert last.ok and (last.producer_epoch, last.ongoing_producer_epoch) == (2, 0)
+    assert not [e for e in last.effects if isinstance(e, ProducerFenced)]
     end = leader.end("tx", pid, 2, commit=True)
     assert end.ok and markers_of(end.effects).producer_epoch == 3
+    assert end.producer_id != pid and end.producer_epoch == 0  # rotated for the next one
+    leader.deliver_all()
+    assert meta_of(leader, "tx").state is TxnState.COMPLETE_COMMIT
 
 
 def test_metadata_without_the_two_phase_fields_still_loads() -> None:
