@@ -73,7 +73,13 @@ def owns_prefix(user: str) -> list[Acl]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("acls")
-    with running_cluster(root / "cluster", shards=2, partition_nodes=2, tls=True) as running:
+    with running_cluster(
+        root / "cluster",
+        shards=2,
+        partition_nodes=2,
+        tls=True,
+        settings={"transaction.two.phase.commit.enable": True},
+    ) as running:
         with Admin(running.bootstrap(), **running.client_tls("admin")) as admin:
             admin.create_topics({"alice-orders": 2, "bob-data": 1})
             admin.create_acls(owns_prefix("alice") + owns_prefix("bob"))
@@ -291,6 +297,34 @@ def test_bob_gets_exactly_his_prefix_and_loses_it_when_the_binding_goes(
                 break
             time.sleep(0.1)
         assert code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_two_phase_commit_needs_its_own_operation(cluster: LocalCluster) -> None:
+    """KIP-939: a producer that asks for two-phase commit needs TWO_PHASE_COMMIT
+    on its transactional id (ALL includes it); WRITE alone does not do."""
+    tls = cluster.client_tls("bob")
+    with TransactionalProducer(
+        cluster.bootstrap(), "bob-2pc", enable_two_phase_commit=True, **tls
+    ) as allowed:
+        allowed.init_transactions()  # bob holds ALL on bob-*
+    deny = Acl(
+        ResourceType.TRANSACTIONAL_ID,
+        PatternType.LITERAL,
+        "bob-2pc-denied",
+        "User:bob",
+        "*",
+        Operation.TWO_PHASE_COMMIT,
+        Permission.DENY,
+    )
+    with Admin(cluster.bootstrap(), **cluster.client_tls("admin")) as admin:
+        admin.create_acls([deny])
+    refused = TransactionalProducer(
+        cluster.bootstrap(), "bob-2pc-denied", enable_two_phase_commit=True, **tls
+    )
+    with refused, pytest.raises(TransactionalIdAuthorizationFailedError, match="TWO_PHASE_COMMIT"):
+        refused.init_transactions()
+    with TransactionalProducer(cluster.bootstrap(), "bob-2pc-denied", **tls) as plain:
+        plain.init_transactions()  # without two-phase commit WRITE is enough
 
 
 def test_the_acl_command_adds_lists_and_removes(

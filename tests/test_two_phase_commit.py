@@ -107,6 +107,14 @@ sys.stdin.read()
         producer.init_transactions(keep_prepared_txn=True)
         assert producer.prepared_state == state
         assert producer.state == "prepared-transaction"
+        with Admin(cluster.bootstrap()) as admin:
+            described = admin.describe_transactions(["survivor"])["survivor"]
+        assert described.state == "Ongoing" and described.two_phase_commit
+        assert (described.ongoing_txn_producer_id, described.ongoing_txn_producer_epoch) == (
+            state.producer_id,
+            state.producer_epoch,
+        )
+        assert described.producer_epoch == state.producer_epoch + 1  # the keep fenced it
         with pytest.raises(IllegalStateError):
             producer.send("prepared", value=b"late", partition=0)
         with pytest.raises(IllegalStateError):

@@ -78,6 +78,12 @@ def _describe(admin: Admin, args: argparse.Namespace) -> Any:
         "transaction_duration_ms": _now_ms() - start if start >= 0 else -1,
         "topic_partitions": [f"{t}-{p}" for t, p in sorted(description.partitions)],
         "pending_markers": [str(m) for m in description.pending_markers],
+        "two_phase_commit": description.two_phase_commit,
+        "ongoing_txn_producer": (
+            f"{description.ongoing_txn_producer_id}/{description.ongoing_txn_producer_epoch}"
+            if description.ongoing_txn_producer_id >= 0
+            else "-"
+        ),
     }
     columns = [
         ("Coordinator", "coordinator"),
@@ -90,6 +96,8 @@ def _describe(admin: Admin, args: argparse.Namespace) -> Any:
         ("TransactionDurationMs", "transaction_duration_ms"),
         ("TopicPartitions", "topic_partitions"),
         ("PendingMarkers", "pending_markers"),
+        ("TwoPhaseCommit", "two_phase_commit"),
+        ("OngoingTxnProducer", "ongoing_txn_producer"),
     ]
     return [row], columns
 

@@ -838,6 +838,13 @@ def _description(d: Any) -> TransactionDescription:
         groups=frozenset(d.groups),
         coordinator_epoch=int(d.coordinator_epoch),
         pending_markers=tuple(_pending_marker(m) for m in d.pending_markers),
+        two_phase_commit=bool(d.two_phase_commit),
+        ongoing_txn_producer_id=(
+            int(d.ongoing_txn_producer_id) if d.HasField("ongoing_txn_producer_id") else -1
+        ),
+        ongoing_txn_producer_epoch=(
+            int(d.ongoing_txn_producer_epoch) if d.HasField("ongoing_txn_producer_epoch") else -1
+        ),
     )
 
 

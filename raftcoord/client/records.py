@@ -96,6 +96,13 @@ class TransactionDescription:
     coordinator_epoch: int
     #: In PrepareCommit/PrepareAbort: the markers not delivered yet.
     pending_markers: tuple[PendingMarker, ...] = ()
+    #: KIP-939: the producer that initialized last takes part in a two-phase
+    #: commit (its transactions never time out).
+    two_phase_commit: bool = False
+    #: KIP-939: the producer id and epoch of the records of a transaction
+    #: that InitProducerId kept (open, or the last one ended); -1 when none.
+    ongoing_txn_producer_id: int = -1
+    ongoing_txn_producer_epoch: int = -1
 
 
 @dataclass(frozen=True)
