@@ -12,7 +12,9 @@ consumer (until it has read them all). Once with confluent-kafka
 (librdkafka) through the gateway, once with raftcoord's own client over
 gRPC. Prints transactions/s and records/s
 of each phase and the gateway's share. Every record must be read back
-exactly once, or the benchmark fails. Numbers vary with the machine:
+exactly once, or the benchmark fails. Also the MiB/s of record values
+produced and read, and the CPU the gateway and the partition-log nodes
+spent per MiB in each phase (``/proc``). Numbers vary with the machine:
 compare the ratios of one run.
 """
 
@@ -31,17 +33,45 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from rich.console import Console
 from rich.table import Table
 
+from raftcoord.bench.stats import cpu_of
 from raftcoord.client import Admin, TransactionalProducer
 from raftcoord.client import Consumer as NativeConsumer
 from raftcoord.client import TopicPartition as NativePartition
 from raftcoord.cluster.launcher import LocalCluster
 
 TIMEOUT_S = 60.0
+MIB = 1 << 20
 
 
-def kafka_run(
-    cluster: LocalCluster, topic: str, args: argparse.Namespace
-) -> tuple[float, float, int]:
+class Phases:
+    """Wall time and CPU seconds (per process kind) of a run's produce and
+    consume phases."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        assert cluster.state is not None
+        self.kinds = {n.pid: n.kind for n in cluster.state.nodes}
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, dict[str, float]] = {}
+        self._started = 0.0
+        self._before: dict[int, float] = {}
+
+    def start(self) -> None:
+        self._before = cpu_of(list(self.kinds))
+        self._started = time.perf_counter()
+
+    def stop(self, phase: str) -> float:
+        took = time.perf_counter() - self._started
+        after = cpu_of(list(self.kinds))
+        spent: dict[str, float] = {}
+        for pid, before in self._before.items():
+            if pid in after:
+                kind = self.kinds[pid]
+                spent[kind] = spent.get(kind, 0.0) + after[pid] - before
+        self.wall[phase], self.cpu[phase] = took, spent
+        return took
+
+
+def kafka_run(cluster: LocalCluster, topic: str, args: argparse.Namespace, phases: Phases) -> int:
     bootstrap = cluster.kafka_bootstrap()
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, args.partitions)])[topic].result(TIMEOUT_S)
@@ -50,35 +80,33 @@ def kafka_run(
     )
     producer.init_transactions(TIMEOUT_S)
     value = b"v" * args.value_bytes
-    start = time.perf_counter()
+    phases.start()
     for _ in range(args.transactions):
         producer.begin_transaction()
         for i in range(args.records):
             producer.produce(topic, value=value, partition=i % args.partitions)
         producer.commit_transaction(TIMEOUT_S)
-    produced_s = time.perf_counter() - start
+    phases.stop("produce")
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "bench", "isolation.level": "read_committed"}
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(args.partitions)])
     expected = args.transactions * args.records
     read = 0
-    start = time.perf_counter()
-    deadline = start + TIMEOUT_S
+    phases.start()
+    deadline = time.perf_counter() + TIMEOUT_S
     while read < expected and time.perf_counter() < deadline:
         for message in consumer.consume(1000, 0.5):
             error = message.error()
             if error is not None:
                 raise KafkaException(error)
             read += 1
-    consumed_s = time.perf_counter() - start
+    phases.stop("consume")
     consumer.close()
-    return produced_s, consumed_s, read
+    return read
 
 
-def native_run(
-    cluster: LocalCluster, topic: str, args: argparse.Namespace
-) -> tuple[float, float, int]:
+def native_run(cluster: LocalCluster, topic: str, args: argparse.Namespace, phases: Phases) -> int:
     bootstrap = cluster.bootstrap()
     with Admin(bootstrap) as admin:
         admin.create_topics({topic: args.partitions})
@@ -86,13 +114,13 @@ def native_run(
     producer = TransactionalProducer(bootstrap, transactional_id=f"bench-{topic}")
     try:
         producer.init_transactions()
-        start = time.perf_counter()
+        phases.start()
         for _ in range(args.transactions):
             producer.begin_transaction()
             for i in range(args.records):
                 producer.send(topic, value=value, partition=i % args.partitions)
             producer.commit_transaction()
-        produced_s = time.perf_counter() - start
+        phases.stop("produce")
     finally:
         producer.close()
     expected = args.transactions * args.records
@@ -101,12 +129,12 @@ def native_run(
         consumer.assign(partitions)
         consumer.seek_to_beginning(partitions)
         read = 0
-        start = time.perf_counter()
-        deadline = start + TIMEOUT_S
+        phases.start()
+        deadline = time.perf_counter() + TIMEOUT_S
         while read < expected and time.perf_counter() < deadline:
             read += len(consumer.poll(timeout_ms=500))
-        consumed_s = time.perf_counter() - start
-    return produced_s, consumed_s, read
+        phases.stop("consume")
+    return read
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,39 +146,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     expected = args.transactions * args.records
+    mib = expected * args.value_bytes / MIB
     root = Path(tempfile.mkdtemp(prefix="kafka-gateway-bench-"))
     cluster = LocalCluster(root)
-    rows = []
+    rows: list[tuple[str, Phases]] = []
     try:
         cluster.up(kafka_listeners=1)
-        runs: list[tuple[str, Callable[..., tuple[float, float, int]], str]] = [
+        runs: list[tuple[str, Callable[..., int], str]] = [
             ("confluent-kafka via the gateway", kafka_run, "kafka"),
             ("raftcoord client over gRPC", native_run, "native"),
         ]
         for name, run, topic in runs:
-            produced_s, consumed_s, read = run(cluster, topic, args)
+            phases = Phases(cluster)
+            read = run(cluster, topic, args, phases)
             if read != expected:
                 print(f"{name}: read {read} records, expected {expected}", file=sys.stderr)
                 return 1
-            rows.append((name, produced_s, consumed_s))
+            rows.append((name, phases))
     finally:
         if cluster.state is not None:
             cluster.down(grace_s=3)
         shutil.rmtree(root, ignore_errors=True)
     table = Table(
         title=f"{args.transactions} transactions x {args.records} records of "
-        f"{args.value_bytes} B over {args.partitions} partitions"
+        f"{args.value_bytes} B over {args.partitions} partitions ({mib:.1f} MiB of values)"
     )
-    for column in ("client", "commits/s", "produced records/s", "read_committed records/s"):
-        table.add_column(column, justify="left" if column == "client" else "right")
-    for name, produced_s, consumed_s in rows:
-        table.add_row(
-            name,
-            f"{args.transactions / produced_s:.1f}",
-            f"{expected / produced_s:,.0f}",
-            f"{expected / consumed_s:,.0f}",
-        )
-    (_, kafka_p, kafka_c), (_, native_p, native_c) = rows
-    table.add_row("gateway / native", f"{native_p / kafka_p:.2f}", "", f"{native_c / kafka_c:.2f}")
-    Console().print(table)
+    columns = (
+        "client",
+        "phase",
+        "records/s",
+        "MiB/s",
+        "gateway CPU s/MiB",
+        "partition nodes CPU s/MiB",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("client", "phase") else "right")
+    for name, phases in rows:
+        for phase, label in (
+            ("produce", "produce, commit"),
+            ("consume", "read_committed"),
+        ):
+            took = phases.wall[phase]
+            cpu = phases.cpu[phase]
+            table.add_row(
+                name,
+                label,
+                f"{expected / took:,.0f}",
+                f"{mib / took:.2f}",
+                f"{cpu['kafka-gateway'] / mib:.3f}" if "kafka-gateway" in cpu else "-",
+                f"{cpu.get('partition-log', 0.0) / mib:.3f}",
+            )
+    (_, kafka), (_, native) = rows
+    for phase, label in (("produce", "produce, commit"), ("consume", "read_committed")):
+        ratio = native.wall[phase] / kafka.wall[phase]
+        table.add_row("gateway / native", label, f"{ratio:.2f}", f"{ratio:.2f}", "", "")
+    Console(width=140).print(table)
     return 0
