@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from partition_log import codec
@@ -82,6 +82,10 @@ class FetchResult:
     log_start_offset: int
     next_fetch_offset: int
     batches: list[FetchedBatch]
+    #: For :meth:`Partition.fetch_raw`: the stored batches, whole, and the
+    #: aborted transactions with records among them (read_committed).
+    raw: bytes = b""
+    aborted: list[AbortedTxn] = field(default_factory=list)
 
 
 class Partition:
@@ -418,6 +422,82 @@ class Partition:
         checks existed) answers an error for this partition only; records
         of the batches before it are served first, so the error comes when a
         fetch starts at the unreadable batch."""
+        read = self._read(offset, max_bytes, read_committed)
+        if isinstance(read, FetchResult):
+            return read
+        raw, aborted, (end, lso, start) = read
+        batches = []
+        next_offset = offset
+        for data in raw:
+            header = codec.parse_header(data)
+            if not _hidden(header, aborted):
+                try:
+                    records = codec.read_batch(data)
+                except codec.InvalidBatch as exc:
+                    if next_offset > offset:
+                        break  # serve what precedes it; the next fetch starts here
+                    self._log_unreadable(header.base_offset, exc)
+                    return FetchResult(
+                        ErrorCode.CORRUPT_MESSAGE,
+                        f"the batch at offsets {header.base_offset}..{header.last_offset} "
+                        f"cannot be read: {exc}",
+                        end,
+                        lso,
+                        start,
+                        offset,
+                        [],
+                    )
+                batches.append(
+                    FetchedBatch(
+                        header.producer_id,
+                        header.producer_epoch,
+                        header.is_transactional,
+                        [r for r in records if r.offset >= offset],
+                    )
+                )
+            next_offset = header.next_offset
+        return FetchResult(ErrorCode.NONE, "", end, lso, start, next_offset, batches)
+
+    def fetch_raw(self, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
+        """The stored batches from the one holding ``offset`` on, whole, as
+        Kafka's Fetch returns them: up to the high watermark, or under
+        read_committed up to the LSO with the aborted transactions among
+        them (the reader skips their records and the control batches).
+        Every batch was checked against its CRC-32C as it was read."""
+        read = self._read(offset, max_bytes, read_committed)
+        if isinstance(read, FetchResult):
+            return read
+        raw, aborted, (end, lso, start) = read
+        served: list[bytes] = []
+        next_offset = offset
+        for data in raw:
+            header = codec.parse_header(data)
+            if not codec.crc_ok(data):
+                if served:
+                    break  # serve what precedes it; the next fetch starts here
+                self._log_unreadable(header.base_offset, codec.CorruptBatch("CRC-32C mismatch"))
+                return FetchResult(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"the batch at offsets {header.base_offset}..{header.last_offset} "
+                    "does not match its CRC-32C",
+                    end,
+                    lso,
+                    start,
+                    offset,
+                    [],
+                )
+            served.append(data)
+            next_offset = header.next_offset
+        return FetchResult(
+            ErrorCode.NONE, "", end, lso, start, next_offset, [], b"".join(served), aborted
+        )
+
+    def _read(
+        self, offset: int, max_bytes: int, read_committed: bool
+    ) -> tuple[list[bytes], list[AbortedTxn], tuple[int, int, int]] | FetchResult:
+        """The stored batches a fetch from ``offset`` returns, the aborted
+        transactions among them (read_committed) and (high watermark, LSO,
+        log start offset); or the failed fetch."""
         with self.lock:
             start = self.store.log_start_offset
             end = self.store.log_end_offset
@@ -442,32 +522,7 @@ class Partition:
                     ErrorCode.CORRUPT_MESSAGE, f"the log cannot be read at {offset}: {exc}"
                 )
             aborted = self.states.aborted_between(offset, upto) if read_committed else []
-        batches = []
-        next_offset = offset
-        for data in raw:
-            header = codec.parse_header(data)
-            if not _hidden(header, aborted):
-                try:
-                    records = codec.read_batch(data)
-                except codec.InvalidBatch as exc:
-                    if next_offset > offset:
-                        break  # serve what precedes it; the next fetch starts here
-                    self._log_unreadable(header.base_offset, exc)
-                    return failed(
-                        ErrorCode.CORRUPT_MESSAGE,
-                        f"the batch at offsets {header.base_offset}..{header.last_offset} "
-                        f"cannot be read: {exc}",
-                    )
-                batches.append(
-                    FetchedBatch(
-                        header.producer_id,
-                        header.producer_epoch,
-                        header.is_transactional,
-                        [r for r in records if r.offset >= offset],
-                    )
-                )
-            next_offset = header.next_offset
-        return FetchResult(ErrorCode.NONE, "", end, lso, start, next_offset, batches)
+        return raw, aborted, (end, lso, start)
 
     def _log_unreadable(self, offset: int, exc: Exception) -> None:
         log.error(

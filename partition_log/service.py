@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from partition_log import codec
+from partition_log import codec, produced
 from partition_log.cluster_view import MAX_FLUSH_PARTITIONS, TxnPartitionAdder
 from partition_log.partition import BatchSpec, Partition
 from partition_log.producer_state import AppendCheck, Verdict
@@ -201,7 +201,49 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         found = lookup(entry.topic, entry.partition)
         if isinstance(found, tuple):
             return found
-        batch = entry.batch
+        built = self._raw_batch(entry) if entry.raw_batch else self._record_batch(entry.batch)
+        if isinstance(built[0], ErrorCode):
+            return built
+        encoded, spec = built
+        if spec.transactional and not transactional_id:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                "a transactional batch needs the request's transactional_id",
+            )
+        if len(encoded) > self.message_max_bytes:
+            return (
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"batch of {len(encoded)} bytes exceeds message.max.bytes={self.message_max_bytes}",
+            )
+        return _Pending(index, TopicPartition(entry.topic, entry.partition), found, spec, encoded)
+
+    def _raw_batch(self, entry: Any) -> tuple[bytearray, BatchSpec] | tuple[ErrorCode, str]:
+        """The batch of a Produce entry's ``raw_batch``, checked once (see
+        :mod:`partition_log.produced`)."""
+        if entry.HasField("batch"):
+            return ErrorCode.INVALID_REQUEST, "a partition carries a batch or raw_batch, not both"
+        try:
+            encoded = produced.accept_produced(
+                entry.raw_batch, MAX_SEQUENCE, self.message_max_bytes
+            )
+        except codec.InvalidBatch as exc:
+            return exc.code, str(exc)
+        header = codec.parse_header(encoded)
+        pid, epoch, sequence = header.producer_id, header.producer_epoch, header.base_sequence
+        if pid < -1:
+            return ErrorCode.INVALID_REQUEST, f"producer_id must be >= -1, got {pid}"
+        if pid >= 0 and epoch < 0:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"producer_epoch must be in 0..{KAFKA_MAX_PRODUCER_EPOCH}, got {epoch}",
+            )
+        if pid == -1:
+            epoch, sequence = -1, -1
+        spec = BatchSpec(pid, epoch, sequence, header.record_count, header.is_transactional)
+        return encoded, spec
+
+    def _record_batch(self, batch: Any) -> tuple[bytearray, BatchSpec] | tuple[ErrorCode, str]:
+        """The batch of a Produce entry's records, encoded and checked."""
         records = batch.records
         if not records:
             return ErrorCode.INVALID_REQUEST, "a batch needs at least one record"
@@ -222,11 +264,6 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                 return ErrorCode.INVALID_REQUEST, f"base_sequence must be in 0..{MAX_SEQUENCE}"
             if len(records) > MAX_SEQUENCE:
                 return ErrorCode.INVALID_REQUEST, "too many records in one batch"
-        if batch.is_transactional and not transactional_id:
-            return (
-                ErrorCode.INVALID_REQUEST,
-                "a transactional batch needs the request's transactional_id",
-            )
         data = [
             codec.RecordData(
                 key=record.key if record.HasField("key") else None,
@@ -246,17 +283,13 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             )
         except (TypeError, ValueError, OverflowError) as exc:
             return ErrorCode.CORRUPT_MESSAGE, f"cannot encode the batch: {exc}"
-        if len(encoded) > self.message_max_bytes:
-            return (
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"batch of {len(encoded)} bytes exceeds message.max.bytes={self.message_max_bytes}",
-            )
-        try:
-            codec.read_batch(encoded)  # what is appended must be readable back
-        except codec.InvalidBatch as exc:
-            return exc.code, str(exc)
+        if len(encoded) <= self.message_max_bytes:
+            try:
+                codec.read_batch(encoded)  # what is appended must be readable back
+            except codec.InvalidBatch as exc:
+                return exc.code, str(exc)
         spec = BatchSpec(pid, epoch, sequence, len(records), batch.is_transactional)
-        return _Pending(index, TopicPartition(entry.topic, entry.partition), found, spec, encoded)
+        return encoded, spec
 
     # --- Fetch ---------------------------------------------------------------------
 
@@ -311,7 +344,8 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
 
     def _read(self, request: Any, lookup: Lookup) -> tuple[list[Any], int, bool]:
         """One pass over the partitions of a Fetch: (answers, bytes of keys and values
-        returned (at least 1 per record), whether some partition answered an error)."""
+        returned (at least 1 per record; with ``raw``, the batches' bytes), whether
+        some partition answered an error)."""
         read_committed = request.isolation_level == common_pb2.READ_COMMITTED
         budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
         size = 0
@@ -338,7 +372,8 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                 answer.high_watermark = end
                 continue
             limit = entry.partition_max_bytes or DEFAULT_FETCH_MAX_BYTES
-            result = found.fetch(entry.fetch_offset, min(limit, budget), read_committed)
+            fetch = found.fetch_raw if request.raw else found.fetch
+            result = fetch(entry.fetch_offset, min(limit, budget), read_committed)
             answer.error_code = wire_error(result.error)
             answer.error_message = result.message
             failed = failed or result.error is not ErrorCode.NONE
@@ -346,6 +381,16 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             answer.last_stable_offset = result.last_stable_offset
             answer.log_start_offset = result.log_start_offset
             answer.next_fetch_offset = result.next_fetch_offset
+            if result.raw:
+                answer.raw_batches = result.raw
+                answer.aborted_transactions.extend(
+                    partition_log_pb2.AbortedTransaction(
+                        producer_id=t.producer_id, first_offset=t.first_offset
+                    )
+                    for t in result.aborted
+                )
+                budget -= len(result.raw)
+                size += len(result.raw)
             for batch in result.batches:
                 for r in batch.records:
                     record = answer.records.add(

@@ -1,19 +1,17 @@
-"""The Kafka gateway's pure parts: message framing (kio), record batch
-conversion, and the epoch book. Messages and batches are made or read back
-with kafka-python, an independent implementation of the same formats."""
+"""The Kafka gateway's pure parts: message framing (kio) and the epoch book.
+Messages are made or read back with kafka-python, an independent
+implementation of the same formats (produced batches:
+tests/test_produced_batches.py)."""
 
 from __future__ import annotations
 
-import gzip
 import io
 import re
 import warnings
 from pathlib import Path
 from typing import Any
 
-import lz4.frame
 import pytest
-import zstandard
 from kio.index import load_response_schema
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
@@ -21,33 +19,11 @@ from kio.static.primitive import i16, i32
 
 from raftcoord.kafka import messages as m
 from raftcoord.kafka.epochs import EpochBook
-from raftcoord.kafka.records import (
-    BadBatch,
-    BatchTooLarge,
-    decompressed_size,
-    fetched_batches,
-    produced_batch,
-)
-from raftcoord.protocol.v1 import partition_log_pb2
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.protocol.metadata import ApiVersionsResponse
     from kafka.protocol.producer import ProduceRequest
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-    from kafka.record.memory_records import MemoryRecords
-
-
-MIB = 1 << 20
-
-
-def batch_bytes(
-    values: list[bytes], producer_id: int = 7, epoch: int = 2, sequence: int = 0
-) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, True, producer_id, epoch, sequence, 2**31 - 1)
-    for i, value in enumerate(values):
-        builder.append(i, 1_000 + i, b"k" if i == 0 else None, value, [("h", b"v")])
-    return bytes(builder.build())
 
 
 # --- messages -----------------------------------------------------------------------
@@ -140,68 +116,6 @@ def test_producer_fenced_reaches_older_versions_as_invalid_producer_epoch() -> N
     assert frame.endswith((47).to_bytes(2, "big"))
 
 
-# --- record batches ---------------------------------------------------------------------
-
-
-def test_a_produced_batch_keeps_its_producer_fields_and_records() -> None:
-    batch = produced_batch(
-        batch_bytes([b"a", b"b"], producer_id=7, epoch=2, sequence=5), 10, 1 << 20
-    )
-    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 2, 5)
-    assert batch.is_transactional
-    assert [r.value for r in batch.records] == [b"a", b"b"]
-    assert batch.records[0].key == b"k"
-    assert not batch.records[1].HasField("key")
-    assert [(h.key, h.value) for h in batch.records[0].headers] == [("h", b"v")]
-    assert [r.timestamp_ms for r in batch.records] == [1_000, 1_001]
-
-
-def test_produced_bytes_that_are_not_one_v2_batch_are_refused() -> None:
-    one = batch_bytes([b"a"])
-    with pytest.raises(BadBatch, match="more than one"):
-        produced_batch(one + one, 10, 1 << 20)
-    with pytest.raises(BadBatch):
-        produced_batch(b"", 10, 1 << 20)
-    corrupt = bytearray(one)
-    corrupt[-1] ^= 0xFF
-    with pytest.raises(BadBatch, match="CRC"):
-        produced_batch(bytes(corrupt), 10, 1 << 20)
-
-
-def fetched(offset: int, value: bytes, producer_id: int = 7) -> partition_log_pb2.FetchedRecord:
-    return partition_log_pb2.FetchedRecord(
-        offset=offset,
-        timestamp_ms=5,
-        value=value,
-        producer_id=producer_id,
-        producer_epoch=1,
-        is_transactional=True,
-    )
-
-
-def read_back(data: bytes) -> list[tuple[int, int, list[tuple[int, bytes]]]]:
-    """(base offset, next offset, [(offset, value)]) per batch."""
-    records = MemoryRecords(data)
-    out = []
-    while (batch := records.next_batch()) is not None:
-        assert batch.validate_crc()
-        out.append((batch.base_offset, batch.next_offset, [(r.offset, r.value) for r in batch]))
-    return out
-
-
-def test_fetched_records_keep_their_offsets_and_the_last_batch_covers_skipped_ones() -> None:
-    records = [fetched(10, b"a"), fetched(12, b"b"), fetched(13, b"c", producer_id=8)]
-    assert read_back(fetched_batches(records, 10, 16)) == [
-        (10, 13, [(10, b"a"), (12, b"b")]),
-        (13, 16, [(13, b"c")]),
-    ]
-
-
-def test_an_answer_without_records_still_moves_the_client_past_skipped_offsets() -> None:
-    assert read_back(fetched_batches([], 4, 7)) == [(4, 7, [])]
-    assert fetched_batches([], 4, 4) == b""
-
-
 # --- epochs -------------------------------------------------------------------------------
 
 
@@ -259,37 +173,3 @@ def test_the_docs_list_exactly_the_advertised_versions() -> None:
     rows = re.findall(r"^\| [A-Za-z]+ \((\d+)\) \| (\d+)(?:\u2013(\d+))? \|", table, re.MULTILINE)
     listed = {int(key): (int(low), int(high or low)) for key, low, high in rows}
     assert listed == m.SUPPORTED
-
-
-@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4], ids=["none", "gzip", "snappy", "lz4", "zstd"])
-def test_a_batch_that_inflates_past_the_limit_is_refused_before_it_is_inflated(codec: int) -> None:
-    """2 MiB of zeros compress to a few kilobytes; with a 1 MiB limit the
-    batch is BatchTooLarge, found holding at most 1 MiB + 1 of it."""
-    builder = DefaultRecordBatchBuilder(2, codec, True, 7, 2, 0, 2**31 - 1)
-    builder.append(0, 1_000, None, bytes(2 << 20), [])
-    data = bytes(builder.build())
-    if codec:
-        assert len(data) < 200_000
-    assert decompressed_size(data, 1 << 20) == (1 << 20) + 1
-    with pytest.raises(BatchTooLarge):
-        produced_batch(data, 10, 1 << 20)
-    size = decompressed_size(data, 8 << 20)
-    assert (2 << 20) < size < (2 << 20) + 100  # the record's bytes and its framing
-    (record,) = produced_batch(data, 10, 8 << 20).records
-    assert len(record.value) == 2 << 20
-
-
-@pytest.mark.parametrize("codec", [1, 3, 4], ids=["gzip", "lz4", "zstd"])
-def test_every_member_of_a_compressed_payload_counts(codec: int) -> None:
-    """Concatenated gzip members, lz4 or zstd frames are all inflated by the
-    reader, so the bound counts them all: three 1 MiB members are 3 MiB."""
-    compress = {
-        1: gzip.compress,
-        3: lz4.frame.compress,
-        4: zstandard.ZstdCompressor().compress,
-    }[codec]
-    header = bytearray(61)
-    header[21:23] = codec.to_bytes(2, "big")
-    data = bytes(header) + compress(bytes(MIB)) * 3
-    assert decompressed_size(data, 2 * MIB) == 2 * MIB + 1
-    assert decompressed_size(data, 8 * MIB) == 3 * MIB

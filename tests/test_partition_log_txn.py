@@ -4,8 +4,10 @@ the real coordinator is exercised in tests/test_partition_nodes.py)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,11 @@ from partition_log.partition import BatchSpec, Partition
 from partition_log.service import PartitionLogService
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
 from tests.reserved import reserved
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kafka.record.memory_records import MemoryRecords
 
 
 def open_partition(path: Path) -> Partition:
@@ -245,3 +252,123 @@ def test_the_flush_partitions_a_produce_names_go_with_its_add_bounded(tmp_path: 
         assert flush[:3] == [("t", 0), ("t", 1), ("u", 0)]
     finally:
         part.close()
+
+
+# --- raw batches: what the Kafka gateway sends and reads ------------------------------
+
+
+def raw_batch(pid: int, seq: int, value: bytes, txn: bool, epoch: int = 0) -> bytes:
+    """A batch as a Kafka producer encodes it (kafka-python's builder)."""
+    builder = DefaultRecordBatchBuilder(
+        2, 1, txn, pid, epoch if pid >= 0 else -1, seq, 2**31 - 1
+    )  # gzip, as a producer may
+    builder.append(0, 1, None, value, [])
+    return bytes(builder.build())
+
+
+def raw_produce(service: PartitionLogService, pid: int, seq: int, value: bytes, txn: bool) -> Any:
+    request = partition_log_pb2.ProduceRequest(
+        partitions=[
+            partition_log_pb2.PartitionProduceData(
+                topic="t", partition=0, raw_batch=raw_batch(pid, seq, value, txn)
+            )
+        ]
+    )
+    if txn:
+        request.transactional_id = "tx"
+    (answer,) = service.Produce(request, None).partitions
+    return answer
+
+
+def raw_fetch(service: PartitionLogService, committed: bool, offset: int = 0) -> Any:
+    (answer,) = service.Fetch(
+        partition_log_pb2.FetchRequest(
+            isolation_level=common_pb2.READ_COMMITTED if committed else common_pb2.READ_UNCOMMITTED,
+            partitions=[
+                partition_log_pb2.FetchPartition(topic="t", partition=0, fetch_offset=offset)
+            ],
+            raw=True,
+        ),
+        None,
+    ).partitions
+    return answer
+
+
+def test_raw_batches_in_and_out_with_the_aborted_transactions(partition: Partition) -> None:
+    service = PartitionLogService(
+        lambda topic, i: partition if (topic, i) == ("t", 0) else (ErrorCode.NONE, ""),
+        CountingAdder({("t", 0)}),  # type: ignore[arg-type]
+        1 << 20,
+    )
+    assert raw_produce(service, -1, -1, b"plain", txn=False).base_offset == 0
+    assert raw_produce(service, 1, 0, b"commit-a", txn=True).base_offset == 1
+    assert raw_produce(service, 2, 0, b"abort-a", txn=True).base_offset == 2
+    duplicate = raw_produce(service, 1, 0, b"commit-a", txn=True)
+    assert (duplicate.error_code, duplicate.base_offset) == (ErrorCode.NONE, 1)
+    assert partition.write_marker(2, 1, 0, False, 0) == (ErrorCode.NONE, "")  # offset 3
+    assert partition.write_marker(1, 1, 0, True, 0) == (ErrorCode.NONE, "")  # offset 4
+    # The stored batches are uncompressed; the Python client reads them too.
+    assert visible(partition, committed=True) == [b"plain", b"commit-a"]
+
+    committed = raw_fetch(service, committed=True)
+    assert committed.error_code == ErrorCode.NONE and not committed.records
+    assert [(a.producer_id, a.first_offset) for a in committed.aborted_transactions] == [(2, 2)]
+    assert committed.next_fetch_offset == 5 and committed.last_stable_offset == 5
+    batches = read_raw(committed.raw_batches)
+    assert [(b.base_offset, b.is_control_batch, b.producer_id) for b in batches] == [
+        (0, False, -1),
+        (1, False, 1),
+        (2, False, 2),
+        (3, True, 2),
+        (4, True, 1),
+    ]
+    assert [r.value for r in batches[1]] == [b"commit-a"]
+    uncommitted = raw_fetch(service, committed=False, offset=3)
+    assert list(uncommitted.aborted_transactions) == []
+    assert [b.base_offset for b in read_raw(uncommitted.raw_batches)] == [3, 4]
+
+    both = partition_log_pb2.PartitionProduceData(
+        topic="t",
+        partition=0,
+        raw_batch=raw_batch(-1, -1, b"x", txn=False),
+        batch=partition_log_pb2.RecordBatch(producer_id=-1, records=[partition_log_pb2.Record()]),
+    )
+    (refused,) = service.Produce(
+        partition_log_pb2.ProduceRequest(partitions=[both]), None
+    ).partitions
+    assert refused.error_code == ErrorCode.INVALID_REQUEST
+    bad = bytearray(raw_batch(-1, -1, b"y", txn=False))
+    bad[-1] ^= 1
+    (corrupt,) = service.Produce(
+        partition_log_pb2.ProduceRequest(
+            partitions=[
+                partition_log_pb2.PartitionProduceData(topic="t", partition=0, raw_batch=bytes(bad))
+            ]
+        ),
+        None,
+    ).partitions
+    assert corrupt.error_code == ErrorCode.CORRUPT_MESSAGE
+    assert partition.offsets() == (0, 5, 5)  # nothing appended by the refused ones
+
+
+def test_a_raw_fetch_checks_every_batch_against_its_crc(partition: Partition) -> None:
+    send(partition, -1, -1, b"first", txn=False)
+    send(partition, -1, -1, b"second", txn=False)
+    segment = next(partition.store.directory.glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[-1] ^= 0xFF  # the second batch's last byte
+    segment.write_bytes(data)
+    served = partition.fetch_raw(0, 1 << 20, read_committed=False)
+    assert served.error is ErrorCode.NONE and served.next_fetch_offset == 1
+    assert [b.base_offset for b in read_raw(served.raw)] == [0]
+    at = partition.fetch_raw(1, 1 << 20, read_committed=False)
+    assert at.error is ErrorCode.CORRUPT_MESSAGE and "CRC" in at.message and at.raw == b""
+
+
+def read_raw(data: bytes) -> list[Any]:
+    records = MemoryRecords(data)
+    batches = []
+    while (batch := records.next_batch()) is not None:
+        assert batch.validate_crc()
+        batches.append(batch)
+    return batches

@@ -19,7 +19,6 @@ import signal
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc.aio
@@ -34,7 +33,7 @@ from raftcoord.kafka.auth import (
 from raftcoord.kafka.backend import CALLER, NOT_PROCESSED, Backend, Unreachable
 from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.metrics import GatewayMetrics
-from raftcoord.kafka.records import BadBatch, BatchTooLarge, fetched_batches, produced_batch
+from raftcoord.kafka.records import producer_identity, with_identity
 from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
@@ -64,13 +63,6 @@ FRAME_READ_TIMEOUT_S = 30.0
 #: hold up small requests.
 SMALL_FRAME_BYTES = 1 << 20
 SMALL_SHARE = 8
-#: Produce batches are decoded by these threads, not on the event loop: one
-#: client's big or highly compressed batch does not stop the others' requests.
-DECODE_THREADS = 2
-#: The most records one produced batch may declare (checked before it is
-#: decompressed): a few kilobytes of gzip must not inflate into millions of
-#: records to decode.
-MAX_BATCH_RECORDS = 100_000
 #: The largest request frame before a connection is authenticated (Kafka's
 #: sasl.server.max.receive.size).
 MAX_UNAUTHENTICATED_FRAME = 512 * 1024
@@ -169,7 +161,6 @@ class Gateway:
         self._large_frames = ByteBudget(settings.queued_max_request_bytes - small)
         self._largest_frame = min(MAX_REQUEST_BYTES, self._large_frames.total)
         self._idle_s = settings.connections_max_idle_ms / 1000
-        self._decoder = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="decode")
         self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -251,7 +242,6 @@ class Gateway:
         if self._server is not None:
             await self._server.wait_closed()
         await self.backend.close()
-        self._decoder.shutdown(wait=False, cancel_futures=True)
         if self.registry is not None:
             self.registry.close()
 
@@ -1230,35 +1220,22 @@ class Gateway:
         results: dict[tuple[str, int], Data] = {}
         for topic in body.topic_data:
             for p in topic.partition_data:
-                try:
-                    batch = await asyncio.get_running_loop().run_in_executor(
-                        self._decoder,
-                        produced_batch,
-                        bytes(p.records or b""),
-                        MAX_BATCH_RECORDS,
-                        self.config.settings.message_max_bytes,
-                    )
-                except BadBatch as exc:
-                    code = (
-                        ErrorCode.MESSAGE_TOO_LARGE
-                        if isinstance(exc, BatchTooLarge)
-                        else ErrorCode.INVALID_RECORD
-                    )
-                    results[(topic.name, p.index)] = _produce_error(p.index, code, str(exc))
-                    continue
-                client = (batch.producer_id, batch.producer_epoch)
-                server = self.epochs.server(*client)
-                if batch.producer_id >= 0 and server != client:
-                    batch.producer_id, batch.producer_epoch = server
-                    batch.base_sequence = self.epochs.sequence(
-                        client, topic.name, p.index, batch.base_sequence
-                    )
+                # The batch goes to the node as it came, which checks it
+                # once; only a translated producer identity is written in.
+                data = bytes(p.records or b"")
+                identity = producer_identity(data)
+                if identity is not None and identity[0] >= 0:
+                    client = identity[:2]
+                    server = self.epochs.server(*client)
+                    if server != client:
+                        sequence = self.epochs.sequence(client, topic.name, p.index, identity[2])
+                        data = with_identity(data, *server, sequence)
                 items.append(
                     (
                         topic.name,
                         p.index,
                         partition_log_pb2.PartitionProduceData(
-                            topic=topic.name, partition=p.index, batch=batch
+                            topic=topic.name, partition=p.index, raw_batch=data
                         ),
                     )
                 )
@@ -1324,30 +1301,38 @@ class Gateway:
                     partitions=parts,
                     max_wait_ms=wait_ms,
                     min_bytes=body.min_bytes,
+                    raw=True,
                 ),
                 timeout=self.backend.rpc_timeout_s + wait_ms / 1000,
             )
 
         done, failed = await self.backend.per_owner(items, call)
         results: dict[tuple[str, int], Data] = {}
-        for asked, answer in done:
-            offsets = {(p.topic, p.partition): p.fetch_offset for p in asked}
+        read_committed = isolation == common_pb2.READ_COMMITTED
+        for _, answer in done:
             for r in answer.partitions:
                 if r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
                     self.backend.forget_topic(r.topic)
                 if r.error_code != ErrorCode.NONE:
                     results[(r.topic, r.partition)] = _fetch_error(r.partition, r.error_code)
                     continue
-                fetch_offset = offsets[(r.topic, r.partition)]
                 results[(r.topic, r.partition)] = {
                     "partition_index": r.partition,
                     "error_code": 0,
                     "high_watermark": r.high_watermark,
                     "last_stable_offset": r.last_stable_offset,
                     "log_start_offset": r.log_start_offset,
-                    # The partition log filters aborted records itself.
-                    "aborted_transactions": [] if isolation == common_pb2.READ_COMMITTED else None,
-                    "records": fetched_batches(r.records, fetch_offset, r.next_fetch_offset),
+                    # The stored batches as they are: the client skips the
+                    # aborted transactions' records and the markers itself.
+                    "aborted_transactions": (
+                        [
+                            {"producer_id": a.producer_id, "first_offset": a.first_offset}
+                            for a in r.aborted_transactions
+                        ]
+                        if read_committed
+                        else None
+                    ),
+                    "records": r.raw_batches,
                 }
         for topic_name, partition, code in failed:
             results[(topic_name, partition)] = _fetch_error(partition, code)

@@ -1,30 +1,18 @@
-"""RecordBatch v2 between Kafka clients and the partition-log API.
+"""Produced record batches on their way to the partition logs.
 
-A produced batch is read with kafka-python's record codec (the one the
-partition logs store their segments with) into the partition-log
-``RecordBatch`` message, keeping its producer id, epoch, base sequence,
-transactional flag and every record's key, value, headers and timestamp;
-the partition log writes it back as a v2 batch. Fetched records are put into
-v2 batches again, one batch per run of records of one producer epoch, with
-their log offsets (gaps allowed, as after compaction); the last batch's last
-offset delta covers the offsets the log skipped after the last record
-(COMMIT/ABORT markers, aborted records under read_committed) so that the
-client's next fetch starts where the log's would.
+The gateway passes a produced partition's bytes to its partition-log node
+as they came (``raw_batch`` of the Produce RPC), and the node checks them
+once (:mod:`partition_log.produced`). What the gateway may change is the
+producer identity in the batch header, where its epoch book translates it
+(:mod:`raftcoord.kafka.epochs`): those fields lie inside the CRC-32C, so
+the checksum is computed again over the translated batch. Fetched batches
+come back from the node as they are stored and go to the client unchanged.
 """
 
 from __future__ import annotations
 
-import io
 import struct
 import warnings
-import zlib
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import lz4.frame
-import zstandard
-
-from raftcoord.protocol.v1 import partition_log_pb2
 
 with warnings.catch_warnings():
     # kafka-python 3 loads its protocol schemas through importlib.resources'
@@ -32,230 +20,42 @@ with warnings.catch_warnings():
     warnings.filterwarnings(
         "ignore", message=r"(read|open)_text is deprecated", category=DeprecationWarning
     )
-    from kafka.errors import KafkaError
-    from kafka.record.default_records import DefaultRecordBatchBuilder
-    from kafka.record.memory_records import MemoryRecords
+    from kafka.record.util import calc_crc32c
 
-_INT32_MAX = 2**31 - 1
-_BASE_OFFSET = struct.Struct(">q")
-_MAGIC = 2
-
-
-class BadBatch(ValueError):
-    """Produced bytes that are not exactly one readable v2 record batch."""
-
-
-class BatchTooLarge(BadBatch):
-    """A batch whose records decompress to more bytes than allowed."""
-
-
-#: A v2 batch's records start after its 61-byte header; its attributes
-#: (the codec in their low 3 bits) sit at offset 21.
-_RECORDS_AT = 61
-_ATTRIBUTES = struct.Struct(">h")
-_ATTRIBUTES_AT = 21
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+#: A v2 batch header up to its records count: the length of what follows
+#: it at 8, magic at 16, CRC-32C at 17 (over everything from the attributes
+#: at 21 on), producer id at 43, epoch at 51, base sequence at 53.
+_HEADER_SIZE = 61
+_LENGTH = struct.Struct(">i")
+_LENGTH_AT = 8
+_MAGIC_AT = 16
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+_CHECKED_FROM = 21
+_IDENTITY = struct.Struct(">qhi")
+_IDENTITY_AT = 43
 
 
-def decompressed_size(data: bytes, limit: int) -> int:
-    """How many bytes the records of the v2 batch ``data`` decompress to,
-    found without holding more than ``limit`` + 1 of them (a larger answer
-    is ``limit`` + 1): a few kilobytes that would inflate to gigabytes are
-    refused before they are inflated.
-
-    Raises:
-        BadBatch: the compressed records do not decode.
-    """
-    if len(data) < _RECORDS_AT:
-        raise BadBatch("a record batch shorter than its header")
-    (attributes,) = _ATTRIBUTES.unpack_from(data, _ATTRIBUTES_AT)
-    payload = memoryview(data)[_RECORDS_AT:]
-    codec = attributes & 0x7
-    try:
-        if codec == 0:
-            return min(len(payload), limit + 1)
-        if codec == 1:  # gzip, maybe several members (the reader inflates them all)
-            return _members_size(
-                bytes(payload),
-                limit,
-                lambda data, most: _unused_after(
-                    zlib.decompressobj(16 + zlib.MAX_WBITS), data, most
-                ),
-            )
-        if codec == 2:  # snappy: raw, or xerial blocks; each block's length leads it
-            return min(_snappy_size(bytes(payload)), limit + 1)
-        if codec == 3:  # lz4, maybe several frames
-            return _members_size(
-                bytes(payload),
-                limit,
-                lambda data, most: _unused_after(lz4.frame.LZ4FrameDecompressor(), data, most),
-            )
-        if codec == 4:  # zstd, maybe several frames
-            reader = zstandard.ZstdDecompressor().stream_reader(
-                io.BytesIO(payload), read_across_frames=True
-            )
-            return len(reader.read(limit + 1))
-    except (zlib.error, RuntimeError, zstandard.ZstdError, ValueError, struct.error) as exc:
-        raise BadBatch(f"compressed records do not decode: {exc}") from exc
-    raise BadBatch(f"unknown compression codec {codec}")
+def producer_identity(data: bytes) -> tuple[int, int, int] | None:
+    """(producer id, epoch, base sequence) of the v2 batch ``data``, or None
+    when ``data`` is not one (the partition-log node refuses it then)."""
+    if len(data) < _HEADER_SIZE or data[_MAGIC_AT] != 2:
+        return None
+    producer_id, epoch, sequence = _IDENTITY.unpack_from(data, _IDENTITY_AT)
+    return producer_id, epoch, sequence
 
 
-def _unused_after(decompressor: Any, data: bytes, most: int) -> tuple[int, bytes]:
-    """(bytes ``decompressor`` inflates the first member of ``data`` to, at
-    most ``most``; what follows that member, b"" when it is not finished)."""
-    if isinstance(decompressor, lz4.frame.LZ4FrameDecompressor):
-        size = len(decompressor.decompress(data, max_length=most))
-        return size, decompressor.unused_data if decompressor.eof else b""
-    size = len(decompressor.decompress(data, most))
-    return size, decompressor.unused_data if decompressor.eof else b""
-
-
-def _members_size(data: bytes, limit: int, first: Callable[[bytes, int], tuple[int, bytes]]) -> int:
-    """The inflated size of concatenated members (gzip members, lz4 frames),
-    ``limit`` + 1 when larger; ``first`` inflates one member."""
-    total = 0
-    while data and total <= limit:
-        size, data = first(data, limit + 1 - total)
-        total += size
-    return min(total, limit + 1)
-
-
-def _snappy_size(payload: bytes) -> int:
-    """The uncompressed size of kafka-python's snappy payload: raw snappy, or
-    Xerial's framing (a 16-byte header, then blocks each led by its length)."""
-    if not payload.startswith(_XERIAL_MAGIC):
-        return _snappy_block_size(payload)
-    total, cursor = 0, 16
-    while cursor < len(payload):
-        (size,) = struct.unpack_from(">i", payload, cursor)
-        cursor += 4
-        if size < 0:
-            raise ValueError("negative snappy block size")
-        total += _snappy_block_size(payload[cursor : cursor + size])
-        cursor += size
-    return total
-
-
-def _snappy_block_size(block: bytes) -> int:
-    """A raw snappy block's uncompressed length: the varint it starts with."""
-    size = 0
-    for i, byte in enumerate(block[:5]):
-        size |= (byte & 0x7F) << (7 * i)
-        if not byte & 0x80:
-            return size
-    raise ValueError("a snappy block without its length")
-
-
-def produced_batch(data: bytes, max_records: int, max_bytes: int) -> partition_log_pb2.RecordBatch:
-    """The one v2 batch of a Produce request's partition as the partition-log message.
-
-    Raises:
-        BatchTooLarge: its records decompress to more than ``max_bytes``.
-        BadBatch: ``data`` holds no batch, more than one (Kafka accepts exactly
-            one per partition from version 3 on), another magic, a control
-            batch, more than ``max_records`` records (checked, like the
-            size, before anything is decompressed), or bytes that do not decode.
-    """
-    try:
-        records = MemoryRecords(data)
-        batch = records.next_batch()
-        if batch is None:
-            raise BadBatch("no record batch")
-        if records.has_next():
-            raise BadBatch("more than one record batch for one partition")
-        if batch.magic != _MAGIC:
-            raise BadBatch(f"record batch magic {batch.magic}; only magic 2 is accepted")
-        if batch.is_control_batch:
-            raise BadBatch("a client may not produce a control batch")
-        if not batch.validate_crc():
-            raise BadBatch("record batch CRC mismatch")
-        if batch.records_count > max_records:
-            raise BadBatch(
-                f"the batch declares {batch.records_count} records, more than {max_records}"
-            )
-        if decompressed_size(data, max_bytes) > max_bytes:
-            raise BatchTooLarge(f"the batch's records decompress to more than {max_bytes} bytes")
-        out = partition_log_pb2.RecordBatch(
-            producer_id=batch.producer_id,
-            producer_epoch=batch.producer_epoch,
-            base_sequence=batch.base_sequence,
-            is_transactional=batch.is_transactional,
-        )
-        for record in batch:
-            out.records.append(
-                partition_log_pb2.Record(
-                    key=record.key,
-                    value=record.value,
-                    headers=[
-                        partition_log_pb2.RecordHeader(key=k, value=v or b"")
-                        for k, v in record.headers
-                    ],
-                    timestamp_ms=record.timestamp,
-                )
-            )
-    except (KafkaError, ValueError, struct.error, IndexError, TypeError) as exc:
-        if isinstance(exc, BadBatch):
-            raise
-        raise BadBatch(f"record batch does not decode: {exc}") from exc
-    return out
-
-
-class _CoveringBuilder(DefaultRecordBatchBuilder):  # type: ignore[misc]
-    """kafka-python's builder whose batch may end past its last record."""
-
-    def cover(self, last_offset_delta: int) -> None:
-        """Make the batch's last offset delta ``last_offset_delta`` (not lower than now)."""
-        self._last_offset: int = max(self._last_offset, last_offset_delta)
-
-
-def _builder(producer_id: int, producer_epoch: int, transactional: bool) -> _CoveringBuilder:
-    return _CoveringBuilder(
-        magic=_MAGIC,
-        compression_type=0,
-        is_transactional=transactional,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=-1,
-        batch_size=_INT32_MAX,
-    )
-
-
-def fetched_batches(
-    records: Sequence[partition_log_pb2.FetchedRecord], fetch_offset: int, next_fetch_offset: int
-) -> bytes:
-    """The v2 batches a Kafka client reads for ``records``, ending at ``next_fetch_offset``.
-
-    An empty answer whose next fetch offset moved (the log skipped markers or
-    aborted records) is one empty batch over the skipped offsets, as Kafka
-    leaves after compaction.
-    """
-    out = bytearray()
-
-    def flush(builder: _CoveringBuilder, base: int) -> None:
-        batch = builder.build()
-        _BASE_OFFSET.pack_into(batch, 0, base)
-        out.extend(batch)
-
-    builder: _CoveringBuilder | None = None
-    base = fetch_offset
-    key: tuple[int, int, bool] | None = None
-    for record in records:
-        this = (record.producer_id, record.producer_epoch, record.is_transactional)
-        if builder is None or this != key:
-            if builder is not None:
-                flush(builder, base)
-            builder, base, key = _builder(*this), record.offset, this
-        builder.append(
-            record.offset - base,
-            record.timestamp_ms,
-            record.key if record.HasField("key") else None,
-            record.value if record.HasField("value") else None,
-            [(h.key, h.value) for h in record.headers],
-        )
-    if builder is None:
-        if next_fetch_offset <= fetch_offset:
-            return b""
-        builder = _builder(-1, -1, False)
-    builder.cover(next_fetch_offset - 1 - base)
-    flush(builder, base)
-    return bytes(out)
+def with_identity(data: bytes, producer_id: int, epoch: int, sequence: int) -> bytes:
+    """``data`` (a v2 batch, :func:`producer_identity` not None) with another
+    producer identity and its CRC-32C computed again over the bytes its
+    length field covers; a batch whose CRC did not match before still does
+    not, so the node refuses it as it would have."""
+    batch = bytearray(data)
+    (length,) = _LENGTH.unpack_from(batch, _LENGTH_AT)
+    end = min(len(batch), _LENGTH_AT + _LENGTH.size + max(length, 0))
+    (stored,) = _CRC.unpack_from(batch, _CRC_AT)
+    matched = stored == calc_crc32c(memoryview(batch)[_CHECKED_FROM:end])
+    _IDENTITY.pack_into(batch, _IDENTITY_AT, producer_id, epoch, sequence)
+    crc = calc_crc32c(memoryview(batch)[_CHECKED_FROM:end])
+    _CRC.pack_into(batch, _CRC_AT, crc if matched else crc ^ 1)
+    return bytes(batch)
