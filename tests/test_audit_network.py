@@ -2,7 +2,8 @@
 TLS) audited in place, its data files read from its nodes over their DataFiles
 RPC by the executors of a Spark standalone cluster with two workers. The audit
 of a clean run passes; after a committed write is cut from one node's disk it
-fails with ``lost-write``."""
+fails with ``lost-write`` (that audit in local mode: the network reader is the
+same, and a second standalone application would only add its JVMs' start)."""
 
 from __future__ import annotations
 
@@ -116,9 +117,12 @@ def test_a_namespace_cluster_is_audited_through_its_nodes(tmp_path: Path) -> Non
             # The executors of both workers read the nodes.
             assert all(spark.executors()), spark.executors()
 
-            where = cut_a_committed_write(data)
-            status, document, output = audit(config, history, spark.url, tmp_path / "cut")
+        # The damaged run, read over the nodes' RPC by a local-mode Spark (the
+        # standalone master's part is shown above; this one is the verdict).
+        where = cut_a_committed_write(data)
+        status, document, output = audit(config, history, "local[2]", tmp_path / "cut")
         assert status == 1, output
+        assert document["inputs"]["cluster config"] == str(config)
         failed = {c["name"] for c in document["checks"] if c["status"] == "FAIL"}
         assert "lost-write" in failed, (where, failed)
     finally:
