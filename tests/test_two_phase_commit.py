@@ -7,6 +7,7 @@ agree is run through both crashes."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from raftcoord.client import (
     TopicPartition,
     TransactionalProducer,
 )
+from raftcoord.client.errors import TransactionalIdNotFoundError
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.routing import shard_for
 from tests.local_cluster import running_cluster
@@ -206,3 +208,37 @@ def test_the_database_and_the_topic_agree_after_a_crash(
     assert len(stored) == (4 if crash_after == "decision" else 3)
     partitions = [TopicPartition(name, p) for p in range(2)]
     assert sorted(read(cluster, partitions, committed=True)) == stored
+
+
+def test_force_terminate_ends_a_prepared_transaction_whose_manager_is_gone(
+    cluster: LocalCluster,
+) -> None:
+    """`raftcoord txn force-terminate` (Kafka's forceTerminateTransaction):
+    the prepared transaction, which no timeout would end, is aborted and its
+    producer fenced; an id nobody used is not created."""
+    partitions = topic(cluster, "orphaned")
+    orphan = TransactionalProducer(cluster.bootstrap(), "orphan", enable_two_phase_commit=True)
+    orphan.init_transactions()
+    orphan.begin_transaction()
+    orphan.send("orphaned", value=b"never", partition=0)
+    orphan.prepare_transaction()
+    outlive_the_timeout()
+    assert state_of(cluster, "orphan") == "Ongoing"
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "raftcoord"), "txn", "force-terminate", "orphan",
+         "--cluster-dir", str(cluster.data_dir), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)
+    # Aborted (the coordinator may already have run the InitProducerId it
+    # held while the abort completed: Empty, at a bumped epoch).
+    assert row["state"] in ("CompleteAbort", "Empty"), row
+    assert read(cluster, partitions, committed=True) == []  # and the LSO moved past it
+    with pytest.raises(FatalError):  # the orphan was fenced
+        orphan.complete_transaction(orphan.prepared_state or PreparedTxnState(0, 0))
+    orphan.close()
+    with Admin(cluster.bootstrap()) as admin, pytest.raises(TransactionalIdNotFoundError):
+        admin.force_terminate_transaction("nobody")
+    with Admin(cluster.bootstrap()) as admin, pytest.raises(TransactionalIdNotFoundError):
+        admin.describe_transactions(["nobody"])

@@ -216,6 +216,23 @@ def _abort(admin: Admin, args: argparse.Namespace) -> Any:
     return [row], columns
 
 
+def _force_terminate(admin: Admin, args: argparse.Namespace) -> Any:
+    description = admin.force_terminate_transaction(args.transactional_id)
+    row = {
+        "transactional_id": description.transactional_id,
+        "state": description.state,
+        "producer_id": description.producer_id,
+        "producer_epoch": description.producer_epoch,
+    }
+    columns = [
+        ("TransactionalId", "transactional_id"),
+        ("TransactionState", "state"),
+        ("ProducerId", "producer_id"),
+        ("ProducerEpoch", "producer_epoch"),
+    ]
+    return [row], columns
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -282,7 +299,14 @@ def configure(txn: argparse.ArgumentParser) -> None:
         "leader of the shards had is refused)",
     )
     abort.set_defaults(run=_abort)
-    for p in (listing, describe, producers, hanging, abort):
+    terminate = sub.add_parser(
+        "force-terminate",
+        help="abort a transactional id's open transaction and fence its producer (a prepared "
+        "two-phase commit transaction never times out)",
+    )
+    terminate.add_argument("transactional_id", metavar="ID")
+    terminate.set_defaults(run=_force_terminate)
+    for p in (listing, describe, producers, hanging, abort, terminate):
         add_connection_options(p)
     txn.set_defaults(func=_run)
 

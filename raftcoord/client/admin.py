@@ -669,6 +669,53 @@ class Admin:
             for tp, answer in answers.items()
         }
 
+    def force_terminate_transaction(
+        self, transactional_id: str, timeout_ms: int | None = None
+    ) -> TransactionDescription:
+        """Abort a transactional id's open transaction from outside and fence
+        its producer (Kafka's Admin.forceTerminateTransaction, KIP-939): what
+        ends a prepared two-phase commit transaction whose transaction
+        manager is gone, since such a transaction never times out. It is an
+        InitProducerId without keep_prepared_txn, with the id's own timeout
+        and two-phase setting (so the same rights: WRITE on the id, and
+        TWO_PHASE_COMMIT for a two-phase one); the call returns once the
+        abort is complete, with the id's description then (CompleteAbort,
+        or Empty when the coordinator already ran the InitProducerId it held
+        while the abort completed). A transaction that was already
+        committing completes its commit: the description says so.
+
+        Raises:
+            TransactionalIdNotFoundError: the coordinators do not know the id
+                (nothing is created).
+            TransactionalIdAuthorizationFailedError: the rights above are missing.
+            KafkaTimeoutError: not done in time.
+        """
+        deadline = self._deadline("force_terminate_transaction", timeout_ms)
+        before = self.describe_transactions([transactional_id], timeout_ms)[transactional_id]
+        request = coordinator_pb2.InitProducerIdRequest(
+            transactional_id=transactional_id,
+            transaction_timeout_ms=before.transaction_timeout_ms,
+            enable_two_phase_commit=before.two_phase_commit,
+        )
+        answer = self._coordinators.call(
+            coordinator_pb2.TRANSACTION,
+            transactional_id,
+            "InitProducerId",
+            request,
+            deadline,
+            # The answer to a fenced open transaction: it is being aborted.
+            retry=BACK_OFF - {ErrorCode.CONCURRENT_TRANSACTIONS},
+        )
+        code = ErrorCode(answer.error_code)
+        if code not in (ErrorCode.NONE, ErrorCode.CONCURRENT_TRANSACTIONS):
+            raise error_for(code, answer.error_message)
+        backoff = self._coordinators.backoff()
+        while True:
+            after = self.describe_transactions([transactional_id], timeout_ms)[transactional_id]
+            if after.state not in _UNFINISHED:
+                return after
+            deadline.back_off(backoff)
+
     def abort_transaction(self, spec: AbortTransactionSpec, timeout_ms: int | None = None) -> None:
         """Abort a hanging transaction: write an ABORT marker straight to the
         partition (Kafka's Admin.abortTransaction). The partition refuses it,
@@ -678,7 +725,8 @@ class Admin:
 
         First the coordinators are asked: when the producer's transaction of
         ``spec.producer_epoch`` was committed there (PrepareCommit or
-        CompleteCommit, one epoch above it), the abort is refused, since on a
+        CompleteCommit, one epoch above it, or a transaction kept for a
+        two-phase commit whose records carry it), the abort is refused, since on a
         partition whose COMMIT marker is late or was lost it would turn
         committed data into aborted data.
 
@@ -699,10 +747,9 @@ class Admin:
         if committing:
             described = self.describe_transactions([t.transactional_id for t in committing])
             for found in described.values():
-                if (found.producer_id, found.producer_epoch) == (
-                    spec.producer_id,
-                    spec.producer_epoch + 1,
-                ):
+                records = (spec.producer_id, spec.producer_epoch)
+                kept = (found.ongoing_txn_producer_id, found.ongoing_txn_producer_epoch)
+                if (found.producer_id, found.producer_epoch - 1) == records or kept == records:
                     raise InvalidTxnStateError(
                         f"the coordinator committed this transaction (transactional id "
                         f"{found.transactional_id!r}, {found.state}); aborting it on "
@@ -791,6 +838,10 @@ def _raise_first_failure(
     failed = next((r for r in results if r.error_code != ErrorCode.NONE), None)
     if failed is not None:
         raise error_for(failed.error_code, message(failed))
+
+
+#: States a terminated transaction passes through before it is complete.
+_UNFINISHED = frozenset({"Ongoing", "PrepareAbort", "PrepareCommit", "PrepareEpochFence"})
 
 
 def _first_description_error(answer: Any) -> int:
