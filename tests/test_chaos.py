@@ -50,11 +50,17 @@ class ChaosRun:
 def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
     print(f"chaos seed {SEED} (replay with RAFTCOORD_CHAOS_SEED={SEED})")
     root = tmp_path_factory.mktemp("chaos")
-    with running_cluster(root / "cluster", netns=NETNS, faults=True) as cluster:
+    with running_cluster(
+        root / "cluster",
+        netns=NETNS,
+        faults=True,
+        settings={"transaction.two.phase.commit.enable": True},
+    ) as cluster:
         options = Options(
             seed=SEED,
             duration_s=24,
             producers=3,
+            two_phase_producers=1,
             workers=2,
             pollers=2,
             input_records=400,
@@ -213,6 +219,24 @@ def test_every_transaction_ended(chaos_run: ChaosRun) -> None:
     assert chaos_run.transactions, "the coordinators list none of the run's transactional ids"
     still_open = [t for t in chaos_run.transactions if t.state in OPEN_STATES]
     assert still_open == []
+
+
+def test_prepared_transactions_were_kept_across_crashes_and_ended(chaos_run: ChaosRun) -> None:
+    """The two-phase producer (KIP-939) crashed with transactions prepared,
+    and its next incarnation, which keeps them, ended them: a transaction
+    sent before an init of the process and ended after it, committed and
+    aborted ones among them (the checker and the audit judge their data)."""
+    events = [e for e in chaos_run.events if e["process"] == "2pc-0"]
+    inits = [e["index"] for e in events if e["op"] == "init" and e["type"] == "ok"]
+    kept: dict[str, str] = {}
+    for txn, txn_events in _transactions(events).items():
+        sends = [e["index"] for e in txn_events if e["op"] == "send"]
+        ends = [e for e in txn_events if _completes_end(e) and e["type"] == "ok"]
+        if sends and ends and any(sends[-1] < i < ends[-1]["index"] for i in inits):
+            kept[txn] = ends[-1]["op"]
+    print(f"2pc-0: {len(inits)} inits, kept and ended: {sorted(kept.values())}")
+    assert len(inits) >= 2 and kept, (len(inits), kept)
+    assert set(kept.values()) == {"commit", "abort"}, kept
 
 
 def test_the_independent_checker_finds_nothing(chaos_history: Path) -> None:

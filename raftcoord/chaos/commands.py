@@ -64,6 +64,11 @@ def configure_workload(workload: argparse.ArgumentParser) -> None:
     defaults = Options(seed=0)
     for name, help_ in (
         ("producers", "transactional producers"),
+        (
+            "two-phase-producers",
+            "producers in a two-phase commit (KIP-939) that crash once prepared now and "
+            "then; the cluster needs transaction.two.phase.commit.enable",
+        ),
         ("workers", "consume-transform-produce workers"),
         ("pollers", "read_committed pollers"),
         ("input-records", "values pre-filled into the workers' input topic"),
@@ -141,6 +146,7 @@ def _workload(args: argparse.Namespace) -> int:
             else (60.0 if args.duration is None else args.duration),
             transactions=args.transactions,
             producers=args.producers,
+            two_phase_producers=args.two_phase_producers,
             workers=args.workers,
             pollers=args.pollers,
             abort_ratio=args.abort_ratio,

@@ -53,9 +53,11 @@ from raftcoord.client import (
     ConsumerRecord,
     KafkaError,
     KafkaTimeoutError,
+    PreparedTxnState,
     TopicPartition,
     TransactionAbortableError,
 )
+from raftcoord.client import TransactionalProducer as NativeTransactionalProducer
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 from raftcoord.protocol.tls import SslFiles
 
@@ -87,6 +89,11 @@ class Options:
     duration_s: float | None = 60.0
     transactions: int | None = None
     producers: int = 4
+    #: Producers whose transactions are one side of a two-phase commit
+    #: (KIP-939): prepared, then ended, after a crash by the next incarnation
+    #: that keeps them. Needs raftcoord's client and the cluster setting
+    #: transaction.two.phase.commit.enable.
+    two_phase_producers: int = 0
     workers: int = 2
     pollers: int = 2
     abort_ratio: float = 0.2
@@ -133,11 +140,13 @@ class Options:
             raise ValueError("--duration must be > 0")
         if self.transactions is not None and self.transactions < 1:
             raise ValueError("--transactions must be >= 1")
-        for name in ("producers", "workers", "pollers"):
+        for name in ("producers", "two_phase_producers", "workers", "pollers"):
             if not 0 <= getattr(self, name) <= 64:
-                raise ValueError(f"--{name} must be in 0..64")
-        if self.transactions is not None and self.producers == 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in 0..64")
+        if self.transactions is not None and self.producers + self.two_phase_producers == 0:
             raise ValueError("--transactions needs at least one producer")
+        if self.two_phase_producers and self.client_kind != "raftcoord":
+            raise ValueError("--two-phase-producers needs raftcoord's client (--client raftcoord)")
         if not 0.0 <= self.abort_ratio <= 1.0:
             raise ValueError("--abort-ratio must be in 0..1")
         if self.workers > self.input_partitions:
@@ -296,15 +305,10 @@ class _Transactional:
             if self.run.give_up.is_set():
                 return False
             if self.producer is None:
-                self.producer = self.run.clients.TransactionalProducer(
-                    self.run.bootstrap,
-                    self.transactional_id,
-                    transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-                    **self.run.options.producer(),
-                )
+                self.producer = self._new_producer()
             self.h.invoke(self.name, "init")
             try:
-                self.producer.init_transactions()
+                self._init()
             except KafkaTimeoutError as exc:  # still initializing: call again
                 self.h.complete(self.name, "info", **_failure(exc))
                 continue
@@ -315,7 +319,23 @@ class _Transactional:
                 continue
             self.initialized = True
             self.h.complete(self.name, "ok", **self.identity())
+            self._initialized()
         return True
+
+    def _new_producer(self) -> WorkloadTransactionalProducer:
+        return self.run.clients.TransactionalProducer(
+            self.run.bootstrap,
+            self.transactional_id,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            **self.run.options.producer(),
+        )
+
+    def _init(self) -> None:
+        assert self.producer is not None
+        self.producer.init_transactions()
+
+    def _initialized(self) -> None:
+        """After a successful init (it may restart the producer again)."""
 
     def restart(self) -> None:
         """Close the producer; the next :meth:`ready` starts a new one with the
@@ -436,6 +456,83 @@ class TransactionalProducerProcess(_Transactional):
                 sent = False
                 break
         self.end(txn, writes, plan.commit and sent)
+
+
+@dataclass
+class _Prepared:
+    """A two-phase producer's transaction not ended yet: its writes, whether
+    it is to be committed, and its prepared state once prepared."""
+
+    txn: str
+    writes: list[list[Any]]
+    commit: bool
+    state: PreparedTxnState | None = None
+
+
+class TwoPhaseProducerProcess(TransactionalProducerProcess):
+    """``2pc-N``: transactions of unique values, each one side of a two-phase
+    commit (KIP-939): sent, prepared (flushed), then committed or aborted as
+    planned. In one of three (seeded) the producer crashes once prepared: it
+    is closed with the transaction prepared, as a process that dies leaves
+    it, and the next incarnation keeps the transaction
+    (``init_transactions(keep_prepared_txn=True)``) and ends it as planned
+    when its prepared state is the one stored, else aborts it. A transaction
+    whose end is unknown is kept and ended again the same way."""
+
+    def __init__(self, run: Run, index: int) -> None:
+        _Transactional.__init__(self, run, f"2pc-{index}")
+        o = run.options
+        self.plans = producer_plans(o.seed, self.name, o.partitions, o.max_writes, o.abort_ratio)
+        self.crashes = random.Random(f"2pc-crash:{o.seed}:{self.name}")
+        self.pending: _Prepared | None = None
+        self.two_phase: NativeTransactionalProducer | None = None
+
+    def _new_producer(self) -> WorkloadTransactionalProducer:
+        self.two_phase = NativeTransactionalProducer(
+            self.run.bootstrap,
+            self.transactional_id,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            enable_two_phase_commit=True,
+            **self.run.options.producer(),
+        )
+        return self.two_phase
+
+    def _init(self) -> None:
+        assert self.two_phase is not None
+        self.two_phase.init_transactions(keep_prepared_txn=True)
+
+    def _initialized(self) -> None:
+        assert self.two_phase is not None
+        kept = self.two_phase.prepared_state
+        if kept is None:
+            self.pending = None  # nothing was kept: whatever was open, the end happened
+            return
+        pending = self.pending or _Prepared(f"{self.name}:kept", [], False)
+        commit = pending.commit and pending.state == kept
+        if self.end(pending.txn, pending.writes, commit) != "unknown":
+            self.pending = None
+
+    def transaction(self, plan: TxnPlan) -> None:
+        txn = self.new_txn()
+        topic = self.run.txn_topic
+        pending = self.pending = _Prepared(txn, [], plan.commit)
+        sent = True
+        for partition, value in plan.writes:
+            pending.writes.append([topic, partition, value])
+            if not self.send(txn, topic, partition, value):
+                sent = False
+                break
+        if sent:
+            assert self.two_phase is not None
+            try:
+                pending.state = self.two_phase.prepare_transaction()
+            except KafkaError:
+                sent = False
+        if sent and self.crashes.random() < 1 / 3:
+            self.restart()  # dies prepared: the next incarnation ends it
+            return
+        if self.end(txn, pending.writes, plan.commit and sent) != "unknown":
+            self.pending = None
 
 
 class WorkerProcess(_Transactional):
@@ -749,6 +846,7 @@ class Workload:
             polled += [TopicPartition(r.output_topic, p) for p in range(o.input_partitions)]
         processes: list[Callable[[], None]] = []
         processes += [TransactionalProducerProcess(r, i) for i in range(o.producers)]
+        processes += [TwoPhaseProducerProcess(r, i) for i in range(o.two_phase_producers)]
         processes += [
             WorkerProcess(r, i, list(range(i, o.input_partitions, o.workers)), ends)
             for i in range(o.workers)
@@ -781,7 +879,7 @@ class Workload:
             nemesis_thread.start()
         end = None if o.duration_s is None else time.monotonic() + o.duration_s
         latest = None if o.duration_s is None else time.monotonic() + 2 * o.duration_s
-        producers = [t for t in self.threads if t.name.startswith("txn-")]
+        producers = [t for t in self.threads if t.name.startswith(("txn-", "2pc-"))]
         extended = False
         try:
             while not r.traffic_over.wait(0.2):
@@ -811,7 +909,7 @@ class Workload:
     def _drain(self, topics: dict[str, int]) -> None:
         r = self.run_state
         deadline = time.monotonic() + self.options.drain_timeout_s
-        writers = [t for t in self.threads if t.name.startswith(("txn-", "ctp-"))]
+        writers = [t for t in self.threads if t.name.startswith(("txn-", "2pc-", "ctp-"))]
         for thread in writers:
             thread.join(max(0.0, deadline - time.monotonic()))
         tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]

@@ -61,13 +61,19 @@ def run_demo(
         console.print(f"{no_faults}: the disk fault will not run")
     cluster = LocalCluster(data_dir)
     try:
-        cluster.up(netns=why_not is None, faults=no_faults is None, tls=True)
+        cluster.up(
+            netns=why_not is None,
+            faults=no_faults is None,
+            tls=True,
+            settings={"transaction.two.phase.commit.enable": True},
+        )
         console.print(cluster.status_table())
         asked = ", ".join(faults) or "no faults"
         console.rule(f"2. the workload for {duration_s:.0f} s, with {asked} (seed {seed})")
         options = Options(
             seed=seed,
             duration_s=duration_s,
+            two_phase_producers=1,
             input_records=input_records,
             nemesis=faults,
             fault_interval_s=FAULT_INTERVAL_S,
