@@ -28,8 +28,9 @@ from raftcoord.client import (
 from raftcoord.client.errors import TransactionalIdNotFoundError
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.routing import shard_for
-from tests.local_cluster import running_cluster
+from tests.local_cluster import after_first_checks, running_cluster
 from tests.test_end_to_end import read, state_of
+from tests.test_metrics_cluster import scrape, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def ready_at(cluster: LocalCluster) -> float:
+    """When the module's cluster was up (time.monotonic())."""
+    return time.monotonic()
+
+
 def topic(cluster: LocalCluster, name: str) -> list[TopicPartition]:
     with Admin(cluster.bootstrap()) as admin:
         admin.create_topics({name: 2})
@@ -59,7 +66,7 @@ def outlive_the_timeout() -> None:
 
 
 def test_a_prepared_transaction_survives_its_producer_and_a_leader_kill(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, ready_at: float
 ) -> None:
     partitions = topic(cluster, "prepared")
     script = f"""
@@ -78,19 +85,24 @@ sys.stdin.read()
         [sys.executable, "-c", script],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     ) as client:
         try:
-            assert client.stdout is not None
-            state = PreparedTxnState.parse(client.stdout.readline().strip())
+            assert client.stdout is not None and client.stderr is not None
+            line = client.stdout.readline().strip()
         finally:
             client.kill()
-            client.wait(30)
+            _, errors = client.communicate(timeout=30)
+        assert line, errors
+        state = PreparedTxnState.parse(line)
     assert client.returncode == -9
 
     assert cluster.state is not None
     shard = shard_for("survivor", cluster.state.shard_count)
+    after_first_checks(ready_at)  # no preferred-leader hand-off moves the shard meanwhile
+    cluster.wait_until(lambda: shard in cluster.leaders(), 30, f"shard {shard} has no leader")
     leader = cluster.leaders()[shard]
     cluster.kill(leader, "KILL")
     cluster.wait_until(
@@ -143,6 +155,11 @@ def test_a_mismatched_state_aborts_and_the_old_producer_is_fenced(cluster: Local
     old.send("mismatch", value=b"doomed", partition=0)
     state = old.prepare_transaction()
     outlive_the_timeout()
+    # It waits for its manager: counted apart, not as a hanging transaction.
+    coordinators = [n.metrics for n in cluster.coordinators()]
+    assert sum(value(scrape(m)[1], "raftcoord_two_phase_transactions_open") for m in coordinators)
+    ages = [value(scrape(m)[1], "raftcoord_transaction_open_age_max_seconds") for m in coordinators]
+    assert ages == [0.0] * len(coordinators)
 
     with TransactionalProducer(
         cluster.bootstrap(), "mismatched", enable_two_phase_commit=True

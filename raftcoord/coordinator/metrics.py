@@ -36,21 +36,27 @@ ROLES = ("leader", "follower", "no_leader")
 
 def _census(
     machine: TransactionStateMachine, now_ms: int
-) -> tuple[Counter[str], list[float], Counter[str], int]:
-    """Transactions by state, the ages (seconds) of the open ones, groups by
-    state, and the sum of the groups' generations (each is one rebalance)."""
+) -> tuple[Counter[str], list[float], list[float], Counter[str], int]:
+    """Transactions by state, the ages (seconds) of the open ones, those of
+    the Ongoing transactions of two-phase commit producers apart (they wait
+    for an external transaction manager's decision and never time out),
+    groups by state, and the sum of the groups' generations (each is one
+    rebalance)."""
     states: Counter[str] = Counter()
-    ages = []
+    ages: list[float] = []
+    two_phase: list[float] = []
     for txn in machine.state.transactions.values():
         states[txn.state.name] += 1
         if txn.state not in IDLE_STATES and txn.txn_start_ms != NO_TIMESTAMP:
-            ages.append(max(0.0, (now_ms - txn.txn_start_ms) / 1000))
+            age = max(0.0, (now_ms - txn.txn_start_ms) / 1000)
+            waiting = txn.two_phase and txn.state is TxnState.ONGOING
+            (two_phase if waiting else ages).append(age)
     groups: Counter[str] = Counter()
     generations = 0
     for group in machine.state.memberships.values():
         groups[group.state.value] += 1
         generations += group.generation
-    return states, ages, groups, generations
+    return states, ages, two_phase, groups, generations
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -108,7 +114,17 @@ class CoordinatorCollector(Collector):
         )
         oldest = GaugeMetricFamily(
             "raftcoord_transaction_open_age_max_seconds",
-            "Age of the oldest open transaction (Ongoing or Prepare*)",
+            "Age of the oldest open transaction (Ongoing or Prepare*; not two-phase ones)",
+            labels=labels,
+        )
+        two_phase_open = GaugeMetricFamily(
+            "raftcoord_two_phase_transactions_open",
+            "Ongoing transactions of two-phase commit producers (KIP-939)",
+            labels=labels,
+        )
+        two_phase_oldest = GaugeMetricFamily(
+            "raftcoord_two_phase_transaction_open_age_max_seconds",
+            "Age of the oldest Ongoing transaction of a two-phase commit producer",
             labels=labels,
         )
         p99 = GaugeMetricFamily(
@@ -157,20 +173,23 @@ class CoordinatorCollector(Collector):
             except OSError:
                 pass  # no snapshot yet
             parked.add_metric([name], float(shard.parked_count))
-            states, ages, group_states, generations = replica.query(
+            states, ages, two_phase, group_states, generations = replica.query(
                 lambda machine: _census(machine, int(now * 1000))
             )
             for state in TxnState:
                 transactions.add_metric([name, state.name], float(states[state.name]))
             oldest.add_metric([name], max(ages, default=0.0))
             p99.add_metric([name], quantile(ages, 0.99))
+            two_phase_open.add_metric([name], float(len(two_phase)))
+            two_phase_oldest.add_metric([name], max(two_phase, default=0.0))
             timeouts.add_metric([name], float(shard.timeouts))
             fenced.add_metric([name], float(shard.fenced))
             for group_state in GroupState:
                 groups.add_metric([name, group_state.value], float(group_states[group_state.value]))
             rebalances.add_metric([name], float(generations))
         yield from (role, term, changes, applied, committed, log_entries, snapshot_age, parked)
-        yield from (transactions, oldest, p99, timeouts, fenced, groups, rebalances)
+        yield from (transactions, oldest, p99, two_phase_open, two_phase_oldest)
+        yield from (timeouts, fenced, groups, rebalances)
         yield from self._markers()
 
     def _markers(self) -> Iterator[Metric]:
