@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,20 @@ def test_a_transaction_past_its_timeout_while_committing_gets_no_abort_command()
         CONNECTION,
     )
     assert view.rows[0].overdue and view.rows[0].commands == ()
+
+
+def test_a_two_phase_transaction_waits_for_its_manager_and_is_never_overdue() -> None:
+    waiting = replace(described("2pc", "Ongoing", 4, NOW - 7_200_000), two_phase_commit=True)
+    view = model.transactions_view(
+        snapshot(
+            transactions=[TransactionListing("2pc", 4, "Ongoing", 7_200_000)],
+            descriptions={"2pc": waiting},
+        ),
+        CONNECTION,
+    )
+    [row] = view.rows
+    assert row.two_phase and not row.overdue and view.overdue == ()
+    assert row.commands == ("raftcoord txn force-terminate 2pc --cluster-dir '/srv/my cluster'",)
 
 
 def test_producers_and_groups() -> None:

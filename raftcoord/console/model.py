@@ -122,6 +122,12 @@ def format_time(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def force_terminate_command(transactional_id: str, connection: Sequence[str]) -> str:
+    """The ``raftcoord txn force-terminate`` command line that aborts a
+    transactional id's open transaction at its coordinator."""
+    return shlex.join(["raftcoord", "txn", "force-terminate", transactional_id, *connection])
+
+
 def abort_command(
     topic_partition: TopicPartition,
     connection: Sequence[str],
@@ -408,8 +414,12 @@ class TransactionRow:
     pending_markers: tuple[str, ...] = ()
     #: Open longer than its timeout (the coordinator should have ended it).
     overdue: bool = False
-    #: The commands that end it on its partitions, when overdue and Ongoing.
+    #: The commands that end it: on its partitions when overdue and Ongoing;
+    #: ``txn force-terminate`` when it waits for a two-phase commit's manager.
     commands: tuple[str, ...] = ()
+    #: Ongoing for a producer in a two-phase commit (KIP-939): it waits for
+    #: its transaction manager and never times out, so it is never overdue.
+    two_phase: bool = False
 
     @property
     def is_open(self) -> bool:
@@ -461,9 +471,12 @@ def transactions_view(snapshot: Snapshot, connection: Sequence[str]) -> Transact
         if described.transaction_start_time_ms >= 0 and described.state in OPEN_STATES:
             age = max(0, now - described.transaction_start_time_ms)
         partitions = sorted(described.partitions)
-        overdue = age is not None and age > described.transaction_timeout_ms
+        two_phase = described.two_phase_commit and described.state == "Ongoing"
+        overdue = not two_phase and age is not None and age > described.transaction_timeout_ms
         commands: tuple[str, ...] = ()
-        if overdue and described.state == "Ongoing":
+        if two_phase:
+            commands = (force_terminate_command(listing.transactional_id, connection),)
+        elif overdue and described.state == "Ongoing":
             epoch = (described.producer_id, described.producer_epoch)
             commands = tuple(abort_command(tp, connection, producer=epoch) for tp in partitions)
         rows.append(
@@ -479,6 +492,7 @@ def transactions_view(snapshot: Snapshot, connection: Sequence[str]) -> Transact
                 pending_markers=tuple(str(m) for m in described.pending_markers),
                 overdue=overdue,
                 commands=commands,
+                two_phase=two_phase,
             )
         )
     by_producer: dict[int, list[str]] = {}
