@@ -132,7 +132,9 @@ class AddOffsets(Command):
 @dataclass(frozen=True)
 class EndTxn(Command):
     """EndTxn(commit|abort). ``new_producer_id`` is stamped only when the
-    epoch is exhausted and the producer id must rotate, else -1."""
+    epoch is exhausted and the producer id must rotate, else -1.
+    ``transaction_version`` is the one the client speaks (Kafka's
+    transaction.version): 2 bumps the epoch, 1 keeps it."""
 
     TYPE: ClassVar[int] = 4
     transactional_id: str
@@ -142,6 +144,7 @@ class EndTxn(Command):
     now_ms: int
     coordinator_epoch: int
     new_producer_id: int = NO_PRODUCER_ID
+    transaction_version: int = 2
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,8 @@ class MarkersWritten(Command):
     partitions: tuple[TopicPartition, ...]
     groups: tuple[str, ...]
     now_ms: int
+    #: The transaction's number (-1: an entry from before numbers, unchecked).
+    txn_number: int = -1
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,10 @@ class GroupMarker(Command):
     #: The coordinator epoch of the transaction's decision (-1: unknown, an
     #: entry from before it was carried).
     coordinator_epoch: int = -1
+    #: How the transaction ended (see :class:`EndTxn`) and its number (-1:
+    #: unknown, an entry from before they were carried).
+    transaction_version: int = 2
+    txn_number: int = -1
 
 
 @dataclass(frozen=True)
@@ -515,8 +524,10 @@ _SCHEMAS = {type_id: _schema(cls) for type_id, cls in COMMAND_TYPES.items()}
 #: (an older version's Raft log) leave them out, and they decode to the
 #: field's default. Every other field must be on the wire.
 _ADDED_LATER: dict[int, frozenset[str]] = {
-    GroupMarker.TYPE: frozenset({"coordinator_epoch"}),
+    GroupMarker.TYPE: frozenset({"coordinator_epoch", "transaction_version", "txn_number"}),
     InitProducerId.TYPE: frozenset({"enable_two_phase_commit", "keep_prepared_txn"}),
+    EndTxn.TYPE: frozenset({"transaction_version"}),
+    MarkersWritten.TYPE: frozenset({"txn_number"}),
 } | {
     cls.TYPE: frozenset({"generation_id", "member_id", "group_instance_id"})
     for cls in (TxnOffsetCommit, OffsetCommit)

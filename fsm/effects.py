@@ -31,6 +31,8 @@ class Transition:
     partitions: tuple[TopicPartition, ...]
     groups: tuple[str, ...]
     now_ms: int
+    #: The number of the id's latest transaction (fsm.metadata).
+    txn_number: int = 0
 
 
 @dataclass(frozen=True)

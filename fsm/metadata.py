@@ -43,6 +43,14 @@ class TransactionMetadata:
     commit or abort. They stay until the next transaction begins (so that a
     completed kept transaction can still be matched with its records), and
     are -1 for a transaction that was never kept.
+
+    ``txn_number`` numbers the id's transactions (the first is 1; each that
+    begins takes the next), and ``transaction_version`` is how the latest
+    one ended (Kafka's transaction.version, KIP-890): 2 with an epoch bump
+    (EndTxn of transactions v2, or a fence), 1 without (EndTxn of a client of
+    transactions v1, whose epoch stays for the producer's life). Markers
+    carry both: under v1 a (producer id, epoch) names many transactions, and
+    the number tells a late duplicate marker from the next transaction's.
     """
 
     transactional_id: str
@@ -62,6 +70,8 @@ class TransactionMetadata:
     two_phase: bool = False
     ongoing_producer_id: int = NO_PRODUCER_ID
     ongoing_producer_epoch: int = NO_PRODUCER_EPOCH
+    txn_number: int = 0
+    transaction_version: int = 2
 
     @property
     def has_participants(self) -> bool:
@@ -92,6 +102,8 @@ class TransactionMetadata:
             self.two_phase,
             self.ongoing_producer_id,
             self.ongoing_producer_epoch,
+            self.txn_number,
+            self.transaction_version,
         ]
 
     @classmethod
@@ -104,7 +116,10 @@ class TransactionMetadata:
         if isinstance(data, list) and len(data) == 14:
             # Written before two-phase commit: no transaction was kept.
             data = [*data, False, NO_PRODUCER_ID, NO_PRODUCER_EPOCH]
-        if not isinstance(data, list) or len(data) != 17:
+        if isinstance(data, list) and len(data) == 17:
+            # Written before transactions v1: none numbered, every end bumped.
+            data = [*data, 0, 2]
+        if not isinstance(data, list) or len(data) != 19:
             raise CommandError(f"malformed transaction metadata: {data!r}")
         (
             txn_id,
@@ -124,6 +139,8 @@ class TransactionMetadata:
             two_phase,
             ongoing_pid,
             ongoing_epoch,
+            txn_number,
+            version,
         ) = data
         try:
             return cls(
@@ -146,6 +163,8 @@ class TransactionMetadata:
                 two_phase=as_bool(two_phase),
                 ongoing_producer_id=as_int(ongoing_pid),
                 ongoing_producer_epoch=as_int(ongoing_epoch),
+                txn_number=as_int(txn_number),
+                transaction_version=as_int(version),
             )
         except ValueError as exc:  # an unknown state id
             raise CommandError(f"malformed transaction metadata {data!r}: {exc}") from exc

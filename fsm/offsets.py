@@ -7,9 +7,12 @@ a stable OffsetFetch answers UNSTABLE_OFFSET_COMMIT.
 
 Fencing: the shard remembers the highest epoch it has seen per producer id
 (from commits and markers); an offset commit with an older epoch is
-PRODUCER_FENCED. A marker closes pending offsets only when its epoch is
-greater than theirs, so a late duplicate marker never closes the next
-transaction's offsets.
+PRODUCER_FENCED. A marker of transactions v2 closes pending offsets only
+when its epoch is greater than theirs, so a late duplicate marker never
+closes the next transaction's offsets. A marker of transactions v1 carries
+the offsets' own epoch: it closes them unless its transaction number is one
+the shard already applied a marker of for the producer (kept per producer
+id), which is what a late duplicate's is.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class GroupOffsets:
     #: a marker from an older coordinator epoch is fenced, as a partition
     #: fences one (TRANSACTION_COORDINATOR_FENCED).
     coordinator_epochs: Mapping[int, int] = field(default_factory=dict)
+    #: Producer id -> the highest transaction number of a marker applied for it.
+    marker_txns: Mapping[int, int] = field(default_factory=dict)
 
     def to_wire(self) -> list[Any]:
         return [
@@ -78,6 +83,7 @@ class GroupOffsets:
             ],
             sorted([pid, epoch] for pid, epoch in self.producer_epochs.items()),
             sorted([pid, epoch] for pid, epoch in self.coordinator_epochs.items()),
+            sorted([pid, number] for pid, number in self.marker_txns.items()),
         ]
 
     @classmethod
@@ -90,9 +96,11 @@ class GroupOffsets:
         fields = as_list(data)
         if len(fields) == 3:  # written before markers' coordinator epochs were kept
             fields = [*fields, []]
-        if len(fields) != 4:
+        if len(fields) == 4:  # written before markers' transaction numbers were kept
+            fields = [*fields, []]
+        if len(fields) != 5:
             raise CommandError(f"malformed group offsets: {data!r}")
-        committed, pending, epochs, coordinator_epochs = fields
+        committed, pending, epochs, coordinator_epochs, marker_txns = fields
         return cls(
             committed=_offsets_from_wire(committed),
             pending={
@@ -103,6 +111,7 @@ class GroupOffsets:
             coordinator_epochs={
                 as_int(pid): as_int(epoch) for pid, epoch in as_list(coordinator_epochs, 2)
             },
+            marker_txns={as_int(pid): as_int(n) for pid, n in as_list(marker_txns, 2)},
         )
 
 
@@ -183,7 +192,13 @@ def group_marker(
         )
     seen = current.producer_epochs.get(cmd.producer_id, -1)
     pending = current.pending.get(cmd.producer_id)
-    closes = pending is not None and pending.producer_epoch < cmd.producer_epoch
+    applied = current.marker_txns.get(cmd.producer_id, -1)
+    if 0 <= cmd.txn_number <= applied:
+        return group, Outcome()  # this transaction's marker (or a later one's) was applied
+    if cmd.transaction_version == 1:  # the marker carries the offsets' own epoch
+        closes = pending is not None and pending.producer_epoch <= cmd.producer_epoch
+    else:
+        closes = pending is not None and pending.producer_epoch < cmd.producer_epoch
     if not closes and seen >= cmd.producer_epoch:
         return group, Outcome()  # a duplicate or stale marker: nothing to do
     committed = dict(current.committed)
@@ -194,7 +209,11 @@ def group_marker(
             committed.update(pending.offsets)
     epochs = {**current.producer_epochs, cmd.producer_id: max(seen, cmd.producer_epoch)}
     coordinator_epochs = {**current.coordinator_epochs, cmd.producer_id: cmd.coordinator_epoch}
-    return GroupOffsets(committed, remaining, epochs, coordinator_epochs), Outcome()
+    marker_txns = {**current.marker_txns, cmd.producer_id: max(applied, cmd.txn_number)}
+    return (
+        GroupOffsets(committed, remaining, epochs, coordinator_epochs, marker_txns),
+        Outcome(),
+    )
 
 
 def offset_commit(

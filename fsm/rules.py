@@ -31,6 +31,8 @@ class Request(Enum):
     END_ABORT = "EndTxn(abort)"
     END_COMMIT_RETRY = "EndTxn(commit), retry of the ended transaction"
     END_ABORT_RETRY = "EndTxn(abort), retry of the ended transaction"
+    END_COMMIT_V1 = "EndTxn(commit), transactions v1"
+    END_ABORT_V1 = "EndTxn(abort), transactions v1"
     MARKERS_WRITTEN = "markers written"
     TIMEOUT_ABORT = "timeout abort"
     EXPIRE = "expire transactional.id"
@@ -88,6 +90,27 @@ def _end_retry(commit: bool) -> dict[TxnState, Rule]:
     }
 
 
+def _end_v1(commit: bool) -> dict[TxnState, Rule]:
+    """EndTxn of transactions v1 (Kafka's TV1): no epoch bump, so a retry
+    carries the current identity, as the next transaction's end does. In a
+    Prepare* or Complete* state a commit is the ended transaction's retry
+    (a commit after an abort, or with nothing open, is refused). An abort
+    with nothing open succeeds and changes nothing: a Kafka client aborts a
+    transaction whose AddPartitionsToTxn may never have reached the
+    coordinator (it timed out), and no partition took a record of it
+    without the coordinator's add."""
+    idle_abort = {} if commit else _each(IDLE_STATES, Rule())
+    return {
+        **_end_retry(commit),
+        TxnState.EMPTY: Rule(ErrorCode.INVALID_TXN_STATE, why="no transaction to end ({state})"),
+        **idle_abort,
+        TxnState.ONGOING: Rule(to=TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT),
+        **_each(
+            TRANSIENT_STATES, Rule(ErrorCode.CONCURRENT_TRANSACTIONS, why="transaction is {state}")
+        ),
+    }
+
+
 #: Marker acknowledgements for no Prepare* transaction (or another identity's).
 STALE_MARKERS = Rule(ErrorCode.INVALID_TXN_STATE, why="no Prepare* transaction with these markers")
 #: A timeout abort of a transaction that is not Ongoing (or not yet past its timeout).
@@ -127,6 +150,8 @@ REQUESTS: Mapping[Request, Mapping[TxnState, Rule]] = {
     },
     Request.END_COMMIT_RETRY: _end_retry(commit=True),
     Request.END_ABORT_RETRY: _end_retry(commit=False),
+    Request.END_COMMIT_V1: _end_v1(commit=True),
+    Request.END_ABORT_V1: _end_v1(commit=False),
     Request.MARKERS_WRITTEN: {
         **{s: STALE_MARKERS for s in TxnState},
         TxnState.PREPARE_COMMIT: Rule(to=TxnState.COMPLETE_COMMIT),

@@ -13,6 +13,14 @@ closes an open transaction only with a marker whose epoch is greater than
 the transaction's data epoch; a late duplicate marker therefore never closes
 the next transaction.
 
+Transactions v1 (KIP-890's transaction.version 1, what Kafka clients with
+EndTxn below version 5 speak): EndTxn keeps the epoch, so the producer's
+epoch lasts its life, its sequences go on across transactions, and the
+markers carry the data's own epoch. A participant then tells one
+transaction's markers from the next's by the transaction's number
+(``txn_number``), which every marker carries. v1 and v2 are chosen per
+EndTxn, by the version the client speaks.
+
 Two-phase commit for an external transaction manager (KIP-939): a producer
 that initializes with ``enable_two_phase_commit`` opens transactions that
 never time out, and one that initializes with ``keep_prepared_txn`` while
@@ -97,6 +105,7 @@ def moved(old: TransactionMetadata | None, new: TransactionMetadata, now_ms: int
         partitions=tuple(sorted(new.partitions)),
         groups=tuple(sorted(new.groups)),
         now_ms=now_ms,
+        txn_number=new.txn_number,
     )
 
 
@@ -110,6 +119,8 @@ def markers_for(meta: TransactionMetadata) -> WriteMarkers:
         commit=meta.state is TxnState.PREPARE_COMMIT,
         partitions=tuple(sorted(meta.partitions)),
         groups=tuple(sorted(meta.groups)),
+        transaction_version=meta.transaction_version,
+        txn_number=meta.txn_number,
     )
 
 
@@ -321,6 +332,7 @@ def fence_and_abort(
         meta,
         TxnState.PREPARE_EPOCH_FENCE,
         producer_epoch=meta.producer_epoch + 1,
+        transaction_version=2,
         last_producer_epoch=NO_PRODUCER_EPOCH,
         last_update_ms=now_ms,
         coordinator_epoch=coordinator_epoch,
@@ -497,6 +509,7 @@ def _add_participants(
         # A new transaction begins: the kept one before it, if any, is over.
         ongoing_producer_id=meta.ongoing_producer_id if ongoing else NO_PRODUCER_ID,
         ongoing_producer_epoch=meta.ongoing_producer_epoch if ongoing else NO_PRODUCER_EPOCH,
+        txn_number=meta.txn_number if ongoing else meta.txn_number + 1,
     )
     return Step(new, _answer(new, (moved(meta, new, now_ms),)))
 
@@ -518,6 +531,8 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
     """
     if meta is None:
         return refuse(meta, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    if cmd.transaction_version == 1:
+        return _end_v1(meta, cmd)
     is_retry = (
         meta.last_producer_epoch != NO_PRODUCER_EPOCH
         and (cmd.producer_id, cmd.producer_epoch)
@@ -534,6 +549,30 @@ def end_txn(meta: TransactionMetadata | None, cmd: EndTxn, config: FsmConfig) ->
     return _end(meta, cmd, config) if refused is None else refused
 
 
+def _end_v1(meta: TransactionMetadata, cmd: EndTxn) -> Step:
+    """EndTxn of transactions v1: Ongoing → Prepare* keeping the epoch, so
+    the markers carry the data's epoch (and the transaction's number); a
+    retry carries the same identity and the rules table answers it."""
+    if cmd.producer_id != meta.producer_id:
+        return refuse(meta, ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+    if cmd.producer_epoch != meta.producer_epoch:
+        return refuse(meta, ErrorCode.PRODUCER_FENCED)
+    found = rule(Request.END_COMMIT_V1 if cmd.commit else Request.END_ABORT_V1, meta.state)
+    if found.refused:
+        return refuse_by(meta, found)
+    if found.to is None:  # a retry of the decision made: answered as it was
+        return Step(meta, _answer(meta))
+    prepared = transition(
+        meta,
+        found.to,
+        transaction_version=1,
+        last_update_ms=cmd.now_ms,
+        coordinator_epoch=cmd.coordinator_epoch,
+    )
+    effects = (moved(meta, prepared, cmd.now_ms), markers_for(prepared))
+    return Step(prepared, _answer(prepared, effects))
+
+
 def _end(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
     """Prepare* with an epoch bump; with no participants (an abort of an
     empty transaction) the Complete* state follows at once."""
@@ -546,6 +585,7 @@ def _end(meta: TransactionMetadata, cmd: EndTxn, config: FsmConfig) -> Step:
         meta,
         TxnState.PREPARE_COMMIT if cmd.commit else TxnState.PREPARE_ABORT,
         producer_epoch=meta.producer_epoch + 1,
+        transaction_version=2,
         last_producer_id=meta.producer_id,
         last_producer_epoch=meta.producer_epoch,
         next_producer_id=cmd.new_producer_id if rotate else NO_PRODUCER_ID,
@@ -583,9 +623,10 @@ def markers_written(meta: TransactionMetadata | None, cmd: MarkersWritten) -> St
     Prepare* state with the markers' identity are stale and refused; an
     acknowledgement repeated for a participant already removed is a no-op.
     """
-    if meta is None or (cmd.producer_id, cmd.producer_epoch) != (
-        meta.producer_id,
-        meta.producer_epoch,
+    if (
+        meta is None
+        or (cmd.producer_id, cmd.producer_epoch) != (meta.producer_id, meta.producer_epoch)
+        or cmd.txn_number not in (-1, meta.txn_number)
     ):
         return refuse_by(meta, STALE_MARKERS)
     refused = refusal(meta, Request.MARKERS_WRITTEN)

@@ -61,6 +61,7 @@ class TxnEntry:
     key: TxnKey
     commit: bool
     coordinator_epoch: int
+    transaction_version: int
     partitions: tuple[DataPartition, ...]
     groups: tuple[ConsumerGroup, ...]
     added_at: float
@@ -76,6 +77,7 @@ class TxnEntry:
             self.key.producer_epoch,
             self.partitions,
             self.groups,
+            self.key.txn_number,
         )
 
 
@@ -177,7 +179,12 @@ class MarkerBook:
     def add(self, markers: WriteMarkers, now: float) -> bool:
         """Owe ``markers``' participants a marker; False when this transaction
         is already owed or was finished here (a repeated hand-off)."""
-        key = TxnKey(markers.transactional_id, markers.producer_id, markers.producer_epoch)
+        key = TxnKey(
+            markers.transactional_id,
+            markers.producer_id,
+            markers.producer_epoch,
+            markers.txn_number,
+        )
         if key in self._txns or key in self._finished:
             return False
         partitions = tuple(sorted({DataPartition(t, p) for t, p in markers.partitions}))
@@ -188,6 +195,7 @@ class MarkerBook:
             # A resumed transaction keeps the epoch it was prepared under if a
             # newer one is unknown here; normally this writer's term is newer.
             max(self.coordinator_epoch, markers.coordinator_epoch),
+            markers.transaction_version,
             partitions,
             groups,
             now,
@@ -285,6 +293,8 @@ class MarkerBook:
             commit=txn.commit,
             partitions=tuple(p for p in participants if isinstance(p, DataPartition)),
             groups=tuple(p for p in participants if isinstance(p, ConsumerGroup)),
+            transaction_version=txn.transaction_version,
+            txn_number=txn.key.txn_number,
         )
 
     def on_response(

@@ -36,15 +36,17 @@ Participant = DataPartition | ConsumerGroup
 
 @dataclass(frozen=True, order=True)
 class TxnKey:
-    """One transaction's markers: (producer id, marker epoch) names exactly
-    one transaction; the transactional.id is carried for logs and completion."""
+    """One transaction's markers: (producer id, marker epoch, transaction
+    number) names exactly one transaction (under transactions v1 the epoch
+    alone does not); the transactional.id is carried for logs and completion."""
 
     transactional_id: str
     producer_id: int
     producer_epoch: int
+    txn_number: int = -1
 
     def __str__(self) -> str:
-        return f"{self.transactional_id}/{self.producer_id}:{self.producer_epoch}"
+        return f"{self.transactional_id}/{self.producer_id}:{self.producer_epoch}#{self.txn_number}"
 
 
 class DestinationKind(StrEnum):
@@ -82,6 +84,9 @@ class MarkerRequest:
     commit: bool
     partitions: tuple[DataPartition, ...]
     groups: tuple[ConsumerGroup, ...]
+    #: See :class:`raftcoord.protocol.types.WriteMarkers`.
+    transaction_version: int = 2
+    txn_number: int = -1
 
     @property
     def participants(self) -> tuple[Participant, ...]:
@@ -116,3 +121,4 @@ class Completion:
     producer_epoch: int
     partitions: tuple[DataPartition, ...]
     groups: tuple[ConsumerGroup, ...]
+    txn_number: int = -1

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -304,13 +304,25 @@ class ClusterView:
         return Placement(ErrorCode.NONE)
 
 
+class OwedMarker(NamedTuple):
+    """The marker a partition's open transaction is owed: COMMIT or ABORT,
+    the coordinator epoch it was decided in, the marker's epoch, how its
+    transaction ended (transaction.version) and its number (-1: unknown)."""
+
+    commit: bool
+    coordinator_epoch: int
+    epoch: int
+    transaction_version: int
+    txn_number: int
+
+
 def owed_marker(
-    producer_id: int, data_epoch: int, descriptions: Sequence[Any]
-) -> tuple[bool, int] | None:
+    producer_id: int, data_epoch: int, marker_txn: int, descriptions: Sequence[Any]
+) -> OwedMarker | None:
     """The marker a partition's open transaction of ``producer_id`` (its
-    records at ``data_epoch``) is owed when the coordinator has completed it:
-    (True for COMMIT, False for ABORT; the coordinator epoch it was decided
-    in); None when no description says so.
+    records at ``data_epoch``; the producer's last marker here of transaction
+    number ``marker_txn``, -1 when none is known) is owed when the
+    coordinator has completed it; None when no description says so.
 
     A transaction is completed (CompleteCommit/CompleteAbort) only once every
     partition acknowledged its marker, so a partition that still has it open
@@ -318,23 +330,35 @@ def owed_marker(
     transaction must be this one: its records' producer id and epoch
     (``last_producer_*``) are the open transaction's, or, after a fencing
     abort (no ``last_producer_epoch``), the abort's epoch is the next one,
-    or it was a transaction kept for a two-phase commit (KIP-939) whose
-    records carry ``ongoing_txn_producer_*``.
+    or it was a transaction kept for a two-phase commit whose records carry
+    ``ongoing_txn_producer_*``; the marker then goes at the records' epoch +
+    1. A transaction of transactions v1 keeps its epoch, so its identity
+    names many; it is this one only when it is the next after the
+    partition's last marker of the producer (its number is ``marker_txn`` +
+    1), and the marker carries the records' own epoch.
     """
     for d in descriptions:
-        completed = d.state in _COMPLETED
-        if not completed:
+        if d.state not in _COMPLETED:
             continue
         commit = d.state == common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
+        number = int(d.txn_number) if d.txn_number > 0 else -1
+        if d.transaction_version == 1:
+            if (
+                (d.producer_id, d.producer_epoch) == (producer_id, data_epoch)
+                and marker_txn >= 0
+                and number == marker_txn + 1
+            ):
+                return OwedMarker(commit, d.coordinator_epoch, data_epoch, 1, number)
+            continue
         kept = d.HasField("ongoing_txn_producer_id") and (
             d.ongoing_txn_producer_id,
             d.ongoing_txn_producer_epoch,
         ) == (producer_id, data_epoch)
         if kept or (d.last_producer_id, d.last_producer_epoch) == (producer_id, data_epoch):
-            return commit, d.coordinator_epoch
+            return OwedMarker(commit, d.coordinator_epoch, data_epoch + 1, 2, number)
         fenced = d.last_producer_epoch == -1 and not commit
         if fenced and (d.producer_id, d.producer_epoch) == (producer_id, data_epoch + 1):
-            return False, d.coordinator_epoch
+            return OwedMarker(False, d.coordinator_epoch, data_epoch + 1, 2, number)
     return None
 
 

@@ -100,6 +100,8 @@ _NO_TIMESTAMP = -1
 # (version, coordinator epoch).
 _CONTROL_KEY = struct.Struct(">hh")
 _MARKER_VALUE = struct.Struct(">hi")
+#: What this node writes after the marker value: the transaction's number.
+_TXN_NUMBER = struct.Struct(">q")
 _ABORT, _COMMIT = 0, 1
 
 _BASE_OFFSET = struct.Struct(">q")
@@ -205,10 +207,12 @@ class StoredRecord:
 
 
 class ControlMarker(NamedTuple):
-    """The transaction marker in a control batch: COMMIT (``commit``) or ABORT."""
+    """The transaction marker in a control batch: COMMIT (``commit``) or ABORT,
+    and its transaction's number (-1 when the marker does not carry one)."""
 
     commit: bool
     coordinator_epoch: int
+    txn_number: int = -1
 
 
 class _ControlBatchBuilder(DefaultRecordBatchBuilder):  # type: ignore[misc]
@@ -264,12 +268,17 @@ def encode_control_batch(
     producer_epoch: int,
     coordinator_epoch: int,
     timestamp_ms: int,
+    txn_number: int = -1,
 ) -> bytearray:
     """Build Kafka's end-transaction control batch (a COMMIT or ABORT marker).
 
     Attributes are transactional | control; the batch has no sequence (-1) and
     one record whose key is ``(version 0, type)`` (type 0 abort, 1 commit) and
-    whose value is ``(version 0, coordinator_epoch)``.
+    whose value is ``(version 0, coordinator_epoch)``, followed, when the
+    transaction's number is known, by that number (int64): Kafka's readers
+    read the first two fields and no further, and this node reads the number
+    back when it rebuilds its state, so a marker once written is never
+    written again for the same transaction.
 
     Returns:
         The batch bytes with base offset 0.
@@ -285,6 +294,8 @@ def encode_control_batch(
     )
     key = _CONTROL_KEY.pack(0, _COMMIT if commit else _ABORT)
     value = _MARKER_VALUE.pack(0, coordinator_epoch)
+    if txn_number >= 0:
+        value += _TXN_NUMBER.pack(txn_number)
     builder.append(0, timestamp_ms, key, value, [])
     batch: bytearray = builder.build()
     return batch
@@ -459,7 +470,10 @@ def read_marker(batch: Buffer) -> ControlMarker:
     version, coordinator_epoch = _MARKER_VALUE.unpack_from(value)
     if version != 0:
         raise CorruptBatch(f"unknown end-transaction-marker version {version}")
-    return ControlMarker(commit=record.type == _COMMIT, coordinator_epoch=coordinator_epoch)
+    txn_number = -1
+    if len(value) >= _MARKER_VALUE.size + _TXN_NUMBER.size:
+        (txn_number,) = _TXN_NUMBER.unpack_from(value, _MARKER_VALUE.size)
+    return ControlMarker(record.type == _COMMIT, coordinator_epoch, txn_number)
 
 
 def control_is_commit(batch: Buffer) -> bool:

@@ -361,10 +361,10 @@ class PartitionNode:
             return  # a coordinator did not answer: the next round asks again
         for partition, txns in open_txns.items():
             for txn in txns:
-                owed = owed_marker(txn.producer_id, txn.producer_epoch, described)
-                if owed is None or txn.producer_epoch >= KAFKA_MAX_PRODUCER_EPOCH:
+                owed = owed_marker(txn.producer_id, txn.producer_epoch, txn.marker_txn, described)
+                if owed is None or owed.epoch > KAFKA_MAX_PRODUCER_EPOCH:
                     continue
-                commit, coordinator_epoch = owed
+                commit, coordinator_epoch = owed.commit, owed.coordinator_epoch
                 if commit and not self.config.settings.transaction_partition_verification_enable:
                     # Unverified appends: the records may never have been part
                     # of the committed transaction (a hanging one). Only an
@@ -382,10 +382,12 @@ class PartitionNode:
                     continue
                 code, message = partition.write_marker(
                     txn.producer_id,
-                    txn.producer_epoch + 1,  # above the records' epoch: it closes them
+                    owed.epoch,  # one that closes the records (theirs under v1, above under v2)
                     max(coordinator_epoch, txn.coordinator_epoch),
                     commit,
                     int(time.time() * 1000),
+                    transaction_version=owed.transaction_version,
+                    txn_number=owed.txn_number,
                 )
                 log.warning(
                     "node=%d event=owed_marker partition=%s-%d producer_id=%d epoch=%d "

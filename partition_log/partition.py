@@ -259,14 +259,15 @@ class Partition:
     def _replay(self, header: codec.BatchHeader, body: bytes | None) -> None:
         if header.is_control:
             assert body is not None
-            commit, coordinator_epoch = codec.read_marker(body)
+            marker = codec.read_marker(body)
             self.states.on_marker(
                 header.producer_id,
                 header.producer_epoch,
-                coordinator_epoch,
-                commit,
+                marker.coordinator_epoch,
+                marker.commit,
                 header.base_offset,
                 timestamp_ms=header.max_timestamp,
+                txn_number=marker.txn_number,
             )
         else:
             self.states.on_append(
@@ -336,17 +337,22 @@ class Partition:
         commit: bool,
         timestamp_ms: int,
         admin_abort: bool = False,
+        transaction_version: int = 2,
+        txn_number: int = -1,
     ) -> tuple[ErrorCode, str]:
         """Append a COMMIT/ABORT control record for ``producer_id`` (if it is
-        due). An ``admin_abort`` (an ABORT from an administrator, not the
-        coordinator) is refused unless it ends the producer's open transaction
-        here (:meth:`ProducerStates.check_admin_abort`)."""
+        due: :meth:`ProducerStates.check_marker`). An ``admin_abort`` (an
+        ABORT from an administrator, not the coordinator) is refused unless
+        it ends the producer's open transaction here
+        (:meth:`ProducerStates.check_admin_abort`)."""
         with self.lock:
             if admin_abort:
                 code, message = self.states.check_admin_abort(producer_id, epoch, coordinator_epoch)
                 if code is not ErrorCode.NONE:
                     return code, message
-            action = self.states.check_marker(producer_id, epoch, coordinator_epoch)
+            action = self.states.check_marker(
+                producer_id, epoch, coordinator_epoch, transaction_version, txn_number
+            )
             if action is MarkerAction.FENCED:
                 seen = self.states.producers[producer_id].coordinator_epoch
                 return (
@@ -363,6 +369,7 @@ class Partition:
                     producer_epoch=epoch,
                     coordinator_epoch=coordinator_epoch,
                     timestamp_ms=timestamp_ms,
+                    txn_number=txn_number,
                 )
                 try:
                     offset = self._append(batch)
@@ -378,6 +385,7 @@ class Partition:
                     commit,
                     offset,
                     timestamp_ms=timestamp_ms,
+                    txn_number=txn_number,
                 )
             return ErrorCode.NONE, ""
 

@@ -12,9 +12,13 @@ What Kafka's ProducerStateManager keeps, rebuilt from the log on start:
 
 Every decision is a pure function of this state and the request, so the same
 rules run when a batch is appended and when the log is replayed at start.
-The epoch rules follow KIP-890: a transaction's markers carry an epoch
-strictly greater than its data's, so a marker closes the producer's open
-transaction only if that transaction's epoch is lower.
+The epoch rules follow KIP-890: under transactions v2 a transaction's markers
+carry an epoch strictly greater than its data's, so a marker closes the
+producer's open transaction only if that transaction's epoch is lower. Under
+transactions v1 the markers carry the data's own epoch; each marker also
+carries its transaction's number (kept per producer, and in the control
+record, so it survives a restart), and a marker of a number already written
+is not written again: a late duplicate never closes the next transaction.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class ProducerEntry:
     last_timestamp_ms: int = -1
     #: Offset of the producer's last batch or marker here (-1: none).
     last_offset: int = -1
+    #: The highest transaction number of a marker written here (-1: none known).
+    marker_txn: int = -1
 
     def set_epoch(self, epoch: int) -> None:
         """A new epoch restarts sequences: forget the old epoch's batches."""
@@ -95,6 +101,8 @@ class ActiveProducer:
     coordinator_epoch: int
     #: First offset of its open transaction here; -1 when none is open.
     current_txn_start_offset: int
+    #: The highest transaction number of its markers here; -1 when none is known.
+    marker_txn: int = -1
 
 
 class Verdict(Enum):
@@ -256,13 +264,29 @@ class ProducerStates:
 
     # --- markers -------------------------------------------------------------------
 
-    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> MarkerAction:
-        """Decide a COMMIT/ABORT marker for ``producer_id`` at marker ``epoch``."""
+    def check_marker(
+        self,
+        producer_id: int,
+        epoch: int,
+        coordinator_epoch: int,
+        transaction_version: int = 2,
+        txn_number: int = -1,
+    ) -> MarkerAction:
+        """Decide a COMMIT/ABORT marker for ``producer_id`` at marker ``epoch``
+        of a transaction that ended under ``transaction_version``, numbered
+        ``txn_number`` (-1: unknown)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             return MarkerAction.WRITE
         if coordinator_epoch < entry.coordinator_epoch:
             return MarkerAction.FENCED
+        if 0 <= txn_number <= entry.marker_txn:
+            return MarkerAction.NOOP  # this transaction's marker (or a later one's) is here
+        if transaction_version == 1:
+            # The data's own epoch: it closes the open transaction of that
+            # epoch, and is written even with none open (every participant
+            # holds one marker per transaction, as Kafka's do).
+            return MarkerAction.WRITE if epoch >= entry.epoch else MarkerAction.NOOP
         if entry.txn_first_offset is not None and entry.epoch < epoch:
             return MarkerAction.WRITE  # closes the open transaction
         if epoch > entry.epoch:
@@ -304,14 +328,19 @@ class ProducerStates:
         offset: int,
         *,
         timestamp_ms: int = -1,
+        txn_number: int = -1,
     ) -> None:
-        """Record a marker appended at ``offset`` (also used when replaying the log)."""
+        """Record a marker appended at ``offset`` (also used when replaying the
+        log). Every marker written closes the producer's open transaction of
+        an epoch not above its own (:meth:`check_marker` wrote none that
+        should not)."""
         entry = self.producers.get(producer_id)
         if entry is None:
             entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
         entry.last_timestamp_ms = timestamp_ms
+        entry.marker_txn = max(entry.marker_txn, txn_number)
         first = entry.txn_first_offset
-        if first is not None and entry.epoch < epoch:
+        if first is not None and entry.epoch <= epoch:
             entry.txn_first_offset = None
             del self.open_txns[producer_id]
             if not commit:
@@ -337,6 +366,7 @@ class ProducerStates:
                 last_timestamp_ms=e.last_timestamp_ms,
                 coordinator_epoch=e.coordinator_epoch,
                 current_txn_start_offset=-1 if e.txn_first_offset is None else e.txn_first_offset,
+                marker_txn=e.marker_txn,
             )
             for _, e in sorted(self.producers.items())
         ]
@@ -384,6 +414,7 @@ class ProducerStates:
                         [b.first_sequence, b.last_sequence, b.base_offset, b.last_offset]
                         for b in e.batches
                     ],
+                    e.marker_txn,
                 ]
                 for e in sorted(self.producers.values(), key=lambda e: e.producer_id)
             ],
@@ -401,8 +432,14 @@ class ProducerStates:
         try:
             if not isinstance(data, dict):
                 raise TypeError(f"a {type(data).__name__}, not an object")
-            for pid, epoch, coord, txn_first, last, timestamp, batches in data["producers"]:
+            for row in data["producers"]:
+                # A row of 7 was written before markers carried their number.
+                pid, epoch, coord, txn_first, last, timestamp, batches = row[:7]
                 entry = ProducerEntry(_int(pid), _int(epoch), _int(coord))
+                if len(row) == 8:
+                    entry.marker_txn = _int(row[7])
+                elif len(row) != 7:
+                    raise ValueError(f"a producer row of {len(row)} fields")
                 entry.last_offset = _int(last)
                 entry.last_timestamp_ms = _int(timestamp)
                 for first_seq, last_seq, base, end in batches:

@@ -34,7 +34,7 @@ from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, MAX_FETCH_WAIT_M
 from raftcoord.protocol.tls import Authorizer
 from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2, partition_log_pb2_grpc
-from raftcoord.protocol.wire import wire_error
+from raftcoord.protocol.wire import marker_identity, wire_error
 
 log = logging.getLogger("raftcoord.partition_log")
 
@@ -493,6 +493,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                         marker.result == common_pb2.COMMIT,
                         now_ms,
                         marker.admin_abort,
+                        *marker_identity(marker),
                     )
                     result.error_code, result.error_message = wire_error(code), message
         return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)

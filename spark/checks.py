@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 EXAMPLES = 5
@@ -137,6 +137,7 @@ class Audit:
             "producer_id",
             F.col("base_offset").alias("closing_offset"),
             F.col("producer_epoch").alias("marker_epoch"),
+            F.coalesce("txn_number", F.lit(-1)).alias("marker_txn"),
             F.col("control_type").alias("marker_type"),
             "coordinator_epoch",
             F.col("max_timestamp").alias("marker_ts"),
@@ -158,6 +159,7 @@ class Audit:
             )
             .withColumn("status", F.lit("PLAIN"))
             .withColumn("marker_epoch", F.lit(None).cast("int"))
+            .withColumn("marker_txn", F.lit(None).cast("long"))
             .withColumn("marker_ts", F.lit(None).cast("long"))
         )
         cols = [
@@ -168,9 +170,19 @@ class Audit:
             "producer_epoch",
             "status",
             "marker_epoch",
+            "marker_txn",
             "marker_ts",
         ]
         data_batches = txn_data.select(*cols).unionByName(plain.select(*cols))
+        # Which transaction of its producer id and epoch a batch is part of:
+        # under transactions v2 the epoch names one (-1 here); under v1 (a
+        # marker of the data's own epoch) the marker's transaction number.
+        data_batches = data_batches.withColumn(
+            "txn_key",
+            F.when(F.col("marker_epoch") == F.col("producer_epoch"), F.col("marker_txn")).otherwise(
+                F.lit(-1).cast("long")
+            ),
+        )
         lso = (
             data_batches.where(F.col("status") == "OPEN")
             .groupBy(*_tp())
@@ -215,6 +227,9 @@ class Audit:
             .rowsBetween(Window.unboundedPreceding, -1)
         )
         unique = unique.withColumn(
+            "txn_number",
+            F.coalesce(F.get_json_object("text", "$.txn_number").cast("long"), F.lit(-1)),
+        ).withColumn(
             "txn_epoch",
             F.last(
                 F.when(
@@ -231,7 +246,11 @@ class Audit:
         ]
         self.decisions = (
             unique.where(F.col("to_state").isin(*PREPARE))
-            .groupBy("producer_id", F.col("producer_epoch").alias("marker_epoch"))
+            .groupBy(
+                "producer_id",
+                F.col("producer_epoch").alias("marker_epoch"),
+                F.col("txn_number").alias("marker_txn"),
+            )
             .agg(
                 F.array_sort(F.collect_set(decision)).alias("decisions"),
                 F.max("txn_epoch").alias("txn_epoch"),
@@ -448,7 +467,7 @@ class Audit:
         in_logs = (
             self.data_batches.where(F.col("producer_id") >= 0)
             .where(F.col("status") != "PLAIN")
-            .groupBy("producer_id", "producer_epoch")
+            .groupBy("producer_id", "producer_epoch", "txn_key")
             .agg(
                 F.collect_set("status").alias("statuses"),
                 F.collect_list(F.struct(*_tp(), "base_offset", "status")).alias("batches"),
@@ -456,7 +475,7 @@ class Audit:
             .where(F.array_contains("statuses", "COMMITTED") & (F.size("statuses") > 1))
             .select(
                 F.lit("logs").alias("where"),
-                F.concat_ws("/", "producer_id", "producer_epoch").alias("transaction"),
+                _transaction_name().alias("transaction"),
                 F.col("batches").cast("string").alias("detail"),
             )
         )
@@ -494,12 +513,12 @@ class Audit:
 
     def one_decision(self) -> DataFrame:
         by_txn = (
-            self.markers.groupBy("producer_id", "marker_epoch")
+            self.markers.groupBy("producer_id", "marker_epoch", "marker_txn")
             .agg(
                 F.array_sort(F.collect_set("marker_type")).alias("types"),
                 F.collect_list(F.struct(*_tp(), "offset", "marker_type")).alias("markers"),
             )
-            .join(self.decisions, ["producer_id", "marker_epoch"], "left")
+            .join(self.decisions, ["producer_id", "marker_epoch", "marker_txn"], "left")
         )
         problem = (
             F.when(F.size("types") > 1, "COMMIT and ABORT markers")
@@ -510,13 +529,21 @@ class Audit:
         return (
             by_txn.withColumn("problem", problem)
             .where(F.col("problem").isNotNull())
-            .select("problem", "producer_id", "marker_epoch", "types", "decisions", "markers")
+            .select(
+                "problem",
+                "producer_id",
+                "marker_epoch",
+                "marker_txn",
+                "types",
+                "decisions",
+                "markers",
+            )
         )
 
     def zombie_write(self) -> DataFrame:
         return (
             self.data_batches.where(F.col("status") == "COMMITTED")
-            .join(self.decisions, ["producer_id", "marker_epoch"])
+            .join(self.decisions, ["producer_id", "marker_epoch", "marker_txn"])
             .where(F.col("txn_epoch").isNotNull() & (F.col("producer_epoch") != F.col("txn_epoch")))
             .select(
                 *_tp(),
@@ -950,14 +977,14 @@ class Audit:
         )
         txn_status = (
             self.data_batches.where(F.col("status") != "PLAIN")
-            .groupBy("producer_id", "producer_epoch")
+            .groupBy("producer_id", "producer_epoch", "txn_key")
             .agg(F.collect_set("status").alias("statuses"))
         )
         open_in_logs = txn_status.where(
             F.array_contains("statuses", "OPEN") & ~F.array_contains("statuses", "COMMITTED")
         ).select(
             F.lit("logs").alias("where"),
-            F.concat_ws("/", "producer_id", "producer_epoch").alias("transaction"),
+            _transaction_name().alias("transaction"),
             F.lit("data with no marker after it").alias("detail"),
         )
         found = stuck.unionByName(open_in_logs)
@@ -1062,3 +1089,11 @@ class Audit:
         if self.output_topic:
             return made.where(F.col("topic") == self.output_topic)
         return made.where(F.col("source").isNotNull())
+
+
+def _transaction_name() -> Column:
+    """``producer id/epoch``, and ``#number`` for a transaction of transactions v1."""
+    return F.concat(
+        F.concat_ws("/", "producer_id", "producer_epoch"),
+        F.when(F.col("txn_key") >= 0, F.concat(F.lit("#"), F.col("txn_key"))).otherwise(F.lit("")),
+    )

@@ -62,7 +62,7 @@ SEGMENTS_SCHEMA = (
     "compression int, first_timestamp long, max_timestamp long, producer_id long, "
     "producer_epoch int, base_sequence int, record_count int, record_index int, offset long, "
     "timestamp long, key string, value string, control_type string, coordinator_epoch int, "
-    "problem string"
+    "txn_number long, problem string"
 )
 
 TRANSITIONS_SCHEMA = (
@@ -105,6 +105,7 @@ _DEFINED_ATTRIBUTES = 0x7F
 #: none, gzip, snappy, lz4, zstd
 _COMPRESSION_TYPES = range(5)
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 ABORT, 1 COMMIT)
+_TXN_NUMBER = struct.Struct(">q")
 _MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 _HISTORY_SPLIT_BYTES = 32 * 1024 * 1024
 
@@ -450,8 +451,9 @@ def _decode(
                     )
                 control_type: str | None = None
                 coordinator_epoch: int | None = None
+                txn_number: int | None = None
                 if batch.is_control_batch:
-                    control_type, coordinator_epoch = _marker(record.key, record.value)
+                    control_type, coordinator_epoch, txn_number = _marker(record.key, record.value)
                 rows.append(
                     (
                         *header,
@@ -462,13 +464,14 @@ def _decode(
                         _text(record.value),
                         control_type,
                         coordinator_epoch,
+                        txn_number,
                         None,
                     )
                 )
         except Exception as exc:  # a corrupt record: the whole batch is untrusted
             problems.append(f"undecodable records: {exc}")
     if problems:
-        return [(*header, *[None] * 8)], "; ".join(problems)
+        return [(*header, *[None] * 9)], "; ".join(problems)
     return rows, None
 
 
@@ -523,17 +526,20 @@ def _torn(data: bytes, pos: int) -> dict[str, Any]:
     return fields
 
 
-def _marker(key: bytes | None, value: bytes | None) -> tuple[str, int | None]:
-    """A control record's type and coordinator epoch; ValueError when its key is not a
-    control record key (version, type)."""
+def _marker(key: bytes | None, value: bytes | None) -> tuple[str, int | None, int | None]:
+    """A control record's type, coordinator epoch and transaction number (the
+    int64 a partition-log node writes after Kafka's marker value; None when
+    absent); ValueError when its key is not a control record key (version, type)."""
     if key is None or len(key) != _CONTROL_KEY.size:
         raise ValueError(f"control record key {key!r}")
     _, kind = _CONTROL_KEY.unpack(key)
     name = {0: "ABORT", 1: "COMMIT"}.get(kind, f"TYPE-{kind}")
-    epoch = None
+    epoch = number = None
     if value is not None and len(value) >= _MARKER_VALUE.size:
         epoch = _MARKER_VALUE.unpack_from(value)[1]
-    return name, epoch
+    if value is not None and len(value) >= _MARKER_VALUE.size + _TXN_NUMBER.size:
+        number = _TXN_NUMBER.unpack_from(value, _MARKER_VALUE.size)[0]
+    return name, epoch, number
 
 
 def _problem_row(
@@ -564,7 +570,7 @@ def _problem_row(
         *[None] * 6,
         first_ts,
         max_ts,
-        *[None] * 11,
+        *[None] * 12,
         problem,
     )
 

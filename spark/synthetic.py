@@ -68,6 +68,8 @@ class Batch:
     transactional: bool = True
     control: str | None = None
     coordinator_epoch: int = 0
+    #: a marker's transaction number, written after Kafka's marker value (-1: none)
+    txn_number: int = -1
     #: the magic byte written (a v2 batch's is 2)
     magic: int = 2
 
@@ -75,9 +77,10 @@ class Batch:
         if self.control is not None:
             builder = _ControlBatchBuilder(2, 0, True, self.producer_id, self.epoch, -1, 1 << 30)
             key = struct.pack(">hh", 0, 1 if self.control == "COMMIT" else 0)
-            builder.append(
-                0, self.timestamp, key, struct.pack(">hi", 0, self.coordinator_epoch), []
-            )
+            marker = struct.pack(">hi", 0, self.coordinator_epoch)
+            if self.txn_number >= 0:
+                marker += struct.pack(">q", self.txn_number)
+            builder.append(0, self.timestamp, key, marker, [])
         else:
             builder = DefaultRecordBatchBuilder(
                 2, 0, self.transactional, self.producer_id, self.epoch, self.sequence, 1 << 30
@@ -281,6 +284,8 @@ class _Builder:
     def transition(
         self, tid: str, pid: int, epoch: int, old: str | None, new: str, **kw: Any
     ) -> None:
+        """One line of the applied-transitions log (``txn_number`` in ``kw``:
+        the id's latest transaction's number, when given)."""
         shard = zlib.crc32(tid.encode()) % self.run.shards
         self.raft_index[shard] += 1
         self.run.transitions.setdefault(shard, []).append(
@@ -296,6 +301,7 @@ class _Builder:
                 "partitions": kw.get("partitions", []),
                 "groups": kw.get("groups", []),
                 "time_ms": int(self.clock.ms),
+                **({"txn_number": kw["txn_number"]} if "txn_number" in kw else {}),
             }
         )
 
@@ -310,11 +316,17 @@ class _Builder:
         state: str,
         offsets: list[list[Any]] | None = None,
         kept: bool = False,
+        v1: bool = False,
+        sequences: dict[tuple[str, int], int] | None = None,
     ) -> str:
-        """One transaction of ``process`` at ``epoch``; returns the state it ends in.
-        A ``kept`` one is kept for a two-phase commit before it ends: the
+        """One transaction of ``process`` at ``epoch``, its ``n``-th (numbered
+        ``n`` + 1 at the coordinator); returns the state it ends in. A
+        ``kept`` one is kept for a two-phase commit before it ends: the
         coordinator bumps its epoch while it stays Ongoing, and its markers
-        carry an epoch two above its records'."""
+        carry an epoch two above its records'. A ``v1`` one (transactions
+        v1) ends without a bump: its markers carry its records' epoch, and
+        its batches' sequences go on from ``sequences`` (per partition)."""
+        number = n + 1
         txn = f"{process}:{n}"
         ident = {"txn": txn, "producer_id": pid, "producer_epoch": epoch}
         parts = sorted({(t, p) for t, p, _, _ in writes})
@@ -326,6 +338,7 @@ class _Builder:
             "ONGOING",
             partitions=[list(tp) for tp in parts],
             groups=[GROUP] if offsets else [],
+            txn_number=number,
         )
         by_partition: dict[tuple[str, int], list[str]] = {}
         for topic, p, value, source in writes:
@@ -338,8 +351,15 @@ class _Builder:
             )
             by_partition.setdefault((topic, p), []).append(value)
         for (topic, p), values in by_partition.items():
-            # Every transaction has its own epoch, so each batch starts the sequence at 0.
-            self.run.logs[(topic, p)].append(Batch(pid, epoch, 0, values, int(self.clock.ms)))
+            # Under v2 every transaction has its own epoch, so each batch starts
+            # the sequence at 0; under v1 the sequence goes on.
+            sequence = 0
+            if v1 and sequences is not None:
+                sequence = sequences.get((topic, p), 0)
+                sequences[(topic, p)] = sequence + len(values)
+            self.run.logs[(topic, p)].append(
+                Batch(pid, epoch, sequence, values, int(self.clock.ms))
+            )
         if offsets:
             self.event(process, "invoke", "offsets", group=GROUP, offsets=offsets, **ident)
             self.event(process, "ok", "offsets", **ident)
@@ -347,7 +367,7 @@ class _Builder:
         listed = [[t, p, v] for t, p, v, _ in writes]
         self.event(process, "invoke", op, writes=listed, **ident)
         decision = "COMMIT" if commit else "ABORT"
-        marker_epoch = epoch + 1
+        marker_epoch = epoch if v1 else epoch + 1
         if kept:
             self.transition(
                 process,
@@ -357,6 +377,7 @@ class _Builder:
                 "ONGOING",
                 partitions=[list(tp) for tp in parts],
                 groups=[GROUP] if offsets else [],
+                txn_number=number,
             )
             marker_epoch += 1
         self.transition(
@@ -366,6 +387,7 @@ class _Builder:
             "ONGOING",
             f"PREPARE_{decision}",
             partitions=[list(tp) for tp in parts],
+            txn_number=number,
         )
         for tp in parts:
             self.run.logs[tp].append(
@@ -377,6 +399,7 @@ class _Builder:
                     int(self.clock.ms),
                     control=decision,
                     coordinator_epoch=self.term,
+                    txn_number=number,
                 )
             )
             if commit:
@@ -388,6 +411,7 @@ class _Builder:
             f"PREPARE_{decision}",
             f"COMPLETE_{decision}",
             partitions=[list(tp) for tp in parts],
+            txn_number=number,
         )
         self.event(process, "ok", op, **ident)
         return f"COMPLETE_{decision}"
@@ -401,6 +425,10 @@ class _Builder:
         assigned = [list(tp) for tp in sorted(self.visible)]
         self.event(poller, "invoke", "poll", isolation="read_committed", partitions=assigned)
         self.event(poller, "ok", "poll", reads=reads)
+
+
+#: The producer of the synthetic runs that speaks transactions v1.
+V1_PRODUCER = "txn-2"
 
 
 def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int = 1) -> Run:
@@ -429,6 +457,8 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
         state[proc] = (pid, 0, 0, "EMPTY")
 
     next_pid = [len(procs)]
+    #: The v1 producer's next sequence per partition.
+    v1_sequences: dict[tuple[str, int], int] = {}
 
     def step(
         proc: str,
@@ -440,7 +470,9 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
         # One transaction in seven of one producer is kept for a two-phase
         # commit (a second epoch bump) before it ends.
         kept = proc == "txn-1" and n % 7 == 3
-        bumps = 2 if kept else 1
+        # One producer speaks transactions v1: its epoch stays.
+        v1 = proc == V1_PRODUCER
+        bumps = 0 if v1 else 2 if kept else 1
         if epoch + bumps >= MAX_EPOCH:
             # Its epochs are spent (each transaction bumps one): as a coordinator
             # does, the transactional id goes on under a new producer id from epoch 0.
@@ -450,7 +482,9 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
             b.event(proc, "ok", "init", producer_id=pid, producer_epoch=0)
             b.transition(proc, pid, 0, st, "EMPTY")
             st = "EMPTY"
-        st = b.transaction(proc, pid, epoch, n, writes, commit, st or "EMPTY", offsets, kept)
+        st = b.transaction(
+            proc, pid, epoch, n, writes, commit, st or "EMPTY", offsets, kept, v1, v1_sequences
+        )
         state[proc] = (pid, epoch + bumps, n + 1, st)
 
     written = 0
@@ -483,6 +517,8 @@ def generate(values: int, *, partitions: int = 3, producers: int = 4, seed: int 
             (rng.choice((INPUT, EVENTS)), rng.randrange(partitions), f"{proc}-{n}-{i}", None)
             for i in range(count)
         ]
+        if proc == V1_PRODUCER:  # its transactions stay out of the events topic's partitions
+            writes = [(INPUT, p, value, source) for _, p, value, source in writes]
         step(proc, writes, commit=rng.random() >= 0.1)
         written += count
         if rng.random() < 0.05:

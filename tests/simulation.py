@@ -35,7 +35,10 @@ everything that world does:
 * Clients (one per transactional id) run InitProducerId, AddPartitions,
   produce, AddOffsets/TxnOffsetCommit and EndTxn with retries; they crash,
   stall past their timeout, and leave zombies behind that go on with an old
-  epoch. One of them takes part in a two-phase commit (KIP-939): its
+  epoch. One speaks transactions v1 as Kafka's clients do (it adds its
+  partitions before it produces, its EndTxn keeps the epoch, its sequences
+  go on across transactions), one takes part in a two-phase
+  commit (KIP-939): its
   transactions never time out, it crashes after preparing, and its next
   incarnation keeps the open transaction (``keep_prepared_txn``) and ends it.
 
@@ -57,7 +60,7 @@ import heapq
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsm import (
     AddOffsets,
@@ -109,6 +112,8 @@ MAJORITY = REPLICAS // 2 + 1
 TXN_IDS = ("tx-a", "tx-b", "tx-c")
 #: The transactional id whose producer uses two-phase commit (KIP-939).
 TWO_PHASE_ID = "tx-c"
+#: The transactional id whose producer speaks transactions v1 (KIP-890's TV1).
+V1_ID = "tx-b"
 PARTITIONS = tuple(TopicPartition("t", i) for i in range(3))
 GROUP = "g"
 #: Small limits so that producer ids rotate and blocks run out within a run.
@@ -299,13 +304,16 @@ class Partition:
     ) -> ErrorCode:
         """Apply one marker; ``written`` checks it with the offset of the data it closes."""
         pid, epoch = marker.producer_id, marker.producer_epoch
-        action = self.states.check_marker(pid, epoch, marker.coordinator_epoch)
+        action = self.states.check_marker(
+            pid, epoch, marker.coordinator_epoch, marker.transaction_version, marker.txn_number
+        )
         if action is MarkerAction.FENCED:
             return ErrorCode.TRANSACTION_COORDINATOR_FENCED
         entry = self.states.producers.get(pid)
         first = None if entry is None else entry.txn_first_offset
         buggy = (
             self.bugs.close_on_equal_epoch
+            and marker.transaction_version == 2
             and entry is not None
             and first is not None
             and entry.epoch == epoch
@@ -319,7 +327,14 @@ class Partition:
             assert entry is not None
             entry.txn_first_offset = None
             del self.states.open_txns[pid]
-        self.states.on_marker(pid, epoch, marker.coordinator_epoch, marker.commit, offset)
+        self.states.on_marker(
+            pid,
+            epoch,
+            marker.coordinator_epoch,
+            marker.commit,
+            offset,
+            txn_number=marker.txn_number,
+        )
         return ErrorCode.NONE
 
 
@@ -344,6 +359,21 @@ class Client:
     #: Whether its batches name the transaction's partitions (the client
     #: library's ``transaction_partitions``; a Kafka client's do not).
     names_partitions: bool = False
+
+    #: The sequence of its next batch per partition (transactions v1 go on
+    #: across transactions; a new epoch starts them at 0).
+    sequences: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def adopt(self, producer_id: int, epoch: int) -> None:
+        """Use (``producer_id``, ``epoch``) from now on: a new identity
+        starts its sequences at 0."""
+        if (producer_id, epoch) != (self.producer_id, self.epoch):
+            self.sequences.clear()
+        self.producer_id, self.epoch = producer_id, epoch
+
+    @property
+    def transaction_version(self) -> int:
+        return 1 if self.tid == V1_ID else 2
 
     @property
     def two_phase(self) -> bool:
@@ -459,7 +489,8 @@ class Simulation:
         self.began_at: dict[str, int] = {}
         self.pid_owner: dict[int, str] = {}
         self.stamped: set[int] = set()
-        self.decisions: dict[tuple[int, int], Decision] = {}
+        #: (producer id, marker epoch, transaction number) -> the decision.
+        self.decisions: dict[tuple[int, int, int], Decision] = {}
         self.stats = Stats()
 
     # --- running -------------------------------------------------------------------
@@ -816,6 +847,8 @@ class Simulation:
                         request.producer_epoch,
                         request.commit,
                         request.coordinator_epoch,
+                        request.transaction_version,
+                        request.txn_number,
                     ),
                     group_answer(errors, group),
                 )
@@ -893,9 +926,21 @@ class Simulation:
             client.with_offsets = self.chance(0.4)
             client.commit = self.chance(0.7)
             client.stalled = False
+            if client.transaction_version == 1:
+                # As Kafka's clients of transactions v1: the partitions are
+                # added (AddPartitionsToTxn, which waits for the previous
+                # transaction to complete) before a record goes to them.
+                client.phase = "add_partitions"
+                self.client_step(client)
+                return
             # The partitions add themselves to the transaction (KIP-890 part 2).
             client.phase = "produce"
             self.produce(client)
+        elif phase == "add_partitions":
+            self.call(
+                client,
+                _add_partitions(client.tid, client.producer_id, client.epoch, client.partitions),
+            )
         elif phase == "produce":
             self.produce(client)
         elif phase == "add_offsets":
@@ -910,7 +955,16 @@ class Simulation:
                 client.stalled = True  # outlive the timeout: the sweeper aborts it
                 client.next_at = self.now + TXN_TIMEOUT_MS + SWEEP_INTERVAL_MS
                 return
-            self.call(client, _end_txn(client.tid, client.producer_id, client.epoch, client.commit))
+            self.call(
+                client,
+                _end_txn(
+                    client.tid,
+                    client.producer_id,
+                    client.epoch,
+                    client.commit,
+                    client.transaction_version,
+                ),
+            )
 
     def call(self, client: Client, build: Unstamped) -> None:
         """Send the request of ``build``; its reply is judged by the command's
@@ -929,13 +983,15 @@ class Simulation:
             self.restart_client(client)
             return
         if isinstance(command, InitProducerId):
-            client.producer_id, client.epoch = outcome.producer_id, outcome.producer_epoch
+            client.adopt(outcome.producer_id, outcome.producer_epoch)
             client.phase = "begin"
             if outcome.ongoing_producer_id >= 0:  # kept: end it, as the manager decides
                 self.stats.kept += 1
                 client.phase = "end"
                 client.commit = self.chance(0.5)
                 client.stalled = False
+        elif isinstance(command, AddPartitions):
+            client.phase = "produce"
         elif isinstance(command, AddOffsets):
             client.phase = "commit_offsets"
         elif isinstance(command, TxnOffsetCommit):
@@ -946,14 +1002,14 @@ class Simulation:
                 self.stats.commits += 1
             else:
                 self.stats.aborts += 1
-            client.producer_id, client.epoch = outcome.producer_id, outcome.producer_epoch
+            client.adopt(outcome.producer_id, outcome.producer_epoch)
             client.phase = "begin"
 
     def produce(self, client: Client) -> None:
         while client.produced < len(client.partitions):
             tp = client.partitions[client.produced]
             pid, epoch = client.producer_id, client.epoch
-            error = self.partitions[tp].append(pid, epoch, 0)
+            error = self.partitions[tp].append(pid, epoch, client.sequences.get(tp, 0))
             if error is None:
                 client.busy = True
                 self.partition_adds(
@@ -963,6 +1019,7 @@ class Simulation:
                     epoch,
                     lambda error: self.produced(client, error),
                     client.partitions if client.names_partitions else (),
+                    client.sequences.get(tp, 0),
                 )
                 return
             self.produced(client, error)
@@ -979,6 +1036,8 @@ class Simulation:
         elif error is not ErrorCode.NONE:
             self.restart_client(client)
         else:
+            tp = client.partitions[client.produced]
+            client.sequences[tp] = client.sequences.get(tp, 0) + 1
             client.produced += 1
 
     def partition_adds(
@@ -989,6 +1048,7 @@ class Simulation:
         epoch: int,
         answer: Callable[[ErrorCode], None],
         named: tuple[TopicPartition, ...] = (),
+        sequence: int = 0,
     ) -> None:
         """KIP-890 part 2: the partition asks the shard's leader to add ``tp``,
         and the partitions the batch ``named`` (its transaction's), to the
@@ -1008,7 +1068,7 @@ class Simulation:
                 return
 
             def append() -> None:
-                error = partition.append(producer_id, epoch, 0, verified=True)
+                error = partition.append(producer_id, epoch, sequence, verified=True)
                 answer(ErrorCode.NOT_COORDINATOR if error is None else error)
 
             self.schedule(self.delay(), append)
@@ -1045,7 +1105,7 @@ class Simulation:
                 Zombie(client.tid, client.producer_id, client.epoch, self.rng.randint(1, 3))
             )
         client.phase = "init"
-        client.producer_id = client.epoch = -1
+        client.adopt(-1, -1)
 
     def zombie_step(self, zombie: Zombie) -> None:
         zombie.actions -= 1
@@ -1114,9 +1174,10 @@ class Simulation:
                 frozenset(t.groups),
                 self.began_at.get(t.transactional_id, -1),
             )
-            earlier = self.decisions.setdefault(identity, decision)
+            key = (*identity, t.txn_number)
+            earlier = self.decisions.setdefault(key, decision)
             if earlier.commit != decision.commit:
-                raise Violation(f"transaction {identity} decided both commit and abort")
+                raise Violation(f"transaction {key} decided both commit and abort")
 
     def check_stamped(self, command: Command) -> None:
         pid = getattr(command, "new_producer_id", -1)
@@ -1131,15 +1192,24 @@ class Simulation:
             raise Violation(f"{command} answered {outcome.error.name}: {outcome.message}")
 
     def check_acknowledged(self, command: EndTxn) -> None:
-        key = (command.producer_id, command.producer_epoch + 1)
-        decision = self.decisions.get(key)
+        """A successful EndTxn got the decision it asked for: the latest
+        transaction's of the identity its markers carry (the epoch after the
+        bump under v2, the same under v1). Under v1 an abort with nothing
+        open succeeds without one."""
+        bump = 1 if command.transaction_version == 2 else 0
+        identity = (command.producer_id, command.producer_epoch + bump)
+        numbers = [n for (pid, epoch, n) in self.decisions if (pid, epoch) == identity]
+        decision = self.decisions.get((*identity, max(numbers))) if numbers else None
+        if decision is None and command.transaction_version == 1 and not command.commit:
+            return
         if decision is None or decision.commit != command.commit:
             raise Violation(
-                f"EndTxn(commit={command.commit}) of {key} succeeded but the decision is {decision}"
+                f"EndTxn(commit={command.commit}) of {identity} succeeded but the decision "
+                f"is {decision}"
             )
 
     def decision_for(self, marker: MarkerRequest) -> Decision:
-        key = (marker.producer_id, marker.producer_epoch)
+        key = (marker.producer_id, marker.producer_epoch, marker.txn_number)
         decision = self.decisions.get(key)
         if decision is None or decision.commit != marker.commit:
             raise Violation(
@@ -1210,7 +1280,7 @@ class Simulation:
     def check_delivered(self) -> None:
         """Every decided participant holds its marker."""
         group = self.replicas[0].machine.state.groups.get(GROUP)
-        for (pid, epoch), decision in self.decisions.items():
+        for (pid, epoch, _), decision in self.decisions.items():
             for tp in sorted(decision.partitions):
                 if Record(pid, epoch, decision.commit) not in self.partitions[tp].records:
                     raise Violation(f"{tuple(tp)} never got the marker of {(pid, epoch)}")
@@ -1253,7 +1323,9 @@ def _txn_offset_commit(
     return lambda stamp: TxnOffsetCommit(group, tid, producer_id, epoch, offsets, stamp.now_ms)
 
 
-def _end_txn(tid: str, producer_id: int, epoch: int, commit: bool) -> Unstamped:
+def _end_txn(
+    tid: str, producer_id: int, epoch: int, commit: bool, transaction_version: int = 2
+) -> Unstamped:
     return lambda stamp: EndTxn(
         tid,
         producer_id,
@@ -1262,6 +1334,7 @@ def _end_txn(tid: str, producer_id: int, epoch: int, commit: bool) -> Unstamped:
         stamp.now_ms,
         stamp.coordinator_epoch,
         stamp.new_producer_id,
+        transaction_version,
     )
 
 

@@ -79,9 +79,13 @@ class Picker:
 
 
 def _transactions(run: Run) -> dict[str, dict[str, Any]]:
-    """txn -> producer id, epoch, writes [(topic, partition, value)], outcome, in order."""
+    """txn -> producer id, epoch, writes [(topic, partition, value)], outcome, in order;
+    the plants' candidates, so not the transactions of the producer of transactions
+    v1 (its producer id and epoch name many of them)."""
     txns: dict[str, dict[str, Any]] = {}
     for e in run.events:
+        if e.get("process") == synthetic.V1_PRODUCER:
+            continue
         if e["op"] == "send" and e["type"] == "invoke":
             t = txns.setdefault(
                 e["txn"], {"pid": e["producer_id"], "epoch": e["producer_epoch"], "writes": []}
@@ -288,7 +292,12 @@ def plant_epoch_order(pick: Picker) -> Planted:
             break
     decision = "COMMIT" if previous[0].get("outcome") == "commit" else "ABORT"
     marker = pick.run.logs[tp][-1]
-    pick.run.logs[tp].append(dataclasses.replace(marker, epoch=t["epoch"], control=decision))
+    # The previous transaction's marker: its epoch, its number (the one before).
+    pick.run.logs[tp].append(
+        dataclasses.replace(
+            marker, epoch=t["epoch"], control=decision, txn_number=marker.txn_number - 1
+        )
+    )
     return Planted(1, (f'"topic":"{tp[0]}","partition":{tp[1]},',))
 
 
@@ -368,7 +377,7 @@ def plant_liveness(pick: Picker) -> Planted:
         for i, e in enumerate(run.events)
         if e["op"] == "commit"
         and e["type"] == "ok"
-        and e["process"].startswith("txn-")
+        and e["txn"] in txns
         and pick.free(txn=e["txn"])
         and all(pick.free((w[0], w[1])) for w in txns[e["txn"]]["writes"])
     )

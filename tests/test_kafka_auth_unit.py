@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from scramp import ScramClient
 
-from raftcoord.kafka.auth import RELAY_MECHANISM, SaslExchange, relay_auth_bytes
+from raftcoord.kafka.auth import SaslExchange
 from raftcoord.kafka.gateway import CreationRate
-from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener, NodeAddress, TlsConfig
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.scram import ScramCredential, credential, salted_password
@@ -38,8 +37,8 @@ async def lookup(user: str, mechanism: str) -> ScramCredential | None:
     return STORED.get((user, mechanism))
 
 
-def exchange(tls_principal: str | None = None) -> SaslExchange:
-    return SaslExchange(CONFIG, LISTENER, tls_principal, lookup)
+def exchange() -> SaslExchange:
+    return SaslExchange(CONFIG, LISTENER, lookup)
 
 
 def test_scram_with_the_right_password_names_the_user() -> None:
@@ -74,16 +73,13 @@ def test_plain_checks_the_password_against_the_scram_credential() -> None:
         assert sasl.principal == principal
 
 
-def test_only_a_nodes_certificate_may_relay_and_handshakes_are_in_order() -> None:
-    client = Principal("User:alice", "10.0.0.7")
-    assert exchange("User:someone").handshake(RELAY_MECHANISM) is (
-        ErrorCode.UNSUPPORTED_SASL_MECHANISM
-    )
-    sasl = exchange("User:node-201")
-    assert sasl.handshake(RELAY_MECHANISM) is ErrorCode.NONE
-    assert sasl.handshake("PLAIN") is ErrorCode.ILLEGAL_SASL_STATE
-    asyncio.run(sasl.authenticate(relay_auth_bytes(client)))
-    assert (sasl.principal, sasl.host) == ("User:alice", "10.0.0.7")
+def test_handshakes_are_in_order_and_no_unknown_mechanism_is_taken() -> None:
+    assert exchange().handshake("RAFTCOORD-RELAY") is ErrorCode.UNSUPPORTED_SASL_MECHANISM
+    sasl = exchange()
+    assert sasl.handshake("PLAIN") is ErrorCode.NONE
+    assert sasl.handshake("SCRAM-SHA-256") is ErrorCode.ILLEGAL_SASL_STATE
+    asyncio.run(sasl.authenticate(b"\0alice\0secret"))
+    assert sasl.principal == "User:alice"
     code, _, _ = asyncio.run(sasl.authenticate(b"again"))
     assert code is ErrorCode.ILLEGAL_SASL_STATE
 

@@ -1,4 +1,4 @@
-"""The Kafka gateway's pure parts: message framing (kio) and the epoch book.
+"""The Kafka gateway's pure parts: message framing (kio).
 Messages are made or read back with kafka-python, an independent
 implementation of the same formats (produced batches:
 tests/test_produced_batches.py)."""
@@ -18,7 +18,6 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from raftcoord.kafka import messages as m
-from raftcoord.kafka.epochs import EpochBook
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -114,57 +113,6 @@ def test_producer_fenced_reaches_older_versions_as_invalid_producer_epoch() -> N
         m.ADD_PARTITIONS_TO_TXN, 1, 1, {"results_by_topic_v3_and_below": topics}
     )
     assert frame.endswith((47).to_bytes(2, "big"))
-
-
-# --- epochs -------------------------------------------------------------------------------
-
-
-def test_the_epoch_book_follows_end_txn_bumps_and_rebases_sequences() -> None:
-    book = EpochBook()
-    assert book.server(7, 3) == (7, 3)  # InitProducerId's identity is its own
-    assert book.sequence((7, 3), "t", 0, 12) == 12  # the first epoch is not rebased
-    book.ended((7, 3), (7, 4))
-    assert book.server(7, 3) == (7, 4)
-    assert book.sequence((7, 3), "t", 0, 12) == 0  # first batch of the new epoch
-    assert book.sequence((7, 3), "t", 0, 15) == 3
-    assert book.sequence((7, 3), "t", 0, 12) == 0  # a retry of the first batch
-    assert book.sequence((7, 3), "t", 1, 40) == 0  # each partition on its own
-    assert book.sequence((7, 3), "t", 0, -1) == -1
-    book.ended((7, 3), (7, 5))
-    assert book.server(7, 3) == (7, 5)
-    assert book.sequence((7, 3), "t", 0, 20) == 0  # the ended epoch's bases are gone
-    assert book.server(7, 2) == (7, 2)  # a zombie's older identity is not translated
-    assert len(book) == 1
-
-
-def test_an_open_transactions_bases_outlive_any_number_of_other_keys() -> None:
-    """A base of 50, then a hundred thousand bases and epochs of other
-    producers: the open transaction's next batch still rebases on 50."""
-    book = EpochBook()
-    book.ended((1, 0), (1, 1))
-    assert book.sequence((1, 0), "t", 0, 50) == 0
-    for producer_id in range(2, 202):
-        for round_ in range(5):
-            book.ended((producer_id, 0), (producer_id, round_ + 1))
-            for partition in range(100):
-                book.sequence((producer_id, 0), "t", partition, round_ * 10)
-    assert book.server(1, 0) == (1, 1)
-    assert book.sequence((1, 0), "t", 0, 55) == 5
-    assert len(book) == 201
-
-
-def test_the_epoch_book_forgets_the_least_recently_used_identity_whole() -> None:
-    book = EpochBook(capacity=2)
-    book.ended((1, 0), (1, 1))
-    book.ended((2, 0), (2, 1))
-    assert book.sequence((1, 0), "t", 0, 8) == 0  # producer 1 is used again
-    book.ended((3, 0), (3, 1))  # the book is full: producer 2, unused longest, goes
-    assert book.server(2, 0) == (2, 0)  # passed on as it is, so the coordinator fences it
-    assert book.sequence((2, 0), "t", 0, 30) == 30
-    assert book.server(1, 0) == (1, 1)
-    assert book.sequence((1, 0), "t", 0, 9) == 1
-    assert book.server(3, 0) == (3, 1)
-    assert len(book) == 2
 
 
 def test_the_docs_list_exactly_the_advertised_versions() -> None:

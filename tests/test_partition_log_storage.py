@@ -191,10 +191,7 @@ def test_control_batch_is_a_kafka_end_transaction_marker(commit: bool) -> None:
     assert (header.producer_id, header.producer_epoch, header.base_sequence) == (42, 5, -1)
     assert header.first_timestamp == 123
     assert control_is_commit(bytes(batch)) is commit
-    marker = read_marker(batch)
-    assert marker.commit is commit and marker.coordinator_epoch == 77
-    committed, epoch = read_marker(batch)
-    assert (committed, epoch) == (commit, 77)
+    assert read_marker(batch) == (commit, 77, -1)  # no transaction number given
 
     # kafka-python's reader sees Kafka's control record layout.
     from kafka.record.default_records import ControlRecord, DefaultRecordBatch
@@ -208,6 +205,23 @@ def test_control_batch_is_a_kafka_end_transaction_marker(commit: bool) -> None:
     assert record.key == struct.pack(">hh", 0, 1 if commit else 0)
     assert record.value == struct.pack(">hi", 0, 77)
     assert record.offset == 9 and record.timestamp == 123
+
+
+def test_a_marker_carries_its_transactions_number_after_kafkas_value() -> None:
+    batch = encode_control_batch(
+        commit=True,
+        producer_id=42,
+        producer_epoch=5,
+        coordinator_epoch=77,
+        timestamp_ms=123,
+        txn_number=2**40,
+    )
+    assert read_marker(batch) == (True, 77, 2**40)
+    from kafka.record.default_records import DefaultRecordBatch
+
+    (record,) = list(DefaultRecordBatch(bytes(batch)))
+    assert record.value[:6] == struct.pack(">hi", 0, 77)  # Kafka's readers read these
+    assert record.value[6:] == struct.pack(">q", 2**40)
 
 
 def test_kafka_python_reads_our_data_batches() -> None:
@@ -383,8 +397,8 @@ def test_batches_yields_headers_and_control_bodies(tmp_path: Path) -> None:
             (6, True),
         ]
         assert got[0][1] is None and got[2][1] is None
-        assert got[1][1] is not None and read_marker(got[1][1]) == (True, 3)
-        assert got[3][1] is not None and read_marker(got[3][1]) == (False, 4)
+        assert got[1][1] is not None and read_marker(got[1][1]) == (True, 3, -1)
+        assert got[3][1] is not None and read_marker(got[3][1]) == (False, 4, -1)
         assert [h.base_offset for h, _ in store.batches(4)] == [3, 6]
         assert [h.base_offset for h, _ in store.batches(7)] == []
 

@@ -1,8 +1,7 @@
-"""Produced record batches as Kafka producers encode them: checked once by
-the partition-log node (partition_log.produced) and, on the way, given
-another producer identity by the gateway (raftcoord.kafka.records).
-Batches are made with kafka-python, an independent implementation of the
-format."""
+"""Produced record batches as Kafka producers encode them, which the Kafka
+gateway passes on as they came: checked once by the partition-log node
+(partition_log.produced). Batches are made with kafka-python, an
+independent implementation of the format."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import zstandard
 
 from partition_log import codec
 from partition_log.produced import BatchTooLarge, accept_produced, decompressed_size
-from raftcoord.kafka.records import producer_identity, with_identity
 from raftcoord.protocol.errors import ErrorCode
 
 with warnings.catch_warnings():
@@ -130,18 +128,3 @@ def test_every_member_of_a_compressed_payload_counts(compression: int) -> None:
     data = bytes(header) + compress(bytes(MIB)) * 3
     assert decompressed_size(data, 2 * MIB) == 2 * MIB + 1
     assert decompressed_size(data, 8 * MIB) == 3 * MIB
-
-
-def test_the_gateway_writes_another_identity_and_a_crc_that_still_checks() -> None:
-    data = batch_bytes([b"a", b"b"], producer_id=7, epoch=2, sequence=12)
-    assert producer_identity(data) == (7, 2, 12)
-    moved = with_identity(data, 7, 5, 0)
-    assert producer_identity(moved) == (7, 5, 0)
-    header = codec.parse_header(accept_produced(moved, 10, MIB))
-    assert (header.producer_epoch, header.base_sequence) == (5, 0)
-    # A batch that was corrupt stays corrupt: the node still refuses it.
-    corrupt = data[:-1] + bytes([data[-1] ^ 1])
-    with pytest.raises(codec.CorruptBatch, match="CRC"):
-        accept_produced(with_identity(corrupt, 7, 5, 0), 10, MIB)
-    assert producer_identity(b"short") is None
-    assert producer_identity(data[:16] + b"\x01" + data[17:]) is None

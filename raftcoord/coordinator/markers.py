@@ -184,6 +184,7 @@ def markers_written(completion: Completion) -> Unstamped:
         tuple(TopicPartition(p.topic, p.partition) for p in completion.partitions),
         tuple(g.group_id for g in completion.groups),
         stamp.now_ms,
+        completion.txn_number,
     )
 
 
@@ -191,7 +192,7 @@ def _txn_marker(marker: MarkerRequest) -> Any:
     topics: dict[str, list[int]] = {}
     for partition in marker.partitions:
         topics.setdefault(partition.topic, []).append(partition.partition)
-    return partition_log_pb2.TxnMarker(
+    message = partition_log_pb2.TxnMarker(
         producer_id=marker.producer_id,
         producer_epoch=marker.producer_epoch,
         coordinator_epoch=marker.coordinator_epoch,
@@ -199,7 +200,11 @@ def _txn_marker(marker: MarkerRequest) -> Any:
         topics=[common_pb2.TopicPartitions(topic=t, partitions=ps) for t, ps in topics.items()],
         transactional_id=marker.transactional_id,
         groups=[g.group_id for g in marker.groups],
+        transaction_version=marker.transaction_version,
     )
+    if marker.txn_number >= 0:
+        message.txn_number = marker.txn_number
+    return message
 
 
 class MarkerWriters:

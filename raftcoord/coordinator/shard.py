@@ -178,7 +178,8 @@ class TransitionsLog:
     Keys: ``index`` and ``term`` of the Raft entry, ``shard``,
     ``transactional_id``, ``producer_id``, ``producer_epoch``, ``from`` (state
     name, null when the id was created), ``to``, ``partitions`` (list of
-    [topic, partition]), ``groups``, ``time_ms`` (the leader-stamped time).
+    [topic, partition]), ``groups``, ``time_ms`` (the leader-stamped time),
+    ``txn_number`` (the number of the id's latest transaction).
     pysyncobj re-applies its journal after a restart; entries at or below the
     last index already in the file are not written again. A last line cut
     short by a crash is removed when the file is opened, so that the next
@@ -268,6 +269,7 @@ class TransitionsLog:
                     "partitions": [list(p) for p in t.partitions],
                     "groups": list(t.groups),
                     "time_ms": t.now_ms,
+                    "txn_number": t.txn_number,
                 }
             )
             for t in transitions

@@ -9,12 +9,6 @@
   add``); the principal is ``User:<name>``. Until it succeeds only
   ApiVersions and SASL requests are served; a failure is answered
   SASL_AUTHENTICATION_FAILED and the connection closed.
-
-A gateway that relays a client's request to another gateway
-(:mod:`raftcoord.kafka.relay`) connects to a TLS listener with its own node
-certificate and then authenticates with :data:`RELAY_MECHANISM`, naming the
-client's principal and address: only a node's certificate may, so that the
-other gateway acts for the client and not for the relaying node.
 """
 
 from __future__ import annotations
@@ -26,14 +20,11 @@ from typing import Any
 
 from scramp import ScramException, ScramMechanism
 
-from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.scram import MECHANISMS, ScramCredential, password_matches
 from raftcoord.protocol.tls import cluster_principals
 
-#: The SASL mechanism by which a gateway names the client it relays for.
-RELAY_MECHANISM = "RAFTCOORD-RELAY"
 #: What a SASL_SSL listener offers its clients.
 SASL_MECHANISMS = ("PLAIN", *sorted(MECHANISMS))
 #: The longest SASL message accepted (a SCRAM or PLAIN exchange is tiny).
@@ -45,8 +36,8 @@ CredentialLookup = Callable[[str, str], Awaitable[ScramCredential | None]]
 
 def server_context(config: ClusterConfig, listener: KafkaListener) -> ssl.SSLContext | None:
     """The TLS side of ``listener`` (None for PLAINTEXT): the gateway's node
-    certificate; client certificates of the cluster's CA required (SSL) or
-    optional (SASL_SSL: a relaying gateway presents its own).
+    certificate; client certificates of the cluster's CA required (SSL), not
+    asked for (SASL_SSL: SASL says who the client is).
 
     Raises:
         OSError: a file of the gateway's identity cannot be read.
@@ -57,19 +48,8 @@ def server_context(config: ClusterConfig, listener: KafkaListener) -> ssl.SSLCon
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(config.tls.ca_file))
     context.load_cert_chain(str(cert), str(key))
     context.verify_mode = (
-        ssl.CERT_REQUIRED if listener.security_protocol == "SSL" else ssl.CERT_OPTIONAL
+        ssl.CERT_REQUIRED if listener.security_protocol == "SSL" else ssl.CERT_NONE
     )
-    return context
-
-
-def relay_context(config: ClusterConfig, node_id: int) -> ssl.SSLContext | None:
-    """The TLS side of gateway ``node_id``'s connections to other gateways'
-    TLS listeners: the cluster's CA, this gateway's node certificate."""
-    if config.tls is None:
-        return None
-    cert, key = config.tls.node_files(node_id)
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(config.tls.ca_file))
-    context.load_cert_chain(str(cert), str(key))
     return context
 
 
@@ -84,46 +64,24 @@ def certificate_principal(peercert: Any) -> str | None:
     return None
 
 
-def relay_auth_bytes(client: Principal) -> bytes:
-    """What a relaying gateway authenticates with: the client it acts for."""
-    return f"{client.name}\0{client.host}".encode()
-
-
 class SaslExchange:
-    """One connection's SASL authentication.
-
-    ``tls_principal`` is the principal of the connection's client
-    certificate, if it presented one; a node's may use
-    :data:`RELAY_MECHANISM`.
-    """
+    """One connection's SASL authentication."""
 
     def __init__(
         self,
         config: ClusterConfig,
         listener: KafkaListener,
-        tls_principal: str | None,
         lookup: CredentialLookup,
     ) -> None:
         self._lookup = lookup
         self._cluster = cluster_principals(config)
-        #: A node's certificate on a TLS listener: another gateway relaying,
-        #: which must name its client (RELAY_MECHANISM) before anything else.
-        self.relaying = (
-            listener.security_protocol != "PLAINTEXT"
-            and tls_principal is not None
-            and tls_principal in self._cluster
-        )
         offered: list[str] = []
-        if self.relaying:
-            offered.append(RELAY_MECHANISM)
-        elif listener.security_protocol == "SASL_SSL":
+        if listener.security_protocol == "SASL_SSL":
             offered += SASL_MECHANISMS
         self.offered = tuple(offered)
         self.mechanism: str | None = None
         #: Set once the exchange succeeded: who the client is.
         self.principal: str | None = None
-        #: Set with the principal for a relay: the relayed client's address.
-        self.host: str | None = None
         self._scram: Any = None
         self._user = ""
 
@@ -146,8 +104,6 @@ class SaslExchange:
         try:
             if self.mechanism == "PLAIN":
                 return await self._plain(auth_bytes)
-            if self.mechanism == RELAY_MECHANISM:
-                return self._relay(auth_bytes)
             return await self._scram_step(auth_bytes)
         except (ScramException, UnicodeDecodeError, ValueError) as exc:
             return ErrorCode.SASL_AUTHENTICATION_FAILED, f"authentication failed: {exc}", b""
@@ -162,13 +118,6 @@ class SaslExchange:
                 self.principal = self._client(user)
                 return ErrorCode.NONE, "", b""
         raise ValueError("PLAIN: wrong user name or password")
-
-    def _relay(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
-        name, host = auth_bytes.decode().split("\0")
-        if not name.startswith("User:") or name in self._cluster:
-            raise ValueError(f"{RELAY_MECHANISM}: not a client's principal")
-        self.principal, self.host = name, host
-        return ErrorCode.NONE, "", b""
 
     async def _scram_step(self, auth_bytes: bytes) -> tuple[ErrorCode, str, bytes]:
         assert self.mechanism is not None

@@ -27,21 +27,16 @@ from raftcoord.kafka import messages as m
 from raftcoord.kafka.auth import (
     SaslExchange,
     certificate_principal,
-    relay_context,
     server_context,
 )
 from raftcoord.kafka.backend import CALLER, NOT_PROCESSED, Backend, Unreachable
-from raftcoord.kafka.epochs import EpochBook
 from raftcoord.kafka.metrics import GatewayMetrics
-from raftcoord.kafka.records import producer_identity, with_identity
-from raftcoord.kafka.relay import Peer, PeerUnavailable
 from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import REDISCOVER, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
 from raftcoord.protocol.metrics import Metrics
 from raftcoord.protocol.process import LogLimiter, configure_logging
-from raftcoord.protocol.routing import stable_hash
 from raftcoord.protocol.scram import ScramCredential
 from raftcoord.protocol.tls import ANONYMOUS, node_identity
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
@@ -161,18 +156,14 @@ class Gateway:
         self._large_frames = ByteBudget(settings.queued_max_request_bytes - small)
         self._largest_frame = min(MAX_REQUEST_BYTES, self._large_frames.total)
         self._idle_s = settings.connections_max_idle_ms / 1000
-        self.epochs = EpochBook()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         #: Open connections per client address (max.connections.per.ip).
         self._per_ip: collections.Counter[str] = collections.Counter()
         #: New connections per client address (max.connection.creation.rate.per.ip).
         self._creations = CreationRate(settings.max_connection_creation_rate_per_ip)
-        #: How long a relayed request may take before its client's connection is closed.
-        self.relay_timeout_s = self.backend.rpc_timeout_s * 3
-        #: TLS of the listener (SSL, SASL_SSL) and of relays to other gateways' TLS listeners.
+        #: TLS of the listener (SSL, SASL_SSL).
         self._tls = server_context(config, listener)
-        self._relay_tls = relay_context(config, listener.node_id)
         self._handlers: dict[int, Callable[[m.Request], Awaitable[Data | None]]] = {
             m.API_VERSIONS: self.api_versions,
             m.METADATA: self.metadata,
@@ -283,21 +274,17 @@ class Gateway:
         tls_principal = None
         if self._tls is not None:  # a certificate without a common name is anonymous
             tls_principal = certificate_principal(writer.get_extra_info("peercert"))
-        sasl = SaslExchange(self.config, self.listener, tls_principal, self._credential)
+        sasl = SaslExchange(self.config, self.listener, self._credential)
         known: str | None = None
         if protocol == "PLAINTEXT":
             known = ANONYMOUS
         elif protocol == "SSL":
             known = tls_principal or ANONYMOUS
-        if sasl.relaying:  # another gateway: it names the client it relays for first
-            known = None
         authenticated = known is not None
         if known is not None:
             CALLER.set(Principal(known, ip))
         answers: asyncio.Queue[asyncio.Task[bytes | None]] = asyncio.Queue(MAX_IN_FLIGHT)
         sender = asyncio.create_task(self._send_in_order(answers, writer))
-        #: The connections this client's relayed requests go over, per owner gateway.
-        peers: dict[int, Peer] = {}
         try:
             while True:
                 size_bytes = await asyncio.wait_for(reader.readexactly(_SIZE.size), self._idle_s)
@@ -335,7 +322,7 @@ class Gateway:
                     await answers.put(asyncio.create_task(_ready(response)))
                     if sasl.principal is not None and not authenticated:
                         authenticated = True
-                        CALLER.set(Principal(sasl.principal, sasl.host or ip))
+                        CALLER.set(Principal(sasl.principal, ip))
                     if failed and not authenticated:  # Kafka closes after a failed attempt
                         _connection_log(logging.INFO, "event=authentication_failed ip=%s", ip)
                         await answers.put(asyncio.create_task(_closing("authentication failed")))
@@ -348,7 +335,7 @@ class Gateway:
                     )
                     budget.give(size)
                     break
-                answer = asyncio.create_task(self._answer(frame, peers))
+                answer = asyncio.create_task(self._answer(frame))
                 answer.add_done_callback(functools.partial(_release, budget, size))
                 await answers.put(answer)
         except TimeoutError:
@@ -368,8 +355,6 @@ class Gateway:
                 await sender
             while not answers.empty():
                 answers.get_nowait().cancel()
-            for peer in peers.values():
-                await peer.close()
 
     @staticmethod
     async def _send_in_order(
@@ -441,13 +426,13 @@ class Gateway:
                     )
         return None
 
-    async def _answer(self, frame: bytes, peers: dict[int, Peer]) -> bytes | None:
+    async def _answer(self, frame: bytes) -> bytes | None:
         """The response frame of one request frame, or None when none is sent
-        (acks=0 produce); ``peers`` are the connection's relays.
+        (acks=0 produce).
 
         Raises:
             CloseConnection: the frame is not a supported request, or its
-                handler, the encoding of its answer or its relay failed.
+                handler or the encoding of its answer failed.
         """
         try:
             api_key, version = m.api_of(frame)
@@ -466,11 +451,6 @@ class Gateway:
             request = m.decode_request(frame)
         except m.MalformedRequest as exc:
             raise CloseConnection(str(exc)) from exc
-        transactional_id = _transactional_id(request)
-        if transactional_id is not None:
-            owner = self.owner_of(transactional_id)
-            if owner != self.listener:
-                return await self._relay(owner, frame, request, peers)
         started = time.perf_counter()
         try:
             data = await self._handlers[api_key](request)
@@ -484,30 +464,6 @@ class Gateway:
                 self.metrics.answered(api_key, None, started)
             log.exception("event=request_failed api=%d version=%d", api_key, version)
             raise CloseConnection(f"api {api_key} version {version} failed") from exc
-
-    def owner_of(self, key: str) -> KafkaListener:
-        """The gateway that FindCoordinator names for ``key`` (a transactional
-        id, whose epoch book it keeps, or a group id): the key's stable hash
-        modulo the gateway count (independent of the shard count)."""
-        listeners = self.config.kafka_listeners
-        return listeners[stable_hash(key) % len(listeners)]
-
-    async def _relay(
-        self, owner: KafkaListener, frame: bytes, request: m.Request, peers: dict[int, Peer]
-    ) -> bytes | None:
-        """The owner's answer to ``frame``, as this gateway's (docs/kafka.md, "Epochs")."""
-        expect_answer = not (request.api_key == m.PRODUCE and request.body.acks == 0)
-        peer = peers.get(owner.node_id)
-        if peer is None:
-            tls = self._relay_tls if owner.security_protocol != "PLAINTEXT" else None
-            peer = peers[owner.node_id] = Peer(
-                owner.address, self.relay_timeout_s, tls, CALLER.get()
-            )
-        try:
-            answer = await peer.call(frame, expect_answer)
-        except PeerUnavailable as exc:
-            raise CloseConnection(str(exc)) from exc
-        return None if answer is None else _SIZE.pack(len(answer)) + answer
 
     # --- brokers and coordinators --------------------------------------------------------
 
@@ -585,9 +541,10 @@ class Gateway:
         }
 
     async def find_coordinator(self, request: m.Request) -> Data:
-        """The key's gateway: for a transactional id its owner, for a group
-        the gateway at the same place (the group id's stable hash); every
-        gateway serves every group, forwarding to the shard's leader.
+        """This gateway, for any key: a gateway keeps nothing of a
+        transactional id or a group (it forwards to the shard's leader), so
+        the one the client reached serves it, and a gateway that is down is
+        never named by another (the client asks again through one that is up).
 
         Answered here, without asking the coordinators, so that it never
         fails while a shard elects: librdkafka gives up a coordinator lookup
@@ -605,9 +562,8 @@ class Gateway:
                 "host": "",
                 "port": -1,
             }
-        gateway = self.owner_of(key)
-        host, port = gateway.address.rsplit(":", 1)
-        return {"error_code": 0, "node_id": gateway.node_id, "host": host, "port": int(port)}
+        host, port = self.listener.address.rsplit(":", 1)
+        return {"error_code": 0, "node_id": self.listener.node_id, "host": host, "port": int(port)}
 
     # --- transactions ----------------------------------------------------------------------
 
@@ -619,8 +575,8 @@ class Gateway:
         if body.transactional_id is not None:
             grpc_request.transactional_id = body.transactional_id
         if getattr(body, "producer_id", -1) >= 0:
-            server = self.epochs.server(body.producer_id, body.producer_epoch)
-            grpc_request.producer_id, grpc_request.producer_epoch = server
+            grpc_request.producer_id = body.producer_id
+            grpc_request.producer_epoch = body.producer_epoch
         key = body.transactional_id
         if key is None:
             answer = await self._any_coordinator("InitProducerId", grpc_request)
@@ -649,11 +605,10 @@ class Gateway:
         body = request.body
         transactional_id = body.v3_and_below_transactional_id
         topics = body.v3_and_below_topics
-        producer_id, epoch = self.epochs.server(
-            body.v3_and_below_producer_id, body.v3_and_below_producer_epoch
-        )
         grpc_request = coordinator_pb2.AddPartitionsToTxnRequest(
-            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=epoch
+            transactional_id=transactional_id,
+            producer_id=body.v3_and_below_producer_id,
+            producer_epoch=body.v3_and_below_producer_epoch,
         )
         for topic in topics:
             grpc_request.topics.add(topic=topic.name, partitions=list(topic.partitions))
@@ -681,39 +636,36 @@ class Gateway:
 
     async def add_offsets_to_txn(self, request: m.Request) -> Data:
         body = request.body
-        producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
         answer = await self.backend.to_leader(
             body.transactional_id,
             coordinator_pb2.TRANSACTION,
             "AddOffsetsToTxn",
             coordinator_pb2.AddOffsetsToTxnRequest(
                 transactional_id=body.transactional_id,
-                producer_id=producer_id,
-                producer_epoch=epoch,
+                producer_id=body.producer_id,
+                producer_epoch=body.producer_epoch,
                 group_id=body.group_id,
             ),
         )
         return {"error_code": answer.error_code}
 
     async def end_txn(self, request: m.Request) -> Data:
+        """EndTxn below version 5: the client speaks transactions v1 (its
+        epoch stays, its sequences go on), and so does the coordinator for
+        it (docs/kafka.md, "Transactions v1")."""
         body = request.body
-        producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
         answer = await self.backend.to_leader(
             body.transactional_id,
             coordinator_pb2.TRANSACTION,
             "EndTxn",
             coordinator_pb2.EndTxnRequest(
                 transactional_id=body.transactional_id,
-                producer_id=producer_id,
-                producer_epoch=epoch,
+                producer_id=body.producer_id,
+                producer_epoch=body.producer_epoch,
                 committed=body.committed,
+                transaction_version=1,
             ),
         )
-        if answer.error_code == ErrorCode.NONE:
-            self.epochs.ended(
-                (body.producer_id, body.producer_epoch),
-                (answer.producer_id, answer.producer_epoch),
-            )
         return {"error_code": answer.error_code}
 
     async def describe_transactions(self, request: m.Request) -> Data:
@@ -850,7 +802,6 @@ class Gateway:
 
     async def txn_offset_commit(self, request: m.Request) -> Data:
         body = request.body
-        producer_id, epoch = self.epochs.server(body.producer_id, body.producer_epoch)
         answer = await self.backend.to_leader(
             body.group_id,
             coordinator_pb2.GROUP,
@@ -858,8 +809,8 @@ class Gateway:
             coordinator_pb2.TxnOffsetCommitRequest(
                 transactional_id=body.transactional_id,
                 group_id=body.group_id,
-                producer_id=producer_id,
-                producer_epoch=epoch,
+                producer_id=body.producer_id,
+                producer_epoch=body.producer_epoch,
                 generation_id=getattr(body, "generation_id", -1),
                 member_id=getattr(body, "member_id", ""),
                 group_instance_id=getattr(body, "group_instance_id", None) or "",
@@ -1220,22 +1171,13 @@ class Gateway:
         results: dict[tuple[str, int], Data] = {}
         for topic in body.topic_data:
             for p in topic.partition_data:
-                # The batch goes to the node as it came, which checks it
-                # once; only a translated producer identity is written in.
-                data = bytes(p.records or b"")
-                identity = producer_identity(data)
-                if identity is not None and identity[0] >= 0:
-                    client = identity[:2]
-                    server = self.epochs.server(*client)
-                    if server != client:
-                        sequence = self.epochs.sequence(client, topic.name, p.index, identity[2])
-                        data = with_identity(data, *server, sequence)
+                # The batch goes to the node as it came; the node checks it.
                 items.append(
                     (
                         topic.name,
                         p.index,
                         partition_log_pb2.PartitionProduceData(
-                            topic=topic.name, partition=p.index, raw_batch=data
+                            topic=topic.name, partition=p.index, raw_batch=bytes(p.records or b"")
                         ),
                     )
                 )
@@ -1403,23 +1345,6 @@ class Gateway:
                 for topic in body.topics
             ]
         }
-
-
-def _transactional_id(request: m.Request) -> str | None:
-    """The transactional id a request acts for (whose epoch book it needs), if any."""
-    body = request.body
-    if request.api_key == m.ADD_PARTITIONS_TO_TXN:
-        return str(body.v3_and_below_transactional_id)
-    if request.api_key in (
-        m.PRODUCE,
-        m.INIT_PRODUCER_ID,
-        m.ADD_OFFSETS_TO_TXN,
-        m.END_TXN,
-        m.TXN_OFFSET_COMMIT,
-    ):
-        found = body.transactional_id
-        return None if found is None else str(found)
-    return None
 
 
 def kafka_state_name(state: int) -> str:

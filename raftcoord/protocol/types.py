@@ -25,3 +25,10 @@ class WriteMarkers:
     commit: bool
     partitions: tuple[TopicPartition, ...]
     groups: tuple[str, ...]
+    #: How the transaction ended (Kafka's transaction.version): 2 with an
+    #: epoch bump, so the markers' epoch is above the data's; 1 without, so
+    #: the markers carry the data's own epoch. And the transaction's number
+    #: (-1: unknown), which tells its markers from another transaction's of
+    #: the same producer id and epoch.
+    transaction_version: int = 2
+    txn_number: int = -1

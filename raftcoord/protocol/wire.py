@@ -93,3 +93,11 @@ def filter_from_proto(message: Any) -> AclFilter:
         Operation(message.operation),
         Permission(message.permission_type),
     )
+
+
+def marker_identity(marker: Any) -> tuple[int, int]:
+    """A TxnMarker's (transaction version, transaction number): version 1,
+    else 2 (also when unset); the number, or -1 from a coordinator that
+    does not number its transactions."""
+    version = 1 if marker.transaction_version == 1 else 2
+    return version, marker.txn_number if marker.HasField("txn_number") else -1

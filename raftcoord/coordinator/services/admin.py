@@ -72,6 +72,8 @@ class TransactionQueries:
                     ongoing_txn_producer_id=meta.ongoing_producer_id,
                     ongoing_txn_producer_epoch=meta.ongoing_producer_epoch,
                     two_phase_commit=meta.two_phase,
+                    txn_number=meta.txn_number,
+                    transaction_version=meta.transaction_version,
                 )
             )
         return coordinator_pb2.DescribeTransactionsResponse(transactions=descriptions)
@@ -81,7 +83,7 @@ class TransactionQueries:
         problem its delivery met, as this node's marker writer knows them."""
         if meta.state not in PREPARE_STATES:
             return []
-        key = TxnKey(meta.transactional_id, meta.producer_id, meta.producer_epoch)
+        key = TxnKey(meta.transactional_id, meta.producer_id, meta.producer_epoch, meta.txn_number)
         owed = self.markers.pending(shard, key)
         if owed is None:  # not taken up by a writer yet: nothing tried
             participants: list[Participant] = [DataPartition(*tp) for tp in sorted(meta.partitions)]

@@ -63,7 +63,7 @@ from raftcoord.coordinator.services.transactions import read_group_verification
 from raftcoord.protocol.acl import Operation, Principal, ResourceType
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S, MAX_ID_BYTES
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
-from raftcoord.protocol.wire import wire_error
+from raftcoord.protocol.wire import marker_identity, wire_error
 
 T = TypeVar("T")
 
@@ -297,6 +297,7 @@ class GroupRPCs:
                         marker.producer_epoch,
                         marker.result == common_pb2.COMMIT,
                         marker.coordinator_epoch,
+                        *marker_identity(marker),
                     ),
                 )
                 waiting.append((result, future))
@@ -701,11 +702,24 @@ def _describe(group_id: str, group: GroupMembership | None) -> Any:
 
 
 def group_marker(
-    group_id: str, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    group_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    coordinator_epoch: int,
+    transaction_version: int = 2,
+    txn_number: int = -1,
 ) -> Unstamped:
     """The GroupMarker command that resolves a transaction's pending offsets."""
     return lambda stamp: GroupMarker(
-        group_id, producer_id, producer_epoch, commit, stamp.now_ms, coordinator_epoch
+        group_id,
+        producer_id,
+        producer_epoch,
+        commit,
+        stamp.now_ms,
+        coordinator_epoch,
+        transaction_version,
+        txn_number,
     )
 
 

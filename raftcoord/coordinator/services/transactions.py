@@ -360,6 +360,7 @@ class TransactionRPCs:
                 stamp.now_ms,
                 stamp.coordinator_epoch,
                 stamp.new_producer_id,
+                transaction_version=1 if request.transaction_version == 1 else 2,
             )
 
         outcome = self.router.run(self.router.shard_of(request.transactional_id), command)

@@ -123,16 +123,18 @@ class AddOffsetsToTxnResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class EndTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed", "transaction_version")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     committed: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ...) -> None: ...
+    transaction_version: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., transaction_version: _Optional[int] = ...) -> None: ...
 
 class EndTxnResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
@@ -261,7 +263,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionDescription(_message.Message):
-    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers", "last_producer_id", "last_producer_epoch", "ongoing_txn_producer_id", "ongoing_txn_producer_epoch", "two_phase_commit")
+    __slots__ = ("error_code", "transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "last_update_time_ms", "topics", "groups", "coordinator_epoch", "pending_markers", "last_producer_id", "last_producer_epoch", "ongoing_txn_producer_id", "ongoing_txn_producer_epoch", "two_phase_commit", "txn_number", "transaction_version")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +281,8 @@ class TransactionDescription(_message.Message):
     ONGOING_TXN_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     ONGOING_TXN_PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TWO_PHASE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    TXN_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
     error_code: _common_pb2.ErrorCode
     transactional_id: str
     state: _common_pb2.TransactionState
@@ -296,7 +300,9 @@ class TransactionDescription(_message.Message):
     ongoing_txn_producer_id: int
     ongoing_txn_producer_epoch: int
     two_phase_commit: bool
-    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ..., last_producer_id: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ..., ongoing_txn_producer_id: _Optional[int] = ..., ongoing_txn_producer_epoch: _Optional[int] = ..., two_phase_commit: _Optional[bool] = ...) -> None: ...
+    txn_number: int
+    transaction_version: int
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., transactional_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.TransactionState, str]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., groups: _Optional[_Iterable[str]] = ..., coordinator_epoch: _Optional[int] = ..., pending_markers: _Optional[_Iterable[_Union[PendingMarker, _Mapping]]] = ..., last_producer_id: _Optional[int] = ..., last_producer_epoch: _Optional[int] = ..., ongoing_txn_producer_id: _Optional[int] = ..., ongoing_txn_producer_epoch: _Optional[int] = ..., two_phase_commit: _Optional[bool] = ..., txn_number: _Optional[int] = ..., transaction_version: _Optional[int] = ...) -> None: ...
 
 class PendingMarker(_message.Message):
     __slots__ = ("topic", "partition", "group_id", "last_error_code", "last_error_message")

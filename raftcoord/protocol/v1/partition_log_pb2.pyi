@@ -222,7 +222,7 @@ class ListOffsetsResponse(_message.Message):
     def __init__(self, partitions: _Optional[_Iterable[_Union[ListOffsetsPartitionResponse, _Mapping]]] = ...) -> None: ...
 
 class TxnMarker(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "coordinator_epoch", "result", "topics", "transactional_id", "groups", "admin_abort")
+    __slots__ = ("producer_id", "producer_epoch", "coordinator_epoch", "result", "topics", "transactional_id", "groups", "admin_abort", "transaction_version", "txn_number")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +231,8 @@ class TxnMarker(_message.Message):
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     ADMIN_ABORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TXN_NUMBER_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     coordinator_epoch: int
@@ -239,7 +241,9 @@ class TxnMarker(_message.Message):
     transactional_id: str
     groups: _containers.RepeatedScalarFieldContainer[str]
     admin_abort: bool
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., result: _Optional[_Union[_common_pb2.TransactionResult, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ..., admin_abort: _Optional[bool] = ...) -> None: ...
+    transaction_version: int
+    txn_number: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., result: _Optional[_Union[_common_pb2.TransactionResult, str]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., groups: _Optional[_Iterable[str]] = ..., admin_abort: _Optional[bool] = ..., transaction_version: _Optional[int] = ..., txn_number: _Optional[int] = ...) -> None: ...
 
 class WriteTxnMarkersRequest(_message.Message):
     __slots__ = ("markers",)
