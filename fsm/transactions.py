@@ -38,6 +38,7 @@ them side by side is how one sees that every request is checked alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fsm.commands import (
     AbortTimedOut,
@@ -229,9 +230,19 @@ def _keep_ongoing(meta: TransactionMetadata, cmd: InitProducerId, config: FsmCon
         # keep never fences), so that a decided commit can always be made.
         new = transition(meta, TxnState.ONGOING, **kept)
         return Step(new, _answer(new, (moved(meta, new, cmd.now_ms),)))
+    return _bumped(meta, cmd, TxnState.ONGOING, **kept)
+
+
+def _bumped(
+    meta: TransactionMetadata, cmd: InitProducerId, target: TxnState, **changes: Any
+) -> Step:
+    """InitProducerId's bump on the producer's behalf, to ``target``: the
+    epoch + 1, fencing the producer at the old one. The old identity is the
+    retry identity (``last_producer_*``) only when the caller named it
+    (KIP-360's expected id and epoch)."""
     new = transition(
         meta,
-        TxnState.ONGOING,
+        target,
         producer_epoch=meta.producer_epoch + 1,
         last_producer_id=meta.producer_id,
         last_producer_epoch=(
@@ -239,8 +250,13 @@ def _keep_ongoing(meta: TransactionMetadata, cmd: InitProducerId, config: FsmCon
             if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
             else meta.producer_epoch
         ),
-        **kept,
+        **changes,
     )
+    return _fencing(meta, new, cmd.now_ms)
+
+
+def _fencing(meta: TransactionMetadata, new: TransactionMetadata, now_ms: int) -> Step:
+    """``meta`` becomes ``new``, fencing the producer at ``meta``'s identity."""
     fenced = ProducerFenced(
         meta.transactional_id,
         meta.producer_id,
@@ -248,7 +264,7 @@ def _keep_ongoing(meta: TransactionMetadata, cmd: InitProducerId, config: FsmCon
         new.producer_epoch,
         "init_producer_id",
     )
-    return Step(new, _answer(new, (fenced, moved(meta, new, cmd.now_ms))))
+    return Step(new, _answer(new, (fenced, moved(meta, new, now_ms))))
 
 
 def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig) -> Step:
@@ -288,27 +304,8 @@ def _bump_idle(meta: TransactionMetadata, cmd: InitProducerId, config: FsmConfig
             last_producer_epoch=meta.producer_epoch,
             **common,
         )
-    else:
-        new = transition(
-            meta,
-            TxnState.EMPTY,
-            producer_epoch=meta.producer_epoch + 1,
-            last_producer_id=meta.producer_id,
-            last_producer_epoch=(
-                NO_PRODUCER_EPOCH
-                if cmd.expected_producer_epoch == NO_PRODUCER_EPOCH
-                else meta.producer_epoch
-            ),
-            **common,
-        )
-    fenced = ProducerFenced(
-        meta.transactional_id,
-        meta.producer_id,
-        meta.producer_epoch,
-        new.producer_epoch,
-        "init_producer_id",
-    )
-    return Step(new, _answer(new, (fenced, moved(meta, new, cmd.now_ms))))
+        return _fencing(meta, new, cmd.now_ms)
+    return _bumped(meta, cmd, TxnState.EMPTY, **common)
 
 
 def fence_and_abort(
