@@ -47,6 +47,9 @@ CALL_TIMEOUT_S = 3.0
 #: The most partitions of a producer's flush (a Produce request's
 #: ``transaction_partitions``) added with a node's own.
 MAX_FLUSH_PARTITIONS = 1000
+#: A coordinator answers a request it holds (parks) this long before the
+#: request's deadline (its PARK_MARGIN_MS).
+PARK_MARGIN_S = 0.1
 #: A miss of one topic refreshes the metadata at most this often.
 MIN_REFRESH_INTERVAL_S = 0.1
 
@@ -398,7 +401,6 @@ class TxnPartitionAdder:
         coordinators: Sequence[str],
         view: ClusterView,
         *,
-        retry_backoff_s: float = 0.005,
         retry_max_s: float = 0.1,
     ) -> None:
         self._channels = channels
@@ -407,9 +409,8 @@ class TxnPartitionAdder:
         self._leaders: dict[int, str] = {}
         self._lock = threading.Lock()
         self._sender: CoalescingSender[Any, Any] = CoalescingSender(self._send)
-        #: add.partitions.to.txn.retry.backoff(.max).ms: CONCURRENT_TRANSACTIONS
-        #: is asked again after ``retry_backoff_s``, for ``retry_max_s`` in all.
-        self._retry_backoff_s = retry_backoff_s
+        #: add.partitions.to.txn.retry.backoff.max.ms: CONCURRENT_TRANSACTIONS
+        #: is asked again, waiting for the completion, for ``retry_max_s`` in all.
         self._retry_max_s = retry_max_s
 
     @property
@@ -430,6 +431,22 @@ class TxnPartitionAdder:
             return [refused] * len(requests)
         return list(answer.transactions)
 
+    def _wait_for_completion(self, address: str, request: Any, until: float) -> Any:
+        """``request`` alone, held by the coordinator while its previous
+        transaction completes, answered by ``until`` (the coordinator
+        answers :data:`PARK_MARGIN_S` before the call's deadline)."""
+        answer = self._channels.coordinator(address).AddPartitionsToTxn(
+            coordinator_pb2.AddPartitionsToTxnRequest(
+                transactions=[request], wait_for_completion=True
+            ),
+            timeout=max(until - time.monotonic(), 0.0) + PARK_MARGIN_S,
+        )
+        if answer.error_code != ErrorCode.NONE:
+            return answer
+        if len(answer.transactions) != 1:
+            raise RuntimeError(f"{len(answer.transactions)} answers to one transaction")
+        return answer.transactions[0]
+
     def add_partitions(
         self,
         transactional_id: str,
@@ -447,10 +464,12 @@ class TxnPartitionAdder:
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
         which the producer retries. CONCURRENT_TRANSACTIONS (the producer's
-        previous transaction is completing; the coordinator answers it at
-        once, it never parks a node's adds) is asked again here every
-        ``retry_backoff_s`` for ``retry_max_s`` from that first answer
-        (Kafka's server-side retry) before it goes to the producer.
+        previous transaction is completing; the coordinator answers a
+        batched add so at once) is asked again here for ``retry_max_s``
+        from that first answer (Kafka's server-side retry) before it goes to
+        the producer: in a call of its own that waits for the completion
+        (``wait_for_completion``), so that it holds up no other transaction
+        and goes on the moment the completion applies.
         """
         by_topic: dict[str, list[int]] = {}
         asked = dict.fromkeys([*partitions, *flush_partitions])
@@ -472,7 +491,10 @@ class TxnPartitionAdder:
                 problem = "no coordinator known for the transactional id"
                 break
             try:
-                answer = self._sender.call(address, request)
+                if retry_until is None:
+                    answer = self._sender.call(address, request)
+                else:
+                    answer = self._wait_for_completion(address, request, retry_until)
             except grpc.RpcError as exc:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {exc.code().name}"
@@ -487,14 +509,10 @@ class TxnPartitionAdder:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {ErrorCode(answer.error_code).name}"
                 continue
-            if answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS:
-                now = time.monotonic()
-                if retry_until is None:
-                    retry_until = now + self._retry_max_s
-                if now + self._retry_backoff_s < retry_until:
-                    attempts -= 1  # not a failure of the coordinator
-                    time.sleep(self._retry_backoff_s)
-                    continue
+            if answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS and retry_until is None:
+                retry_until = time.monotonic() + self._retry_max_s
+                attempts -= 1  # not a failure of the coordinator
+                continue
             if answer.error_code != ErrorCode.NONE:
                 code = _produce_code(ErrorCode(answer.error_code))
                 final = code if code in _FINAL else ErrorCode.REQUEST_TIMED_OUT

@@ -111,7 +111,6 @@ class PartitionNode:
             channels,
             coordinators,
             self.view,
-            retry_backoff_s=config.settings.add_partitions_to_txn_retry_backoff_ms / 1000,
             retry_max_s=config.settings.add_partitions_to_txn_retry_backoff_max_ms / 1000,
         )
         self.partitions: dict[tuple[str, int], Partition] = {}

@@ -1,7 +1,7 @@
 """partition_log.cluster_view.TxnPartitionAdder against a scripted
 coordinator stub on a fake clock: CONCURRENT_TRANSACTIONS is asked again
-for ``retry_max_s`` counted from that answer, however long the call that
-brought it took."""
+once, alone and waiting for the completion, for ``retry_max_s`` counted
+from that answer, however long the call that brought it took."""
 
 from __future__ import annotations
 
@@ -38,11 +38,14 @@ class ScriptedCoordinator:
         self.answers = answers
         self.took_s = took_s
         self.calls = 0
+        #: (transactions, wait_for_completion, timeout) of each call.
+        self.asked: list[tuple[int, bool, float]] = []
 
     def FindCoordinator(self, request: Any, timeout: float) -> Any:
         return coordinator_pb2.FindCoordinatorResponse(address="coordinator")
 
     def AddPartitionsToTxn(self, request: Any, timeout: float) -> Any:
+        self.asked.append((len(request.transactions), request.wait_for_completion, timeout))
         self.clock.now += self.took_s
         code = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
@@ -81,7 +84,6 @@ def adder(
         Channels(coordinator),  # type: ignore[arg-type]
         ["coordinator"],
         View(),  # type: ignore[arg-type]
-        retry_backoff_s=0.25,  # exact in binary: the count of retries is exact
         retry_max_s=1.0,
     )
     return made, coordinator
@@ -95,7 +97,12 @@ def test_concurrent_transactions_is_asked_again_from_the_answer_on(
         monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NONE], took_s=1.0
     )
     assert made.add_partitions("tx", 1, 0, [TP]) == {TP: (ErrorCode.NONE, "")}
-    assert coordinator.calls == 2
+    # Asked again alone, waiting at the coordinator for the whole window
+    # (answered PARK_MARGIN_S before the call's deadline).
+    assert coordinator.asked == [
+        (1, False, cluster_view.CALL_TIMEOUT_S),
+        (1, True, 1.0 + cluster_view.PARK_MARGIN_S),
+    ]
 
 
 def test_concurrent_transactions_goes_to_the_producer_after_the_window(
@@ -104,4 +111,4 @@ def test_concurrent_transactions_goes_to_the_producer_after_the_window(
     made, coordinator = adder(monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS], took_s=0.0)
     answer = made.add_partitions("tx", 1, 0, [TP])
     assert answer[TP][0] is ErrorCode.CONCURRENT_TRANSACTIONS
-    assert coordinator.calls == 4  # the first, then every 0.25 s while within 1 s of it
+    assert [wait for _, wait, _ in coordinator.asked] == [False, True]  # once, then no more

@@ -233,8 +233,8 @@ def test_without_verification_the_producer_adds_its_partitions(
 @pytest.fixture
 def stalling(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster whose coordinators park requests, and whose partition-log
-    nodes ask again after CONCURRENT_TRANSACTIONS, for far longer than the
-    test runs."""
+    nodes wait after CONCURRENT_TRANSACTIONS, for far longer than the test
+    runs."""
     with running_cluster(
         tmp_path / "cluster",
         settings={
@@ -250,9 +250,10 @@ def test_a_completing_transaction_does_not_hold_up_another_ids_first_batch(
 ) -> None:
     """X's previous transaction cannot complete (the node of one of its
     partitions is paused) while X's next transaction's first batch asks,
-    from another node, to add a partition: that node keeps asking. Meanwhile
-    Y, whose shard has the same leader, commits a transaction through the
-    same node, before X's batch is answered, and no add is parked."""
+    from another node, to add a partition: that node asks again for X's add
+    alone, which the coordinator parks. Meanwhile Y, whose shard has the
+    same leader, commits a transaction through the same node, before X's
+    batch is answered: X's parked add holds up no batch of that node."""
     cluster = stalling
     topic = "adds-stall"
     nodes = plog_client.create_topic(cluster, topic, 3)
@@ -326,16 +327,20 @@ def test_a_completing_transaction_does_not_hold_up_another_ids_first_batch(
             except Exception as exc:  # surfaced by the test
                 x_answers.append(exc)
 
+        def parked() -> int:
+            status = cluster.node_status(found.node_id)
+            assert status is not None
+            return int(status.shards[found.shard].parked_requests)
+
         thread = threading.Thread(target=next_batch)
         thread.start()
+        cluster.wait_until(lambda: parked() == 1, 30, "X's add is not parked")
         y_pid, y_epoch = init(stub, y)
         assert produce(y, y_pid, y_epoch, other).error_code == ErrorCode.NONE
         commit(y, y_pid, y_epoch)
-        # Y committed while X's batch is still unanswered, and nothing was parked.
+        # Y committed while X's batch is still unanswered; only X's add is parked.
         assert not x_answers, x_answers
-        status = cluster.node_status(found.node_id)
-        assert status is not None
-        assert status.shards[found.shard].parked_requests == 0
+        assert parked() == 1
         assert describe(cluster, x)[0] == "PrepareCommit"
     finally:
         cluster.kill(paused_node, "CONT")

@@ -131,13 +131,13 @@ class Settings:
     # manager (their transactions never time out). Off, such an
     # InitProducerId is TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
     transaction_two_phase_commit_enable: bool = False
-    # add.partitions.to.txn.retry.backoff.ms / add.partitions.to.txn.retry.backoff.max.ms
-    # (Kafka's, since 4.0): a partition-log node whose add of a partition is
-    # answered CONCURRENT_TRANSACTIONS (the producer's previous transaction
-    # is still writing its markers) asks again after the backoff, for at most
-    # the max in all, before it passes the answer on to the producer. Kafka's
-    # backoff default is 20 ms; markers complete within milliseconds here.
-    add_partitions_to_txn_retry_backoff_ms: int = 5
+    # add.partitions.to.txn.retry.backoff.max.ms (Kafka's, since 4.0): a
+    # partition-log node whose add of a partition is answered
+    # CONCURRENT_TRANSACTIONS (the producer's previous transaction is still
+    # writing its markers) asks again, waiting at the coordinator for the
+    # completion, for at most this long before it passes the answer on to
+    # the producer. (Kafka's brokers ask again every
+    # add.partitions.to.txn.retry.backoff.ms; these nodes need no backoff.)
     add_partitions_to_txn_retry_backoff_max_ms: int = 100
     # Consumer groups (docs/coordinator.md, "Consumer groups").
     group_min_session_timeout_ms: int = 6_000  # group.min.session.timeout.ms
@@ -208,7 +208,6 @@ _SETTING_NAMES = {
     "socket.request.max.bytes": "socket_request_max_bytes",
     "transaction.partition.verification.enable": "transaction_partition_verification_enable",
     "transaction.two.phase.commit.enable": "transaction_two_phase_commit_enable",
-    "add.partitions.to.txn.retry.backoff.ms": "add_partitions_to_txn_retry_backoff_ms",
     "add.partitions.to.txn.retry.backoff.max.ms": "add_partitions_to_txn_retry_backoff_max_ms",
     "group.min.session.timeout.ms": "group_min_session_timeout_ms",
     "group.max.session.timeout.ms": "group_max_session_timeout_ms",

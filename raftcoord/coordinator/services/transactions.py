@@ -182,7 +182,8 @@ class TransactionRPCs:
         A request with ``transactions`` (Kafka's v4+, sent by partition-log
         nodes) carries many transactions: each is checked and queued on its
         shard, and only then are the answers awaited, so the adds go out
-        together in one Raft entry per shard.
+        together in one Raft entry per shard. Its adds are parked behind a
+        completing transaction only when it asks (``wait_for_completion``).
         """
         if request.transactions:
             refused = self.router.cluster_refusal(context)
@@ -191,7 +192,11 @@ class TransactionRPCs:
                     error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
                     error_message=refused,
                 )
-            answers = [self._start_add(t, context, batched=True) for t in request.transactions]
+            parkable = request.wait_for_completion
+            answers = [
+                self._start_add(t, context, parkable=parkable)
+                for t in request.transactions
+            ]
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),
                 transactions=[answer() for answer in answers],
@@ -216,10 +221,11 @@ class TransactionRPCs:
             )
         return self._start_add(request, context)()
 
-    def _start_add(self, request: Any, context: Any, batched: bool = False) -> Callable[[], Any]:
+    def _start_add(self, request: Any, context: Any, parkable: bool = True) -> Callable[[], Any]:
         """Check one transaction's AddPartitionsToTxn and queue its command;
-        returns the function that waits for and builds its answer. The add
-        of a ``batched`` request is never parked
+        returns the function that waits for and builds its answer. An add
+        that is not ``parkable`` (of a batched request that did not ask to
+        wait) is answered CONCURRENT_TRANSACTIONS at once
         (:data:`BATCHED_SETTLED_REFUSALS`)."""
         partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
@@ -271,7 +277,7 @@ class TransactionRPCs:
                     lambda machine: settled_refusal(
                         machine,
                         command(CHECK_ONLY),
-                        BATCHED_SETTLED_REFUSALS if batched else SETTLED_REFUSALS,
+                        SETTLED_REFUSALS if parkable else BATCHED_SETTLED_REFUSALS,
                     ),
                 )
                 if refused is not None:
@@ -284,7 +290,7 @@ class TransactionRPCs:
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            outcome = self.router.start(shard, command, precheck, parkable=not batched)
+            outcome = self.router.start(shard, command, precheck, parkable=parkable)
 
         def answer() -> Any:
             result = wait(outcome)
@@ -403,11 +409,12 @@ def _add_refused(
 SETTLED_REFUSALS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_ID_MAPPING})
 
 #: The refusals given before proposing to the adds of a batched
-#: AddPartitionsToTxn (partition-log nodes): also CONCURRENT_TRANSACTIONS,
-#: the previous transaction is still completing. Such adds are never parked
-#: (the batch answers only once all its transactions are answered, and one
-#: batch at a time is in flight from a node): the node asks again shortly.
-#: An answer the log has overtaken only costs the node that retry.
+#: AddPartitionsToTxn (partition-log nodes) that did not ask to wait for
+#: completions: also CONCURRENT_TRANSACTIONS, the previous transaction is
+#: still completing. Such adds are not parked (the batch answers only once
+#: all its transactions are answered, and one batch at a time is in flight
+#: from a node): the node asks again for that transaction alone, asking to
+#: wait. An answer the log has overtaken only costs the node that call.
 BATCHED_SETTLED_REFUSALS = SETTLED_REFUSALS | {ErrorCode.CONCURRENT_TRANSACTIONS}
 
 
