@@ -21,6 +21,36 @@ settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
+#: Modules that run one after the other on one worker under ``make test``'s
+#: two pytest-xdist workers: the ones that start Spark (one session per
+#: run, and two JVMs would share two cores) or network namespaces (a
+#: cluster takes the first free 10.201.K.0/24).
+SERIAL_MODULES = frozenset(
+    {
+        "test_audit",
+        "test_audit_arrow",
+        "test_audit_network",
+        "test_audit_progress",
+        "test_chaos",
+        "test_chaos_kafka",
+        "test_cli",
+        "test_deploy",
+        "test_netns",
+        "test_report_browser",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup``, every module's tests stay on one worker, in
+    order, with its module-scoped cluster (a module is its own group), and
+    the :data:`SERIAL_MODULES` share one group."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
+        group = "serial" if module in SERIAL_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession for the whole run, started by the first test that asks."""
