@@ -41,14 +41,18 @@ SERIAL_MODULES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup``, every module's tests stay on one worker, in
-    order, with its module-scoped cluster (a module is its own group), and
-    the :data:`SERIAL_MODULES` share one group."""
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid
-        group = "serial" if module in SERIAL_MODULES else module
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Every module's tests go to one worker, in order, with its
+    module-scoped cluster; the :data:`SERIAL_MODULES` together, as one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            name = module.rsplit("/", 1)[-1].removesuffix(".py")
+            return "serial" if name in SERIAL_MODULES else module
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
