@@ -5,6 +5,7 @@ open by the next producer's InitProducerId for it to commit or abort."""
 from __future__ import annotations
 
 from fsm import (
+    EndTxn,
     FsmConfig,
     InitProducerId,
     ProducerFenced,
@@ -197,3 +198,32 @@ def test_commands_written_before_two_phase_commit_decode() -> None:
     del wire["enable_two_phase_commit"], wire["keep_prepared_txn"]
     decoded = command_from_wire(wire)
     assert isinstance(decoded, InitProducerId) and not decoded.keep_prepared_txn
+
+
+def test_a_kept_transaction_is_ended_by_a_producer_of_transactions_v1() -> None:
+    """A client of transactions v1 (a Kafka client through the gateway, whose
+    EndTxn is below v5) keeps a prepared transaction and commits it: its
+    epoch stays the bumped one, the markers carry it (above the records'),
+    and its next transaction goes on at that epoch."""
+    leader = Leader.new()
+    pid, epoch = prepared(leader)
+    kept = leader.init("tx", timeout_ms=5_000, two_phase=True, keep=True)
+    assert kept.ok and (kept.producer_id, kept.producer_epoch) == (pid, epoch + 1)
+
+    end = leader.propose(
+        lambda s: EndTxn(
+            "tx", pid, epoch + 1, True, s.now_ms, s.coordinator_epoch, transaction_version=1
+        )
+    )
+    assert end.ok and (end.producer_id, end.producer_epoch) == (pid, epoch + 1)
+    markers = markers_of(end.effects)
+    assert markers.commit and markers.producer_epoch == epoch + 1
+    assert markers.partitions == (("a", 0),) and markers.groups == ("g",)
+    leader.deliver_all()
+    assert meta_of(leader, "tx").state is TxnState.COMPLETE_COMMIT
+    [offset] = leader.machine.offset_fetch("g", [("in", 0)])
+    assert offset.offset == 7
+    assert leader.add("tx", pid, epoch + 1, ("b", 0)).ok
+    meta = meta_of(leader, "tx")
+    assert meta.state is TxnState.ONGOING and not meta.kept
+    assert meta.producer_epoch == epoch + 1
