@@ -193,10 +193,7 @@ class TransactionRPCs:
                     error_message=refused,
                 )
             parkable = request.wait_for_completion
-            answers = [
-                self._start_add(t, context, parkable=parkable)
-                for t in request.transactions
-            ]
+            answers = [self._start_add(t, context, parkable=parkable) for t in request.transactions]
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),
                 transactions=[answer() for answer in answers],
