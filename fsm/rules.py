@@ -98,8 +98,22 @@ def _end_v1(commit: bool) -> dict[TxnState, Rule]:
     with nothing open succeeds and changes nothing: a Kafka client aborts a
     transaction whose AddPartitionsToTxn may never have reached the
     coordinator (it timed out), and no partition took a record of it
-    without the coordinator's add."""
-    idle_abort = {} if commit else _each(IDLE_STATES, Rule())
+    without the coordinator's add. Such an abort that comes while the
+    previous transaction is still being committed waits for it
+    (CONCURRENT_TRANSACTIONS, parked by the leader) instead of being
+    refused: Kafka's INVALID_TXN_STATE there is fatal to librdkafka, whose
+    next transaction's add times out exactly when the commit's markers wait
+    for a partition that is down."""
+    idle_abort = (
+        {}
+        if commit
+        else {
+            **_each(IDLE_STATES, Rule()),
+            TxnState.PREPARE_COMMIT: Rule(
+                ErrorCode.CONCURRENT_TRANSACTIONS, why="the previous transaction is {state}"
+            ),
+        }
+    )
     return {
         **_end_retry(commit),
         TxnState.EMPTY: Rule(ErrorCode.INVALID_TXN_STATE, why="no transaction to end ({state})"),

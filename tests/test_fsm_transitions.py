@@ -188,7 +188,7 @@ EXPECTED: dict[TxnState, dict[str, tuple[ErrorCode, object]]] = {
         "end_commit": (C, UNCHANGED),
         "end_abort": (C, UNCHANGED),
         "end_commit_v1": (C, UNCHANGED),
-        "end_abort_v1": (INV, UNCHANGED),
+        "end_abort_v1": (C, UNCHANGED),  # waits: then nothing open to abort
         "markers": (OK, TxnState.COMPLETE_COMMIT),
         "timeout": (INV, UNCHANGED),
         "expire": (OK, UNCHANGED),

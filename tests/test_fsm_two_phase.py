@@ -201,11 +201,10 @@ def test_commands_written_before_two_phase_commit_decode() -> None:
 
 
 def test_a_kept_transaction_is_ended_by_a_producer_of_transactions_v1() -> None:
-    """The state machine takes an EndTxn of transactions v1 for a kept
-    transaction (no client sends one today: the gateway's Kafka clients
-    cannot ask for two-phase commit): its epoch stays the bumped one, the
-    markers carry it (above the records'), and its next transaction goes on
-    at that epoch."""
+    """A client of transactions v1 (a Kafka client through the gateway, whose
+    EndTxn is below v5) keeps a prepared transaction and commits it: its
+    epoch stays the bumped one, the markers carry it (above the records'),
+    and its next transaction goes on at that epoch."""
     leader = Leader.new()
     pid, epoch = prepared(leader)
     kept = leader.init("tx", timeout_ms=5_000, two_phase=True, keep=True)

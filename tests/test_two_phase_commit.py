@@ -3,7 +3,8 @@ cluster: a prepared transaction survives its producer's crash (SIGKILL), a
 kill of its shard's leader and its own timeout many times over, and is then
 committed by a new producer holding the prepared state, or aborted when the
 state does not match; the example that makes a SQLite database and a topic
-agree is run through both crashes."""
+agree is run through both crashes; a Kafka client's InitProducerId v6
+keeps a transaction through the gateway."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from kio.index import load_response_schema
+from kio.serial import entity_reader
 
 from raftcoord.client import (
     Admin,
@@ -27,9 +31,11 @@ from raftcoord.client import (
 )
 from raftcoord.client.errors import TransactionalIdNotFoundError
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from tests.local_cluster import after_first_checks, running_cluster
 from tests.test_end_to_end import read, state_of
+from tests.test_kafka_gateway import gateway_socket, read_frame, request_frame
 from tests.test_metrics_cluster import scrape, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -42,6 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with running_cluster(
         tmp_path_factory.mktemp("two-phase") / "cluster",
         abort_interval_ms=100,
+        kafka_listeners=1,
         settings={"transaction.two.phase.commit.enable": True},
     ) as running:
         yield running
@@ -259,3 +266,67 @@ def test_force_terminate_ends_a_prepared_transaction_whose_manager_is_gone(
         admin.force_terminate_transaction("nobody")
     with Admin(cluster.bootstrap()) as admin, pytest.raises(TransactionalIdNotFoundError):
         admin.describe_transactions(["nobody"])
+
+
+def kafka_call(cluster: LocalCluster, api_key: int, version: int, body: dict[str, Any]) -> Any:
+    """One request of a flexible ``version`` to the gateway, on a connection of
+    its own (as a restarted client's); its answer."""
+    schema = load_response_schema(api_key, version)
+    with gateway_socket(cluster) as sock:
+        sock.sendall(request_frame(api_key, version, 1, body))
+        frame = read_frame(sock)
+    # Response header v1: the correlation id, then no tagged fields (one byte).
+    return entity_reader(schema)(frame, 5)[0]
+
+
+def test_a_kafka_clients_init_producer_id_v6_keeps_a_prepared_transaction(
+    cluster: LocalCluster,
+) -> None:
+    """KIP-939 through the Kafka gateway: InitProducerId v6 with Enable2Pc
+    opens a two-phase producer; after its "crash" a new one asks with
+    KeepPreparedTxn, learns the kept transaction's producer id and epoch,
+    and commits it with EndTxn (transactions v1); the old epoch is fenced."""
+    partitions = topic(cluster, "kafka-kept")
+    tid = "kafka-two-phase"
+    init = {"transactional_id": tid, "transaction_timeout": 1_000, "enable2_pc": True}
+    first = kafka_call(cluster, 22, 6, init)
+    assert int(first.error_code) == 0, first
+    assert (int(first.ongoing_txn_producer_id), int(first.ongoing_txn_producer_epoch)) == (-1, -1)
+    pid, epoch = int(first.producer_id), int(first.producer_epoch)
+    added = kafka_call(
+        cluster,
+        24,
+        3,
+        {
+            "v3_and_below_transactional_id": tid,
+            "v3_and_below_producer_id": pid,
+            "v3_and_below_producer_epoch": epoch,
+            "v3_and_below_topics": [{"name": partitions[0].topic, "partitions": [0]}],
+        },
+    )
+    [result] = added.results_by_topic_v3_and_below[0].results_by_partition
+    assert int(result.partition_error_code) == 0, added
+    outlive_the_timeout()  # a two-phase transaction does not time out
+    assert state_of(cluster, tid) == "Ongoing"
+
+    kept = kafka_call(cluster, 22, 6, {**init, "keep_prepared_txn": True})
+    assert int(kept.error_code) == 0, kept
+    assert (int(kept.producer_id), int(kept.producer_epoch)) == (pid, epoch + 1)
+    assert (int(kept.ongoing_txn_producer_id), int(kept.ongoing_txn_producer_epoch)) == (
+        pid,
+        epoch,
+    )
+    assert state_of(cluster, tid) == "Ongoing"
+    end = {"transactional_id": tid, "producer_id": pid, "committed": True}
+    fenced = kafka_call(cluster, 26, 3, {**end, "producer_epoch": epoch})
+    assert int(fenced.error_code) == ErrorCode.PRODUCER_FENCED, fenced
+    ended = kafka_call(cluster, 26, 3, {**end, "producer_epoch": epoch + 1})
+    assert int(ended.error_code) == 0, ended
+    with Admin(cluster.bootstrap()) as admin:
+        cluster.wait_until(
+            lambda: admin.describe_transactions([tid])[tid].state == "CompleteCommit",
+            30,
+            "the kept transaction did not complete",
+        )
+        description = admin.describe_transactions([tid])[tid]
+    assert (description.producer_id, description.producer_epoch) == (pid, epoch + 1)

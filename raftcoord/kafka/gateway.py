@@ -568,9 +568,15 @@ class Gateway:
     # --- transactions ----------------------------------------------------------------------
 
     async def init_producer_id(self, request: m.Request) -> Data:
+        """Versions 5 and 6 as 4, with v6's two-phase commit (KIP-939's
+        ``Enable2Pc`` and ``KeepPreparedTxn``) passed on; the transaction
+        it keeps is then ended by the client's EndTxn as any other of
+        transactions v1."""
         body = request.body
         grpc_request = coordinator_pb2.InitProducerIdRequest(
-            transaction_timeout_ms=m.milliseconds(body.transaction_timeout)
+            transaction_timeout_ms=m.milliseconds(body.transaction_timeout),
+            enable_two_phase_commit=getattr(body, "enable2_pc", False),
+            keep_prepared_txn=getattr(body, "keep_prepared_txn", False),
         )
         if body.transactional_id is not None:
             grpc_request.transactional_id = body.transactional_id
@@ -584,10 +590,21 @@ class Gateway:
             answer = await self.backend.to_leader(
                 key, coordinator_pb2.TRANSACTION, "InitProducerId", grpc_request
             )
+        ok = answer.error_code == 0
         return {
             "error_code": answer.error_code,
-            "producer_id": answer.producer_id if answer.error_code == 0 else -1,
-            "producer_epoch": answer.producer_epoch if answer.error_code == 0 else -1,
+            "producer_id": answer.producer_id if ok else -1,
+            "producer_epoch": answer.producer_epoch if ok else -1,
+            "ongoing_txn_producer_id": (
+                answer.ongoing_txn_producer_id
+                if ok and answer.HasField("ongoing_txn_producer_id")
+                else -1
+            ),
+            "ongoing_txn_producer_epoch": (
+                answer.ongoing_txn_producer_epoch
+                if ok and answer.HasField("ongoing_txn_producer_epoch")
+                else -1
+            ),
         }
 
     async def _any_coordinator(self, method: str, grpc_request: Any) -> Any:

@@ -73,7 +73,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SASL_HANDSHAKE: (1, 1),
     API_VERSIONS: (0, 3),
     CREATE_TOPICS: (2, 7),
-    INIT_PRODUCER_ID: (0, 4),
+    INIT_PRODUCER_ID: (0, 6),
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
