@@ -4,7 +4,9 @@ transaction commits through its new leader, the killed node is started again
 (`cluster start`), and the next transaction, begun once it answers, commits
 within 1 s (median of five rounds; usually tens of milliseconds). The
 restarted node is the shard's preferred leader, but it does not take the
-shard back before an imbalance check, so the restart moves no leadership."""
+shard back before an imbalance check, so the restart moves no leadership.
+And an abort that comes while the previous transaction's commit waits for a
+partition-log node that is down waits for it instead of being refused."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from pathlib import Path
 import pytest
 
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from tests.local_cluster import after_first_checks, running_cluster
+from tests.test_end_to_end import state_of
+from tests.test_two_phase_commit import kafka_call
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Producer  # noqa: E402
@@ -131,3 +136,48 @@ def test_a_leader_the_gateway_remembers_that_moved_is_not_the_clients_problem(
         assert read.error is None and read.offset == 7
     finally:
         consumer.close()
+
+
+def test_an_abort_while_the_previous_commit_waits_for_a_down_node_waits(
+    cluster: LocalCluster,
+) -> None:
+    """librdkafka aborts a transaction whose AddPartitionsToTxn timed out, with
+    an EndTxn, also while its previous transaction's commit is still writing
+    markers to a partition-log node that is down. That abort is not refused
+    with INVALID_TXN_STATE (fatal to librdkafka): it waits for the commit,
+    parked, and once the commit is complete it succeeds, aborting nothing."""
+    tid = "abort-while-committing"
+    init = kafka_call(cluster, 22, 4, {"transactional_id": tid, "transaction_timeout": 60_000})
+    assert int(init.error_code) == 0, init
+    identity = {"producer_id": int(init.producer_id), "producer_epoch": int(init.producer_epoch)}
+    added = kafka_call(
+        cluster,
+        24,
+        3,
+        {
+            "v3_and_below_transactional_id": tid,
+            "v3_and_below_producer_id": identity["producer_id"],
+            "v3_and_below_producer_epoch": identity["producer_epoch"],
+            "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}],
+        },
+    )
+    [result] = added.results_by_topic_v3_and_below[0].results_by_partition
+    assert int(result.partition_error_code) == 0, added
+    [node] = cluster.partition_nodes()
+    end = {"transactional_id": tid, **identity}
+    cluster.kill(node.node_id, "STOP")
+    try:
+        committed = kafka_call(cluster, 26, 3, {**end, "committed": True})
+        assert int(committed.error_code) == 0, committed
+        assert state_of(cluster, tid) == "PrepareCommit"  # its markers wait for the node
+        started = time.monotonic()
+        aborted = kafka_call(cluster, 26, 3, {**end, "committed": False})
+        # Held until transaction.park.timeout.ms (1 s), then retriable.
+        assert int(aborted.error_code) == ErrorCode.CONCURRENT_TRANSACTIONS, aborted
+        assert time.monotonic() - started >= 0.9
+    finally:
+        cluster.kill(node.node_id, "CONT")
+    cluster.wait_until(lambda: state_of(cluster, tid) == "CompleteCommit", 30, "no completion")
+    aborted = kafka_call(cluster, 26, 3, {**end, "committed": False})
+    assert int(aborted.error_code) == 0, aborted
+    assert state_of(cluster, tid) == "CompleteCommit"
