@@ -50,6 +50,12 @@ MAX_FLUSH_PARTITIONS = 1000
 #: A coordinator answers a request it holds (parks) this long before the
 #: request's deadline (its PARK_MARGIN_MS).
 PARK_MARGIN_S = 0.1
+#: How long the coordinator may hold a node's add that goes out alone (one
+#: transaction in the call) for its previous transaction's completion,
+#: which takes a few milliseconds: the producer begins its next transaction
+#: as soon as EndTxn answers, so its next first batch usually meets it.
+#: Bounded, since the call holds up the node's next adds to that coordinator.
+SOLE_ADD_WAIT_S = 0.05
 #: A miss of one topic refreshes the metadata at most this often.
 MIN_REFRESH_INTERVAL_S = 0.1
 
@@ -419,9 +425,18 @@ class TxnPartitionAdder:
         return self._sender.calls
 
     def _send(self, address: str, requests: Sequence[Any]) -> Sequence[Any]:
-        """One batched AddPartitionsToTxn to ``address``: one answer per request."""
+        """One batched AddPartitionsToTxn to ``address``: one answer per request.
+        A request that goes alone may wait :data:`SOLE_ADD_WAIT_S` for its
+        previous transaction's completion (of many, none waits: one
+        completing transaction would hold up the others)."""
+        wait_ms = round(min(SOLE_ADD_WAIT_S, self._retry_max_s) * 1000)
+        waits = len(requests) == 1 and wait_ms > 0
         answer = self._channels.coordinator(address).AddPartitionsToTxn(
-            coordinator_pb2.AddPartitionsToTxnRequest(transactions=requests),
+            coordinator_pb2.AddPartitionsToTxnRequest(
+                transactions=requests,
+                wait_for_completion=waits,
+                wait_for_completion_ms=wait_ms if waits else 0,
+            ),
             timeout=CALL_TIMEOUT_S,
         )
         if answer.error_code != ErrorCode.NONE:  # the whole request was refused
@@ -464,8 +479,9 @@ class TxnPartitionAdder:
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
         which the producer retries. CONCURRENT_TRANSACTIONS (the producer's
-        previous transaction is completing; the coordinator answers a
-        batched add so at once) is asked again here for ``retry_max_s``
+        previous transaction is completing; the coordinator answers an add
+        batched with others so at once, and one that went alone after
+        :data:`SOLE_ADD_WAIT_S`) is asked again here for ``retry_max_s``
         from that first answer (Kafka's server-side retry) before it goes to
         the producer: in a call of its own that waits for the completion
         (``wait_for_completion``), so that it holds up no other transaction

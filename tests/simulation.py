@@ -407,6 +407,7 @@ class Stats:
     duplicates: int = 0
     parked: int = 0
     released: int = 0
+    folded: int = 0
     park_expired: int = 0
     park_deposed: int = 0
     covered: int = 0
@@ -426,6 +427,7 @@ class Stats:
         "duplicates",
         "parked",
         "released",
+        "folded",
         "park_expired",
         "park_deposed",
         "covered",
@@ -656,6 +658,7 @@ class Simulation:
                 stamp,
                 machine.needs_new_producer_id,
                 machine.waits_for_completion,
+                lambda tid: self.fold(leadership, tid),
             )
             if batch is not None:  # else an entry is in flight: the queue waits
                 leadership.queue = batch.waiting  # waiting for a block, in order
@@ -755,6 +758,13 @@ class Simulation:
         leadership.queue[:0] = released
 
     # --- parking -------------------------------------------------------------------
+
+    def fold(self, leadership: Leadership, tid: str) -> list[Request]:
+        """The requests parked behind ``tid``, released into the entry of its
+        ``MarkersWritten`` (as a node's shard does)."""
+        released = leadership.parked.release(tid)
+        self.stats.folded += len(released)
+        return released
 
     def park_applied(
         self, leadership: Leadership, request: Request, command: Command, outcome: Outcome

@@ -17,6 +17,7 @@ from fsm import (
     EndTxn,
     ErrorCode,
     InitProducerId,
+    MarkersWritten,
     Outcome,
     TransactionStateMachine,
     TxnState,
@@ -314,6 +315,42 @@ def test_a_request_stays_parked_until_the_timeout_and_never_past_its_callers_dea
     assert park_deadline(1_000, 500, 9_000) == 1_500
     # Answered before the caller gives up: a request nobody waits for never runs.
     assert park_deadline(1_000, 500, 1_300) == 1_300 - PARK_MARGIN_MS
+
+
+def markers_written(tid: str) -> Unstamped:
+    return lambda s: MarkersWritten(tid, 1, 0, (("t", 0),), (), s.now_ms, 1)
+
+
+def add(tid: str, partition: int) -> Unstamped:
+    return lambda s: AddPartitions(tid, 1, 1, (("t", partition),), s.now_ms, s.coordinator_epoch)
+
+
+def test_requests_parked_behind_a_completion_go_into_its_entry_right_behind_it() -> None:
+    leader, parking = core(), Parking[Queued]()
+    held_x, held_y = Queued(add("x", 1)), Queued(add("y", 1))
+    parking.park("x", held_x, 10**9)
+    parking.park("y", held_y, 10**9)
+    before_x, completion, after_x, after_y = (
+        Queued(add("x", 2)),
+        Queued(markers_written("x")),
+        Queued(add("x", 3)),
+        Queued(add("y", 2)),
+    )
+    # Every add would wait for its transaction's completion (Prepare*).
+    batch = leader.batch(
+        [before_x, completion, after_x, after_y],
+        leader.stamp(),
+        never,
+        lambda command: True,
+        parking.release,
+    )
+    assert batch is not None
+    # x's parked add and its later one go in behind x's completion; an add of
+    # x queued before the completion, and y's, wait for completions as before.
+    assert batch.requests == [completion, held_x, after_x]
+    assert [type(c) for c in batch.commands] == [MarkersWritten, AddPartitions, AddPartitions]
+    assert batch.parked == [("x", before_x), ("y", after_y)]
+    assert parking.release("y") == [held_y] and parking.count == 0
 
 
 def test_parked_requests_are_released_per_transactional_id_in_order() -> None:

@@ -1,7 +1,8 @@
 """partition_log.cluster_view.TxnPartitionAdder against a scripted
 coordinator stub on a fake clock: CONCURRENT_TRANSACTIONS is asked again
 once, alone and waiting for the completion, for ``retry_max_s`` counted
-from that answer, however long the call that brought it took."""
+from that answer, however long the call that brought it took; a call of
+one transaction waits for the completion a little, one of many does not."""
 
 from __future__ import annotations
 
@@ -38,14 +39,22 @@ class ScriptedCoordinator:
         self.answers = answers
         self.took_s = took_s
         self.calls = 0
-        #: (transactions, wait_for_completion, timeout) of each call.
-        self.asked: list[tuple[int, bool, float]] = []
+        #: (transactions, wait_for_completion, wait_for_completion_ms,
+        #: timeout) of each call.
+        self.asked: list[tuple[int, bool, int, float]] = []
 
     def FindCoordinator(self, request: Any, timeout: float) -> Any:
         return coordinator_pb2.FindCoordinatorResponse(address="coordinator")
 
     def AddPartitionsToTxn(self, request: Any, timeout: float) -> Any:
-        self.asked.append((len(request.transactions), request.wait_for_completion, timeout))
+        self.asked.append(
+            (
+                len(request.transactions),
+                request.wait_for_completion,
+                request.wait_for_completion_ms,
+                timeout,
+            )
+        )
         self.clock.now += self.took_s
         code = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
@@ -75,7 +84,10 @@ class View:
 
 
 def adder(
-    monkeypatch: pytest.MonkeyPatch, answers: list[ErrorCode], took_s: float
+    monkeypatch: pytest.MonkeyPatch,
+    answers: list[ErrorCode],
+    took_s: float,
+    retry_max_s: float = 1.0,
 ) -> tuple[TxnPartitionAdder, ScriptedCoordinator]:
     clock = FakeClock()
     monkeypatch.setattr(cluster_view, "time", clock)
@@ -84,7 +96,7 @@ def adder(
         Channels(coordinator),  # type: ignore[arg-type]
         ["coordinator"],
         View(),  # type: ignore[arg-type]
-        retry_max_s=1.0,
+        retry_max_s=retry_max_s,
     )
     return made, coordinator
 
@@ -97,11 +109,13 @@ def test_concurrent_transactions_is_asked_again_from_the_answer_on(
         monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NONE], took_s=1.0
     )
     assert made.add_partitions("tx", 1, 0, [TP]) == {TP: (ErrorCode.NONE, "")}
-    # Asked again alone, waiting at the coordinator for the whole window
+    # Went alone, so waited a little (SOLE_ADD_WAIT_S) for the completion;
+    # asked again alone, waiting at the coordinator for the whole window
     # (answered PARK_MARGIN_S before the call's deadline).
+    sole_wait_ms = round(cluster_view.SOLE_ADD_WAIT_S * 1000)
     assert coordinator.asked == [
-        (1, False, cluster_view.CALL_TIMEOUT_S),
-        (1, True, 1.0 + cluster_view.PARK_MARGIN_S),
+        (1, True, sole_wait_ms, cluster_view.CALL_TIMEOUT_S),
+        (1, True, 0, 1.0 + cluster_view.PARK_MARGIN_S),
     ]
 
 
@@ -111,4 +125,28 @@ def test_concurrent_transactions_goes_to_the_producer_after_the_window(
     made, coordinator = adder(monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS], took_s=0.0)
     answer = made.add_partitions("tx", 1, 0, [TP])
     assert answer[TP][0] is ErrorCode.CONCURRENT_TRANSACTIONS
-    assert [wait for _, wait, _ in coordinator.asked] == [False, True]  # once, then no more
+    assert [wait_ms for _, _, wait_ms, _ in coordinator.asked] == [
+        round(cluster_view.SOLE_ADD_WAIT_S * 1000),
+        0,  # once, then no more
+    ]
+
+
+def test_a_call_of_many_transactions_does_not_wait_for_a_completion(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made, coordinator = adder(monkeypatch, [ErrorCode.NONE], took_s=0.0)
+    one = coordinator_pb2.AddPartitionsToTxnRequest(transactional_id="a")
+    other = coordinator_pb2.AddPartitionsToTxnRequest(transactional_id="b")
+    assert len(made._send("coordinator", [one, other])) == 2
+    assert coordinator.asked == [(2, False, 0, cluster_view.CALL_TIMEOUT_S)]
+
+
+def test_without_a_retry_window_a_call_of_one_does_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made, coordinator = adder(
+        monkeypatch, [ErrorCode.CONCURRENT_TRANSACTIONS], took_s=0.0, retry_max_s=0.0
+    )
+    answer = made.add_partitions("tx", 1, 0, [TP])
+    assert answer[TP][0] is ErrorCode.CONCURRENT_TRANSACTIONS
+    assert coordinator.asked[0] == (1, False, 0, cluster_view.CALL_TIMEOUT_S)

@@ -39,8 +39,10 @@ entry and what the leader stamps into it.
 * Parking: a client's request the state machine answers
   CONCURRENT_TRANSACTIONS because the transactional id's previous
   transaction is still completing (Prepare*, markers pending) is held by
-  :class:`Parking` and runs again when the completion applies, instead of
-  making the client back off; past its bound
+  :class:`Parking` and goes into the entry of the completion
+  (``MarkersWritten``), right behind it, or runs again when the completion
+  applies if it was parked later, instead of making the client back off;
+  past its bound
   (``transaction.park.timeout.ms``, and shortly before its caller's
   deadline: :func:`park_deadline`) it gets the CONCURRENT_TRANSACTIONS
   answer. Requests that are not :attr:`Queued.parkable` (the adds of a
@@ -65,6 +67,7 @@ from fsm import (
     EndTxn,
     ErrorCode,
     InitProducerId,
+    MarkersWritten,
     Outcome,
     TxnState,
 )
@@ -376,6 +379,7 @@ class LeaderCore:
         stamp: Stamp,
         needs: NeedsProducerId,
         waits: WaitsForCompletion,
+        release: Callable[[str], Sequence[Q]] = lambda _tid: (),
     ) -> Batch[Q] | None:
         """The next entry of ``queued`` (oldest first), or None while
         :data:`MAX_ENTRIES_IN_FLIGHT` entries are in flight or a leadership
@@ -383,16 +387,34 @@ class LeaderCore:
         request that ``waits`` for its transaction's completion is not
         proposed: parked if it is :attr:`Queued.parkable`, else answered
         CONCURRENT_TRANSACTIONS at once. A non-empty batch counts as in
-        flight until :meth:`entry_done`."""
+        flight until :meth:`entry_done`.
+
+        The requests parked behind a transaction whose ``MarkersWritten``
+        goes into the entry (``release``: they are taken from the parking)
+        go into the same entry right after it, as do later requests of
+        that transactional id: applied after the completion, they are
+        answered as they would be in the next entry, one entry sooner. One
+        that the completion does not settle (markers still missing) is
+        answered CONCURRENT_TRANSACTIONS by the state machine and parked
+        again when the entry applies."""
         if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
         batch: Batch[Q] = Batch()
-        for i, request in enumerate(queued):
+        pending = list(queued)
+        completing: set[str] = set()  # ids whose MarkersWritten is in this entry
+        i = 0
+        while i < len(pending):
+            request = pending[i]
+            i += 1
             if request.build is None:
                 batch.requests.append(request)
                 continue
             unstamped = request.build(stamp)
-            if isinstance(unstamped, WAITING_COMMANDS) and waits(unstamped):
+            if (
+                isinstance(unstamped, WAITING_COMMANDS)
+                and unstamped.transactional_id not in completing
+                and waits(unstamped)
+            ):
                 if request.parkable:
                     batch.parked.append((unstamped.transactional_id, request))
                 else:
@@ -400,10 +422,13 @@ class LeaderCore:
                 continue
             command = self._with_producer_id(unstamped, request.build, stamp, needs)
             if command is None:  # waiting for a producer-id block; keep the order
-                batch.waiting = list(queued[i:])
+                batch.waiting = pending[i - 1 :]
                 break
             batch.requests.append(request)
             batch.commands.append(command)
+            if isinstance(command, MarkersWritten):
+                completing.add(command.transactional_id)
+                pending[i:i] = release(command.transactional_id)
         if batch.requests:
             self.in_flight += 1
         return batch

@@ -20,8 +20,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,6 +49,7 @@ from fsm import (
 from fsm.states import PREPARE_STATES
 from raftcoord.coordinator.leader import (
     CHECK_ONLY,
+    PARK_MARGIN_MS,
     ImbalanceChecks,
     LeaderClock,
     LeaderCore,
@@ -76,6 +78,21 @@ MarkerSink = Callable[[int, WriteMarkers], None]
 #: current thread serves, None outside a call or without a deadline; set by
 #: the node's server.
 CALLER_DEADLINE: ContextVar[float | None] = ContextVar("caller_deadline", default=None)
+
+
+@contextmanager
+def parked_at_most(seconds: float) -> Iterator[None]:
+    """Within it, the requests this thread submits are parked at most
+    ``seconds`` (their caller's deadline as the shards see it is brought
+    forward to ``seconds`` plus :data:`PARK_MARGIN_MS` from now, unless it
+    is earlier): the caller wants an answer by then if one is parked."""
+    bound = time.monotonic() + seconds + PARK_MARGIN_MS / 1000
+    deadline = CALLER_DEADLINE.get()
+    token = CALLER_DEADLINE.set(bound if deadline is None else min(deadline, bound))
+    try:
+        yield
+    finally:
+        CALLER_DEADLINE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -605,7 +622,11 @@ class Shard:
             return
         with self._core_lock:
             batch = self.core.batch(
-                requests, stamp, self._needs_new_producer_id, self._waits_for_completion
+                requests,
+                stamp,
+                self._needs_new_producer_id,
+                self._waits_for_completion,
+                self._parked.release,
             )
         if batch is None:  # entries in flight: the requests go out together next
             self._waiting = requests

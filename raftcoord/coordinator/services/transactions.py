@@ -4,6 +4,7 @@ InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from fsm import (
@@ -28,6 +29,7 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.coordinator.services.topics import TopicRPCs
+from raftcoord.coordinator.shard import parked_at_most
 from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceType
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import wire_error
@@ -183,7 +185,8 @@ class TransactionRPCs:
         nodes) carries many transactions: each is checked and queued on its
         shard, and only then are the answers awaited, so the adds go out
         together in one Raft entry per shard. Its adds are parked behind a
-        completing transaction only when it asks (``wait_for_completion``).
+        completing transaction only when it asks (``wait_for_completion``),
+        and then at most ``wait_for_completion_ms`` when it says so.
         """
         if request.transactions:
             refused = self.router.cluster_refusal(context)
@@ -193,7 +196,11 @@ class TransactionRPCs:
                     error_message=refused,
                 )
             parkable = request.wait_for_completion
-            answers = [self._start_add(t, context, parkable=parkable) for t in request.transactions]
+            limit_s = request.wait_for_completion_ms / 1000
+            with parked_at_most(limit_s) if parkable and limit_s else nullcontext():
+                answers = [
+                    self._start_add(t, context, parkable=parkable) for t in request.transactions
+                ]
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.NONE),
                 transactions=[answer() for answer in answers],

@@ -73,7 +73,7 @@ class InitProducerIdResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., produce_adds_partitions: _Optional[bool] = ..., ongoing_txn_producer_id: _Optional[int] = ..., ongoing_txn_producer_epoch: _Optional[int] = ...) -> None: ...
 
 class AddPartitionsToTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics", "verify_only", "transactions", "wait_for_completion")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics", "verify_only", "transactions", "wait_for_completion", "wait_for_completion_ms")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class AddPartitionsToTxnRequest(_message.Message):
     VERIFY_ONLY_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_COMPLETION_MS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
@@ -88,7 +89,8 @@ class AddPartitionsToTxnRequest(_message.Message):
     verify_only: bool
     transactions: _containers.RepeatedCompositeFieldContainer[AddPartitionsToTxnRequest]
     wait_for_completion: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., verify_only: _Optional[bool] = ..., transactions: _Optional[_Iterable[_Union[AddPartitionsToTxnRequest, _Mapping]]] = ..., wait_for_completion: _Optional[bool] = ...) -> None: ...
+    wait_for_completion_ms: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicPartitions, _Mapping]]] = ..., verify_only: _Optional[bool] = ..., transactions: _Optional[_Iterable[_Union[AddPartitionsToTxnRequest, _Mapping]]] = ..., wait_for_completion: _Optional[bool] = ..., wait_for_completion_ms: _Optional[int] = ...) -> None: ...
 
 class AddPartitionsToTxnResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "results", "transactions")
