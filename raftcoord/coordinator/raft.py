@@ -170,6 +170,17 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             )
         )
 
+    def _SyncObj__applyLogEntries(self) -> bool:
+        # pysyncobj's private apply loop; it returns whether to send
+        # AppendEntries now, which without its batching is after every
+        # entry the leader applies: an empty AppendEntries (and its answer)
+        # to each follower only to tell it the new commit index. The
+        # followers learn it instead from the next entry, which a busy
+        # leader proposes within a tick, or from the next heartbeat
+        # (raft.heartbeat.ms): they apply later, nothing waits for that.
+        SyncObj._SyncObj__applyLogEntries(self)
+        return False
+
     def destroy(self) -> None:
         """Stop the member. Entries it was asked to propose that are not
         applied yet are answered as dropped at once (whether they commit is
