@@ -644,6 +644,10 @@ class Shard:
         def applied(result: list[Outcome] | None, error: ErrorCode) -> None:
             with self._core_lock:
                 self.core.entry_done(term)
+            if self._waiting or not self._queue.empty():
+                # Requests queued while the entry was in flight go out now,
+                # not when the tick's wait for I/O ends.
+                self.wake()
             if result is None:
                 for request in batch.requests:
                     _fail(request, error)
