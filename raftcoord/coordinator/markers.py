@@ -232,6 +232,14 @@ class MarkerWriters:
         Called on the shard's tick thread after every tick and on hand-off."""
         leading = shard.is_leader and shard.ready
         term = shard.leader_term
+        # Nearly every call changes nothing: decided without the lock the
+        # node's shard threads share (the map only changes under it, and only
+        # this shard's thread changes this shard's writer, but for stop()).
+        current = self._writers.get(shard.shard)
+        if current is None and not leading:
+            return None
+        if current is not None and leading and current.term == term and not current.stopped:
+            return current
         stale: MarkerWriter | None = None
         with self._lock:
             writer = self._writers.get(shard.shard)

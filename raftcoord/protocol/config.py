@@ -93,8 +93,9 @@ class Settings:
     pid_block_size: int = 1000  # pid.block.size
     # raft.tick.ms: the longest a shard's tick thread sleeps waiting for I/O;
     # new requests and Raft messages wake it at once, so this only paces
-    # timers (heartbeats, sweeps) and the idle CPU cost.
-    raft_tick_ms: float = 10.0
+    # timers (heartbeats, sweeps, parked requests' bounds) and the idle CPU
+    # cost (per coordinator of 3 shards: 4.4 % of a core at 10 ms, 3.2 % at 25).
+    raft_tick_ms: float = 25.0
     # raft.heartbeat.ms: the leader's empty AppendEntries period. Entries are
     # sent as soon as they are proposed, not on this period.
     raft_heartbeat_ms: float = 50.0
