@@ -6,6 +6,7 @@ effects (markers to write, transitions to log) come out.
 """
 
 from fsm.commands import (
+    METADATA_COMMANDS,
     NO_GENERATION,
     AbortTimedOut,
     AddOffsets,
@@ -56,6 +57,7 @@ from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.states import VALID_PREVIOUS, TxnState
 
 __all__ = [
+    "METADATA_COMMANDS",
     "NO_GENERATION",
     "VALID_PREVIOUS",
     "AbortTimedOut",

@@ -435,6 +435,20 @@ COMMAND_TYPES: dict[int, type[Command]] = {
     )
 }
 
+#: The commands that change what every coordinator reads from its own
+#: replica of the metadata shard, not through the leader: ACLs and SCRAM
+#: credentials (authorization), topics and their placement (markers, topic
+#: checks), data directories and offset ceilings.
+METADATA_COMMANDS: tuple[type[Command], ...] = (
+    CreateTopic,
+    RegisterDirectory,
+    ReserveOffsets,
+    CreateAcls,
+    DeleteAcls,
+    UpsertScramCredential,
+    DeleteScramCredential,
+)
+
 
 def _partitions(value: Any) -> tuple[TopicPartition, ...]:
     return tuple(TopicPartition(as_str(t), as_int(p)) for t, p in as_list(value, 2))

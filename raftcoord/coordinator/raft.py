@@ -134,6 +134,8 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         conf: SyncObjConf,
         transport: RaftTransportSettings,
     ) -> None:
+        #: An entry applied in this round asked to tell the followers at once.
+        self._announce = False
         super().__init__(
             self_address,
             partner_addresses,
@@ -170,6 +172,12 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             )
         )
 
+    def announce_commit(self) -> None:
+        """Tell the followers the commit index as soon as the entries being
+        applied are (called while applying, on the leader): other nodes read
+        what they change from their own replica."""
+        self._announce = True
+
     def _SyncObj__applyLogEntries(self) -> bool:
         # pysyncobj's private apply loop; it returns whether to send
         # AppendEntries now, which without its batching is after every
@@ -177,9 +185,11 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         # to each follower only to tell it the new commit index. The
         # followers learn it instead from the next entry, which a busy
         # leader proposes within a tick, or from the next heartbeat
-        # (raft.heartbeat.ms): they apply later, nothing waits for that.
+        # (raft.heartbeat.ms), unless an applied entry asked for it
+        # (announce_commit).
+        self._announce = False
         SyncObj._SyncObj__applyLogEntries(self)
-        return False
+        return self._announce
 
     def destroy(self) -> None:
         """Stop the member. Entries it was asked to propose that are not

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
 from fsm import (
+    METADATA_COMMANDS,
     AddPartitions,
     Command,
     EndTxn,
@@ -640,10 +641,15 @@ class Shard:
         if not batch.requests:
             return
         term = stamp.coordinator_epoch
+        # Other nodes read these commands' state from their own replica: the
+        # followers learn of the commit at once, not with the next entry.
+        announce = any(isinstance(c, METADATA_COMMANDS) for c in batch.commands)
 
         def applied(result: list[Outcome] | None, error: ErrorCode) -> None:
             with self._core_lock:
                 self.core.entry_done(term)
+            if announce and result is not None:
+                self.replica.announce_commit()
             if self._waiting or not self._queue.empty():
                 # Requests queued while the entry was in flight go out now,
                 # not when the tick's wait for I/O ends.
