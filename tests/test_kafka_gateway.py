@@ -30,7 +30,8 @@ from tests.local_cluster import running_cluster
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
+
+from tests.kafka_admin import create_kafka_topics  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -48,12 +49,7 @@ def cluster(
     their transactional id are relayed to its owner."""
     path: Path = tmp_path_factory.mktemp("kafka-cluster")
     with running_cluster(path, partition_nodes=2, kafka_listeners=request.param) as running:
-        bootstrap = running.kafka_bootstrap()
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for future in admin.create_topics(
-            [NewTopic(TOPIC, PARTITIONS, 1)], request_timeout=TIMEOUT_S
-        ).values():
-            future.result(timeout=TIMEOUT_S)
+        create_topic(running, TOPIC)
         yield running
 
 
@@ -157,11 +153,7 @@ def test_a_killed_coordinator_leader_is_survived_exactly_once(cluster: LocalClus
     read exactly once."""
     transactional_id = "failover-writer"
     topic = "failover"
-    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
-    for future in admin.create_topics(
-        [NewTopic(topic, PARTITIONS, 1)], request_timeout=TIMEOUT_S
-    ).values():
-        future.result(timeout=TIMEOUT_S)
+    create_topic(cluster, topic)
     p = producer(cluster, transactional_id)
     state = cluster.state
     assert state is not None
@@ -213,11 +205,7 @@ def commit_or_retry(p: Producer) -> None:
 
 
 def create_topic(cluster: LocalCluster, topic: str) -> None:
-    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
-    for future in admin.create_topics(
-        [NewTopic(topic, PARTITIONS, 1)], request_timeout=TIMEOUT_S
-    ).values():
-        future.result(timeout=TIMEOUT_S)
+    create_kafka_topics(cluster, PARTITIONS, topic, timeout_s=TIMEOUT_S)
 
 
 def test_kafka_python_commits_aborts_and_reads_committed(cluster: LocalCluster) -> None:

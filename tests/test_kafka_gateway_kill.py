@@ -18,7 +18,8 @@ from tests.local_cluster import running_cluster
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
+
+from tests.kafka_admin import create_kafka_topics  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -30,11 +31,7 @@ ROUNDS = 8
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path / "cluster", partition_nodes=2, kafka_listeners=2) as running:
-        admin = AdminClient({"bootstrap.servers": running.kafka_bootstrap()})
-        for future in admin.create_topics(
-            [NewTopic(TOPIC, 3, 1)], request_timeout=TIMEOUT_S
-        ).values():
-            future.result(timeout=TIMEOUT_S)
+        create_kafka_topics(running, 3, TOPIC, timeout_s=TIMEOUT_S)
         yield running
 
 

@@ -40,7 +40,9 @@ from confluent_kafka import (  # noqa: E402
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]  # noqa: E402
+
+from tests.kafka_admin import create_kafka_topics  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -60,12 +62,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def create_topics(cluster: LocalCluster, *topics: str) -> None:
-    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
-    futures = admin.create_topics(
-        [NewTopic(t, PARTITIONS, 1) for t in topics], request_timeout=TIMEOUT_S
-    )
-    for future in futures.values():
-        future.result(timeout=TIMEOUT_S)
+    create_kafka_topics(cluster, PARTITIONS, *topics, timeout_s=TIMEOUT_S)
 
 
 def produce_inputs(cluster: LocalCluster, topic: str, values: list[bytes]) -> None:

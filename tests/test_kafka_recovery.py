@@ -26,7 +26,8 @@ from tests.test_two_phase_commit import kafka_call
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # noqa: E402
+
+from tests.kafka_admin import create_kafka_topics  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,11 +40,7 @@ TRANSACTIONAL_ID = "recovering"
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path / "cluster", partition_nodes=1, kafka_listeners=1) as running:
-        admin = AdminClient({"bootstrap.servers": running.kafka_bootstrap()})
-        for future in admin.create_topics(
-            [NewTopic(TOPIC, 2, 1)], request_timeout=TIMEOUT_S
-        ).values():
-            future.result(timeout=TIMEOUT_S)
+        create_kafka_topics(running, 2, TOPIC, timeout_s=TIMEOUT_S)
         yield running
 
 
