@@ -251,13 +251,18 @@ class AllocatePidBlock(Command):
 
 @dataclass(frozen=True)
 class CreateTopic(Command):
-    """Create a topic; ``partition_nodes[i]`` is the partition-log node owning
-    partition ``i`` (the leader chose the placement)."""
+    """Create a topic; ``partition_nodes[i]`` is the partition-log node that
+    leads partition ``i`` first (its preferred leader), ``replicas[i]`` every
+    node holding a replica of it, the preferred leader first (the leader
+    chose the placement). Entries written before partitions had replicas
+    carry no ``replicas``: each partition's one replica is its node."""
 
     TYPE: ClassVar[int] = 12
     name: str
     partition_nodes: tuple[int, ...]
     now_ms: int
+    replicas: tuple[tuple[int, ...], ...] = ()
+    min_insync_replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -462,6 +467,10 @@ def _ints(value: Any) -> tuple[int, ...]:
     return tuple(as_int(v) for v in as_list(value))
 
 
+def _int_lists(value: Any) -> tuple[tuple[int, ...], ...]:
+    return tuple(_ints(v) for v in as_list(value))
+
+
 def _offsets(value: Any) -> tuple[OffsetEntry, ...]:
     return tuple(
         OffsetEntry(as_str(t), as_int(p), as_int(o), as_str(m)) for t, p, o, m in as_list(value, 4)
@@ -519,6 +528,7 @@ _DECODERS: dict[Any, Any] = {
     tuple[TopicPartition, ...]: _partitions,
     tuple[str, ...]: _strs,
     tuple[int, ...]: _ints,
+    tuple[tuple[int, ...], ...]: _int_lists,
     tuple[OffsetEntry, ...]: _offsets,
     tuple[GroupProtocol, ...]: _protocols,
     tuple[MemberAssignment, ...]: _assignments,
@@ -542,6 +552,7 @@ _ADDED_LATER: dict[int, frozenset[str]] = {
     InitProducerId.TYPE: frozenset({"enable_two_phase_commit", "keep_prepared_txn"}),
     EndTxn.TYPE: frozenset({"transaction_version"}),
     MarkersWritten.TYPE: frozenset({"txn_number"}),
+    CreateTopic.TYPE: frozenset({"replicas", "min_insync_replicas"}),
 } | {
     cls.TYPE: frozenset({"generation_id", "member_id", "group_instance_id"})
     for cls in (TxnOffsetCommit, OffsetCommit)

@@ -45,6 +45,7 @@ from fsm.limits import topic_error
 from fsm.membership import GroupMembership
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
+from fsm.partitions import TopicRegistration, assignment_error, new_topic, single_replica_topic
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.wire import as_bytes, as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
@@ -52,7 +53,7 @@ from raftcoord.protocol.acl import MAX_ACLS, Acl, acl_from_wire, binding_error
 from raftcoord.protocol.limits import MAX_OFFSET, is_directory_id
 from raftcoord.protocol.scram import MECHANISMS, ScramCredential, credential_error
 
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 #: The most SCRAM credentials a cluster holds.
 MAX_USERS = 10_000
 #: Records per piece of :func:`snapshot_pieces` (about a millisecond of encoding).
@@ -73,8 +74,9 @@ class ShardState:
     groups: dict[str, GroupOffsets] = field(default_factory=dict)
     #: Consumer groups' members and generations (:mod:`fsm.membership`).
     memberships: dict[str, GroupMembership] = field(default_factory=dict)
-    #: Topic name -> the partition-log node owning each partition (shard 0 only).
-    topics: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Topic name -> its partitions' replicas, leaders and in-sync replicas
+    #: (shard 0 only; :mod:`fsm.partitions`).
+    topics: dict[str, TopicRegistration] = field(default_factory=dict)
     #: Partition-log node id -> the directory id of its data directory on
     #: record (shard 0 only; :class:`fsm.commands.RegisterDirectory`).
     directories: dict[int, str] = field(default_factory=dict)
@@ -347,9 +349,18 @@ class TransactionStateMachine:
             )
         if any(node < 0 for node in cmd.partition_nodes):
             return fail(ErrorCode.INVALID_REQUEST, "partition-log node ids must not be negative")
+        assignment = cmd.replicas or tuple((node,) for node in cmd.partition_nodes)
+        if tuple(r[:1] for r in assignment) != tuple((n,) for n in cmd.partition_nodes):
+            return fail(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "each partition's replicas must start with its node in partition_nodes",
+            )
+        refusal = assignment_error(assignment, cmd.min_insync_replicas)
+        if refusal is not None:
+            return fail(*refusal)
         if cmd.name in self.state.topics:
             return fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {cmd.name!r} already exists")
-        self.state.topics[cmd.name] = cmd.partition_nodes
+        self.state.topics[cmd.name] = new_topic(assignment, cmd.min_insync_replicas)
         return Outcome()
 
     def _register_directory(self, cmd: RegisterDirectory) -> Outcome:
@@ -380,13 +391,14 @@ class TransactionStateMachine:
             return fail(ErrorCode.INVALID_REQUEST, f"more than {most} reservations")
         ceilings: dict[str, tuple[int, ...]] = {}
         for topic, index, ceiling in cmd.reservations:
-            nodes = self.state.topics.get(topic)
-            if nodes is None or not 0 <= index < len(nodes):
+            registered = self.state.topics.get(topic)
+            if registered is None or not 0 <= index < len(registered.partitions):
                 return fail(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {topic}-{index}")
-            if nodes[index] != cmd.node_id:
+            leader = registered.partitions[index].leader
+            if leader != cmd.node_id:
                 return fail(
                     ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                    f"{topic}-{index} is on partition-log node {nodes[index]}",
+                    f"{topic}-{index} is led by partition-log node {leader}",
                 )
             if not 0 <= ceiling <= MAX_OFFSET:
                 return fail(ErrorCode.INVALID_REQUEST, f"offset ceiling {ceiling} out of range")
@@ -530,8 +542,9 @@ class TransactionStateMachine:
     def offset_ceilings(self, topic: str) -> tuple[int, ...]:
         """The offset ceiling reserved for each partition of ``topic`` (0: none
         yet); empty for an unknown topic."""
-        nodes = self.state.topics.get(topic, ())
-        return self.state.offset_ceilings.get(topic) or (0,) * len(nodes)
+        registered = self.state.topics.get(topic)
+        count = 0 if registered is None else len(registered.partitions)
+        return self.state.offset_ceilings.get(topic) or (0,) * count
 
     def latest_stamp_ms(self) -> int:
         """The highest leader timestamp the state holds (a transaction's last
@@ -668,7 +681,17 @@ class TransactionStateMachine:
             payload = {**payload, "v": 3, "directories": [], "offset_ceilings": []}
         if type(payload.get("v")) is int and payload["v"] == 3 and "acls" not in payload:
             # Version 3 came before access-control lists: none.
-            payload = {**payload, "v": SNAPSHOT_VERSION, "acls": [], "scram": []}
+            payload = {**payload, "v": 4, "acls": [], "scram": []}
+        if type(payload.get("v")) is int and payload["v"] == 4:
+            # Version 4 came before replicas: each partition's node held its one copy.
+            payload = {
+                **payload,
+                "v": SNAPSHOT_VERSION,
+                "topics": [
+                    [name, single_replica_topic(as_int(n) for n in as_list(nodes)).to_wire()]
+                    for name, nodes in as_list(payload.get("topics"), 2)
+                ],
+            }
         check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
         if set(payload) != keys:
             raise CommandError(f"a snapshot must be a map with the keys {sorted(keys)}")
@@ -687,8 +710,8 @@ class TransactionStateMachine:
             transactions={m.transactional_id: m for m in txn_metas},
             groups=dict(groups),
             topics={
-                as_str(name): tuple(as_int(n) for n in as_list(nodes))
-                for name, nodes in as_list(payload["topics"], 2)
+                as_str(name): TopicRegistration.from_wire(topic)
+                for name, topic in as_list(payload["topics"], 2)
             },
             memberships={
                 as_str(gid): GroupMembership.from_wire(w)
@@ -780,7 +803,7 @@ def snapshot_pieces(
     yield from records("transactions", (txns[t].to_wire() for t in sorted(txns)), len(txns))
     yield from records("groups", ([g, groups[g].to_wire()] for g in sorted(groups)), len(groups))
     topics = sorted(state.topics.items())
-    yield from records("topics", ([name, list(nodes)] for name, nodes in topics), len(topics))
+    yield from records("topics", ([name, t.to_wire()] for name, t in topics), len(topics))
     yield from records(
         "memberships", ([g, members[g].to_wire()] for g in sorted(members)), len(members)
     )

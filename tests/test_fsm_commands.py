@@ -142,7 +142,13 @@ SAMPLES: list[Command] = [
         member_id="m",
         group_instance_id="",
     ),
-    CreateTopic(name="orders", partition_nodes=(1, 2, 3, 1), now_ms=13),
+    CreateTopic(
+        name="orders",
+        partition_nodes=(1, 2, 3, 1),
+        now_ms=13,
+        replicas=((1, 2, 3), (2, 3, 1), (3, 1, 2), (1, 2, 3)),
+        min_insync_replicas=2,
+    ),
     RegisterDirectory(node_id=101, directory_id="0" * 32, replace=False, now_ms=14),
     ReserveOffsets(
         node_id=101,
@@ -616,7 +622,7 @@ def _restore_error(data: bytes) -> CommandError:
     return info.value
 
 
-@pytest.mark.parametrize("version", [0, 5, "4", None, True])
+@pytest.mark.parametrize("version", [0, 6, "5", None, True])
 def test_restore_rejects_unknown_snapshot_version(version: Any) -> None:
     payload = _payload()
     payload["v"] = version

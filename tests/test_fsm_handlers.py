@@ -19,6 +19,7 @@ from fsm import (
     WriteMarkers,
 )
 from fsm.errors import ErrorCode
+from fsm.partitions import single_replica_topic
 from fsm.transactions import verify_group
 from tests.fsm_driver import Leader
 
@@ -404,7 +405,7 @@ def test_fenced_epoch_is_never_taken_for_a_retry() -> None:
 def test_create_topic() -> None:
     leader = Leader.new()
     assert leader.apply(CreateTopic("orders", (1, 2, 3), leader.now_ms)).ok
-    assert leader.machine.state.topics == {"orders": (1, 2, 3)}
+    assert leader.machine.state.topics == {"orders": single_replica_topic((1, 2, 3))}
     before = leader.machine.snapshot()
     for command, error in [
         (CreateTopic("orders", (1,), 0), ErrorCode.TOPIC_ALREADY_EXISTS),
@@ -413,6 +414,11 @@ def test_create_topic() -> None:
         (CreateTopic("..", (1,), 0), ErrorCode.INVALID_TOPIC_EXCEPTION),
         (CreateTopic("x" * 250, (1,), 0), ErrorCode.INVALID_TOPIC_EXCEPTION),
         (CreateTopic("empty", (), 0), ErrorCode.INVALID_PARTITIONS),
+        (CreateTopic("r", (1, 2), 0, ((1, 2), (2,))), ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+        (CreateTopic("r", (1,), 0, ((1, 1),)), ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+        (CreateTopic("r", (1,), 0, ((2, 1),)), ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+        (CreateTopic("r", (1,), 0, ((1, 2),), 3), ErrorCode.INVALID_CONFIG),
+        (CreateTopic("r", (1,), 0, ((1, 2),), 0), ErrorCode.INVALID_CONFIG),
     ]:
         assert leader.apply(command).error is error, command
     assert leader.machine.snapshot() == before

@@ -176,6 +176,14 @@ class Fuzzer:
             return tuple(
                 self.integer("node", meta, machine, plausible) for _ in range(rng.randrange(0, 4))
             )
+        if kind == tuple[tuple[int, ...], ...]:  # replica lists
+            return tuple(
+                tuple(
+                    self.integer("node", meta, machine, plausible)
+                    for _ in range(rng.randrange(0, 4))
+                )
+                for _ in range(rng.randrange(0, 4))
+            )
         if kind == tuple[TopicPartition, ...]:
             if plausible and meta is not None and meta.partitions and rng.random() < 0.5:
                 return tuple(sorted(meta.partitions))

@@ -379,6 +379,42 @@ def test_kafka_admin_tools_list_and_describe_transactions(cluster: LocalCluster)
         admin.close()
 
 
+def test_metadata_shows_each_partitions_replicas_and_create_topics_takes_their_count(
+    cluster: LocalCluster,
+) -> None:
+    """Metadata names the controller's replicas, ISR and leader epoch (each
+    partition-log node as the gateway in front of it); CreateTopics takes the
+    replication factor and min.insync.replicas, refusing what it cannot do."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap()})
+    gateways = {b.id for b in admin.list_topics(timeout=TIMEOUT_S).brokers.values()}
+    futures = admin.create_topics(
+        [
+            NewTopic("meta-default", 2, -1, config={"min.insync.replicas": "1"}),
+            NewTopic("meta-three", 1, 3),
+            NewTopic("meta-bad-isr", 1, 1, config={"min.insync.replicas": "0"}),
+        ],
+        request_timeout=TIMEOUT_S,
+    )
+    futures["meta-default"].result(timeout=TIMEOUT_S)
+    refusals = {}
+    for name in ("meta-three", "meta-bad-isr"):
+        with pytest.raises(KafkaException) as info:
+            futures[name].result(timeout=TIMEOUT_S)
+        refusals[name] = info.value.args[0].code()
+    assert refusals == {
+        "meta-three": confluent_kafka.KafkaError.INVALID_REPLICATION_FACTOR,
+        "meta-bad-isr": confluent_kafka.KafkaError.INVALID_CONFIG,
+    }
+    topic = admin.list_topics("meta-default", timeout=TIMEOUT_S).topics["meta-default"]
+    assert len(topic.partitions) == 2
+    for p in topic.partitions.values():
+        assert p.leader in gateways
+        assert p.replicas == p.isrs == [p.leader]
+        assert p.error is None
+
+
 # --- the wire itself: bad frames, pipelining ------------------------------------------
 
 

@@ -239,6 +239,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "raftcoord.cli.console",
         "configure",
     ),
+    "topic": (
+        "create, list and describe topics (kafka-topics.sh)",
+        "raftcoord.cli.topic",
+        "configure",
+    ),
     "acl": ("add, list and remove ACLs (kafka-acls.sh)", "raftcoord.cli.acl", "configure"),
     "user": ("add, list and remove SASL/SCRAM users", "raftcoord.cli.user", "configure"),
     "bench": (

@@ -40,7 +40,9 @@ from raftcoord.client.records import (
     PendingMarker,
     ProducerState,
     ShardReplicaDescription,
+    TopicDescription,
     TopicPartition,
+    TopicPartitionDescription,
     TransactionDescription,
     TransactionListing,
 )
@@ -151,16 +153,21 @@ class Admin:
         self,
         topics: Mapping[str, int],
         *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
         exist_ok: bool = False,
         validate_only: bool = False,
         timeout_ms: int | None = None,
     ) -> None:
-        """Create topics with the given partition counts (placed on the
-        partition-log nodes by the coordinators).
+        """Create topics with the given partition counts (their replicas
+        placed on the partition-log nodes by the coordinators), each with
+        ``replication_factor`` replicas per partition and
+        ``min_insync_replicas`` (None: the cluster's defaults).
 
         Raises:
             TopicAlreadyExistsError: a topic exists (unless ``exist_ok``).
-            InvalidPartitionsError, InvalidTopicError, InvalidRequestError:
+            InvalidPartitionsError, InvalidTopicError, InvalidRequestError,
+            InvalidReplicationFactorError, InvalidConfigurationError:
                 a refused topic (the first one; the others were still tried).
             KafkaTimeoutError: not done in time.
         """
@@ -174,7 +181,12 @@ class Admin:
             address = self._topic_leader or self._untried(tried)
             request = coordinator_pb2.CreateTopicsRequest(
                 topics=[
-                    coordinator_pb2.CreatableTopic(name=name, num_partitions=count)
+                    coordinator_pb2.CreatableTopic(
+                        name=name,
+                        num_partitions=count,
+                        replication_factor=replication_factor or 0,
+                        min_insync_replicas=min_insync_replicas or 0,
+                    )
                     for name, count in pending.items()
                 ],
                 validate_only=validate_only,
@@ -234,6 +246,37 @@ class Admin:
             for t in sorted(answer.topics, key=lambda t: t.name)
             if t.error_code == ErrorCode.NONE
         }
+
+    def describe_topics(
+        self, topics: Sequence[str] = (), timeout_ms: int | None = None
+    ) -> dict[str, TopicDescription]:
+        """``topics`` (empty: every topic) with each partition's leader,
+        leader epoch, replicas and in-sync replicas, as shard 0's leader
+        records them.
+
+        Raises:
+            UnknownTopicOrPartitionError: a named topic does not exist.
+            KafkaTimeoutError: no coordinator answered in time.
+        """
+        deadline = self._deadline("describe_topics", timeout_ms)
+        answer = self._coordinators.call_any(
+            "Metadata", coordinator_pb2.MetadataRequest(topics=list(topics)), deadline
+        )
+        described = {}
+        for t in sorted(answer.topics, key=lambda t: t.name):
+            if t.error_code != ErrorCode.NONE:
+                raise error_for(t.error_code, f"topic {t.name!r}")
+            described[t.name] = TopicDescription(
+                t.name,
+                t.min_insync_replicas,
+                tuple(
+                    TopicPartitionDescription(
+                        p.partition, p.node_id, p.leader_epoch, tuple(p.replicas), tuple(p.isr)
+                    )
+                    for p in sorted(t.partitions, key=lambda p: p.partition)
+                ),
+            )
+        return described
 
     def describe_cluster(self, timeout_ms: int | None = None) -> dict[str, dict[int, str]]:
         """Node addresses: {"coordinators": {id: address}, "partition_nodes": {...}}."""

@@ -55,14 +55,18 @@ __all__ = [
     "DuplicateSequenceError",
     "FatalError",
     "FencedInstanceIdError",
+    "FencedLeaderEpochError",
     "GroupMaxSizeReachedError",
     "IllegalGenerationError",
     "IllegalStateError",
     "InconsistentGroupProtocolError",
+    "InvalidConfigurationError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
     "InvalidProducerIdMappingError",
     "InvalidRecordError",
+    "InvalidReplicaAssignmentError",
+    "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidSessionTimeoutError",
     "InvalidTimestampError",
@@ -380,6 +384,30 @@ class InvalidPartitionsError(KafkaError):
     """CreateTopics: the partition count is out of range."""
 
     code = ErrorCode.INVALID_PARTITIONS
+
+
+class InvalidReplicationFactorError(KafkaError):
+    """CreateTopics: the replication factor is out of range."""
+
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class InvalidReplicaAssignmentError(KafkaError):
+    """A replica assignment is malformed."""
+
+    code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+class InvalidConfigurationError(KafkaError):
+    """A configuration value is out of range (min.insync.replicas)."""
+
+    code = ErrorCode.INVALID_CONFIG
+
+
+class FencedLeaderEpochError(KafkaError):
+    """The request names a leader epoch older than the partition's current one."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
 
 
 class InvalidRequestError(KafkaError):

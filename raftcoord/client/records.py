@@ -199,6 +199,37 @@ class CoordinatorDescription:
 
 
 @dataclass(frozen=True)
+class TopicPartitionDescription:
+    """One partition's leader and replicas (:meth:`Admin.describe_topics`)."""
+
+    partition: int
+    #: The partition-log node that leads it; -1 while none does.
+    leader: int
+    leader_epoch: int
+    #: Every node holding a replica, the preferred leader first.
+    replicas: tuple[int, ...]
+    #: The replicas holding every acknowledged record.
+    isr: tuple[int, ...]
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.isr) < len(self.replicas)
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    """A topic as the coordinators' controller records it (:meth:`Admin.describe_topics`)."""
+
+    name: str
+    min_insync_replicas: int
+    partitions: tuple[TopicPartitionDescription, ...]
+
+    @property
+    def replication_factor(self) -> int:
+        return len(self.partitions[0].replicas) if self.partitions else 0
+
+
+@dataclass(frozen=True)
 class PartitionNodeDescription:
     """A partition-log node's state (:meth:`Admin.describe_partition_nodes`)."""
 

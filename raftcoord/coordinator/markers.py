@@ -101,13 +101,13 @@ class GrpcMarkerTransport:
         return Destination(DestinationKind.COORDINATOR, leader.node_id, leader.grpc)
 
     def _partition_destination(self, partition: DataPartition) -> Destination | None:
-        placement = self.shards.query(
+        registered = self.shards.query(
             METADATA_SHARD, lambda machine: machine.state.topics.get(partition.topic)
         )
         # Unknown here may only mean this replica of shard 0 lags: ask again later.
-        if placement is None or not 0 <= partition.partition < len(placement):
+        if registered is None or not 0 <= partition.partition < len(registered.partitions):
             return None
-        node_id = placement[partition.partition]
+        node_id = registered.partitions[partition.partition].leader
         address = self._partition_nodes.get(node_id)
         if address is None:
             return None

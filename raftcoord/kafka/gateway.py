@@ -18,7 +18,7 @@ import resource
 import signal
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc.aio
@@ -488,6 +488,12 @@ class Gateway:
         """The gateway named as the leader of partition-log node ``node_id``'s partitions."""
         return self._gateway_at([n.node_id for n in self.config.partition_nodes], node_id)
 
+    def _gateways_of_partition_nodes(self, node_ids: Iterable[int]) -> list[int]:
+        """The gateways in front of partition-log nodes ``node_ids``, in their
+        order, each once (fewer gateways than nodes front several each)."""
+        gateways = (self._gateway_of_partition_node(n).node_id for n in node_ids)
+        return list(dict.fromkeys(gateways))
+
     def _gateway_at(self, node_ids: list[int], node_id: int) -> KafkaListener:
         """Gateway i for the i-th of ``node_ids`` (by position, modulo the
         gateway count); the first for an id not among them."""
@@ -519,15 +525,18 @@ class Gateway:
         for topic in answer.topics:
             partitions = []
             for p in topic.partitions:
-                leader = self._gateway_of_partition_node(p.node_id).node_id
                 partitions.append(
                     {
                         "error_code": p.error_code,
                         "partition_index": p.partition,
-                        "leader_id": leader,
-                        "leader_epoch": 0,
-                        "replica_nodes": [leader],
-                        "isr_nodes": [leader],
+                        "leader_id": (
+                            self._gateway_of_partition_node(p.node_id).node_id
+                            if p.node_id >= 0
+                            else -1
+                        ),
+                        "leader_epoch": p.leader_epoch,
+                        "replica_nodes": self._gateways_of_partition_nodes(p.replicas),
+                        "isr_nodes": self._gateways_of_partition_nodes(p.isr),
                     }
                 )
             topics.append(
@@ -1065,7 +1074,12 @@ class Gateway:
             "CreateTopics",
             coordinator_pb2.CreateTopicsRequest(
                 topics=[
-                    coordinator_pb2.CreatableTopic(name=t.name, num_partitions=t.num_partitions)
+                    coordinator_pb2.CreatableTopic(
+                        name=t.name,
+                        num_partitions=t.num_partitions,
+                        replication_factor=max(t.replication_factor, 0),
+                        min_insync_replicas=_min_insync_replicas(t.configs),
+                    )
                     for t in body.topics
                 ],
                 validate_only=body.validate_only,
@@ -1082,7 +1096,7 @@ class Gateway:
                     "error_code": code,
                     "error_message": None if result is None else result.error_message or None,
                     "num_partitions": t.num_partitions,
-                    "replication_factor": 1,
+                    "replication_factor": t.replication_factor if t.replication_factor > 0 else 1,
                 }
             )
         return {"topics": topics}
@@ -1374,6 +1388,19 @@ def kafka_state_name(state: int) -> str:
 def wire_isolation(level: int) -> common_pb2.IsolationLevel:
     """Kafka's isolation level (the same numbers) as the partition-log field."""
     return common_pb2.READ_COMMITTED if level == 1 else common_pb2.READ_UNCOMMITTED
+
+
+def _min_insync_replicas(configs: Iterable[Any]) -> int:
+    """A CreateTopics topic's ``min.insync.replicas`` config: 0 when it names
+    none (the default), -1 when it is not a positive number (refused as INVALID_CONFIG)."""
+    value = next((c.value for c in configs if c.name == "min.insync.replicas"), None)
+    if value is None:
+        return 0
+    try:
+        wanted = int(value)
+    except ValueError:
+        return -1
+    return wanted if wanted > 0 else -1
 
 
 def _produce_error(partition: int, code: int, message: str) -> Data:

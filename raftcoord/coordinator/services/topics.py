@@ -20,6 +20,11 @@ from fsm import (
     ReserveOffsets,
 )
 from fsm.metadata import TopicPartition
+from fsm.partitions import (
+    PartitionRegistration,
+    TopicRegistration,
+    assign_replicas,
+)
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
@@ -33,11 +38,13 @@ class TopicRPCs:
     def __init__(self, router: ShardRouter) -> None:
         self.router = router
 
-    def local_topics(self) -> dict[str, tuple[int, ...]]:
+    def local_topics(self) -> dict[str, TopicRegistration]:
         """Topic placement in this node's replica of shard 0 (it may lag)."""
         return self.router.shards.query(METADATA_SHARD, lambda machine: dict(machine.state.topics))
 
-    def leader_topics(self, context: Any, read_barrier: bool) -> dict[str, tuple[int, ...]] | None:
+    def leader_topics(
+        self, context: Any, read_barrier: bool
+    ) -> dict[str, TopicRegistration] | None:
         """Topic placement as shard 0's leader has it (topics live in shard 0),
         or None when no leader answers.
 
@@ -50,7 +57,7 @@ class TopicRPCs:
             if not read_barrier:
                 return self.local_topics()
             try:
-                topics: dict[str, tuple[int, ...]] = self.router.read(
+                topics: dict[str, TopicRegistration] = self.router.read(
                     METADATA_SHARD, lambda machine: dict(machine.state.topics)
                 )
                 return topics
@@ -66,7 +73,7 @@ class TopicRPCs:
         except NotForwarded:
             return None
         return {
-            t.name: tuple(p.node_id for p in t.partitions)
+            t.name: _registration_from_proto(t)
             for t in answer.topics
             if t.error_code == ErrorCode.NONE
         }
@@ -106,7 +113,7 @@ class TopicRPCs:
         The ACLs (``include_acls``) come from this node's replica of shard 0,
         or with ``read_barrier`` from shard 0's leader through its log."""
         confirmed_acls: frozenset[Acl] | None = None
-        topics: dict[str, tuple[int, ...]] | None
+        topics: dict[str, TopicRegistration] | None
         if request.include_acls and request.read_barrier:
             forwarded = self.router.leader_answer(METADATA_SHARD, context, "Metadata", request)
             if forwarded is not None:
@@ -209,9 +216,26 @@ class TopicRPCs:
                     )
                 )
                 continue
+            factor = topic.replication_factor if topic.replication_factor > 0 else 1
+            if factor > 1:
+                results.append(
+                    coordinator_pb2.CreateTopicResult(
+                        name=topic.name,
+                        error_code=wire_error(ErrorCode.INVALID_REPLICATION_FACTOR),
+                        error_message=(
+                            f"replication factor {factor}: partition-log nodes do not "
+                            "replicate yet, every partition has one replica"
+                            if factor <= len(nodes)
+                            else f"replication factor {factor} is larger than the "
+                            f"{len(nodes)} partition-log nodes"
+                        ),
+                    )
+                )
+                continue
+            min_insync = topic.min_insync_replicas or min(2, factor)
             start = zlib.crc32(topic.name.encode()) % len(nodes)
-            placement = tuple(nodes[(start + i) % len(nodes)] for i in range(topic.num_partitions))
-            command = _create_topic(topic.name, placement)
+            assignment = assign_replicas(nodes, topic.num_partitions, factor, start)
+            command = _create_topic(topic.name, assignment, min_insync)
             if request.validate_only:
                 outcome = self.router.refusal(command) or Outcome()
             else:
@@ -310,28 +334,32 @@ class TopicRPCs:
         return self.router.leader_answer(METADATA_SHARD, context, method, request)
 
 
-def _create_topic(name: str, placement: tuple[int, ...]) -> Unstamped:
-    return lambda stamp: CreateTopic(name, placement, stamp.now_ms)
+def _create_topic(
+    name: str, assignment: tuple[tuple[int, ...], ...], min_insync_replicas: int
+) -> Unstamped:
+    leaders = tuple(replicas[0] for replicas in assignment)
+    return lambda stamp: CreateTopic(name, leaders, stamp.now_ms, assignment, min_insync_replicas)
 
 
 def _missing(
-    topics: Mapping[str, tuple[int, ...]], partitions: tuple[TopicPartition, ...]
+    topics: Mapping[str, TopicRegistration], partitions: tuple[TopicPartition, ...]
 ) -> dict[TopicPartition, str]:
     """The partitions ``topics`` does not have, with why."""
     missing: dict[TopicPartition, str] = {}
     for topic, partition in partitions:
-        nodes = topics.get(topic)
-        if nodes is None:
+        registered = topics.get(topic)
+        if registered is None:
             missing[TopicPartition(topic, partition)] = f"topic {topic!r} does not exist"
-        elif not 0 <= partition < len(nodes):
+        elif not 0 <= partition < len(registered.partitions):
             missing[TopicPartition(topic, partition)] = (
-                f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}"
+                f"topic {topic!r} has partitions 0..{len(registered.partitions) - 1}, "
+                f"not {partition}"
             )
     return missing
 
 
-def _topic_metadata(name: str, nodes: tuple[int, ...] | None) -> Any:
-    if nodes is None:
+def _topic_metadata(name: str, registered: TopicRegistration | None) -> Any:
+    if registered is None:
         return coordinator_pb2.TopicMetadata(
             name=name, error_code=wire_error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         )
@@ -340,8 +368,31 @@ def _topic_metadata(name: str, nodes: tuple[int, ...] | None) -> Any:
         error_code=wire_error(ErrorCode.NONE),
         partitions=[
             coordinator_pb2.PartitionMetadata(
-                partition=i, node_id=n, error_code=wire_error(ErrorCode.NONE)
+                partition=i,
+                node_id=p.leader,
+                error_code=wire_error(ErrorCode.NONE),
+                replicas=p.replicas,
+                isr=p.isr,
+                leader_epoch=p.leader_epoch,
             )
-            for i, n in enumerate(nodes)
+            for i, p in enumerate(registered.partitions)
         ],
+        min_insync_replicas=registered.min_insync_replicas,
+    )
+
+
+def _registration_from_proto(topic: Any) -> TopicRegistration:
+    """What another coordinator's Metadata answer says of ``topic`` (an
+    answer of a version before replicas names one replica, the leader)."""
+    return TopicRegistration(
+        tuple(
+            PartitionRegistration(
+                tuple(p.replicas) or (p.node_id,),
+                tuple(p.isr) or (p.node_id,),
+                p.node_id,
+                p.leader_epoch,
+            )
+            for p in sorted(topic.partitions, key=lambda p: p.partition)
+        ),
+        topic.min_insync_replicas or 1,
     )

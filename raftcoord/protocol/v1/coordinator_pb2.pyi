@@ -379,24 +379,32 @@ class NodeInfo(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
-    __slots__ = ("partition", "node_id", "error_code")
+    __slots__ = ("partition", "node_id", "error_code", "replicas", "isr", "leader_epoch")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ISR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     partition: int
     node_id: int
     error_code: _common_pb2.ErrorCode
-    def __init__(self, partition: _Optional[int] = ..., node_id: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ...) -> None: ...
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    isr: _containers.RepeatedScalarFieldContainer[int]
+    leader_epoch: int
+    def __init__(self, partition: _Optional[int] = ..., node_id: _Optional[int] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
 
 class TopicMetadata(_message.Message):
-    __slots__ = ("name", "error_code", "partitions")
+    __slots__ = ("name", "error_code", "partitions", "min_insync_replicas")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     name: str
     error_code: _common_pb2.ErrorCode
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionMetadata]
-    def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ...) -> None: ...
+    min_insync_replicas: int
+    def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ..., min_insync_replicas: _Optional[int] = ...) -> None: ...
 
 class MetadataResponse(_message.Message):
     __slots__ = ("coordinators", "partition_nodes", "shard_count", "topics", "acls", "acls_included", "shard_epochs")
@@ -417,12 +425,16 @@ class MetadataResponse(_message.Message):
     def __init__(self, coordinators: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., partition_nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., shard_count: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ..., acls: _Optional[_Iterable[_Union[_common_pb2.AclBinding, _Mapping]]] = ..., acls_included: _Optional[bool] = ..., shard_epochs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreatableTopic(_message.Message):
-    __slots__ = ("name", "num_partitions")
+    __slots__ = ("name", "num_partitions", "replication_factor", "min_insync_replicas")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_partitions: int
-    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ...) -> None: ...
+    replication_factor: int
+    min_insync_replicas: int
+    def __init__(self, name: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ...) -> None: ...
 
 class CreateTopicsRequest(_message.Message):
     __slots__ = ("topics", "validate_only")
