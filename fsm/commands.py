@@ -411,6 +411,26 @@ class DeleteScramCredential(Command):
     now_ms: int
 
 
+@dataclass(frozen=True)
+class FenceNode(Command):
+    """A partition-log node's lease expired (shard 0 only; the controller,
+    :mod:`fsm.partitions`): it leaves every ISR and leads nothing."""
+
+    TYPE: ClassVar[int] = 24
+    node_id: int
+    now_ms: int
+
+
+@dataclass(frozen=True)
+class UnfenceNode(Command):
+    """A fenced partition-log node heartbeats again (shard 0 only): the
+    partitions it alone kept in sync are led by it again."""
+
+    TYPE: ClassVar[int] = 25
+    node_id: int
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -437,15 +457,19 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         DeleteAcls,
         UpsertScramCredential,
         DeleteScramCredential,
+        FenceNode,
+        UnfenceNode,
     )
 }
 
 #: The commands that change what every coordinator reads from its own
 #: replica of the metadata shard, not through the leader: ACLs and SCRAM
 #: credentials (authorization), topics and their placement (markers, topic
-#: checks), data directories and offset ceilings.
+#: checks), their leaders (fencing), data directories and offset ceilings.
 METADATA_COMMANDS: tuple[type[Command], ...] = (
     CreateTopic,
+    FenceNode,
+    UnfenceNode,
     RegisterDirectory,
     ReserveOffsets,
     CreateAcls,

@@ -23,6 +23,7 @@ from fsm.commands import (
     DeleteScramCredential,
     EndTxn,
     ExpireTransactionalIds,
+    FenceNode,
     GroupMarker,
     GroupTimeouts,
     Heartbeat,
@@ -35,6 +36,7 @@ from fsm.commands import (
     ReserveOffsets,
     SyncGroup,
     TxnOffsetCommit,
+    UnfenceNode,
     UpsertScramCredential,
     decode_entry,
 )
@@ -45,7 +47,15 @@ from fsm.limits import topic_error
 from fsm.membership import GroupMembership
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
-from fsm.partitions import TopicRegistration, assignment_error, new_topic, single_replica_topic
+from fsm.partitions import (
+    PartitionRegistration,
+    TopicRegistration,
+    assignment_error,
+    fence,
+    new_topic,
+    single_replica_topic,
+    unfence,
+)
 from fsm.states import IDLE_STATES, PREPARE_STATES, TxnState
 from fsm.wire import as_bytes, as_int, as_list, as_str, check_version
 from pid_allocator import DEFAULT_BLOCK_SIZE, PidBlockRecord, PidExhausted, PidLayout
@@ -77,6 +87,9 @@ class ShardState:
     #: Topic name -> its partitions' replicas, leaders and in-sync replicas
     #: (shard 0 only; :mod:`fsm.partitions`).
     topics: dict[str, TopicRegistration] = field(default_factory=dict)
+    #: The partition-log nodes whose lease expired and that have not
+    #: heartbeated since (shard 0 only; :class:`fsm.commands.FenceNode`).
+    fenced_nodes: frozenset[int] = frozenset()
     #: Partition-log node id -> the directory id of its data directory on
     #: record (shard 0 only; :class:`fsm.commands.RegisterDirectory`).
     directories: dict[int, str] = field(default_factory=dict)
@@ -363,6 +376,31 @@ class TransactionStateMachine:
         self.state.topics[cmd.name] = new_topic(assignment, cmd.min_insync_replicas)
         return Outcome()
 
+    def _fence_node(self, cmd: FenceNode) -> Outcome:
+        if cmd.node_id < 0:
+            return fail(ErrorCode.INVALID_REQUEST, "partition-log node ids must not be negative")
+        fenced = self.state.fenced_nodes | {cmd.node_id}
+        self._move_partitions(lambda p: fence(p, cmd.node_id, fenced))
+        self.state.fenced_nodes = fenced
+        return Outcome()
+
+    def _unfence_node(self, cmd: UnfenceNode) -> Outcome:
+        if cmd.node_id not in self.state.fenced_nodes:
+            return Outcome()
+        self._move_partitions(lambda p: unfence(p, cmd.node_id))
+        self.state.fenced_nodes = self.state.fenced_nodes - {cmd.node_id}
+        return Outcome()
+
+    def _move_partitions(
+        self, move: Callable[[PartitionRegistration], PartitionRegistration]
+    ) -> None:
+        """Apply ``move`` to every partition; topics none of whose partitions
+        moved keep their registration object."""
+        for name, topic in list(self.state.topics.items()):
+            moved = tuple(move(p) for p in topic.partitions)
+            if moved != topic.partitions:
+                self.state.topics[name] = replace(topic, partitions=moved)
+
     def _register_directory(self, cmd: RegisterDirectory) -> Outcome:
         if cmd.node_id < 0:
             return fail(ErrorCode.INVALID_REQUEST, "partition-log node ids must not be negative")
@@ -476,6 +514,8 @@ class TransactionStateMachine:
         DeleteAcls: _delete_acls,
         UpsertScramCredential: _upsert_scram,
         DeleteScramCredential: _delete_scram,
+        FenceNode: _fence_node,
+        UnfenceNode: _unfence_node,
     }
 
     # --- what the leader asks before proposing -------------------------------------
@@ -641,6 +681,7 @@ class TransactionStateMachine:
             groups=dict(s.groups),
             memberships=dict(s.memberships),
             topics=dict(s.topics),
+            fenced_nodes=s.fenced_nodes,
             directories=dict(s.directories),
             offset_ceilings=dict(s.offset_ceilings),
             acls=s.acls,
@@ -665,6 +706,7 @@ class TransactionStateMachine:
             "transactions",
             "groups",
             "topics",
+            "fenced_nodes",
             "memberships",
             "directories",
             "offset_ceilings",
@@ -691,6 +733,7 @@ class TransactionStateMachine:
                     [name, single_replica_topic(as_int(n) for n in as_list(nodes)).to_wire()]
                     for name, nodes in as_list(payload.get("topics"), 2)
                 ],
+                "fenced_nodes": [],
             }
         check_version(payload.get("v"), SNAPSHOT_VERSION, "snapshot")
         if set(payload) != keys:
@@ -713,6 +756,7 @@ class TransactionStateMachine:
                 as_str(name): TopicRegistration.from_wire(topic)
                 for name, topic in as_list(payload["topics"], 2)
             },
+            fenced_nodes=frozenset(as_int(n) for n in as_list(payload["fenced_nodes"])),
             memberships={
                 as_str(gid): GroupMembership.from_wire(w)
                 for gid, w in as_list(payload["memberships"], 2)
@@ -791,7 +835,7 @@ def snapshot_pieces(
                 yield bytes(packer.bytes())
                 packer.reset()
 
-    packer.pack_map_header(11)
+    packer.pack_map_header(12)
     for key, value in (
         ("v", SNAPSHOT_VERSION),
         ("pids", state.pids.to_wire()),
@@ -804,6 +848,8 @@ def snapshot_pieces(
     yield from records("groups", ([g, groups[g].to_wire()] for g in sorted(groups)), len(groups))
     topics = sorted(state.topics.items())
     yield from records("topics", ([name, t.to_wire()] for name, t in topics), len(topics))
+    fenced = sorted(state.fenced_nodes)
+    yield from records("fenced_nodes", iter(fenced), len(fenced))
     yield from records(
         "memberships", ([g, members[g].to_wire()] for g in sorted(members)), len(members)
     )

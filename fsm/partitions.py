@@ -4,9 +4,8 @@ leads, and which are in sync (shard 0 only; docs/replication.md).
 A partition's registration is what KRaft's controller keeps for it: the
 replicas (the first is the preferred leader), the in-sync replicas, the
 leader and the leader epoch, and a partition epoch that counts every change
-(a leader's request to change the ISR names the version it saw, so two
-changes made from the same view cannot both apply). Every function here is
-pure: it returns new registrations and never changes one.
+of the registration. Every function here is pure: it returns new
+registrations and never changes one.
 
 The invariants every registration keeps (:func:`registration_error`): the
 replicas are distinct node ids, the ISR is a non-empty subset of them, the
@@ -224,22 +223,6 @@ def unfence(current: PartitionRegistration, node: int) -> PartitionRegistration:
     return replace(
         current,
         leader=node,
-        leader_epoch=current.leader_epoch + 1,
-        partition_epoch=current.partition_epoch + 1,
-    )
-
-
-def elect_preferred(
-    current: PartitionRegistration, fenced: frozenset[int]
-) -> PartitionRegistration:
-    """``current`` led by its preferred leader, when that replica is in sync,
-    not fenced and not leading already (Kafka's preferred-leader balancing)."""
-    preferred = current.preferred_leader
-    if current.leader == preferred or preferred not in current.isr or preferred in fenced:
-        return current
-    return replace(
-        current,
-        leader=preferred,
         leader_epoch=current.leader_epoch + 1,
         partition_epoch=current.partition_epoch + 1,
     )

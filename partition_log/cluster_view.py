@@ -60,6 +60,13 @@ SOLE_ADD_WAIT_S = 0.05
 MIN_REFRESH_INTERVAL_S = 0.1
 
 
+class Leadership(NamedTuple):
+    """A partition's leader (-1: none) and leader epoch, as the coordinators record them."""
+
+    leader: int
+    leader_epoch: int
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a topic-partition lives, as this node knows it."""
@@ -76,7 +83,7 @@ class ClusterView:
         self._addresses = list(coordinators)
         self.node_id = node_id
         self._lock = threading.Lock()
-        self._topics: dict[str, tuple[int, ...]] = {}
+        self._topics: dict[str, tuple[Leadership, ...]] = {}
         self.shard_count = 0
         self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
         self._next = 0
@@ -115,7 +122,10 @@ class ClusterView:
             self._next += 1
             return False
         topics = {
-            t.name: tuple(p.node_id for p in sorted(t.partitions, key=lambda p: p.partition))
+            t.name: tuple(
+                Leadership(p.node_id, p.leader_epoch)
+                for p in sorted(t.partitions, key=lambda p: p.partition)
+            )
             for t in answer.topics
             if t.error_code == ErrorCode.NONE
         }
@@ -127,8 +137,13 @@ class ClusterView:
                 log.warning("event=acls_not_understood error=%r", str(exc))
         self._learn_epochs(answer.shard_epochs, answer.shard_count)
         with self._lock:
-            # Topics are only ever added: a stale answer never hides a known one.
-            self._topics = {**self._topics, **topics}
+            # Topics are only ever added and leader epochs only grow: a stale
+            # answer (a coordinator whose replica of shard 0 lags) never hides
+            # a known topic nor brings back an older leader.
+            self._topics = {
+                **self._topics,
+                **{name: _newer(self._topics.get(name), found) for name, found in topics.items()},
+            }
             self.shard_count = answer.shard_count
             if acls is not None and acls != self._acls:
                 self._acls = acls
@@ -216,6 +231,14 @@ class ClusterView:
         )
         return self._ask_metadata_leader(method="ReserveOffsets", request=request)
 
+    def heartbeat(self, directory_id: str) -> Any | None:
+        """Shard 0's leader's answer to NodeHeartbeat (this node's lease), or
+        None when no coordinator could give one."""
+        request = coordinator_pb2.NodeHeartbeatRequest(
+            node_id=self.node_id, directory_id=directory_id
+        )
+        return self._ask_metadata_leader("NodeHeartbeat", request)
+
     def coordinator_transactions(self, producer_ids: Sequence[int]) -> list[Any] | None:
         """The coordinators' TransactionDescriptions of the transactional ids
         whose current producer id is one of ``producer_ids`` (ListTransactions
@@ -270,13 +293,13 @@ class ClusterView:
         return self._locate(topic, partition).error is ErrorCode.NONE
 
     def owned(self) -> list[TopicPartition]:
-        """The topic-partitions this node owns."""
+        """The topic-partitions this node leads."""
         with self._lock:
             return [
                 TopicPartition(topic, i)
-                for topic, nodes in self._topics.items()
-                for i, node in enumerate(nodes)
-                if node == self.node_id
+                for topic, partitions in self._topics.items()
+                for i, p in enumerate(partitions)
+                if p.leader == self.node_id
             ]
 
     def locate(self, topic: str, partition: int) -> Placement:
@@ -297,20 +320,33 @@ class ClusterView:
 
     def _locate(self, topic: str, partition: int) -> Placement:
         with self._lock:
-            nodes = self._topics.get(topic)
-        if nodes is None:
+            partitions = self._topics.get(topic)
+        if partitions is None:
             return Placement(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic!r}")
-        if not 0 <= partition < len(nodes):
+        if not 0 <= partition < len(partitions):
             return Placement(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"topic {topic!r} has partitions 0..{len(nodes) - 1}, not {partition}",
+                f"topic {topic!r} has partitions 0..{len(partitions) - 1}, not {partition}",
             )
-        if nodes[partition] != self.node_id:
+        leader, epoch = partitions[partition]
+        if leader != self.node_id:
+            led = f"led by partition-log node {leader}" if leader >= 0 else "without a leader"
             return Placement(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                f"{topic}-{partition} is on partition-log node {nodes[partition]}",
+                f"{topic}-{partition} is {led} (leader epoch {epoch})",
             )
         return Placement(ErrorCode.NONE)
+
+
+def _newer(
+    known: tuple[Leadership, ...] | None, found: tuple[Leadership, ...]
+) -> tuple[Leadership, ...]:
+    """Each partition's leadership of the higher leader epoch of the two."""
+    if known is None or len(known) != len(found):
+        return found
+    return tuple(
+        f if f.leader_epoch >= k.leader_epoch else k for k, f in zip(known, found, strict=True)
+    )
 
 
 class OwedMarker(NamedTuple):

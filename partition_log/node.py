@@ -192,8 +192,10 @@ class PartitionNode:
         )
 
     def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
-        """The partition if this node owns it, else the error code and message.
-        Nothing is served before the coordinators confirmed the data directory."""
+        """The partition if this node leads it, else the error code and message.
+        Nothing is served before the coordinators confirmed the data
+        directory, nor while the coordinators record another leader or none
+        (this node was fenced: its lease expired)."""
         if self.directory_state is DirectoryState.REPLACED:
             return ErrorCode.KAFKA_STORAGE_ERROR, self._replaced_message()
         if self.directory_state is DirectoryState.REGISTERING:
@@ -203,12 +205,12 @@ class PartitionNode:
                 f"partition-log node {self.node_id} has not registered its data directory "
                 "with the coordinators yet; retry",
             )
-        partition = self.partitions.get((topic, index))
-        if partition is not None:
-            return partition
         placement = self.view.locate(topic, index)
         if placement.error is not ErrorCode.NONE:
             return placement.error, placement.message
+        partition = self.partitions.get((topic, index))
+        if partition is not None:
+            return partition
         opened = self._open(topic, index)
         if opened is None:
             return (
@@ -465,12 +467,14 @@ class PartitionNode:
             self._open(topic, index)
         self.reserve_due()
         metadata = threading.Thread(target=self._refresh_loop, name="metadata", daemon=True)
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         retention = threading.Thread(target=self._retention_loop, name="retention", daemon=True)
         reservations = threading.Thread(
             target=self._reservation_loop, name="reservations", daemon=True
         )
-        self._threads += [metadata, retention, reservations]
+        self._threads += [metadata, heartbeat, retention, reservations]
         metadata.start()
+        heartbeat.start()
         retention.start()
         reservations.start()
         if self._fsync is FsyncPolicy.INTERVAL:
@@ -545,10 +549,43 @@ class PartitionNode:
 
     def _refresh_loop(self) -> None:
         while not self._stopping.wait(METADATA_REFRESH_S):
-            if self.view.refresh():
-                for topic, index in self.view.owned():
-                    if (topic, index) not in self.partitions:
-                        self._open(topic, index)
+            self._refresh_placement()
+
+    def _refresh_placement(self) -> None:
+        if self.view.refresh():
+            for topic, index in self.view.owned():
+                if (topic, index) not in self.partitions:
+                    self._open(topic, index)
+
+    def _heartbeat_loop(self) -> None:
+        """Hold this node's lease with shard 0's leader (docs/replication.md)."""
+        interval_s = self.config.settings.broker_heartbeat_interval_ms / 1000
+        refused = ErrorCode.NONE
+        while not self._stopping.wait(interval_s):
+            if self.directory is None or self.directory_state is not DirectoryState.SERVING:
+                continue
+            answer = self.view.heartbeat(self.directory.directory_id)
+            if answer is None:
+                continue
+            if answer.error_code != ErrorCode.NONE:
+                if answer.error_code != refused:
+                    log.warning(
+                        "node=%d event=heartbeat_refused error=%s %s",
+                        self.node_id,
+                        ErrorCode(answer.error_code).name,
+                        answer.error_message,
+                    )
+                refused = ErrorCode(answer.error_code)
+                continue
+            refused = ErrorCode.NONE
+            if answer.was_fenced:
+                log.warning(
+                    "node=%d event=unfenced: the coordinators had fenced this node (no "
+                    "heartbeat for broker.session.timeout.ms); the partitions it alone kept in "
+                    "sync are led by it again",
+                    self.node_id,
+                )
+                self._refresh_placement()
 
     def _retention_loop(self) -> None:
         interval_s = self.config.settings.log_retention_check_interval_ms / 1000

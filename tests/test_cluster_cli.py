@@ -88,6 +88,11 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         healthy = raftcoord("cluster", "status", "--cluster-dir", data, "--json")
         assert healthy.returncode == 0, healthy.stdout
         assert all(n["answers"] for n in json.loads(healthy.stdout))
+        made = raftcoord("topic", "create", "t", "--partitions", "3", "--cluster-dir", data)
+        assert made.returncode == 0, made.stderr
+        summary = raftcoord("cluster", "status", "--cluster-dir", data).stdout
+        assert "partitions: 3 in 1 topics; leaders: node 101 1, node 102 1, node 103 1" in summary
+        assert "without a leader: 0" in summary and "under-replicated: 0" in summary
         # A stopped gateway still takes connections (the kernel does), but answers nothing.
         assert (
             raftcoord(

@@ -26,6 +26,7 @@ from fsm import (
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
+    FenceNode,
     GroupMarker,
     GroupProtocol,
     GroupTimeouts,
@@ -44,6 +45,7 @@ from fsm import (
     TransactionStateMachine,
     TxnOffsetCommit,
     TxnState,
+    UnfenceNode,
     UpsertScramCredential,
     decode_command,
     decode_entry,
@@ -150,6 +152,8 @@ SAMPLES: list[Command] = [
         min_insync_replicas=2,
     ),
     RegisterDirectory(node_id=101, directory_id="0" * 32, replace=False, now_ms=14),
+    FenceNode(node_id=102, now_ms=14),
+    UnfenceNode(node_id=102, now_ms=14),
     ReserveOffsets(
         node_id=101,
         directory_id="ab" * 16,
@@ -313,7 +317,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 24, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 26, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message

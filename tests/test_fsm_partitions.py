@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import collections
 import itertools
+import random
 
 import msgpack
 import pytest
 
-from fsm import CreateTopic, ErrorCode, TransactionStateMachine
+from fsm import CreateTopic, ErrorCode, FenceNode, TransactionStateMachine, UnfenceNode
 from fsm.commands import command_to_wire, decode_command
 from fsm.errors import CommandError
 from fsm.partitions import (
@@ -18,10 +19,13 @@ from fsm.partitions import (
     TopicRegistration,
     assign_replicas,
     assignment_error,
+    fence,
     new_topic,
     registration_error,
     single_replica_topic,
+    unfence,
 )
+from tests.seeds import chosen_seed
 
 
 @pytest.mark.parametrize("nodes, factor", [(3, 1), (3, 3), (5, 3), (4, 2)])
@@ -138,3 +142,84 @@ def test_a_snapshot_with_a_broken_registration_does_not_restore() -> None:
         payload["topics"] = [["orders", broken]]
         with pytest.raises(CommandError):
             TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True))
+
+
+# --- fencing: a partition-log node's lease expired, and it came back ------------------
+
+
+def test_a_fenced_leader_of_one_replica_leaves_the_partition_without_a_leader() -> None:
+    alone = PartitionRegistration((101,), (101,), 101)
+    fenced = fence(alone, 101, frozenset({101}))
+    assert (fenced.leader, fenced.isr) == (NO_LEADER, (101,))  # the ISR keeps its last member
+    assert (fenced.leader_epoch, fenced.partition_epoch) == (1, 1)
+    back = unfence(fenced, 101)
+    assert (back.leader, back.isr, back.leader_epoch, back.partition_epoch) == (101, (101,), 2, 2)
+
+
+def test_a_fenced_leader_hands_over_to_the_next_unfenced_in_sync_replica() -> None:
+    p = PartitionRegistration((1, 2, 3), (1, 2, 3), 1)
+    after = fence(p, 1, frozenset({1, 2}))  # 2 is fenced too: 3 leads
+    assert (after.leader, after.isr, after.leader_epoch) == (3, (2, 3), 1)
+    follower_gone = fence(p, 2, frozenset({2}))
+    assert (follower_gone.leader, follower_gone.isr) == (1, (1, 3))
+    assert follower_gone.leader_epoch == 0 and follower_gone.partition_epoch == 1
+    # A node outside the ISR changes nothing; a returning follower waits for
+    # its leader to catch it up before it is in sync again.
+    assert fence(follower_gone, 2, frozenset({2})) is follower_gone
+    assert unfence(follower_gone, 2) is follower_gone
+
+
+def test_the_last_in_sync_replica_leads_again_when_it_returns() -> None:
+    p = PartitionRegistration((1, 2), (1, 2), 1)
+    fenced = frozenset({1, 2})
+    p = fence(fence(p, 2, fenced), 1, fenced)
+    assert (p.leader, p.isr) == (NO_LEADER, (1,))
+    assert unfence(p, 2) is p  # not in sync: it may lack acknowledged records
+    assert (unfence(p, 1).leader, unfence(p, 1).isr) == (1, (1,))
+
+
+def test_random_fencing_keeps_every_invariant_and_never_elects_outside_the_isr() -> None:
+    seed = chosen_seed(20261127)
+    rng = random.Random(seed)
+    for _ in range(300):
+        nodes = list(range(1, rng.randrange(2, 6)))
+        replicas = tuple(rng.sample(nodes, rng.randrange(1, len(nodes) + 1)))
+        p = PartitionRegistration(replicas, replicas, replicas[0])
+        fenced: frozenset[int] = frozenset()
+        for _ in range(20):
+            node = rng.choice(nodes)
+            before = p
+            if node in fenced and rng.random() < 0.6:
+                fenced = fenced - {node}
+                p = unfence(p, node)
+            else:
+                fenced = fenced | {node}
+                p = fence(p, node, fenced)
+            assert registration_error(p) is None, (seed, p)
+            assert p.leader == NO_LEADER or p.leader not in fenced, (seed, p, fenced)
+            assert p.leader == NO_LEADER or p.leader in before.isr, (seed, before, p)
+            assert set(p.isr) <= set(before.isr), (seed, before, p)  # only the leader grows it
+            assert p.leader_epoch >= before.leader_epoch
+            assert (p.leader != before.leader) <= (p.leader_epoch > before.leader_epoch)
+            assert (p != before) == (p.partition_epoch > before.partition_epoch)
+
+
+def test_fence_and_unfence_commands_move_every_partition_of_the_node() -> None:
+    m = TransactionStateMachine(0, 3)
+    assert m.apply(CreateTopic("orders", (101, 102, 101), 5)).ok
+    assert m.apply(FenceNode(101, 6)).ok
+    assert m.state.fenced_nodes == {101}
+    assert m.state.topics["orders"].leaders == (NO_LEADER, 102, NO_LEADER)
+    restored = TransactionStateMachine.restore(m.snapshot())
+    assert restored.state == m.state
+    assert m.apply(FenceNode(101, 7)).ok  # again: nothing moves
+    assert m.state.topics["orders"].partitions[0].leader_epoch == 1
+    assert m.apply(UnfenceNode(102, 8)).ok  # not fenced: nothing moves
+    assert m.state.topics["orders"] == restored.state.topics["orders"]
+    assert m.apply(UnfenceNode(101, 9)).ok
+    assert m.state.fenced_nodes == frozenset()
+    assert m.state.topics["orders"].leaders == (101, 102, 101)
+    assert [p.leader_epoch for p in m.state.topics["orders"].partitions] == [2, 0, 2]
+    before = m.snapshot()
+    assert m.apply(FenceNode(-1, 10)).error is ErrorCode.INVALID_REQUEST
+    assert m.snapshot() == before

@@ -5,11 +5,13 @@ and of its network namespaces (:mod:`raftcoord.cluster.netns`)."""
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 import tomllib
 from typing import Any
 
+from raftcoord.client import Admin, KafkaError
 from raftcoord.cluster import netns as namespaces
 from raftcoord.cluster.launcher import SIGNALS, ClusterError, LocalCluster
 from raftcoord.protocol.config import ConfigError
@@ -213,7 +215,11 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"Kafka bootstrap.servers: {cluster.kafka_bootstrap()}")
         elif args.cluster_command == "status":
             nodes = cluster.status()
-            print(json.dumps(nodes, indent=2) if args.json else cluster.status_table(nodes))
+            if args.json:
+                print(json.dumps(nodes, indent=2))
+            else:
+                print(cluster.status_table(nodes))
+                print(_partition_summary(cluster))
             if not cluster.healthy(nodes):
                 return 1
         elif args.cluster_command == "down":
@@ -238,3 +244,34 @@ def _run(args: argparse.Namespace) -> int:
         print(f"raftcoord cluster: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+#: How long ``cluster status`` waits for the topics' records.
+SUMMARY_TIMEOUT_MS = 2_000
+#: The most partitions ``cluster status`` names in each problem list.
+SUMMARY_NAMED = 10
+
+
+def _partition_summary(cluster: LocalCluster) -> str:
+    """The partitions as the coordinators' controller records them: how many
+    each partition-log node leads, and those without a leader or with fewer
+    in-sync replicas than replicas (`raftcoord topic describe` has them all)."""
+    try:
+        with Admin(
+            cluster.bootstrap(), request_timeout_ms=SUMMARY_TIMEOUT_MS, **cluster.client_tls()
+        ) as admin:
+            topics = admin.describe_topics(timeout_ms=SUMMARY_TIMEOUT_MS)
+    except KafkaError as exc:
+        return f"partitions: unknown, no coordinator answered ({exc})"
+    partitions = [(t.name, p) for t in topics.values() for p in t.partitions]
+    led = collections.Counter(p.leader for _, p in partitions if p.leader >= 0)
+    offline = [f"{name}-{p.partition}" for name, p in partitions if p.leader < 0]
+    under = [f"{name}-{p.partition}" for name, p in partitions if p.under_replicated]
+    lines = [
+        f"partitions: {len(partitions)} in {len(topics)} topics; leaders: "
+        + (", ".join(f"node {n} {c}" for n, c in sorted(led.items())) or "none")
+    ]
+    for what, names in (("without a leader", offline), ("under-replicated", under)):
+        listed = ", ".join(names[:SUMMARY_NAMED]) + (" ..." if len(names) > SUMMARY_NAMED else "")
+        lines.append(f"{what}: {len(names)}" + (f" ({listed})" if names else ""))
+    return "\n".join(lines)

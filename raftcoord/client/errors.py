@@ -11,6 +11,8 @@ The tree mirrors the Kafka clients' exceptions::
     │   ├── ConcurrentTransactionsError          51  back off, retry
     │   ├── RequestTimedOutError                  7  back off, retry
     │   ├── NotLeaderOrFollowerError              6  refresh metadata, retry
+    │   ├── LeaderNotAvailableError               5  refresh metadata, retry
+    │   ├── FencedLeaderEpochError               74  refresh metadata, retry
     │   ├── UnknownTopicOrPartitionError          3  refresh metadata, retry
     │   ├── UnstableOffsetCommitError            88  a transactional offset commit is pending
     │   ├── KafkaStorageError                    56  the partition's node lost its disk, retry
@@ -77,6 +79,7 @@ __all__ = [
     "KafkaError",
     "KafkaStorageError",
     "KafkaTimeoutError",
+    "LeaderNotAvailableError",
     "MemberIdRequiredError",
     "NoOffsetForPartitionError",
     "NotACoordinatorNodeError",
@@ -188,6 +191,12 @@ class NotLeaderOrFollowerError(RetriableError):
     """The partition-log node does not own the partition (metadata is stale)."""
 
     code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class LeaderNotAvailableError(RetriableError):
+    """The partition has no leader now: its in-sync replicas are fenced."""
+
+    code = ErrorCode.LEADER_NOT_AVAILABLE
 
 
 class UnknownTopicOrPartitionError(RetriableError):
@@ -404,7 +413,7 @@ class InvalidConfigurationError(KafkaError):
     code = ErrorCode.INVALID_CONFIG
 
 
-class FencedLeaderEpochError(KafkaError):
+class FencedLeaderEpochError(RetriableError):
     """The request names a leader epoch older than the partition's current one."""
 
     code = ErrorCode.FENCED_LEADER_EPOCH

@@ -24,8 +24,9 @@ import grpc
 
 from fsm import Outcome, TransactionStateMachine
 from raftcoord.coordinator import raft_journal
+from raftcoord.coordinator.controller import NodeLeases
 from raftcoord.coordinator.leader import ImbalanceChecks, Unstamped, imbalanced
-from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.markers import METADATA_SHARD, MarkerWriters
 from raftcoord.coordinator.metrics import CoordinatorCollector
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
 from raftcoord.coordinator.raft_journal import JournalCorruptError
@@ -196,6 +197,16 @@ class CoordinatorNode:
             )
             self._threads.append(thread)
             thread.start()
+        self.leases = NodeLeases(
+            self.shards[METADATA_SHARD],
+            [n.node_id for n in self.config.partition_nodes],
+            settings.broker_session_timeout_ms,
+        )
+        controller = threading.Thread(
+            target=self.leases.run, args=(self._stopping,), name="controller", daemon=True
+        )
+        self._threads.append(controller)
+        controller.start()
         self._server = self._make_server()
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
@@ -321,7 +332,9 @@ class CoordinatorNode:
             options=[("grpc.so_reuseport", 0)],
         )
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
-            CoordinatorService(self, self.config, self.node_id, self.markers, self.credentials),
+            CoordinatorService(
+                self, self.config, self.node_id, self.markers, self.leases, self.credentials
+            ),
             server,
         )
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(

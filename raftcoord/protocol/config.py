@@ -100,6 +100,14 @@ class Settings:
     # sent as soon as they are proposed, not on this period.
     raft_heartbeat_ms: float = 50.0
     raft_election_timeout_ms: tuple[float, float] = (300.0, 600.0)  # raft.election.timeout.ms
+    # broker.heartbeat.interval.ms: how often a partition-log node heartbeats
+    # to shard 0's leader (KRaft's broker heartbeat; docs/replication.md).
+    broker_heartbeat_interval_ms: int = 500
+    # broker.session.timeout.ms: a partition-log node not heard from for this
+    # long is fenced: it leaves every ISR and leads nothing until it
+    # heartbeats again. (Kafka's is 9 s; the failover of a partition waits
+    # for it, so it is shorter here.)
+    broker_session_timeout_ms: int = 3_000
     # Partition-log nodes (docs/partition-log.md).
     log_segment_bytes: int = 64 << 20  # log.segment.bytes
     log_index_interval_bytes: int = 4096  # log.index.interval.bytes
@@ -197,6 +205,8 @@ _SETTING_NAMES = {
     "raft.tick.ms": "raft_tick_ms",
     "raft.heartbeat.ms": "raft_heartbeat_ms",
     "raft.election.timeout.ms": "raft_election_timeout_ms",
+    "broker.heartbeat.interval.ms": "broker_heartbeat_interval_ms",
+    "broker.session.timeout.ms": "broker_session_timeout_ms",
     "log.segment.bytes": "log_segment_bytes",
     "log.index.interval.bytes": "log_index_interval_bytes",
     "log.flush.policy": "log_flush_policy",
@@ -725,6 +735,8 @@ def _settings(raw: Any) -> Settings:
         raise ConfigError("socket.request.max.bytes must fit in 32 bits")
     if settings.leader_imbalance_per_broker_percentage > 100:
         raise ConfigError("leader.imbalance.per.broker.percentage must be in 1..100")
+    if settings.broker_heartbeat_interval_ms >= settings.broker_session_timeout_ms:
+        raise ConfigError("broker.heartbeat.interval.ms must be below broker.session.timeout.ms")
     if settings.group_min_session_timeout_ms > settings.group_max_session_timeout_ms:
         raise ConfigError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
     if (

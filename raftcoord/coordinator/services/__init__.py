@@ -11,7 +11,8 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
 ``groups``         TxnOffsetCommit, OffsetCommit, OffsetFetch,
                    WriteTxnMarkers (group markers); JoinGroup,
                    SyncGroup, Heartbeat, LeaveGroup, DescribeGroups
-``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets
+``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets,
+                   NodeHeartbeat
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
 ``acls``           CreateAcls, DescribeAcls, DeleteAcls
 ``users``          AlterUserScramCredentials, DescribeUserScramCredentials
@@ -24,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from raftcoord.coordinator.controller import NodeLeases
 from raftcoord.coordinator.markers import MarkerWriters
 from raftcoord.coordinator.services.acls import AclRPCs
 from raftcoord.coordinator.services.admin import AdminService, TransactionQueries
@@ -48,10 +50,11 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
         config: ClusterConfig,
         node_id: int,
         markers: MarkerWriters,
+        leases: NodeLeases,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         router = ShardRouter(shards, config, node_id, credentials)
-        self.topics = TopicRPCs(router)
+        self.topics = TopicRPCs(router, leases)
         self.transactions = TransactionRPCs(router, self.topics)
         self.groups = GroupRPCs(router)
         self.queries = TransactionQueries(router, markers)
@@ -124,6 +127,9 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def ReserveOffsets(self, request: Any, context: Any) -> Any:
         return self.topics.ReserveOffsets(request, context)
+
+    def NodeHeartbeat(self, request: Any, context: Any) -> Any:
+        return self.topics.NodeHeartbeat(request, context)
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
         return self.topics.CreateTopics(request, context)

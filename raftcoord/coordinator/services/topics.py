@@ -1,7 +1,7 @@
 """Topic RPCs of TransactionCoordinator: Metadata and CreateTopics, the
-partition-log nodes' RegisterDirectory and ReserveOffsets, and the topic
-lookups the transaction RPCs need. Topics, directories and offset ceilings
-live in shard 0."""
+partition-log nodes' RegisterDirectory, ReserveOffsets and NodeHeartbeat,
+and the topic lookups the transaction RPCs need. Topics, directories,
+offset ceilings and fenced nodes live in shard 0."""
 
 from __future__ import annotations
 
@@ -18,13 +18,16 @@ from fsm import (
     Outcome,
     RegisterDirectory,
     ReserveOffsets,
+    UnfenceNode,
 )
 from fsm.metadata import TopicPartition
 from fsm.partitions import (
+    NO_LEADER,
     PartitionRegistration,
     TopicRegistration,
     assign_replicas,
 )
+from raftcoord.coordinator.controller import NodeLeases
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
@@ -35,8 +38,9 @@ from raftcoord.protocol.wire import acl_to_proto, wire_error
 
 
 class TopicRPCs:
-    def __init__(self, router: ShardRouter) -> None:
+    def __init__(self, router: ShardRouter, leases: NodeLeases) -> None:
         self.router = router
+        self.leases = leases
 
     def local_topics(self) -> dict[str, TopicRegistration]:
         """Topic placement in this node's replica of shard 0 (it may lag)."""
@@ -312,6 +316,38 @@ class TopicRPCs:
             ]
         )
 
+    def NodeHeartbeat(self, request: Any, context: Any) -> Any:
+        """Renew a partition-log node's lease with shard 0's leader (another
+        node forwards to it); a fenced node is unfenced, answered once that
+        applied. Only the directory on record holds a lease."""
+        early = self._node_request(context, "NodeHeartbeat", request)
+        if early is not None:
+            return early
+        node_id = request.node_id
+        on_record, fenced = self.router.shards.query(
+            METADATA_SHARD,
+            lambda machine: (
+                machine.state.directories.get(node_id),
+                node_id in machine.state.fenced_nodes,
+            ),
+        )
+        if on_record != request.directory_id:
+            return coordinator_pb2.NodeHeartbeatResponse(
+                error_code=wire_error(ErrorCode.KAFKA_STORAGE_ERROR),
+                error_message=f"directory {request.directory_id} of partition-log node "
+                f"{node_id} is not the one on record ({on_record or 'none'})",
+            )
+        self.leases.heard(node_id)
+        if fenced:
+            outcome = self.router.run(
+                METADATA_SHARD, lambda stamp: UnfenceNode(node_id, stamp.now_ms)
+            )
+            if not outcome.ok:
+                return coordinator_pb2.NodeHeartbeatResponse(
+                    error_code=wire_error(outcome.error), error_message=outcome.message
+                )
+        return coordinator_pb2.NodeHeartbeatResponse(was_fenced=fenced)
+
     def _node_request(self, context: Any, method: str, request: Any) -> Any | None:
         """The answer to a partition-log node's ``method`` request that this
         node does not handle itself, or None: a caller that is not that node
@@ -370,7 +406,9 @@ def _topic_metadata(name: str, registered: TopicRegistration | None) -> Any:
             coordinator_pb2.PartitionMetadata(
                 partition=i,
                 node_id=p.leader,
-                error_code=wire_error(ErrorCode.NONE),
+                error_code=wire_error(
+                    ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else ErrorCode.NONE
+                ),
                 replicas=p.replicas,
                 isr=p.isr,
                 leader_epoch=p.leader_epoch,

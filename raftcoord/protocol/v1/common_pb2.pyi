@@ -14,6 +14,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OFFSET_OUT_OF_RANGE: _ClassVar[ErrorCode]
     CORRUPT_MESSAGE: _ClassVar[ErrorCode]
     UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
+    LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
     NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
     REQUEST_TIMED_OUT: _ClassVar[ErrorCode]
     MESSAGE_TOO_LARGE: _ClassVar[ErrorCode]
@@ -88,6 +89,7 @@ UNKNOWN_SERVER_ERROR: ErrorCode
 OFFSET_OUT_OF_RANGE: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
 UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
+LEADER_NOT_AVAILABLE: ErrorCode
 NOT_LEADER_OR_FOLLOWER: ErrorCode
 REQUEST_TIMED_OUT: ErrorCode
 MESSAGE_TOO_LARGE: ErrorCode

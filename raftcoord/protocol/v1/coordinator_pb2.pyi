@@ -680,6 +680,24 @@ class RegisterDirectoryResponse(_message.Message):
     registered_directory_id: str
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., registered_directory_id: _Optional[str] = ...) -> None: ...
 
+class NodeHeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "directory_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    directory_id: str
+    def __init__(self, node_id: _Optional[int] = ..., directory_id: _Optional[str] = ...) -> None: ...
+
+class NodeHeartbeatResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "was_fenced")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    WAS_FENCED_FIELD_NUMBER: _ClassVar[int]
+    error_code: _common_pb2.ErrorCode
+    error_message: str
+    was_fenced: bool
+    def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., was_fenced: _Optional[bool] = ...) -> None: ...
+
 class PartitionCeiling(_message.Message):
     __slots__ = ("topic", "partition", "ceiling")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -136,6 +136,11 @@ class TransactionCoordinatorStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.FromString,
                 _registered_method=True)
+        self.NodeHeartbeat = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/NodeHeartbeat',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatResponse.FromString,
+                _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/CreateAcls',
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsRequest.SerializeToString,
@@ -318,6 +323,17 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NodeHeartbeat(self, request, context):
+        """A partition-log node's heartbeat (KRaft's BrokerHeartbeat), sent every
+        broker.heartbeat.interval.ms: it holds the node's lease with shard 0's
+        leader. A node not heard from for broker.session.timeout.ms is fenced
+        (it leaves every ISR and leads nothing); its next heartbeat unfences it.
+        Only from the directory on record (KAFKA_STORAGE_ERROR otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateAcls(self, request, context):
         """Adds access-control bindings (shard 0; needs ALTER on the cluster).
         SECURITY_DISABLED on a cluster without [tls].
@@ -460,6 +476,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.ReserveOffsets,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.SerializeToString,
+            ),
+            'NodeHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeHeartbeat,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
@@ -1028,6 +1049,33 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/ReserveOffsets',
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ReserveOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/NodeHeartbeat',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,140 @@
+"""Partition-log nodes' leases on a real cluster (coordinator and
+partition-log processes on loopback): a node that stops heartbeating is
+fenced by shard 0's leader (its partitions have no leader, LEADER_NOT_AVAILABLE),
+and led by it again once it heartbeats, at a higher leader epoch; a new
+leader of shard 0 fences nobody for the heartbeats it did not hear."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.client.records import TopicDescription
+from raftcoord.cluster.launcher import LocalCluster
+from tests.local_cluster import running_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+TOPIC = "leased"
+SESSION_MS = 1_500
+SETTINGS = {"broker.heartbeat.interval.ms": 200, "broker.session.timeout.ms": SESSION_MS}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path / "cluster", settings=SETTINGS) as running:
+        with Admin(running.bootstrap()) as admin:
+            admin.create_topics({TOPIC: 3})
+        yield running
+
+
+def describe(cluster: LocalCluster) -> TopicDescription:
+    with Admin(cluster.bootstrap()) as admin:
+        return admin.describe_topics([TOPIC])[TOPIC]
+
+
+def wait_for(cluster: LocalCluster, condition: str, check: object) -> TopicDescription:
+    found: list[TopicDescription] = []
+
+    def met() -> bool:
+        found[:] = [describe(cluster)]
+        return bool(check(found[0]))  # type: ignore[operator]
+
+    cluster.wait_until(met, 30.0, f"the topic never had {condition}: {found}")
+    return found[0]
+
+
+def test_a_silent_node_is_fenced_and_leads_again_when_it_heartbeats(
+    cluster: LocalCluster,
+) -> None:
+    before = describe(cluster)
+    paused = before.partitions[0].leader
+    its = [p.partition for p in before.partitions if p.leader == paused]
+    others = {p.partition: p for p in before.partitions if p.leader != paused}
+    cluster.kill(paused, "STOP")
+    try:
+        fenced = wait_for(
+            cluster,
+            f"node {paused}'s partitions without a leader",
+            lambda t: all(t.partitions[i].leader == -1 for i in its),
+        )
+    finally:
+        cluster.kill(paused, "CONT")
+    for i in its:
+        p = fenced.partitions[i]
+        assert p.isr == p.replicas == (paused,)  # the ISR keeps its last member
+        assert p.leader_epoch == 1
+    for i, p in others.items():
+        assert fenced.partitions[i] == p  # the other nodes' partitions did not move
+    back = wait_for(
+        cluster,
+        f"node {paused} leading again",
+        lambda t: all(t.partitions[i].leader == paused for i in its),
+    )
+    assert all(back.partitions[i].leader_epoch == 2 for i in its)
+    # The node serves its partitions again: a transaction across every
+    # partition commits and is read back.
+    with TransactionalProducer(cluster.bootstrap(), "after-fence") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(3):
+            producer.send(TOPIC, f"v{i}".encode(), partition=i)
+        producer.commit_transaction()
+    consumer = Consumer(cluster.bootstrap(), isolation_level="read_committed")
+    try:
+        consumer.assign([TopicPartition(TOPIC, i) for i in range(3)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(values) < 3 and time.monotonic() < deadline:
+            values += [r.value for r in consumer.poll(timeout_ms=500) if r.value is not None]
+        assert sorted(values) == [b"v0", b"v1", b"v2"]
+    finally:
+        consumer.close()
+    logs = cluster.data_dir.glob("*.log")
+    assert any("event=partition_node_fenced" in path.read_text() for path in logs)
+
+
+def test_the_cli_lists_the_partitions_without_a_leader(cluster: LocalCluster) -> None:
+    paused = describe(cluster).partitions[1].leader
+    cluster.kill(paused, "STOP")
+    try:
+        wait_for(cluster, "a partition without a leader", lambda t: t.partitions[1].leader == -1)
+        command = [sys.executable, "-m", "raftcoord.cli", "topic", "describe", "--json"]
+        command += ["--unavailable-partitions", "--cluster-dir", str(cluster.data_dir)]
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        cluster.kill(paused, "CONT")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert {r["partition"] for r in rows} >= {1}
+    assert all(r["leader"] == -1 and r["isr"] == [paused] for r in rows)
+
+
+def test_a_new_leader_of_shard_0_fences_nobody_it_did_not_hear(cluster: LocalCluster) -> None:
+    before = describe(cluster)
+    shard0 = cluster.leaders()[0]
+    cluster.kill(shard0, "KILL")
+    try:
+        cluster.wait_until(
+            lambda: cluster.leaders().get(0) not in (None, shard0),
+            30.0,
+            "shard 0 elected no new leader",
+        )
+        # Longer than a session: had the new leader counted the leases from
+        # before its leadership, every node would be fenced by now.
+        time.sleep(2 * SESSION_MS / 1000)
+        assert describe(cluster) == before
+    finally:
+        cluster.start(shard0)
