@@ -71,8 +71,12 @@ class Leadership(NamedTuple):
 class Placement:
     """Where a topic-partition lives, as this node knows it."""
 
-    error: ErrorCode  # NONE (owned here), NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION
+    #: NONE (led here), NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
+    #: FENCED_LEADER_EPOCH or UNKNOWN_LEADER_EPOCH.
+    error: ErrorCode
     message: str = ""
+    #: The leader epoch this node leads at (when ``error`` is NONE).
+    leader_epoch: int = -1
 
 
 class ClusterView:
@@ -302,10 +306,12 @@ class ClusterView:
                 if p.leader == self.node_id
             ]
 
-    def locate(self, topic: str, partition: int) -> Placement:
-        """Whether this node owns ``topic``/``partition``; refreshes once on a miss."""
-        placement = self._locate(topic, partition)
-        if placement.error is ErrorCode.NONE:
+    def locate(self, topic: str, partition: int, leader_epoch: int | None = None) -> Placement:
+        """Whether this node leads ``topic``/``partition``, for a request that
+        names ``leader_epoch`` (None: any); refreshes once on a miss, or when
+        the request names a newer leader epoch than this node knows."""
+        placement = self._locate(topic, partition, leader_epoch)
+        if placement.error not in _REFRESH_ON:
             return placement
         now = time.monotonic()
         with self._lock:
@@ -315,10 +321,10 @@ class ClusterView:
                     self._missed.clear()
                 self._missed[topic] = now
         if stale and self.refresh(wanted=topic):
-            placement = self._locate(topic, partition)
+            placement = self._locate(topic, partition, leader_epoch)
         return placement
 
-    def _locate(self, topic: str, partition: int) -> Placement:
+    def _locate(self, topic: str, partition: int, leader_epoch: int | None = None) -> Placement:
         with self._lock:
             partitions = self._topics.get(topic)
         if partitions is None:
@@ -335,7 +341,18 @@ class ClusterView:
                 ErrorCode.NOT_LEADER_OR_FOLLOWER,
                 f"{topic}-{partition} is {led} (leader epoch {epoch})",
             )
-        return Placement(ErrorCode.NONE)
+        if leader_epoch is not None and leader_epoch < epoch:
+            return Placement(
+                ErrorCode.FENCED_LEADER_EPOCH,
+                f"{topic}-{partition} is at leader epoch {epoch}, not {leader_epoch}",
+            )
+        if leader_epoch is not None and leader_epoch > epoch:
+            return Placement(
+                ErrorCode.UNKNOWN_LEADER_EPOCH,
+                f"partition-log node {self.node_id} knows {topic}-{partition} at leader "
+                f"epoch {epoch}, not yet {leader_epoch}; retry",
+            )
+        return Placement(ErrorCode.NONE, leader_epoch=epoch)
 
 
 def _newer(
@@ -410,6 +427,15 @@ def owed_marker(
 _COMPLETED = (
     common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
     common_pb2.TRANSACTION_STATE_COMPLETE_ABORT,
+)
+
+#: Placements that a refresh of the metadata may change.
+_REFRESH_ON = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
 )
 
 #: Answers that send a request about shard 0's records to another coordinator.

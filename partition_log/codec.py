@@ -105,6 +105,8 @@ _TXN_NUMBER = struct.Struct(">q")
 _ABORT, _COMMIT = 0, 1
 
 _BASE_OFFSET = struct.Struct(">q")
+_LEADER_EPOCH = struct.Struct(">i")
+_LEADER_EPOCH_AT = 12
 _CRC = struct.Struct(">I")
 
 
@@ -157,6 +159,8 @@ class BatchHeader:
     is_transactional: bool
     is_control: bool
     record_count: int
+    #: The leader epoch of the leader that appended the batch.
+    partition_leader_epoch: int = 0
 
     @property
     def last_offset(self) -> int:
@@ -306,6 +310,11 @@ def set_base_offset(batch: bytearray, base_offset: int) -> None:
     _BASE_OFFSET.pack_into(batch, 0, base_offset)
 
 
+def set_partition_leader_epoch(batch: bytearray, leader_epoch: int) -> None:
+    """Stamp ``leader_epoch`` into ``batch`` in place (it is outside the CRC)."""
+    _LEADER_EPOCH.pack_into(batch, _LEADER_EPOCH_AT, leader_epoch)
+
+
 def parse_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     """Read the header of the batch that starts at ``buf[pos]``.
 
@@ -322,7 +331,7 @@ def parse_header(buf: Buffer, pos: int = 0) -> BatchHeader:
     (
         base_offset,
         length,
-        _leader_epoch,
+        leader_epoch,
         magic,
         _crc,
         attributes,
@@ -356,6 +365,7 @@ def parse_header(buf: Buffer, pos: int = 0) -> BatchHeader:
         is_transactional=bool(attributes & _TRANSACTIONAL),
         is_control=bool(attributes & _CONTROL),
         record_count=record_count,
+        partition_leader_epoch=leader_epoch,
     )
 
 

@@ -235,6 +235,9 @@ class PartitionLogStore:
         self.headers_scanned = 0
         """Batch headers parsed so far (recovery, reads, :meth:`batches`); for tests and
         diagnostics."""
+        self.latest_leader_epoch = 0
+        """The partition leader epoch of the log's last batch (0 for an empty log),
+        found by recovery and kept by :meth:`append`."""
         self._segments: list[_Segment] = []
         self._bases: list[int] = []
         self._dirty = False
@@ -310,6 +313,7 @@ class PartitionLogStore:
         self._write_log(active, batch)
         active.size += len(batch)
         active.next_offset = base_offset + header.last_offset_delta + 1
+        self.latest_leader_epoch = header.partition_leader_epoch
         self._dirty = True
         try:
             if position - active.last_indexed_position >= self.index_interval_bytes:
@@ -962,6 +966,9 @@ class PartitionLogStore:
                 offsets.append(header.base_offset)
                 positions.append(pos)
                 last_indexed = pos
+            # Segments are recovered in order, each scanned to its end: the last
+            # batch accepted is the log's last.
+            self.latest_leader_epoch = header.partition_leader_epoch
             batches += 1
             expected = header.next_offset
             pos += header.size

@@ -191,11 +191,15 @@ class PartitionNode:
             on_reservation_due=self._reservation_due.set,
         )
 
-    def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
+    def lookup(
+        self, topic: str, index: int, leader_epoch: int | None = None
+    ) -> Partition | tuple[ErrorCode, str]:
         """The partition if this node leads it, else the error code and message.
         Nothing is served before the coordinators confirmed the data
         directory, nor while the coordinators record another leader or none
-        (this node was fenced: its lease expired)."""
+        (this node was fenced: its lease expired). A request naming the
+        ``leader_epoch`` it knows the partition by is refused when that is
+        not the current one (FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH)."""
         if self.directory_state is DirectoryState.REPLACED:
             return ErrorCode.KAFKA_STORAGE_ERROR, self._replaced_message()
         if self.directory_state is DirectoryState.REGISTERING:
@@ -205,11 +209,12 @@ class PartitionNode:
                 f"partition-log node {self.node_id} has not registered its data directory "
                 "with the coordinators yet; retry",
             )
-        placement = self.view.locate(topic, index)
+        placement = self.view.locate(topic, index, leader_epoch)
         if placement.error is not ErrorCode.NONE:
             return placement.error, placement.message
         partition = self.partitions.get((topic, index))
         if partition is not None:
+            partition.lead(placement.leader_epoch)
             return partition
         opened = self._open(topic, index)
         if opened is None:
@@ -218,6 +223,7 @@ class PartitionNode:
                 f"partition {topic}-{index} is damaged on this node: "
                 f"{self.damaged[(topic, index)]}",
             )
+        opened.lead(placement.leader_epoch)
         if opened.ceiling is None:  # new here: its first offsets are reserved now
             self.reserve_due()
         return opened
@@ -361,6 +367,8 @@ class PartitionNode:
         if described is None:
             return  # a coordinator did not answer: the next round asks again
         for partition, txns in open_txns.items():
+            if self.lookup(partition.topic, partition.index) is not partition:
+                continue  # not led here (now): its leader settles it
             for txn in txns:
                 owed = owed_marker(txn.producer_id, txn.producer_epoch, txn.marker_txn, described)
                 if owed is None or owed.epoch > KAFKA_MAX_PRODUCER_EPOCH:

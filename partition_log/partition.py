@@ -126,6 +126,11 @@ class Partition:
         for header, body in self.store.batches(start):
             self._replay(header, body)
         self.states.trim(self.store.log_start_offset)
+        #: The leader epoch this node leads the partition at: stamped into
+        #: every batch it appends. It only grows: it starts at the log's last
+        #: batch's, and the node raises it to the one the coordinators
+        #: record (:meth:`lead`).
+        self.leader_epoch = self.store.latest_leader_epoch
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
         recovered = self.store.recovered
@@ -282,6 +287,12 @@ class Partition:
 
     # --- writes --------------------------------------------------------------------
 
+    def lead(self, leader_epoch: int) -> None:
+        """This node leads the partition at ``leader_epoch`` (epochs only grow)."""
+        if leader_epoch > self.leader_epoch:
+            with self.lock:
+                self.leader_epoch = max(self.leader_epoch, leader_epoch)
+
     def check(self, spec: BatchSpec) -> AppendCheck:
         """What :meth:`append` would decide now, without appending."""
         with self.lock:
@@ -390,10 +401,12 @@ class Partition:
             return ErrorCode.NONE, ""
 
     def _append(self, batch: bytearray) -> int:
-        """Append to the store; when that rolled a new segment, snapshot the state as of
+        """Append to the store, stamped with the leader epoch; when that rolled
+        a new segment, snapshot the state as of
         the new segment's base offset (the batch is not in the state yet), as Kafka does
         at every roll."""
         active = self.store.active_base_offset
+        codec.set_partition_leader_epoch(batch, self.leader_epoch)
         base = self.store.append(batch)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)

@@ -45,8 +45,6 @@ _MAGIC = 2
 #: A v2 batch's records start after its 61-byte header.
 _RECORDS_AT = codec.HEADER_SIZE
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_LEADER_EPOCH = struct.Struct(">i")
-_LEADER_EPOCH_AT = 12
 
 
 class BatchTooLarge(InvalidBatch):
@@ -56,9 +54,8 @@ class BatchTooLarge(InvalidBatch):
 
 
 def accept_produced(data: bytes, max_records: int, max_bytes: int) -> bytearray:
-    """The batch to append for the produced bytes ``data``: its partition
-    leader epoch 0 as in every batch the logs write (there is one leader,
-    outside the CRC like the base offset, which the log stamps).
+    """The batch to append for the produced bytes ``data`` (the partition
+    stamps its leader epoch and the log its base offset, both outside the CRC).
 
     Raises:
         CorruptBatch: shorter than a header or than its length field, or a
@@ -91,7 +88,6 @@ def accept_produced(data: bytes, max_records: int, max_bytes: int) -> bytearray:
         if len(data) > max_bytes:
             raise BatchTooLarge(f"batch of {len(data)} bytes exceeds {max_bytes}")
         batch = bytearray(data)
-        _LEADER_EPOCH.pack_into(batch, _LEADER_EPOCH_AT, 0)
         codec.read_batch(batch)
         return batch
     if decompressed_size(data, max_bytes) > max_bytes:

@@ -40,8 +40,11 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: Fetch limits when the request leaves them 0.
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
-#: A partition lookup: the partition, or the error code and message.
-Lookup = Callable[[str, int], "Partition | tuple[ErrorCode, str]"]
+
+
+#: A partition lookup: the partition this node leads, or the error code and
+#: message; with a leader epoch (not None), refused unless it is the current one.
+Lookup = Callable[[str, int, "int | None"], "Partition | tuple[ErrorCode, str]"]
 
 
 @dataclass
@@ -198,7 +201,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     ) -> _Pending | tuple[ErrorCode, str]:
         if duplicate:
             return ErrorCode.INVALID_REQUEST, "the partition appears twice in the request"
-        found = lookup(entry.topic, entry.partition)
+        found = lookup(entry.topic, entry.partition, _leader_epoch(entry))
         if isinstance(found, tuple):
             return found
         built = self._raw_batch(entry) if entry.raw_batch else self._record_batch(entry.batch)
@@ -361,7 +364,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                 log_start_offset=-1,
             )
             answers.append(answer)
-            found = lookup(entry.topic, entry.partition)
+            found = lookup(entry.topic, entry.partition, _leader_epoch(entry))
             if isinstance(found, tuple):
                 answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                 failed = True
@@ -423,7 +426,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                 topic=entry.topic, partition=entry.partition, offset=-1
             )
             answers.append(answer)
-            found = lookup(entry.topic, entry.partition)
+            found = lookup(entry.topic, entry.partition, _leader_epoch(entry))
             if isinstance(found, tuple):
                 answer.error_code, answer.error_message = wire_error(found[0]), found[1]
                 continue
@@ -482,7 +485,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                             f"{marker.coordinator_epoch}: it is above the shard's leader epoch"
                         )
                         continue
-                    found = self.lookup(topic.topic, index)
+                    found = self.lookup(topic.topic, index, None)
                     if isinstance(found, tuple):
                         result.error_code, result.error_message = wire_error(found[0]), found[1]
                         continue
@@ -567,11 +570,18 @@ class _AuthorizedLookup:
             )
         return self._decided[topic]
 
-    def __call__(self, topic: str, partition: int) -> Partition | tuple[ErrorCode, str]:
+    def __call__(
+        self, topic: str, partition: int, leader_epoch: int | None = None
+    ) -> Partition | tuple[ErrorCode, str]:
         refused = self.refusal(topic)
         if refused is not None:
             return ErrorCode.TOPIC_AUTHORIZATION_FAILED, refused
-        return self._service.lookup(topic, partition)
+        return self._service.lookup(topic, partition, leader_epoch)
+
+
+def _leader_epoch(entry: Any) -> int | None:
+    """The leader epoch a request's partition entry names, None when unset."""
+    return entry.current_leader_epoch if entry.HasField("current_leader_epoch") else None
 
 
 def _fetch_problem(request: Any) -> str | None:

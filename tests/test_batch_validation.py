@@ -278,7 +278,9 @@ def test_an_unreadable_stored_batch_fails_only_fetches_that_start_at_it(
 def service_over(*partitions: Partition) -> PartitionLogService:
     by_topic = {p.topic: p for p in partitions}
     return PartitionLogService(
-        lambda topic, i: by_topic.get(topic) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no"),
+        lambda topic, i, _epoch: (
+            by_topic.get(topic) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no")
+        ),
         None,  # type: ignore[arg-type]  # no transactional batches here
         1 << 20,
     )

@@ -144,7 +144,9 @@ class Node:
             verify_transactions=verify,
         )
 
-    def lookup(self, topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
+    def lookup(
+        self, topic: str, index: int, leader_epoch: int | None = None
+    ) -> Partition | tuple[ErrorCode, str]:
         if (topic, index) == TP:
             return self.partition
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no such partition"

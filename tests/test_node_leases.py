@@ -1,8 +1,10 @@
-"""Partition-log nodes' leases on a real cluster (coordinator and
-partition-log processes on loopback): a node that stops heartbeating is
-fenced by shard 0's leader (its partitions have no leader, LEADER_NOT_AVAILABLE),
-and led by it again once it heartbeats, at a higher leader epoch; a new
-leader of shard 0 fences nobody for the heartbeats it did not hear."""
+"""Partition-log nodes' leases and leader epochs on a real cluster
+(coordinator and partition-log processes on loopback): a node that stops
+heartbeating is fenced by shard 0's leader (its partitions have no leader,
+LEADER_NOT_AVAILABLE), and led by it again once it heartbeats, at a higher
+leader epoch, which the batches it appends then carry and requests must
+name; a new leader of shard 0 fences nobody for the heartbeats it did not
+hear."""
 
 from __future__ import annotations
 
@@ -15,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from partition_log import codec
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
 from raftcoord.client.records import TopicDescription
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.v1 import partition_log_pb2
+from tests import plog_client
 from tests.local_cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -99,6 +105,44 @@ def test_a_silent_node_is_fenced_and_leads_again_when_it_heartbeats(
         consumer.close()
     logs = cluster.data_dir.glob("*.log")
     assert any("event=partition_node_fenced" in path.read_text() for path in logs)
+    # What the node appended since it leads again carries the new leader
+    # epoch; a request naming another epoch is refused.
+    node = plog_client.stub(cluster.state.node(paused).grpc)  # type: ignore[union-attr]
+    i = its[0]
+    answer = node.Fetch(
+        partition_log_pb2.FetchRequest(
+            raw=True,
+            partitions=[partition_log_pb2.FetchPartition(topic=TOPIC, partition=i)],
+        ),
+        timeout=10,
+    ).partitions[0]
+    data, epochs = answer.raw_batches, []
+    while data:
+        header = codec.parse_header(data)
+        epochs.append(header.partition_leader_epoch)
+        data = data[header.size :]
+    assert epochs == [2, 2]  # the transaction's record and its COMMIT marker
+    for epoch, code in [
+        (1, ErrorCode.FENCED_LEADER_EPOCH),
+        (3, ErrorCode.UNKNOWN_LEADER_EPOCH),
+        (2, ErrorCode.NONE),
+    ]:
+        produced = node.Produce(
+            partition_log_pb2.ProduceRequest(
+                partitions=[
+                    partition_log_pb2.PartitionProduceData(
+                        topic=TOPIC,
+                        partition=i,
+                        batch=partition_log_pb2.RecordBatch(
+                            producer_id=-1, records=plog_client.records(b"x")
+                        ),
+                        current_leader_epoch=epoch,
+                    )
+                ]
+            ),
+            timeout=10,
+        ).partitions[0]
+        assert produced.error_code == code, (epoch, produced)
 
 
 def test_the_cli_lists_the_partitions_without_a_leader(cluster: LocalCluster) -> None:

@@ -50,7 +50,9 @@ def node(tmp_path: Path) -> Iterator[tuple[Partition, LogChanges]]:
 
 
 def service_for(part: Partition, changes: LogChanges, parking: int = 4) -> PartitionLogService:
-    def lookup(topic: str, index: int) -> Partition | tuple[ErrorCode, str]:
+    def lookup(
+        topic: str, index: int, leader_epoch: int | None = None
+    ) -> Partition | tuple[ErrorCode, str]:
         if (topic, index) == ("t", 0):
             return part
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "unknown"

@@ -43,6 +43,7 @@ from partition_log.codec import (
     read_batch,
     read_marker,
     set_base_offset,
+    set_partition_leader_epoch,
 )
 from partition_log.log import (
     CorruptLog,
@@ -1088,3 +1089,34 @@ def test_a_jump_between_segments_that_no_record_explains_is_damage(tmp_path: Pat
     gaps.unlink()
     with pytest.raises(CorruptLog, match="does not follow"):
         PartitionLogStore(tmp_path / "p")
+
+
+# -- leader epochs --------------------------------------------------------------------------------
+
+
+def test_the_latest_leader_epoch_survives_a_restart_and_a_torn_tail(tmp_path: Path) -> None:
+    """The store knows the partition leader epoch of its last batch: after
+    appends, after recovery over closed segments and an empty active one, and
+    after recovery cut a torn batch (whose epoch is then not the log's)."""
+
+    def at_epoch(epoch: int, label: str) -> bytearray:
+        batch = data_batch(label, pad=300)
+        set_partition_leader_epoch(batch, epoch)
+        return batch
+
+    path = tmp_path / "p"
+    with PartitionLogStore(path, segment_bytes=1024, fsync=FsyncPolicy.NEVER) as store:
+        assert store.latest_leader_epoch == 0
+        for i, epoch in enumerate((0, 0, 2, 2, 5, 6)):  # two batches per segment
+            store.append(at_epoch(epoch, f"e{i}"))
+        assert store.latest_leader_epoch == 6
+    with PartitionLogStore(path, segment_bytes=1024, fsync=FsyncPolicy.NEVER) as store:
+        assert store.latest_leader_epoch == 6
+        store.append(at_epoch(7, "last"))  # rolls: the active segment holds only it
+        assert store.segment_base_offsets == (0, 2, 4, 6)
+    active = segment_files(path, ".log")[-1]
+    with active.open("r+b") as f:  # tear it: recovery cuts it, the active segment is empty
+        f.truncate(active.stat().st_size - 10)
+    with PartitionLogStore(path, segment_bytes=1024, fsync=FsyncPolicy.NEVER) as store:
+        assert store.log_end_offset == 6
+        assert store.latest_leader_epoch == 6

@@ -195,7 +195,9 @@ def test_produce_asks_once_per_request_and_caches_the_answer(tmp_path: Path) -> 
     parts = {("t", i): open_partition(tmp_path / f"t-{i}") for i in range(3)}
     adder = CountingAdder({("t", 0), ("t", 1)})
     service = PartitionLogService(
-        lambda topic, i: parts.get((topic, i)) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no"),
+        lambda topic, i, _epoch: (
+            parts.get((topic, i)) or (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no")
+        ),
         adder,  # type: ignore[arg-type]
         1 << 20,
     )
@@ -229,7 +231,7 @@ def test_the_flush_partitions_a_produce_names_go_with_its_add_bounded(tmp_path: 
     part = open_partition(tmp_path / "t-0")
     adder = CountingAdder({("t", 0)})
     service = PartitionLogService(
-        lambda topic, i: (
+        lambda topic, i, _epoch: (
             part if (topic, i) == ("t", 0) else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no")
         ),
         adder,  # type: ignore[arg-type]
@@ -296,7 +298,7 @@ def raw_fetch(service: PartitionLogService, committed: bool, offset: int = 0) ->
 
 def test_raw_batches_in_and_out_with_the_aborted_transactions(partition: Partition) -> None:
     service = PartitionLogService(
-        lambda topic, i: partition if (topic, i) == ("t", 0) else (ErrorCode.NONE, ""),
+        lambda topic, i, _epoch: partition if (topic, i) == ("t", 0) else (ErrorCode.NONE, ""),
         CountingAdder({("t", 0)}),  # type: ignore[arg-type]
         1 << 20,
     )
@@ -372,3 +374,33 @@ def read_raw(data: bytes) -> list[Any]:
         assert batch.validate_crc()
         batches.append(batch)
     return batches
+
+
+def _leader_epochs(part: Partition) -> list[tuple[int, int]]:
+    """(base offset, partition leader epoch) of every batch in the log."""
+    return [(h.base_offset, h.partition_leader_epoch) for h, _ in part.store.batches(0)]
+
+
+def test_every_batch_carries_the_leader_epoch_it_was_appended_at(tmp_path: Path) -> None:
+    part = open_partition(tmp_path / "t-0")
+    try:
+        send(part, 1, 0, b"a", txn=False)
+        part.lead(3)
+        send(part, 1, 1, b"b", txn=False)
+        part.lead(2)  # an older epoch never lowers it
+        send(part, 1, 2, b"c", txn=True)
+        part.lead(4)
+        assert part.write_marker(1, 1, 1, True, 5) == (ErrorCode.NONE, "")
+        assert _leader_epochs(part) == [(0, 0), (1, 3), (2, 3), (3, 4)]
+    finally:
+        part.close()
+    # Opened again (after a clean close: nothing replayed), it starts at the
+    # epoch of its last batch, not below.
+    again = open_partition(tmp_path / "t-0")
+    try:
+        assert again.leader_epoch == 4
+        again.lead(1)
+        send(again, 2, 0, b"d", txn=False)
+        assert _leader_epochs(again)[-1] == (4, 4)
+    finally:
+        again.close()

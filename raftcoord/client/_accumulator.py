@@ -27,7 +27,7 @@ from enum import Enum
 
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import Headers, RecordMetadata, TopicPartition
-from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.errors import STALE_METADATA, ErrorCode
 from raftcoord.protocol.limits import MAX_SEQUENCE
 
 __all__ = [
@@ -383,7 +383,7 @@ def produce_action(code: int | None, transactional: bool) -> ProduceAction:
         return ProduceAction.COMPLETE
     if code is None or code in _RETRIABLE_PRODUCE:
         return ProduceAction.RETRY
-    if code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
+    if code in STALE_METADATA:
         return ProduceAction.RETRY_REFRESH
     if transactional:
         return ProduceAction.FATAL if code in _FATAL_TRANSACTIONAL else ProduceAction.FAIL

@@ -375,6 +375,8 @@ class MetadataCache:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._topics: dict[str, list[int]] = {}
+        #: Topic -> each partition's leader epoch (None: not known).
+        self._leader_epochs: dict[str, list[int | None]] = {}
         #: Topics the last answer said do not exist.
         self._missing: set[str] = set()
         self._nodes: dict[int, str] = {}
@@ -405,15 +407,19 @@ class MetadataCache:
             for topic in answer.topics:
                 if topic.error_code == ErrorCode.NONE:
                     placement = [-1] * len(topic.partitions)
+                    epochs: list[int | None] = [None] * len(topic.partitions)
                     for p in topic.partitions:
                         if 0 <= p.partition < len(placement):
                             placement[p.partition] = (
                                 p.node_id if p.error_code == ErrorCode.NONE else -1
                             )
+                            epochs[p.partition] = p.leader_epoch
                     self._topics[topic.name] = placement
+                    self._leader_epochs[topic.name] = epochs
                     self._missing.discard(topic.name)
                 else:
                     self._topics.pop(topic.name, None)
+                    self._leader_epochs.pop(topic.name, None)
                     if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                         self._missing.add(topic.name)
             self._stale = False
@@ -518,6 +524,13 @@ class MetadataCache:
             if address is None:
                 self._stale = True
             return address
+
+    def leader_epoch(self, tp: TopicPartition) -> int | None:
+        """The leader epoch ``tp``'s leader leads at, as last refreshed
+        (requests name it; a node with another refuses them); None: unknown."""
+        with self._lock:
+            epochs = self._leader_epochs.get(tp.topic, ())
+            return epochs[tp.partition] if 0 <= tp.partition < len(epochs) else None
 
     def topics(self) -> dict[str, int]:
         """Known topic -> partition count."""

@@ -400,11 +400,12 @@ class Sender:
 
     def _send_produce(self, address: str, batches: list[ProducerBatch]) -> None:
         transactions = self.transactions
+        epoch = self.metadata.leader_epoch
         request = (
-            produce_request(batches, None)
+            produce_request(batches, None, leader_epoch=epoch)
             if transactions is None
             else produce_request(
-                batches, transactions.transactional_id, transactions.flush_partitions
+                batches, transactions.transactional_id, transactions.flush_partitions, epoch
             )
         )
         try:

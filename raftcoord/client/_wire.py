@@ -3,7 +3,7 @@ consumer and the admin client, and the producer's Produce request."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from raftcoord.client._accumulator import ProducerBatch
@@ -50,16 +50,19 @@ def produce_request(
     batches: list[ProducerBatch],
     transactional_id: str | None,
     flush_partitions: Sequence[TopicPartition] = (),
+    leader_epoch: Callable[[TopicPartition], int | None] = lambda tp: None,
 ) -> partition_log_pb2.ProduceRequest:
     """One Produce request carrying ``batches`` (numbered already), of a
     transactional producer when ``transactional_id`` is given, naming the
-    partitions its latest flush added to the transaction (``flush_partitions``)."""
+    partitions its latest flush added to the transaction (``flush_partitions``)
+    and each partition's ``leader_epoch`` where it is known."""
     request = partition_log_pb2.ProduceRequest(
         partitions=[
             partition_log_pb2.PartitionProduceData(
                 topic=b.tp.topic,
                 partition=b.tp.partition,
                 batch=_record_batch(b, transactional_id is not None),
+                current_leader_epoch=leader_epoch(b.tp),
             )
             for b in batches
         ]

@@ -46,7 +46,7 @@ from raftcoord.client.errors import (
 from raftcoord.client.records import ConsumerRecord, TopicPartition
 from raftcoord.protocol.backoff import Backoff
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.errors import STALE_METADATA, ErrorCode
 from raftcoord.protocol.limits import MAX_FETCH_WAIT_MS, id_error
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
@@ -62,10 +62,6 @@ _RESET = {
     "earliest": partition_log_pb2.OFFSET_SPEC_EARLIEST,
     "latest": partition_log_pb2.OFFSET_SPEC_LATEST,
 }
-#: Answers after which the partition's placement is fetched again.
-_STALE_METADATA = frozenset(
-    {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
-)
 #: A Fetch or ListOffsets attempt gets at least this long, even in poll(0).
 _MIN_ATTEMPT_S = 1.0
 
@@ -346,6 +342,7 @@ class Consumer:
                         partition=tp.partition,
                         fetch_offset=self._positions[tp],
                         partition_max_bytes=self._partition_max_bytes,
+                        current_leader_epoch=self._metadata.leader_epoch(tp),
                     )
                     for tp in tps
                 ],
@@ -378,7 +375,7 @@ class Consumer:
         position = self._positions.get(tp)
         if position is None:
             return []
-        if answer.error_code in _STALE_METADATA:
+        if answer.error_code in STALE_METADATA:
             self._metadata.request_update()
             return []
         if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and self.auto_offset_reset == "none":
@@ -463,6 +460,7 @@ class Consumer:
                             topic=tp.topic,
                             partition=tp.partition,
                             spec=spec,  # type: ignore[arg-type]
+                            current_leader_epoch=self._metadata.leader_epoch(tp),
                         )
                         for tp in node_tps
                     ],
@@ -484,7 +482,7 @@ class Consumer:
                     if not error.retriable:
                         raise error
                     last = error
-                    if answer.error_code in _STALE_METADATA:
+                    if answer.error_code in STALE_METADATA:
                         self._metadata.request_update()
             pending = [tp for tp in pending if tp not in found]
             if pending:

@@ -13,6 +13,7 @@ The tree mirrors the Kafka clients' exceptions::
     │   ├── NotLeaderOrFollowerError              6  refresh metadata, retry
     │   ├── LeaderNotAvailableError               5  refresh metadata, retry
     │   ├── FencedLeaderEpochError               74  refresh metadata, retry
+    │   ├── UnknownLeaderEpochError              76  retry
     │   ├── UnknownTopicOrPartitionError          3  refresh metadata, retry
     │   ├── UnstableOffsetCommitError            88  a transactional offset commit is pending
     │   ├── KafkaStorageError                    56  the partition's node lost its disk, retry
@@ -99,6 +100,7 @@ __all__ = [
     "TransactionCoordinatorFencedError",
     "TransactionalIdAuthorizationFailedError",
     "TransactionalIdNotFoundError",
+    "UnknownLeaderEpochError",
     "UnknownMemberIdError",
     "UnknownProducerIdError",
     "UnknownServerError",
@@ -417,6 +419,12 @@ class FencedLeaderEpochError(RetriableError):
     """The request names a leader epoch older than the partition's current one."""
 
     code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class UnknownLeaderEpochError(RetriableError):
+    """The request names a leader epoch newer than the node has learnt."""
+
+    code = ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
 class InvalidRequestError(KafkaError):

@@ -1259,6 +1259,7 @@ class Gateway:
                     partition=p.partition,
                     fetch_offset=p.fetch_offset,
                     partition_max_bytes=p.partition_max_bytes,
+                    current_leader_epoch=_current_leader_epoch(p),
                 ),
             )
             for topic in body.topics
@@ -1342,7 +1343,10 @@ class Gateway:
                         topic.name,
                         p.partition_index,
                         partition_log_pb2.ListOffsetsPartition(
-                            topic=topic.name, partition=p.partition_index, spec=spec
+                            topic=topic.name,
+                            partition=p.partition_index,
+                            spec=spec,
+                            current_leader_epoch=_current_leader_epoch(p),
                         ),
                     )
                 )
@@ -1388,6 +1392,14 @@ def kafka_state_name(state: int) -> str:
 def wire_isolation(level: int) -> common_pb2.IsolationLevel:
     """Kafka's isolation level (the same numbers) as the partition-log field."""
     return common_pb2.READ_COMMITTED if level == 1 else common_pb2.READ_UNCOMMITTED
+
+
+def _current_leader_epoch(partition: Any) -> int | None:
+    """The leader epoch a Fetch or ListOffsets partition names (KIP-320; the
+    versions that carry it), None when it names none (-1): the node refuses
+    an older one (FENCED_LEADER_EPOCH) or a newer one (UNKNOWN_LEADER_EPOCH)."""
+    epoch = getattr(partition, "current_leader_epoch", -1)
+    return int(epoch) if epoch >= 0 else None
 
 
 def _min_insync_replicas(configs: Iterable[Any]) -> int:

@@ -62,6 +62,7 @@ class ErrorCode(IntEnum):
     GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
     FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 76
     INVALID_RECORD = 87
     UNSTABLE_OFFSET_COMMIT = 88
     PRODUCER_FENCED = 90
@@ -70,6 +71,18 @@ class ErrorCode(IntEnum):
     TRANSACTION_ABORTABLE = 120
 
 
+#: Answers of a partition-log node about one partition that say the client's
+#: metadata is stale (the partition moved, or the leader changed): refresh
+#: it and retry.
+STALE_METADATA = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
+)
 #: Coordinator answers that mean "this node does not (or may no longer) lead
 #: the key's shard: ask FindCoordinator again, then retry".
 REDISCOVER = frozenset(
