@@ -48,11 +48,14 @@ from fsm.membership import GroupMembership
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.partitions import (
+    MAX_INT32,
+    NO_LEADER,
     PartitionRegistration,
     TopicRegistration,
     assignment_error,
     fence,
     new_topic,
+    registration_error,
     single_replica_topic,
     unfence,
 )
@@ -373,33 +376,46 @@ class TransactionStateMachine:
             return fail(*refusal)
         if cmd.name in self.state.topics:
             return fail(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {cmd.name!r} already exists")
-        self.state.topics[cmd.name] = new_topic(assignment, cmd.min_insync_replicas)
+        self.state.topics[cmd.name] = new_topic(
+            assignment, cmd.min_insync_replicas, self.state.fenced_nodes
+        )
         return Outcome()
 
     def _fence_node(self, cmd: FenceNode) -> Outcome:
-        if cmd.node_id < 0:
-            return fail(ErrorCode.INVALID_REQUEST, "partition-log node ids must not be negative")
+        if not 0 <= cmd.node_id <= MAX_INT32:
+            return fail(ErrorCode.INVALID_REQUEST, f"bad partition-log node id {cmd.node_id}")
         fenced = self.state.fenced_nodes | {cmd.node_id}
-        self._move_partitions(lambda p: fence(p, cmd.node_id, fenced))
-        self.state.fenced_nodes = fenced
-        return Outcome()
+        refusal = self._move_partitions(lambda p: fence(p, cmd.node_id, fenced))
+        if refusal is None:
+            self.state.fenced_nodes = fenced
+        return refusal or Outcome()
 
     def _unfence_node(self, cmd: UnfenceNode) -> Outcome:
         if cmd.node_id not in self.state.fenced_nodes:
             return Outcome()
-        self._move_partitions(lambda p: unfence(p, cmd.node_id))
-        self.state.fenced_nodes = self.state.fenced_nodes - {cmd.node_id}
-        return Outcome()
+        refusal = self._move_partitions(lambda p: unfence(p, cmd.node_id))
+        if refusal is None:
+            self.state.fenced_nodes = self.state.fenced_nodes - {cmd.node_id}
+        return refusal or Outcome()
 
     def _move_partitions(
         self, move: Callable[[PartitionRegistration], PartitionRegistration]
-    ) -> None:
-        """Apply ``move`` to every partition; topics none of whose partitions
+    ) -> Outcome | None:
+        """Apply ``move`` to every partition, all or nothing: a move that
+        would break a registration's invariants (an epoch past int32) changes
+        nothing and is the refusal returned. Topics none of whose partitions
         moved keep their registration object."""
-        for name, topic in list(self.state.topics.items()):
-            moved = tuple(move(p) for p in topic.partitions)
-            if moved != topic.partitions:
-                self.state.topics[name] = replace(topic, partitions=moved)
+        moved: dict[str, TopicRegistration] = {}
+        for name, topic in self.state.topics.items():
+            partitions = tuple(move(p) for p in topic.partitions)
+            if partitions == topic.partitions:
+                continue
+            for p in partitions:
+                if (problem := registration_error(p)) is not None:
+                    return fail(ErrorCode.UNKNOWN_SERVER_ERROR, f"topic {name!r}: {problem}")
+            moved[name] = replace(topic, partitions=partitions)
+        self.state.topics.update(moved)
+        return None
 
     def _register_directory(self, cmd: RegisterDirectory) -> Outcome:
         if cmd.node_id < 0:
@@ -756,7 +772,7 @@ class TransactionStateMachine:
                 as_str(name): TopicRegistration.from_wire(topic)
                 for name, topic in as_list(payload["topics"], 2)
             },
-            fenced_nodes=frozenset(as_int(n) for n in as_list(payload["fenced_nodes"])),
+            fenced_nodes=_fenced_from_wire(payload["fenced_nodes"]),
             memberships={
                 as_str(gid): GroupMembership.from_wire(w)
                 for gid, w in as_list(payload["memberships"], 2)
@@ -779,6 +795,10 @@ class TransactionStateMachine:
                 )
             },
         )
+        fenced = machine.state.fenced_nodes
+        for name, topic in machine.state.topics.items():
+            if any(p.leader != NO_LEADER and p.leader in fenced for p in topic.partitions):
+                raise CommandError(f"topic {name!r} is led by a fenced node")
         return machine
 
 
@@ -864,6 +884,18 @@ def snapshot_pieces(
         "scram", ([user, mech, *credential] for (user, mech), credential in scram), len(scram)
     )
     yield bytes(packer.bytes())
+
+
+def _fenced_from_wire(value: Any) -> frozenset[int]:
+    """The fenced nodes of a snapshot: distinct node ids, sorted.
+
+    Raises:
+        CommandError: anything else.
+    """
+    nodes = [as_int(n) for n in as_list(value)]
+    if nodes != sorted(set(nodes)) or any(not 0 <= n <= MAX_INT32 for n in nodes):
+        raise CommandError(f"fenced nodes must be distinct node ids, sorted: {value!r}")
+    return frozenset(nodes)
 
 
 def _acls_from_wire(value: Any) -> frozenset[Acl]:

@@ -25,6 +25,8 @@ from fsm.wire import as_int, as_list
 
 #: The leader of a partition none of whose in-sync replicas can lead.
 NO_LEADER = -1
+#: Node ids and epochs are int32 on the wire (Metadata, the batch header).
+MAX_INT32 = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,6 @@ class PartitionRegistration:
     leader: int
     leader_epoch: int = 0
     partition_epoch: int = 0
-
-    @property
-    def preferred_leader(self) -> int:
-        return self.replicas[0]
 
     def to_wire(self) -> list[Any]:
         return [
@@ -77,14 +75,6 @@ class TopicRegistration:
     partitions: tuple[PartitionRegistration, ...]
     min_insync_replicas: int = 1
 
-    @property
-    def replication_factor(self) -> int:
-        return len(self.partitions[0].replicas)
-
-    @property
-    def leaders(self) -> tuple[int, ...]:
-        return tuple(p.leader for p in self.partitions)
-
     def to_wire(self) -> list[Any]:
         return [[p.to_wire() for p in self.partitions], self.min_insync_replicas]
 
@@ -111,14 +101,14 @@ def registration_error(p: PartitionRegistration) -> str | None:
     """What breaks the registration invariants, or None."""
     if not p.replicas or len(set(p.replicas)) != len(p.replicas):
         return f"replicas {list(p.replicas)} must be distinct and not empty"
-    if any(n < 0 for n in p.replicas):
-        return "node ids must not be negative"
+    if any(not 0 <= n <= MAX_INT32 for n in p.replicas):
+        return "node ids must be in 0..2^31-1"
     if not p.isr or len(set(p.isr)) != len(p.isr) or not set(p.isr) <= set(p.replicas):
         return f"ISR {list(p.isr)} must be a non-empty subset of the replicas {list(p.replicas)}"
     if p.leader != NO_LEADER and p.leader not in p.isr:
         return f"leader {p.leader} is not in the ISR {list(p.isr)}"
-    if p.leader_epoch < 0 or p.partition_epoch < 0:
-        return "epochs must not be negative"
+    if not (0 <= p.leader_epoch <= MAX_INT32 and 0 <= p.partition_epoch <= MAX_INT32):
+        return "epochs must be in 0..2^31-1"
     return None
 
 
@@ -135,7 +125,11 @@ def assignment_error(
                 ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                 f"partition {index} has {len(replicas)} replicas, partition 0 has {factor}",
             )
-        if not replicas or len(set(replicas)) != len(replicas) or min(replicas) < 0:
+        if (
+            not replicas
+            or len(set(replicas)) != len(replicas)
+            or not 0 <= min(replicas) <= max(replicas) <= MAX_INT32
+        ):
             return (
                 ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                 f"partition {index}: replicas {list(replicas)} must be distinct node ids",
@@ -164,16 +158,22 @@ def assign_replicas(
     )
 
 
-def new_topic(assignment: Sequence[Sequence[int]], min_insync_replicas: int) -> TopicRegistration:
+def new_topic(
+    assignment: Sequence[Sequence[int]],
+    min_insync_replicas: int,
+    fenced: frozenset[int] = frozenset(),
+) -> TopicRegistration:
     """A new topic: every replica starts in sync (every log is empty), led by
-    its preferred leader."""
-    return TopicRegistration(
-        tuple(
-            PartitionRegistration(tuple(replicas), tuple(replicas), replicas[0])
-            for replicas in assignment
-        ),
-        min_insync_replicas,
-    )
+    its preferred leader, then each ``fenced`` node among its replicas fenced
+    as :func:`fence` does (a fenced node leads nothing, and is in no ISR but
+    as its last member)."""
+    partitions = []
+    for replicas in assignment:
+        p = PartitionRegistration(tuple(replicas), tuple(replicas), replicas[0])
+        for node in sorted(fenced & set(replicas)):
+            p = fence(p, node, fenced)
+        partitions.append(p)
+    return TopicRegistration(tuple(partitions), min_insync_replicas)
 
 
 def single_replica_topic(nodes: Iterable[int]) -> TopicRegistration:

@@ -91,6 +91,9 @@ class ClusterView:
         self.shard_count = 0
         self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
         self._next = 0
+        #: The coordinator (index) that last answered a request about shard
+        #: 0's records: asked first next time.
+        self._answered_at = 0
         self._acls: frozenset[Acl] | None = None  # None until an answer brought them
         #: The highest Raft term of each shard any coordinator told (terms only grow).
         self._epochs: tuple[int, ...] = ()
@@ -235,13 +238,15 @@ class ClusterView:
         )
         return self._ask_metadata_leader(method="ReserveOffsets", request=request)
 
-    def heartbeat(self, directory_id: str) -> Any | None:
+    def heartbeat(self, directory_id: str, timeout_s: float) -> Any | None:
         """Shard 0's leader's answer to NodeHeartbeat (this node's lease), or
-        None when no coordinator could give one."""
+        None when no coordinator could give one; each coordinator is given
+        ``timeout_s`` (well below the lease, so that one that does not
+        answer leaves time to ask the others)."""
         request = coordinator_pb2.NodeHeartbeatRequest(
             node_id=self.node_id, directory_id=directory_id
         )
-        return self._ask_metadata_leader("NodeHeartbeat", request)
+        return self._ask_metadata_leader("NodeHeartbeat", request, timeout_s)
 
     def coordinator_transactions(self, producer_ids: Sequence[int]) -> list[Any] | None:
         """The coordinators' TransactionDescriptions of the transactional ids
@@ -278,23 +283,33 @@ class ClusterView:
                 return None
         return described
 
-    def _ask_metadata_leader(self, method: str, request: Any) -> Any | None:
+    def _ask_metadata_leader(
+        self, method: str, request: Any, timeout_s: float = CALL_TIMEOUT_S
+    ) -> Any | None:
         """The first answer that is not "ask another node" (any coordinator
-        forwards to shard 0's leader)."""
-        for address in self._addresses:
+        forwards to shard 0's leader), asking first the coordinator that gave
+        the last such answer, each for at most ``timeout_s``."""
+        count = len(self._addresses)
+        for i in range(count):
+            at = (self._answered_at + i) % count
             try:
-                answer = getattr(self._channels.coordinator(address), method)(
-                    request, timeout=CALL_TIMEOUT_S
+                answer = getattr(self._channels.coordinator(self._addresses[at]), method)(
+                    request, timeout=timeout_s
                 )
             except grpc.RpcError:
                 continue
             if answer.error_code not in _ASK_ANOTHER:
+                self._answered_at = at
                 return answer
         return None
 
+    def placement(self, topic: str, partition: int) -> Placement:
+        """Whether this node leads ``topic``/``partition`` as far as it knows (no refresh)."""
+        return self._locate(topic, partition)
+
     def owns(self, topic: str, partition: int) -> bool:
-        """Whether this node owns ``topic``/``partition`` as far as it knows (no refresh)."""
-        return self._locate(topic, partition).error is ErrorCode.NONE
+        """Whether this node leads ``topic``/``partition`` as far as it knows (no refresh)."""
+        return self.placement(topic, partition).error is ErrorCode.NONE
 
     def owned(self) -> list[TopicPartition]:
         """The topic-partitions this node leads."""

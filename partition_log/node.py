@@ -35,7 +35,12 @@ from typing import Any
 import grpc
 
 import partition_log.log
-from partition_log.cluster_view import ClusterView, TxnPartitionAdder, owed_marker
+from partition_log.cluster_view import (
+    CALL_TIMEOUT_S,
+    ClusterView,
+    TxnPartitionAdder,
+    owed_marker,
+)
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.metrics import PartitionCollector
 from partition_log.partition import Partition
@@ -122,6 +127,8 @@ class PartitionNode:
         self.directory_state = DirectoryState.REGISTERING
         #: The directory the coordinators have on record when it is not ours.
         self.registered_directory = ""
+        #: The last refusal of a heartbeat (logged once until it changes).
+        self._heartbeat_refused = ErrorCode.NONE
         #: Whether the node stopped cleanly before this start.
         self.clean_start = False
         self._reservation_due = threading.Event()
@@ -367,8 +374,10 @@ class PartitionNode:
         if described is None:
             return  # a coordinator did not answer: the next round asks again
         for partition, txns in open_txns.items():
-            if self.lookup(partition.topic, partition.index) is not partition:
+            placement = self.view.placement(partition.topic, partition.index)
+            if placement.error is not ErrorCode.NONE:
                 continue  # not led here (now): its leader settles it
+            partition.lead(placement.leader_epoch)
             for txn in txns:
                 owed = owed_marker(txn.producer_id, txn.producer_epoch, txn.marker_txn, described)
                 if owed is None or owed.epoch > KAFKA_MAX_PRODUCER_EPOCH:
@@ -474,6 +483,9 @@ class PartitionNode:
         for topic, index in self.view.owned():
             self._open(topic, index)
         self.reserve_due()
+        # Back after its lease ran out, the node leads again once a heartbeat
+        # unfences it: before it serves, not up to a heartbeat interval later.
+        self._heartbeat(CALL_TIMEOUT_S)
         metadata = threading.Thread(target=self._refresh_loop, name="metadata", daemon=True)
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         retention = threading.Thread(target=self._retention_loop, name="retention", daemon=True)
@@ -568,32 +580,36 @@ class PartitionNode:
     def _heartbeat_loop(self) -> None:
         """Hold this node's lease with shard 0's leader (docs/replication.md)."""
         interval_s = self.config.settings.broker_heartbeat_interval_ms / 1000
-        refused = ErrorCode.NONE
         while not self._stopping.wait(interval_s):
-            if self.directory is None or self.directory_state is not DirectoryState.SERVING:
-                continue
-            answer = self.view.heartbeat(self.directory.directory_id)
-            if answer is None:
-                continue
-            if answer.error_code != ErrorCode.NONE:
-                if answer.error_code != refused:
-                    log.warning(
-                        "node=%d event=heartbeat_refused error=%s %s",
-                        self.node_id,
-                        ErrorCode(answer.error_code).name,
-                        answer.error_message,
-                    )
-                refused = ErrorCode(answer.error_code)
-                continue
-            refused = ErrorCode.NONE
-            if answer.was_fenced:
+            self._heartbeat(interval_s)
+
+    def _heartbeat(self, timeout_s: float) -> None:
+        """One heartbeat (a node serving its directory on record); a node the
+        coordinators had fenced learns its partitions' leaders again at once."""
+        if self.directory is None or self.directory_state is not DirectoryState.SERVING:
+            return
+        answer = self.view.heartbeat(self.directory.directory_id, timeout_s)
+        if answer is None:
+            return
+        if answer.error_code != ErrorCode.NONE:
+            if answer.error_code != self._heartbeat_refused:
                 log.warning(
-                    "node=%d event=unfenced: the coordinators had fenced this node (no "
-                    "heartbeat for broker.session.timeout.ms); the partitions it alone kept in "
-                    "sync are led by it again",
+                    "node=%d event=heartbeat_refused error=%s %s",
                     self.node_id,
+                    ErrorCode(answer.error_code).name,
+                    answer.error_message,
                 )
-                self._refresh_placement()
+            self._heartbeat_refused = ErrorCode(answer.error_code)
+            return
+        self._heartbeat_refused = ErrorCode.NONE
+        if answer.was_fenced:
+            log.warning(
+                "node=%d event=unfenced: the coordinators had fenced this node (no "
+                "heartbeat for broker.session.timeout.ms); the partitions it alone kept in "
+                "sync are led by it again",
+                self.node_id,
+            )
+            self._refresh_placement()
 
     def _retention_loop(self) -> None:
         interval_s = self.config.settings.log_retention_check_interval_ms / 1000

@@ -44,10 +44,10 @@ def test_replicas_are_spread_evenly_over_the_nodes(nodes: int, factor: int) -> N
 
 def test_a_new_topic_starts_every_replica_in_sync_led_by_its_preferred_leader() -> None:
     topic = new_topic(((1, 2, 3), (2, 3, 1)), 2)
-    assert topic.replication_factor == 3 and topic.min_insync_replicas == 2
-    assert topic.leaders == (1, 2)
+    assert topic.min_insync_replicas == 2
+    assert [p.leader for p in topic.partitions] == [1, 2]
     for p in topic.partitions:
-        assert p.isr == p.replicas and p.leader == p.preferred_leader
+        assert p.isr == p.replicas and p.leader == p.replicas[0]
         assert (p.leader_epoch, p.partition_epoch) == (0, 0)
         assert registration_error(p) is None
 
@@ -184,8 +184,9 @@ def test_random_fencing_keeps_every_invariant_and_never_elects_outside_the_isr()
     for _ in range(300):
         nodes = list(range(1, rng.randrange(2, 6)))
         replicas = tuple(rng.sample(nodes, rng.randrange(1, len(nodes) + 1)))
-        p = PartitionRegistration(replicas, replicas, replicas[0])
-        fenced: frozenset[int] = frozenset()
+        fenced = frozenset(rng.sample(nodes, rng.randrange(0, 2)))  # fenced at creation
+        p = new_topic([replicas], 1, fenced).partitions[0]
+        assert registration_error(p) is None and p.leader not in fenced, (seed, p)
         for _ in range(20):
             node = rng.choice(nodes)
             before = p
@@ -204,12 +205,16 @@ def test_random_fencing_keeps_every_invariant_and_never_elects_outside_the_isr()
             assert (p != before) == (p.partition_epoch > before.partition_epoch)
 
 
+def leaders(m: TransactionStateMachine, topic: str) -> list[int]:
+    return [p.leader for p in m.state.topics[topic].partitions]
+
+
 def test_fence_and_unfence_commands_move_every_partition_of_the_node() -> None:
     m = TransactionStateMachine(0, 3)
     assert m.apply(CreateTopic("orders", (101, 102, 101), 5)).ok
     assert m.apply(FenceNode(101, 6)).ok
     assert m.state.fenced_nodes == {101}
-    assert m.state.topics["orders"].leaders == (NO_LEADER, 102, NO_LEADER)
+    assert leaders(m, "orders") == [NO_LEADER, 102, NO_LEADER]
     restored = TransactionStateMachine.restore(m.snapshot())
     assert restored.state == m.state
     assert m.apply(FenceNode(101, 7)).ok  # again: nothing moves
@@ -218,8 +223,55 @@ def test_fence_and_unfence_commands_move_every_partition_of_the_node() -> None:
     assert m.state.topics["orders"] == restored.state.topics["orders"]
     assert m.apply(UnfenceNode(101, 9)).ok
     assert m.state.fenced_nodes == frozenset()
-    assert m.state.topics["orders"].leaders == (101, 102, 101)
+    assert leaders(m, "orders") == [101, 102, 101]
     assert [p.leader_epoch for p in m.state.topics["orders"].partitions] == [2, 0, 2]
     before = m.snapshot()
     assert m.apply(FenceNode(-1, 10)).error is ErrorCode.INVALID_REQUEST
     assert m.snapshot() == before
+
+
+def test_a_topic_created_while_a_node_is_fenced_is_not_led_by_it() -> None:
+    m = TransactionStateMachine(0, 3)
+    assert m.apply(FenceNode(101, 5)).ok
+    assert m.apply(CreateTopic("t", (101, 102), 6, ((101, 102), (102, 101)), 1)).ok
+    first, second = m.state.topics["t"].partitions
+    assert (first.leader, first.isr, first.leader_epoch) == (102, (102,), 1)
+    assert (second.leader, second.isr) == (102, (102,))
+    assert m.apply(CreateTopic("alone", (101,), 6)).ok
+    assert leaders(m, "alone") == [NO_LEADER]
+    assert m.apply(UnfenceNode(101, 7)).ok
+    assert leaders(m, "alone") == [101] and leaders(m, "t") == [102, 102]
+
+
+def test_a_fence_that_would_overflow_a_leader_epoch_changes_nothing() -> None:
+    m = TransactionStateMachine(0, 3)
+    assert m.apply(CreateTopic("t", (101,), 5)).ok
+    payload = msgpack.unpackb(m.snapshot(), raw=False)
+    payload["topics"] = [["t", [[[[101], [101], 101, 2**31 - 1, 0]], 1]]]
+    m = TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True))
+    before = m.snapshot()
+    outcome = m.apply(FenceNode(101, 6))
+    assert outcome.error is ErrorCode.UNKNOWN_SERVER_ERROR and "2^31" in outcome.message
+    assert m.snapshot() == before
+    for node in (-1, 2**31):
+        assert m.apply(FenceNode(node, 6)).error is ErrorCode.INVALID_REQUEST
+    assert m.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "fenced, topics",
+    [
+        ([-1], []),
+        ([2, 1], []),
+        ([1, 1], []),
+        ([101], [["t", [[[[101], [101], 101, 1, 1]], 1]]]),  # a fenced node leads
+        ([], [["t", [[[[101], [101], 101, 2**31, 0]], 1]]]),  # an epoch past int32
+    ],
+)
+def test_a_snapshot_with_inconsistent_fencing_does_not_restore(
+    fenced: list[int], topics: list[object]
+) -> None:
+    payload = msgpack.unpackb(TransactionStateMachine(0, 3).snapshot(), raw=False)
+    payload["fenced_nodes"], payload["topics"] = fenced, topics
+    with pytest.raises(CommandError):
+        TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True))

@@ -285,7 +285,8 @@ def test_a_cluster_in_namespaces_fails_over_across_a_partition(tmp_path: Path) -
         started = raftcoord("cluster", "start", "2", "--cluster-dir", data)
         assert started.returncode == 0, started.stderr
         status = raftcoord("cluster", "status", "--cluster-dir", data)
-        nodes = [line for line in status.stdout.splitlines()[1:] if line.strip()]
+        table = status.stdout.split("\n\n")[0]  # the partitions' summary follows
+        nodes = [line for line in table.splitlines()[1:] if line.strip()]
         assert len(nodes) == 5 and all(" 10.201." in line for line in nodes), status.stdout
         assert " no " not in status.stdout
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +183,49 @@ def test_a_new_leader_of_shard_0_fences_nobody_it_did_not_hear(cluster: LocalClu
         assert describe(cluster) == before
     finally:
         cluster.start(shard0)
+
+
+def test_a_consumer_polling_through_a_fence_reads_on_at_the_new_leader_epoch(
+    cluster: LocalCluster,
+) -> None:
+    """A consumer that keeps polling (short polls, partitions on every node:
+    a fetch parked on the other nodes takes each whole poll) while a node is
+    killed past its lease and restarted learns the new leader epoch and reads
+    what is committed there afterwards."""
+    before = describe(cluster)
+    victim = before.partitions[0].leader
+    tps = [TopicPartition(TOPIC, i) for i in range(3)]
+    consumer = Consumer(cluster.bootstrap(), isolation_level="read_committed")
+    read: list[tuple[int, bytes | None]] = []
+    polls = [0]
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            read.extend((r.partition, r.value) for r in consumer.poll(timeout_ms=300))
+            polls[0] += 1
+
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, 0)
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        cluster.kill(victim, "KILL")
+        wait_for(cluster, "a fenced node", lambda t: t.partitions[0].leader == -1)
+        fenced_at = polls[0]  # a few polls meet the partition without a leader
+        cluster.wait_until(lambda: polls[0] >= fenced_at + 5, 30.0, "the consumer stopped")
+        cluster.start(victim)
+        wait_for(cluster, "the node back", lambda t: t.partitions[0].leader == victim)
+        with TransactionalProducer(cluster.bootstrap(), "through-a-fence") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send(TOPIC, b"after the fence", partition=0)
+            producer.commit_transaction()
+        cluster.wait_until(
+            lambda: (0, b"after the fence") in read, 30.0, "the consumer never read the record"
+        )
+    finally:
+        stop.set()
+        poller.join(timeout=30)
+        consumer.close()

@@ -219,6 +219,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(json.dumps(nodes, indent=2))
             else:
                 print(cluster.status_table(nodes))
+                print()
                 print(_partition_summary(cluster))
             if not cluster.healthy(nodes):
                 return 1

@@ -414,6 +414,14 @@ class MetadataCache:
                                 p.node_id if p.error_code == ErrorCode.NONE else -1
                             )
                             epochs[p.partition] = p.leader_epoch
+                    known = self._leader_epochs.get(topic.name)
+                    if known is not None and len(known) == len(epochs):
+                        # A coordinator whose replica lags may answer an older
+                        # leader: keep the newer one (leader epochs only grow).
+                        before = self._topics[topic.name]
+                        for i, (old, new) in enumerate(zip(known, epochs, strict=True)):
+                            if old is not None and new is not None and new < old:
+                                placement[i], epochs[i] = before[i], old
                     self._topics[topic.name] = placement
                     self._leader_epochs[topic.name] = epochs
                     self._missing.discard(topic.name)

@@ -283,6 +283,11 @@ class Consumer:
         deadline = Deadline(timeout_ms / 1000, "poll")
         backoff = Backoff(0.01, 0.1, jitter=JITTER)
         while True:
+            # Metadata a node said is stale (a partition moved, its leader
+            # epoch changed) is refreshed before the next fetch, not only
+            # after one: with partitions on several nodes, a fetch that parks
+            # on one of them takes the whole poll.
+            self._metadata.maybe_refresh(deadline)
             # Even poll(0) gets a real chance to learn where to start.
             resolving = Deadline(max(_MIN_ATTEMPT_S, deadline.remaining()), "positions")
             try:
@@ -293,9 +298,6 @@ class Consumer:
                 self._unresolved_since = None
             records = self._fetch_once(deadline)
             if records or deadline.expired():
-                return records
-            self._metadata.maybe_refresh(deadline)
-            if deadline.expired():
                 return records
             backoff.sleep(deadline)
 

@@ -80,8 +80,10 @@ class NodeLeases:
         fenced = self._shard.replica.query(lambda machine: machine.state.fenced_nodes)
         for node_id in expired:
             with self._lock:
-                if node_id in fenced or node_id in self._fencing:
-                    continue
+                heard = self._heard.get(node_id)
+                lapsed = heard is not None and self._clock() - heard > self._timeout_s
+                if not lapsed or node_id in fenced or node_id in self._fencing:
+                    continue  # heard from since, fenced, or being fenced
                 self._fencing.add(node_id)
             log.warning(
                 "node=%d event=partition_node_fenced partition_node=%d: no heartbeat for "

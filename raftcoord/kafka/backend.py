@@ -291,22 +291,29 @@ class Backend:
                 self._topics[topic.name] = topic
         return answer
 
-    async def owner(self, topic: str, partition: int) -> str | None:
-        """The gRPC address of the partition-log node of ``topic``/``partition``,
-        or None when the topic or partition does not exist."""
+    async def owner(self, topic: str, partition: int) -> str | ErrorCode:
+        """The gRPC address of the partition-log node leading
+        ``topic``/``partition``; UNKNOWN_TOPIC_OR_PARTITION when the topic or
+        partition does not exist (or no coordinator answered), and
+        LEADER_NOT_AVAILABLE when it has no leader now (the topic is asked
+        about again next time)."""
         known = self._topics.get(topic)
         if known is None:
             try:
                 await self.metadata([topic])
             except Unreachable:
-                return None
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             known = self._topics.get(topic)
             if known is None:
-                return None
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         for p in known.partitions:
             if p.partition == partition:
-                return self._partition_nodes.get(p.node_id)
-        return None
+                address = self._partition_nodes.get(p.node_id)
+                if address is None:
+                    self.forget_topic(topic)
+                    return ErrorCode.LEADER_NOT_AVAILABLE
+                return address
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
     def forget_topic(self, topic: str) -> None:
         """Ask the coordinators again about ``topic`` next time (its owner moved or failed)."""
@@ -321,15 +328,15 @@ class Backend:
         node, run ``call(stub, payloads)`` per node concurrently.
 
         Returns (payloads, answer) per node that answered, and (topic,
-        partition, error) for items with no node (UNKNOWN_TOPIC_OR_PARTITION)
-        or whose node failed (NOT_LEADER_OR_FOLLOWER, the topic forgotten).
+        partition, error) for items with no node (:meth:`owner`'s error) or
+        whose node failed (NOT_LEADER_OR_FOLLOWER, the topic forgotten).
         """
         groups: dict[str, list[tuple[str, int, T]]] = {}
         failed: list[tuple[str, int, ErrorCode]] = []
         for topic, partition, payload in items:
             address = await self.owner(topic, partition)
-            if address is None:
-                failed.append((topic, partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            if isinstance(address, ErrorCode):
+                failed.append((topic, partition, address))
             else:
                 groups.setdefault(address, []).append((topic, partition, payload))
 

@@ -33,7 +33,7 @@ from raftcoord.kafka.backend import CALLER, NOT_PROCESSED, Backend, Unreachable
 from raftcoord.kafka.metrics import GatewayMetrics
 from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
-from raftcoord.protocol.errors import REDISCOVER, ErrorCode
+from raftcoord.protocol.errors import REDISCOVER, STALE_METADATA, ErrorCode
 from raftcoord.protocol.limits import GROUP_MAX_WAIT_S, GROUP_WAIT_GRACE_S
 from raftcoord.protocol.metrics import Metrics
 from raftcoord.protocol.process import LogLimiter, configure_logging
@@ -1222,7 +1222,7 @@ class Gateway:
         done, failed = await self.backend.per_owner(items, call)
         for _, answer in done:
             for r in answer.partitions:
-                if r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                if r.error_code in STALE_METADATA:
                     self.backend.forget_topic(r.topic)
                 results[(r.topic, r.partition)] = {
                     "index": r.partition,
@@ -1285,7 +1285,7 @@ class Gateway:
         read_committed = isolation == common_pb2.READ_COMMITTED
         for _, answer in done:
             for r in answer.partitions:
-                if r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                if r.error_code in STALE_METADATA:
                     self.backend.forget_topic(r.topic)
                 if r.error_code != ErrorCode.NONE:
                     results[(r.topic, r.partition)] = _fetch_error(r.partition, r.error_code)
@@ -1360,12 +1360,14 @@ class Gateway:
         done, failed = await self.backend.per_owner(items, call)
         for _, answer in done:
             for r in answer.partitions:
+                if r.error_code in STALE_METADATA:
+                    self.backend.forget_topic(r.topic)
                 results[(r.topic, r.partition)] = {
                     "partition_index": r.partition,
                     "error_code": r.error_code,
                     "timestamp": -1,
                     "offset": r.offset,
-                    "leader_epoch": 0,
+                    "leader_epoch": -1,  # unknown: the nodes do not say it
                 }
         for topic_name, partition, code in failed:
             results[(topic_name, partition)] = _list_offsets_error(partition, code)

@@ -323,6 +323,12 @@ class TopicRPCs:
         early = self._node_request(context, "NodeHeartbeat", request)
         if early is not None:
             return early
+        availability = self.router.shards.availability(METADATA_SHARD)
+        if availability is not ErrorCode.NONE:  # not the leader, and it could not be asked
+            return coordinator_pb2.NodeHeartbeatResponse(
+                error_code=wire_error(availability),
+                error_message=f"no leader of shard {METADATA_SHARD} to hold the lease; retry",
+            )
         node_id = request.node_id
         on_record, fenced = self.router.shards.query(
             METADATA_SHARD,
