@@ -151,6 +151,12 @@ def test_the_cli_lists_the_partitions_without_a_leader(cluster: LocalCluster) ->
     cluster.kill(paused, "STOP")
     try:
         wait_for(cluster, "a partition without a leader", lambda t: t.partitions[1].leader == -1)
+        with Admin(cluster.bootstrap()) as admin:  # placed on the nodes holding a lease
+            admin.create_topics({"while-fenced": 4})
+            placed = admin.describe_topics(["while-fenced"])["while-fenced"].partitions
+        assert {p.leader for p in placed} == {n.node_id for n in cluster.partition_nodes()} - {
+            paused
+        }
         command = [sys.executable, "-m", "raftcoord.cli", "topic", "describe", "--json"]
         command += ["--unavailable-partitions", "--cluster-dir", str(cluster.data_dir)]
         result = subprocess.run(

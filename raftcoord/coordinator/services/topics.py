@@ -183,6 +183,13 @@ class TopicRPCs:
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
         nodes = [n.node_id for n in self.router.config.partition_nodes]
+        # Replicas go to the nodes holding a lease (Kafka places on unfenced
+        # brokers only); every node when none does. A topic placed anyway on a
+        # node fenced by then is not led by it (fsm.partitions.new_topic).
+        fenced = self.router.shards.query(
+            METADATA_SHARD, lambda machine: machine.state.fenced_nodes
+        )
+        nodes = [n for n in nodes if n not in fenced] or nodes
         results = []
         who = self.router.caller(context)
         authorizer = self.router.authorizer
