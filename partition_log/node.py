@@ -579,9 +579,13 @@ class PartitionNode:
 
     def _heartbeat_loop(self) -> None:
         """Hold this node's lease with shard 0's leader (docs/replication.md)."""
-        interval_s = self.config.settings.broker_heartbeat_interval_ms / 1000
+        settings = self.config.settings
+        interval_s = settings.broker_heartbeat_interval_ms / 1000
+        # Each coordinator gets at least a second (a loaded machine answers
+        # slowly), and all of them together at most the lease.
+        timeout_s = min(max(interval_s, 1.0), settings.broker_session_timeout_ms / 3000)
         while not self._stopping.wait(interval_s):
-            self._heartbeat(interval_s)
+            self._heartbeat(timeout_s)
 
     def _heartbeat(self, timeout_s: float) -> None:
         """One heartbeat (a node serving its directory on record); a node the

@@ -56,6 +56,7 @@ CHECKS: list[tuple[str, str]] = [
     ),
     ("zombie-write", "committed data written at an epoch other than its transaction's"),
     ("epoch-order", "a producer id's epochs go backwards in a partition log"),
+    ("leader-epoch-order", "the leader epochs of a partition log's batches go backwards"),
     ("inconsistent-offsets", "one offset of a partition holds two values across reads and the log"),
     ("nonmonotonic-poll", "a poller read a partition's offsets out of order or twice"),
     ("skipped-poll", "a poller jumped over a record visible to read_committed"),
@@ -351,6 +352,7 @@ class Audit:
             "one-decision": self.one_decision,
             "zombie-write": self.zombie_write,
             "epoch-order": self.epoch_order,
+            "leader-epoch-order": self.leader_epoch_order,
             "inconsistent-offsets": self.inconsistent_offsets,
             "nonmonotonic-poll": self.nonmonotonic_poll,
             "skipped-poll": self.skipped_poll,
@@ -567,6 +569,21 @@ class Audit:
             .withColumn("max_before", F.max("producer_epoch").over(earlier))
             .where(F.col("producer_epoch") < F.col("max_before"))
             .select(*_tp(), "base_offset", "producer_id", "producer_epoch", "max_before", "control")
+        )
+
+    def leader_epoch_order(self) -> DataFrame:
+        """Each batch carries the leader epoch its leader appended it at, and
+        leader epochs only grow: a batch below an earlier one's was appended
+        by a deposed leader (or the log was spliced)."""
+        earlier = (
+            Window.partitionBy("topic", "partition")
+            .orderBy("base_offset")
+            .rowsBetween(Window.unboundedPreceding, -1)
+        )
+        return (
+            self.batches.withColumn("max_before", F.max("leader_epoch").over(earlier))
+            .where(F.col("leader_epoch") < F.col("max_before"))
+            .select(*_tp(), "base_offset", "leader_epoch", "max_before", "control")
         )
 
     def inconsistent_offsets(self) -> DataFrame:

@@ -72,6 +72,8 @@ class Batch:
     txn_number: int = -1
     #: the magic byte written (a v2 batch's is 2)
     magic: int = 2
+    #: the partition leader epoch of the leader that appended it
+    leader_epoch: int = 0
 
     def encode(self) -> bytearray:
         if self.control is not None:
@@ -89,6 +91,7 @@ class Batch:
                 builder.append(i, self.timestamp, None, value.encode(), [])
         batch: bytearray = builder.build()
         batch[16] = self.magic  # outside the CRC, as in Kafka
+        struct.pack_into(">i", batch, 12, self.leader_epoch)  # outside the CRC too
         return batch
 
     @property

@@ -301,6 +301,16 @@ def plant_epoch_order(pick: Picker) -> Planted:
     return Planted(1, (f'"topic":"{tp[0]}","partition":{tp[1]},',))
 
 
+def plant_leader_epoch_order(pick: Picker) -> Planted:
+    """A partition's last batch appended at a lower leader epoch than those before it."""
+    tp = next(tp for tp, log in pick.run.logs.items() if pick.free(tp) and len(log) >= 2)
+    pick.take(tp)
+    log = pick.run.logs[tp]
+    log[:] = [dataclasses.replace(b, leader_epoch=3) for b in log]
+    log[-1] = dataclasses.replace(log[-1], leader_epoch=2)
+    return Planted(1, (f'"topic":"{tp[0]}","partition":{tp[1]},',))
+
+
 def plant_inconsistent_offsets(pick: Picker) -> Planted:
     """A poll returns another value at a record's offset."""
     tp = (INPUT, 1)
@@ -690,6 +700,7 @@ PLANTS: list[tuple[str, Callable[[Picker], Planted]]] = [
     ("replica-divergence", plant_torn_entry_tail),
     ("replica-divergence", plant_caught_up_by_snapshot),
     ("exactly-once-pipeline", plant_pipeline_source),
+    ("leader-epoch-order", plant_leader_epoch_order),
     ("order", plant_order_outputs),
     ("unreadable-data", plant_crc),
     ("unreadable-data", plant_bad_magic),

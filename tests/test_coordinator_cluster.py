@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,8 +17,6 @@ from typing import Any
 
 import pytest
 
-from raftcoord.client import Admin
-from raftcoord.client.errors import InvalidConfigurationError, InvalidReplicationFactorError
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
@@ -847,59 +843,3 @@ def test_a_restarted_node_gets_its_shard_back_at_a_check_or_an_election(tmp_path
             30,
             "the first imbalance checks did not restore the preferred leaders",
         )
-
-
-def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
-    shared_cluster: LocalCluster,
-) -> None:
-    """Until the partition-log nodes replicate, a topic's every partition has
-    one replica, its leader, in sync at leader epoch 0; more replicas are
-    refused with why; ``raftcoord topic`` creates and describes topics."""
-    plog_ids = {n.node_id for n in shared_cluster.partition_nodes()}
-    with Admin(shared_cluster.bootstrap()) as admin:
-        admin.create_topics({"described": 6})
-        [topic] = admin.describe_topics(["described"]).values()
-        assert (topic.replication_factor, topic.min_insync_replicas) == (1, 1)
-        leaders = [p.leader for p in topic.partitions]
-        assert set(leaders) == plog_ids  # spread over every node
-        for p in topic.partitions:
-            assert p.replicas == p.isr == (p.leader,) and p.leader_epoch == 0
-            assert not p.under_replicated
-        with pytest.raises(InvalidReplicationFactorError, match="do not replicate yet"):
-            admin.create_topics({"replicated": 1}, replication_factor=3)
-        with pytest.raises(InvalidReplicationFactorError, match="larger than the 3"):
-            admin.create_topics({"replicated": 1}, replication_factor=4)
-        with pytest.raises(
-            InvalidConfigurationError, match=r"min\.insync\.replicas 2 not in 1\.\.1"
-        ):
-            admin.create_topics({"replicated": 1}, min_insync_replicas=2)
-        assert "replicated" not in admin.list_topics()
-
-    def topic_cli(*args: str) -> subprocess.CompletedProcess[str]:
-        where = ("--cluster-dir", str(shared_cluster.data_dir))
-        return subprocess.run(
-            [sys.executable, "-m", "raftcoord.cli", "topic", *args, *where],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    made = topic_cli("create", "cli-made", "--partitions", "2", "--config", "min.insync.replicas=1")
-    assert made.returncode == 0, made.stderr
-    described = topic_cli("describe", "--topic", "cli-made", "--json")
-    assert described.returncode == 0, described.stderr
-    rows = json.loads(described.stdout)
-    assert [r["partition"] for r in rows] == [0, 1]
-    assert all(r["replicas"] == r["isr"] == [r["leader"]] for r in rows)
-    table = topic_cli("describe", "--topic", "cli-made")
-    assert "LeaderEpoch" in table.stdout and "Isr" in table.stdout
-    none = topic_cli("describe", "--under-replicated-partitions")
-    assert none.returncode == 0 and none.stdout.strip() == "no partition matches"
-    for args, message in [
-        (("create", "x", "--partitions", "1", "--config", "retention.ms=5"), "unknown config"),
-        (("create", "x", "--partitions", "1", "--replication-factor", "9"), "larger than"),
-        (("describe", "--topic", "no-such-topic"), "no-such-topic"),
-    ]:
-        refused = topic_cli(*args)
-        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused
-        assert len(refused.stderr.strip().splitlines()) == 1 and message in refused.stderr

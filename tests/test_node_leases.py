@@ -1,10 +1,11 @@
-"""Partition-log nodes' leases and leader epochs on a real cluster
-(coordinator and partition-log processes on loopback): a node that stops
-heartbeating is fenced by shard 0's leader (its partitions have no leader,
-LEADER_NOT_AVAILABLE), and led by it again once it heartbeats, at a higher
-leader epoch, which the batches it appends then carry and requests must
-name; a new leader of shard 0 fences nobody for the heartbeats it did not
-hear."""
+"""Topics' records, partition-log nodes' leases and leader epochs on a real
+cluster (coordinator and partition-log processes on loopback): topics record
+each partition's replicas, ISR and leader epoch, and `raftcoord topic`
+describes them; a node that stops heartbeating is fenced by shard 0's
+leader (its partitions have no leader, LEADER_NOT_AVAILABLE), and led by it
+again once it heartbeats, at a higher leader epoch, which the batches it
+appends then carry and requests must name; a new leader of shard 0 fences
+nobody for the heartbeats it did not hear."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 
 from partition_log import codec
 from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.client.errors import InvalidConfigurationError, InvalidReplicationFactorError
 from raftcoord.client.records import TopicDescription
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
@@ -30,8 +32,8 @@ from tests.local_cluster import running_cluster
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TOPIC = "leased"
-SESSION_MS = 1_500
-SETTINGS = {"broker.heartbeat.interval.ms": 200, "broker.session.timeout.ms": SESSION_MS}
+SESSION_MS = 3_000
+SETTINGS = {"broker.heartbeat.interval.ms": 300, "broker.session.timeout.ms": SESSION_MS}
 
 
 @pytest.fixture
@@ -235,3 +237,59 @@ def test_a_consumer_polling_through_a_fence_reads_on_at_the_new_leader_epoch(
         stop.set()
         poller.join(timeout=30)
         consumer.close()
+
+
+def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
+    cluster: LocalCluster,
+) -> None:
+    """Until the partition-log nodes replicate, a topic's every partition has
+    one replica, its leader, in sync at leader epoch 0; more replicas are
+    refused with why; ``raftcoord topic`` creates and describes topics."""
+    plog_ids = {n.node_id for n in cluster.partition_nodes()}
+    with Admin(cluster.bootstrap()) as admin:
+        admin.create_topics({"described": 6})
+        [topic] = admin.describe_topics(["described"]).values()
+        assert (topic.replication_factor, topic.min_insync_replicas) == (1, 1)
+        leaders = [p.leader for p in topic.partitions]
+        assert set(leaders) == plog_ids  # spread over every node
+        for p in topic.partitions:
+            assert p.replicas == p.isr == (p.leader,) and p.leader_epoch == 0
+            assert not p.under_replicated
+        with pytest.raises(InvalidReplicationFactorError, match="do not replicate yet"):
+            admin.create_topics({"replicated": 1}, replication_factor=3)
+        with pytest.raises(InvalidReplicationFactorError, match="larger than the 3"):
+            admin.create_topics({"replicated": 1}, replication_factor=4)
+        with pytest.raises(
+            InvalidConfigurationError, match=r"min\.insync\.replicas 2 not in 1\.\.1"
+        ):
+            admin.create_topics({"replicated": 1}, min_insync_replicas=2)
+        assert "replicated" not in admin.list_topics()
+
+    def topic_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        where = ("--cluster-dir", str(cluster.data_dir))
+        return subprocess.run(
+            [sys.executable, "-m", "raftcoord.cli", "topic", *args, *where],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    made = topic_cli("create", "cli-made", "--partitions", "2", "--config", "min.insync.replicas=1")
+    assert made.returncode == 0, made.stderr
+    described = topic_cli("describe", "--topic", "cli-made", "--json")
+    assert described.returncode == 0, described.stderr
+    rows = json.loads(described.stdout)
+    assert [r["partition"] for r in rows] == [0, 1]
+    assert all(r["replicas"] == r["isr"] == [r["leader"]] for r in rows)
+    table = topic_cli("describe", "--topic", "cli-made")
+    assert "LeaderEpoch" in table.stdout and "Isr" in table.stdout
+    none = topic_cli("describe", "--under-replicated-partitions")
+    assert none.returncode == 0 and none.stdout.strip() == "no partition matches"
+    for args, message in [
+        (("create", "x", "--partitions", "1", "--config", "retention.ms=5"), "unknown config"),
+        (("create", "x", "--partitions", "1", "--replication-factor", "9"), "larger than"),
+        (("describe", "--topic", "no-such-topic"), "no-such-topic"),
+    ]:
+        refused = topic_cli(*args)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused
+        assert len(refused.stderr.strip().splitlines()) == 1 and message in refused.stderr

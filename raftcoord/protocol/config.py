@@ -102,12 +102,11 @@ class Settings:
     raft_election_timeout_ms: tuple[float, float] = (300.0, 600.0)  # raft.election.timeout.ms
     # broker.heartbeat.interval.ms: how often a partition-log node heartbeats
     # to shard 0's leader (KRaft's broker heartbeat; docs/replication.md).
-    broker_heartbeat_interval_ms: int = 500
+    broker_heartbeat_interval_ms: int = 2_000
     # broker.session.timeout.ms: a partition-log node not heard from for this
     # long is fenced: it leaves every ISR and leads nothing until it
-    # heartbeats again. (Kafka's is 9 s; the failover of a partition waits
-    # for it, so it is shorter here.)
-    broker_session_timeout_ms: int = 3_000
+    # heartbeats again (Kafka's defaults, both).
+    broker_session_timeout_ms: int = 9_000
     # Partition-log nodes (docs/partition-log.md).
     log_segment_bytes: int = 64 << 20  # log.segment.bytes
     log_index_interval_bytes: int = 4096  # log.index.interval.bytes
