@@ -512,7 +512,10 @@ class Shard:
     def stop(self) -> None:
         """The node stops (its tick thread has ended): every request still
         here, queued, parked or in an entry not yet applied, is answered
-        NOT_COORDINATOR at once (its caller retries on the next leader)."""
+        NOT_COORDINATOR at once (its caller retries on the next leader), and
+        so is every request submitted after this (a gRPC handler still running
+        would otherwise wait out its timeout, and hold up the process's exit)."""
+        self.is_leader = self.ready = False
         for request in self._drain() + self._parked.drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
         self.replica.destroy()

@@ -189,7 +189,7 @@ class TopicRPCs:
         fenced = self.router.shards.query(
             METADATA_SHARD, lambda machine: machine.state.fenced_nodes
         )
-        nodes = [n for n in nodes if n not in fenced] or nodes
+        leased = [n for n in nodes if n not in fenced] or nodes
         results = []
         who = self.router.caller(context)
         authorizer = self.router.authorizer
@@ -244,8 +244,8 @@ class TopicRPCs:
                 )
                 continue
             min_insync = topic.min_insync_replicas or min(2, factor)
-            start = zlib.crc32(topic.name.encode()) % len(nodes)
-            assignment = assign_replicas(nodes, topic.num_partitions, factor, start)
+            start = zlib.crc32(topic.name.encode()) % len(leased)
+            assignment = assign_replicas(leased, topic.num_partitions, factor, start)
             command = _create_topic(topic.name, assignment, min_insync)
             if request.validate_only:
                 outcome = self.router.refusal(command) or Outcome()
