@@ -62,9 +62,12 @@ from raftcoord.protocol.tls import ADMIN_CERT_NAME, Identity, SslFiles
 from raftcoord.protocol.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
     partition_log_pb2,
     partition_log_pb2_grpc,
 )
+from raftcoord.protocol.wire import acl_from_proto
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "cluster.toml.template"
 STATE_FILE = "cluster.json"
@@ -759,6 +762,29 @@ class LocalCluster:
             self.bootstrap(), request_timeout_ms=int(timeout_s * 1000), **self.client_tls(TLS_ADMIN)
         ) as admin:
             admin.create_acls(everything)
+        # Each coordinator authorizes with its own replica of shard 0, which
+        # learns the grants a moment after its leader: `up` returns once every
+        # one of them enforces them, so that the client's first request is let in.
+        wanted = frozenset(everything)
+        for record in self.coordinators():
+            self.wait_until(
+                lambda record=record: wanted <= self._acls_of(record.grpc),
+                timeout_s,
+                f"coordinator {record.node_id} did not learn the client's ACLs",
+            )
+
+    def _acls_of(self, address: str) -> frozenset[Acl]:
+        """The ACLs the coordinator at ``address`` holds in its own replica of
+        shard 0 (empty when it does not answer)."""
+        try:
+            with self.channel(address) as channel:
+                answer = coordinator_pb2_grpc.TransactionCoordinatorStub(channel).Metadata(
+                    coordinator_pb2.MetadataRequest(topics=["-"], include_acls=True),
+                    timeout=2.0,
+                )
+        except grpc.RpcError:
+            return frozenset()
+        return frozenset(acl_from_proto(a) for a in answer.acls)
 
     def client_tls(self, name: str = TLS_CLIENT) -> SslFiles:
         """The client library's TLS arguments (``ssl_cafile``, ``ssl_certfile``,
