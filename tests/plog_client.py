@@ -79,8 +79,10 @@ def produce(
     transactional: bool = False,
     transactional_id: str | None = None,
     timeout_s: float = 10.0,
+    leader_epoch: int | None = None,
 ) -> Any:
-    """Produce one batch; returns the partition's PartitionProduceResponse."""
+    """Produce one batch (naming ``leader_epoch`` when given); returns the
+    partition's PartitionProduceResponse."""
     request = partition_log_pb2.ProduceRequest(
         partitions=[
             partition_log_pb2.PartitionProduceData(
@@ -93,6 +95,7 @@ def produce(
                     is_transactional=transactional,
                     records=records(*values),
                 ),
+                current_leader_epoch=leader_epoch,
             )
         ]
     )

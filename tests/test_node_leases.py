@@ -130,21 +130,7 @@ def test_a_silent_node_is_fenced_and_leads_again_when_it_heartbeats(
         (3, ErrorCode.UNKNOWN_LEADER_EPOCH),
         (2, ErrorCode.NONE),
     ]:
-        produced = node.Produce(
-            partition_log_pb2.ProduceRequest(
-                partitions=[
-                    partition_log_pb2.PartitionProduceData(
-                        topic=TOPIC,
-                        partition=i,
-                        batch=partition_log_pb2.RecordBatch(
-                            producer_id=-1, records=plog_client.records(b"x")
-                        ),
-                        current_leader_epoch=epoch,
-                    )
-                ]
-            ),
-            timeout=10,
-        ).partitions[0]
+        produced = plog_client.produce(node, TOPIC, i, [b"x"], leader_epoch=epoch)
         assert produced.error_code == code, (epoch, produced)
 
 

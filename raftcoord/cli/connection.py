@@ -1,17 +1,23 @@
-"""What the admin commands (``raftcoord txn``, ``raftcoord acl``) share: how
-they find and reach the coordinators, and how they print rows."""
+"""What the admin commands (``raftcoord txn``, ``topic``, ``acl``, ``user``)
+share: how they find and reach the coordinators, and how they print rows."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from raftcoord.cluster.launcher import TLS_ADMIN, LocalCluster
+from raftcoord.client import Admin, KafkaError
+from raftcoord.cluster.launcher import TLS_ADMIN, ClusterError, LocalCluster
 from raftcoord.protocol.tls import SslFiles
+
+#: What a command returns: its rows, and the table's (header, key) columns.
+Rows = tuple[list[dict[str, Any]], list[tuple[str, str]]]
 
 
 def add_connection_options(
@@ -78,3 +84,32 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return str(value)
+
+
+def run_rows_command(
+    args: argparse.Namespace,
+    name: str,
+    run: Callable[[Admin, argparse.Namespace], Rows],
+    refusal: type[Exception],
+    nothing_found: Mapping[str, str],
+) -> int:
+    """Run ``run`` (a subcommand of ``raftcoord NAME``, ``args.<name>_command``)
+    with an Admin client and print its rows: JSON with ``--json``, else a
+    table, or the subcommand's ``nothing_found`` line when it found none. A
+    failure is one line on stderr and exit status 1."""
+    command = getattr(args, f"{name}_command")
+    try:
+        timeout_ms = int(args.timeout * 1000)
+        with Admin(bootstrap(args), request_timeout_ms=timeout_ms, **ssl_files(args)) as admin:
+            rows, columns = run(admin, args)
+    except (KafkaError, refusal, ClusterError, ValueError) as exc:
+        print(f"raftcoord {name} {command}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows and command in nothing_found:
+        print(nothing_found[command])
+        return 0
+    print_table(rows, columns)
+    return 0

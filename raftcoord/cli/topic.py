@@ -11,16 +11,15 @@ are one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
-from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
-from raftcoord.client import Admin, KafkaError
-from raftcoord.cluster.launcher import ClusterError
+from raftcoord.cli.connection import add_connection_options, run_rows_command
+from raftcoord.client import Admin
 
 __all__ = ["configure"]
 
+#: What a command that found nothing says instead of an empty table.
+NOTHING_FOUND = {"describe": "no partition matches"}
 #: The only topic config CreateTopics takes.
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 
@@ -139,18 +138,4 @@ def configure(topic: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        timeout_ms = int(args.timeout * 1000)
-        with Admin(bootstrap(args), request_timeout_ms=timeout_ms, **ssl_files(args)) as admin:
-            rows, columns = args.run(admin, args)
-    except (KafkaError, TopicCommandError, ClusterError, ValueError) as exc:
-        print(f"raftcoord topic {args.topic_command}: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows and args.topic_command == "describe":
-        print("no partition matches")
-        return 0
-    print_table(rows, columns)
-    return 0
+    return run_rows_command(args, "topic", args.run, TopicCommandError, NOTHING_FOUND)

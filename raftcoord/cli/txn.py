@@ -15,17 +15,14 @@ line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
-from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
-from raftcoord.client import AbortTransactionSpec, Admin, KafkaError, TopicPartition
+from raftcoord.cli.connection import add_connection_options, run_rows_command
+from raftcoord.client import AbortTransactionSpec, Admin, TopicPartition
 from raftcoord.client.admin import TRANSACTION_STATES
 from raftcoord.client.hanging import find_hanging
-from raftcoord.cluster.launcher import ClusterError
 
 __all__ = ["configure"]
 
@@ -312,18 +309,4 @@ def configure(txn: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        timeout_ms = int(args.timeout * 1000)
-        with Admin(bootstrap(args), request_timeout_ms=timeout_ms, **ssl_files(args)) as admin:
-            rows, columns = args.run(admin, args)
-    except (KafkaError, TxnCommandError, ClusterError, ValueError) as exc:
-        print(f"raftcoord txn {args.txn_command}: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows and args.txn_command in NOTHING_FOUND:
-        print(NOTHING_FOUND[args.txn_command])
-        return 0
-    print_table(rows, columns)
-    return 0
+    return run_rows_command(args, "txn", args.run, TxnCommandError, NOTHING_FOUND)
