@@ -124,12 +124,15 @@ def test_the_numbers_follow_a_transaction(cluster: LocalCluster) -> None:
     assert value(samples, "raftcoord_partition_last_stable_offset", **where) == 2
     assert value(samples, "raftcoord_rpc_requests_total", method="WriteTxnMarkers") >= 1
     assert value(samples, "raftcoord_fsync_duration_seconds_count") > fsyncs
+    # Every replica applies the completion, followers a heartbeat after the leader.
     LocalCluster.wait_until(
-        lambda: coordinator_sum("raftcoord_transactions", state="ONGOING") == 0,
+        lambda: coordinator_sum("raftcoord_transactions", state="COMPLETE_COMMIT")
+        == len(coordinators),
         10,
-        "the transaction no longer open",
+        "the commit completed on every replica",
     )
-    assert coordinator_sum("raftcoord_transactions", state="COMPLETE_COMMIT") == len(coordinators)
+    assert coordinator_sum("raftcoord_transactions", state="ONGOING") == 0
+    assert coordinator_sum("raftcoord_transactions", state="PREPARE_COMMIT") == 0
     assert (
         coordinator_sum("raftcoord_rpc_requests_total", method="EndTxn", code="NONE")
         == end_txns + 1
