@@ -10,6 +10,8 @@ Layout of a partition directory (docs/partition-log.md has the details)::
     offset-gaps                  ranges of offsets never handed out (``skip_to``), if any
     offsets-unsettled            present while the log may lack records whose offsets
                                  were handed out (its owner removes it once settled)
+    leader-epoch-checkpoint      the leader epochs that appended and where each started
+                                 (:mod:`partition_log.epochs`)
 
 The newest segment is the *active* one; appends go to it through an
 ``O_APPEND`` file descriptor with ``os.write`` (no userspace buffer), so once
@@ -40,6 +42,7 @@ from typing import Protocol
 import crc32c
 import msgpack
 
+from partition_log import epochs
 from partition_log.codec import (
     HEADER_SIZE,
     BatchHeader,
@@ -48,6 +51,7 @@ from partition_log.codec import (
     parse_header,
     set_base_offset,
 )
+from partition_log.epochs import LeaderEpochs
 
 __all__ = [
     "SNAPSHOTS_KEPT",
@@ -100,6 +104,8 @@ _GAPS_FILE = "offset-gaps"
 #: Present while the partition may have lost records whose offsets were handed
 #: out, until its owner has continued above them (:meth:`PartitionLogStore.settle`).
 _UNSETTLED_FILE = "offsets-unsettled"
+#: The leader-epoch checkpoint (:func:`partition_log.epochs.encode`).
+_EPOCHS_FILE = "leader-epoch-checkpoint"
 #: Producer-state snapshots kept: the newest ones, older ones are deleted.
 SNAPSHOTS_KEPT = 2
 
@@ -235,9 +241,10 @@ class PartitionLogStore:
         self.headers_scanned = 0
         """Batch headers parsed so far (recovery, reads, :meth:`batches`); for tests and
         diagnostics."""
-        self.latest_leader_epoch = 0
-        """The partition leader epoch of the log's last batch (0 for an empty log),
-        found by recovery and kept by :meth:`append`."""
+        self.epochs = LeaderEpochs()
+        """The leader epochs that appended to the log and where each started: read
+        from the checkpoint and checked against the log by recovery, kept by
+        :meth:`append`, :meth:`truncate_to` and retention."""
         self._segments: list[_Segment] = []
         self._bases: list[int] = []
         self._dirty = False
@@ -251,6 +258,11 @@ class PartitionLogStore:
             raise
 
     # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def latest_leader_epoch(self) -> int:
+        """The leader epoch of the log's newest epoch (0 for a log without any)."""
+        return max(self.epochs.latest_epoch, 0)
 
     @property
     def log_start_offset(self) -> int:
@@ -308,12 +320,16 @@ class PartitionLogStore:
         if active.size > 0 and (too_big or last_relative > _MAX_RELATIVE_OFFSET):
             self._roll()
             active = self._segments[-1]
+        if self.epochs.is_new(header.partition_leader_epoch):
+            # The checkpoint first: a log never holds an epoch it does not name.
+            newer = LeaderEpochs(self.epochs.entries)
+            newer.assign(header.partition_leader_epoch, base_offset)
+            self._write_epochs(newer)
         set_base_offset(batch, base_offset)
         position = active.size
         self._write_log(active, batch)
         active.size += len(batch)
         active.next_offset = base_offset + header.last_offset_delta + 1
-        self.latest_leader_epoch = header.partition_leader_epoch
         self._dirty = True
         try:
             if position - active.last_indexed_position >= self.index_interval_bytes:
@@ -422,6 +438,9 @@ class PartitionLogStore:
                 for offset in self.snapshot_offsets():
                     if offset < self.log_start_offset:
                         self.delete_snapshot(offset)
+                kept = LeaderEpochs(self.epochs.entries)
+                if kept.truncate_from_start(self.log_start_offset):
+                    self._write_epochs(kept)
         return count
 
     def _max_timestamp(self, segment: _Segment) -> int:
@@ -672,7 +691,12 @@ class PartitionLogStore:
         if created:
             self.directory.mkdir(parents=True)
             fsync_directory(self.directory.parent)
-        for pattern in ("*.index.tmp", "*" + _SNAPSHOT_SUFFIX + ".tmp", _GAPS_FILE + ".tmp"):
+        for pattern in (
+            "*.index.tmp",
+            "*" + _SNAPSHOT_SUFFIX + ".tmp",
+            _GAPS_FILE + ".tmp",
+            _EPOCHS_FILE + ".tmp",
+        ):
             for leftover in self.directory.glob(pattern):
                 leftover.unlink()
         bases = sorted(
@@ -685,7 +709,9 @@ class PartitionLogStore:
                 index.unlink()  # its log was deleted by retention just before a crash
         if not bases:
             self._add_segment(self._create_segment(0))
+            (self.directory / _EPOCHS_FILE).unlink(missing_ok=True)
             return RecoveryReport(1, 0, 0, 0, time.monotonic() - started, created)
+        on_disk = self._read_epochs()
         gaps = self._read_gaps()
         scanned = truncated = rebuilt = 0
         expected = bases[0]
@@ -708,9 +734,51 @@ class PartitionLogStore:
         for offset in self.snapshot_offsets():
             if not bases[0] <= offset <= expected:  # describes records no longer in the log
                 self.delete_snapshot(offset)
+        self._recover_epochs(on_disk)
         return RecoveryReport(
             len(bases), scanned, truncated, rebuilt, time.monotonic() - started, created
         )
+
+    def _read_epochs(self) -> bytes | None:
+        """The checkpoint's bytes, after loading them into :attr:`epochs`; None when
+        there is no checkpoint or it is damaged (:meth:`_recover_epochs` rebuilds it)."""
+        path = self.directory / _EPOCHS_FILE
+        try:
+            data = path.read_bytes()
+            self.epochs = epochs.decode(data)
+        except FileNotFoundError:
+            return None
+        except epochs.CheckpointError as exc:
+            logger.warning("%s is damaged (%s); rebuilt from the log", path, exc)
+            return None
+        return data
+
+    def _recover_epochs(self, on_disk: bytes | None) -> None:
+        """Make :attr:`epochs` describe the recovered log and write it back where
+        it changed: without a readable checkpoint, from every batch header;
+        with one, without the epochs of a tail cut by recovery."""
+        if on_disk is None:
+            self.epochs = LeaderEpochs()
+            for header, _ in self.batches():
+                self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.epochs.truncate_from_start(self.log_start_offset)
+        if epochs.encode(self.epochs) != on_disk:
+            self._write_epochs(self.epochs)
+
+    def _write_epochs(self, history: LeaderEpochs) -> None:
+        """Store ``history`` as the checkpoint (atomically) and keep it.
+
+        Raises:
+            OSError: it could not be written (the store is failed: the file may
+                be renamed over while the directory was not synced).
+        """
+        try:
+            _write_atomically(self.directory / _EPOCHS_FILE, epochs.encode(history))
+        except OSError as err:
+            self._failure = err
+            raise
+        self.epochs = history
 
     def _read_gaps(self) -> set[tuple[int, int]]:
         """The recorded gaps (:meth:`skip_to`) as (from, to) offsets.
@@ -731,6 +799,12 @@ class PartitionLogStore:
             return {(int(a), int(b)) for a, b in pairs}
         except (ValueError, TypeError, msgpack.UnpackException) as exc:
             raise CorruptLog(f"{path} is damaged: {exc}") from None
+
+    def _write_gaps(self, gaps: set[tuple[int, int]]) -> None:
+        body = msgpack.packb([list(gap) for gap in sorted(gaps)])
+        _write_atomically(
+            self.directory / _GAPS_FILE, body + crc32c.crc32c(body).to_bytes(4, "little")
+        )
 
     @property
     def unsettled(self) -> bool:
@@ -787,12 +861,82 @@ class PartitionLogStore:
                 self._index_path(empty.base_offset).unlink(missing_ok=True)
                 self._add_segment(self._create_segment(offset))
                 return
-            gaps = sorted(self._read_gaps() | {(end, offset)})
-            body = msgpack.packb([list(gap) for gap in gaps])
-            _write_atomically(
-                self.directory / _GAPS_FILE, body + crc32c.crc32c(body).to_bytes(4, "little")
-            )
+            self._write_gaps(self._read_gaps() | {(end, offset)})
             self._roll(offset)
+        except OSError as err:
+            self._failure = err
+            raise
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the log so that it ends at ``offset`` (a follower's log where it may
+        differ from its leader's, KIP-101): later segments are deleted, the one
+        holding ``offset`` is cut there and becomes the active one, and the
+        snapshots, gaps and leader epochs past it are dropped. An ``offset``
+        in a recorded gap cuts at the gap's start.
+
+        Raises:
+            ValueError: ``offset`` is outside [log start offset, log end offset]
+                or inside a batch.
+            StoreFailed: an earlier write or fsync failed.
+            OSError: the files could not be cut (the store is failed).
+        """
+        self._check_usable()
+        if not self.log_start_offset <= offset <= self.log_end_offset:
+            raise ValueError(
+                f"offset {offset} is outside [{self.log_start_offset}, {self.log_end_offset}]"
+            )
+        if offset == self.log_end_offset:
+            return
+        holder = self._segments[bisect.bisect_right(self._bases, offset) - 1]
+        cut = holder.size
+        for pos, header in self._headers_from(
+            holder, _SegmentReader(holder.log_fd, _READAHEAD), offset
+        ):
+            if header.base_offset != offset:
+                raise ValueError(
+                    f"offset {offset} is inside the batch at "
+                    f"{header.base_offset}..{header.last_offset}"
+                )
+            cut = pos
+            break
+        try:
+            while self._segments[-1] is not holder:
+                dropped = self._segments.pop()
+                self._bases.pop()
+                for fd in (dropped.log_fd, dropped.index_fd):
+                    if fd is not None:
+                        os.close(fd)
+                self._log_path(dropped.base_offset).unlink()
+                self._index_path(dropped.base_offset).unlink(missing_ok=True)
+            if holder.index_fd is None:  # it was closed: reopen it for appends
+                os.close(holder.log_fd)
+                holder.log_fd = os.open(self._log_path(holder.base_offset), os.O_RDWR | os.O_APPEND)
+            else:
+                os.close(holder.index_fd)
+                holder.index_fd = None
+            os.ftruncate(holder.log_fd, cut)
+            _fsync(holder.log_fd, self.directory)
+            kept = bisect.bisect_left(holder.index_positions, cut)
+            del holder.index_offsets[kept:], holder.index_positions[kept:]
+            self._write_index_file(holder.base_offset, holder.index_offsets, holder.index_positions)
+            holder.index_fd = os.open(
+                self._index_path(holder.base_offset), os.O_WRONLY | os.O_APPEND
+            )
+            holder.size = cut
+            holder.next_offset = min(offset, holder.next_offset)
+            holder.max_timestamp = None
+            self._dirty = self._index_dirty = False
+            fsync_directory(self.directory)
+            end = holder.next_offset
+            gaps = self._read_gaps()
+            if any(to > end for _, to in gaps):
+                self._write_gaps({gap for gap in gaps if gap[1] <= end})
+            for snapshot in self.snapshot_offsets():
+                if snapshot > end:
+                    self.delete_snapshot(snapshot)
+            kept_epochs = LeaderEpochs(self.epochs.entries)
+            if kept_epochs.truncate_from_end(end):
+                self._write_epochs(kept_epochs)
         except OSError as err:
             self._failure = err
             raise
@@ -966,9 +1110,9 @@ class PartitionLogStore:
                 offsets.append(header.base_offset)
                 positions.append(pos)
                 last_indexed = pos
-            # Segments are recovered in order, each scanned to its end: the last
-            # batch accepted is the log's last.
-            self.latest_leader_epoch = header.partition_leader_epoch
+            # Segments are recovered in order: a batch of a newer epoch than the
+            # checkpoint names (written before it, if the checkpoint was lost) adds it.
+            self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             batches += 1
             expected = header.next_offset
             pos += header.size

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from partition_log import codec
+from partition_log import codec, epochs
 from partition_log.log import CorruptLog, FsyncPolicy, PartitionLogStore, StoreFailed
 from partition_log.producer_state import (
     AbortedTxn,
@@ -401,19 +401,80 @@ class Partition:
             return ErrorCode.NONE, ""
 
     def _append(self, batch: bytearray) -> int:
-        """Append to the store, stamped with the leader epoch; when that rolled
-        a new segment, snapshot the state as of
-        the new segment's base offset (the batch is not in the state yet), as Kafka does
-        at every roll."""
-        active = self.store.active_base_offset
+        """Append to the store, stamped with the leader epoch (:meth:`_store`)."""
         codec.set_partition_leader_epoch(batch, self.leader_epoch)
+        base = self._store(batch)
+        if self._reservation_due():
+            self._on_reservation_due()
+        return base
+
+    def _store(self, batch: bytearray) -> int:
+        """Append to the store; when that rolled a new segment, snapshot the state
+        as of the new segment's base offset (the batch is not in the state yet),
+        as Kafka does at every roll."""
+        active = self.store.active_base_offset
         base = self.store.append(batch)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
         self._on_change()
-        if self._reservation_due():
-            self._on_reservation_due()
         return base
+
+    # --- replication ---------------------------------------------------------------
+
+    def append_replicated(self, batches: list[bytes]) -> None:
+        """Append batches fetched from the leader, as they are (offsets, leader
+        epochs, producer fields), bringing the producer state, the aborted index
+        and the LSO along as replay at start does. A batch past the log end
+        follows a gap in the leader's log, which is kept here too.
+
+        Raises:
+            ValueError: a batch fails its CRC-32C or starts below the log end
+                (nothing from it on is appended).
+            OSError, StoreFailed: the store failed.
+        """
+        with self.lock:
+            for data in batches:
+                header = codec.parse_header(data)
+                if not codec.crc_ok(data) or header.size != len(data):
+                    raise ValueError(
+                        f"partition {self.topic}-{self.index}: the batch at offset "
+                        f"{header.base_offset} from the leader does not match its CRC-32C"
+                    )
+                end = self.store.log_end_offset
+                if header.base_offset < end:
+                    raise ValueError(
+                        f"partition {self.topic}-{self.index}: the leader's batch at offset "
+                        f"{header.base_offset} is below the log end {end}"
+                    )
+                if header.base_offset > end:
+                    self.store.skip_to(header.base_offset)
+                self._store(bytearray(data))
+                body = bytes(data) if header.is_control else None
+                self._replay(header, body)
+            self.leader_epoch = max(self.leader_epoch, self.store.latest_leader_epoch)
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the log at ``offset`` (where it may differ from the leader's) and
+        rebuild the producer state from the newest snapshot at or below it.
+
+        Raises:
+            ValueError: ``offset`` is outside the log or inside a batch.
+            OSError, StoreFailed: the store failed.
+        """
+        with self.lock:
+            if offset >= self.store.log_end_offset:
+                return
+            self.store.truncate_to(offset)
+            self.states, start = self._load_snapshot()
+            for header, body in self.store.batches(start):
+                self._replay(header, body)
+            self.states.trim(self.store.log_start_offset)
+            self._on_change()
+
+    def epoch_end(self, leader_epoch: int) -> epochs.EpochEnd:
+        """Where ``leader_epoch`` ends in this log (:meth:`LeaderEpochs.end_offset_for`)."""
+        with self.lock:
+            return self.store.epochs.end_offset_for(leader_epoch, self.store.log_end_offset)
 
     # --- reads ---------------------------------------------------------------------
 

@@ -709,6 +709,7 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_always_fsyncs_every_append(tmp_path: Path, fsyncs: list[int]) -> None:
     with PartitionLogStore(tmp_path, fsync=FsyncPolicy.ALWAYS) as store:
+        store.append(data_batch("first"))  # also writes the leader-epoch checkpoint
         fsyncs.clear()
         for i in range(10):
             store.append(data_batch(f"a{i}"))
@@ -720,6 +721,8 @@ def test_always_fsyncs_every_append(tmp_path: Path, fsyncs: list[int]) -> None:
 
 def test_never_does_not_fsync_appends(tmp_path: Path, fsyncs: list[int]) -> None:
     with PartitionLogStore(tmp_path, fsync=FsyncPolicy.NEVER) as store:
+        store.append(data_batch("first"))  # writes the leader-epoch checkpoint
+        store.flush()
         fsyncs.clear()
         fill(store, 10)
         assert fsyncs == []
@@ -728,6 +731,8 @@ def test_never_does_not_fsync_appends(tmp_path: Path, fsyncs: list[int]) -> None
 
 def test_interval_fsyncs_only_in_flush(tmp_path: Path, fsyncs: list[int]) -> None:
     with PartitionLogStore(tmp_path, fsync=FsyncPolicy.INTERVAL) as store:
+        store.append(data_batch("first"))  # writes the leader-epoch checkpoint
+        store.flush()
         fsyncs.clear()
         fill(store, 10)
         assert fsyncs == [] and store.dirty

@@ -1,0 +1,280 @@
+"""Leader-epoch history (KIP-101) and log truncation: the pure history, its
+checkpoint file, and the store keeping both in step with its segments."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from fsm.errors import ErrorCode
+from partition_log import codec, epochs
+from partition_log.codec import RecordData, encode_batch, parse_header, set_partition_leader_epoch
+from partition_log.epochs import UNDEFINED, EpochEnd, EpochEntry, LeaderEpochs
+from partition_log.log import FsyncPolicy, PartitionLogStore
+from partition_log.partition import BatchSpec, Partition
+from tests.reserved import reserved
+
+CHECKPOINT = "leader-epoch-checkpoint"
+
+
+def batch_at(epoch: int, label: str, n: int = 1, pad: int = 200) -> bytearray:
+    records = [RecordData(None, f"{label}:{i}".encode() + b"x" * pad, (), 1_000) for i in range(n)]
+    batch = encode_batch(
+        records, producer_id=-1, producer_epoch=-1, base_sequence=-1, transactional=False
+    )
+    set_partition_leader_epoch(batch, epoch)
+    return batch
+
+
+def history_of(store: PartitionLogStore) -> list[EpochEntry]:
+    """The history the log's batches imply."""
+    derived = LeaderEpochs()
+    for header, _ in store.batches():
+        derived.assign(header.partition_leader_epoch, header.base_offset)
+    return derived.entries
+
+
+# -- the history ---------------------------------------------------------------------------------
+
+
+def test_end_offsets_answer_as_kafkas_leader_epoch_cache() -> None:
+    history = LeaderEpochs([EpochEntry(1, 0), EpochEntry(3, 10), EpochEntry(6, 25)])
+    assert history.end_offset_for(6, 40) == EpochEnd(6, 40)  # the latest: the log end
+    assert history.end_offset_for(3, 40) == EpochEnd(3, 25)
+    assert history.end_offset_for(4, 40) == EpochEnd(3, 25)  # never led: the one below
+    assert history.end_offset_for(1, 40) == EpochEnd(1, 10)
+    assert history.end_offset_for(0, 40) == UNDEFINED  # older than the log
+    assert history.end_offset_for(7, 40) == UNDEFINED  # newer than the log
+    assert LeaderEpochs().end_offset_for(0, 0) == UNDEFINED
+    assert history.epoch_at(9) == 1 and history.epoch_at(10) == 3 and history.epoch_at(99) == 6
+
+
+def test_assign_keeps_only_new_epochs_and_cuts_what_a_new_start_overlaps() -> None:
+    history = LeaderEpochs()
+    assert not history.assign(-1, 0)  # a batch without a leader epoch
+    assert history.assign(2, 0)
+    assert not history.assign(2, 5) and not history.assign(1, 7)
+    assert history.assign(4, 5)
+    assert history.assign(5, 5)  # epoch 4 appended nothing
+    assert history.entries == [EpochEntry(2, 0), EpochEntry(5, 5)]
+    assert history.assign(7, 3)  # a start below an entry's: that entry is gone
+    assert history.entries == [EpochEntry(2, 0), EpochEntry(7, 3)]
+
+
+def test_truncation_from_either_end() -> None:
+    history = LeaderEpochs([EpochEntry(1, 0), EpochEntry(3, 10), EpochEntry(6, 25)])
+    assert not history.truncate_from_end(26)
+    assert history.truncate_from_end(25)
+    assert history.entries == [EpochEntry(1, 0), EpochEntry(3, 10)]
+    assert history.truncate_from_start(12)
+    assert history.entries == [EpochEntry(3, 12)]
+    assert not history.truncate_from_start(12) and not history.truncate_from_start(5)
+
+
+def test_the_checkpoint_round_trips_and_refuses_damage() -> None:
+    history = LeaderEpochs([EpochEntry(0, 0), EpochEntry(4, 100)])
+    data = epochs.encode(history)
+    assert epochs.decode(data).entries == history.entries
+    flipped = bytearray(data)
+    flipped[3] ^= 0x01
+    for bad in (bytes(flipped), data[:-1], b"", b"\x00" * 3):
+        with pytest.raises(epochs.CheckpointError):
+            epochs.decode(bad)
+    out_of_order = LeaderEpochs()
+    out_of_order.entries = [EpochEntry(4, 100), EpochEntry(2, 200)]
+    with pytest.raises(epochs.CheckpointError, match="out of order"):
+        epochs.decode(epochs.encode(out_of_order))
+
+
+# -- the store -----------------------------------------------------------------------------------
+
+
+def test_the_checkpoint_follows_appends_and_restarts(tmp_path: Path) -> None:
+    with PartitionLogStore(tmp_path, segment_bytes=1024) as store:
+        for i, epoch in enumerate((0, 0, 2, 2, 2, 5)):
+            store.append(batch_at(epoch, f"b{i}"))
+        assert store.epochs.entries == [EpochEntry(0, 0), EpochEntry(2, 2), EpochEntry(5, 5)]
+        assert epochs.decode((tmp_path / CHECKPOINT).read_bytes()).entries == store.epochs.entries
+    with PartitionLogStore(tmp_path, segment_bytes=1024) as store:
+        assert store.epochs.entries == [EpochEntry(0, 0), EpochEntry(2, 2), EpochEntry(5, 5)]
+        assert store.latest_leader_epoch == 5
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped", "stale"])
+def test_a_lost_or_damaged_checkpoint_is_rebuilt_from_the_log(tmp_path: Path, damage: str) -> None:
+    with PartitionLogStore(tmp_path, segment_bytes=1024) as store:
+        for i, epoch in enumerate((1, 1, 3, 3, 4, 8, 8)):
+            store.append(batch_at(epoch, f"b{i}"))
+        expected = store.epochs.entries
+    path = tmp_path / CHECKPOINT
+    if damage == "missing":
+        path.unlink()
+    elif damage == "flipped":
+        data = bytearray(path.read_bytes())
+        data[5] ^= 0x40
+        path.write_bytes(bytes(data))
+    else:  # names epochs past the log: a torn append after its checkpoint
+        path.write_bytes(epochs.encode(LeaderEpochs([*expected, EpochEntry(9, 7)])))
+    with PartitionLogStore(tmp_path, segment_bytes=1024) as store:
+        assert store.epochs.entries == expected == history_of(store)
+    assert epochs.decode(path.read_bytes()).entries == expected
+
+
+def test_truncation_cuts_segments_index_snapshots_and_epochs(tmp_path: Path) -> None:
+    with PartitionLogStore(tmp_path, segment_bytes=1024, index_interval_bytes=0) as store:
+        for i, epoch in enumerate((1, 1, 1, 2, 2, 3, 3, 3)):
+            store.append(batch_at(epoch, f"b{i}", n=2))  # two records: offsets 2i, 2i+1
+        store.write_snapshot(6, b"state at 6")
+        store.write_snapshot(12, b"state at 12")
+        assert len(store.segment_base_offsets) > 2
+        with pytest.raises(ValueError, match="inside the batch"):
+            store.truncate_to(7)
+        with pytest.raises(ValueError, match="outside"):
+            store.truncate_to(17)
+        store.truncate_to(8)
+        assert store.log_end_offset == 8
+        assert store.epochs.entries == [EpochEntry(1, 0), EpochEntry(2, 6)]
+        assert store.snapshot_offsets() == [6]
+        assert [h.base_offset for h, _ in store.batches()] == [0, 2, 4, 6]
+        assert store.append(batch_at(4, "after", n=2)) == 8  # the cut segment is the active one
+        assert store.epochs.entries[-1] == EpochEntry(4, 8)
+    with PartitionLogStore(tmp_path, segment_bytes=1024, index_interval_bytes=0) as store:
+        assert store.recovered.bytes_truncated == 0 and store.recovered.indexes_rebuilt == 0
+        assert store.log_end_offset == 10
+        assert store.epochs.entries == history_of(store)
+        assert [parse_header(b).base_offset for b in store.read(0, 1 << 20, 10)] == [0, 2, 4, 6, 8]
+        store.truncate_to(0)
+        assert store.log_end_offset == 0 and store.epochs.entries == []
+        assert store.segment_base_offsets == (0,)
+
+
+def test_truncation_drops_gaps_past_the_cut(tmp_path: Path) -> None:
+    with PartitionLogStore(tmp_path) as store:
+        store.append(batch_at(1, "a"))
+        store.skip_to(100)
+        store.append(batch_at(1, "b"))
+        store.truncate_to(50)  # inside the gap: the log ends where the gap starts
+        assert store.log_end_offset == 1 and store.segment_base_offsets == (0,)
+        store.append(batch_at(2, "c"))
+    with PartitionLogStore(tmp_path) as store:
+        assert store.log_end_offset == 2
+        assert store.epochs.entries == [EpochEntry(1, 0), EpochEntry(2, 1)]
+
+
+def test_truncations_appends_and_restarts_keep_the_history_true(tmp_path: Path) -> None:
+    """Random appends at growing epochs, cuts at batch boundaries and reopens:
+    the history always equals the one the remaining batches imply."""
+    seed = random.randrange(1 << 30)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    store = PartitionLogStore(tmp_path, segment_bytes=900, fsync=FsyncPolicy.NEVER)
+    epoch = 0
+    try:
+        for step in range(120):
+            action = rng.random()
+            if action < 0.6:
+                epoch += rng.random() < 0.3
+                store.append(batch_at(epoch, f"s{step}", n=rng.randint(1, 3)))
+            elif action < 0.8:
+                bounds = [h.base_offset for h, _ in store.batches()] + [store.log_end_offset]
+                store.truncate_to(rng.choice(bounds))
+            else:
+                store.close()
+                store = PartitionLogStore(tmp_path, segment_bytes=900, fsync=FsyncPolicy.NEVER)
+            assert store.epochs.entries == history_of(store), f"seed={seed} step={step}"
+    finally:
+        store.close()
+
+
+# -- a follower's partition ----------------------------------------------------------------------
+
+
+def open_partition(path: Path) -> Partition:
+    return reserved(
+        Partition(
+            "t", 0, path, segment_bytes=2048, index_interval_bytes=256, fsync=FsyncPolicy.NEVER
+        )
+    )
+
+
+def send(part: Partition, pid: int, seq: int, value: bytes, txn: bool) -> int:
+    batch = codec.encode_batch(
+        [codec.RecordData(None, value, (), 1)],
+        producer_id=pid,
+        producer_epoch=0,
+        base_sequence=seq,
+        transactional=txn,
+    )
+    check = part.append(BatchSpec(pid, 0, seq, 1, txn), batch, verified=True)
+    assert check.ok, check
+    return check.base_offset
+
+
+def replicate(leader: Partition, follower: Partition) -> None:
+    """Copy what the follower lacks, as a follower's fetch would."""
+    end = follower.store.log_end_offset
+    follower.append_replicated(leader.store.read(end, 1 << 20, leader.store.log_end_offset))
+
+
+def state_of(part: Partition) -> tuple[object, ...]:
+    return (
+        part.offsets(),
+        part.states.aborted,
+        {
+            pid: (p.epoch, list(p.batches), p.txn_first_offset, p.last_offset)
+            for pid, p in part.states.producers.items()
+        },
+        part.store.epochs.entries,
+    )
+
+
+def test_a_follower_rebuilds_the_transaction_state_from_the_batches(tmp_path: Path) -> None:
+    leader = open_partition(tmp_path / "leader")
+    follower = open_partition(tmp_path / "follower")
+    try:
+        leader.lead(3)
+        send(leader, 1, 0, b"commit-me", txn=True)
+        send(leader, 2, 0, b"abort-me", txn=True)
+        replicate(leader, follower)
+        leader.lead(4)
+        assert leader.write_marker(2, 0, 0, False, 0, transaction_version=1) == (ErrorCode.NONE, "")
+        send(leader, 3, 0, b"open", txn=True)
+        assert leader.write_marker(1, 0, 0, True, 0, transaction_version=1) == (ErrorCode.NONE, "")
+        replicate(leader, follower)
+        assert state_of(follower) == state_of(leader)
+        assert follower.offsets() == (0, 3, 5)  # producer 3 still open at offset 3
+        assert follower.leader_epoch == 4
+        # A new leader deduplicates at once: the retried batch gets its old offset.
+        retried = follower.check(BatchSpec(3, 0, 0, 1, True))
+        assert retried.base_offset == 3
+        with pytest.raises(ValueError, match="below the log end"):
+            follower.append_replicated(leader.store.read(0, 1 << 20, 5))
+        damaged = bytearray(leader.store.read(4, 1 << 20, 5)[0])
+        damaged[-1] ^= 0xFF
+        with pytest.raises(ValueError, match="CRC"):
+            follower.append_replicated([bytes(damaged)])
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_follower_cut_back_forgets_the_state_past_the_cut(tmp_path: Path) -> None:
+    part = open_partition(tmp_path / "p")
+    try:
+        part.lead(1)
+        send(part, 1, 0, b"a", txn=True)
+        part.write_marker(1, 0, 0, True, 0, transaction_version=1)  # offset 1, rolls no segment
+        part.lead(2)
+        send(part, 2, 0, b"b", txn=True)  # offset 2: unacknowledged, the leader died
+        send(part, 4, 0, b"c", txn=False)  # offset 3
+        assert part.epoch_end(1) == EpochEnd(1, 2)
+        assert part.epoch_end(2) == EpochEnd(2, 4)
+        part.truncate_to(2)
+        assert part.offsets() == (0, 2, 2)
+        assert 2 not in part.states.producers and 4 not in part.states.producers
+        assert part.states.producers[1].last_offset == 1  # its marker
+        assert part.store.epochs.entries == [EpochEntry(1, 0)]
+    finally:
+        part.close()
