@@ -61,8 +61,20 @@ MIN_REFRESH_INTERVAL_S = 0.1
 
 
 class Leadership(NamedTuple):
-    """A partition's leader (-1: none) and leader epoch, as the coordinators record them."""
+    """A partition's leader (-1: none), leader epoch, replicas and in-sync
+    replicas, as the coordinators record them."""
 
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+
+
+class Followed(NamedTuple):
+    """A partition this node holds a follower replica of."""
+
+    topic: str
+    partition: int
     leader: int
     leader_epoch: int
 
@@ -77,6 +89,10 @@ class Placement:
     message: str = ""
     #: The leader epoch this node leads at (when ``error`` is NONE).
     leader_epoch: int = -1
+    #: The other in-sync replicas (when ``error`` is NONE).
+    in_sync_followers: frozenset[int] = frozenset()
+    #: The topic's min.insync.replicas.
+    min_insync_replicas: int = 1
 
 
 class ClusterView:
@@ -88,6 +104,7 @@ class ClusterView:
         self.node_id = node_id
         self._lock = threading.Lock()
         self._topics: dict[str, tuple[Leadership, ...]] = {}
+        self._min_insync: dict[str, int] = {}
         self.shard_count = 0
         self._missed: dict[str, float] = {}  # topic -> when a miss last refreshed
         self._next = 0
@@ -130,7 +147,7 @@ class ClusterView:
             return False
         topics = {
             t.name: tuple(
-                Leadership(p.node_id, p.leader_epoch)
+                Leadership(p.node_id, p.leader_epoch, tuple(p.replicas), tuple(p.isr))
                 for p in sorted(t.partitions, key=lambda p: p.partition)
             )
             for t in answer.topics
@@ -151,6 +168,11 @@ class ClusterView:
                 **self._topics,
                 **{name: _newer(self._topics.get(name), found) for name, found in topics.items()},
             }
+            self._min_insync.update(
+                (t.name, max(t.min_insync_replicas, 1))
+                for t in answer.topics
+                if t.error_code == ErrorCode.NONE
+            )
             self.shard_count = answer.shard_count
             if acls is not None and acls != self._acls:
                 self._acls = acls
@@ -321,6 +343,22 @@ class ClusterView:
                 if p.leader == self.node_id
             ]
 
+    def followed(self) -> list[Followed]:
+        """The partitions this node is a replica of and another node leads."""
+        with self._lock:
+            return [
+                Followed(topic, i, p.leader, p.leader_epoch)
+                for topic, partitions in self._topics.items()
+                for i, p in enumerate(partitions)
+                if self.node_id in p.replicas and p.leader not in (self.node_id, -1)
+            ]
+
+    def replica_of(self, topic: str, partition: int, replica: int) -> bool:
+        """Whether ``replica`` holds a replica of ``topic``/``partition`` (no refresh)."""
+        with self._lock:
+            partitions = self._topics.get(topic, ())
+            return 0 <= partition < len(partitions) and replica in partitions[partition].replicas
+
     def locate(self, topic: str, partition: int, leader_epoch: int | None = None) -> Placement:
         """Whether this node leads ``topic``/``partition``, for a request that
         names ``leader_epoch`` (None: any); refreshes once on a miss, or when
@@ -349,7 +387,7 @@ class ClusterView:
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} has partitions 0..{len(partitions) - 1}, not {partition}",
             )
-        leader, epoch = partitions[partition]
+        leader, epoch, _replicas, isr = partitions[partition]
         if leader != self.node_id:
             led = f"led by partition-log node {leader}" if leader >= 0 else "without a leader"
             return Placement(
@@ -367,7 +405,12 @@ class ClusterView:
                 f"partition-log node {self.node_id} knows {topic}-{partition} at leader "
                 f"epoch {epoch}, not yet {leader_epoch}; retry",
             )
-        return Placement(ErrorCode.NONE, leader_epoch=epoch)
+        return Placement(
+            ErrorCode.NONE,
+            leader_epoch=epoch,
+            in_sync_followers=frozenset(isr) - {self.node_id},
+            min_insync_replicas=self._min_insync.get(topic, 1),
+        )
 
 
 def _newer(

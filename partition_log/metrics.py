@@ -60,7 +60,7 @@ class PartitionCollector(Collector):
             name = [partition.topic, str(partition.index)]
             first, lso, hw = partition.offsets()
             start.add_metric(name, float(first))
-            end.add_metric(name, float(hw))
+            end.add_metric(name, float(partition.log_end()))
             high.add_metric(name, float(hw))
             stable.add_metric(name, float(lso))
             lag.add_metric(name, float(hw - lso))

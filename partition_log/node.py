@@ -38,12 +38,15 @@ import partition_log.log
 from partition_log.cluster_view import (
     CALL_TIMEOUT_S,
     ClusterView,
+    Followed,
+    Placement,
     TxnPartitionAdder,
     owed_marker,
 )
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.metrics import PartitionCollector
 from partition_log.partition import Partition
+from partition_log.replica_fetcher import ReplicaFetchers
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
@@ -112,6 +115,13 @@ class PartitionNode:
             options=(*CHANNEL_POLICY, ("grpc.max_receive_message_length", METADATA_MAX_BYTES)),
         )
         self.view = ClusterView(channels, coordinators, node_id)
+        #: The threads that fetch this node's follower replicas from their leaders.
+        self.fetchers = ReplicaFetchers(
+            node_id,
+            self.view,
+            lambda leader: channels.partition_log(config.partition_node(leader).grpc),
+            self._follower,
+        )
         self.adder = TxnPartitionAdder(
             channels,
             coordinators,
@@ -221,7 +231,7 @@ class PartitionNode:
             return placement.error, placement.message
         partition = self.partitions.get((topic, index))
         if partition is not None:
-            partition.lead(placement.leader_epoch)
+            _lead(partition, placement)
             return partition
         opened = self._open(topic, index)
         if opened is None:
@@ -230,10 +240,33 @@ class PartitionNode:
                 f"partition {topic}-{index} is damaged on this node: "
                 f"{self.damaged[(topic, index)]}",
             )
-        opened.lead(placement.leader_epoch)
+        _lead(opened, placement)
         if opened.ceiling is None:  # new here: its first offsets are reserved now
             self.reserve_due()
         return opened
+
+    def replica_lookup(
+        self, topic: str, index: int, replica: int, leader_epoch: int
+    ) -> Partition | tuple[ErrorCode, str]:
+        """The partition for follower ``replica``'s fetch naming ``leader_epoch``:
+        :meth:`lookup`, and the follower must hold a replica of it."""
+        found = self.lookup(topic, index, leader_epoch)
+        if isinstance(found, tuple):
+            return found
+        if replica == self.node_id or not self.view.replica_of(topic, index, replica):
+            return (
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"partition-log node {replica} holds no follower replica of {topic}-{index}",
+            )
+        return found
+
+    def _follower(self, followed: Followed) -> Partition | None:
+        """The follower replica to fetch into (opened on first use); None while the
+        data directory is not the one on record or the log is damaged."""
+        if self.directory_state is not DirectoryState.SERVING:
+            return None
+        found = self.partitions.get((followed.topic, followed.partition))
+        return found if found is not None else self._open(followed.topic, followed.partition)
 
     def _replaced_message(self) -> str:
         assert self.directory is not None
@@ -377,7 +410,7 @@ class PartitionNode:
             placement = self.view.placement(partition.topic, partition.index)
             if placement.error is not ErrorCode.NONE:
                 continue  # not led here (now): its leader settles it
-            partition.lead(placement.leader_epoch)
+            _lead(partition, placement)
             for txn in txns:
                 owed = owed_marker(txn.producer_id, txn.producer_epoch, txn.marker_txn, described)
                 if owed is None or owed.epoch > KAFKA_MAX_PRODUCER_EPOCH:
@@ -479,9 +512,7 @@ class PartitionNode:
             marker.unlink()
             partition_log.log.fsync_directory(self.data_dir)
         self._open_from_disk()
-        self.view.refresh()
-        for topic, index in self.view.owned():
-            self._open(topic, index)
+        self._refresh_placement()
         self.reserve_due()
         # Back after its lease ran out, the node leads again once a heartbeat
         # unfences it: before it serves, not up to a heartbeat interval later.
@@ -525,6 +556,7 @@ class PartitionNode:
             authorizer=Authorizer(self.config, self.view.acls),
             refresh_acls=self.view.refresh_acls,
             confirm_epoch=self.view.confirm_coordinator_epoch,
+            replica_lookup=self.replica_lookup,
         )
         partition_log_pb2_grpc.add_PartitionLogServicer_to_server(service, self._server)
         data_files_pb2_grpc.add_DataFilesServicer_to_server(
@@ -576,6 +608,15 @@ class PartitionNode:
             for topic, index in self.view.owned():
                 if (topic, index) not in self.partitions:
                     self._open(topic, index)
+            # Leaders learn their in-sync replicas' changes; a replica that no
+            # longer leads stops acknowledging (its waiting writes give up).
+            for partition in list(self.partitions.values()):
+                placement = self.view.placement(partition.topic, partition.index)
+                if placement.error is ErrorCode.NONE:
+                    _lead(partition, placement)
+                else:
+                    partition.follow(partition.leader_epoch)
+            self.fetchers.sync()
 
     def _heartbeat_loop(self) -> None:
         """Hold this node's lease with shard 0's leader (docs/replication.md)."""
@@ -637,6 +678,7 @@ class PartitionNode:
             self._flusher.stop()
         for thread in self._threads:
             thread.join(timeout=5.0)
+        self.fetchers.stop(timeout_s=5.0)
         for partition in list(self.partitions.values()):
             partition.flush()
             partition.close()
@@ -645,6 +687,12 @@ class PartitionNode:
         if self.metrics is not None:
             self.metrics.close()
         log.info("node=%d event=stopped", self.node_id)
+
+
+def _lead(partition: Partition, placement: Placement) -> None:
+    partition.lead(
+        placement.leader_epoch, placement.in_sync_followers, placement.min_insync_replicas
+    )
 
 
 def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:

@@ -74,6 +74,19 @@ class FetchedBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaRead:
+    """A leader's answer to one partition of a follower's fetch."""
+
+    error: ErrorCode
+    message: str
+    high_watermark: int
+    log_start_offset: int
+    records: bytes = b""
+    #: Where the follower's log diverges from this one (KIP-320), or None.
+    diverging: epochs.EpochEnd | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FetchResult:
     error: ErrorCode
     message: str
@@ -131,6 +144,25 @@ class Partition:
         #: batch's, and the node raises it to the one the coordinators
         #: record (:meth:`lead`).
         self.leader_epoch = self.store.latest_leader_epoch
+        #: Whether this node leads the partition (:meth:`lead`) or follows it
+        #: (:meth:`follow`); a partition opened from disk does neither yet.
+        self.leading = False
+        #: The high watermark: the offset below which every in-sync replica
+        #: holds the log. A leader moves it (:meth:`_advance_high_watermark`),
+        #: a follower takes it from its leader's answers. Not kept on disk:
+        #: it starts at the log start and catches up with the followers.
+        self.high_watermark = self.store.log_start_offset
+        #: While leading: the other in-sync replicas, the topic's
+        #: min.insync.replicas, and the log end each follower fetched from last.
+        self.in_sync_followers: frozenset[int] = frozenset()
+        self.min_insync_replicas = 1
+        self.follower_ends: dict[int, int] = {}
+        #: Whether this replica has appended batches fetched from a leader
+        #: since it opened: its log is the leader's, not one that lost records.
+        self.replicated = False
+        #: Signalled when the high watermark moves or the leadership changes
+        #: (acks=all waits on it).
+        self._replication = threading.Condition(self.lock)
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
         recovered = self.store.recovered
@@ -197,7 +229,7 @@ class Partition:
             skipped = None
             if self.ceiling is None:
                 end = self.store.log_end_offset
-                if self.may_have_lost and end < previous:
+                if self.may_have_lost and not self.replicated and end < previous:
                     self.store.skip_to(previous)
                     # The state as of the new start: recovery keeps no snapshot
                     # outside the log, so the producers would be forgotten.
@@ -287,11 +319,104 @@ class Partition:
 
     # --- writes --------------------------------------------------------------------
 
-    def lead(self, leader_epoch: int) -> None:
-        """This node leads the partition at ``leader_epoch`` (epochs only grow)."""
-        if leader_epoch > self.leader_epoch:
-            with self.lock:
-                self.leader_epoch = max(self.leader_epoch, leader_epoch)
+    def lead(
+        self,
+        leader_epoch: int,
+        in_sync_followers: frozenset[int] = frozenset(),
+        min_insync_replicas: int = 1,
+    ) -> None:
+        """This node leads the partition at ``leader_epoch`` (epochs only grow),
+        with these other in-sync replicas."""
+        if (
+            self.leading
+            and leader_epoch <= self.leader_epoch
+            and in_sync_followers == self.in_sync_followers
+            and min_insync_replicas == self.min_insync_replicas
+        ):
+            return
+        with self.lock:
+            self.leader_epoch = max(self.leader_epoch, leader_epoch)
+            if not self.leading:
+                self.follower_ends = {}
+            self.leading = True
+            self.in_sync_followers = in_sync_followers
+            self.min_insync_replicas = min_insync_replicas
+            self._advance_high_watermark()
+            self._replication.notify_all()
+
+    def follow(self, leader_epoch: int) -> None:
+        """Another node leads the partition at ``leader_epoch``: appends come
+        from it (:meth:`append_replicated`); writes waiting here for their
+        replication give up."""
+        if not self.leading and leader_epoch <= self.leader_epoch:
+            return
+        with self.lock:
+            self.leader_epoch = max(self.leader_epoch, leader_epoch)
+            self.leading = False
+            self._replication.notify_all()
+
+    def _advance_high_watermark(self, wake_fetches: bool = True) -> None:
+        """While leading: the lowest log end of the in-sync replicas, which only
+        grows (the caller holds the lock); wakes what waits for it (parked
+        Fetches too, unless the caller does)."""
+        if not self.leading:
+            return
+        end = self.store.log_end_offset
+        ends = [self.follower_ends.get(r, self.high_watermark) for r in self.in_sync_followers]
+        moved = min([end, *ends])
+        if moved > self.high_watermark:
+            self.high_watermark = moved
+            self._replication.notify_all()
+            if wake_fetches:
+                self._on_change()
+
+    def replication_problem(self) -> tuple[ErrorCode, str] | None:
+        """Why an acks=all write may not be appended now, or None (Kafka's
+        check before appending: enough in-sync replicas)."""
+        in_sync = len(self.in_sync_followers) + 1
+        if in_sync < self.min_insync_replicas:
+            return (
+                ErrorCode.NOT_ENOUGH_REPLICAS,
+                f"partition {self.topic}-{self.index} has {in_sync} in-sync replicas, fewer "
+                f"than its min.insync.replicas {self.min_insync_replicas}; retry",
+            )
+        return None
+
+    def wait_replicated(self, offset: int, timeout_s: float) -> tuple[ErrorCode, str]:
+        """Wait until the high watermark reaches ``offset`` (every in-sync
+        replica has what lies below it): NONE; or REQUEST_TIMED_OUT,
+        NOT_LEADER_OR_FOLLOWER (no longer the leader) or
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND (the in-sync replicas fell below
+        min.insync.replicas meanwhile)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while self.high_watermark < offset:
+                if not self.leading:
+                    return (
+                        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                        f"partition-log node no longer leads {self.topic}-{self.index}; "
+                        "the write may or may not be replicated",
+                    )
+                if len(self.in_sync_followers) + 1 < self.min_insync_replicas:
+                    return (
+                        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                        f"the in-sync replicas of {self.topic}-{self.index} fell below "
+                        f"min.insync.replicas {self.min_insync_replicas} before they had "
+                        f"offset {offset - 1}",
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return (
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"the in-sync replicas of {self.topic}-{self.index} did not all "
+                        f"have offset {offset - 1} in {timeout_s:.1f} s",
+                    )
+                self._replication.wait(left)
+        return ErrorCode.NONE, ""
+
+    def log_end(self) -> int:
+        with self.lock:
+            return self.store.log_end_offset
 
     def check(self, spec: BatchSpec) -> AppendCheck:
         """What :meth:`append` would decide now, without appending."""
@@ -416,6 +541,7 @@ class Partition:
         base = self.store.append(batch)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
+        self._advance_high_watermark(wake_fetches=False)
         self._on_change()
         return base
 
@@ -451,7 +577,78 @@ class Partition:
                 self._store(bytearray(data))
                 body = bytes(data) if header.is_control else None
                 self._replay(header, body)
+            self.replicated = True
             self.leader_epoch = max(self.leader_epoch, self.store.latest_leader_epoch)
+
+    def follower_state(self) -> tuple[int, int]:
+        """(log end offset, leader epoch of the last batch or -1): what a
+        follower's fetch names (KIP-320)."""
+        with self.lock:
+            end = self.store.log_end_offset
+            last = self.store.epochs.latest_epoch if end > self.store.log_start_offset else -1
+            return end, last
+
+    def set_follower_high_watermark(self, leader_high_watermark: int) -> None:
+        """A follower's high watermark: its leader's, within its own log."""
+        with self.lock:
+            self.replicated = True
+            self.high_watermark = max(
+                self.store.log_start_offset,
+                min(leader_high_watermark, self.store.log_end_offset),
+            )
+
+    def restart_at(self, offset: int) -> None:
+        """Empty the log and continue it at ``offset`` (a follower whose log
+        ends below its leader's log start offset).
+
+        Raises:
+            OSError, StoreFailed: the store failed.
+        """
+        with self.lock:
+            self.store.truncate_to(self.store.log_start_offset)
+            if offset > self.store.log_end_offset:
+                self.store.skip_to(offset)
+            self.states = ProducerStates()
+            self._save_snapshot_at(self.store.log_end_offset)
+            self.high_watermark = self.store.log_start_offset
+            self._on_change()
+
+    def replica_read(
+        self, replica: int, fetch_offset: int, last_fetched_epoch: int, max_bytes: int
+    ) -> ReplicaRead:
+        """A leader's answer to follower ``replica`` fetching from ``fetch_offset``
+        after a batch of ``last_fetched_epoch``: where its log diverges from
+        this one, or the stored batches from ``fetch_offset`` (its fetch
+        offset is its log end: the high watermark moves with it)."""
+        with self.lock:
+            start, end = self.store.log_start_offset, self.store.log_end_offset
+            if last_fetched_epoch >= 0:
+                epoch_end = self.store.epochs.end_offset_for(last_fetched_epoch, end)
+                if epoch_end.epoch < last_fetched_epoch or epoch_end.end_offset < fetch_offset:
+                    return ReplicaRead(
+                        ErrorCode.NONE, "", self.high_watermark, start, diverging=epoch_end
+                    )
+            if not start <= fetch_offset <= end:
+                return ReplicaRead(
+                    ErrorCode.OFFSET_OUT_OF_RANGE,
+                    f"offset {fetch_offset} is outside [{start}, {end}]",
+                    self.high_watermark,
+                    start,
+                )
+            if self.follower_ends.get(replica, -1) != fetch_offset:
+                self.follower_ends[replica] = fetch_offset
+                self._advance_high_watermark()
+            try:
+                raw = self.store.read(fetch_offset, max_bytes, end)
+            except (OSError, StoreFailed, CorruptLog) as exc:
+                self._log_unreadable(fetch_offset, exc)
+                return ReplicaRead(
+                    ErrorCode.KAFKA_STORAGE_ERROR,
+                    f"storage error: {exc}",
+                    self.high_watermark,
+                    start,
+                )
+            return ReplicaRead(ErrorCode.NONE, "", self.high_watermark, start, b"".join(raw))
 
     def truncate_to(self, offset: int) -> None:
         """Cut the log at ``offset`` (where it may differ from the leader's) and
@@ -469,6 +666,7 @@ class Partition:
             for header, body in self.store.batches(start):
                 self._replay(header, body)
             self.states.trim(self.store.log_start_offset)
+            self.high_watermark = min(self.high_watermark, self.store.log_end_offset)
             self._on_change()
 
     def epoch_end(self, leader_epoch: int) -> epochs.EpochEnd:
@@ -491,8 +689,8 @@ class Partition:
     def offsets(self) -> tuple[int, int, int]:
         """(log start offset, last stable offset, high watermark)."""
         with self.lock:
-            end = self.store.log_end_offset
-            return self.store.log_start_offset, self.states.last_stable_offset(end), end
+            hw = self.high_watermark
+            return self.store.log_start_offset, self.states.last_stable_offset(hw), hw
 
     def fetch(self, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
         """Records from ``offset``: up to the high watermark, or under
@@ -583,16 +781,17 @@ class Partition:
         with self.lock:
             start = self.store.log_start_offset
             end = self.store.log_end_offset
-            lso = self.states.last_stable_offset(end)
+            hw = self.high_watermark
+            lso = self.states.last_stable_offset(hw)
 
             def failed(code: ErrorCode, message: str) -> FetchResult:
-                return FetchResult(code, message, end, lso, start, offset, [])
+                return FetchResult(code, message, hw, lso, start, offset, [])
 
             if not start <= offset <= end:
                 return failed(
                     ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is outside [{start}, {end}]"
                 )
-            upto = lso if read_committed else end
+            upto = lso if read_committed else hw
             try:
                 raw = self.store.read(offset, max_bytes, upto)
             except (OSError, StoreFailed) as exc:
@@ -604,7 +803,7 @@ class Partition:
                     ErrorCode.CORRUPT_MESSAGE, f"the log cannot be read at {offset}: {exc}"
                 )
             aborted = self.states.aborted_between(offset, upto) if read_committed else []
-        return raw, aborted, (end, lso, start)
+        return raw, aborted, (hw, lso, start)
 
     def _log_unreadable(self, offset: int, exc: Exception) -> None:
         log.error(
@@ -621,8 +820,7 @@ class Partition:
         transactions that lay wholly in them. Returns the segments deleted; a storage
         failure is logged and deletes what came before it."""
         with self.lock:
-            end = self.store.log_end_offset
-            lso = self.states.last_stable_offset(end)
+            lso = self.states.last_stable_offset(self.high_watermark)
             try:
                 deleted = self.store.apply_retention(now_ms, retention_ms, retention_bytes, lso)
             except (OSError, StoreFailed, CorruptLog) as exc:

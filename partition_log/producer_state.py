@@ -353,8 +353,8 @@ class ProducerStates:
     # --- reads ---------------------------------------------------------------------
 
     def last_stable_offset(self, high_watermark: int) -> int:
-        """The first offset of the oldest open transaction, else the high watermark."""
-        return min(self.open_txns.values(), default=high_watermark)
+        """The first offset of the oldest open transaction, at most the high watermark."""
+        return min([high_watermark, *self.open_txns.values()])
 
     def active_producers(self) -> list[ActiveProducer]:
         """Every producer id this partition keeps state for, by producer id."""

@@ -45,6 +45,18 @@ DEFAULT_FETCH_MAX_BYTES = 1 << 20
 #: A partition lookup: the partition this node leads, or the error code and
 #: message; with a leader epoch (not None), refused unless it is the current one.
 Lookup = Callable[[str, int, "int | None"], "Partition | tuple[ErrorCode, str]"]
+#: A lookup for a follower's fetch: (topic, partition, follower's node id,
+#: leader epoch it names) -> the partition this node leads and the follower
+#: holds a replica of, or the error code and message.
+ReplicaLookup = Callable[[str, int, int, int], "Partition | tuple[ErrorCode, str]"]
+#: Kafka's acks: every in-sync replica, or the leader alone (0 is answered as 1).
+ACKS_ALL = -1
+_ACKS = frozenset({ACKS_ALL, 0, 1})
+#: The longest an acks=all write waits for its replication (Kafka's
+#: request.timeout.ms), within the call's own deadline.
+REPLICATION_TIMEOUT_S = 30.0
+#: Left of a call's deadline for the answer to travel back.
+_ANSWER_MARGIN_S = 0.2
 
 
 @dataclass
@@ -99,7 +111,10 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         authorizer: Authorizer | None = None,
         refresh_acls: Callable[[], bool] = lambda: False,
         confirm_epoch: Callable[[str, int], bool] = lambda transactional_id, epoch: True,
+        replica_lookup: ReplicaLookup | None = None,
     ) -> None:
+        #: Serves followers' fetches (None: ReplicaFetch answers nothing).
+        self.replica_lookup = replica_lookup
         #: Whether a marker's coordinator epoch was a real leader's (of the
         #: shard of its transactional id): a higher one is refused, so that
         #: no marker can fence the real coordinator out of a producer.
@@ -133,6 +148,18 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             request.transactional_id if request.HasField("transactional_id") else None
         )
         lookup = self._authorized(context, Operation.WRITE)
+        acks = request.acks if request.HasField("acks") else ACKS_ALL
+        if acks not in _ACKS:
+            return partition_log_pb2.ProduceResponse(
+                partitions=[
+                    _produce_result(
+                        TopicPartition(e.topic, e.partition),
+                        ErrorCode.INVALID_REQUEST,
+                        f"acks must be -1, 0 or 1, got {acks}",
+                    )
+                    for e in request.partitions
+                ]
+            )
         if transactional_id is not None:
             refused = self._refusal(
                 context, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id
@@ -153,7 +180,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         seen: set[TopicPartition] = set()
         for i, entry in enumerate(request.partitions):
             tp = TopicPartition(entry.topic, entry.partition)
-            prepared = self._prepare(i, entry, transactional_id, tp in seen, lookup)
+            prepared = self._prepare(i, entry, transactional_id, tp in seen, lookup, acks)
             seen.add(tp)
             if isinstance(prepared, tuple):
                 results[i] = _produce_result(tp, *prepared)
@@ -189,6 +216,17 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                         continue
                     check = p.partition.append(p.spec, p.batch, verified=True)
                     results[p.index] = _appended(p.tp, check)
+        if acks == ACKS_ALL:
+            deadline = _replication_deadline(context)
+            for p in pending:
+                result = results[p.index]
+                if result.error_code != ErrorCode.NONE:
+                    continue
+                code, message = p.partition.wait_replicated(
+                    result.base_offset + p.spec.record_count, deadline - time.monotonic()
+                )
+                if code is not ErrorCode.NONE:
+                    results[p.index] = _produce_result(p.tp, code, message)
         return partition_log_pb2.ProduceResponse(partitions=results)
 
     def _prepare(
@@ -198,12 +236,15 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         transactional_id: str | None,
         duplicate: bool,
         lookup: Lookup,
+        acks: int,
     ) -> _Pending | tuple[ErrorCode, str]:
         if duplicate:
             return ErrorCode.INVALID_REQUEST, "the partition appears twice in the request"
         found = lookup(entry.topic, entry.partition, _leader_epoch(entry))
         if isinstance(found, tuple):
             return found
+        if acks == ACKS_ALL and (problem := found.replication_problem()) is not None:
+            return problem
         built = self._raw_batch(entry) if entry.raw_batch else self._record_batch(entry.batch)
         if isinstance(built[0], ErrorCode):
             return built
@@ -454,7 +495,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     # --- WriteTxnMarkers -----------------------------------------------------------
 
     def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
+        """Each marker is answered once every in-sync replica has it."""
         now_ms = int(time.time() * 1000)
+        deadline = _replication_deadline(context)
         answers = []
         refused = self.cluster_refusal(context)
         for marker in request.markers:
@@ -498,8 +541,74 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                         marker.admin_abort,
                         *marker_identity(marker),
                     )
+                    if code is ErrorCode.NONE:
+                        code, message = found.wait_replicated(
+                            found.log_end(), deadline - time.monotonic()
+                        )
                     result.error_code, result.error_message = wire_error(code), message
         return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)
+
+    # --- ReplicaFetch ---------------------------------------------------------------
+
+    def ReplicaFetch(self, request: Any, context: Any) -> Any:
+        """A follower's fetch: answered at once when a partition has batches,
+        an error or a divergence for it, else parked until one does or
+        ``max_wait_ms`` is over."""
+        refused = self.cluster_refusal(context)
+        if refused is not None:
+            return partition_log_pb2.ReplicaFetchResponse(
+                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                error_message=refused,
+            )
+        if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS or request.partition_max_bytes < 0:
+            return partition_log_pb2.ReplicaFetchResponse(
+                error_code=wire_error(ErrorCode.INVALID_REQUEST),
+                error_message=f"max_wait_ms must be in 0..{MAX_FETCH_WAIT_MS} and "
+                "partition_max_bytes >= 0",
+            )
+        max_bytes = request.partition_max_bytes or DEFAULT_FETCH_MAX_BYTES
+        deadline = time.monotonic() + request.max_wait_ms / 1000
+        while True:
+            generation = self.changes.generation
+            answers = [
+                self._replica_read(request.replica_id, entry, max_bytes)
+                for entry in request.partitions
+            ]
+            left = deadline - time.monotonic()
+            done = any(
+                a.records or a.error_code != ErrorCode.NONE or a.HasField("diverging_epoch")
+                for a in answers
+            )
+            if done or left <= 0 or self.changes.closed:
+                return partition_log_pb2.ReplicaFetchResponse(partitions=answers)
+            self.changes.wait_past(generation, left)
+
+    def _replica_read(self, replica: int, entry: Any, max_bytes: int) -> Any:
+        answer = partition_log_pb2.ReplicaFetchPartitionResponse(
+            topic=entry.topic, partition=entry.partition, high_watermark=-1, log_start_offset=-1
+        )
+        if entry.fetch_offset < 0 or entry.last_fetched_epoch < -1:
+            answer.error_code = wire_error(ErrorCode.INVALID_REQUEST)
+            answer.error_message = "fetch_offset must be >= 0 and last_fetched_epoch >= -1"
+            return answer
+        found: Partition | tuple[ErrorCode, str] = (
+            (ErrorCode.NOT_LEADER_OR_FOLLOWER, "this node serves no replicas")
+            if self.replica_lookup is None
+            else self.replica_lookup(
+                entry.topic, entry.partition, replica, entry.current_leader_epoch
+            )
+        )
+        if isinstance(found, tuple):
+            answer.error_code, answer.error_message = wire_error(found[0]), found[1]
+            return answer
+        read = found.replica_read(replica, entry.fetch_offset, entry.last_fetched_epoch, max_bytes)
+        answer.error_code, answer.error_message = wire_error(read.error), read.message
+        answer.high_watermark, answer.log_start_offset = read.high_watermark, read.log_start_offset
+        answer.records = read.records
+        if read.diverging is not None:
+            answer.diverging_epoch.epoch = read.diverging.epoch
+            answer.diverging_epoch.end_offset = read.diverging.end_offset
+        return answer
 
     # --- DescribeProducers ---------------------------------------------------------
 
@@ -577,6 +686,16 @@ class _AuthorizedLookup:
         if refused is not None:
             return ErrorCode.TOPIC_AUTHORIZATION_FAILED, refused
         return self._service.lookup(topic, partition, leader_epoch)
+
+
+def _replication_deadline(context: Any) -> float:
+    """When (monotonic) a call's acks=all waits give up: its own deadline less
+    the time for the answer to travel, at most :data:`REPLICATION_TIMEOUT_S`."""
+    wait = REPLICATION_TIMEOUT_S
+    remaining = None if context is None else context.time_remaining()
+    if remaining is not None:
+        wait = min(wait, remaining - _ANSWER_MARGIN_S)
+    return time.monotonic() + wait
 
 
 def _leader_epoch(entry: Any) -> int | None:

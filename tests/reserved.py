@@ -7,7 +7,8 @@ from raftcoord.protocol.limits import MAX_OFFSET
 
 
 def reserved(partition: Partition) -> Partition:
-    """``partition`` with every offset reserved, as a node's coordinators would
-    grant them (:meth:`Partition.grant`)."""
+    """``partition`` led by its only replica, with every offset reserved, as a
+    node's coordinators would grant them (:meth:`Partition.grant`)."""
+    partition.lead(partition.leader_epoch)
     partition.grant(0, MAX_OFFSET)
     return partition

@@ -29,7 +29,7 @@ from partition_log.codec import (
     read_batch,
     set_base_offset,
 )
-from partition_log.log import FsyncPolicy
+from partition_log.log import FsyncPolicy, PartitionLogStore
 from partition_log.partition import Partition
 from partition_log.service import PartitionLogService
 from raftcoord.protocol.v1 import common_pb2, partition_log_pb2
@@ -245,11 +245,14 @@ def open_partition(path: Path, topic: str = "t") -> Partition:
 def poisoned(tmp_path: Path) -> Iterator[tuple[Partition, Partition]]:
     """Partition "bad" holds good, poison, good batches (offsets 0, 1-2, 3);
     partition "good" holds one batch."""
+    # The store itself does not check records.
+    with PartitionLogStore(tmp_path / "bad-0") as store:
+        for batch in (batch_of(1), batch_of(*POISON_TIMESTAMPS), batch_of(3)):
+            store.append(batch)
+    with PartitionLogStore(tmp_path / "good-0") as store:
+        store.append(batch_of(7, 8))
     bad, good = open_partition(tmp_path / "bad-0", "bad"), open_partition(tmp_path / "good-0")
     try:
-        for batch in (batch_of(1), batch_of(*POISON_TIMESTAMPS), batch_of(3)):
-            bad.store.append(batch)  # the store itself does not check records
-        good.store.append(batch_of(7, 8))
         yield bad, good
     finally:
         bad.close()

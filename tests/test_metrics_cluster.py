@@ -126,8 +126,9 @@ def test_the_numbers_follow_a_transaction(cluster: LocalCluster) -> None:
     assert value(samples, "raftcoord_fsync_duration_seconds_count") > fsyncs
     # Every replica applies the completion, followers a heartbeat after the leader.
     LocalCluster.wait_until(
-        lambda: coordinator_sum("raftcoord_transactions", state="COMPLETE_COMMIT")
-        == len(coordinators),
+        lambda: (
+            coordinator_sum("raftcoord_transactions", state="COMPLETE_COMMIT") == len(coordinators)
+        ),
         10,
         "the commit completed on every replica",
     )

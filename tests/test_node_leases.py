@@ -228,9 +228,10 @@ def test_a_consumer_polling_through_a_fence_reads_on_at_the_new_leader_epoch(
 def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
     cluster: LocalCluster,
 ) -> None:
-    """Until the partition-log nodes replicate, a topic's every partition has
-    one replica, its leader, in sync at leader epoch 0; more replicas are
-    refused with why; ``raftcoord topic`` creates and describes topics."""
+    """A topic of the default replication factor has one replica per
+    partition, its leader, in sync at leader epoch 0; more replicas than
+    nodes are refused with why; ``raftcoord topic`` creates and describes
+    topics."""
     plog_ids = {n.node_id for n in cluster.partition_nodes()}
     with Admin(cluster.bootstrap()) as admin:
         admin.create_topics({"described": 6})
@@ -241,8 +242,6 @@ def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
         for p in topic.partitions:
             assert p.replicas == p.isr == (p.leader,) and p.leader_epoch == 0
             assert not p.under_replicated
-        with pytest.raises(InvalidReplicationFactorError, match="do not replicate yet"):
-            admin.create_topics({"replicated": 1}, replication_factor=3)
         with pytest.raises(InvalidReplicationFactorError, match="larger than the 3"):
             admin.create_topics({"replicated": 1}, replication_factor=4)
         with pytest.raises(
@@ -250,6 +249,12 @@ def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
         ):
             admin.create_topics({"replicated": 1}, min_insync_replicas=2)
         assert "replicated" not in admin.list_topics()
+        admin.create_topics({"replicated": 2}, replication_factor=3)
+        [replicated] = admin.describe_topics(["replicated"]).values()
+        assert (replicated.replication_factor, replicated.min_insync_replicas) == (3, 2)
+        for p in replicated.partitions:
+            assert sorted(p.replicas) == sorted(p.isr) == sorted(plog_ids)
+            assert p.leader == p.replicas[0]
 
     def topic_cli(*args: str) -> subprocess.CompletedProcess[str]:
         where = ("--cluster-dir", str(cluster.data_dir))

@@ -64,6 +64,8 @@ EXTRA_KAFKA_CODES: dict[str, int] = {
     "FENCED_LEADER_EPOCH": 74,
     "UNKNOWN_LEADER_EPOCH": 76,
     "MESSAGE_TOO_LARGE": 10,
+    "NOT_ENOUGH_REPLICAS": 19,
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND": 20,
     "OFFSET_OUT_OF_RANGE": 1,
     "TOPIC_AUTHORIZATION_FAILED": 29,
     "GROUP_AUTHORIZATION_FAILED": 30,
@@ -126,6 +128,7 @@ PARTITION_LOG_RPCS = {
     "WriteTxnMarkers",
     "DescribeProducers",
     "PartitionNodeStatus",
+    "ReplicaFetch",
 }
 
 

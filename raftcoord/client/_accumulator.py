@@ -347,6 +347,8 @@ _RETRIABLE_PRODUCE = frozenset(
         ErrorCode.COORDINATOR_NOT_AVAILABLE,
         ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
         ErrorCode.CONCURRENT_TRANSACTIONS,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     }
 )
 #: Produce answers that end a transactional producer. Any other refusal

@@ -14,6 +14,8 @@ The tree mirrors the Kafka clients' exceptions::
     │   ├── LeaderNotAvailableError               5  refresh metadata, retry
     │   ├── FencedLeaderEpochError               74  refresh metadata, retry
     │   ├── UnknownLeaderEpochError              76  retry
+    │   ├── NotEnoughReplicasError               19  back off, retry
+    │   ├── NotEnoughReplicasAfterAppendError    20  back off, retry
     │   ├── UnknownTopicOrPartitionError          3  refresh metadata, retry
     │   ├── UnstableOffsetCommitError            88  a transactional offset commit is pending
     │   ├── KafkaStorageError                    56  the partition's node lost its disk, retry
@@ -85,6 +87,8 @@ __all__ = [
     "NoOffsetForPartitionError",
     "NotACoordinatorNodeError",
     "NotCoordinatorError",
+    "NotEnoughReplicasAfterAppendError",
+    "NotEnoughReplicasError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OperationNotAttemptedError",
@@ -425,6 +429,20 @@ class UnknownLeaderEpochError(RetriableError):
     """The request names a leader epoch newer than the node has learnt."""
 
     code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class NotEnoughReplicasError(RetriableError):
+    """The partition has fewer in-sync replicas than its min.insync.replicas:
+    nothing was appended."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppendError(RetriableError):
+    """The batch was appended, but the in-sync replicas fell below
+    min.insync.replicas before every one had it."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
 
 
 class InvalidRequestError(KafkaError):

@@ -228,17 +228,17 @@ class TopicRPCs:
                 )
                 continue
             factor = topic.replication_factor if topic.replication_factor > 0 else 1
-            if factor > 1:
+            if factor > len(leased):
                 results.append(
                     coordinator_pb2.CreateTopicResult(
                         name=topic.name,
                         error_code=wire_error(ErrorCode.INVALID_REPLICATION_FACTOR),
                         error_message=(
-                            f"replication factor {factor}: partition-log nodes do not "
-                            "replicate yet, every partition has one replica"
-                            if factor <= len(nodes)
-                            else f"replication factor {factor} is larger than the "
+                            f"replication factor {factor} is larger than the "
                             f"{len(nodes)} partition-log nodes"
+                            if factor > len(nodes)
+                            else f"replication factor {factor}: only {len(leased)} of the "
+                            f"{len(nodes)} partition-log nodes hold a lease now"
                         ),
                     )
                 )

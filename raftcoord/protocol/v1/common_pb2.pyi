@@ -18,6 +18,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
     REQUEST_TIMED_OUT: _ClassVar[ErrorCode]
     MESSAGE_TOO_LARGE: _ClassVar[ErrorCode]
+    NOT_ENOUGH_REPLICAS: _ClassVar[ErrorCode]
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND: _ClassVar[ErrorCode]
     INVALID_TOPIC_EXCEPTION: _ClassVar[ErrorCode]
     ILLEGAL_GENERATION: _ClassVar[ErrorCode]
     INCONSISTENT_GROUP_PROTOCOL: _ClassVar[ErrorCode]
@@ -94,6 +96,8 @@ LEADER_NOT_AVAILABLE: ErrorCode
 NOT_LEADER_OR_FOLLOWER: ErrorCode
 REQUEST_TIMED_OUT: ErrorCode
 MESSAGE_TOO_LARGE: ErrorCode
+NOT_ENOUGH_REPLICAS: ErrorCode
+NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode
 INVALID_TOPIC_EXCEPTION: ErrorCode
 ILLEGAL_GENERATION: ErrorCode
 INCONSISTENT_GROUP_PROTOCOL: ErrorCode

@@ -65,6 +65,11 @@ class PartitionLogStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetch = channel.unary_unary(
+                '/raftcoord.v1.PartitionLog/ReplicaFetch',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionLogServicer:
@@ -129,6 +134,15 @@ class PartitionLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicaFetch(self, request, context):
+        """A follower replica fetches the stored batches of the partitions this
+        node leads and it follows (Kafka's follower Fetch, KIP-320 divergence
+        check). Only the cluster's nodes may call it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +175,11 @@ def add_PartitionLogServicer_to_server(servicer, server):
                     servicer.PartitionNodeStatus,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusResponse.SerializeToString,
+            ),
+            'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicaFetch,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ReplicaFetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -326,6 +345,33 @@ class PartitionLog:
             '/raftcoord.v1.PartitionLog/PartitionNodeStatus',
             raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.PartitionNodeStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.PartitionLog/ReplicaFetch',
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ReplicaFetchRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_partition__log__pb2.ReplicaFetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,169 @@
+"""Replicated partitions on a real cluster (coordinator and partition-log
+processes on loopback): followers fetch from their leader and hold
+byte-identical logs; a leader killed in the middle of transactions is
+replaced from the in-sync replicas and no acknowledged record is lost or
+doubled; a replica that comes back cuts what its leader never acknowledged
+and catches up."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.client.errors import KafkaError
+from raftcoord.client.records import TopicDescription
+from raftcoord.cluster.launcher import LocalCluster
+from tests.local_cluster import running_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+TOPIC = "replicated"
+PARTITIONS = 2
+#: Short leases: a killed leader is fenced, and its partitions move, within seconds.
+SETTINGS = {"broker.heartbeat.interval.ms": 300, "broker.session.timeout.ms": 3_000}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path / "cluster", settings=SETTINGS) as running:
+        with Admin(running.bootstrap()) as admin:
+            admin.create_topics({TOPIC: PARTITIONS}, replication_factor=3, min_insync_replicas=2)
+        yield running
+
+
+def describe(cluster: LocalCluster) -> TopicDescription:
+    with Admin(cluster.bootstrap()) as admin:
+        return admin.describe_topics([TOPIC])[TOPIC]
+
+
+def log_bytes(cluster: LocalCluster, node_id: int, partition: int) -> bytes:
+    """The bytes of one replica's segment files, oldest first."""
+    record = cluster.state.node(node_id)  # type: ignore[union-attr]
+    directory = Path(record.log).with_suffix("") / f"{TOPIC}-{partition}"
+    return b"".join(path.read_bytes() for path in sorted(directory.glob("*.log")))
+
+
+def wait_identical(cluster: LocalCluster, partition: int, nodes: list[int]) -> bytes:
+    """Wait until every replica on ``nodes`` holds the same log; returns it."""
+    logs: dict[int, bytes] = {}
+
+    def same() -> bool:
+        logs.update({n: log_bytes(cluster, n, partition) for n in nodes})
+        return len(set(logs.values())) == 1 and bool(logs[nodes[0]])
+
+    cluster.wait_until(
+        same,
+        30.0,
+        f"replicas of {TOPIC}-{partition} never matched: { {n: len(b) for n, b in logs.items()} }",
+    )
+    return logs[nodes[0]]
+
+
+class Workload(threading.Thread):
+    """Transactions across both partitions, one after another, until stopped:
+    which committed (commit_transaction returned) and which were aborted."""
+
+    def __init__(self, cluster: LocalCluster, name: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.name_ = name
+        self.committed: list[bytes] = []
+        self.failed: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        with TransactionalProducer(self.cluster.bootstrap(), self.name_) as producer:
+            producer.init_transactions()
+            while not self.stop.is_set():
+                values = [f"{self.name_}-{n}-{p}".encode() for p in range(PARTITIONS)]
+                n += 1
+                try:
+                    producer.begin_transaction()
+                    for p, value in enumerate(values):
+                        producer.send(TOPIC, value, partition=p)
+                    producer.commit_transaction()
+                    self.committed += values
+                except KafkaError as exc:
+                    self.failed.append(repr(exc))
+                    try:
+                        producer.abort_transaction()
+                    except KafkaError as again:
+                        self.failed.append(repr(again))
+                        return
+
+    def wait_commits(self, more: int, timeout_s: float = 60.0) -> None:
+        target = len(self.committed) + more * PARTITIONS
+        deadline = time.monotonic() + timeout_s
+        while len(self.committed) < target:
+            assert self.is_alive(), f"the workload ended: {self.failed[-3:]}"
+            assert time.monotonic() < deadline, f"no progress: {self.failed[-3:]}"
+            time.sleep(0.05)
+
+
+def read_committed(cluster: LocalCluster, expected: int) -> list[bytes]:
+    consumer = Consumer(cluster.bootstrap(), isolation_level="read_committed")
+    try:
+        consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        consumer.seek_to_beginning()
+        values: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(values) < expected and time.monotonic() < deadline:
+            values += [r.value for r in consumer.poll(timeout_ms=500) if r.value is not None]
+        # Anything more would be a duplicate or an uncommitted record.
+        values += [r.value for r in consumer.poll(timeout_ms=1000) if r.value is not None]
+        return values
+    finally:
+        consumer.close()
+
+
+def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
+    cluster: LocalCluster,
+) -> None:
+    seed = random.randrange(1 << 30)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    topic = describe(cluster)
+    nodes = sorted(n.node_id for n in cluster.partition_nodes())
+    for p in topic.partitions:
+        assert sorted(p.replicas) == sorted(p.isr) == nodes
+    assert topic.min_insync_replicas == 2
+
+    workload = Workload(cluster, "replicated-txn")
+    workload.start()
+    try:
+        workload.wait_commits(10)
+        for p in range(PARTITIONS):
+            wait_identical(cluster, p, nodes)  # the workload goes on: lagging replicas catch up
+        victim = topic.partitions[rng.randrange(PARTITIONS)].leader
+        led = [p.partition for p in topic.partitions if p.leader == victim]
+        cluster.kill(victim, "KILL")
+        moved_at = time.monotonic()
+
+        def moved(t: TopicDescription) -> bool:
+            return all(t.partitions[i].leader not in (victim, -1) for i in led)
+
+        cluster.wait_until(lambda: moved(describe(cluster)), 30.0, "no new leader")
+        print(f"new leader after {time.monotonic() - moved_at:.1f} s")
+        after = describe(cluster)
+        for i in led:
+            p = after.partitions[i]
+            assert victim not in p.isr and p.leader_epoch > topic.partitions[i].leader_epoch
+        workload.wait_commits(10)  # transactions go on at the new leaders
+
+        cluster.start(victim)  # comes back as a follower: cuts its tail, catches up
+        workload.wait_commits(5)
+    finally:
+        workload.stop.set()
+        workload.join(60)
+    assert not workload.is_alive()
+    for p in range(PARTITIONS):
+        wait_identical(cluster, p, nodes)
+    values = read_committed(cluster, len(workload.committed))
+    assert sorted(values) == sorted(workload.committed), workload.failed[-5:]
