@@ -431,6 +431,22 @@ class UnfenceNode(Command):
     now_ms: int
 
 
+@dataclass(frozen=True)
+class AlterPartition(Command):
+    """A partition's leader changes its ISR (shard 0 only; KRaft's
+    AlterPartition, :func:`fsm.partitions.alter_isr`): a follower that
+    caught up joins, one that fell behind leaves."""
+
+    TYPE: ClassVar[int] = 26
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    isr: tuple[int, ...]
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -459,6 +475,7 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         DeleteScramCredential,
         FenceNode,
         UnfenceNode,
+        AlterPartition,
     )
 }
 
@@ -470,6 +487,7 @@ METADATA_COMMANDS: tuple[type[Command], ...] = (
     CreateTopic,
     FenceNode,
     UnfenceNode,
+    AlterPartition,
     RegisterDirectory,
     ReserveOffsets,
     CreateAcls,

@@ -16,6 +16,7 @@ from fsm.commands import (
     AddOffsets,
     AddPartitions,
     AllocatePidBlock,
+    AlterPartition,
     Command,
     CreateAcls,
     CreateTopic,
@@ -52,6 +53,7 @@ from fsm.partitions import (
     NO_LEADER,
     PartitionRegistration,
     TopicRegistration,
+    alter_isr,
     assignment_error,
     fence,
     new_topic,
@@ -398,6 +400,31 @@ class TransactionStateMachine:
             self.state.fenced_nodes = self.state.fenced_nodes - {cmd.node_id}
         return refusal or Outcome()
 
+    def _alter_partition(self, cmd: AlterPartition) -> Outcome:
+        topic = self.state.topics.get(cmd.topic)
+        if topic is None or not 0 <= cmd.partition < len(topic.partitions):
+            return fail(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no partition {cmd.topic}-{cmd.partition}"
+            )
+        current = topic.partitions[cmd.partition]
+        altered = alter_isr(
+            current,
+            cmd.leader,
+            cmd.leader_epoch,
+            cmd.partition_epoch,
+            cmd.isr,
+            self.state.fenced_nodes,
+        )
+        if isinstance(altered, tuple):
+            return fail(*altered)
+        if (problem := registration_error(altered)) is not None:
+            return fail(ErrorCode.UNKNOWN_SERVER_ERROR, problem)
+        if altered is not current:
+            partitions = list(topic.partitions)
+            partitions[cmd.partition] = altered
+            self.state.topics[cmd.topic] = replace(topic, partitions=tuple(partitions))
+        return Outcome()
+
     def _move_partitions(
         self, move: Callable[[PartitionRegistration], PartitionRegistration]
     ) -> Outcome | None:
@@ -531,6 +558,7 @@ class TransactionStateMachine:
         UpsertScramCredential: _upsert_scram,
         DeleteScramCredential: _delete_scram,
         FenceNode: _fence_node,
+        AlterPartition: _alter_partition,
         UnfenceNode: _unfence_node,
     }
 

@@ -213,6 +213,55 @@ def fence(
     )
 
 
+def alter_isr(
+    current: PartitionRegistration,
+    leader: int,
+    leader_epoch: int,
+    partition_epoch: int,
+    isr: Sequence[int],
+    fenced: frozenset[int],
+) -> PartitionRegistration | tuple[ErrorCode, str]:
+    """``current`` with the ISR its leader asks for (KRaft's AlterPartition:
+    a follower that caught up joins, one that fell behind leaves), or why
+    not: the request must come from the current leader at the current
+    leader epoch, name the partition epoch it last saw (a stale view is
+    INVALID_UPDATE_VERSION), keep the leader in the ISR, name only
+    replicas, and add no fenced node (INELIGIBLE_REPLICA)."""
+    if leader != current.leader or leader == NO_LEADER:
+        return (
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            f"partition-log node {leader} does not lead the partition (its leader is "
+            f"{current.leader})",
+        )
+    if leader_epoch != current.leader_epoch:
+        return (
+            ErrorCode.FENCED_LEADER_EPOCH,
+            f"leader epoch {leader_epoch}, the partition is at {current.leader_epoch}",
+        )
+    if partition_epoch != current.partition_epoch:
+        return (
+            ErrorCode.INVALID_UPDATE_VERSION,
+            f"partition epoch {partition_epoch}, the partition is at {current.partition_epoch}",
+        )
+    wanted = tuple(isr)
+    if (
+        leader not in wanted
+        or len(set(wanted)) != len(wanted)
+        or not set(wanted) <= set(current.replicas)
+    ):
+        return (
+            ErrorCode.INVALID_REQUEST,
+            f"ISR {list(wanted)} must be distinct replicas of {list(current.replicas)} "
+            f"holding the leader {leader}",
+        )
+    joining = sorted((set(wanted) - set(current.isr)) & fenced)
+    if joining:
+        return ErrorCode.INELIGIBLE_REPLICA, f"fenced nodes {joining} cannot join the ISR"
+    if wanted == current.isr:
+        return current
+    return replace(current, isr=wanted, partition_epoch=current.partition_epoch + 1)
+
+
 def unfence(current: PartitionRegistration, node: int) -> PartitionRegistration:
     """``current`` once ``node`` is back (heartbeating again): a partition
     without a leader whose ISR holds it is led by it again, at the next

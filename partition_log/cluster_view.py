@@ -68,6 +68,7 @@ class Leadership(NamedTuple):
     leader_epoch: int
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
+    partition_epoch: int = 0
 
 
 class Followed(NamedTuple):
@@ -93,6 +94,10 @@ class Placement:
     in_sync_followers: frozenset[int] = frozenset()
     #: The topic's min.insync.replicas.
     min_insync_replicas: int = 1
+    #: Every replica, the preferred leader first (when ``error`` is NONE).
+    replicas: tuple[int, ...] = ()
+    #: The registration's partition epoch (when ``error`` is NONE).
+    partition_epoch: int = 0
 
 
 class ClusterView:
@@ -147,7 +152,9 @@ class ClusterView:
             return False
         topics = {
             t.name: tuple(
-                Leadership(p.node_id, p.leader_epoch, tuple(p.replicas), tuple(p.isr))
+                Leadership(
+                    p.node_id, p.leader_epoch, tuple(p.replicas), tuple(p.isr), p.partition_epoch
+                )
                 for p in sorted(t.partitions, key=lambda p: p.partition)
             )
             for t in answer.topics
@@ -387,7 +394,7 @@ class ClusterView:
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} has partitions 0..{len(partitions) - 1}, not {partition}",
             )
-        leader, epoch, _replicas, isr = partitions[partition]
+        leader, epoch, replicas, isr, partition_epoch = partitions[partition]
         if leader != self.node_id:
             led = f"led by partition-log node {leader}" if leader >= 0 else "without a leader"
             return Placement(
@@ -410,17 +417,56 @@ class ClusterView:
             leader_epoch=epoch,
             in_sync_followers=frozenset(isr) - {self.node_id},
             min_insync_replicas=self._min_insync.get(topic, 1),
+            replicas=replicas,
+            partition_epoch=partition_epoch,
         )
+
+    def alter_partition(
+        self,
+        directory_id: str,
+        topic: str,
+        partition: int,
+        leader_epoch: int,
+        partition_epoch: int,
+        isr: Sequence[int],
+    ) -> Any | None:
+        """Ask shard 0's leader for a new ISR of a partition this node leads
+        (AlterPartition); the answer, or None when no coordinator answered.
+        An accepted change is learnt here at once."""
+        request = coordinator_pb2.AlterPartitionRequest(
+            node_id=self.node_id,
+            directory_id=directory_id,
+            topic=topic,
+            partition=partition,
+            leader_epoch=leader_epoch,
+            partition_epoch=partition_epoch,
+            isr=isr,
+        )
+        answer = self._ask_metadata_leader("AlterPartition", request)
+        if answer is not None and answer.error_code == ErrorCode.NONE:
+            with self._lock:
+                known = self._topics.get(topic)
+                if known is not None and 0 <= partition < len(known):
+                    now = known[partition]._replace(
+                        isr=tuple(answer.isr),
+                        leader_epoch=answer.leader_epoch,
+                        partition_epoch=answer.partition_epoch,
+                    )
+                    found = (*known[:partition], now, *known[partition + 1 :])
+                    self._topics[topic] = _newer(known, found)
+        return answer
 
 
 def _newer(
     known: tuple[Leadership, ...] | None, found: tuple[Leadership, ...]
 ) -> tuple[Leadership, ...]:
-    """Each partition's leadership of the higher leader epoch of the two."""
+    """Each partition's registration of the higher (leader epoch, partition
+    epoch) of the two."""
     if known is None or len(known) != len(found):
         return found
     return tuple(
-        f if f.leader_epoch >= k.leader_epoch else k for k, f in zip(known, found, strict=True)
+        f if (f.leader_epoch, f.partition_epoch) >= (k.leader_epoch, k.partition_epoch) else k
+        for k, f in zip(known, found, strict=True)
     )
 
 

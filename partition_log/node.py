@@ -82,6 +82,8 @@ CLEAN_SHUTDOWN_FILE = "clean-shutdown"
 #: How often the reservation thread looks at the partitions' reserved offsets
 #: (and retries a registration that did not get an answer).
 RESERVATION_CHECK_S = 1.0
+#: How often a leader compares its partitions' followers with their ISR.
+ISR_CHECK_S = 0.5
 #: The most partitions of one ReserveOffsets.
 RESERVATIONS_PER_CALL = 1000
 
@@ -231,7 +233,7 @@ class PartitionNode:
             return placement.error, placement.message
         partition = self.partitions.get((topic, index))
         if partition is not None:
-            _lead(partition, placement)
+            self._lead(partition, placement)
             return partition
         opened = self._open(topic, index)
         if opened is None:
@@ -240,7 +242,7 @@ class PartitionNode:
                 f"partition {topic}-{index} is damaged on this node: "
                 f"{self.damaged[(topic, index)]}",
             )
-        _lead(opened, placement)
+        self._lead(opened, placement)
         if opened.ceiling is None:  # new here: its first offsets are reserved now
             self.reserve_due()
         return opened
@@ -267,6 +269,69 @@ class PartitionNode:
             return None
         found = self.partitions.get((followed.topic, followed.partition))
         return found if found is not None else self._open(followed.topic, followed.partition)
+
+    def _lead(self, partition: Partition, placement: Placement) -> None:
+        """The partition is led here as ``placement`` (this node's view) records."""
+        partition.lead(
+            placement.leader_epoch,
+            placement.in_sync_followers,
+            placement.min_insync_replicas,
+            frozenset(placement.replicas) - {self.node_id},
+        )
+
+    def check_isr(self) -> None:
+        """For each partition led here whose followers fell behind or caught up
+        (:meth:`Partition.wanted_in_sync`), ask the coordinators for the new
+        ISR (AlterPartition); the leader counts it once they recorded it."""
+        if self.directory is None or self.directory_state is not DirectoryState.SERVING:
+            return
+        lag_s = self.config.settings.replica_lag_time_max_ms / 1000
+        for partition in list(self.partitions.values()):
+            wanted = partition.wanted_in_sync(time.monotonic(), lag_s)
+            if wanted is None:
+                continue
+            placement = self.view.placement(partition.topic, partition.index)
+            if placement.error is not ErrorCode.NONE:
+                continue
+            isr = [r for r in placement.replicas if r == self.node_id or r in wanted]
+            answer = self.view.alter_partition(
+                self.directory.directory_id,
+                partition.topic,
+                partition.index,
+                placement.leader_epoch,
+                placement.partition_epoch,
+                isr,
+            )
+            if answer is None:
+                continue  # no coordinator answered: the next round asks again
+            if answer.error_code != ErrorCode.NONE:
+                log.warning(
+                    "node=%d event=isr_change_refused partition=%s-%d isr=%s error=%s %s",
+                    self.node_id,
+                    partition.topic,
+                    partition.index,
+                    isr,
+                    ErrorCode(answer.error_code).name,
+                    answer.error_message,
+                )
+                self.view.refresh(wanted=partition.topic)
+                continue
+            log.info(
+                "node=%d event=isr_changed partition=%s-%d isr=%s partition_epoch=%d",
+                self.node_id,
+                partition.topic,
+                partition.index,
+                list(answer.isr),
+                answer.partition_epoch,
+            )
+            self._lead(partition, self.view.placement(partition.topic, partition.index))
+
+    def _isr_loop(self) -> None:
+        while not self._stopping.wait(ISR_CHECK_S):
+            try:
+                self.check_isr()
+            except Exception:  # the next round tries again; the thread must live
+                log.exception("node=%d event=isr_check_failed", self.node_id)
 
     def _replaced_message(self) -> str:
         assert self.directory is not None
@@ -410,7 +475,7 @@ class PartitionNode:
             placement = self.view.placement(partition.topic, partition.index)
             if placement.error is not ErrorCode.NONE:
                 continue  # not led here (now): its leader settles it
-            _lead(partition, placement)
+            self._lead(partition, placement)
             for txn in txns:
                 owed = owed_marker(txn.producer_id, txn.producer_epoch, txn.marker_txn, described)
                 if owed is None or owed.epoch > KAFKA_MAX_PRODUCER_EPOCH:
@@ -523,7 +588,9 @@ class PartitionNode:
         reservations = threading.Thread(
             target=self._reservation_loop, name="reservations", daemon=True
         )
-        self._threads += [metadata, heartbeat, retention, reservations]
+        isr = threading.Thread(target=self._isr_loop, name="isr", daemon=True)
+        self._threads += [metadata, heartbeat, retention, reservations, isr]
+        isr.start()
         metadata.start()
         heartbeat.start()
         retention.start()
@@ -613,7 +680,7 @@ class PartitionNode:
             for partition in list(self.partitions.values()):
                 placement = self.view.placement(partition.topic, partition.index)
                 if placement.error is ErrorCode.NONE:
-                    _lead(partition, placement)
+                    self._lead(partition, placement)
                 else:
                     partition.follow(partition.leader_epoch)
             self.fetchers.sync()
@@ -687,12 +754,6 @@ class PartitionNode:
         if self.metrics is not None:
             self.metrics.close()
         log.info("node=%d event=stopped", self.node_id)
-
-
-def _lead(partition: Partition, placement: Placement) -> None:
-    partition.lead(
-        placement.leader_epoch, placement.in_sync_followers, placement.min_insync_replicas
-    )
 
 
 def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> int:

@@ -152,11 +152,17 @@ class Partition:
         #: a follower takes it from its leader's answers. Not kept on disk:
         #: it starts at the log start and catches up with the followers.
         self.high_watermark = self.store.log_start_offset
-        #: While leading: the other in-sync replicas, the topic's
-        #: min.insync.replicas, and the log end each follower fetched from last.
+        #: While leading: the other replicas and those of them in sync, the
+        #: topic's min.insync.replicas, the log end each follower fetched from
+        #: last, when (monotonic) each last had the leader's log (Kafka's
+        #: lastCaughtUpTime), and each one's last fetch (time, leader's log end).
+        self.followers: frozenset[int] = frozenset()
         self.in_sync_followers: frozenset[int] = frozenset()
         self.min_insync_replicas = 1
         self.follower_ends: dict[int, int] = {}
+        self.caught_up_at: dict[int, float] = {}
+        self._last_fetch: dict[int, tuple[float, int]] = {}
+        self._leading_since = 0.0
         #: Whether this replica has appended batches fetched from a leader
         #: since it opened: its log is the leader's, not one that lost records.
         self.replicated = False
@@ -324,25 +330,59 @@ class Partition:
         leader_epoch: int,
         in_sync_followers: frozenset[int] = frozenset(),
         min_insync_replicas: int = 1,
+        followers: frozenset[int] = frozenset(),
     ) -> None:
         """This node leads the partition at ``leader_epoch`` (epochs only grow),
-        with these other in-sync replicas."""
+        with these other replicas, ``in_sync_followers`` of them in sync."""
         if (
             self.leading
             and leader_epoch <= self.leader_epoch
             and in_sync_followers == self.in_sync_followers
             and min_insync_replicas == self.min_insync_replicas
+            and followers == self.followers
         ):
             return
         with self.lock:
             self.leader_epoch = max(self.leader_epoch, leader_epoch)
             if not self.leading:
-                self.follower_ends = {}
+                self.follower_ends, self.caught_up_at, self._last_fetch = {}, {}, {}
+                self._leading_since = time.monotonic()
             self.leading = True
+            self.followers = followers | in_sync_followers
             self.in_sync_followers = in_sync_followers
             self.min_insync_replicas = min_insync_replicas
             self._advance_high_watermark()
             self._replication.notify_all()
+
+    def wanted_in_sync(self, now: float, lag_s: float) -> frozenset[int] | None:
+        """While leading, the followers that should be in sync now when that
+        differs from those that are, else None: an in-sync follower that has
+        not had the leader's log for ``lag_s`` (replica.lag.time.max.ms)
+        leaves; another whose log reaches the high watermark and this
+        leader epoch's first offset joins (Kafka's rules)."""
+        with self.lock:
+            if not self.leading:
+                return None
+            since = now - lag_s
+            keep = {
+                r
+                for r in self.in_sync_followers
+                if self.caught_up_at.get(r, self._leading_since) >= since
+            }
+            history = self.store.epochs
+            epoch_start = (
+                history.entries[-1].start_offset
+                if history.latest_epoch == self.leader_epoch
+                else self.store.log_end_offset  # nothing appended at this epoch yet
+            )
+            floor = max(self.high_watermark, epoch_start)
+            join = {
+                r
+                for r in self.followers - self.in_sync_followers
+                if self.follower_ends.get(r, -1) >= floor
+            }
+            wanted = frozenset(keep | join)
+            return None if wanted == self.in_sync_followers else wanted
 
     def follow(self, leader_epoch: int) -> None:
         """Another node leads the partition at ``leader_epoch``: appends come
@@ -385,9 +425,9 @@ class Partition:
     def wait_replicated(self, offset: int, timeout_s: float) -> tuple[ErrorCode, str]:
         """Wait until the high watermark reaches ``offset`` (every in-sync
         replica has what lies below it): NONE; or REQUEST_TIMED_OUT,
-        NOT_LEADER_OR_FOLLOWER (no longer the leader) or
-        NOT_ENOUGH_REPLICAS_AFTER_APPEND (the in-sync replicas fell below
-        min.insync.replicas meanwhile)."""
+        NOT_LEADER_OR_FOLLOWER (no longer the leader) or, as Kafka answers,
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND (reached, but the in-sync replicas
+        are fewer than min.insync.replicas by then)."""
         deadline = time.monotonic() + timeout_s
         with self.lock:
             while self.high_watermark < offset:
@@ -397,13 +437,6 @@ class Partition:
                         f"partition-log node no longer leads {self.topic}-{self.index}; "
                         "the write may or may not be replicated",
                     )
-                if len(self.in_sync_followers) + 1 < self.min_insync_replicas:
-                    return (
-                        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                        f"the in-sync replicas of {self.topic}-{self.index} fell below "
-                        f"min.insync.replicas {self.min_insync_replicas} before they had "
-                        f"offset {offset - 1}",
-                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return (
@@ -412,6 +445,13 @@ class Partition:
                         f"have offset {offset - 1} in {timeout_s:.1f} s",
                     )
                 self._replication.wait(left)
+            if len(self.in_sync_followers) + 1 < self.min_insync_replicas:
+                return (
+                    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    f"offset {offset - 1} of {self.topic}-{self.index} is on every in-sync "
+                    f"replica, but they are fewer than min.insync.replicas "
+                    f"{self.min_insync_replicas}",
+                )
         return ErrorCode.NONE, ""
 
     def log_end(self) -> int:
@@ -635,6 +675,13 @@ class Partition:
                     self.high_watermark,
                     start,
                 )
+            now = time.monotonic()
+            previous = self._last_fetch.get(replica)
+            if fetch_offset >= end:
+                self.caught_up_at[replica] = now
+            elif previous is not None and fetch_offset >= previous[1]:
+                self.caught_up_at[replica] = max(self.caught_up_at.get(replica, 0.0), previous[0])
+            self._last_fetch[replica] = (now, end)
             if self.follower_ends.get(replica, -1) != fetch_offset:
                 self.follower_ends[replica] = fetch_offset
                 self._advance_high_watermark()

@@ -17,6 +17,7 @@ from fsm import (
     AddOffsets,
     AddPartitions,
     AllocatePidBlock,
+    AlterPartition,
     Command,
     CommandError,
     CreateAcls,
@@ -154,6 +155,7 @@ SAMPLES: list[Command] = [
     RegisterDirectory(node_id=101, directory_id="0" * 32, replace=False, now_ms=14),
     FenceNode(node_id=102, now_ms=14),
     UnfenceNode(node_id=102, now_ms=14),
+    AlterPartition("orders", 1, 102, 3, 7, (102, 101), 15),
     ReserveOffsets(
         node_id=101,
         directory_id="ab" * 16,
@@ -317,7 +319,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 26, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 27, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message

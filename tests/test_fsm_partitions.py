@@ -10,13 +10,21 @@ import random
 import msgpack
 import pytest
 
-from fsm import CreateTopic, ErrorCode, FenceNode, TransactionStateMachine, UnfenceNode
-from fsm.commands import command_to_wire, decode_command
+from fsm import (
+    AlterPartition,
+    CreateTopic,
+    ErrorCode,
+    FenceNode,
+    TransactionStateMachine,
+    UnfenceNode,
+)
+from fsm.commands import command_to_wire, decode_command, encode_command
 from fsm.errors import CommandError
 from fsm.partitions import (
     NO_LEADER,
     PartitionRegistration,
     TopicRegistration,
+    alter_isr,
     assign_replicas,
     assignment_error,
     fence,
@@ -275,3 +283,50 @@ def test_a_snapshot_with_inconsistent_fencing_does_not_restore(
     payload["fenced_nodes"], payload["topics"] = fenced, topics
     with pytest.raises(CommandError):
         TransactionStateMachine.restore(msgpack.packb(payload, use_bin_type=True))
+
+
+def test_only_the_leader_at_its_epochs_alters_the_isr() -> None:
+    p = PartitionRegistration((1, 2, 3), (1, 2), 1, leader_epoch=4, partition_epoch=7)
+    grown = alter_isr(p, 1, 4, 7, (1, 2, 3), frozenset())
+    assert grown == PartitionRegistration((1, 2, 3), (1, 2, 3), 1, 4, 8)
+    assert alter_isr(p, 1, 4, 7, (1, 2), frozenset()) is p  # no change
+    for args, code in [
+        ((2, 4, 7, (2, 1)), ErrorCode.NOT_LEADER_OR_FOLLOWER),
+        ((1, 3, 7, (1,)), ErrorCode.FENCED_LEADER_EPOCH),
+        ((1, 4, 6, (1,)), ErrorCode.INVALID_UPDATE_VERSION),
+        ((1, 4, 7, (2, 3)), ErrorCode.INVALID_REQUEST),  # without the leader
+        ((1, 4, 7, (1, 4)), ErrorCode.INVALID_REQUEST),  # not a replica
+        ((1, 4, 7, (1, 1)), ErrorCode.INVALID_REQUEST),
+    ]:
+        refused = alter_isr(p, *args, frozenset())  # type: ignore[arg-type]
+        assert isinstance(refused, tuple) and refused[0] is code, (args, refused)
+    refused = alter_isr(p, 1, 4, 7, (1, 2, 3), frozenset({3}))
+    assert isinstance(refused, tuple) and refused[0] is ErrorCode.INELIGIBLE_REPLICA
+    shrunk = alter_isr(p, 1, 4, 7, (1,), frozenset({3}))  # leaving is always allowed
+    assert isinstance(shrunk, PartitionRegistration) and shrunk.isr == (1,)
+    leaderless = PartitionRegistration((1, 2), (1,), NO_LEADER, 2, 3)
+    refused = alter_isr(leaderless, NO_LEADER, 2, 3, (1,), frozenset())
+    assert isinstance(refused, tuple) and refused[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_the_alter_partition_command_applies_on_every_replica_alike() -> None:
+    m = TransactionStateMachine(0, 3)
+    assert m.apply(CreateTopic("t", (1, 2), 5, ((1, 2, 3), (2, 3, 1)), 2)).ok
+    command = AlterPartition("t", 0, 1, 0, 0, (1, 3), 6)
+    assert decode_command(encode_command(command)) == command
+    assert m.apply(command).ok
+    assert m.state.topics["t"].partitions[0].isr == (1, 3)
+    assert m.state.topics["t"].partitions[1].isr == (2, 3, 1)
+    replica = TransactionStateMachine.restore(m.snapshot())
+    before = m.snapshot()
+    for refused in (
+        AlterPartition("t", 0, 1, 0, 0, (1, 2, 3), 7),  # a stale partition epoch
+        AlterPartition("t", 5, 1, 0, 0, (1,), 7),
+        AlterPartition("nope", 0, 1, 0, 0, (1,), 7),
+    ):
+        assert not m.apply(refused).ok and not replica.apply(refused).ok
+    assert m.snapshot() == before
+    assert m.apply(FenceNode(2, 8)).ok  # the fenced node cannot join
+    assert m.apply(AlterPartition("t", 0, 1, 0, 1, (1, 2, 3), 9)).error is (
+        ErrorCode.INELIGIBLE_REPLICA
+    )

@@ -4,6 +4,7 @@ checkpoint file, and the store keeping both in step with its segments."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,64 @@ def test_a_follower_cut_back_forgets_the_state_past_the_cut(tmp_path: Path) -> N
         assert part.store.epochs.entries == [EpochEntry(1, 0)]
     finally:
         part.close()
+
+
+# -- a leader's high watermark and in-sync replicas ---------------------------------------------
+
+
+def test_the_high_watermark_is_the_in_sync_replicas_lowest_log_end(tmp_path: Path) -> None:
+    leader = open_partition(tmp_path / "leader")
+    try:
+        leader.lead(1, frozenset({2, 3}), 2, frozenset({2, 3}))
+        send(leader, -1, -1, b"a", txn=False)
+        send(leader, -1, -1, b"b", txn=False)
+        assert leader.offsets() == (0, 0, 0)  # nobody has fetched yet
+        assert leader.fetch(0, 1 << 20, False).batches == []  # not above the high watermark
+        assert leader.wait_replicated(2, 0.01)[0] is ErrorCode.REQUEST_TIMED_OUT
+        assert leader.replica_read(2, 2, 1, 1 << 20).records == b""
+        assert leader.high_watermark == 0  # replica 3 still lacks them
+        assert leader.replica_read(3, 1, 1, 1 << 20).records  # offset 1 on
+        assert leader.high_watermark == 1
+        leader.replica_read(3, 2, 1, 1 << 20)
+        assert leader.wait_replicated(2, 1.0) == (ErrorCode.NONE, "")
+        assert [r.value for b in leader.fetch(0, 1 << 20, False).batches for r in b.records] == [
+            b"a",
+            b"b",
+        ]
+        # A follower whose log goes past the leader's end: it cuts at the end.
+        assert leader.replica_read(2, 5, 1, 1 << 20).diverging == EpochEnd(1, 2)
+        assert leader.replica_read(2, 2, 0, 1 << 20).diverging == EpochEnd(-1, -1)
+        # Fewer in-sync replicas than min.insync.replicas: writes are refused.
+        leader.lead(1, frozenset(), 2, frozenset({2, 3}))
+        problem = leader.replication_problem()
+        assert problem is not None and problem[0] is ErrorCode.NOT_ENOUGH_REPLICAS
+        send(leader, -1, -1, b"c", txn=False)
+        assert leader.wait_replicated(3, 1.0)[0] is ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        leader.follow(2)
+        assert leader.wait_replicated(4, 1.0)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    finally:
+        leader.close()
+
+
+def test_followers_leave_the_isr_when_they_lag_and_join_when_they_catch_up(
+    tmp_path: Path,
+) -> None:
+    leader = open_partition(tmp_path / "leader")
+    try:
+        leader.lead(1, frozenset({2, 3}), 1, frozenset({2, 3}))
+        start = time.monotonic()
+        for i in range(3):
+            send(leader, -1, -1, f"v{i}".encode(), txn=False)
+        leader.replica_read(2, 3, 1, 1 << 20)  # replica 2 has everything, 3 fetched nothing
+        assert leader.wanted_in_sync(start, 10.0) is None
+        assert leader.wanted_in_sync(start + 20.0, 10.0) == frozenset()  # both lag 10 s later
+        leader.replica_read(2, 3, 1, 1 << 20)
+        assert leader.wanted_in_sync(time.monotonic() + 5.0, 10.0) is None
+        leader.lead(1, frozenset({2}), 1, frozenset({2, 3}))  # the controller dropped 3
+        assert leader.high_watermark == 3
+        leader.replica_read(3, 2, 1, 1 << 20)  # below the high watermark: not yet
+        assert leader.wanted_in_sync(time.monotonic(), 10.0) is None
+        leader.replica_read(3, 3, 1, 1 << 20)
+        assert leader.wanted_in_sync(time.monotonic(), 10.0) == frozenset({2, 3})
+    finally:
+        leader.close()

@@ -8,6 +8,7 @@ and catches up."""
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from raftcoord.client import Admin, Consumer, TopicPartition, TransactionalProducer
+from raftcoord.client import Admin, Consumer, Producer, TopicPartition, TransactionalProducer
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import TopicDescription
 from raftcoord.cluster.launcher import LocalCluster
@@ -74,6 +75,8 @@ class Workload(threading.Thread):
         self.cluster = cluster
         self.name_ = name
         self.committed: list[bytes] = []
+        #: Values of transactions that raised: committed or not, either may be.
+        self.uncertain: list[bytes] = []
         self.failed: list[str] = []
         self.stop = threading.Event()
 
@@ -91,12 +94,22 @@ class Workload(threading.Thread):
                     producer.commit_transaction()
                     self.committed += values
                 except KafkaError as exc:
+                    self.uncertain += values
                     self.failed.append(repr(exc))
                     try:
                         producer.abort_transaction()
                     except KafkaError as again:
                         self.failed.append(repr(again))
                         return
+
+    def check(self, values: list[bytes], partition: int | None = None) -> None:
+        """``values`` (what read_committed returned) hold every committed
+        value once, and nothing a transaction never tried."""
+        suffix = b"" if partition is None else f"-{partition}".encode()
+        committed = [v for v in self.committed if v.endswith(suffix)]
+        assert len(values) == len(set(values)), "a value read twice"
+        assert set(committed) <= set(values), (set(committed) - set(values), self.failed[-5:])
+        assert set(values) <= set(committed) | set(self.uncertain)
 
     def wait_commits(self, more: int, timeout_s: float = 60.0) -> None:
         target = len(self.committed) + more * PARTITIONS
@@ -139,8 +152,8 @@ def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
     workload.start()
     try:
         workload.wait_commits(10)
-        for p in range(PARTITIONS):
-            wait_identical(cluster, p, nodes)  # the workload goes on: lagging replicas catch up
+        for index in range(PARTITIONS):
+            wait_identical(cluster, index, nodes)  # the workload goes on: lagging ones catch up
         victim = topic.partitions[rng.randrange(PARTITIONS)].leader
         led = [p.partition for p in topic.partitions if p.leader == victim]
         cluster.kill(victim, "KILL")
@@ -163,7 +176,90 @@ def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
         workload.stop.set()
         workload.join(60)
     assert not workload.is_alive()
-    for p in range(PARTITIONS):
-        wait_identical(cluster, p, nodes)
+    for index in range(PARTITIONS):
+        wait_identical(cluster, index, nodes)
     values = read_committed(cluster, len(workload.committed))
-    assert sorted(values) == sorted(workload.committed), workload.failed[-5:]
+    workload.check(values)
+
+
+def test_a_wiped_replica_catches_up_and_a_later_leader_kill_loses_nothing(
+    cluster: LocalCluster,
+) -> None:
+    """A replica whose partition data is gone (a lost disk's logs) fetches
+    everything again from its leader, rejoins the ISR, and can then be the
+    one that takes over."""
+    topic = describe(cluster)
+    nodes = sorted(n.node_id for n in cluster.partition_nodes())
+    leader = topic.partitions[0].leader
+    wiped = next(n for n in topic.partitions[0].replicas if n != leader)
+    workload = Workload(cluster, "wiped-txn")
+    workload.start()
+    try:
+        workload.wait_commits(10)
+        cluster.kill(wiped, "KILL")
+        workload.wait_commits(5)
+        node_dir = Path(cluster.state.node(wiped).log).with_suffix("")  # type: ignore[union-attr]
+        for p in range(PARTITIONS):
+            shutil.rmtree(node_dir / f"{TOPIC}-{p}")
+        cluster.start(wiped)
+        workload.wait_commits(5)
+        cluster.wait_until(
+            lambda: wiped in describe(cluster).partitions[0].isr, 30.0, "the wiped replica in sync"
+        )
+        # Only the wiped replica and the leader are left in sync: the leader goes.
+        other = next(n for n in nodes if n not in (leader, wiped))
+        cluster.kill(other, "KILL")
+        cluster.kill(leader, "KILL")
+        cluster.wait_until(
+            lambda: describe(cluster).partitions[0].leader == wiped, 30.0, "the wiped replica leads"
+        )
+    finally:
+        workload.stop.set()
+        workload.join(60)
+    # min.insync.replicas 2 with one replica left: it serves reads, refuses writes.
+    workload.check(read_committed_partition(cluster, 0), partition=0)
+
+
+def read_committed_partition(cluster: LocalCluster, partition: int) -> list[bytes]:
+    consumer = Consumer(cluster.bootstrap(), isolation_level="read_committed")
+    try:
+        consumer.assign([TopicPartition(TOPIC, partition)])
+        consumer.seek_to_beginning()
+        values: list[bytes] = []
+        idle = 0
+        deadline = time.monotonic() + 60
+        while idle < 3 and time.monotonic() < deadline:
+            got = [r.value for r in consumer.poll(timeout_ms=500) if r.value is not None]
+            idle = 0 if got else idle + 1
+            values += got
+        return values
+    finally:
+        consumer.close()
+
+
+def test_a_follower_that_lags_leaves_the_isr_and_rejoins_once_caught_up(tmp_path: Path) -> None:
+    """A paused follower (not fenced: its lease outlasts the pause) leaves
+    the ISR after replica.lag.time.max.ms, so acks=all writes go on with the
+    others; resumed, it catches up and joins again."""
+    settings = {**SETTINGS, "broker.session.timeout.ms": 60_000, "replica.lag.time.max.ms": 2_000}
+    with running_cluster(tmp_path / "cluster", settings=settings) as cluster:
+        with Admin(cluster.bootstrap()) as admin:
+            admin.create_topics({TOPIC: 1}, replication_factor=3, min_insync_replicas=2)
+        leader = describe(cluster).partitions[0].leader
+        lagging = next(n for n in describe(cluster).partitions[0].replicas if n != leader)
+        with Producer(cluster.bootstrap()) as producer:
+            producer.send(TOPIC, b"before", partition=0).result(30)
+            cluster.kill(lagging, "STOP")
+            try:
+                producer.send(TOPIC, b"paused", partition=0).result(30)  # waits for the shrink
+                after = describe(cluster).partitions[0]
+                assert lagging not in after.isr and after.leader == leader
+            finally:
+                cluster.kill(lagging, "CONT")
+            cluster.wait_until(
+                lambda: lagging in describe(cluster).partitions[0].isr, 30.0, "rejoined the ISR"
+            )
+            producer.send(TOPIC, b"after", partition=0).result(30)
+        assert wait_identical(cluster, 0, [leader, lagging])
+        logs = "".join(p.read_text() for p in cluster.data_dir.glob("*.log"))
+        assert "event=isr_changed" in logs and "event=partition_node_fenced" not in logs

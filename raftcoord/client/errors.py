@@ -65,6 +65,7 @@ __all__ = [
     "IllegalGenerationError",
     "IllegalStateError",
     "InconsistentGroupProtocolError",
+    "IneligibleReplicaError",
     "InvalidConfigurationError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
@@ -78,6 +79,7 @@ __all__ = [
     "InvalidTopicError",
     "InvalidTransactionTimeoutError",
     "InvalidTxnStateError",
+    "InvalidUpdateVersionError",
     "KafkaConnectionError",
     "KafkaError",
     "KafkaStorageError",
@@ -363,6 +365,18 @@ class ResourceNotFoundError(KafkaError):
     """A SCRAM credential to delete does not exist."""
 
     code = ErrorCode.RESOURCE_NOT_FOUND
+
+
+class InvalidUpdateVersionError(KafkaError):
+    """AlterPartition named an older partition epoch than the controller's."""
+
+    code = ErrorCode.INVALID_UPDATE_VERSION
+
+
+class IneligibleReplicaError(KafkaError):
+    """AlterPartition would add a fenced node to an ISR."""
+
+    code = ErrorCode.INELIGIBLE_REPLICA
 
 
 class SecurityDisabledError(KafkaError):

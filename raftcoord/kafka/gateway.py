@@ -1214,7 +1214,8 @@ class Gateway:
                 )
 
         async def call(stub: Any, parts: list[partition_log_pb2.PartitionProduceData]) -> Any:
-            grpc_request = partition_log_pb2.ProduceRequest(partitions=parts)
+            # acks passes through: all (-1) waits for the in-sync replicas.
+            grpc_request = partition_log_pb2.ProduceRequest(partitions=parts, acks=body.acks)
             if body.transactional_id is not None:
                 grpc_request.transactional_id = body.transactional_id
             return await stub.Produce(grpc_request, timeout=self.backend.rpc_timeout_s)

@@ -107,6 +107,10 @@ class Settings:
     # long is fenced: it leaves every ISR and leads nothing until it
     # heartbeats again (Kafka's defaults, both).
     broker_session_timeout_ms: int = 9_000
+    # replica.lag.time.max.ms: a follower that has not caught up with its
+    # leader's log end for this long leaves the ISR; one that reached the
+    # high watermark joins it again (Kafka's default).
+    replica_lag_time_max_ms: int = 30_000
     # Partition-log nodes (docs/partition-log.md).
     log_segment_bytes: int = 64 << 20  # log.segment.bytes
     log_index_interval_bytes: int = 4096  # log.index.interval.bytes
@@ -206,6 +210,7 @@ _SETTING_NAMES = {
     "raft.election.timeout.ms": "raft_election_timeout_ms",
     "broker.heartbeat.interval.ms": "broker_heartbeat_interval_ms",
     "broker.session.timeout.ms": "broker_session_timeout_ms",
+    "replica.lag.time.max.ms": "replica_lag_time_max_ms",
     "log.segment.bytes": "log_segment_bytes",
     "log.index.interval.bytes": "log_index_interval_bytes",
     "log.flush.policy": "log_flush_policy",

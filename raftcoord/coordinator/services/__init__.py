@@ -12,7 +12,7 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
                    WriteTxnMarkers (group markers); JoinGroup,
                    SyncGroup, Heartbeat, LeaveGroup, DescribeGroups
 ``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets,
-                   NodeHeartbeat
+                   NodeHeartbeat, AlterPartition
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
 ``acls``           CreateAcls, DescribeAcls, DeleteAcls
 ``users``          AlterUserScramCredentials, DescribeUserScramCredentials
@@ -130,6 +130,9 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def NodeHeartbeat(self, request: Any, context: Any) -> Any:
         return self.topics.NodeHeartbeat(request, context)
+
+    def AlterPartition(self, request: Any, context: Any) -> Any:
+        return self.topics.AlterPartition(request, context)
 
     def CreateTopics(self, request: Any, context: Any) -> Any:
         return self.topics.CreateTopics(request, context)

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from fsm import (
+    AlterPartition,
     CreateTopic,
     ErrorCode,
     OffsetReservation,
@@ -361,6 +362,43 @@ class TopicRPCs:
                 )
         return coordinator_pb2.NodeHeartbeatResponse(was_fenced=fenced)
 
+    def AlterPartition(self, request: Any, context: Any) -> Any:
+        """A partition leader's new ISR (shard 0's leader applies it; another
+        node forwards): answered with the registration once applied. Only
+        the directory on record is heard."""
+        early = self._node_request(context, "AlterPartition", request)
+        if early is not None:
+            return early
+        node_id = request.node_id
+        on_record = self.router.shards.query(
+            METADATA_SHARD, lambda machine: machine.state.directories.get(node_id)
+        )
+        if on_record != request.directory_id:
+            return coordinator_pb2.AlterPartitionResponse(
+                error_code=wire_error(ErrorCode.KAFKA_STORAGE_ERROR),
+                error_message=f"directory {request.directory_id} of partition-log node "
+                f"{node_id} is not the one on record ({on_record or 'none'})",
+            )
+        topic, index = request.topic, request.partition
+        leader_epoch, partition_epoch = request.leader_epoch, request.partition_epoch
+        isr = tuple(request.isr)
+        outcome = self.router.run(
+            METADATA_SHARD,
+            lambda stamp: AlterPartition(
+                topic, index, node_id, leader_epoch, partition_epoch, isr, stamp.now_ms
+            ),
+        )
+        if not outcome.ok:
+            return coordinator_pb2.AlterPartitionResponse(
+                error_code=wire_error(outcome.error), error_message=outcome.message
+            )
+        now = self.router.shards.query(
+            METADATA_SHARD, lambda machine: machine.state.topics[topic].partitions[index]
+        )
+        return coordinator_pb2.AlterPartitionResponse(
+            isr=now.isr, leader_epoch=now.leader_epoch, partition_epoch=now.partition_epoch
+        )
+
     def _node_request(self, context: Any, method: str, request: Any) -> Any | None:
         """The answer to a partition-log node's ``method`` request that this
         node does not handle itself, or None: a caller that is not that node
@@ -425,6 +463,7 @@ def _topic_metadata(name: str, registered: TopicRegistration | None) -> Any:
                 replicas=p.replicas,
                 isr=p.isr,
                 leader_epoch=p.leader_epoch,
+                partition_epoch=p.partition_epoch,
             )
             for i, p in enumerate(registered.partitions)
         ],
@@ -442,6 +481,7 @@ def _registration_from_proto(topic: Any) -> TopicRegistration:
                 tuple(p.isr) or (p.node_id,),
                 p.node_id,
                 p.leader_epoch,
+                p.partition_epoch,
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ),

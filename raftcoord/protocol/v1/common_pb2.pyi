@@ -64,7 +64,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNSTABLE_OFFSET_COMMIT: _ClassVar[ErrorCode]
     PRODUCER_FENCED: _ClassVar[ErrorCode]
     RESOURCE_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
     TRANSACTION_ABORTABLE: _ClassVar[ErrorCode]
 
 class TransactionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -142,7 +144,9 @@ INVALID_RECORD: ErrorCode
 UNSTABLE_OFFSET_COMMIT: ErrorCode
 PRODUCER_FENCED: ErrorCode
 RESOURCE_NOT_FOUND: ErrorCode
+INVALID_UPDATE_VERSION: ErrorCode
 TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
+INELIGIBLE_REPLICA: ErrorCode
 TRANSACTION_ABORTABLE: ErrorCode
 TRANSACTION_STATE_EMPTY: TransactionState
 TRANSACTION_STATE_ONGOING: TransactionState

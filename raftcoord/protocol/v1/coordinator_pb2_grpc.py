@@ -141,6 +141,11 @@ class TransactionCoordinatorStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.AlterPartition = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/AlterPartition',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.FromString,
+                _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/CreateAcls',
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.CreateAclsRequest.SerializeToString,
@@ -334,6 +339,15 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartition(self, request, context):
+        """A partition's leader changes its in-sync replicas (KRaft's
+        AlterPartition; shard 0's leader applies it, another node forwards):
+        a follower that caught up joins, one that fell behind leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateAcls(self, request, context):
         """Adds access-control bindings (shard 0; needs ALTER on the cluster).
         SECURITY_DISABLED on a cluster without [tls].
@@ -481,6 +495,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.NodeHeartbeat,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatResponse.SerializeToString,
+            ),
+            'AlterPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartition,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
@@ -1076,6 +1095,33 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/NodeHeartbeat',
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.NodeHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/AlterPartition',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,
