@@ -60,7 +60,11 @@ CHECKS: list[tuple[str, str]] = [
     ("inconsistent-offsets", "one offset of a partition holds two values across reads and the log"),
     ("nonmonotonic-poll", "a poller read a partition's offsets out of order or twice"),
     ("skipped-poll", "a poller jumped over a record visible to read_committed"),
-    ("replica-divergence", "coordinator replicas applied different transitions at one Raft entry"),
+    (
+        "replica-divergence",
+        "coordinator replicas applied different transitions at one Raft entry, or partition "
+        "replicas hold different records at one offset and leader epoch",
+    ),
     ("exactly-once-pipeline", "outputs are not one per consumed input, or offsets not at the end"),
     ("order", "a producer's records in a partition out of the order it sent them"),
     ("unseen", "a committed write that no poller read by the end"),
@@ -96,18 +100,26 @@ class Audit:
 
     ``segments`` and ``transitions`` are the sources of :mod:`spark.sources`;
     ``history`` may be None, and then the checks that need it are skipped.
+    A partition with replicas is read on every node holding one: the checks
+    of the log read one replica per partition, the newest leader's
+    (:func:`_newest_replica`), and ``replica-divergence`` compares the others
+    with it.
     """
 
     def __init__(
         self, segments: DataFrame, transitions: DataFrame, history: DataFrame | None
     ) -> None:
-        self.segments = segments.cache()
+        self.replica_segments = segments.cache()
+        self.replica_batches = self.replica_segments.where(
+            (F.col("record_index") == 0) & F.col("magic").isNotNull()
+        )
+        self.segments = _newest_replica(self.replica_segments, self.replica_batches).cache()
         self.transitions = transitions.cache()
         self.history = None if history is None else history.cache()
         # Read every input once, up front: the planner then knows their sizes and joins
         # small tables by broadcasting them instead of shuffling both sides.
         self.rows = {
-            "segment rows": self.segments.count(),
+            "segment rows": self.replica_segments.count(),
             "transitions (all replicas)": self.transitions.count(),
         }
         if self.history is not None:
@@ -777,7 +789,52 @@ class Audit:
                 ),
             )
         )
-        return differ.unionByName(holes).unionByName(backwards)
+        return differ.unionByName(holes).unionByName(backwards).unionByName(self._log_divergence())
+
+    def _log_divergence(self) -> DataFrame:
+        """Records of a partition replica that differ from the newest leader's
+        replica at the same offset where both batches carry the same leader
+        epoch (one leader appended them: they must be the same records). A
+        replica may hold other records at an offset under an older epoch: a
+        tail its leader never acknowledged, which it cuts when it fetches
+        again (KIP-101)."""
+        columns = ["offset", "leader_epoch", "producer_id", "key", "value", "control_type"]
+        records = self.replica_segments.where(
+            F.col("record_index").isNotNull() & F.col("magic").isNotNull()
+        ).select(*_tp(), "node", *columns)
+        reference = self.segments.where(
+            F.col("record_index").isNotNull() & F.col("magic").isNotNull()
+        ).select(
+            *_tp(),
+            F.col("node").alias("ref_node"),
+            "offset",
+            "leader_epoch",
+            *[F.col(c).alias(f"ref_{c}") for c in columns[2:]],
+        )
+        same = F.lit(True)
+        for c in columns[2:]:
+            same = same & F.col(c).eqNullSafe(F.col(f"ref_{c}"))
+        return (
+            records.join(reference, [*_tp(), "offset", "leader_epoch"])
+            .where((F.col("node") != F.col("ref_node")) & ~same)
+            .select(
+                F.lit("partition replicas differ").alias("problem"),
+                F.lit(None).cast("int").alias("shard"),
+                F.col("offset").alias("index"),
+                F.format_string(
+                    "%s-%d at offset %d, leader epoch %d: node %d holds value %s, "
+                    "node %d (the newest leader's) %s",
+                    "topic",
+                    "partition",
+                    "offset",
+                    "leader_epoch",
+                    "node",
+                    F.coalesce("value", F.lit("null")),
+                    "ref_node",
+                    F.coalesce("ref_value", F.lit("null")),
+                ).alias("detail"),
+            )
+        )
 
     def exactly_once_pipeline(self) -> DataFrame | str:
         if (why := self._needs_history()) is not None:
@@ -1023,7 +1080,7 @@ class Audit:
         """Every row a source could not read, with its problem, except a torn tail that
         a crash explains: the last line of a transitions log, and the end of a
         partition's newest segment unless the node was restarted after it."""
-        problems = self.segments.where(F.col("problem").isNotNull())
+        problems = self.replica_segments.where(F.col("problem").isNotNull())
         torn = F.col("problem").startswith("torn tail")
         segments = problems.where(~torn).select(
             F.concat_ws("/", F.lit("partition-node"), "node", "topic", "partition").alias("file"),
@@ -1051,7 +1108,7 @@ class Audit:
         partition's batches, the torn batch's own when its header is whole): recovery
         at that restart would have cut it. Unknown (no timestamp at all): any restart
         of the node."""
-        known = self.batches.groupBy("topic", "partition", "node").agg(
+        known = self.replica_batches.groupBy("topic", "partition", "node").agg(
             F.max("max_timestamp").alias("known")
         )
         stopped = F.get_json_object("info", "$.stopped")
@@ -1114,3 +1171,21 @@ def _transaction_name() -> Column:
         F.concat_ws("/", "producer_id", "producer_epoch"),
         F.when(F.col("txn_key") >= 0, F.concat(F.lit("#"), F.col("txn_key"))).otherwise(F.lit("")),
     )
+
+
+def _newest_replica(segments: DataFrame, batches: DataFrame) -> DataFrame:
+    """The rows of one replica per partition: the one whose batches reach
+    the highest leader epoch (the newest leader's log), then the longest,
+    then the lowest node id. With one replica, every row."""
+    ends = batches.groupBy(*_tp(), "node").agg(
+        F.max("leader_epoch").alias("top_epoch"), F.max("last_offset").alias("end")
+    )
+    choice = Window.partitionBy(*_tp()).orderBy(
+        F.col("top_epoch").desc(), F.col("end").desc(), F.col("node")
+    )
+    chosen = (
+        ends.withColumn("rank", F.row_number().over(choice))
+        .where(F.col("rank") == 1)
+        .select(*_tp(), "node")
+    )
+    return segments.join(F.broadcast(chosen), [*_tp(), "node"], "left_semi")

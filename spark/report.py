@@ -228,7 +228,7 @@ def fault_lanes(faults: list[dict[str, Any]], t0_ms: float, end_ms: float) -> li
 #: The totals' words; a key not listed here is ``<op> <type>`` of the
 #: history's operations (see :func:`total_words`) or shown as it is.
 TOTAL_WORDS = {
-    "segment rows": "records read from the partition logs",
+    "segment rows": "records read from the partition logs (every replica)",
     "batches": "batches in the partition logs (data and markers)",
     "transitions (all replicas)": "coordinator transitions read (every replica's)",
     "history events": "events in the history",

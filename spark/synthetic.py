@@ -123,6 +123,11 @@ class Run:
     committed_delta: dict[tuple[str, int], int] = field(default_factory=dict)
     #: applied to the cluster directory once everything is written (damage to the bytes)
     file_edits: list[Callable[[Path], None]] = field(default_factory=list)
+    #: follower replicas of a partition: each edit makes one copy of its log
+    #: (after ``log_edits``) on the next node round the ring
+    replica_copies: dict[tuple[str, int], list[Callable[[list[Batch]], None]]] = field(
+        default_factory=dict
+    )
     coordinators: int = 3
     shards: int = 3
     plog_nodes: int = 3
@@ -144,6 +149,12 @@ class Run:
             node = 101 + index % self.plog_nodes
             directory = cluster / f"partition-node-{node}" / f"{topic}-{index}"
             _write_log(directory, batches, segment_bytes)
+            for k, copy_edit in enumerate(self.replica_copies.get((topic, index), []), 1):
+                replica = copy.deepcopy(batches)
+                copy_edit(replica)
+                node = 101 + (index + k) % self.plog_nodes
+                directory = cluster / f"partition-node-{node}" / f"{topic}-{index}"
+                _write_log(directory, replica, segment_bytes)
         for shard, transitions in self.transitions.items():
             for node in range(1, self.coordinators + 1):
                 path = cluster / f"node-{node}" / f"shard-{shard}" / "transitions.jsonl"

@@ -362,6 +362,37 @@ def plant_replica_divergence(pick: Picker) -> Planted:
     return Planted(1, (f'"shard":0,"index":{changed["index"]},',))
 
 
+def plant_partition_replicas(pick: Picker) -> Planted:
+    """A partition with three replicas: one holds a tail its old leader never
+    had acknowledged (another batch at an older leader epoch: allowed); one
+    lags (a shorter log, allowed) and holds another value at an offset and
+    leader epoch of the newest leader's log."""
+    tp, data = next(
+        (tp, i)
+        for tp, log in pick.run.logs.items()
+        if pick.free(tp)
+        for i in range(len(log) - 1)
+        if log[i].control is None
+    )
+    pick.take(tp)
+    log = pick.run.logs[tp]
+    log[:] = [dataclasses.replace(b, leader_epoch=1) for b in log]
+    log[-1] = dataclasses.replace(log[-1], leader_epoch=2)
+
+    def old_leader_tail(batches: list[Batch]) -> None:
+        batches[-1] = dataclasses.replace(
+            batches[-1], leader_epoch=1, control=None, values=["never-acknowledged"]
+        )
+
+    def lagging_and_diverged(batches: list[Batch]) -> None:
+        del batches[-1]
+        changed = batches[data]
+        batches[data] = dataclasses.replace(changed, values=["diverged", *changed.values[1:]])
+
+    pick.run.replica_copies[tp] = [old_leader_tail, lagging_and_diverged]
+    return Planted(1, ("holds value diverged",))
+
+
 def plant_pipeline(pick: Picker) -> Planted:
     """The worker's committed offset of an input partition stops short of its end."""
     tp = next((INPUT, p) for p in range(pick.run.partitions) if pick.free((INPUT, p)))
@@ -692,6 +723,7 @@ PLANTS: list[tuple[str, Callable[[Picker], Planted]]] = [
     ("nonmonotonic-poll", plant_nonmonotonic_poll),
     ("skipped-poll", plant_skipped_poll),
     ("replica-divergence", plant_replica_divergence),
+    ("replica-divergence", plant_partition_replicas),
     ("exactly-once-pipeline", plant_pipeline),
     ("liveness", plant_liveness),
     # then the plants that take whichever partition is left

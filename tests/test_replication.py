@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from raftcoord.client import Admin, Consumer, Producer, TopicPartition, Transact
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import TopicDescription
 from raftcoord.cluster.launcher import LocalCluster
+from spark import audit
 from tests.local_cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -137,7 +139,7 @@ def read_committed(cluster: LocalCluster, expected: int) -> list[bytes]:
 
 
 def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
-    cluster: LocalCluster,
+    cluster: LocalCluster, spark: Any, tmp_path: Path
 ) -> None:
     seed = random.randrange(1 << 30)
     print(f"seed={seed}")
@@ -180,6 +182,11 @@ def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
         wait_identical(cluster, index, nodes)
     values = read_committed(cluster, len(workload.committed))
     workload.check(values)
+    # The audit reads every replica: they agree, and every batch reads back.
+    outcome = audit.run_audit(spark, cluster.data_dir, None, tmp_path / "report")
+    results = {r.name: r for r in outcome.results}
+    for name in ("replica-divergence", "unreadable-data", "leader-epoch-order", "duplicate"):
+        assert results[name].status == "PASS", results[name]
 
 
 def test_a_wiped_replica_catches_up_and_a_later_leader_kill_loses_nothing(

@@ -163,7 +163,7 @@ def test_fault_windows_carry_the_planned_hold_of_their_start() -> None:
 
 
 def test_totals_are_in_words_with_the_internal_name_where_it_helps() -> None:
-    assert total_words("segment rows") == "records read from the partition logs"
+    assert total_words("segment rows") == "records read from the partition logs (every replica)"
     assert total_words("commit ok") == "transactions committed (commit ok)"
     assert total_words("abort ok") == "transactions aborted (abort ok)"
     assert total_words("history events") == "events in the history"
