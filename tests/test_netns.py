@@ -4,6 +4,7 @@ fails over and stops in namespaces (raftcoord.cluster.netns, cluster up --netns)
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -11,12 +12,18 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from raftcoord.cli.main import main
+from raftcoord.client import Admin, Producer
 from raftcoord.cluster import netns
 from raftcoord.cluster.launcher import ClusterError, ClusterState, LocalCluster, NodeRecord
+from raftcoord.protocol.errors import ErrorCode
+from tests import plog_client
+from tests.local_cluster import running_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_netns = pytest.mark.skipif(
@@ -337,3 +344,62 @@ def test_a_multi_host_config_starts_only_in_namespaces(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=r"nope\.toml: config file not found"):
         LocalCluster(tmp_path / "c").up(netns=True, config=tmp_path / "nope.toml")
     assert not (tmp_path / "c").exists()  # nothing was started
+
+
+@needs_netns
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_partition_leader_cut_off_acknowledges_nothing_and_cuts_its_tail_after_heal(
+    tmp_path: Path,
+) -> None:
+    """A partition's leader cut off from the coordinators and its followers
+    (clients still reach it) appends an acks=all write but never acknowledges
+    it; the other side elects a follower and serves; after the heal the old
+    leader follows, and cuts the write it never acknowledged (by leader
+    epoch, KIP-101)."""
+    settings = {
+        "broker.heartbeat.interval.ms": 300,
+        "broker.session.timeout.ms": 3_000,
+        "replica.lag.time.max.ms": 2_000,
+    }
+    with running_cluster(tmp_path / "c", netns=True, settings=settings) as cluster:
+        with Admin(cluster.bootstrap()) as admin:
+            admin.create_topics({"cut": 1}, replication_factor=3, min_insync_replicas=2)
+
+            def registration() -> Any:
+                return admin.describe_topics(["cut"])["cut"].partitions[0]
+
+            old = registration()
+            with Producer(cluster.bootstrap()) as producer:
+                producer.send("cut", b"before", partition=0).result(30)
+            others = [n.node_id for n in cluster.state.nodes if n.node_id != old.leader]  # type: ignore[union-attr]
+            netns.partition(cluster, [[old.leader], others])
+            isolated = plog_client.stub(cluster.state.node(old.leader).grpc)  # type: ignore[union-attr]
+            answer = None
+            with contextlib.suppress(grpc.RpcError):  # the call's deadline: not acknowledged
+                answer = plog_client.produce(isolated, "cut", 0, [b"cut-off"], timeout_s=8)
+            assert answer is None or answer.error_code != ErrorCode.NONE, answer
+            cluster.wait_until(
+                lambda: registration().leader not in (old.leader, -1), 30, "no new leader"
+            )
+            new = registration()
+            assert new.leader_epoch > old.leader_epoch and old.leader not in new.isr
+            with Producer(cluster.bootstrap()) as producer:
+                producer.send("cut", b"during", partition=0).result(30)
+            netns.heal(cluster)
+            cluster.wait_until(lambda: old.leader in registration().isr, 60, "no rejoin")
+
+        def replica_log(node_id: int) -> bytes:
+            record = cluster.state.node(node_id)  # type: ignore[union-attr]
+            directory = Path(record.log).with_suffix("") / "cut-0"
+            return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+
+        cluster.wait_until(
+            lambda: replica_log(old.leader) == replica_log(new.leader), 30, "logs differ"
+        )
+        assert b"cut-off" not in replica_log(old.leader)
+        leader = plog_client.stub(cluster.state.node(new.leader).grpc)  # type: ignore[union-attr]
+        seen, _ = plog_client.read_all(leader, "cut", 0, committed=False)
+        assert [value for _, value in seen] == [b"before", b"during"]
+        logs = "".join(p.read_text() for p in cluster.data_dir.glob("*.log"))
+        assert "event=replica_truncated" in logs
