@@ -267,13 +267,14 @@ class ClusterView:
         )
         return self._ask_metadata_leader(method="ReserveOffsets", request=request)
 
-    def heartbeat(self, directory_id: str, timeout_s: float) -> Any | None:
+    def heartbeat(self, directory_id: str, timeout_s: float, lost_data: bool = False) -> Any | None:
         """Shard 0's leader's answer to NodeHeartbeat (this node's lease), or
         None when no coordinator could give one; each coordinator is given
         ``timeout_s`` (well below the lease, so that one that does not
-        answer leaves time to ask the others)."""
+        answer leaves time to ask the others). ``lost_data``: fence the node
+        first (it may lack acknowledged records)."""
         request = coordinator_pb2.NodeHeartbeatRequest(
-            node_id=self.node_id, directory_id=directory_id
+            node_id=self.node_id, directory_id=directory_id, lost_data=lost_data
         )
         return self._ask_metadata_leader("NodeHeartbeat", request, timeout_s)
 
@@ -358,6 +359,16 @@ class ClusterView:
                 for topic, partitions in self._topics.items()
                 for i, p in enumerate(partitions)
                 if self.node_id in p.replicas and p.leader not in (self.node_id, -1)
+            ]
+
+    def held(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """(topic, partition, replicas) of every partition this node holds a replica of."""
+        with self._lock:
+            return [
+                (topic, i, p.replicas)
+                for topic, partitions in self._topics.items()
+                for i, p in enumerate(partitions)
+                if self.node_id in p.replicas
             ]
 
     def replica_of(self, topic: str, partition: int, replica: int) -> bool:

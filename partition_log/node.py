@@ -141,6 +141,10 @@ class PartitionNode:
         self.registered_directory = ""
         #: The last refusal of a heartbeat (logged once until it changes).
         self._heartbeat_refused = ErrorCode.NONE
+        #: Partitions with other replicas whose log here may lack acknowledged
+        #: records: until a heartbeat has had the node fenced (KIP-966), they
+        #: reserve no offsets, and the node does not serve.
+        self._lost: list[Partition] = []
         #: Whether the node stopped cleanly before this start.
         self.clean_start = False
         self._reservation_due = threading.Event()
@@ -232,6 +236,12 @@ class PartitionNode:
         if placement.error is not ErrorCode.NONE:
             return placement.error, placement.message
         partition = self.partitions.get((topic, index))
+        if partition is not None and partition in self._lost:
+            return (
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"partition {topic}-{index} may lack acknowledged records on partition-log "
+                f"node {self.node_id}: it leads it no more once the coordinators fenced it; retry",
+            )
         if partition is not None:
             self._lead(partition, placement)
             return partition
@@ -397,7 +407,7 @@ class PartitionNode:
             due = [
                 p
                 for p in list(self.partitions.values())
-                if p.reservation_due() and self.view.owns(p.topic, p.index)
+                if p.reservation_due() and self.view.owns(p.topic, p.index) and p not in self._lost
             ]
             for first in range(0, len(due), RESERVATIONS_PER_CALL):
                 chunk = [
@@ -578,6 +588,11 @@ class PartitionNode:
             partition_log.log.fsync_directory(self.data_dir)
         self._open_from_disk()
         self._refresh_placement()
+        if self.directory_state is DirectoryState.REGISTERING:
+            self._register()
+        self._lost = self._lost_replicas()
+        if self._lost:
+            self._heartbeat(CALL_TIMEOUT_S)  # fenced first: it leads none of them
         self.reserve_due()
         # Back after its lease ran out, the node leads again once a heartbeat
         # unfences it: before it serves, not up to a heartbeat interval later.
@@ -679,7 +694,7 @@ class PartitionNode:
             # longer leads stops acknowledging (its waiting writes give up).
             for partition in list(self.partitions.values()):
                 placement = self.view.placement(partition.topic, partition.index)
-                if placement.error is ErrorCode.NONE:
+                if placement.error is ErrorCode.NONE and partition not in self._lost:
                     self._lead(partition, placement)
                 else:
                     partition.follow(partition.leader_epoch)
@@ -695,13 +710,42 @@ class PartitionNode:
         while not self._stopping.wait(interval_s):
             self._heartbeat(timeout_s)
 
+    def _lost_replicas(self) -> list[Partition]:
+        """The partitions this node holds with other replicas whose log here may
+        lack acknowledged records (opened anew, or not flushed on every append
+        before an unclean stop: :attr:`Partition.may_have_lost`)."""
+        lost = []
+        for topic, index, replicas in self.view.held():
+            if len(replicas) < 2:
+                continue  # the only copy: it continues above its offsets instead
+            partition = self.partitions.get((topic, index)) or self._open(topic, index)
+            if partition is not None and partition.may_have_lost:
+                lost.append(partition)
+        return lost
+
     def _heartbeat(self, timeout_s: float) -> None:
         """One heartbeat (a node serving its directory on record); a node the
-        coordinators had fenced learns its partitions' leaders again at once."""
+        coordinators had fenced learns its partitions' leaders again at once.
+        While partitions may have lost records (:attr:`_lost`) the heartbeat
+        asks to be fenced first."""
         if self.directory is None or self.directory_state is not DirectoryState.SERVING:
             return
-        answer = self.view.heartbeat(self.directory.directory_id, timeout_s)
+        lost = list(self._lost)
+        answer = self.view.heartbeat(self.directory.directory_id, timeout_s, lost_data=bool(lost))
         if answer is None:
+            return
+        if lost and answer.error_code == ErrorCode.NONE:
+            for partition in lost:
+                partition.settle_replica()
+            self._lost = []
+            log.warning(
+                "node=%d event=fenced_for_lost_data partitions=%s: their logs here may lack "
+                "acknowledged records; they are followed until their leaders catch them up",
+                self.node_id,
+                ",".join(f"{p.topic}-{p.index}" for p in lost),
+            )
+            if self.view.refresh(confirmed=True):
+                self._refresh_placement()
             return
         if answer.error_code != ErrorCode.NONE:
             if answer.error_code != self._heartbeat_refused:

@@ -247,6 +247,18 @@ class Partition:
             self.ceiling = max(self.ceiling or 0, previous, ceiling)
             return skipped
 
+    def settle_replica(self) -> None:
+        """This replica left every ISR for the records it may have lost: the
+        log is a follower's from now on, caught up by its leader before it
+        counts as in sync again.
+
+        Raises:
+            OSError: the mark could not be removed.
+        """
+        with self.lock:
+            self.may_have_lost = False
+            self.store.settle()
+
     def _unreserved(self, count: int) -> str | None:
         """Why ``count`` more offsets cannot be handed out now, or None."""
         if self.ceiling is None:
@@ -629,13 +641,21 @@ class Partition:
             return end, last
 
     def set_follower_high_watermark(self, leader_high_watermark: int) -> None:
-        """A follower's high watermark: its leader's, within its own log."""
+        """A follower's high watermark: its leader's, within its own log. A log
+        that reaches its leader's high watermark holds every acknowledged
+        record: whatever it may have lost before (:attr:`may_have_lost`) is
+        back.
+
+        Raises:
+            OSError: the log could not be marked settled.
+        """
         with self.lock:
             self.replicated = True
-            self.high_watermark = max(
-                self.store.log_start_offset,
-                min(leader_high_watermark, self.store.log_end_offset),
-            )
+            end = self.store.log_end_offset
+            self.high_watermark = max(self.store.log_start_offset, min(leader_high_watermark, end))
+            if self.may_have_lost and end >= leader_high_watermark:
+                self.may_have_lost = False
+                self.store.settle()
 
     def restart_at(self, offset: int) -> None:
         """Empty the log and continue it at ``offset`` (a follower whose log

@@ -27,18 +27,26 @@ def stub(address: str) -> Any:
 KNOWN_TIMEOUT_S = 10.0
 
 
-def create_topic(cluster: LocalCluster, name: str, partitions: int) -> dict[int, str]:
-    """Create ``name`` and return partition -> owning node's address, once
-    every owner knows its partitions (a node learns of a new topic with its
-    next metadata refresh; until then it answers UNKNOWN_TOPIC_OR_PARTITION,
-    which clients retry and these raw requests do not)."""
+def create_topic(
+    cluster: LocalCluster, name: str, partitions: int, replication_factor: int = 1
+) -> dict[int, str]:
+    """Create ``name`` (one replica per partition unless ``replication_factor``
+    says otherwise: these tests address one node's log) and return partition
+    -> owning node's address, once every owner knows its partitions (a node
+    learns of a new topic with its next metadata refresh; until then it
+    answers UNKNOWN_TOPIC_OR_PARTITION, which clients retry and these raw
+    requests do not)."""
     shard0 = cluster.leaders()[0]
     coordinator = coordinator_pb2_grpc.TransactionCoordinatorStub(
         grpc.insecure_channel(cluster._require().node(shard0).grpc)
     )
     created = coordinator.CreateTopics(
         coordinator_pb2.CreateTopicsRequest(
-            topics=[coordinator_pb2.CreatableTopic(name=name, num_partitions=partitions)]
+            topics=[
+                coordinator_pb2.CreatableTopic(
+                    name=name, num_partitions=partitions, replication_factor=replication_factor
+                )
+            ]
         ),
         timeout=10,
     )

@@ -53,8 +53,9 @@ def batches(segment: Path) -> list[tuple[int, DefaultRecordBatch]]:
 
 def cut_a_committed_write(cluster_dir: Path) -> str:
     """Truncate a partition's newest segment where the data of its last
-    committed transaction starts (at a batch boundary, so not a torn tail: a
-    disk that lost acknowledged writes). Returns the partition's directory."""
+    committed transaction starts (at a batch boundary, so not a torn tail:
+    disks that lost acknowledged writes), on every replica (they hold the
+    same bytes). Returns the partition's directory."""
     for segment in sorted(cluster_dir.glob("partition-node-*/*-*/*.log"), reverse=True):
         found = batches(segment)
         for i in range(len(found) - 1, -1, -1):
@@ -68,8 +69,10 @@ def cut_a_committed_write(cluster_dir: Path) -> str:
                 if b.producer_id == batch.producer_id and not b.is_control_batch
             ]
             if data:
-                with segment.open("r+b") as f:
-                    f.truncate(data[-1])
+                name = f"{segment.parent.name}/{segment.name}"
+                for replica in cluster_dir.glob(f"partition-node-*/{name}"):
+                    with replica.open("r+b") as f:
+                        f.truncate(data[-1])
                 return f"{segment.parent.parent.name}/{segment.parent.name}"
     raise AssertionError(f"no committed transaction in {cluster_dir}")
 

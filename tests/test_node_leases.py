@@ -40,7 +40,7 @@ SETTINGS = {"broker.heartbeat.interval.ms": 300, "broker.session.timeout.ms": SE
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with running_cluster(tmp_path / "cluster", settings=SETTINGS) as running:
         with Admin(running.bootstrap()) as admin:
-            admin.create_topics({TOPIC: 3})
+            admin.create_topics({TOPIC: 3}, replication_factor=1)  # one copy: fences show
         yield running
 
 
@@ -228,33 +228,34 @@ def test_a_consumer_polling_through_a_fence_reads_on_at_the_new_leader_epoch(
 def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
     cluster: LocalCluster,
 ) -> None:
-    """A topic of the default replication factor has one replica per
-    partition, its leader, in sync at leader epoch 0; more replicas than
-    nodes are refused with why; ``raftcoord topic`` creates and describes
-    topics."""
+    """A topic of the default replication factor has 3 replicas per
+    partition (as many as nodes), all in sync, led by the first at leader
+    epoch 0, leaders spread over every node; min.insync.replicas 2; other
+    factors and more replicas than nodes are refused with why; ``raftcoord
+    topic`` creates and describes topics."""
     plog_ids = {n.node_id for n in cluster.partition_nodes()}
     with Admin(cluster.bootstrap()) as admin:
         admin.create_topics({"described": 6})
         [topic] = admin.describe_topics(["described"]).values()
-        assert (topic.replication_factor, topic.min_insync_replicas) == (1, 1)
+        assert (topic.replication_factor, topic.min_insync_replicas) == (3, 2)
         leaders = [p.leader for p in topic.partitions]
         assert set(leaders) == plog_ids  # spread over every node
         for p in topic.partitions:
-            assert p.replicas == p.isr == (p.leader,) and p.leader_epoch == 0
+            assert sorted(p.replicas) == sorted(p.isr) == sorted(plog_ids)
+            assert p.leader == p.replicas[0] and p.leader_epoch == 0
             assert not p.under_replicated
         with pytest.raises(InvalidReplicationFactorError, match="larger than the 3"):
-            admin.create_topics({"replicated": 1}, replication_factor=4)
+            admin.create_topics({"single": 1}, replication_factor=4)
         with pytest.raises(
             InvalidConfigurationError, match=r"min\.insync\.replicas 2 not in 1\.\.1"
         ):
-            admin.create_topics({"replicated": 1}, min_insync_replicas=2)
-        assert "replicated" not in admin.list_topics()
-        admin.create_topics({"replicated": 2}, replication_factor=3)
-        [replicated] = admin.describe_topics(["replicated"]).values()
-        assert (replicated.replication_factor, replicated.min_insync_replicas) == (3, 2)
-        for p in replicated.partitions:
-            assert sorted(p.replicas) == sorted(p.isr) == sorted(plog_ids)
-            assert p.leader == p.replicas[0]
+            admin.create_topics({"single": 1}, replication_factor=1, min_insync_replicas=2)
+        assert "single" not in admin.list_topics()
+        admin.create_topics({"single": 2}, replication_factor=1)
+        [single] = admin.describe_topics(["single"]).values()
+        assert (single.replication_factor, single.min_insync_replicas) == (1, 1)
+        for p in single.partitions:
+            assert p.replicas == p.isr == (p.leader,)
 
     def topic_cli(*args: str) -> subprocess.CompletedProcess[str]:
         where = ("--cluster-dir", str(cluster.data_dir))
@@ -271,7 +272,8 @@ def test_topics_record_each_partitions_replicas_and_the_cli_describes_them(
     assert described.returncode == 0, described.stderr
     rows = json.loads(described.stdout)
     assert [r["partition"] for r in rows] == [0, 1]
-    assert all(r["replicas"] == r["isr"] == [r["leader"]] for r in rows)
+    assert all(len(r["replicas"]) == 3 and sorted(r["isr"]) == sorted(r["replicas"]) for r in rows)
+    assert all(r["leader"] == r["replicas"][0] for r in rows)
     table = topic_cli("describe", "--topic", "cli-made")
     assert "LeaderEpoch" in table.stdout and "Isr" in table.stdout
     none = topic_cli("describe", "--under-replicated-partitions")

@@ -192,39 +192,50 @@ def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
 def test_a_wiped_replica_catches_up_and_a_later_leader_kill_loses_nothing(
     cluster: LocalCluster,
 ) -> None:
-    """A replica whose partition data is gone (a lost disk's logs) fetches
-    everything again from its leader, rejoins the ISR, and can then be the
-    one that takes over."""
+    """A node whose partition logs are gone (a lost disk's logs) restarts at
+    once, within its lease, while the coordinators still record it as a
+    leader: it has itself fenced first (KIP-966) instead of leading an empty
+    log, fetches everything again, rejoins the ISR, and can then be the one
+    that takes over."""
     topic = describe(cluster)
     nodes = sorted(n.node_id for n in cluster.partition_nodes())
-    leader = topic.partitions[0].leader
-    wiped = next(n for n in topic.partitions[0].replicas if n != leader)
+    wiped = topic.partitions[1].leader
     workload = Workload(cluster, "wiped-txn")
     workload.start()
     try:
         workload.wait_commits(10)
         cluster.kill(wiped, "KILL")
-        workload.wait_commits(5)
         node_dir = Path(cluster.state.node(wiped).log).with_suffix("")  # type: ignore[union-attr]
         for p in range(PARTITIONS):
             shutil.rmtree(node_dir / f"{TOPIC}-{p}")
         cluster.start(wiped)
+        moved = describe(cluster).partitions[1]  # (it may be back in the ISR already)
+        assert moved.leader not in (wiped, -1), moved
+        assert moved.leader_epoch > topic.partitions[1].leader_epoch
         workload.wait_commits(5)
         cluster.wait_until(
-            lambda: wiped in describe(cluster).partitions[0].isr, 30.0, "the wiped replica in sync"
+            lambda: all(wiped in p.isr for p in describe(cluster).partitions),
+            30.0,
+            "the wiped replica in sync",
         )
-        # Only the wiped replica and the leader are left in sync: the leader goes.
-        other = next(n for n in nodes if n not in (leader, wiped))
-        cluster.kill(other, "KILL")
-        cluster.kill(leader, "KILL")
+        workload.wait_commits(5)
+        # The wiped replica is left alone: it takes over both partitions.
+        for node in nodes:
+            if node != wiped:
+                cluster.kill(node, "KILL")
         cluster.wait_until(
-            lambda: describe(cluster).partitions[0].leader == wiped, 30.0, "the wiped replica leads"
+            lambda: all(p.leader == wiped for p in describe(cluster).partitions),
+            30.0,
+            "the wiped replica leads",
         )
     finally:
         workload.stop.set()
         workload.join(60)
     # min.insync.replicas 2 with one replica left: it serves reads, refuses writes.
-    workload.check(read_committed_partition(cluster, 0), partition=0)
+    for p in range(PARTITIONS):
+        workload.check(read_committed_partition(cluster, p), partition=p)
+    node_log = Path(cluster.state.node(wiped).log).read_text()  # type: ignore[union-attr]
+    assert "event=fenced_for_lost_data" in node_log
 
 
 def read_committed_partition(cluster: LocalCluster, partition: int) -> list[bytes]:

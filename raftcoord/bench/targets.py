@@ -191,10 +191,15 @@ class Options:
 
 @contextlib.contextmanager
 def local_cluster(
-    parent: str | None, shards: int, tls: bool = False, metrics: bool = True
+    parent: str | None,
+    shards: int,
+    tls: bool = False,
+    metrics: bool = True,
+    replication_factor: int | None = None,
 ) -> Iterator[LocalCluster]:
     """A running cluster with the benchmark's topic (with ``tls``, every gRPC
-    connection over mutual TLS; ``metrics``: every process serves metrics);
+    connection over mutual TLS; ``metrics``: every process serves metrics;
+    ``replication_factor``: the topic's, None for the cluster's default);
     stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="raftcoord-bench-", dir=parent) as workdir:
         cluster = LocalCluster(workdir)
@@ -209,7 +214,9 @@ def local_cluster(
                 metrics=metrics,
             )
             with Admin(bootstrap(cluster), **cluster.client_tls()) as admin:
-                admin.create_topics({TOPIC: TOPIC_PARTITIONS})
+                admin.create_topics(
+                    {TOPIC: TOPIC_PARTITIONS}, replication_factor=replication_factor
+                )
             yield cluster
         finally:
             if cluster.state is not None:

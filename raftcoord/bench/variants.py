@@ -3,11 +3,14 @@ and one with it, in one run.
 
     raftcoord bench tls [--seconds 10] [--producers 1,8] [--rounds 1] [--dir DIR]
     raftcoord bench metrics [--seconds 10] [--producers 1,8] [--rounds 2] [--dir DIR]
+    raftcoord bench replication [--seconds 10] [--producers 1,8] [--rounds 1] [--dir DIR]
 
 ``tls``: a plaintext cluster against one started with ``--tls`` (mutual TLS
 on every gRPC connection). ``metrics``: a cluster without metrics endpoints
 against one with them, each endpoint scraped every second while the load
-runs (fifteen times as often as Prometheus's default). Each cluster is a
+runs (fifteen times as often as Prometheus's default). ``replication``: the
+benchmark's topic with one replica per partition against three (acks=all,
+min.insync.replicas 2: every write waits for a follower's fetch). Each cluster is a
 local one (3 coordinators x 3 shards, 3 partition-log nodes, fsync always)
 running the one-client-process shape of ``raftcoord bench`` (transactional
 producers as threads of one process, each transaction one record to each of
@@ -69,6 +72,11 @@ COMPARISONS: dict[str, tuple[str, Variant, Variant]] = {
         "metrics endpoints (scraped every second) against none",
         Variant("no metrics", {"metrics": False}),
         Variant("metrics", {"metrics": True}, scraped=True),
+    ),
+    "replication": (
+        "3 replicas per partition against 1",
+        Variant("RF 1", {"metrics": False, "replication_factor": 1}),
+        Variant("RF 3", {"metrics": False, "replication_factor": 3}),
     ),
 }
 

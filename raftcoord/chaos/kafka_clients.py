@@ -352,7 +352,7 @@ class Admin:
 
     def create_topics(self, topics: Mapping[str, int]) -> None:
         futures = self._admin.create_topics(
-            [NewTopic(name, count, 1) for name, count in topics.items()],
+            [NewTopic(name, count) for name, count in topics.items()],  # the default RF
             request_timeout=self.timeout_s * 2,
         )
         for future in futures.values():

@@ -27,6 +27,10 @@ SUITES = {
         "variants",
         "the same transactional load against a cluster without and one with metrics endpoints",
     ),
+    "replication": (
+        "variants",
+        "the same transactional load against topics of 1 and of 3 replicas per partition",
+    ),
 }
 
 

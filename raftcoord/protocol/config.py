@@ -111,6 +111,11 @@ class Settings:
     # leader's log end for this long leaves the ISR; one that reached the
     # high watermark joins it again (Kafka's default).
     replica_lag_time_max_ms: int = 30_000
+    # default.replication.factor: the replicas of a topic created without a
+    # replication factor (at most the partition-log nodes holding a lease);
+    # min.insync.replicas: a topic's default (at most its replication factor).
+    default_replication_factor: int = 3
+    min_insync_replicas: int = 2
     # Partition-log nodes (docs/partition-log.md).
     log_segment_bytes: int = 64 << 20  # log.segment.bytes
     log_index_interval_bytes: int = 4096  # log.index.interval.bytes
@@ -211,6 +216,8 @@ _SETTING_NAMES = {
     "broker.heartbeat.interval.ms": "broker_heartbeat_interval_ms",
     "broker.session.timeout.ms": "broker_session_timeout_ms",
     "replica.lag.time.max.ms": "replica_lag_time_max_ms",
+    "default.replication.factor": "default_replication_factor",
+    "min.insync.replicas": "min_insync_replicas",
     "log.segment.bytes": "log_segment_bytes",
     "log.index.interval.bytes": "log_index_interval_bytes",
     "log.flush.policy": "log_flush_policy",

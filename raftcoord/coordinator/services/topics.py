@@ -5,6 +5,7 @@ offset ceilings and fenced nodes live in shard 0."""
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from fsm import (
     AlterPartition,
     CreateTopic,
     ErrorCode,
+    FenceNode,
     OffsetReservation,
     Outcome,
     RegisterDirectory,
@@ -36,6 +38,8 @@ from raftcoord.protocol.acl import CLUSTER_NAME, Acl, Operation, ResourceType
 from raftcoord.protocol.tls import node_refusal
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import acl_to_proto, wire_error
+
+log = logging.getLogger("raftcoord.coordinator")
 
 
 class TopicRPCs:
@@ -228,7 +232,12 @@ class TopicRPCs:
                     )
                 )
                 continue
-            factor = topic.replication_factor if topic.replication_factor > 0 else 1
+            settings = self.router.config.settings
+            factor = (
+                topic.replication_factor
+                if topic.replication_factor > 0
+                else min(settings.default_replication_factor, len(leased))
+            )
             if factor > len(leased):
                 results.append(
                     coordinator_pb2.CreateTopicResult(
@@ -244,7 +253,7 @@ class TopicRPCs:
                     )
                 )
                 continue
-            min_insync = topic.min_insync_replicas or min(2, factor)
+            min_insync = topic.min_insync_replicas or min(settings.min_insync_replicas, factor)
             start = zlib.crc32(topic.name.encode()) % len(leased)
             assignment = assign_replicas(leased, topic.num_partitions, factor, start)
             command = _create_topic(topic.name, assignment, min_insync)
@@ -352,6 +361,21 @@ class TopicRPCs:
                 f"{node_id} is not the one on record ({on_record or 'none'})",
             )
         self.leases.heard(node_id)
+        if request.lost_data:
+            outcome = self.router.run(
+                METADATA_SHARD, lambda stamp: FenceNode(node_id, stamp.now_ms)
+            )
+            if not outcome.ok:
+                return coordinator_pb2.NodeHeartbeatResponse(
+                    error_code=wire_error(outcome.error), error_message=outcome.message
+                )
+            log.warning(
+                "node=%d event=partition_node_fenced partition_node=%d: it may have lost "
+                "acknowledged records; it leads nothing until its leaders catch it up",
+                self.router.node_id,
+                node_id,
+            )
+            return coordinator_pb2.NodeHeartbeatResponse(was_fenced=True)
         if fenced:
             outcome = self.router.run(
                 METADATA_SHARD, lambda stamp: UnfenceNode(node_id, stamp.now_ms)

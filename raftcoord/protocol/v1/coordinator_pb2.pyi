@@ -683,12 +683,14 @@ class RegisterDirectoryResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_common_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., registered_directory_id: _Optional[str] = ...) -> None: ...
 
 class NodeHeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "directory_id")
+    __slots__ = ("node_id", "directory_id", "lost_data")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_DATA_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     directory_id: str
-    def __init__(self, node_id: _Optional[int] = ..., directory_id: _Optional[str] = ...) -> None: ...
+    lost_data: bool
+    def __init__(self, node_id: _Optional[int] = ..., directory_id: _Optional[str] = ..., lost_data: _Optional[bool] = ...) -> None: ...
 
 class NodeHeartbeatResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "was_fenced")
