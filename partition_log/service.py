@@ -150,30 +150,16 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         lookup = self._authorized(context, Operation.WRITE)
         acks = request.acks if request.HasField("acks") else ACKS_ALL
         if acks not in _ACKS:
-            return partition_log_pb2.ProduceResponse(
-                partitions=[
-                    _produce_result(
-                        TopicPartition(e.topic, e.partition),
-                        ErrorCode.INVALID_REQUEST,
-                        f"acks must be -1, 0 or 1, got {acks}",
-                    )
-                    for e in request.partitions
-                ]
+            return _refuse_all(
+                request, ErrorCode.INVALID_REQUEST, f"acks must be -1, 0 or 1, got {acks}"
             )
         if transactional_id is not None:
             refused = self._refusal(
                 context, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id
             )
             if refused is not None:
-                return partition_log_pb2.ProduceResponse(
-                    partitions=[
-                        _produce_result(
-                            TopicPartition(e.topic, e.partition),
-                            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                            refused,
-                        )
-                        for e in request.partitions
-                    ]
+                return _refuse_all(
+                    request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, refused
                 )
         results: list[Any] = [None] * len(request.partitions)
         pending: list[_Pending] = []
@@ -733,6 +719,16 @@ def _flush_partitions(request: Any) -> Iterator[TopicPartition]:
     for topics in request.transaction_partitions:
         for partition in topics.partitions:
             yield TopicPartition(topics.topic, partition)
+
+
+def _refuse_all(request: Any, code: ErrorCode, message: str) -> Any:
+    """A Produce answer refusing every partition of ``request`` alike."""
+    return partition_log_pb2.ProduceResponse(
+        partitions=[
+            _produce_result(TopicPartition(e.topic, e.partition), code, message)
+            for e in request.partitions
+        ]
+    )
 
 
 def _produce_result(
