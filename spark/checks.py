@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 
 EXAMPLES = 5
 #: the fault kinds whose end restarts a partition-log node (docs/history.md)
-_PLOG_RESTARTS = ("plog-restart", "disk", "heal-restart")
+_PLOG_RESTARTS = ("plog-restart", "plog-leader-kill", "plog-wipe", "disk", "heal-restart")
 #: producer sequences wrap from here to 0
 _SEQUENCE_MAX = 2**31 - 1
 PREPARE = {"PREPARE_COMMIT": "COMMIT", "PREPARE_ABORT": "ABORT"}

@@ -111,6 +111,8 @@ FAULT_COLOURS = {
     "minority-kill": "#8c510a",
     "pause": "#4393c3",
     "plog-restart": "#762a83",
+    "plog-leader-kill": "#9970ab",
+    "plog-wipe": "#5aae61",
     "partition": "#1b7837",
     "disk": "#e08214",
 }

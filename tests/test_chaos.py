@@ -30,7 +30,15 @@ from tests.local_cluster import running_cluster
 pytestmark = pytest.mark.slow
 
 SEED = int(os.environ.get("RAFTCOORD_CHAOS_SEED", "20261123"))
-FAULTS = ("leader-kill", "pause", "plog-restart", "partition", "disk")
+FAULTS = (
+    "leader-kill",
+    "pause",
+    "plog-restart",
+    "plog-leader-kill",
+    "plog-wipe",
+    "partition",
+    "disk",
+)
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
 #: Each node in a network namespace of its own where this machine allows it,
 #: so that the partition fault cuts real links.
@@ -54,11 +62,16 @@ def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
         root / "cluster",
         netns=NETNS,
         faults=True,
-        settings={"transaction.two.phase.commit.enable": True},
+        settings={
+            "transaction.two.phase.commit.enable": True,
+            # Short leases: a killed partition leader's partitions move within seconds.
+            "broker.heartbeat.interval.ms": 300,
+            "broker.session.timeout.ms": 3_000,
+        },
     ) as cluster:
         options = Options(
             seed=SEED,
-            duration_s=24,
+            duration_s=36,
             producers=3,
             two_phase_producers=1,
             workers=2,
@@ -122,7 +135,14 @@ def test_the_history_is_well_formed(chaos_run: ChaosRun) -> None:
 def test_the_faults_ran_and_moved_leaders(chaos_run: ChaosRun) -> None:
     pairs = _faults(chaos_run.events)
     kinds = {start["fault"] for start, _ in pairs if start["targets"]}
-    assert {"leader-kill", "pause", "plog-restart", "disk"} <= kinds
+    assert {
+        "leader-kill",
+        "pause",
+        "plog-restart",
+        "plog-leader-kill",
+        "plog-wipe",
+        "disk",
+    } <= kinds
     disks = [end for start, end in pairs if start["fault"] == "disk"]
     assert all(end["stopped"] for end in disks), disks  # each stopped on its failed fsync
     for start, end in pairs:
@@ -130,6 +150,10 @@ def test_the_faults_ran_and_moved_leaders(chaos_run: ChaosRun) -> None:
             victim = start["targets"][0]
             assert start["leaders"][str(start["shard"])] == victim
             assert end["new_leader"] not in (None, victim), end["detail"]
+        if start["fault"] == "plog-leader-kill":  # an in-sync follower took over
+            assert end["new_leader"] not in (None, start["targets"][0]), end["detail"]
+        if start["fault"] == "plog-wipe":  # the wiped node caught up and is in sync again
+            assert end["in_sync"], end["detail"]
     partitions = [start for start, _ in pairs if start["fault"] == "partition"]
     assert partitions, "the partition fault is neither run nor reported as not run"
     if NETNS:

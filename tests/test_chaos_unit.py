@@ -239,3 +239,17 @@ def test_operations_held_up_count_as_slow_but_polls_do_not(
 
 def plans_for_one(kind: str) -> FaultPlan:
     return next(plans(1, [kind], 0.6))
+
+
+def test_a_partition_faults_effect_names_the_partition_and_the_catch_up() -> None:
+    killed = Fault(
+        plans_for_one("plog-leader-kill"),
+        [102],
+        "kill",
+        lambda: ("", {}),
+        {"topic": "t", "partition": 3},
+    )
+    assert effect(killed, {}, 0, {"new_leader": 103}, slow=0) == "partition leader moved (t-3)"
+    assert effect(killed, {}, 0, {"new_leader": None}, slow=0) == ""
+    wiped = Fault(plans_for_one("plog-wipe"), [101], "wipe", lambda: ("", {}))
+    assert effect(wiped, {}, 0, {"in_sync": True}, slow=0) == "the wiped node caught up"

@@ -33,7 +33,16 @@ def positive_int(text: str) -> int:
 
 
 #: The nemesis's fault kinds on the nodes (docs/chaos.md): ``all`` is these.
-FAULTS = ("leader-kill", "minority-kill", "pause", "plog-restart", "partition", "disk")
+FAULTS = (
+    "leader-kill",
+    "minority-kill",
+    "pause",
+    "plog-restart",
+    "plog-leader-kill",
+    "plog-wipe",
+    "partition",
+    "disk",
+)
 #: Faults on a cluster's Kafka gateways, run only when asked for by name.
 GATEWAY_FAULTS = ("gateway-partition",)
 #: Every fault kind.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import shutil
 import threading
 import time
 import tomllib
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raftcoord.chaos.history import SLOW_S, History
+from raftcoord.client import Admin
+from raftcoord.client.records import TopicPartitionDescription
 from raftcoord.cluster import netns
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 
@@ -36,6 +39,11 @@ START_ATTEMPTS = 5
 NEW_LEADER_TIMEOUT_S = 10.0
 #: How long a disk fault's end waits for its node to stop on a failed fsync.
 DISK_STOP_TIMEOUT_S = 10.0
+#: How long a plog-leader-kill waits, beyond the lease (broker.session.timeout.ms),
+#: for its partition to have another leader.
+PLOG_LEADER_TIMEOUT_S = 10.0
+#: How long a plog-wipe's end waits for the node to be back in every ISR.
+CATCH_UP_TIMEOUT_S = 30.0
 #: The ``fault`` of the events around a restart by the final heal of a node
 #: that was down outside any fault (docs/history.md).
 HEAL_RESTART = "heal-restart"
@@ -111,15 +119,20 @@ def effect(
     fault: Fault, leaders: dict[str, int], failures: int, outcome: dict[str, Any], slow: int
 ) -> str:
     """What ``fault`` changed, as the cluster and the clients saw it by its
-    end: a leader moved, requests failed, requests were held up (took over
+    end: a shard's or a partition's leader moved, a wiped node caught up,
+    requests failed, requests were held up (took over
     :data:`raftcoord.chaos.history.SLOW_S`), a node stopped on its disk; ""
     when none of these was seen."""
     seen = []
     moved = sorted(
         s for s in set(fault.leaders) | set(leaders) if fault.leaders.get(s) != leaders.get(s)
     )
-    if moved or outcome.get("new_leader") is not None:
+    if "topic" in fault.fields and outcome.get("new_leader") is not None:
+        seen.append(f"partition leader moved ({fault.fields['topic']}-{fault.fields['partition']})")
+    elif moved or outcome.get("new_leader") is not None:
         seen.append(f"leader moved (shards {', '.join(moved) or fault.fields.get('shard')})")
+    if outcome.get("in_sync"):
+        seen.append("the wiped node caught up")
     if outcome.get("stopped"):
         seen.append("node stopped on a failed fsync")
     if failures > fault.failures:
@@ -202,13 +215,16 @@ class Nemesis:
 
     def _election_timeout_s(self) -> float:
         """The cluster's longest election timeout (``raft.election.timeout.ms``)."""
+        timeout = self._setting("raft.election.timeout.ms", [300, 600])
+        return float(max(timeout) if isinstance(timeout, list) else timeout) / 1000
+
+    def _setting(self, name: str, default: Any) -> Any:
+        """A setting of the cluster's config (``default`` when it sets none)."""
         state = self.cluster.state
         if state is None:
             raise ClusterError(f"no cluster in {self.cluster.data_dir}")
         with open(state.config, "rb") as f:
-            settings = tomllib.load(f).get("settings", {})
-        timeout = settings.get("raft.election.timeout.ms", [300, 600])
-        return float(max(timeout) if isinstance(timeout, list) else timeout) / 1000
+            return tomllib.load(f).get("settings", {}).get(name, default)
 
     def _skip(self, kind: str, detail: str) -> None:
         self.not_run[kind] = detail
@@ -337,6 +353,8 @@ class Nemesis:
             "minority-kill": self._minority_kill,
             "pause": self._pause,
             "plog-restart": self._plog_restart,
+            "plog-leader-kill": self._plog_leader_kill,
+            "plog-wipe": self._plog_wipe,
             "partition": self._partition,
             "gateway-partition": self._gateway_partition,
             "disk": self._disk,
@@ -524,6 +542,105 @@ class Nemesis:
             [victim],
             f"kill -9 partition-log node {victim} for {plan.hold_s} s",
             lambda: self.cluster.kill(victim, "KILL"),
+            end,
+        )
+
+    def _topic_partitions(self) -> list[tuple[str, TopicPartitionDescription]]:
+        """Every partition of every topic, as the coordinators record it now."""
+        with Admin(self.cluster.bootstrap(), **self.cluster.client_tls()) as admin:
+            described = admin.describe_topics(sorted(admin.list_topics()))
+        return [(name, p) for name, topic in sorted(described.items()) for p in topic.partitions]
+
+    def _registration(self, topic: str, partition: int) -> TopicPartitionDescription | None:
+        found = [
+            p for name, p in self._topic_partitions() if (name, p.partition) == (topic, partition)
+        ]
+        return found[0] if found else None
+
+    def _plog_leader_kill(self, plan: FaultPlan) -> Fault:
+        """kill -9 the leader of a partition with replicas; the end waits for an
+        in-sync follower to lead it (once the lease ran out), then restarts the
+        node, which follows."""
+        led = [(t, p) for t, p in self._topic_partitions() if len(p.replicas) > 1 and p.leader >= 0]
+        if not led:
+            raise ClusterError("no partition with replicas has a leader")
+        topic, chosen = led[plan.choice % len(led)]
+        victim, where = chosen.leader, f"{topic}-{chosen.partition}"
+        wait_s = int(self._setting("broker.session.timeout.ms", 9_000)) / 1000
+        wait_s += PLOG_LEADER_TIMEOUT_S
+
+        def end() -> tuple[str, dict[str, Any]]:
+            found: dict[str, Any] = {"new_leader": None}
+
+            def moved() -> bool:
+                now = self._registration(topic, chosen.partition)
+                leader = None if now is None else now.leader
+                found["new_leader"] = leader if leader not in (None, victim, -1) else None
+                return found["new_leader"] is not None
+
+            self.cluster.wait_until(moved, wait_s, "", raise_on_timeout=False)
+            self._restart([victim])
+            return (
+                f"{where} leader {victim} -> {found['new_leader']}; restarted partition-log "
+                f"node {victim}",
+                found,
+            )
+
+        return self._begin(
+            plan,
+            [victim],
+            f"kill -9 partition-log node {victim}, the leader of {where}, until another "
+            "replica leads it",
+            lambda: self.cluster.kill(victim, "KILL"),
+            end,
+            topic=topic,
+            partition=chosen.partition,
+        )
+
+    def _plog_wipe(self, plan: FaultPlan) -> Fault:
+        """kill -9 a partition-log node, delete its partitions' logs (a lost
+        disk's), and start it at once: it has itself fenced, fetches every
+        log again from the leaders and rejoins their ISR (the end waits for
+        that). Only a node none of whose partitions lives on it alone."""
+        nodes = sorted(n.node_id for n in self.cluster.partition_nodes())
+        if not nodes:
+            raise ClusterError("the cluster has no partition-log node")
+        victim = nodes[plan.choice % len(nodes)]
+        held = [(t, p) for t, p in self._topic_partitions() if victim in p.replicas]
+        alone = [f"{t}-{p.partition}" for t, p in held if len(p.replicas) < 2]
+        if alone:
+            raise ClusterError(
+                f"partition-log node {victim} holds the only replica of {alone[0]}: wiping "
+                "it would lose data"
+            )
+        directory = self.cluster.node_dir(victim)
+
+        def act() -> None:
+            self.cluster.kill(victim, "KILL")
+            for topic, p in held:
+                shutil.rmtree(directory / f"{topic}-{p.partition}", ignore_errors=True)
+
+        def end() -> tuple[str, dict[str, Any]]:
+            self._restart([victim])
+
+            def in_sync() -> bool:
+                now = {(t, p.partition): p for t, p in self._topic_partitions()}
+                return all(victim in now[(t, p.partition)].isr for t, p in held)
+
+            caught_up = self.cluster.wait_until(
+                in_sync, CATCH_UP_TIMEOUT_S, "", raise_on_timeout=False
+            )
+            state = "back in every ISR" if caught_up else "not back in every ISR yet"
+            return (
+                f"restarted partition-log node {victim} with its logs wiped: {state}",
+                {"in_sync": bool(caught_up)},
+            )
+
+        return self._begin(
+            plan,
+            [victim],
+            f"kill -9 partition-log node {victim} and delete its {len(held)} partition logs",
+            act,
             end,
         )
 

@@ -627,14 +627,9 @@ class LocalCluster:
 
     def _spawn(self, record: NodeRecord) -> None:
         assert self.state is not None
-        name = NODE_COMMANDS[record.kind]
-        log_path = self.data_dir / f"{name}-{record.node_id}.log"
-        command = node_command(
-            record.kind,
-            self.state.config,
-            record.node_id,
-            str(self.data_dir / f"{name}-{record.node_id}"),
-        )
+        directory = self.node_dir(record.node_id)
+        log_path = directory.with_name(directory.name + ".log")
+        command = node_command(record.kind, self.state.config, record.node_id, str(directory))
         if record.netns:
             if not namespaces.exists(record.netns):
                 raise ClusterError(
@@ -656,6 +651,11 @@ class LocalCluster:
             )
         self._procs[record.node_id] = proc
         record.pid, record.log = proc.pid, str(log_path)
+
+    def node_dir(self, node_id: int) -> Path:
+        """The data directory of node ``node_id``."""
+        record = self._require().node(node_id)
+        return self.data_dir / f"{NODE_COMMANDS[record.kind]}-{node_id}"
 
     def _save(self) -> None:
         assert self.state is not None
