@@ -447,6 +447,18 @@ class AlterPartition(Command):
     now_ms: int
 
 
+@dataclass(frozen=True)
+class ElectPreferredLeaders(Command):
+    """Every partition that prefers one of ``nodes`` (its first replica) is
+    led by it again where it is in the ISR and not fenced (shard 0 only;
+    the controller's preferred-leader balancing,
+    :func:`fsm.partitions.elect_preferred`)."""
+
+    TYPE: ClassVar[int] = 27
+    nodes: tuple[int, ...]
+    now_ms: int
+
+
 COMMAND_TYPES: dict[int, type[Command]] = {
     cls.TYPE: cls
     for cls in (
@@ -476,6 +488,7 @@ COMMAND_TYPES: dict[int, type[Command]] = {
         FenceNode,
         UnfenceNode,
         AlterPartition,
+        ElectPreferredLeaders,
     )
 }
 
@@ -488,6 +501,7 @@ METADATA_COMMANDS: tuple[type[Command], ...] = (
     FenceNode,
     UnfenceNode,
     AlterPartition,
+    ElectPreferredLeaders,
     RegisterDirectory,
     ReserveOffsets,
     CreateAcls,

@@ -22,6 +22,7 @@ from fsm.commands import (
     CreateTopic,
     DeleteAcls,
     DeleteScramCredential,
+    ElectPreferredLeaders,
     EndTxn,
     ExpireTransactionalIds,
     FenceNode,
@@ -55,6 +56,7 @@ from fsm.partitions import (
     TopicRegistration,
     alter_isr,
     assignment_error,
+    elect_preferred,
     fence,
     new_topic,
     registration_error,
@@ -425,6 +427,13 @@ class TransactionStateMachine:
             self.state.topics[cmd.topic] = replace(topic, partitions=tuple(partitions))
         return Outcome()
 
+    def _elect_preferred_leaders(self, cmd: ElectPreferredLeaders) -> Outcome:
+        nodes, fenced = frozenset(cmd.nodes), self.state.fenced_nodes
+        refusal = self._move_partitions(
+            lambda p: elect_preferred(p, fenced) if p.replicas[0] in nodes else p
+        )
+        return refusal or Outcome()
+
     def _move_partitions(
         self, move: Callable[[PartitionRegistration], PartitionRegistration]
     ) -> Outcome | None:
@@ -559,6 +568,7 @@ class TransactionStateMachine:
         DeleteScramCredential: _delete_scram,
         FenceNode: _fence_node,
         AlterPartition: _alter_partition,
+        ElectPreferredLeaders: _elect_preferred_leaders,
         UnfenceNode: _unfence_node,
     }
 

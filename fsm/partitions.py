@@ -262,6 +262,49 @@ def alter_isr(
     return replace(current, isr=wanted, partition_epoch=current.partition_epoch + 1)
 
 
+def imbalanced(
+    leaders: Sequence[int | None], preferred: Sequence[int], node: int, percentage: int
+) -> bool:
+    """Whether ``node`` leads too few of what prefers it (coordinator shards,
+    or partitions: their first replica): Kafka's imbalance ratio, those that
+    prefer it (``preferred[i]``) led by another node or none (``leaders[i]``,
+    None or -1: no leader) over all that prefer it, above ``percentage`` %."""
+    mine = [i for i, p in enumerate(preferred) if p == node]
+    others = sum(1 for i in mine if leaders[i] != node)
+    return bool(mine) and others * 100 > percentage * len(mine)
+
+
+def elect_preferred(
+    current: PartitionRegistration, fenced: frozenset[int]
+) -> PartitionRegistration:
+    """``current`` led by its preferred leader (its first replica) at the next
+    leader epoch, when that one is in the ISR, not fenced, and not leading
+    already; else ``current``."""
+    preferred = current.replicas[0]
+    if current.leader == preferred or preferred not in current.isr or preferred in fenced:
+        return current
+    return replace(
+        current,
+        leader=preferred,
+        leader_epoch=current.leader_epoch + 1,
+        partition_epoch=current.partition_epoch + 1,
+    )
+
+
+def imbalanced_nodes(
+    topics: Iterable[TopicRegistration], fenced: frozenset[int], percentage: int
+) -> list[int]:
+    """The nodes whose share of the partitions that prefer them, led by
+    another replica, is above ``percentage`` % (Kafka's
+    leader.imbalance.per.broker.percentage), and that could lead one of
+    them again now (:func:`elect_preferred` would move it)."""
+    partitions = [p for topic in topics for p in topic.partitions]
+    leaders = [p.leader for p in partitions]
+    preferred = [p.replicas[0] for p in partitions]
+    electable = {p.replicas[0] for p in partitions if elect_preferred(p, fenced) is not p}
+    return sorted(n for n in electable if imbalanced(leaders, preferred, n, percentage))
+
+
 def unfence(current: PartitionRegistration, node: int) -> PartitionRegistration:
     """``current`` once ``node`` is back (heartbeating again): a partition
     without a leader whose ISR holds it is led by it again, at the next

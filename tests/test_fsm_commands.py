@@ -24,6 +24,7 @@ from fsm import (
     CreateTopic,
     DeleteAcls,
     DeleteScramCredential,
+    ElectPreferredLeaders,
     EndTxn,
     ErrorCode,
     ExpireTransactionalIds,
@@ -156,6 +157,7 @@ SAMPLES: list[Command] = [
     FenceNode(node_id=102, now_ms=14),
     UnfenceNode(node_id=102, now_ms=14),
     AlterPartition("orders", 1, 102, 3, 7, (102, 101), 15),
+    ElectPreferredLeaders((101, 103), 16),
     ReserveOffsets(
         node_id=101,
         directory_id="ab" * 16,
@@ -319,7 +321,7 @@ def test_non_int_command_version_is_rejected(version: Any) -> None:
     _decode_error(_wire(SAMPLES[0], v=version))
 
 
-@pytest.mark.parametrize("type_id", [0, 27, 999, -1])
+@pytest.mark.parametrize("type_id", [0, 28, 999, -1])
 def test_unknown_type_id(type_id: int) -> None:
     message = _decode_error(_wire(SAMPLES[0], t=type_id))
     assert "type" in message and str(type_id) in message

@@ -27,7 +27,9 @@ from fsm.partitions import (
     alter_isr,
     assign_replicas,
     assignment_error,
+    elect_preferred,
     fence,
+    imbalanced_nodes,
     new_topic,
     registration_error,
     single_replica_topic,
@@ -330,3 +332,27 @@ def test_the_alter_partition_command_applies_on_every_replica_alike() -> None:
     assert m.apply(AlterPartition("t", 0, 1, 0, 1, (1, 2, 3), 9)).error is (
         ErrorCode.INELIGIBLE_REPLICA
     )
+
+
+def test_a_preferred_leader_in_sync_and_unfenced_leads_again() -> None:
+    p = PartitionRegistration((1, 2, 3), (1, 2, 3), 2, leader_epoch=4, partition_epoch=6)
+    assert elect_preferred(p, frozenset()) == PartitionRegistration((1, 2, 3), (1, 2, 3), 1, 5, 7)
+    assert elect_preferred(p, frozenset({1})) is p  # fenced
+    out_of_sync = PartitionRegistration((1, 2, 3), (2, 3), 2, 4, 6)
+    assert elect_preferred(out_of_sync, frozenset()) is out_of_sync
+    led = PartitionRegistration((1, 2, 3), (1, 2, 3), 1)
+    assert elect_preferred(led, frozenset()) is led
+
+
+def test_only_imbalanced_nodes_that_could_lead_are_named() -> None:
+    topic = TopicRegistration(
+        (
+            PartitionRegistration((1, 2), (1, 2), 2),  # 1 could lead it again
+            PartitionRegistration((1, 2), (1, 2), 1),
+            PartitionRegistration((2, 1), (1,), 1),  # 2 is out of its ISR
+        ),
+        1,
+    )
+    assert imbalanced_nodes([topic], frozenset(), 10) == [1]  # 1 of 2: 50 % > 10 %
+    assert imbalanced_nodes([topic], frozenset(), 50) == []  # 50 % is not above 50 %
+    assert imbalanced_nodes([topic], frozenset({1}), 10) == []

@@ -23,6 +23,7 @@ from fsm import (
     TxnState,
     decode_command,
 )
+from fsm.partitions import imbalanced
 from raftcoord.coordinator.leader import (
     FIRST_CHECK_MS,
     MAX_ENTRIES_IN_FLIGHT,
@@ -38,7 +39,6 @@ from raftcoord.coordinator.leader import (
     Stamp,
     Unstamped,
     covering_outcome,
-    imbalanced,
     park_deadline,
     park_key,
     timed_out_abort,

@@ -8,8 +8,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsm import FenceNode
-from raftcoord.coordinator.controller import NodeLeases
+from fsm import AlterPartition, CreateTopic, FenceNode, TransactionStateMachine, UnfenceNode
+from raftcoord.coordinator.controller import NodeLeases, PreferredLeaders
 
 
 @dataclass
@@ -89,3 +89,58 @@ def test_an_expired_node_is_fenced_once_at_a_time_unless_heard_or_fenced() -> No
     shard.submitted[1][1].set_result(None)
     made.check()  # 102 was heard from since its fence was proposed: not again
     assert [n for n, _ in shard.submitted] == [101, 102, 101]
+
+
+# --- preferred-leader balancing -------------------------------------------------------------
+
+
+@dataclass
+class MachineShard:
+    """Shard 0 as the balancer sees it: a real state machine it queries and
+    proposes to (a proposal applies at once)."""
+
+    machine: TransactionStateMachine
+    is_leader: bool = True
+    ready: bool = True
+    node_id: int = 1
+    proposed: list[Any] = field(default_factory=list)
+
+    @property
+    def replica(self) -> MachineShard:
+        return self
+
+    def query(self, reader: Any) -> Any:
+        return reader(self.machine)
+
+    def submit(self, build: Any, parkable: bool = True) -> Future[Any]:
+        assert not parkable
+        command = build(type("Stamp", (), {"now_ms": 0})())
+        self.proposed.append(command)
+        future: Future[Any] = Future()
+        future.set_result(self.machine.apply(command))
+        return future
+
+
+def test_a_node_back_in_sync_leads_its_preferred_partitions_again_at_the_next_check() -> None:
+    m = TransactionStateMachine(0, 3)
+    assignment = ((101, 102, 103), (102, 103, 101), (103, 101, 102), (101, 103, 102))
+    assert m.apply(CreateTopic("t", (101, 102, 103, 101), 1, assignment, 2)).ok
+    assert m.apply(FenceNode(101, 2)).ok  # 101's partitions move to the next ISR member
+    assert [p.leader for p in m.state.topics["t"].partitions] == [102, 102, 103, 103]
+    shard = MachineShard(m)
+    now = [0.0]
+    balancer = PreferredLeaders(shard, 300, 10, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert balancer.check() == []  # the first check is an interval away
+    now[0] = 301.0
+    assert balancer.check() == [] and shard.proposed == []  # 101 is fenced and out of the ISRs
+    assert m.apply(UnfenceNode(101, 3)).ok
+    assert m.apply(AlterPartition("t", 0, 102, 1, 1, (101, 102, 103), 4)).ok  # caught up
+    now[0] = 400.0
+    assert balancer.check() == []  # not due before 601
+    now[0] = 602.0
+    assert balancer.check() == [101]
+    partitions = m.state.topics["t"].partitions
+    assert [p.leader for p in partitions] == [101, 102, 103, 103]  # 3: 101 not in its ISR
+    assert partitions[0].leader_epoch == 2
+    shard.is_leader = False
+    assert balancer.check() == []

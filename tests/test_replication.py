@@ -281,3 +281,33 @@ def test_a_follower_that_lags_leaves_the_isr_and_rejoins_once_caught_up(tmp_path
         assert wait_identical(cluster, 0, [leader, lagging])
         logs = "".join(p.read_text() for p in cluster.data_dir.glob("*.log"))
         assert "event=isr_changed" in logs and "event=partition_node_fenced" not in logs
+
+
+def test_a_partition_goes_back_to_its_preferred_leader_at_a_later_check(tmp_path: Path) -> None:
+    """Its preferred leader killed, a partition moves to an in-sync follower;
+    back and in sync again, the preferred leader leads it once more at the
+    next imbalance check (leader.imbalance.check.interval.seconds)."""
+    settings = {**SETTINGS, "leader.imbalance.check.interval.seconds": 2}
+    with running_cluster(tmp_path / "cluster", settings=settings) as cluster:
+        with Admin(cluster.bootstrap()) as admin:
+            admin.create_topics({TOPIC: 1}, replication_factor=3)
+        first = describe(cluster).partitions[0]
+        preferred = first.replicas[0]
+        assert first.leader == preferred
+        cluster.kill(preferred, "KILL")
+        cluster.wait_until(
+            lambda: describe(cluster).partitions[0].leader not in (preferred, -1),
+            30.0,
+            "no new leader",
+        )
+        cluster.start(preferred)
+        cluster.wait_until(
+            lambda: describe(cluster).partitions[0].leader == preferred,
+            60.0,
+            "the preferred leader never led again",
+        )
+        assert describe(cluster).partitions[0].leader_epoch >= first.leader_epoch + 2
+        with Producer(cluster.bootstrap()) as producer:
+            producer.send(TOPIC, b"at the preferred leader", partition=0).result(30)
+        logs = "".join(p.read_text() for p in cluster.data_dir.glob("*.log"))
+        assert "event=preferred_leaders_elected" in logs

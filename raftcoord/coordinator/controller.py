@@ -1,5 +1,6 @@
 """The controller's duties of shard 0's leader toward the partition-log nodes:
-their leases (KRaft's broker heartbeats and fencing; docs/replication.md).
+their leases (KRaft's broker heartbeats and fencing) and the partitions'
+preferred leaders (docs/replication.md).
 
 A node holds a lease while it heartbeats (NodeHeartbeat, every
 ``broker.heartbeat.interval.ms``). The leases live in the leader's memory
@@ -9,6 +10,15 @@ heard from for ``broker.session.timeout.ms``, the leader proposes
 rules are :mod:`fsm.partitions`). Its next heartbeat proposes
 :class:`fsm.UnfenceNode`. A new leader of shard 0 gives every node a full
 lease from the moment it became leader, since it has heard nothing yet.
+
+Every ``leader.imbalance.check.interval.seconds`` (the first check one
+interval after it became leader), the leader looks for partition-log nodes
+that lead too few of the partitions that prefer them (their first replica;
+above ``leader.imbalance.per.broker.percentage``) and could lead them again
+(in sync, not fenced), and proposes :class:`fsm.ElectPreferredLeaders` for
+them (:class:`PreferredLeaders`), as Kafka's controller does with
+``auto.leader.rebalance.enable``: a node back after a failure takes its
+partitions back after a while, not at once.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from fsm import FenceNode
+from fsm import ElectPreferredLeaders, FenceNode
+from fsm.partitions import imbalanced_nodes
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.shard import Shard
 
@@ -104,13 +115,65 @@ class NodeLeases:
 
         return answered
 
-    def run(self, stopping: threading.Event) -> None:
-        """Check every :data:`CHECK_INTERVAL_S` until ``stopping`` is set."""
-        while not stopping.wait(CHECK_INTERVAL_S):
+
+class PreferredLeaders:
+    """Shard 0's leader's preferred-leader balancing of the partitions."""
+
+    def __init__(
+        self,
+        shard: Shard,
+        interval_s: float,
+        percentage: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._shard = shard
+        self._interval_s = interval_s
+        self._percentage = percentage
+        self._clock = clock
+        #: When the next check is due (None: not leading shard 0).
+        self._due: float | None = None
+
+    def check(self) -> list[int]:
+        """When a check is due, propose ElectPreferredLeaders for the nodes
+        that are imbalanced; returns them."""
+        shard = self._shard
+        if not (shard.is_leader and shard.ready):
+            self._due = None
+            return []
+        now = self._clock()
+        if self._due is None:
+            self._due = now + self._interval_s
+        if now < self._due:
+            return []
+        self._due = now + self._interval_s
+        percentage = self._percentage
+        nodes = shard.replica.query(
+            lambda machine: imbalanced_nodes(
+                machine.state.topics.values(), machine.state.fenced_nodes, percentage
+            )
+        )
+        if nodes:
+            log.info(
+                "node=%d event=preferred_leaders_elected partition_nodes=%s: they led too few "
+                "of the partitions that prefer them",
+                shard.node_id,
+                ",".join(map(str, nodes)),
+            )
+            chosen = tuple(nodes)
+            shard.submit(lambda stamp: ElectPreferredLeaders(chosen, stamp.now_ms), parkable=False)
+        return nodes
+
+
+def run_controller(
+    duties: Sequence[Callable[[], object]], node_id: int, stopping: threading.Event
+) -> None:
+    """Run every duty each :data:`CHECK_INTERVAL_S` until ``stopping`` is set."""
+    while not stopping.wait(CHECK_INTERVAL_S):
+        for duty in duties:
             try:
-                self.check()
+                duty()
             except Exception:  # the next round tries again; the thread must live
-                log.exception("node=%d event=lease_check_failed", self._shard.node_id)
+                log.exception("node=%d event=controller_check_failed", node_id)
 
 
 def _fence(node_id: int) -> Unstamped:

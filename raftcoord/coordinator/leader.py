@@ -27,7 +27,7 @@ entry and what the leader stamps into it.
   :data:`FIRST_CHECK_MS` after the node starts) or an operator's election
   (:meth:`LeaderCore.elect_preferred`); then, when the preferred node's
   imbalance is above ``leader.imbalance.per.broker.percentage`` (the node
-  decides, :func:`imbalanced`), it asks the preferred follower to take over
+  decides, :func:`fsm.partitions.imbalanced`), it asks the preferred follower to take over
   (Raft's TimeoutNow) whenever it has no entry in flight, and holds new
   entries for :data:`TRANSFER_HOLD_MS` after asking. A follower whose log
   does not match yet is asked again on a later tick; after an election it
@@ -115,18 +115,6 @@ class ImbalanceChecks:
         if now_ms <= first:
             return first
         return first + -(-(now_ms - first) // self.interval_ms) * self.interval_ms
-
-
-def imbalanced(
-    leaders: Sequence[int | None], preferred: Sequence[int], node: int, percentage: int
-) -> bool:
-    """Whether ``node`` leads too few of the shards that prefer it: Kafka's
-    imbalance ratio, the shards that prefer it (``preferred[s]``) led by
-    another node or none (``leaders[s]``, None: no leader known) over all
-    that prefer it, above ``percentage`` %."""
-    mine = [s for s, p in enumerate(preferred) if p == node]
-    others = sum(1 for s in mine if leaders[s] != node)
-    return bool(mine) and others * 100 > percentage * len(mine)
 
 
 @dataclass(frozen=True)

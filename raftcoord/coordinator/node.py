@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Any, TypeVar
 import grpc
 
 from fsm import Outcome, TransactionStateMachine
+from fsm.partitions import imbalanced
 from raftcoord.coordinator import raft_journal
-from raftcoord.coordinator.controller import NodeLeases
-from raftcoord.coordinator.leader import ImbalanceChecks, Unstamped, imbalanced
+from raftcoord.coordinator.controller import NodeLeases, PreferredLeaders, run_controller
+from raftcoord.coordinator.leader import ImbalanceChecks, Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD, MarkerWriters
 from raftcoord.coordinator.metrics import CoordinatorCollector
 from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
@@ -202,8 +204,19 @@ class CoordinatorNode:
             [n.node_id for n in self.config.partition_nodes],
             settings.broker_session_timeout_ms,
         )
+        duties: list[Callable[[], object]] = [self.leases.check]
+        if settings.auto_leader_rebalance_enable:
+            balancer = PreferredLeaders(
+                self.shards[METADATA_SHARD],
+                settings.leader_imbalance_check_interval_seconds,
+                settings.leader_imbalance_per_broker_percentage,
+            )
+            duties.append(balancer.check)
         controller = threading.Thread(
-            target=self.leases.run, args=(self._stopping,), name="controller", daemon=True
+            target=run_controller,
+            args=(duties, self.node_id, self._stopping),
+            name="controller",
+            daemon=True,
         )
         self._threads.append(controller)
         controller.start()
