@@ -162,6 +162,10 @@ RESULTS: dict[str, Any] = {
             },
         ],
     },
+    "replication": [
+        {"replication_factor": 3, "producers": 1, **_load(50, 17.0, 28.0, 24.0)},
+        {"replication_factor": 1, "producers": 1, **_load(85, 11.0, 18.0, 13.0)},
+    ],
     "txn_vs_idempotent": {
         "producers": 8,
         "commit_interval_ms": 100,
@@ -195,6 +199,7 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
         "ceilings",
         "end to end, public client",
         "one client process, each transaction",
+        "replicated partitions",
         "8 producers committing",
         "scaling",
         "targets",
@@ -206,6 +211,7 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
     assert "32 x 2" in text and "2400" in text and "NOT met" in text and "not measured" in text
     assert "c1(0,1) %" in text and "c2() %" in text and "p101 %" in text
     assert "1 txn" in text and "1 idempotent" in text
+    assert "RF 3, 1" in text and "RF 3 / RF 1" in text and "0.59" in text
 
 
 def test_failed_transactions_leave_out_the_failover_phase() -> None:
@@ -268,7 +274,10 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     for row in alone["rows"]:
         assert sorted(row["node_cpu_percent"]) == sorted(str(n["node_id"]) for n in alone["nodes"])
         assert sum(row["node_cpu_percent"].values()) > 0, row
-    loads = [*results["end_to_end"], *alone["rows"], *results["scaling"]]
+    assert {(r["replication_factor"], r["producers"]) for r in results["replication"]} == {
+        (factor, n) for factor in (1, 3) for n in (1, 32)
+    }
+    loads = [*results["end_to_end"], *alone["rows"], *results["scaling"], *results["replication"]]
     loads += [results["txn_vs_idempotent"][k] for k in ("transactions", "idempotent")]
     loads += [level["cost"] for level in results["open_transactions"]["levels"][1:]]
     for row in loads:

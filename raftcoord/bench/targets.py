@@ -66,6 +66,8 @@ SHARDS = 3
 PARTITION_NODES = 3
 TOPIC = "bench"
 TOPIC_PARTITIONS = 6
+#: The replication phase's topic of one replica per partition, beside TOPIC.
+SINGLE_REPLICA_TOPIC = "bench-rf1"
 TXN_TIMEOUT_MS = 900_000  # the maximum: no open transaction times out during a run
 CALL_TIMEOUT_S = 30.0
 OPEN_WINDOW = 256  # open-transaction requests in flight at once
@@ -127,7 +129,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         type=lambda s: set(s.split(",")),
         default=set(),
-        help="phases to leave out: ceilings,e2e,one-process,interval,failover,open,scaling",
+        help="phases to leave out: ceilings,e2e,one-process,replication,interval,failover,"
+        "open,scaling",
     )
 
 
@@ -421,6 +424,38 @@ def one_process(
                 }
             )
     return {"nodes": roles, "rows": rows}
+
+
+def replication(
+    cluster: LocalCluster, options: Options, step: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The one-process transactional shape on the benchmark's topic (the
+    cluster's default replication factor) and on a topic of one replica per
+    partition, step by step in the same cluster, for the first two producer
+    counts of the one-process phase."""
+    with Admin(bootstrap(cluster), **cluster.client_tls()) as admin:
+        admin.create_topics(
+            {SINGLE_REPLICA_TOPIC: TOPIC_PARTITIONS}, replication_factor=1, exist_ok=True
+        )
+        described = admin.describe_topics([TOPIC, SINGLE_REPLICA_TOPIC])
+    rows = []
+    for threads in options.one_process[:2]:
+        for topic in (TOPIC, SINGLE_REPLICA_TOPIC):
+            factor = described[topic].replication_factor
+            step(f"replication factor {factor}: {plural(threads, 'producer')}")
+            work = Work(
+                "transactions",
+                bootstrap(cluster),
+                topic,
+                TOPIC_PARTITIONS,
+                id_prefix=f"rf{factor}-{threads}",
+                rotate=True,
+            )
+            result = options.load(work, threads, cluster, processes=1)
+            rows.append(
+                {"replication_factor": factor, "producers": threads, **load_figures(result)}
+            )
+    return rows
 
 
 def interval_commits(
@@ -822,6 +857,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
     alone = results.get("one_process")
     if alone:
         out.append(one_process_table(alone))
+    if results.get("replication"):
+        out.append(replication_table(results["replication"]))
     interval = results.get("txn_vs_idempotent")
     if interval:
         out.append(
@@ -931,10 +968,42 @@ def one_process_table(alone: dict[str, Any]) -> Table:
     )
 
 
+def replication_table(rows: list[dict[str, Any]]) -> Table:
+    """The replication phase: each replication factor's row, and after the
+    replicated one its ratio to one replica at the same producer count."""
+    single = {r["producers"]: r for r in rows if r["replication_factor"] == 1}
+    cells = []
+    for f in rows:
+        cells.append([f"RF {f['replication_factor']}, {f['producers']}", *_load_cells(f)])
+        base = single.get(f["producers"])
+        if f["replication_factor"] > 1 and base is not None and base["per_s"]:
+            cells.append(
+                [
+                    f"RF {f['replication_factor']} / RF 1",
+                    f"{f['per_s'] / base['per_s']:.2f}",
+                    *(
+                        f"{f[k] / base[k]:.2f}" if base[k] else "-"
+                        for k in ("p50_ms", "p99_ms", "p999_ms", "cluster_cpu_ms_per_op")
+                    ),
+                    "",
+                    "",
+                    "",
+                ]
+            )
+    return _table(
+        "replicated partitions: the one-process transactional shape on topics of the "
+        "default replication factor and of one replica, in the same cluster (/s: committed "
+        "txn/s)",
+        ["replication, producers", *LOAD_HEADER],
+        cells,
+    )
+
+
 def failed_transactions(results: dict[str, Any]) -> int:
     """Failed steps of every load phase but failover (where some are expected)."""
     loads: list[dict[str, Any]] = list(results.get("end_to_end", []))
     loads += results.get("one_process", {}).get("rows", [])
+    loads += results.get("replication", [])
     loads += results.get("scaling", [])
     interval = results.get("txn_vs_idempotent")
     if interval:
@@ -957,6 +1026,7 @@ def run(args: argparse.Namespace) -> int:
         "ceilings": 4,
         "e2e": len(options.producers) + 1,
         "one-process": 2 * len(options.one_process),
+        "replication": 2 * len(options.one_process[:2]),
         "interval": 2,
         "failover": options.failovers,
         "open": 2 * (1 + len(options.open_levels)),
@@ -973,6 +1043,8 @@ def run(args: argparse.Namespace) -> int:
                 results["end_to_end"] = end_to_end(cluster, options, step)
             if "one-process" not in options.skip:
                 results["one_process"] = one_process(cluster, options, step)
+            if "replication" not in options.skip:
+                results["replication"] = replication(cluster, options, step)
             if "interval" not in options.skip:
                 results["txn_vs_idempotent"] = interval_commits(cluster, options, step)
             if "failover" not in options.skip:
