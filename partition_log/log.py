@@ -291,13 +291,15 @@ class PartitionLogStore:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def append(self, batch: bytearray) -> int:
+    def append(self, batch: bytearray, sync: bool = True) -> int:
         """Append one batch, stamping ``log_end_offset`` into it as its base offset.
 
         Rolls to a new segment first when the active one is not empty and the
         batch would take it past ``segment_bytes``. Under
-        :attr:`FsyncPolicy.ALWAYS` the segment is fsynced before returning;
-        under every policy the batch is in the page cache once this returns.
+        :attr:`FsyncPolicy.ALWAYS` the segment is fsynced before returning,
+        unless ``sync`` is False: then the caller calls :meth:`sync` before
+        it counts the batch as stored (several appends, one fsync); under
+        every policy the batch is in the page cache once this returns.
 
         Returns:
             The batch's base offset.
@@ -334,13 +336,32 @@ class PartitionLogStore:
         try:
             if position - active.last_indexed_position >= self.index_interval_bytes:
                 self._add_index_entry(active, base_offset, position)
-            if self.fsync is FsyncPolicy.ALWAYS:
+            if self.fsync is FsyncPolicy.ALWAYS and sync:
                 _fsync(active.log_fd, self.directory)
                 self._dirty = False
         except OSError as err:
             self._failure = err
             raise
         return base_offset
+
+    def sync(self) -> None:
+        """Fsync the active segment's log if anything was written since its
+        last fsync: what :attr:`FsyncPolicy.ALWAYS` does after each append
+        (the active index is rebuilt from the log at recovery).
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            OSError: fsync failed (the store is failed from then on).
+        """
+        self._check_usable()
+        if not self._dirty:
+            return
+        try:
+            _fsync(self._segments[-1].log_fd, self.directory)
+        except OSError as err:
+            self._failure = err
+            raise
+        self._dirty = False
 
     def flush(self) -> None:
         """Fsync the active segment (and its index) if anything was written since the last

@@ -585,12 +585,13 @@ class Partition:
             self._on_reservation_due()
         return base
 
-    def _store(self, batch: bytearray) -> int:
-        """Append to the store; when that rolled a new segment, snapshot the state
-        as of the new segment's base offset (the batch is not in the state yet),
-        as Kafka does at every roll."""
+    def _store(self, batch: bytearray, sync: bool = True) -> int:
+        """Append to the store (``sync``: :meth:`PartitionLogStore.append`'s);
+        when that rolled a new segment, snapshot the state as of the new
+        segment's base offset (the batch is not in the state yet), as Kafka
+        does at every roll."""
         active = self.store.active_base_offset
-        base = self.store.append(batch)
+        base = self.store.append(batch, sync)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
         self._advance_high_watermark(wake_fetches=False)
@@ -611,26 +612,34 @@ class Partition:
             OSError, StoreFailed: the store failed.
         """
         with self.lock:
-            for data in batches:
-                header = codec.parse_header(data)
-                if not codec.crc_ok(data) or header.size != len(data):
-                    raise ValueError(
-                        f"partition {self.topic}-{self.index}: the batch at offset "
-                        f"{header.base_offset} from the leader does not match its CRC-32C"
-                    )
-                end = self.store.log_end_offset
-                if header.base_offset < end:
-                    raise ValueError(
-                        f"partition {self.topic}-{self.index}: the leader's batch at offset "
-                        f"{header.base_offset} is below the log end {end}"
-                    )
-                if header.base_offset > end:
-                    self.store.skip_to(header.base_offset)
-                self._store(bytearray(data))
-                body = bytes(data) if header.is_control else None
-                self._replay(header, body)
+            try:
+                for data in batches:
+                    self._append_replicated(data)
+            finally:
+                # One fsync for what was appended (log.flush.policy always),
+                # before the next fetch tells the leader this log end.
+                if self.store.fsync is FsyncPolicy.ALWAYS:
+                    self.store.sync()
             self.replicated = True
             self.leader_epoch = max(self.leader_epoch, self.store.latest_leader_epoch)
+
+    def _append_replicated(self, data: bytes) -> None:
+        header = codec.parse_header(data)
+        if not codec.crc_ok(data) or header.size != len(data):
+            raise ValueError(
+                f"partition {self.topic}-{self.index}: the batch at offset "
+                f"{header.base_offset} from the leader does not match its CRC-32C"
+            )
+        end = self.store.log_end_offset
+        if header.base_offset < end:
+            raise ValueError(
+                f"partition {self.topic}-{self.index}: the leader's batch at offset "
+                f"{header.base_offset} is below the log end {end}"
+            )
+        if header.base_offset > end:
+            self.store.skip_to(header.base_offset)
+        self._store(bytearray(data), sync=False)
+        self._replay(header, bytes(data) if header.is_control else None)
 
     def follower_state(self) -> tuple[int, int]:
         """(log end offset, leader epoch of the last batch or -1): what a

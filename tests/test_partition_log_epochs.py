@@ -3,6 +3,7 @@ checkpoint file, and the store keeping both in step with its segments."""
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -340,3 +341,28 @@ def test_followers_leave_the_isr_when_they_lag_and_join_when_they_catch_up(
         assert leader.wanted_in_sync(time.monotonic(), 10.0) == frozenset({2, 3})
     finally:
         leader.close()
+
+
+def test_a_follower_fsyncs_once_per_fetched_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader = open_partition(tmp_path / "leader")
+    follower = reserved(
+        Partition(
+            "t", 0, tmp_path / "follower", segment_bytes=1 << 20, index_interval_bytes=256,
+            fsync=FsyncPolicy.ALWAYS,
+        )
+    )  # fmt: skip
+    try:
+        for i in range(6):
+            send(leader, -1, -1, f"v{i}".encode(), txn=False)
+        follower.append_replicated(leader.store.read(0, 1 << 20, 1))  # the epoch's checkpoint
+        calls: list[int] = []
+        real = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+        replicate(leader, follower)
+        assert follower.store.log_end_offset == 6 and len(calls) == 1
+        assert not follower.store.dirty
+    finally:
+        leader.close()
+        follower.close()
