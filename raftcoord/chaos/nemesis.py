@@ -43,7 +43,7 @@ DISK_STOP_TIMEOUT_S = 10.0
 #: for its partition to have another leader.
 PLOG_LEADER_TIMEOUT_S = 10.0
 #: How long a plog-wipe's end waits for the node to be back in every ISR.
-CATCH_UP_TIMEOUT_S = 30.0
+CATCH_UP_TIMEOUT_S = 60.0
 #: The ``fault`` of the events around a restart by the final heal of a node
 #: that was down outside any fault (docs/history.md).
 HEAL_RESTART = "heal-restart"
