@@ -192,11 +192,12 @@ def test_followers_hold_the_leaders_log_and_a_killed_leader_loses_nothing(
 def test_a_wiped_replica_catches_up_and_a_later_leader_kill_loses_nothing(
     cluster: LocalCluster,
 ) -> None:
-    """A node whose partition logs are gone (a lost disk's logs) restarts at
-    once, within its lease, while the coordinators still record it as a
-    leader: it has itself fenced first (KIP-966) instead of leading an empty
-    log, fetches everything again, rejoins the ISR, and can then be the one
-    that takes over."""
+    """A node whose data directory is gone (a replaced disk: a new directory
+    id) restarts at once, within its lease, while the coordinators still
+    record it as a leader: since every partition it holds has another
+    in-sync replica, the coordinators accept the new directory and fence it
+    first instead of letting it lead an empty log; it fetches everything
+    again, rejoins the ISR, and can then be the one that takes over."""
     topic = describe(cluster)
     nodes = sorted(n.node_id for n in cluster.partition_nodes())
     wiped = topic.partitions[1].leader
@@ -205,9 +206,7 @@ def test_a_wiped_replica_catches_up_and_a_later_leader_kill_loses_nothing(
     try:
         workload.wait_commits(10)
         cluster.kill(wiped, "KILL")
-        node_dir = Path(cluster.state.node(wiped).log).with_suffix("")  # type: ignore[union-attr]
-        for p in range(PARTITIONS):
-            shutil.rmtree(node_dir / f"{TOPIC}-{p}")
+        shutil.rmtree(cluster.node_dir(wiped))
         cluster.start(wiped)
         moved = describe(cluster).partitions[1]  # (it may be back in the ISR already)
         assert moved.leader not in (wiped, -1), moved
@@ -234,8 +233,8 @@ def test_a_wiped_replica_catches_up_and_a_later_leader_kill_loses_nothing(
     # min.insync.replicas 2 with one replica left: it serves reads, refuses writes.
     for p in range(PARTITIONS):
         workload.check(read_committed_partition(cluster, p), partition=p)
-    node_log = Path(cluster.state.node(wiped).log).read_text()  # type: ignore[union-attr]
-    assert "event=fenced_for_lost_data" in node_log
+    logs = "".join(p.read_text() for p in cluster.data_dir.glob("*.log"))
+    assert "event=directory_replaced_accepted" in logs
 
 
 def read_committed_partition(cluster: LocalCluster, partition: int) -> list[bytes]:

@@ -598,10 +598,11 @@ class Nemesis:
         )
 
     def _plog_wipe(self, plan: FaultPlan) -> Fault:
-        """kill -9 a partition-log node, delete its partitions' logs (a lost
-        disk's), and start it at once: it has itself fenced, fetches every
-        log again from the leaders and rejoins their ISR (the end waits for
-        that). Only a node none of whose partitions lives on it alone."""
+        """kill -9 a partition-log node, empty its data directory (a replaced
+        disk), and start it at once: the coordinators accept the new
+        directory and fence the node, which fetches every log again from the
+        leaders and rejoins their ISR (the end waits for that). Only a node
+        none of whose partitions lives on it alone."""
         nodes = sorted(n.node_id for n in self.cluster.partition_nodes())
         if not nodes:
             raise ClusterError("the cluster has no partition-log node")
@@ -617,8 +618,7 @@ class Nemesis:
 
         def act() -> None:
             self.cluster.kill(victim, "KILL")
-            for topic, p in held:
-                shutil.rmtree(directory / f"{topic}-{p.partition}", ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
 
         def end() -> tuple[str, dict[str, Any]]:
             self._restart([victim])
@@ -639,7 +639,8 @@ class Nemesis:
         return self._begin(
             plan,
             [victim],
-            f"kill -9 partition-log node {victim} and delete its {len(held)} partition logs",
+            f"kill -9 partition-log node {victim} and empty its data directory "
+            f"({len(held)} partitions)",
             act,
             end,
         )

@@ -283,6 +283,8 @@ class TopicRPCs:
             METADATA_SHARD,
             lambda stamp: RegisterDirectory(node_id, directory_id, replace, stamp.now_ms),
         )
+        if outcome.error is ErrorCode.KAFKA_STORAGE_ERROR and not replace:
+            outcome = self._accept_replaced(node_id, directory_id) or outcome
         registered = ""
         if outcome.error in (ErrorCode.NONE, ErrorCode.KAFKA_STORAGE_ERROR):
             registered = self.router.shards.query(
@@ -422,6 +424,44 @@ class TopicRPCs:
         return coordinator_pb2.AlterPartitionResponse(
             isr=now.isr, leader_epoch=now.leader_epoch, partition_epoch=now.partition_epoch
         )
+
+    def _accept_replaced(self, node_id: int, directory_id: str) -> Outcome | None:
+        """A new data directory of a node (a replaced disk) whose every
+        partition has another in-sync replica: the node is fenced first (it
+        leaves every ISR and leads nothing, its logs being gone), then the
+        directory is recorded; its leaders catch it up and add it to their
+        ISR again. None (refused as before) while some partition would lose
+        its only in-sync copy: an operator decides (`raftcoord
+        accept-directory`)."""
+
+        def in_sync_elsewhere(machine: Any) -> bool:
+            return all(
+                any(r != node_id for r in p.isr)
+                for topic in machine.state.topics.values()
+                for p in topic.partitions
+                if node_id in p.replicas
+            )
+
+        if not self.router.shards.query(METADATA_SHARD, in_sync_elsewhere):
+            return None
+        fenced = self.router.run(METADATA_SHARD, lambda stamp: FenceNode(node_id, stamp.now_ms))
+        # Fenced, the node is only left in the ISRs it was the last member of.
+        if not fenced.ok or not self.router.shards.query(METADATA_SHARD, in_sync_elsewhere):
+            return None
+        accepted = self.router.run(
+            METADATA_SHARD,
+            lambda stamp: RegisterDirectory(node_id, directory_id, True, stamp.now_ms),
+        )
+        if accepted.ok:
+            log.warning(
+                "node=%d event=directory_replaced_accepted partition_node=%d directory=%s: "
+                "every partition it holds has another in-sync replica; it is fenced until its "
+                "leaders catch it up",
+                self.router.node_id,
+                node_id,
+                directory_id,
+            )
+        return accepted
 
     def _node_request(self, context: Any, method: str, request: Any) -> Any | None:
         """The answer to a partition-log node's ``method`` request that this
