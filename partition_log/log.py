@@ -271,7 +271,7 @@ class PartitionLogStore:
 
     @property
     def log_end_offset(self) -> int:
-        """The offset the next appended record gets (the high watermark: one replica)."""
+        """The offset the next appended record gets (the log end offset, LEO)."""
         return self._segments[-1].next_offset
 
     @property
