@@ -113,6 +113,7 @@ FAULT_COLOURS = {
     "plog-restart": "#762a83",
     "plog-leader-kill": "#9970ab",
     "plog-wipe": "#5aae61",
+    "plog-partition": "#01665e",
     "partition": "#1b7837",
     "disk": "#e08214",
 }

@@ -37,6 +37,7 @@ FAULTS = (
     "plog-leader-kill",
     "plog-wipe",
     "partition",
+    "plog-partition",
     "disk",
 )
 OPEN_STATES = {"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"}
@@ -71,7 +72,7 @@ def chaos_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRun]:
     ) as cluster:
         options = Options(
             seed=SEED,
-            duration_s=36,
+            duration_s=45,
             producers=3,
             two_phase_producers=1,
             workers=2,
@@ -150,14 +151,14 @@ def test_the_faults_ran_and_moved_leaders(chaos_run: ChaosRun) -> None:
             victim = start["targets"][0]
             assert start["leaders"][str(start["shard"])] == victim
             assert end["new_leader"] not in (None, victim), end["detail"]
-        if start["fault"] == "plog-leader-kill":  # an in-sync follower took over
+        if start["fault"] in ("plog-leader-kill", "plog-partition"):  # a follower took over
             assert end["new_leader"] not in (None, start["targets"][0]), end["detail"]
         if start["fault"] == "plog-wipe":  # the wiped node caught up and is in sync again
             assert end["in_sync"], end["detail"]
     partitions = [start for start, _ in pairs if start["fault"] == "partition"]
     assert partitions, "the partition fault is neither run nor reported as not run"
     if NETNS:
-        assert "partition" in kinds, [p["detail"] for p in partitions]
+        assert {"partition", "plog-partition"} <= kinds, [p["detail"] for p in partitions]
     for start in partitions:
         assert start["targets"] or start["detail"].startswith("not run: "), start
 

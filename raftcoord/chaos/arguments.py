@@ -41,6 +41,7 @@ FAULTS = (
     "plog-leader-kill",
     "plog-wipe",
     "partition",
+    "plog-partition",
     "disk",
 )
 #: Faults on a cluster's Kafka gateways, run only when asked for by name.

@@ -48,7 +48,7 @@ CATCH_UP_TIMEOUT_S = 60.0
 #: that was down outside any fault (docs/history.md).
 HEAL_RESTART = "heal-restart"
 #: The faults that cut the network (they need namespaces, and a heal).
-NETWORK_FAULTS = ("partition", "gateway-partition")
+NETWORK_FAULTS = ("partition", "plog-partition", "gateway-partition")
 #: History ops that are not client operations (a fault's failed requests
 #: are the client operations that failed or ended unknown while it lasted).
 NOT_CLIENT_OPS = ("run", "fault", "final")
@@ -355,6 +355,7 @@ class Nemesis:
             "plog-restart": self._plog_restart,
             "plog-leader-kill": self._plog_leader_kill,
             "plog-wipe": self._plog_wipe,
+            "plog-partition": self._plog_partition,
             "partition": self._partition,
             "gateway-partition": self._gateway_partition,
             "disk": self._disk,
@@ -557,28 +558,38 @@ class Nemesis:
         ]
         return found[0] if found else None
 
+    def _replicated_partition(self, plan: FaultPlan) -> tuple[str, TopicPartitionDescription]:
+        """A partition with replicas and a leader, picked by the plan's choice."""
+        led = [(t, p) for t, p in self._topic_partitions() if len(p.replicas) > 1 and p.leader >= 0]
+        if not led:
+            raise ClusterError("no partition with replicas has a leader")
+        return led[plan.choice % len(led)]
+
+    def _await_partition_leader(self, topic: str, partition: int, old: int) -> dict[str, Any]:
+        """Wait (bounded: the lease, then :data:`PLOG_LEADER_TIMEOUT_S`) until a
+        node other than ``old`` leads the partition; it is ``new_leader``
+        (None when none did in time)."""
+        wait_s = int(self._setting("broker.session.timeout.ms", 9_000)) / 1000
+        found: dict[str, Any] = {"new_leader": None}
+
+        def moved() -> bool:
+            now = self._registration(topic, partition)
+            leader = None if now is None else now.leader
+            found["new_leader"] = leader if leader not in (None, old, -1) else None
+            return found["new_leader"] is not None
+
+        self.cluster.wait_until(moved, wait_s + PLOG_LEADER_TIMEOUT_S, "", raise_on_timeout=False)
+        return found
+
     def _plog_leader_kill(self, plan: FaultPlan) -> Fault:
         """kill -9 the leader of a partition with replicas; the end waits for an
         in-sync follower to lead it (once the lease ran out), then restarts the
         node, which follows."""
-        led = [(t, p) for t, p in self._topic_partitions() if len(p.replicas) > 1 and p.leader >= 0]
-        if not led:
-            raise ClusterError("no partition with replicas has a leader")
-        topic, chosen = led[plan.choice % len(led)]
+        topic, chosen = self._replicated_partition(plan)
         victim, where = chosen.leader, f"{topic}-{chosen.partition}"
-        wait_s = int(self._setting("broker.session.timeout.ms", 9_000)) / 1000
-        wait_s += PLOG_LEADER_TIMEOUT_S
 
         def end() -> tuple[str, dict[str, Any]]:
-            found: dict[str, Any] = {"new_leader": None}
-
-            def moved() -> bool:
-                now = self._registration(topic, chosen.partition)
-                leader = None if now is None else now.leader
-                found["new_leader"] = leader if leader not in (None, victim, -1) else None
-                return found["new_leader"] is not None
-
-            self.cluster.wait_until(moved, wait_s, "", raise_on_timeout=False)
+            found = self._await_partition_leader(topic, chosen.partition, victim)
             self._restart([victim])
             return (
                 f"{where} leader {victim} -> {found['new_leader']}; restarted partition-log "
@@ -592,6 +603,33 @@ class Nemesis:
             f"kill -9 partition-log node {victim}, the leader of {where}, until another "
             "replica leads it",
             lambda: self.cluster.kill(victim, "KILL"),
+            end,
+            topic=topic,
+            partition=chosen.partition,
+        )
+
+    def _plog_partition(self, plan: FaultPlan) -> Fault:
+        """Cut the leader of a partition with replicas off from every other
+        node (clients still reach it): it must stop acknowledging once its
+        followers move to the leader elected on the other side; the end
+        waits for that election, then heals, and the old leader follows."""
+        topic, chosen = self._replicated_partition(plan)
+        victim, where = chosen.leader, f"{topic}-{chosen.partition}"
+        state = self.cluster.state
+        assert state is not None
+        groups = [[victim], [n.node_id for n in state.nodes if n.node_id != victim]]
+
+        def end() -> tuple[str, dict[str, Any]]:
+            found = self._await_partition_leader(topic, chosen.partition, victim)
+            netns.heal(self.cluster)
+            return f"{where} leader {victim} -> {found['new_leader']}; healed the network", found
+
+        return self._begin(
+            plan,
+            groups,
+            f"isolate partition-log node {victim}, the leader of {where}, from every other "
+            "node until another replica leads it",
+            lambda: netns.partition(self.cluster, groups),
             end,
             topic=topic,
             partition=chosen.partition,
