@@ -204,13 +204,7 @@ def fence(
     leader = next((n for n in isr if n not in fenced), NO_LEADER)
     if (isr, leader) == (current.isr, current.leader):
         return current
-    return replace(
-        current,
-        isr=isr,
-        leader=leader,
-        leader_epoch=current.leader_epoch + 1,
-        partition_epoch=current.partition_epoch + 1,
-    )
+    return _led_by(replace(current, isr=isr), leader)
 
 
 def alter_isr(
@@ -283,12 +277,7 @@ def elect_preferred(
     preferred = current.replicas[0]
     if current.leader == preferred or preferred not in current.isr or preferred in fenced:
         return current
-    return replace(
-        current,
-        leader=preferred,
-        leader_epoch=current.leader_epoch + 1,
-        partition_epoch=current.partition_epoch + 1,
-    )
+    return _led_by(current, preferred)
 
 
 def imbalanced_nodes(
@@ -312,9 +301,14 @@ def unfence(current: PartitionRegistration, node: int) -> PartitionRegistration:
     has caught it up (:func:`alter_isr`)."""
     if current.leader != NO_LEADER or node not in current.isr:
         return current
+    return _led_by(current, node)
+
+
+def _led_by(current: PartitionRegistration, leader: int) -> PartitionRegistration:
+    """``current`` with another leader (or none): both epochs grow."""
     return replace(
         current,
-        leader=node,
+        leader=leader,
         leader_epoch=current.leader_epoch + 1,
         partition_epoch=current.partition_epoch + 1,
     )

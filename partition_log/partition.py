@@ -135,6 +135,16 @@ class Partition:
             index_interval_bytes=index_interval_bytes,
             fsync=fsync,
         )
+        #: The high watermark: the offset below which every in-sync replica
+        #: holds the log. A leader moves it (:meth:`_advance_high_watermark`),
+        #: a follower takes it from its leader's answers. Not kept on disk:
+        #: it starts at the log start and catches up with the followers.
+        self.high_watermark = self.store.log_start_offset
+        #: Transactions completed by a marker the in-sync replicas may not all
+        #: have yet: (first offset, marker offset), until the high watermark
+        #: passes the marker (Kafka's unreplicated transactions). Until then
+        #: the transaction holds the LSO back as an open one does.
+        self._unreplicated: list[tuple[int, int]] = []
         self.states, start = self._load_snapshot()
         for header, body in self.store.batches(start):
             self._replay(header, body)
@@ -147,11 +157,6 @@ class Partition:
         #: Whether this node leads the partition (:meth:`lead`) or follows it
         #: (:meth:`follow`); a partition opened from disk does neither yet.
         self.leading = False
-        #: The high watermark: the offset below which every in-sync replica
-        #: holds the log. A leader moves it (:meth:`_advance_high_watermark`),
-        #: a follower takes it from its leader's answers. Not kept on disk:
-        #: it starts at the log start and catches up with the followers.
-        self.high_watermark = self.store.log_start_offset
         #: While leading: the other replicas and those of them in sync, the
         #: topic's min.insync.replicas, the log end each follower fetched from
         #: last, when (monotonic) each last had the leader's log (Kafka's
@@ -315,6 +320,7 @@ class Partition:
         if header.is_control:
             assert body is not None
             marker = codec.read_marker(body)
+            self._completing(header.producer_id, header.base_offset)
             self.states.on_marker(
                 header.producer_id,
                 header.producer_epoch,
@@ -566,6 +572,7 @@ class Partition:
                         "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
                     )
                     return ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}"
+                self._completing(producer_id, offset)
                 self.states.on_marker(
                     producer_id,
                     epoch,
@@ -576,6 +583,22 @@ class Partition:
                     txn_number=txn_number,
                 )
             return ErrorCode.NONE, ""
+
+    def _completing(self, producer_id: int, marker_offset: int) -> None:
+        """A marker at ``marker_offset`` ends ``producer_id``'s open transaction
+        here (if any): it stays unstable until the high watermark passes the
+        marker (the caller holds the lock)."""
+        first = self.states.open_txns.get(producer_id)
+        if first is not None and marker_offset >= self.high_watermark:
+            self._unreplicated.append((first, marker_offset))
+
+    def _last_stable_offset(self) -> int:
+        """The LSO: below the high watermark, the first open transaction's
+        first offset, and the first offset of every transaction whose marker
+        the high watermark has not passed yet (the caller holds the lock)."""
+        hw = self.high_watermark
+        self._unreplicated = [(f, m) for f, m in self._unreplicated if m >= hw]
+        return min([self.states.last_stable_offset(hw), *(f for f, _ in self._unreplicated)])
 
     def _append(self, batch: bytearray) -> int:
         """Append to the store, stamped with the leader epoch (:meth:`_store`)."""
@@ -738,6 +761,7 @@ class Partition:
             if offset >= self.store.log_end_offset:
                 return
             self.store.truncate_to(offset)
+            self._unreplicated = []
             self.states, start = self._load_snapshot()
             for header, body in self.store.batches(start):
                 self._replay(header, body)
@@ -766,7 +790,7 @@ class Partition:
         """(log start offset, last stable offset, high watermark)."""
         with self.lock:
             hw = self.high_watermark
-            return self.store.log_start_offset, self.states.last_stable_offset(hw), hw
+            return self.store.log_start_offset, self._last_stable_offset(), hw
 
     def fetch(self, offset: int, max_bytes: int, read_committed: bool) -> FetchResult:
         """Records from ``offset``: up to the high watermark, or under
@@ -858,7 +882,7 @@ class Partition:
             start = self.store.log_start_offset
             end = self.store.log_end_offset
             hw = self.high_watermark
-            lso = self.states.last_stable_offset(hw)
+            lso = self._last_stable_offset()
 
             def failed(code: ErrorCode, message: str) -> FetchResult:
                 return FetchResult(code, message, hw, lso, start, offset, [])
@@ -896,7 +920,7 @@ class Partition:
         transactions that lay wholly in them. Returns the segments deleted; a storage
         failure is logged and deletes what came before it."""
         with self.lock:
-            lso = self.states.last_stable_offset(self.high_watermark)
+            lso = self._last_stable_offset()
             try:
                 deleted = self.store.apply_retention(now_ms, retention_ms, retention_bytes, lso)
             except (OSError, StoreFailed, CorruptLog) as exc:

@@ -366,3 +366,27 @@ def test_a_follower_fsyncs_once_per_fetched_answer(
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_committed_transaction_is_readable_only_once_its_marker_is_replicated(
+    tmp_path: Path,
+) -> None:
+    """Kafka's unreplicated transactions: a marker above the high watermark
+    may yet be cut (its leader fails before a follower has it), so the LSO
+    stays at the transaction's first offset until the high watermark passes
+    the marker."""
+    leader = open_partition(tmp_path / "leader")
+    try:
+        leader.lead(1, frozenset({2}), 2, frozenset({2}))
+        send(leader, 7, 0, b"in-txn", txn=True)  # offset 0
+        leader.replica_read(2, 1, 1, 1 << 20)  # the follower has it
+        assert leader.offsets() == (0, 0, 1)  # open: LSO at its first offset
+        assert leader.write_marker(7, 0, 0, True, 0, transaction_version=1)[0] is ErrorCode.NONE
+        assert leader.offsets() == (0, 0, 1)  # the COMMIT (offset 1) is not replicated yet
+        assert leader.fetch(0, 1 << 20, read_committed=True).batches == []
+        leader.replica_read(2, 2, 1, 1 << 20)  # now it is
+        assert leader.offsets() == (0, 2, 2)
+        fetched = leader.fetch(0, 1 << 20, read_committed=True)
+        assert [r.value for b in fetched.batches for r in b.records] == [b"in-txn"]
+    finally:
+        leader.close()
