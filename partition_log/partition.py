@@ -145,10 +145,7 @@ class Partition:
         #: passes the marker (Kafka's unreplicated transactions). Until then
         #: the transaction holds the LSO back as an open one does.
         self._unreplicated: list[tuple[int, int]] = []
-        self.states, start = self._load_snapshot()
-        for header, body in self.store.batches(start):
-            self._replay(header, body)
-        self.states.trim(self.store.log_start_offset)
+        start = self._rebuild_state()
         #: The leader epoch this node leads the partition at: stamped into
         #: every batch it appends. It only grows: it starts at the log's last
         #: batch's, and the node raises it to the one the coordinators
@@ -278,6 +275,18 @@ class Partition:
                 f"(ceiling {self.ceiling}); retry"
             )
         return None
+
+    def _rebuild_state(self) -> int:
+        """The producer state (and the unreplicated transactions) as of the log
+        end: the newest readable snapshot, then the batches after it replayed.
+        Returns the snapshot's offset (0: full replay). The caller holds the
+        lock, or the partition is opening."""
+        self._unreplicated = []
+        self.states, start = self._load_snapshot()
+        for header, body in self.store.batches(start):
+            self._replay(header, body)
+        self.states.trim(self.store.log_start_offset)
+        return start
 
     def _load_snapshot(self) -> tuple[ProducerStates, int]:
         """The newest readable snapshot at or above the log start offset (recovery
@@ -700,7 +709,7 @@ class Partition:
             self.store.truncate_to(self.store.log_start_offset)
             if offset > self.store.log_end_offset:
                 self.store.skip_to(offset)
-            self.states = ProducerStates()
+            self._rebuild_state()
             self._save_snapshot_at(self.store.log_end_offset)
             self.high_watermark = self.store.log_start_offset
             self._on_change()
@@ -761,11 +770,7 @@ class Partition:
             if offset >= self.store.log_end_offset:
                 return
             self.store.truncate_to(offset)
-            self._unreplicated = []
-            self.states, start = self._load_snapshot()
-            for header, body in self.store.batches(start):
-                self._replay(header, body)
-            self.states.trim(self.store.log_start_offset)
+            self._rebuild_state()
             self.high_watermark = min(self.high_watermark, self.store.log_end_offset)
             self._on_change()
 

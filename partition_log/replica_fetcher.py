@@ -18,6 +18,7 @@ lets it end when nothing is followed there any more.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -282,7 +283,7 @@ class ReplicaFetchers:
                     leader,
                     self._node_id,
                     self._view,
-                    lambda leader=leader: self._stub_for(leader),  # type: ignore[misc]
+                    functools.partial(self._stub_for, leader),
                     self._follower,
                     self._stopping,
                 )

@@ -546,16 +546,18 @@ class Nemesis:
             end,
         )
 
-    def _topic_partitions(self) -> list[tuple[str, TopicPartitionDescription]]:
-        """Every partition of every topic, as the coordinators record it now."""
+    def _topic_partitions(
+        self, topics: Sequence[str] | None = None
+    ) -> list[tuple[str, TopicPartitionDescription]]:
+        """Every partition of ``topics`` (None: every topic), as the coordinators
+        record it now."""
         with Admin(self.cluster.bootstrap(), **self.cluster.client_tls()) as admin:
-            described = admin.describe_topics(sorted(admin.list_topics()))
+            names = sorted(admin.list_topics()) if topics is None else list(topics)
+            described = admin.describe_topics(names)
         return [(name, p) for name, topic in sorted(described.items()) for p in topic.partitions]
 
     def _registration(self, topic: str, partition: int) -> TopicPartitionDescription | None:
-        found = [
-            p for name, p in self._topic_partitions() if (name, p.partition) == (topic, partition)
-        ]
+        found = [p for _, p in self._topic_partitions([topic]) if p.partition == partition]
         return found[0] if found else None
 
     def _replicated_partition(self, plan: FaultPlan) -> tuple[str, TopicPartitionDescription]:

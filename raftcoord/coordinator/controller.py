@@ -103,7 +103,7 @@ class NodeLeases:
                 node_id,
                 self._timeout_s,
             )
-            future = self._shard.submit(_fence(node_id), parkable=False)
+            future = self._shard.submit(fence_node(node_id), parkable=False)
             future.add_done_callback(self._answered(node_id))
 
     def _answered(self, node_id: int) -> Callable[[Future[Any]], None]:
@@ -176,5 +176,6 @@ def run_controller(
                 log.exception("node=%d event=controller_check_failed", node_id)
 
 
-def _fence(node_id: int) -> Unstamped:
+def fence_node(node_id: int) -> Unstamped:
+    """The FenceNode of ``node_id``, as the leader stamps it."""
     return lambda stamp: FenceNode(node_id, stamp.now_ms)

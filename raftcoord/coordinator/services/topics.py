@@ -16,7 +16,6 @@ from fsm import (
     AlterPartition,
     CreateTopic,
     ErrorCode,
-    FenceNode,
     OffsetReservation,
     Outcome,
     RegisterDirectory,
@@ -30,7 +29,7 @@ from fsm.partitions import (
     TopicRegistration,
     assign_replicas,
 )
-from raftcoord.coordinator.controller import NodeLeases
+from raftcoord.coordinator.controller import NodeLeases, fence_node
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.services.common import NotForwarded, Refused, ShardRouter
@@ -364,9 +363,7 @@ class TopicRPCs:
             )
         self.leases.heard(node_id)
         if request.lost_data:
-            outcome = self.router.run(
-                METADATA_SHARD, lambda stamp: FenceNode(node_id, stamp.now_ms)
-            )
+            outcome = self.router.run(METADATA_SHARD, fence_node(node_id))
             if not outcome.ok:
                 return coordinator_pb2.NodeHeartbeatResponse(
                     error_code=wire_error(outcome.error), error_message=outcome.message
@@ -444,7 +441,7 @@ class TopicRPCs:
 
         if not self.router.shards.query(METADATA_SHARD, in_sync_elsewhere):
             return None
-        fenced = self.router.run(METADATA_SHARD, lambda stamp: FenceNode(node_id, stamp.now_ms))
+        fenced = self.router.run(METADATA_SHARD, fence_node(node_id))
         # Fenced, the node is only left in the ISRs it was the last member of.
         if not fenced.ok or not self.router.shards.query(METADATA_SHARD, in_sync_elsewhere):
             return None
