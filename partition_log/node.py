@@ -76,6 +76,9 @@ GRPC_WORKERS = 32
 #: Fetches parked at once; the other workers stay free for Produce, markers and
 #: Fetches answered at once.
 MAX_PARKED_FETCHES = GRPC_WORKERS // 2
+#: Worker threads of the replication listener, at least (one more per node of
+#: the cluster): a follower keeps one ReplicaFetch in flight per leader node.
+REPLICATION_WORKERS = 4
 _PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
 #: Left in the data directory by a clean stop, removed at start.
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
@@ -121,7 +124,9 @@ class PartitionNode:
         self.fetchers = ReplicaFetchers(
             node_id,
             self.view,
-            lambda leader: channels.partition_log(config.partition_node(leader).grpc),
+            lambda leader: channels.partition_log(
+                config.partition_node(leader).replication_address
+            ),
             self._follower,
         )
         self.adder = TxnPartitionAdder(
@@ -155,6 +160,7 @@ class PartitionNode:
         self._threads: list[threading.Thread] = []
         self._flusher: LogFlusher | None = None
         self._server: grpc.Server | None = None
+        self._replication_server: grpc.Server | None = None
         #: The node's Prometheus metrics, when its config gives it an address.
         self.metrics: Metrics | None = None
         if self.me.metrics is not None:
@@ -616,9 +622,10 @@ class PartitionNode:
                 self.config.settings.log_flush_interval_ms / 1000.0,
             )
             self._flusher.start()
+        interceptors = [] if self.metrics is None else [RpcMetrics(self.metrics)]
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
-            interceptors=[] if self.metrics is None else [RpcMetrics(self.metrics)],
+            interceptors=interceptors,
             options=[
                 ("grpc.so_reuseport", 0),
                 # A batch over message.max.bytes must reach the service to be
@@ -660,6 +667,10 @@ class PartitionNode:
         )
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
+        if self.me.replication is not None:
+            self._replication_server = self._serve_replication(
+                service, self.me.replication, interceptors
+            )
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
         if self.metrics is not None and self.me.metrics is not None:
@@ -675,6 +686,32 @@ class PartitionNode:
             self._fsync.value,
             self.data_dir,
         )
+
+    def _serve_replication(
+        self, service: PartitionLogService, address: str, interceptors: list[RpcMetrics]
+    ) -> grpc.Server:
+        """The listener of the followers' fetches, with threads of its own:
+        a Produce waiting for its in-sync replicas holds a worker of the main
+        server until the followers fetch, so followers fetching there could
+        find every worker held by such waits (they would all time out)."""
+
+        class ReplicationService(partition_log_pb2_grpc.PartitionLogServicer):
+            def ReplicaFetch(self, request: Any, context: Any) -> Any:
+                return service.ReplicaFetch(request, context)
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=REPLICATION_WORKERS + len(self.config.partition_nodes),
+                thread_name_prefix="replication",
+            ),
+            interceptors=interceptors,
+            options=[("grpc.so_reuseport", 0)],
+        )
+        partition_log_pb2_grpc.add_PartitionLogServicer_to_server(ReplicationService(), server)
+        if add_port(server, address, self.tls_identity) == 0:
+            raise OSError(f"cannot listen on {address}")
+        server.start()
+        return server
 
     def can_serve(self) -> bool:
         """The node's health: its data directory is the one on record and it
@@ -783,8 +820,9 @@ class PartitionNode:
         self._stopping.set()
         self._reservation_due.set()
         self.changes.close()
-        if self._server is not None:
-            self._server.stop(grace=1.0).wait(2.0)
+        for server in (self._server, self._replication_server):
+            if server is not None:
+                server.stop(grace=1.0).wait(2.0)
         if self._flusher is not None:
             self._flusher.stop()
         for thread in self._threads:

@@ -89,6 +89,18 @@ def test_partition_verification_switch() -> None:
         ({"settings": {"socket.request.max.bytes": 2**31}}, "32 bits"),
         ({"settings": {"transaction.partition.verification.enable": 0}}, "true or false"),
         ({"extra": 1}, "unknown top-level"),
+        (
+            {"partition_nodes": [{"id": 101, "grpc": "127.0.0.1:7300", "replication": "7320"}]},
+            "partition_nodes\\[0\\].replication must be 'host:port'",
+        ),
+        (
+            {
+                "partition_nodes": [
+                    {"id": 101, "grpc": "127.0.0.1:7300", "replication": "127.0.0.1:7300"}
+                ]
+            },
+            "used twice",
+        ),
     ],
 )
 def test_invalid_configs_are_clear_errors(changes: dict[str, Any], message: str) -> None:
@@ -120,6 +132,10 @@ def test_files(tmp_path: Path) -> None:
     assert config.shard_count == 4 and len(config.coordinators) == 3
     assert all(len(n.raft) == 4 for n in config.coordinators)
     assert config.settings.fsync == "batch"
+    # Followers fetch from a partition-log node's replication listener.
+    replication = {n.replication_address for n in config.partition_nodes}
+    assert len(replication) == len(config.partition_nodes)
+    assert replication.isdisjoint(n.grpc for n in config.partition_nodes)
     # A setting given replaces the template's entry of that name.
     write_config(
         written, coordinators=3, shards=4, settings={"raft.tick.ms": 25, "pid.block.size": 50}

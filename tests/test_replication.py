@@ -12,16 +12,19 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from partition_log.node import GRPC_WORKERS
 from raftcoord.client import Admin, Consumer, Producer, TopicPartition, TransactionalProducer
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import TopicDescription
 from raftcoord.cluster.launcher import LocalCluster
 from spark import audit
+from tests import plog_client
 from tests.local_cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -252,6 +255,33 @@ def read_committed_partition(cluster: LocalCluster, partition: int) -> list[byte
         return values
     finally:
         consumer.close()
+
+
+def test_more_waiting_writes_than_workers_do_not_hold_up_the_followers_fetches(
+    cluster: LocalCluster,
+) -> None:
+    """More acks=all writes waiting for their replicas at once than the
+    leader has gRPC workers: the followers fetch on the replication listener,
+    whose threads those writes cannot take, so every write is acknowledged
+    (fetching on the same workers, every one of them timed out)."""
+    leader = describe(cluster).partitions[0].leader
+    node = plog_client.stub(cluster.state.node(leader).grpc)  # type: ignore[union-attr]
+    cluster.wait_until(
+        lambda: plog_client.produce(node, TOPIC, 0, [b"first"]).error_code == 0,
+        30.0,
+        "the leader knows the topic",
+    )
+    writers = GRPC_WORKERS + 16
+    start = threading.Barrier(writers)
+
+    def write(i: int) -> Any:
+        start.wait(30)
+        return plog_client.produce(node, TOPIC, 0, [b"w%d" % i], timeout_s=15.0)
+
+    with ThreadPoolExecutor(writers) as pool:
+        answers = list(pool.map(write, range(writers)))
+    assert [(a.error_code, a.error_message) for a in answers if a.error_code] == []
+    assert len({a.base_offset for a in answers}) == writers
 
 
 def test_a_follower_that_lags_leaves_the_isr_and_rejoins_once_caught_up(tmp_path: Path) -> None:

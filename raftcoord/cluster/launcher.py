@@ -84,11 +84,13 @@ TLS_CLIENTS = (TLS_ADMIN, TLS_CLIENT)
 PARTITION_NODE_BASE_ID = 101
 #: The ports of a node that has an address of its own (a namespace, a host of
 #: deploy/cluster.toml): a coordinator's gRPC port, shard S's Raft port
-#: (RAFT_BASE_PORT + S), a partition-log node's gRPC port, a Kafka gateway's
-#: listener (Kafka's own port).
+#: (RAFT_BASE_PORT + S), a partition-log node's gRPC port and the port where
+#: it serves its followers' fetches, a Kafka gateway's listener (Kafka's own
+#: port).
 COORDINATOR_PORT = 7100
 RAFT_BASE_PORT = 7201
 PARTITION_NODE_PORT = 7300
+PARTITION_NODE_REPLICATION_PORT = 7320
 KAFKA_PORT = 9092
 #: The metrics endpoints' ports of nodes with an address of their own.
 COORDINATOR_METRICS_PORT = 7110
@@ -293,7 +295,8 @@ def write_config(
     template's own entry of the same name. Nodes listen on
     127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
     each on its own address with the fixed ports COORDINATOR_PORT,
-    RAFT_BASE_PORT + shard and PARTITION_NODE_PORT. ``kafka_listeners``
+    RAFT_BASE_PORT + shard, PARTITION_NODE_PORT and
+    PARTITION_NODE_REPLICATION_PORT. ``kafka_listeners``
     Kafka gateways listen the same way (on KAFKA_PORT given ``hosts``), with
     ``kafka_security`` (their ``security_protocol``). With ``metrics`` every
     process gets a metrics endpoint (COORDINATOR_METRICS_PORT,
@@ -301,7 +304,9 @@ def write_config(
     processes = coordinators + partition_nodes + kafka_listeners
     if hosts is None:
         ports = iter(
-            free_ports(coordinators * (1 + shards) + partition_nodes + kafka_listeners + processes)
+            free_ports(
+                coordinators * (1 + shards) + 2 * partition_nodes + kafka_listeners + processes
+            )
         )
 
         def address(node_id: int, port: int) -> str:
@@ -326,6 +331,7 @@ def write_config(
         )
     partition_blocks = [
         f"[[partition_nodes]]\nid = {node_id}\ngrpc = {address(node_id, PARTITION_NODE_PORT)}\n"
+        f"replication = {address(node_id, PARTITION_NODE_REPLICATION_PORT)}\n"
         + metrics_line(node_id, PARTITION_NODE_METRICS_PORT)
         for node_id in ids[coordinators:]
     ]

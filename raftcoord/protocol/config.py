@@ -50,12 +50,20 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class NodeAddress:
     """One node: its id, gRPC address, (coordinators) one Raft address per
-    shard, and the address of its Prometheus metrics endpoint (None: none)."""
+    shard, the address of its Prometheus metrics endpoint (None: none) and
+    (partition-log nodes) the address where it serves its followers'
+    fetches (None: its gRPC address)."""
 
     node_id: int
     grpc: str
     raft: tuple[str, ...] = ()
     metrics: str | None = None
+    replication: str | None = None
+
+    @property
+    def replication_address(self) -> str:
+        """Where followers fetch from this node."""
+        return self.replication or self.grpc
 
 
 @dataclass(frozen=True)
@@ -533,6 +541,7 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
     settings = _settings(raw.get("settings", {}))
     addresses = [n.grpc for n in coordinators + partition_nodes]
     addresses += [a for n in coordinators for a in n.raft]
+    addresses += [n.replication for n in partition_nodes if n.replication is not None]
     topic_config = _topic_config(raw.get("topic_config", {}), settings)
     kafka_listeners = _kafka_listeners(raw.get("kafka_listeners", []))
     addresses += [k.address for k in kafka_listeners]
@@ -676,7 +685,9 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
         where = f"{key}[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
-        allowed = {"id", "grpc", "metrics"} | ({"raft"} if shard_count is not None else set())
+        allowed = {"id", "grpc", "metrics"} | (
+            {"raft"} if shard_count is not None else {"replication"}
+        )
         if set(entry) - allowed:
             raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - allowed)}")
         node_id = entry.get("id")
@@ -691,7 +702,16 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
                     f"{where}.raft must list {shard_count} addresses (one per shard), got {ports!r}"
                 )
             raft = tuple(_address(a, f"{where}.raft[{j}]") for j, a in enumerate(ports))
-        nodes.append(NodeAddress(node_id, grpc, raft, _metrics_address(entry, where)))
+        replication = entry.get("replication")
+        nodes.append(
+            NodeAddress(
+                node_id,
+                grpc,
+                raft,
+                _metrics_address(entry, where),
+                None if replication is None else _address(replication, f"{where}.replication"),
+            )
+        )
     ids = [n.node_id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"[[{key}]] ids must be unique, got {ids}")
