@@ -113,13 +113,14 @@ class Partition:
         segment_bytes: int,
         index_interval_bytes: int,
         fsync: FsyncPolicy,
-        on_change: Callable[[], None] = lambda: None,
+        on_change: Callable[[bool], None] = lambda appended: None,
         clean_start: bool = True,
         on_reservation_due: Callable[[], None] = lambda: None,
     ) -> None:
         """Open (and recover) the partition in ``directory``. ``on_change`` is called
-        after each append and marker, with the partition's lock held: it wakes parked
-        Fetches. ``clean_start``: the node stopped cleanly before (every write
+        with the partition's lock held after each change a leader's readers may see,
+        with True when the log grew or was cut (:meth:`LogChanges.changed`): it wakes
+        parked fetches. ``clean_start``: the node stopped cleanly before (every write
         reached the disk). ``on_reservation_due`` is called when fewer than half
         a block of reserved offsets remain (:meth:`reservation_due`)."""
         self.topic = topic
@@ -435,7 +436,7 @@ class Partition:
             self.high_watermark = moved
             self._replication.notify_all()
             if wake_fetches:
-                self._on_change()
+                self._on_change(False)
 
     def replication_problem(self) -> tuple[ErrorCode, str] | None:
         """Why an acks=all write may not be appended now, or None (Kafka's
@@ -617,17 +618,20 @@ class Partition:
             self._on_reservation_due()
         return base
 
-    def _store(self, batch: bytearray, sync: bool = True) -> int:
+    def _store(self, batch: bytearray, sync: bool = True, replicated: bool = False) -> int:
         """Append to the store (``sync``: :meth:`PartitionLogStore.append`'s);
         when that rolled a new segment, snapshot the state as of the new
         segment's base offset (the batch is not in the state yet), as Kafka
-        does at every roll."""
+        does at every roll. A batch of this replica's own (not ``replicated``
+        from the leader) moves the high watermark and wakes parked fetches;
+        nothing fetches from a follower."""
         active = self.store.active_base_offset
         base = self.store.append(batch, sync)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
-        self._advance_high_watermark(wake_fetches=False)
-        self._on_change()
+        if not replicated:
+            self._advance_high_watermark(wake_fetches=False)
+            self._on_change(True)
         return base
 
     # --- replication ---------------------------------------------------------------
@@ -670,7 +674,7 @@ class Partition:
             )
         if header.base_offset > end:
             self.store.skip_to(header.base_offset)
-        self._store(bytearray(data), sync=False)
+        self._store(bytearray(data), sync=False, replicated=True)
         self._replay(header, bytes(data) if header.is_control else None)
 
     def follower_state(self) -> tuple[int, int]:
@@ -712,7 +716,7 @@ class Partition:
             self._rebuild_state()
             self._save_snapshot_at(self.store.log_end_offset)
             self.high_watermark = self.store.log_start_offset
-            self._on_change()
+            self._on_change(True)
 
     def replica_read(
         self, replica: int, fetch_offset: int, last_fetched_epoch: int, max_bytes: int
@@ -772,7 +776,7 @@ class Partition:
             self.store.truncate_to(offset)
             self._rebuild_state()
             self.high_watermark = min(self.high_watermark, self.store.log_end_offset)
-            self._on_change()
+            self._on_change(True)
 
     def epoch_end(self, leader_epoch: int) -> epochs.EpochEnd:
         """Where ``leader_epoch`` ends in this log (:meth:`LeaderEpochs.end_offset_for`)."""
@@ -943,7 +947,7 @@ class Partition:
                     deleted,
                     start,
                 )
-                self._on_change()
+                self._on_change(True)
             return deleted
 
     def flush(self) -> None:

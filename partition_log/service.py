@@ -71,29 +71,50 @@ class _Pending:
 
 
 class LogChanges:
-    """A counter every partition of a node moves on each append and marker (and
-    retention); parked Fetches wait for it to move, then read again."""
+    """Counters the partitions of a node move, which parked fetches wait on:
+    :attr:`generation` on every change a consumer's Fetch may see (a leader's
+    append, marker or high watermark, retention, truncation), and
+    :attr:`appended` when a leader's log grows or is cut, the only changes a
+    follower's ReplicaFetch answers. A follower's own appends move neither:
+    nothing fetches from a follower. Each kind has its own condition, so a
+    high watermark that moves wakes no parked ReplicaFetch."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._consumers = threading.Condition(lock)
+        self._replicas = threading.Condition(lock)
         self.generation = 0
+        self.appended = 0
         self.closed = False
-        """Set when the node stops: parked Fetches answer at once."""
+        """Set when the node stops: parked fetches answer at once."""
 
-    def changed(self) -> None:
-        with self._cond:
+    def changed(self, appended: bool = True) -> None:
+        """A change consumers may see; ``appended``: the log grew or was cut
+        (followers may have something to fetch)."""
+        with self._consumers:
             self.generation += 1
-            self._cond.notify_all()
+            self._consumers.notify_all()
+            if appended:
+                self.appended += 1
+                self._replicas.notify_all()
 
     def close(self) -> None:
-        with self._cond:
+        with self._consumers:
             self.closed = True
-            self._cond.notify_all()
+            self._consumers.notify_all()
+            self._replicas.notify_all()
 
     def wait_past(self, generation: int, timeout_s: float) -> None:
         """Return once :attr:`generation` differs from ``generation``, or after ``timeout_s``."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.closed or self.generation != generation, timeout_s)
+        with self._consumers:
+            self._consumers.wait_for(
+                lambda: self.closed or self.generation != generation, timeout_s
+            )
+
+    def wait_appended_past(self, appended: int, timeout_s: float) -> None:
+        """Return once :attr:`appended` differs from ``appended``, or after ``timeout_s``."""
+        with self._replicas:
+            self._replicas.wait_for(lambda: self.closed or self.appended != appended, timeout_s)
 
 
 class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
@@ -555,7 +576,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         max_bytes = request.partition_max_bytes or DEFAULT_FETCH_MAX_BYTES
         deadline = time.monotonic() + request.max_wait_ms / 1000
         while True:
-            generation = self.changes.generation
+            appended = self.changes.appended
             answers = [
                 self._replica_read(request.replica_id, entry, max_bytes)
                 for entry in request.partitions
@@ -567,7 +588,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             )
             if done or left <= 0 or self.changes.closed:
                 return partition_log_pb2.ReplicaFetchResponse(partitions=answers)
-            self.changes.wait_past(generation, left)
+            self.changes.wait_appended_past(appended, left)
 
     def _replica_read(self, replica: int, entry: Any, max_bytes: int) -> Any:
         answer = partition_log_pb2.ReplicaFetchPartitionResponse(

@@ -142,6 +142,15 @@ RESULTS: dict[str, Any] = {
             {
                 "kind": "transactions",
                 "producers": 1,
+                "replication_factor": 3,
+                **_load(50, 17.0, 28.0, 24.0),
+                "node_cpu_percent": {"1": 40.0, "2": 12.0, "101": 30.0},
+                "transaction_shards": [1],
+            },
+            {
+                "kind": "transactions",
+                "producers": 1,
+                "replication_factor": 1,
                 **_load(80, 12.0, 20.0, 11.0),
                 "node_cpu_percent": {"1": 50.0, "2": 15.0, "101": 10.0},
                 "transaction_shards": [1],
@@ -149,6 +158,7 @@ RESULTS: dict[str, Any] = {
             {
                 "kind": "transactions",
                 "producers": 32,
+                "replication_factor": 1,
                 **_load(140, 200.0, 400.0, 9.0, failed=1),
                 "node_cpu_percent": {"1": 40.0, "2": 35.0, "101": 20.0},
                 "transaction_shards": [0, 1],
@@ -156,16 +166,13 @@ RESULTS: dict[str, Any] = {
             {
                 "kind": "idempotent",
                 "producers": 1,
+                "replication_factor": 1,
                 **_load(500, 2.0, 4.0, 1.5),
                 "node_cpu_percent": {"1": 5.0, "2": 4.0, "101": 33.0},
                 "transaction_shards": [],
             },
         ],
     },
-    "replication": [
-        {"replication_factor": 3, "producers": 1, **_load(50, 17.0, 28.0, 24.0)},
-        {"replication_factor": 1, "producers": 1, **_load(85, 11.0, 18.0, 13.0)},
-    ],
     "txn_vs_idempotent": {
         "producers": 8,
         "commit_interval_ms": 100,
@@ -187,10 +194,13 @@ def test_targets_are_ratios_of_one_run_and_skipped_phases_are_not_measured() -> 
     assert found["100 ms commits: transactional / idempotent"].met is True
     assert found["failover, median"].met is None
     assert found["coordinator RSS per 10K open txns"].value is None
-    assert found["one process, 1 producer: txn/s"].met is True
-    assert found["one process, 1 producer: cluster CPU per txn"].met is False
-    assert found["one process, 32 producers: txn/s"].met is False
-    assert found["one process, 1 idempotent producer: flushes/s"].value == 500
+    # The one-process targets on each replication factor that ran.
+    assert found["one process, 1 replica, 1 producer: txn/s"].met is True
+    assert found["one process, 1 replica, 1 producer: cluster CPU per txn"].met is False
+    assert found["one process, 1 replica, 32 producers: txn/s"].met is False
+    assert found["one process, 1 replica, 1 idempotent producer: flushes/s"].value == 500
+    assert found["one process, 3 replicas, 1 producer: txn/s"].value == 50
+    assert found["one process, 3 replicas, 32 producers: txn/s"].met is None
 
 
 def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
@@ -211,7 +221,7 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
     assert "32 x 2" in text and "2400" in text and "NOT met" in text and "not measured" in text
     assert "c1(0,1) %" in text and "c2() %" in text and "p101 %" in text
     assert "1 txn" in text and "1 idempotent" in text
-    assert "RF 3, 1" in text and "RF 3 / RF 1" in text and "0.59" in text
+    assert "1 txn, RF 3 / RF 1" in text and "0.62" in text
 
 
 def test_failed_transactions_leave_out_the_failover_phase() -> None:
@@ -274,10 +284,13 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     for row in alone["rows"]:
         assert sorted(row["node_cpu_percent"]) == sorted(str(n["node_id"]) for n in alone["nodes"])
         assert sum(row["node_cpu_percent"].values()) > 0, row
-    assert {(r["replication_factor"], r["producers"]) for r in results["replication"]} == {
-        (factor, n) for factor in (1, 3) for n in (1, 32)
+    assert {(r["replication_factor"], r["kind"], r["producers"]) for r in alone["rows"]} == {
+        (factor, kind, n)
+        for factor in (1, 3)
+        for kind in ("transactions", "idempotent")
+        for n in (1, 32)
     }
-    loads = [*results["end_to_end"], *alone["rows"], *results["scaling"], *results["replication"]]
+    loads = [*results["end_to_end"], *alone["rows"], *results["scaling"]]
     loads += [results["txn_vs_idempotent"][k] for k in ("transactions", "idempotent")]
     loads += [level["cost"] for level in results["open_transactions"]["levels"][1:]]
     for row in loads:
@@ -294,7 +307,7 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert all(m > 0 for level in opened["levels"] for m in level["rss_mb"])
     assert results["failover"]["median_s"] > 0
     assert [r["shards"] for r in results["scaling"]] == [1, 3]
-    assert len(results["targets"]) == 12
+    assert len(results["targets"]) == 16
     assert all(t["value"] is not None and t["value"] > 0 for t in results["targets"])
     assert "targets" in text
 

@@ -215,9 +215,11 @@ def send(part: Partition, pid: int, seq: int, value: bytes, txn: bool) -> int:
 
 
 def replicate(leader: Partition, follower: Partition) -> None:
-    """Copy what the follower lacks, as a follower's fetch would."""
+    """Copy what the follower lacks and the leader's high watermark, as a
+    follower's fetch would."""
     end = follower.store.log_end_offset
     follower.append_replicated(leader.store.read(end, 1 << 20, leader.store.log_end_offset))
+    follower.set_follower_high_watermark(leader.high_watermark)
 
 
 def state_of(part: Partition) -> tuple[object, ...]:

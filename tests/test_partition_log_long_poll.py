@@ -184,3 +184,54 @@ def test_bad_wait_settings_are_invalid_requests(
     answer = service_for(part, changes).Fetch(fetch_request(0, max_wait_ms, min_bytes), None)
     assert answer.partitions[0].error_code == ErrorCode.INVALID_REQUEST
     assert "must be" in answer.partitions[0].error_message
+
+
+def test_followers_wait_for_appends_and_consumers_for_the_high_watermark(
+    tmp_path: Path,
+) -> None:
+    """A leader's append moves both counters; the high watermark moving when a
+    follower catches up moves only the consumers' one (a parked ReplicaFetch
+    has nothing new to answer then); a follower's own appends move neither
+    (nothing fetches from a follower)."""
+    changes = LogChanges()
+    leader = reserved(
+        Partition(
+            "t",
+            0,
+            tmp_path / "leader",
+            segment_bytes=1 << 20,
+            index_interval_bytes=256,
+            fsync=FsyncPolicy.NEVER,
+            on_change=changes.changed,
+        )
+    )
+    follower_changes = LogChanges()
+    follower = Partition(
+        "t",
+        0,
+        tmp_path / "follower",
+        segment_bytes=1 << 20,
+        index_interval_bytes=256,
+        fsync=FsyncPolicy.NEVER,
+        on_change=follower_changes.changed,
+    )
+    try:
+        leader.lead(1, in_sync_followers=frozenset({2}), followers=frozenset({2}))
+        follower.follow(1)
+        send(leader, b"one")
+        assert (changes.generation, changes.appended) == (1, 1)
+        assert leader.high_watermark == 0  # the follower does not have it yet
+        read = leader.replica_read(2, 0, -1, 1 << 20)
+        follower.append_replicated([read.records])
+        assert (follower_changes.generation, follower_changes.appended) == (0, 0)
+        leader.replica_read(2, follower.log_end(), 1, 1 << 20)
+        assert leader.high_watermark == 1
+        assert (changes.generation, changes.appended) == (2, 1)
+        # A parked ReplicaFetch waits on `appended`: one that saw 1 waits its time out.
+        started = time.monotonic()
+        changes.wait_appended_past(1, 0.05)
+        assert time.monotonic() - started >= 0.05
+    finally:
+        changes.close()
+        leader.close()
+        follower.close()

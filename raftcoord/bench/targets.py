@@ -66,7 +66,7 @@ SHARDS = 3
 PARTITION_NODES = 3
 TOPIC = "bench"
 TOPIC_PARTITIONS = 6
-#: The replication phase's topic of one replica per partition, beside TOPIC.
+#: The one-process phase's topic of one replica per partition, beside TOPIC.
 SINGLE_REPLICA_TOPIC = "bench-rf1"
 TXN_TIMEOUT_MS = 900_000  # the maximum: no open transaction times out during a run
 CALL_TIMEOUT_S = 30.0
@@ -129,8 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         type=lambda s: set(s.split(",")),
         default=set(),
-        help="phases to leave out: ceilings,e2e,one-process,replication,interval,failover,"
-        "open,scaling",
+        help="phases to leave out: ceilings,e2e,one-process,interval,failover,open,scaling",
     )
 
 
@@ -387,75 +386,58 @@ def one_process(
 ) -> dict[str, Any]:
     """Producers as users run them: threads of one client process, every
     transaction (or flush) writing one record to each of 2 other partitions
-    than the one before; the CPU of each node."""
-    roles = node_roles(cluster)
-    rows = []
-    for kind in ("transactions", "idempotent"):
-        for threads in options.one_process:
-            step(f"one client process: {plural(threads, PRODUCER_KINDS[kind])}")
-            work = Work(
-                kind,
-                bootstrap(cluster),
-                TOPIC,
-                TOPIC_PARTITIONS,
-                id_prefix=f"one-{kind}-{threads}",
-                rotate=True,
-            )
-            result = options.load(work, threads, cluster, processes=1)
-            elapsed = result.outcome.elapsed_s
-            node_cpu = {
-                str(r["node_id"]): round(100 * result.node_cpu_s.get(r["pid"], 0.0) / elapsed, 1)
-                if elapsed
-                else 0.0
-                for r in roles
-            }
-            shards = sorted(
-                {shard_for(work.transactional_id(i), SHARDS) for i in range(threads)}
-                if kind == "transactions"
-                else set()
-            )
-            rows.append(
-                {
-                    "kind": kind,
-                    "producers": threads,
-                    **load_figures(result),
-                    "node_cpu_percent": node_cpu,
-                    "transaction_shards": shards,
-                }
-            )
-    return {"nodes": roles, "rows": rows}
-
-
-def replication(
-    cluster: LocalCluster, options: Options, step: Callable[[str], None]
-) -> list[dict[str, Any]]:
-    """The one-process transactional shape on the benchmark's topic (the
-    cluster's default replication factor) and on a topic of one replica per
-    partition, step by step in the same cluster, for the first two producer
-    counts of the one-process phase."""
+    than the one before; the CPU of each node. On the benchmark's topic (the
+    cluster's default replication factor), then the same steps on a topic of
+    one replica per partition made beside it."""
     with Admin(bootstrap(cluster), **cluster.client_tls()) as admin:
         admin.create_topics(
             {SINGLE_REPLICA_TOPIC: TOPIC_PARTITIONS}, replication_factor=1, exist_ok=True
         )
         described = admin.describe_topics([TOPIC, SINGLE_REPLICA_TOPIC])
+    roles = node_roles(cluster)
     rows = []
-    for threads in options.one_process[:2]:
-        for topic in (TOPIC, SINGLE_REPLICA_TOPIC):
-            factor = described[topic].replication_factor
-            step(f"replication factor {factor}: {plural(threads, 'producer')}")
-            work = Work(
-                "transactions",
-                bootstrap(cluster),
-                topic,
-                TOPIC_PARTITIONS,
-                id_prefix=f"rf{factor}-{threads}",
-                rotate=True,
-            )
-            result = options.load(work, threads, cluster, processes=1)
-            rows.append(
-                {"replication_factor": factor, "producers": threads, **load_figures(result)}
-            )
-    return rows
+    for topic in (TOPIC, SINGLE_REPLICA_TOPIC):
+        factor = described[topic].replication_factor
+        for kind in ("transactions", "idempotent"):
+            for threads in options.one_process:
+                step(
+                    f"one client process, {plural(factor, 'replica')}: "
+                    f"{plural(threads, PRODUCER_KINDS[kind])}"
+                )
+                work = Work(
+                    kind,
+                    bootstrap(cluster),
+                    topic,
+                    TOPIC_PARTITIONS,
+                    id_prefix=f"one-rf{factor}-{kind}-{threads}",
+                    rotate=True,
+                )
+                result = options.load(work, threads, cluster, processes=1)
+                elapsed = result.outcome.elapsed_s
+                node_cpu = {
+                    str(r["node_id"]): round(
+                        100 * result.node_cpu_s.get(r["pid"], 0.0) / elapsed, 1
+                    )
+                    if elapsed
+                    else 0.0
+                    for r in roles
+                }
+                shards = sorted(
+                    {shard_for(work.transactional_id(i), SHARDS) for i in range(threads)}
+                    if kind == "transactions"
+                    else set()
+                )
+                rows.append(
+                    {
+                        "kind": kind,
+                        "producers": threads,
+                        "replication_factor": factor,
+                        **load_figures(result),
+                        "node_cpu_percent": node_cpu,
+                        "transaction_shards": shards,
+                    }
+                )
+    return {"nodes": roles, "rows": rows}
 
 
 def interval_commits(
@@ -713,9 +695,6 @@ def targets(results: dict[str, Any]) -> list[Target]:
     opened = results.get("open_transactions")
     fail = results.get("failover")
     alone = results.get("one_process", {}).get("rows", [])
-    alone_one = _row(alone, producers=1, kind="transactions")
-    alone_many = _row(alone, producers=32, kind="transactions")
-    alone_flush = _row(alone, producers=1, kind="idempotent")
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
@@ -743,31 +722,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
             at_most=True,
             unit="ms",
         ),
-        Target(
-            "one process, 1 producer: txn/s",
-            alone_one["per_s"] if alone_one else None,
-            74.0,
-            at_most=False,
-        ),
-        Target(
-            "one process, 1 producer: cluster CPU per txn",
-            alone_one["cluster_cpu_ms_per_op"] if alone_one else None,
-            10.0,
-            at_most=True,
-            unit="ms",
-        ),
-        Target(
-            "one process, 32 producers: txn/s",
-            alone_many["per_s"] if alone_many else None,
-            150.0,
-            at_most=False,
-        ),
-        Target(
-            "one process, 1 idempotent producer: flushes/s",
-            alone_flush["per_s"] if alone_flush else None,
-            450.0,
-            at_most=False,
-        ),
+        *(t for factor in factors(alone) for t in one_process_targets(alone, factor)),
         Target(
             "100 ms commits: transactional / idempotent",
             interval["ratio"] if interval else None,
@@ -789,6 +744,37 @@ def targets(results: dict[str, Any]) -> list[Target]:
             1.2,
             at_most=True,
             unit="x",
+        ),
+    ]
+
+
+def factors(rows: list[dict[str, Any]]) -> list[int]:
+    """The replication factors of the one-process rows, one replica first
+    (the shape the one-process targets were set on); [1] when none ran."""
+    return sorted({int(r["replication_factor"]) for r in rows} | {1})
+
+
+def one_process_targets(rows: list[dict[str, Any]], factor: int) -> list[Target]:
+    """The one-process targets on the topic of ``factor`` replicas."""
+    one = _row(rows, producers=1, kind="transactions", replication_factor=factor)
+    many = _row(rows, producers=32, kind="transactions", replication_factor=factor)
+    flush = _row(rows, producers=1, kind="idempotent", replication_factor=factor)
+    where = f"one process, {plural(factor, 'replica')}"
+    return [
+        Target(f"{where}, 1 producer: txn/s", one["per_s"] if one else None, 74.0, False),
+        Target(
+            f"{where}, 1 producer: cluster CPU per txn",
+            one["cluster_cpu_ms_per_op"] if one else None,
+            10.0,
+            at_most=True,
+            unit="ms",
+        ),
+        Target(f"{where}, 32 producers: txn/s", many["per_s"] if many else None, 150.0, False),
+        Target(
+            f"{where}, 1 idempotent producer: flushes/s",
+            flush["per_s"] if flush else None,
+            450.0,
+            at_most=False,
         ),
     ]
 
@@ -857,8 +843,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
     alone = results.get("one_process")
     if alone:
         out.append(one_process_table(alone))
-    if results.get("replication"):
-        out.append(replication_table(results["replication"]))
+        out.append(replication_table(alone["rows"]))
     interval = results.get("txn_vs_idempotent")
     if interval:
         out.append(
@@ -946,6 +931,7 @@ def one_process_table(alone: dict[str, Any]) -> Table:
         rows.append(
             [
                 f"{f['producers']} {kind}",
+                str(f["replication_factor"]),
                 shards,
                 per_s,
                 p50,
@@ -957,10 +943,11 @@ def one_process_table(alone: dict[str, Any]) -> Table:
             ]
         )
     return _table(
-        "one client process, each transaction (or flush) on 2 other partitions than the last "
+        "one client process, each transaction (or flush) on 2 other partitions than the last, "
+        "on a topic of the default replication factor and on one of 1 replica "
         "(/s: committed txn/s or flushes/s; node columns: % of one core, cN(S) coordinator N "
         "leading shards S, pN partition-log node N)",
-        ["producers", "ids' shards", "/s", "p50 ms", "p99 ms", "cluster CPU ms/op"]
+        ["producers", "replicas", "ids' shards", "/s", "p50 ms", "p99 ms", "cluster CPU ms/op"]
         + ["client CPU ms/op"]
         + [role(n) for n in nodes]
         + ["failed"],
@@ -969,32 +956,29 @@ def one_process_table(alone: dict[str, Any]) -> Table:
 
 
 def replication_table(rows: list[dict[str, Any]]) -> Table:
-    """The replication phase: each replication factor's row, and after the
-    replicated one its ratio to one replica at the same producer count."""
-    single = {r["producers"]: r for r in rows if r["replication_factor"] == 1}
+    """What replicas cost in the one-process phase: for each kind and
+    producer count, the replicated row's figures over the one-replica row's."""
+    single = {(r["kind"], r["producers"]): r for r in rows if r["replication_factor"] == 1}
     cells = []
     for f in rows:
-        cells.append([f"RF {f['replication_factor']}, {f['producers']}", *_load_cells(f)])
-        base = single.get(f["producers"])
-        if f["replication_factor"] > 1 and base is not None and base["per_s"]:
-            cells.append(
-                [
-                    f"RF {f['replication_factor']} / RF 1",
-                    f"{f['per_s'] / base['per_s']:.2f}",
-                    *(
-                        f"{f[k] / base[k]:.2f}" if base[k] else "-"
-                        for k in ("p50_ms", "p99_ms", "p999_ms", "cluster_cpu_ms_per_op")
-                    ),
-                    "",
-                    "",
-                    "",
-                ]
-            )
+        base = single.get((f["kind"], f["producers"]))
+        if f["replication_factor"] == 1 or base is None or not base["per_s"]:
+            continue
+        kind = "txn" if f["kind"] == "transactions" else "idempotent"
+        cells.append(
+            [
+                f"{f['producers']} {kind}, RF {f['replication_factor']} / RF 1",
+                f"{f['per_s'] / base['per_s']:.2f}",
+                *(
+                    f"{f[k] / base[k]:.2f}" if base[k] else "-"
+                    for k in ("p50_ms", "p99_ms", "cluster_cpu_ms_per_op")
+                ),
+            ]
+        )
     return _table(
-        "replicated partitions: the one-process transactional shape on topics of the "
-        "default replication factor and of one replica, in the same cluster (/s: committed "
-        "txn/s)",
-        ["replication, producers", *LOAD_HEADER],
+        "replicated partitions: the one-process figures on the topic of the default "
+        "replication factor over those on the topic of one replica (same run)",
+        ["producers", "/s", "p50 ms", "p99 ms", "cluster CPU ms/op"],
         cells,
     )
 
@@ -1003,7 +987,6 @@ def failed_transactions(results: dict[str, Any]) -> int:
     """Failed steps of every load phase but failover (where some are expected)."""
     loads: list[dict[str, Any]] = list(results.get("end_to_end", []))
     loads += results.get("one_process", {}).get("rows", [])
-    loads += results.get("replication", [])
     loads += results.get("scaling", [])
     interval = results.get("txn_vs_idempotent")
     if interval:
@@ -1025,8 +1008,7 @@ def run(args: argparse.Namespace) -> int:
     phases = {
         "ceilings": 4,
         "e2e": len(options.producers) + 1,
-        "one-process": 2 * len(options.one_process),
-        "replication": 2 * len(options.one_process[:2]),
+        "one-process": 4 * len(options.one_process),
         "interval": 2,
         "failover": options.failovers,
         "open": 2 * (1 + len(options.open_levels)),
@@ -1043,8 +1025,6 @@ def run(args: argparse.Namespace) -> int:
                 results["end_to_end"] = end_to_end(cluster, options, step)
             if "one-process" not in options.skip:
                 results["one_process"] = one_process(cluster, options, step)
-            if "replication" not in options.skip:
-                results["replication"] = replication(cluster, options, step)
             if "interval" not in options.skip:
                 results["txn_vs_idempotent"] = interval_commits(cluster, options, step)
             if "failover" not in options.skip:
