@@ -28,20 +28,23 @@ class NoVerifier:
         raise AssertionError("not used")
 
 
+def partition_at(directory: Path, changes: LogChanges) -> Partition:
+    """Partition t-0 in ``directory``, telling ``changes`` of its changes."""
+    return Partition(
+        "t",
+        0,
+        directory,
+        segment_bytes=1 << 20,
+        index_interval_bytes=256,
+        fsync=FsyncPolicy.NEVER,
+        on_change=changes.changed,
+    )
+
+
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[tuple[Partition, LogChanges]]:
     changes = LogChanges()
-    part = reserved(
-        Partition(
-            "t",
-            0,
-            tmp_path / "t-0",
-            segment_bytes=1 << 20,
-            index_interval_bytes=256,
-            fsync=FsyncPolicy.NEVER,
-            on_change=changes.changed,
-        )
-    )
+    part = reserved(partition_at(tmp_path / "t-0", changes))
     try:
         yield part, changes
     finally:
@@ -194,27 +197,9 @@ def test_followers_wait_for_appends_and_consumers_for_the_high_watermark(
     has nothing new to answer then); a follower's own appends move neither
     (nothing fetches from a follower)."""
     changes = LogChanges()
-    leader = reserved(
-        Partition(
-            "t",
-            0,
-            tmp_path / "leader",
-            segment_bytes=1 << 20,
-            index_interval_bytes=256,
-            fsync=FsyncPolicy.NEVER,
-            on_change=changes.changed,
-        )
-    )
+    leader = reserved(partition_at(tmp_path / "leader", changes))
     follower_changes = LogChanges()
-    follower = Partition(
-        "t",
-        0,
-        tmp_path / "follower",
-        segment_bytes=1 << 20,
-        index_interval_bytes=256,
-        fsync=FsyncPolicy.NEVER,
-        on_change=follower_changes.changed,
-    )
+    follower = partition_at(tmp_path / "follower", follower_changes)
     try:
         leader.lead(1, in_sync_followers=frozenset({2}), followers=frozenset({2}))
         follower.follow(1)
