@@ -412,6 +412,9 @@ class _Produce:
     def __init__(self, owner: RecordingChannels, address: str, stub: Any) -> None:
         self._owner, self._address, self._stub = owner, address, stub
 
+    def __call__(self, request: Any, timeout: float) -> Any:
+        return self.future(request, timeout).result()
+
     def future(self, request: Any, timeout: float) -> Any:
         owner = self._owner
         with owner.lock:

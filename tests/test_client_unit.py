@@ -583,6 +583,9 @@ class FakeChannels(ChannelCache):
             def future(self, request: Any, timeout: float) -> Done:
                 return cluster.produce(request)
 
+            def __call__(self, request: Any, timeout: float) -> Any:
+                return self.future(request, timeout).result()
+
         class Stub:
             pass
 
@@ -858,6 +861,9 @@ class FetchChannels(FakeChannels):
                         fetched(p.topic, p.partition, p.fetch_offset) for p in request.partitions
                     ]
                 return Done(partition_log_pb2.FetchResponse(partitions=partitions))
+
+            def __call__(self, request: Any, timeout: float) -> Any:
+                return self.future(request, timeout).result()
 
         class Stub:
             pass

@@ -376,6 +376,10 @@ class _CountingFetchStub:
         self._owner, self._stub = owner, stub
         self.Fetch = self
 
+    def __call__(self, request: Any, timeout: float) -> Any:
+        self._owner.fetches += 1
+        return self._stub.Fetch(request, timeout=timeout)
+
     def future(self, request: Any, timeout: float) -> Any:
         self._owner.fetches += 1
         return self._stub.Fetch.future(request, timeout=timeout)

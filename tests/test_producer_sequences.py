@@ -177,6 +177,9 @@ class FlakyChannels(ChannelCache):
             def future(self, request: Any, timeout: float) -> Done:
                 return logs.produce(request)
 
+            def __call__(self, request: Any, timeout: float) -> Any:
+                return self.future(request, timeout).result()
+
         class Stub:
             pass
 

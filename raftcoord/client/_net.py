@@ -10,10 +10,12 @@ the last failure as its cause.
 from __future__ import annotations
 
 import itertools
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,77 @@ LOOKUP_TIMEOUT_S = 2.0
 JITTER = 0.2
 #: Backoff (first, longest) between retries of CONCURRENT_TRANSACTIONS answers.
 CONCURRENT_BACKOFF_S = (0.005, 0.05)
+
+
+class CallThreads:
+    """Unary gRPC calls made in parallel on threads that stay.
+
+    A call's ``future()`` makes gRPC start a thread for its channel whenever
+    the channel had no call in flight, and that thread ends with the channel's
+    last call: a producer flushing to a few nodes, or a consumer polling them,
+    started a thread per node per round trip (a third of the client's CPU per
+    flush). Here a blocking call runs on one of up to ``limit`` daemon threads,
+    started as needed and kept; when all are busy the call is a ``future()``
+    as before, so a slow call never holds up another. :meth:`start` returns
+    a future whose ``result()`` is the answer or raises what the call raised
+    (a ``grpc.RpcError``; a ``ValueError`` once the channel is closed)."""
+
+    def __init__(self, limit: int, name: str) -> None:
+        self._limit = limit
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Any, Any, float] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._closed = False
+
+    def start(self, method: Any, request: Any, timeout: float) -> Any:
+        """Begin ``method(request, timeout=timeout)``; returns its future."""
+        with self._lock:
+            if self._closed or (self._idle == 0 and self._threads >= self._limit):
+                return method.future(request, timeout=timeout)
+            if self._idle:
+                self._idle -= 1
+            else:
+                self._threads += 1
+                threading.Thread(
+                    target=self._run, name=f"{self._name}-{self._threads}", daemon=True
+                ).start()
+        future: Future[Any] = Future()
+        self._jobs.put((future, method, request, timeout))
+        return future
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, method, request, timeout = job
+            if not future.set_running_or_notify_cancel():
+                self._free()
+                continue
+            try:
+                answer = method(request, timeout=timeout)
+            except BaseException as exc:  # handed to whoever waits on the future
+                self._free()
+                future.set_exception(exc)
+            else:
+                self._free()
+                future.set_result(answer)
+
+    def _free(self) -> None:
+        """This thread takes the next call (counted before the future's
+        callbacks run, so that a call they or its waiter start reuses it)."""
+        with self._lock:
+            self._idle += 1
+
+    def close(self) -> None:
+        """Let the threads end once their calls are over (closing the channels
+        ends those at once); later calls are futures."""
+        with self._lock:
+            self._closed = True
+            threads = self._threads
+        for _ in range(threads):
+            self._jobs.put(None)
 
 
 def concurrent_backoff(initial_s: float, max_s: float) -> Backoff:

@@ -39,6 +39,7 @@ from raftcoord.client._accumulator import (
 )
 from raftcoord.client._net import (
     JITTER,
+    CallThreads,
     CoordinatorClient,
     Deadline,
     MetadataCache,
@@ -70,6 +71,9 @@ log = logging.getLogger("raftcoord.client.producer")
 FINAL_FAILURES = frozenset({ProduceAction.FAIL, ProduceAction.FAIL_BUMP_EPOCH, ProduceAction.FATAL})
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
 _IDLE_WAIT_S = 0.5
+#: Threads a producer makes its Produce calls on (one per node it writes to,
+#: typically); more calls at once than that go out as futures.
+PRODUCE_CALL_THREADS = 8
 
 
 def now() -> float:
@@ -135,6 +139,8 @@ class Sender:
         self._thread = threading.Thread(
             target=self._run, name=f"raftcoord-producer-sender-{id(self):x}", daemon=True
         )
+        #: Where Produce calls are made (several nodes' at once).
+        self._calls = CallThreads(PRODUCE_CALL_THREADS, f"raftcoord-producer-io-{id(self):x}")
 
     def start(self) -> None:
         self._thread.start()
@@ -196,6 +202,7 @@ class Sender:
             self.closed = True
         for batch in leftovers:
             batch.fail(KafkaError("the producer was closed before the batch was acknowledged"))
+        self._calls.close()
         self.channels.close()
 
     def drop_undrained(self, error: KafkaError) -> None:
@@ -409,8 +416,10 @@ class Sender:
             )
         )
         try:
-            call = self.channels.partition_log(address).Produce.future(
-                request, timeout=self.settings.request_timeout_s
+            call = self._calls.start(
+                self.channels.partition_log(address).Produce,
+                request,
+                self.settings.request_timeout_s,
             )
         except (KafkaConnectionError, ValueError, RuntimeError) as exc:
             # The channel is closed (the producer is closing): fail like transport.

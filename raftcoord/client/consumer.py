@@ -28,6 +28,7 @@ import grpc
 from raftcoord.client._net import (
     ATTEMPT_TIMEOUT_S,
     JITTER,
+    CallThreads,
     CoordinatorClient,
     Deadline,
     MetadataCache,
@@ -64,6 +65,9 @@ _RESET = {
 }
 #: A Fetch or ListOffsets attempt gets at least this long, even in poll(0).
 _MIN_ATTEMPT_S = 1.0
+#: Threads a consumer makes a poll's Fetch calls on (one per node at once,
+#: typically); more calls at once than that go out as futures.
+FETCH_CALL_THREADS = 8
 
 
 class Consumer:
@@ -140,6 +144,8 @@ class Consumer:
         self._channels = channels or client_channels(ssl_cafile, ssl_certfile, ssl_keyfile)
         self._coordinators = CoordinatorClient(bootstrap, self._channels, *backoff)
         self._metadata = MetadataCache(self._coordinators)
+        #: Where the Fetch calls of a poll are made (one per node at once).
+        self._calls = CallThreads(FETCH_CALL_THREADS, f"raftcoord-consumer-io-{id(self):x}")
         self._assignment: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}
         #: Partitions to start from ``auto_offset_reset`` without asking the group.
@@ -168,6 +174,7 @@ class Consumer:
         """Close the connections. Closing twice is a no-op."""
         if not self._closed:
             self._closed = True
+            self._calls.close()
             self._channels.close()
 
     # --- assignment and positions --------------------------------------------------
@@ -350,7 +357,7 @@ class Consumer:
                 ],
             )
             stub = self._channels.partition_log(address)
-            calls.append((address, stub.Fetch.future(request, timeout=timeout)))
+            calls.append((address, self._calls.start(stub.Fetch, request, timeout)))
         records: list[ConsumerRecord] = []
         failed: tuple[TopicPartition, KafkaError] | None = None
         for address, call in calls:
