@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -364,6 +365,8 @@ def end_to_end(
 
 #: What the one-process phase calls each kind of producer.
 PRODUCER_KINDS = {"transactions": "transactional producer", "idempotent": "idempotent producer"}
+#: How the one-process tables name each kind of producer.
+KIND_LABELS = {"transactions": "txn", "idempotent": "idempotent"}
 
 
 def node_roles(cluster: LocalCluster) -> list[dict[str, Any]]:
@@ -396,47 +399,46 @@ def one_process(
         described = admin.describe_topics([TOPIC, SINGLE_REPLICA_TOPIC])
     roles = node_roles(cluster)
     rows = []
-    for topic in (TOPIC, SINGLE_REPLICA_TOPIC):
+    steps = itertools.product(
+        (TOPIC, SINGLE_REPLICA_TOPIC), ("transactions", "idempotent"), options.one_process
+    )
+    for topic, kind, threads in steps:
         factor = described[topic].replication_factor
-        for kind in ("transactions", "idempotent"):
-            for threads in options.one_process:
-                step(
-                    f"one client process, {plural(factor, 'replica')}: "
-                    f"{plural(threads, PRODUCER_KINDS[kind])}"
-                )
-                work = Work(
-                    kind,
-                    bootstrap(cluster),
-                    topic,
-                    TOPIC_PARTITIONS,
-                    id_prefix=f"one-rf{factor}-{kind}-{threads}",
-                    rotate=True,
-                )
-                result = options.load(work, threads, cluster, processes=1)
-                elapsed = result.outcome.elapsed_s
-                node_cpu = {
-                    str(r["node_id"]): round(
-                        100 * result.node_cpu_s.get(r["pid"], 0.0) / elapsed, 1
-                    )
-                    if elapsed
-                    else 0.0
-                    for r in roles
-                }
-                shards = sorted(
-                    {shard_for(work.transactional_id(i), SHARDS) for i in range(threads)}
-                    if kind == "transactions"
-                    else set()
-                )
-                rows.append(
-                    {
-                        "kind": kind,
-                        "producers": threads,
-                        "replication_factor": factor,
-                        **load_figures(result),
-                        "node_cpu_percent": node_cpu,
-                        "transaction_shards": shards,
-                    }
-                )
+        step(
+            f"one client process, {plural(factor, 'replica')}: "
+            f"{plural(threads, PRODUCER_KINDS[kind])}"
+        )
+        work = Work(
+            kind,
+            bootstrap(cluster),
+            topic,
+            TOPIC_PARTITIONS,
+            id_prefix=f"one-rf{factor}-{kind}-{threads}",
+            rotate=True,
+        )
+        result = options.load(work, threads, cluster, processes=1)
+        elapsed = result.outcome.elapsed_s
+        node_cpu = {
+            str(r["node_id"]): round(100 * result.node_cpu_s.get(r["pid"], 0.0) / elapsed, 1)
+            if elapsed
+            else 0.0
+            for r in roles
+        }
+        shards = sorted(
+            {shard_for(work.transactional_id(i), SHARDS) for i in range(threads)}
+            if kind == "transactions"
+            else set()
+        )
+        rows.append(
+            {
+                "kind": kind,
+                "producers": threads,
+                "replication_factor": factor,
+                **load_figures(result),
+                "node_cpu_percent": node_cpu,
+                "transaction_shards": shards,
+            }
+        )
     return {"nodes": roles, "rows": rows}
 
 
@@ -926,7 +928,7 @@ def one_process_table(alone: dict[str, Any]) -> Table:
     rows = []
     for f in alone["rows"]:
         shards = ",".join(str(s) for s in f["transaction_shards"]) or "-"
-        kind = "txn" if f["kind"] == "transactions" else "idempotent"
+        kind = KIND_LABELS[f["kind"]]
         per_s, p50, p99, _, cluster_cpu, client_cpu, _, failed = _load_cells(f)
         rows.append(
             [
@@ -964,7 +966,7 @@ def replication_table(rows: list[dict[str, Any]]) -> Table:
         base = single.get((f["kind"], f["producers"]))
         if f["replication_factor"] == 1 or base is None or not base["per_s"]:
             continue
-        kind = "txn" if f["kind"] == "transactions" else "idempotent"
+        kind = KIND_LABELS[f["kind"]]
         cells.append(
             [
                 f"{f['producers']} {kind}, RF {f['replication_factor']} / RF 1",
