@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from raftcoord.cluster.launcher import LOWEST_FREE_PORT, ephemeral_ports_start, free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -236,3 +238,11 @@ def test_cluster_up_help_explains_every_option_with_its_default() -> None:
     ]:
         text = options.split(option, 1)[1].split("\n  --", 1)[0]
         assert f"(default: {default})" in " ".join(text.split()), (option, text)
+
+
+def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
+    """A node's ports are never ones the kernel could hand to an outgoing
+    connection while the node is down (it listens on them again at restart)."""
+    ports = free_ports(40)
+    assert len(set(ports)) == 40
+    assert all(LOWEST_FREE_PORT <= p < ephemeral_ports_start() for p in ports), ports

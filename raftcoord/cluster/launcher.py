@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -153,14 +154,39 @@ class ClusterState:
         )
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1."""
-    sockets = []
+#: The lowest port :func:`free_ports` hands out.
+LOWEST_FREE_PORT = 10_000
+
+
+def ephemeral_ports_start() -> int:
+    """The first port the kernel hands to outgoing connections."""
     try:
-        for _ in range(count):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1, below the kernel's range
+    of ephemeral ports: a node killed and started again listens on its ports
+    again, which an outgoing connection made while it was down could have
+    taken as its own local port had they been ephemeral."""
+    top = ephemeral_ports_start()
+    candidates = random.sample(range(LOWEST_FREE_PORT, top), top - LOWEST_FREE_PORT)
+    sockets: list[socket.socket] = []
+    try:
+        for port in candidates:
+            if len(sockets) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             sockets.append(s)
+        if len(sockets) < count:
+            raise ClusterError(f"fewer than {count} free ports below {top}")
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
@@ -682,11 +708,20 @@ class LocalCluster:
             raise ClusterError(f"node {node_id} is running (pid {record.pid})")
         self._spawn(record)
         self._save()
-        self.wait_until(
-            lambda: self.node_status(node_id) is not None,
-            timeout_s,
-            f"node {node_id} did not answer",
-        )
+
+        def answered() -> bool:
+            if not self.alive(node_id):
+                try:
+                    lines = Path(record.log).read_text(errors="replace").splitlines()[-5:]
+                except OSError as exc:
+                    lines = [f"(unreadable: {exc})"]
+                raise ClusterError(
+                    f"node {node_id} exited while starting; the end of {record.log}:\n"
+                    + "\n".join(lines)
+                )
+            return self.node_status(node_id) is not None
+
+        self.wait_until(answered, timeout_s, f"node {node_id} did not answer")
 
     def kill(self, node_id: int, sig: str = "KILL") -> None:
         """Send ``sig`` (KILL, STOP, CONT or TERM) to one node."""
