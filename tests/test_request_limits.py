@@ -246,12 +246,22 @@ def test_too_long_ids_are_refused_at_once_and_the_largest_legal_ones_replicate(
             ]
 
         client.until(visible, 15, "the committed offsets did not become visible")
-        described = client.call(
-            LARGEST_TID,
-            "DescribeTransactions",
-            coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[LARGEST_TID]),
+
+        def state() -> int:
+            described = client.call(
+                LARGEST_TID,
+                "DescribeTransactions",
+                coordinator_pb2.DescribeTransactionsRequest(transactional_ids=[LARGEST_TID]),
+            )
+            return int(described.transactions[0].state)
+
+        # The offsets show once the group's marker is written; the transaction
+        # completes with the entry that follows it.
+        client.until(
+            lambda: state() == common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT,
+            15,
+            "the transaction did not complete",
         )
-        assert described.transactions[0].state == common_pb2.TRANSACTION_STATE_COMPLETE_COMMIT
         digests(cluster)  # every replica applied the same entries
         for node in cluster.coordinators():  # and none failed on the way
             text = Path(node.log).read_text(encoding="utf-8", errors="replace")
