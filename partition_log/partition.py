@@ -119,8 +119,9 @@ class Partition:
     ) -> None:
         """Open (and recover) the partition in ``directory``. ``on_change`` is called
         with the partition's lock held after each change a leader's readers may see,
-        with True when the log grew or was cut (:meth:`LogChanges.changed`): it wakes
-        parked fetches. ``clean_start``: the node stopped cleanly before (every write
+        with True when followers may have something new to fetch (the log grew and
+        has other replicas, was cut, or gained a replica; :meth:`LogChanges.changed`):
+        it wakes parked fetches. ``clean_start``: the node stopped cleanly before (every write
         reached the disk). ``on_reservation_due`` is called when fewer than half
         a block of reserved offsets remain (:meth:`reservation_due`)."""
         self.topic = topic
@@ -376,11 +377,14 @@ class Partition:
                 self.follower_ends, self.caught_up_at, self._last_fetch = {}, {}, {}
                 self._leading_since = time.monotonic()
             self.leading = True
+            joined = (followers | in_sync_followers) - self.followers
             self.followers = followers | in_sync_followers
             self.in_sync_followers = in_sync_followers
             self.min_insync_replicas = min_insync_replicas
             self._advance_high_watermark()
             self._replication.notify_all()
+            if joined:  # their fetches may have parked while the appends woke none
+                self._on_change(True)
 
     def wanted_in_sync(self, now: float, lag_s: float) -> frozenset[int] | None:
         """While leading, the followers that should be in sync now when that
@@ -623,15 +627,16 @@ class Partition:
         when that rolled a new segment, snapshot the state as of the new
         segment's base offset (the batch is not in the state yet), as Kafka
         does at every roll. A batch of this replica's own (not ``replicated``
-        from the leader) moves the high watermark and wakes parked fetches;
-        nothing fetches from a follower."""
+        from the leader) moves the high watermark and wakes parked fetches,
+        followers' only when the partition has other replicas; nothing
+        fetches from a follower."""
         active = self.store.active_base_offset
         base = self.store.append(batch, sync)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
         if not replicated:
             self._advance_high_watermark(wake_fetches=False)
-            self._on_change(True)
+            self._on_change(bool(self.followers))
         return base
 
     # --- replication ---------------------------------------------------------------

@@ -203,20 +203,38 @@ def test_followers_wait_for_appends_and_consumers_for_the_high_watermark(
     try:
         leader.lead(1, in_sync_followers=frozenset({2}), followers=frozenset({2}))
         follower.follow(1)
-        send(leader, b"one")
+        # The follower that joined may have parked a fetch: woken.
         assert (changes.generation, changes.appended) == (1, 1)
+        send(leader, b"one")
+        assert (changes.generation, changes.appended) == (2, 2)
         assert leader.high_watermark == 0  # the follower does not have it yet
         read = leader.replica_read(2, 0, -1, 1 << 20)
         follower.append_replicated([read.records])
         assert (follower_changes.generation, follower_changes.appended) == (0, 0)
         leader.replica_read(2, follower.log_end(), 1, 1 << 20)
         assert leader.high_watermark == 1
-        assert (changes.generation, changes.appended) == (2, 1)
-        # A parked ReplicaFetch waits on `appended`: one that saw 1 waits its time out.
+        assert (changes.generation, changes.appended) == (3, 2)
+        # A parked ReplicaFetch waits on `appended`: one that saw 2 waits its time out.
         started = time.monotonic()
-        changes.wait_appended_past(1, 0.05)
+        changes.wait_appended_past(2, 0.05)
         assert time.monotonic() - started >= 0.05
+        # The same replicas again wake nothing.
+        leader.lead(1, in_sync_followers=frozenset({2}), followers=frozenset({2}))
+        assert (changes.generation, changes.appended) == (3, 2)
     finally:
         changes.close()
         leader.close()
         follower.close()
+
+
+def test_appends_to_a_partition_without_other_replicas_wake_no_replica_fetch(
+    node: tuple[Partition, LogChanges],
+) -> None:
+    """Parked ReplicaFetches of a node's replicated partitions sleep through
+    the appends of its partitions of one replica (nobody fetches those)."""
+    part, changes = node
+    part.lead(1)
+    send(part, b"one")
+    send(part, b"two")
+    assert part.high_watermark == 2
+    assert (changes.generation, changes.appended) == (2, 0)
