@@ -55,7 +55,10 @@ class Leader:
     core: LeaderCore = field(init=False)
 
     def __post_init__(self) -> None:
-        self.core = LeaderCore(self.machine.state.pids.layout, lambda: self.now_ms)
+        # Each command is proposed alone, at once: no completion is held back.
+        self.core = LeaderCore(
+            self.machine.state.pids.layout, lambda: self.now_ms, completion_linger_ms=0
+        )
         self.core.elected(1)
 
     @classmethod

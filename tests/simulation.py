@@ -661,7 +661,8 @@ class Simulation:
                 lambda tid: self.fold(leadership, tid),
             )
             if batch is not None:  # else an entry is in flight: the queue waits
-                leadership.queue = batch.waiting  # waiting for a block, in order
+                # Held completions, then what waits for a block, in order.
+                leadership.queue = batch.lingering + batch.waiting
                 for tid, held in batch.parked:
                     if not self.hold(leadership, held, tid):
                         held.reply(Outcome(error=ErrorCode.CONCURRENT_TRANSACTIONS))

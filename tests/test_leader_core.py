@@ -25,6 +25,7 @@ from fsm import (
 )
 from fsm.partitions import imbalanced
 from raftcoord.coordinator.leader import (
+    COMPLETION_LINGER_MS,
     FIRST_CHECK_MS,
     MAX_ENTRIES_IN_FLIGHT,
     PARK_MARGIN_MS,
@@ -351,6 +352,47 @@ def test_requests_parked_behind_a_completion_go_into_its_entry_right_behind_it()
     assert [type(c) for c in batch.commands] == [MarkersWritten, AddPartitions, AddPartitions]
     assert batch.parked == [("x", before_x), ("y", after_y)]
     assert parking.release("y") == [held_y] and parking.count == 0
+
+
+def test_a_completion_nobody_waits_for_is_held_back_for_the_next_request() -> None:
+    """A completion no request of its id waits for is held back until one
+    comes (which then shares its entry) or COMPLETION_LINGER_MS are over."""
+    clock = FakeClock()
+    leader, parking = core(clock=clock), Parking[Queued]()
+    completion, other = Queued(markers_written("x")), Queued(add_offsets("b"))
+    batch = leader.batch([completion, other], leader.stamp(), never, nowhere, parking.release)
+    assert batch is not None
+    assert batch.requests == [other] and batch.lingering == [completion]
+    assert batch.linger_until_ms == clock.now_ms + COMPLETION_LINGER_MS
+    leader.entry_done(7)
+    # x's producer goes on: its add arrives and goes in right behind the completion.
+    clock.now_ms += COMPLETION_LINGER_MS - 1
+    following = Queued(add("x", 1))
+    batch = leader.batch(
+        [completion, following], leader.stamp(), never, lambda command: True, parking.release
+    )
+    assert batch is not None and not batch.lingering and batch.linger_until_ms is None
+    assert batch.requests == [completion, following]
+    leader.entry_done(7)
+    # Nobody comes for y's completion: it goes alone once its time is over,
+    # counted from when it was first held.
+    lone = Queued(markers_written("y"))
+    for _ in range(COMPLETION_LINGER_MS):
+        batch = leader.batch([lone], leader.stamp(), never, nowhere, parking.release)
+        assert batch is not None and batch.lingering == [lone] and not batch.requests
+        clock.now_ms += 1
+    batch = leader.batch([lone], leader.stamp(), never, nowhere, parking.release)
+    assert batch is not None and batch.requests == [lone] and not batch.lingering
+    assert leader.lingering == {}
+
+
+def test_a_completion_with_a_parked_request_is_not_held_back() -> None:
+    leader, parking = core(), Parking[Queued]()
+    held = Queued(add("x", 1))
+    parking.park("x", held, 10**9)
+    completion = Queued(markers_written("x"))
+    batch = leader.batch([completion], leader.stamp(), never, nowhere, parking.release)
+    assert batch is not None and batch.requests == [completion, held] and not batch.lingering
 
 
 def test_parked_requests_are_released_per_transactional_id_in_order() -> None:

@@ -81,6 +81,14 @@ from pid_allocator import PidBlock, PidCursor, PidLayout
 #: entry, so under load one Raft entry (and one fsync) carries many requests.
 MAX_ENTRIES_IN_FLIGHT = 1
 
+#: A completion (``MarkersWritten``) that no request of its transactional
+#: id waits for yet is held back this long for one: a producer that goes on
+#: sends its next transaction's first request (the partition-log nodes'
+#: add) within a few milliseconds of EndTxn's answer, usually while the
+#: markers are written, sometimes just after. Held, the completion and that
+#: request share one entry instead of taking one each.
+COMPLETION_LINGER_MS = 5
+
 #: A parked request is answered this long before its caller's deadline at
 #: the latest, leaving time for the answer to arrive: a request whose caller
 #: gave up never runs later.
@@ -171,15 +179,20 @@ Q = TypeVar("Q", bound=Queued)
 @dataclass
 class Batch(Generic[Q]):
     """The requests of the next entry, with its commands (reads have none),
-    the requests left waiting for a producer-id block, in order, and the
-    requests to park (with their transactional id) instead of proposing, and
-    those to answer CONCURRENT_TRANSACTIONS now (not parkable)."""
+    the requests left waiting for a producer-id block, in order, the
+    requests to park (with their transactional id) instead of proposing,
+    those to answer CONCURRENT_TRANSACTIONS now (not parkable), and the
+    completions held back (:data:`COMPLETION_LINGER_MS`)."""
 
     requests: list[Q] = field(default_factory=list)
     commands: list[Command] = field(default_factory=list)
     waiting: list[Q] = field(default_factory=list)
     parked: list[tuple[str, Q]] = field(default_factory=list)
     concurrent: list[Q] = field(default_factory=list)
+    #: Completions held back for a request of their transactional id (they
+    #: wait, ahead of :attr:`waiting`), and when the first of them is due.
+    lingering: list[Q] = field(default_factory=list)
+    linger_until_ms: int | None = None
 
 
 class LeaderClock:
@@ -237,8 +250,11 @@ class LeaderCore:
         layout: PidLayout,
         clock: Callable[[], int],
         checks: ImbalanceChecks | None = None,
+        completion_linger_ms: int = COMPLETION_LINGER_MS,
     ) -> None:
         self.layout = layout
+        #: How long a completion is held back for a request of its id.
+        self.completion_linger_ms = completion_linger_ms
         self.clock = clock  # milliseconds
         #: When the node checks its leaderships (without a node: as if it
         #: started at time 0, with Kafka's default interval).
@@ -257,6 +273,8 @@ class LeaderCore:
         self.forced = False
         #: No new entry before this time: a leadership transfer is under way.
         self.hold_until = 0
+        #: Transactional id -> until when its completion is held back.
+        self.lingering: dict[str, int] = {}
 
     # --- leadership ----------------------------------------------------------------
 
@@ -265,6 +283,7 @@ class LeaderCore:
         the ids left from an earlier leadership are skipped, never reused."""
         self.epoch = epoch
         self.in_flight = 0
+        self.lingering = {}
         self.transfer_at = None
         self.forced = False
         self.hold_until = 0
@@ -384,12 +403,18 @@ class LeaderCore:
         answered as they would be in the next entry, one entry sooner. One
         that the completion does not settle (markers still missing) is
         answered CONCURRENT_TRANSACTIONS by the state machine and parked
-        again when the entry applies."""
+        again when the entry applies.
+
+        A completion that no request of its transactional id waits for
+        (parked, or among ``queued``) is held back (:attr:`Batch.lingering`)
+        until one arrives or :attr:`completion_linger_ms` after it was first
+        held, whichever is first."""
         if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
         batch: Batch[Q] = Batch()
         pending = list(queued)
         completing: set[str] = set()  # ids whose MarkersWritten is in this entry
+        arriving: set[str] | None = None  # ids of the queued requests that may wait
         i = 0
         while i < len(pending):
             request = pending[i]
@@ -408,6 +433,20 @@ class LeaderCore:
                 else:
                     batch.concurrent.append(request)
                 continue
+            released: Sequence[Q] = ()
+            if isinstance(unstamped, MarkersWritten):
+                tid = unstamped.transactional_id
+                released = release(tid)
+                if not released:
+                    if arriving is None:
+                        arriving = _waiting_ids(queued, stamp)
+                    until = self.lingering.setdefault(tid, stamp.now_ms + self.completion_linger_ms)
+                    if tid not in arriving and stamp.now_ms < until:
+                        batch.lingering.append(request)
+                        if batch.linger_until_ms is None or until < batch.linger_until_ms:
+                            batch.linger_until_ms = until
+                        continue
+                self.lingering.pop(tid, None)
             command = self._with_producer_id(unstamped, request.build, stamp, needs)
             if command is None:  # waiting for a producer-id block; keep the order
                 batch.waiting = pending[i - 1 :]
@@ -416,7 +455,7 @@ class LeaderCore:
             batch.commands.append(command)
             if isinstance(command, MarkersWritten):
                 completing.add(command.transactional_id)
-                pending[i:i] = release(command.transactional_id)
+                pending[i:i] = released
         if batch.requests:
             self.in_flight += 1
         return batch
@@ -425,6 +464,18 @@ class LeaderCore:
         """An entry proposed with coordinator epoch ``epoch`` was applied or dropped."""
         if epoch == self.epoch:
             self.in_flight -= 1
+
+
+def _waiting_ids(queued: Sequence[Queued], stamp: Stamp) -> set[str]:
+    """The transactional ids of the requests among ``queued`` that may wait
+    for a completion."""
+    ids = set()
+    for request in queued:
+        if request.build is not None:
+            command = request.build(stamp)
+            if isinstance(command, WAITING_COMMANDS):
+                ids.add(command.transactional_id)
+    return ids
 
 
 def covering_outcome(

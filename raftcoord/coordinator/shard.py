@@ -332,6 +332,8 @@ class Shard:
         #: Requests queued together go out in the same entry.
         self._queue: queue.SimpleQueue[list[Request]] = queue.SimpleQueue()
         self._waiting: list[Request] = []
+        #: When the first completion held back in :attr:`_waiting` is due.
+        self._linger_until_ms: int | None = None
         #: The adds of the entry this leader applied last, with their
         #: outcomes, and :meth:`change_count` right after it (tick thread):
         #: see :meth:`_answer_covered_adds`.
@@ -480,6 +482,8 @@ class Shard:
                 _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
             self._transfer_to_preferred(stamp.now_ms)
             self._propose_batch(stamp)
+            if self._linger_until_ms is not None:  # a held completion is due then
+                wait_s = min(wait_s, max(0.0, (self._linger_until_ms - stamp.now_ms) / 1000))
         self.replica.tick(wait_s)
 
     def _track_leadership(self) -> None:
@@ -617,6 +621,7 @@ class Shard:
                 return drained
 
     def _propose_batch(self, stamp: Stamp) -> None:
+        self._linger_until_ms = None
         with self._core_lock:
             block_due = self.core.block_due(stamp.now_ms)
         if block_due:
@@ -635,7 +640,8 @@ class Shard:
         if batch is None:  # entries in flight: the requests go out together next
             self._waiting = requests
             return
-        self._waiting = batch.waiting
+        self._waiting = batch.lingering + batch.waiting
+        self._linger_until_ms = batch.linger_until_ms
         for tid, request in batch.parked:
             if not self._hold(request, tid, stamp.now_ms):
                 _fail(request, ErrorCode.CONCURRENT_TRANSACTIONS)
