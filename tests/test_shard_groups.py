@@ -154,3 +154,21 @@ def test_a_snapshot_beyond_the_last_line_is_written_as_a_marker(tmp_path: Path) 
     reopened = TransitionsLog(path, 3)
     reopened.close()
     assert reopened.last_index == 30_000
+
+
+def test_a_follower_that_knows_its_leader_waits_longer_between_ticks(
+    shard: Shard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaders keep their timers every tick; a follower hearing from its
+    leader (whose heartbeats wake it) waits up to follower_wait_ms, and
+    one without a leader (an election is due) every tick again."""
+    waits: list[float] = []
+    monkeypatch.setattr(shard.timers, "follower_wait_ms", 75.0)
+    monkeypatch.setattr(shard.replica, "tick", waits.append)
+    shard.tick(0.005)
+    monkeypatch.setattr(shard.replica, "is_leader", lambda: False)
+    monkeypatch.setattr(shard.replica, "leader_address", lambda: "127.0.0.1:1")
+    shard.tick(0.005)
+    monkeypatch.setattr(shard.replica, "leader_address", lambda: None)
+    shard.tick(0.005)
+    assert waits == [0.005, 0.075, 0.005]

@@ -43,6 +43,7 @@ from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import (
     CALLER_DEADLINE,
+    FOLLOWER_WAIT_SHARE,
     Reader,
     Shard,
     ShardStatus,
@@ -255,6 +256,7 @@ class CoordinatorNode:
             settings.abort_timed_out_cleanup_interval_ms,
             settings.remove_expired_cleanup_interval_ms,
             settings.transaction_park_timeout_ms,
+            follower_wait_ms=low * FOLLOWER_WAIT_SHARE,
         )
 
         def replica_factory(

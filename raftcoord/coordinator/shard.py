@@ -177,6 +177,13 @@ class Request:
     parkable: bool = True
 
 
+#: A follower that hears from its leader waits for Raft messages this share
+#: of the lowest election timeout at most between ticks: the leader's
+#: heartbeats wake it more often, and without them it notices the missing
+#: leader this much late at most.
+FOLLOWER_WAIT_SHARE = 0.25
+
+
 @dataclass
 class ShardTimers:
     """Leader duties' periods, in milliseconds."""
@@ -185,6 +192,11 @@ class ShardTimers:
     expire_interval_ms: int
     #: How long a request may stay parked (from its first parking).
     park_timeout_ms: int
+    #: The longest a follower that knows its leader waits between ticks
+    #: (0: as long as a leader, ``raft.tick.ms``). Leaders, candidates and
+    #: followers without a leader tick every ``raft.tick.ms``: their timers
+    #: (heartbeats, sweeps, parked requests, elections) are theirs to keep.
+    follower_wait_ms: float = 0.0
 
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
@@ -473,7 +485,9 @@ class Shard:
 
     def tick(self, wait_s: float) -> None:
         """One round of leader duties, then one pysyncobj tick that waits up
-        to ``wait_s`` for I/O (a new request wakes it through :attr:`wake`)."""
+        to ``wait_s`` for I/O (a new request wakes it through :attr:`wake`);
+        a follower that knows its leader up to :attr:`ShardTimers.follower_wait_ms`
+        if that is longer."""
         self._track_leadership()
         if self.is_leader and self.ready:
             stamp = self.core.stamp()
@@ -484,6 +498,8 @@ class Shard:
             self._propose_batch(stamp)
             if self._linger_until_ms is not None:  # a held completion is due then
                 wait_s = min(wait_s, max(0.0, (self._linger_until_ms - stamp.now_ms) / 1000))
+        elif not self.is_leader and self.replica.leader_address() is not None:
+            wait_s = max(wait_s, self.timers.follower_wait_ms / 1000)
         self.replica.tick(wait_s)
 
     def _track_leadership(self) -> None:
