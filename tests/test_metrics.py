@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 from prometheus_client.core import Metric
 
@@ -255,3 +256,41 @@ def test_quantile_is_the_nearest_rank() -> None:
 def test_each_registry_is_its_own(kind: str) -> None:
     """Two processes' worth in one interpreter (the tests) do not collide."""
     assert registries()[kind] == registries()[kind]
+
+
+def test_a_method_s_measured_handler_is_made_once_and_counts_every_call() -> None:
+    metrics = Metrics()
+    interceptor = RpcMetrics(metrics)
+    answers = iter(
+        [
+            partition_log_pb2.ProduceResponse(),
+            partition_log_pb2.ProduceResponse(
+                partitions=[
+                    partition_log_pb2.PartitionProduceResponse(
+                        error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    )
+                ]
+            ),
+        ]
+    )
+    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: next(answers))
+    asked: list[str] = []
+
+    def continuation(details: Any) -> Any:
+        asked.append(details.method)
+        return handler
+
+    details = SimpleNamespace(method="/raftcoord.v1.PartitionLog/Produce")
+    first = interceptor.intercept_service(continuation, details)
+    assert interceptor.intercept_service(continuation, details) is first
+    assert asked == [details.method]
+    request = partition_log_pb2.ProduceRequest()
+    first.unary_unary(request, None)
+    first.unary_unary(request, None)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"method": "Produce", **labels})
+
+    assert sample("raftcoord_rpc_requests_total", code="NONE") == 1
+    assert sample("raftcoord_rpc_requests_total", code="NOT_LEADER_OR_FOLLOWER") == 1
+    assert sample("raftcoord_rpc_duration_seconds_count") == 2

@@ -170,7 +170,11 @@ def _error_reader(descriptor: Any) -> Callable[[Any], int]:
 class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
     """Counts and times every unary call of a gRPC server by method and by
     the error code of its answer (``grpc_<STATUS>`` when the call failed at
-    the gRPC level), with the bytes received and sent."""
+    the gRPC level), with the bytes received and sent.
+
+    gRPC asks the interceptor for every call; the measured handler of a
+    method (with its metrics' children) is made once and kept, as the
+    servers' handlers depend on the method only."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._requests = metrics.counter(
@@ -189,6 +193,8 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         )
         self._readers: dict[str, Callable[[Any], int]] = {}
         self._unreadable: set[str] = set()
+        #: Full method name -> its handler as this interceptor returns it.
+        self._handlers: dict[str, Any] = {}
 
     def _reader(self, response: Any) -> Callable[[Any], int]:
         descriptor = response.DESCRIPTOR
@@ -197,28 +203,41 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
             reader = self._readers[descriptor.full_name] = _error_reader(descriptor)
         return reader
 
-    def _count(self, method: str, failed: str | None, request: Any, response: Any) -> None:
-        """Count one call; a response this cannot read is counted ``UNKNOWN``
-        (and logged once): measuring never fails a call."""
-        code = failed or "UNKNOWN"
-        try:
-            self._received.labels(method).inc(request.ByteSize())
-            if response is not None:
-                self._sent.labels(method).inc(response.ByteSize())
-                code = error_name(self._reader(response)(response))
-        except Exception:
-            if method not in self._unreadable:
-                self._unreadable.add(method)
-                log.exception("event=metrics_failed method=%s", method)
-        self._requests.labels(method, code).inc()
-
     def intercept_service(self, continuation: Any, details: Any) -> Any:
+        try:
+            return self._handlers[details.method]
+        except KeyError:
+            pass
         handler = continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
+        if handler is not None and handler.unary_unary is not None:
+            handler = self._measured(handler, details.method.rsplit("/", 1)[-1])
+        self._handlers[details.method] = handler
+        return handler
+
+    def _measured(self, handler: Any, method: str) -> Any:
         behavior = handler.unary_unary
-        method = details.method.rsplit("/", 1)[-1]
         latency = self._latency.labels(method)
+        received = self._received.labels(method)
+        sent = self._sent.labels(method)
+        by_code: dict[str, Any] = {}
+
+        def count(failed: str | None, request: Any, response: Any) -> None:
+            """Count one call; a response this cannot read is counted
+            ``UNKNOWN`` (and logged once): measuring never fails a call."""
+            code = failed or "UNKNOWN"
+            try:
+                received.inc(request.ByteSize())
+                if response is not None:
+                    sent.inc(response.ByteSize())
+                    code = error_name(self._reader(response)(response))
+            except Exception:
+                if method not in self._unreadable:
+                    self._unreadable.add(method)
+                    log.exception("event=metrics_failed method=%s", method)
+            requests = by_code.get(code)
+            if requests is None:
+                requests = by_code[code] = self._requests.labels(method, code)
+            requests.inc()
 
         def measured(request: Any, context: Any) -> Any:
             started = time.perf_counter()
@@ -226,11 +245,11 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
                 response = behavior(request, context)
             except BaseException:
                 status = context.code()  # set by abort(); None: the handler raised
-                self._count(method, f"grpc_{getattr(status, 'name', 'UNKNOWN')}", request, None)
+                count(f"grpc_{getattr(status, 'name', 'UNKNOWN')}", request, None)
                 latency.observe(time.perf_counter() - started)
                 raise
             latency.observe(time.perf_counter() - started)
-            self._count(method, None, request, response)
+            count(None, request, response)
             return response
 
         return grpc.unary_unary_rpc_method_handler(
