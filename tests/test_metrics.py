@@ -284,6 +284,10 @@ def test_a_method_s_measured_handler_is_made_once_and_counts_every_call() -> Non
     first = interceptor.intercept_service(continuation, details)
     assert interceptor.intercept_service(continuation, details) is first
     assert asked == [details.method]
+    # A method the server does not have is asked for every time, kept never.
+    for name in ("/x/A", "/x/B"):
+        assert interceptor.intercept_service(lambda d: None, SimpleNamespace(method=name)) is None
+    assert list(interceptor._handlers) == [details.method]
     request = partition_log_pb2.ProduceRequest()
     first.unary_unary(request, None)
     first.unary_unary(request, None)

@@ -193,7 +193,8 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         )
         self._readers: dict[str, Callable[[Any], int]] = {}
         self._unreadable: set[str] = set()
-        #: Full method name -> its handler as this interceptor returns it.
+        #: Full method name -> its handler as this interceptor returns it
+        #: (the server's methods only).
         self._handlers: dict[str, Any] = {}
 
     def _reader(self, response: Any) -> Callable[[Any], int]:
@@ -209,7 +210,9 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         except KeyError:
             pass
         handler = continuation(details)
-        if handler is not None and handler.unary_unary is not None:
+        if handler is None:  # no such method: nothing kept for names callers make up
+            return None
+        if handler.unary_unary is not None:
             handler = self._measured(handler, details.method.rsplit("/", 1)[-1])
         self._handlers[details.method] = handler
         return handler
