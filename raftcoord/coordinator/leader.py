@@ -412,17 +412,22 @@ class LeaderCore:
         if self.in_flight >= MAX_ENTRIES_IN_FLIGHT or stamp.now_ms < self.hold_until:
             return None
         batch: Batch[Q] = Batch()
-        pending = list(queued)
+
+        def stamped(request: Q) -> tuple[Q, Command | None]:
+            """The request with its command as stamped now (None: a read)."""
+            return request, None if request.build is None else request.build(stamp)
+
+        pending = [stamped(r) for r in queued]
         completing: set[str] = set()  # ids whose MarkersWritten is in this entry
-        arriving: set[str] | None = None  # ids of the queued requests that may wait
+        # ids of the queued requests that may wait for a completion
+        arriving = {c.transactional_id for _, c in pending if isinstance(c, WAITING_COMMANDS)}
         i = 0
         while i < len(pending):
-            request = pending[i]
+            request, unstamped = pending[i]
             i += 1
-            if request.build is None:
+            if unstamped is None:
                 batch.requests.append(request)
                 continue
-            unstamped = request.build(stamp)
             if (
                 isinstance(unstamped, WAITING_COMMANDS)
                 and unstamped.transactional_id not in completing
@@ -437,25 +442,24 @@ class LeaderCore:
             if isinstance(unstamped, MarkersWritten):
                 tid = unstamped.transactional_id
                 released = release(tid)
-                if not released:
-                    if arriving is None:
-                        arriving = _waiting_ids(queued, stamp)
+                if not released and tid not in arriving:
                     until = self.lingering.setdefault(tid, stamp.now_ms + self.completion_linger_ms)
-                    if tid not in arriving and stamp.now_ms < until:
+                    if stamp.now_ms < until:
                         batch.lingering.append(request)
                         if batch.linger_until_ms is None or until < batch.linger_until_ms:
                             batch.linger_until_ms = until
                         continue
                 self.lingering.pop(tid, None)
+            assert request.build is not None
             command = self._with_producer_id(unstamped, request.build, stamp, needs)
             if command is None:  # waiting for a producer-id block; keep the order
-                batch.waiting = pending[i - 1 :]
+                batch.waiting = [r for r, _ in pending[i - 1 :]]
                 break
             batch.requests.append(request)
             batch.commands.append(command)
             if isinstance(command, MarkersWritten):
                 completing.add(command.transactional_id)
-                pending[i:i] = released
+                pending[i:i] = [stamped(r) for r in released]
         if batch.requests:
             self.in_flight += 1
         return batch
@@ -464,18 +468,6 @@ class LeaderCore:
         """An entry proposed with coordinator epoch ``epoch`` was applied or dropped."""
         if epoch == self.epoch:
             self.in_flight -= 1
-
-
-def _waiting_ids(queued: Sequence[Queued], stamp: Stamp) -> set[str]:
-    """The transactional ids of the requests among ``queued`` that may wait
-    for a completion."""
-    ids = set()
-    for request in queued:
-        if request.build is not None:
-            command = request.build(stamp)
-            if isinstance(command, WAITING_COMMANDS):
-                ids.add(command.transactional_id)
-    return ids
 
 
 def covering_outcome(
