@@ -12,8 +12,12 @@ certificate: the RPC serves no one else).
 
 from __future__ import annotations
 
+import functools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -26,6 +30,16 @@ from raftcoord.protocol.v1 import data_files_pb2, data_files_pb2_grpc
 #: Seconds to list one node's files, and to stream one file.
 LIST_TIMEOUT_S = 30.0
 FETCH_TIMEOUT_S = 600.0
+
+#: Seconds a node that cannot be reached (UNAVAILABLE) is tried again before
+#: its files count as unreadable: a connection attempt that fails once (a
+#: busy machine, a handshake cut short) is not a lost file. Reads change
+#: nothing on the node, so trying one again is safe.
+UNAVAILABLE_WINDOW_S = 30.0
+#: Seconds between two tries of a read the node answered UNAVAILABLE.
+UNAVAILABLE_PAUSE_S = 0.2
+
+T = TypeVar("T")
 
 #: The data sources' options that name the TLS files, in :attr:`Cluster.tls`'s order.
 TLS_OPTIONS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
@@ -84,8 +98,11 @@ def list_nodes(cluster: Cluster, kind: str) -> list[NodeFiles]:
     for node in nodes:
         try:
             with _channel(cluster, node.grpc) as channel:
-                answer = data_files_pb2_grpc.DataFilesStub(channel).ListDataFiles(
-                    data_files_pb2.ListDataFilesRequest(), timeout=LIST_TIMEOUT_S
+                stub = data_files_pb2_grpc.DataFilesStub(channel)
+                request = data_files_pb2.ListDataFilesRequest()
+                answer = _read(
+                    channel,
+                    functools.partial(stub.ListDataFiles, request, timeout=LIST_TIMEOUT_S),
                 )
         except grpc.RpcError as exc:
             listed.append(
@@ -122,8 +139,11 @@ class Fetcher:
             return b""
         request = data_files_pb2.ReadDataFileRequest(name=name, offset=0, length=size)
         try:
-            data = b"".join(
-                c.data for c in self.stub.ReadDataFile(request, timeout=FETCH_TIMEOUT_S)
+            data = _read(
+                self.channel,
+                lambda: b"".join(
+                    c.data for c in self.stub.ReadDataFile(request, timeout=FETCH_TIMEOUT_S)
+                ),
             )
         except grpc.RpcError as exc:
             raise OSError(f"{name}: {_unreachable(self.address, exc)}") from None
@@ -133,6 +153,28 @@ class Fetcher:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _read(channel: grpc.Channel, call: Callable[[], T]) -> T:
+    """``call()``, tried again while it fails with UNAVAILABLE, for up to
+    :data:`UNAVAILABLE_WINDOW_S` (each try waits for ``channel`` to connect
+    within what is left of it); then its last error is raised."""
+    deadline = time.monotonic() + UNAVAILABLE_WINDOW_S
+    while True:
+        ready = grpc.channel_ready_future(channel)
+        try:
+            ready.result(timeout=max(0.0, deadline - time.monotonic()))
+        except grpc.FutureTimeoutError:
+            pass  # the call says why
+        finally:
+            ready.cancel()
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code is not grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                raise
+        time.sleep(UNAVAILABLE_PAUSE_S)
 
 
 def _channel(cluster: Cluster, address: str) -> grpc.Channel:

@@ -6,11 +6,19 @@ and only the very last line of a transitions log may be torn."""
 from __future__ import annotations
 
 import struct
+import threading
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
+
 from raftcoord.cluster.launcher import free_ports
-from spark.nodes import Cluster
+from raftcoord.protocol.data_files import PARTITION_LOG, DataFilesService
+from raftcoord.protocol.v1 import data_files_pb2_grpc
+from spark import nodes
+from spark.nodes import Cluster, Fetcher
 from spark.sources import (
     HISTORY_SCHEMA,
     SEGMENTS_SCHEMA,
@@ -260,9 +268,12 @@ def test_a_snapshot_marker_line_is_read_as_one() -> None:
     assert dict(zip(TRANSITION_COLUMNS, row, strict=True))["snapshot"] is False
 
 
-def test_a_node_that_cannot_be_listed_is_unreadable_data(tmp_path: Path) -> None:
+def test_a_node_that_cannot_be_listed_is_unreadable_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Read over the network, a node that does not answer is a row of its own
     with the reason (so ``unreadable-data`` fails), never a node left out."""
+    monkeypatch.setattr(nodes, "UNAVAILABLE_WINDOW_S", 0.5)
     closed = free_ports(3)  # nothing listens there
     config = tmp_path / "cluster.toml"
     config.write_text(
@@ -280,3 +291,32 @@ def test_a_node_that_cannot_be_listed_is_unreadable_data(tmp_path: Path) -> None
         assert len(rows) == 1
         port = closed[0] if rows[0]["node"] == 1 else closed[2]
         assert f"127.0.0.1:{port} answered UNAVAILABLE" in rows[0]["problem"]
+
+
+def test_a_node_that_refuses_a_first_connection_is_read_once_it_accepts(tmp_path: Path) -> None:
+    """A fetch whose first connection fails (the node is not listening yet)
+    tries again and reads the file once the node accepts: one failed
+    connection attempt is not an unreadable file."""
+    (tmp_path / "events-0").mkdir()
+    (tmp_path / "events-0" / f"{0:020d}.log").write_bytes(b"segment bytes")
+    (port,) = free_ports(1)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    service = DataFilesService(tmp_path, 101, PARTITION_LOG, lambda context: None)
+    data_files_pb2_grpc.add_DataFilesServicer_to_server(service, server)
+    fetcher = Fetcher(Cluster(tmp_path / "unused.toml"), f"127.0.0.1:{port}")
+    refused = threading.Event()
+
+    def watch(state: grpc.ChannelConnectivity) -> None:
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE and not refused.is_set():
+            refused.set()  # the first attempt failed: now the node listens
+            server.add_insecure_port(f"127.0.0.1:{port}")
+            server.start()
+
+    fetcher.channel.subscribe(watch)
+    try:
+        assert fetcher.fetch(f"events-0/{0:020d}.log", 13) == b"segment bytes"
+        assert refused.is_set()
+    finally:
+        fetcher.channel.unsubscribe(watch)
+        fetcher.close()
+        server.stop(None)
