@@ -37,6 +37,7 @@ def test_minimal_config_and_defaults() -> None:
     assert config.shard_count == 2
     assert [n.node_id for n in config.coordinators] == [1, 2]
     assert config.settings.fsync == "always"
+    assert config.settings.node_scheduling == "batch"
     assert config.settings.transaction_max_timeout_ms == 900_000
     assert config.coordinator(2).raft == ("127.0.0.1:7201", "127.0.0.1:7202")
     with pytest.raises(ConfigError, match="no coordinator with id 9"):
@@ -52,6 +53,7 @@ def test_kafka_named_settings() -> None:
                 "transaction.abort.timed.out.transaction.cleanup.interval.ms": 250,
                 "raft.fsync": "batch",
                 "raft.election.timeout.ms": [100, 200],
+                "node.scheduling": "normal",
             }
         )
     )
@@ -59,6 +61,7 @@ def test_kafka_named_settings() -> None:
     assert (s.transaction_max_timeout_ms, s.transactional_id_expiration_ms) == (1000, 5000)
     assert s.abort_timed_out_cleanup_interval_ms == 250 and s.fsync == "batch"
     assert s.raft_election_timeout_ms == (100.0, 200.0)
+    assert s.node_scheduling == "normal"
     assert fsm_config(s).transaction_max_timeout_ms == 1000
 
 
@@ -83,6 +86,7 @@ def test_partition_verification_switch() -> None:
         ),
         ({"coordinators": [{"id": 0, "grpc": "127.0.0.1:1", "raft": ["h:2", "h:3"]}]}, "id"),
         ({"settings": {"raft.fsync": "sometimes"}}, "raft.fsync"),
+        ({"settings": {"node.scheduling": "realtime"}}, "node.scheduling"),
         ({"settings": {"no.such.setting": 1}}, "unknown setting"),
         ({"settings": {"transaction.max.timeout.ms": -1}}, "positive integer"),
         ({"settings": {"message.max.bytes": 50 << 20}}, "socket.request.max.bytes must be at"),

@@ -41,6 +41,9 @@ from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH, TOPIC_NAME
 
 FSYNC_POLICIES = ("always", "batch", "never")
 LOG_FLUSH_POLICIES = ("always", "interval", "never")
+#: node.scheduling: the Linux scheduling policy of a node's threads
+#: (:func:`raftcoord.protocol.process.apply_scheduling`).
+NODE_SCHEDULING_POLICIES = ("batch", "normal")
 
 
 class ConfigError(Exception):
@@ -110,6 +113,12 @@ class Settings:
     # sent as soon as they are proposed, not on this period.
     raft_heartbeat_ms: float = 50.0
     raft_election_timeout_ms: tuple[float, float] = (300.0, 600.0)  # raft.election.timeout.ms
+    # node.scheduling: "batch" runs every thread of a node process under
+    # Linux's SCHED_BATCH, so that a thread waking another (a request handed
+    # to the shard thread, an answer handed back) is not preempted for it:
+    # the woken thread needs the interpreter lock the waker still holds.
+    # "normal": SCHED_OTHER (docs/performance.md, "Threads that wake threads").
+    node_scheduling: str = "batch"
     # broker.heartbeat.interval.ms: how often a partition-log node heartbeats
     # to shard 0's leader (KRaft's broker heartbeat; docs/replication.md).
     broker_heartbeat_interval_ms: int = 2_000
@@ -223,6 +232,7 @@ _SETTING_NAMES = {
     "raft.tick.ms": "raft_tick_ms",
     "raft.heartbeat.ms": "raft_heartbeat_ms",
     "raft.election.timeout.ms": "raft_election_timeout_ms",
+    "node.scheduling": "node_scheduling",
     "broker.heartbeat.interval.ms": "broker_heartbeat_interval_ms",
     "broker.session.timeout.ms": "broker_session_timeout_ms",
     "replica.lag.time.max.ms": "replica_lag_time_max_ms",
@@ -258,7 +268,11 @@ _SETTING_NAMES = {
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
 #: limit must leave room for the largest legal batch.
 REQUEST_BYTES_PER_BATCH_BYTE = 3
-_CHOICES = {"fsync": FSYNC_POLICIES, "log_flush_policy": LOG_FLUSH_POLICIES}
+_CHOICES = {
+    "fsync": FSYNC_POLICIES,
+    "log_flush_policy": LOG_FLUSH_POLICIES,
+    "node_scheduling": NODE_SCHEDULING_POLICIES,
+}
 #: Settings for which -1 means unlimited.
 _UNLIMITED = frozenset(
     {"log_retention_ms", "log_retention_bytes", "max_connection_creation_rate_per_ip"}

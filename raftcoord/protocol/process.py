@@ -99,12 +99,37 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
-def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger) -> int:
-    """Start ``node``, write ``data_dir/pid``, run until SIGTERM/SIGINT, stop it.
+def apply_scheduling(policy: str, log: logging.Logger, node_id: int) -> None:
+    """Put every thread of this process under ``policy`` (``node.scheduling``):
+    "batch" is SCHED_BATCH, "normal" leaves them as they are (SCHED_OTHER).
+    Threads started later inherit it from the thread that starts them. Where
+    the policy cannot be set (not Linux, refused), the node runs as it is and
+    says so once."""
+    if policy != "batch":
+        return
+    if not hasattr(os, "SCHED_BATCH"):
+        log.warning("node=%d event=scheduling_unavailable policy=%s", node_id, policy)
+        return
+    param = os.sched_param(0)
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(task), os.SCHED_BATCH, param)
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        except OSError as exc:
+            log.warning("node=%d event=scheduling_unavailable policy=%s: %s", node_id, policy, exc)
+            return
+
+
+def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger, scheduling: str) -> int:
+    """Start ``node`` with its threads under the ``scheduling`` policy
+    (:func:`apply_scheduling`), write ``data_dir/pid``, run until
+    SIGTERM/SIGINT, stop it.
 
     Returns the exit status.
     """
     configure_logging()
+    apply_scheduling(scheduling, log, node_id)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
