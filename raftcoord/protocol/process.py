@@ -111,14 +111,21 @@ def apply_scheduling(policy: str, log: logging.Logger, node_id: int) -> None:
         log.warning("node=%d event=scheduling_unavailable policy=%s", node_id, policy)
         return
     param = os.sched_param(0)
-    for task in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setscheduler(int(task), os.SCHED_BATCH, param)
-        except ProcessLookupError:
-            continue  # the thread ended meanwhile
-        except OSError as exc:
-            log.warning("node=%d event=scheduling_unavailable policy=%s: %s", node_id, policy, exc)
-            return
+    done: set[str] = set()
+    # Again until no new thread shows up: one started meanwhile by a thread
+    # not yet switched inherits the old policy.
+    while todo := set(os.listdir("/proc/self/task")) - done:
+        for task in todo:
+            done.add(task)
+            try:
+                os.sched_setscheduler(int(task), os.SCHED_BATCH, param)
+            except ProcessLookupError:
+                continue  # the thread ended meanwhile
+            except OSError as exc:
+                log.warning(
+                    "node=%d event=scheduling_unavailable policy=%s: %s", node_id, policy, exc
+                )
+                return
 
 
 def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger, scheduling: str) -> int:
