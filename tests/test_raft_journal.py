@@ -642,3 +642,23 @@ def test_pysyncobj_cluster_recovers_counter_from_durable_journals(
         assert nodes[0].add(1, sync=True, timeout=5) == expected + 1
     finally:
         stop_cluster(nodes)
+
+
+def test_the_same_commit_index_again_is_not_stored_again(tmp_path: Path) -> None:
+    """A follower hears the commit index with every heartbeat: only a new
+    value rewrites the meta file (a file, a rename and two fsyncs)."""
+    j = DurableFileJournal(str(tmp_path / "journal"), "always")
+    try:
+        fill(j, 10)
+        j.setRaftCommitIndex(10)
+        j.onOneSecondTimer()
+        assert j.meta_sync_count == 1
+        for _ in range(3):
+            j.setRaftCommitIndex(10)
+            j.onOneSecondTimer()
+        assert j.meta_sync_count == 1
+        j.setRaftCommitIndex(9)  # a new value, even a lower one, is stored
+        j.onOneSecondTimer()
+        assert j.meta_sync_count == 2 and j.getRaftCommitIndex() == 9
+    finally:
+        j._destroy()

@@ -638,9 +638,12 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             return self._sync_if_due_locked()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        # pysyncobj's followers set it on every AppendEntries, heartbeats
+        # included: only a new value makes the meta file due for a rewrite.
         with self._lock:
-            self._meta["raftCommitIndex"] = raftCommitIndex
-            self._meta_dirty = True
+            if self._meta.get("raftCommitIndex") != raftCommitIndex:
+                self._meta["raftCommitIndex"] = raftCommitIndex
+                self._meta_dirty = True
 
     def getRaftCommitIndex(self) -> int:
         # A stored commit index past the end of the log (possible with journals
