@@ -106,6 +106,7 @@ class CoordinatorNode:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
+        self._service: CoordinatorService | None = None
         #: What the node presents and trusts on gRPC (None: plaintext, no [tls]).
         self.tls_identity = node_identity(config, node_id)
         self.credentials = (
@@ -346,12 +347,10 @@ class CoordinatorNode:
             ],
             options=[("grpc.so_reuseport", 0)],
         )
-        coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(
-            CoordinatorService(
-                self, self.config, self.node_id, self.markers, self.leases, self.credentials
-            ),
-            server,
+        self._service = CoordinatorService(
+            self, self.config, self.node_id, self.markers, self.leases, self.credentials
         )
+        coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(self._service, server)
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
             AdminService(self, self.config, self.node_id), server
         )
@@ -392,6 +391,8 @@ class CoordinatorNode:
         self.markers.stop()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
+        if self._service is not None:
+            self._service.close()
         for shard in self.shards:
             shard.wake()
         for thread in self._threads:

@@ -53,13 +53,17 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
         leases: NodeLeases,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
-        router = ShardRouter(shards, config, node_id, credentials)
+        self.router = router = ShardRouter(shards, config, node_id, credentials)
         self.topics = TopicRPCs(router, leases)
         self.transactions = TransactionRPCs(router, self.topics)
         self.groups = GroupRPCs(router)
         self.queries = TransactionQueries(router, markers)
         self.acls = AclRPCs(router)
         self.users = UserRPCs(router)
+
+    def close(self) -> None:
+        """Release what the RPCs hold (the channels they forward on)."""
+        self.router.close()
 
     # --- transactions ----------------------------------------------------------
 

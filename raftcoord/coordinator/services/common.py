@@ -28,11 +28,11 @@ from raftcoord.coordinator.markers import METADATA_SHARD
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import Reader, Shards
 from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceType
-from raftcoord.protocol.channels import open_channel
+from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.tls import Authorizer, acting_for, cluster_refusal
-from raftcoord.protocol.v1 import common_pb2, coordinator_pb2_grpc
+from raftcoord.protocol.v1 import common_pb2
 from raftcoord.protocol.wire import wire_error
 
 REQUEST_TIMEOUT_S = 10.0
@@ -77,6 +77,10 @@ class ShardRouter:
         self.shards = shards
         #: TLS credentials of the node's calls to other coordinators (forwarding).
         self.credentials = credentials
+        #: One channel per other coordinator, kept: a forwarded request
+        #: (a partition-log node's heartbeat or metadata read that reached a
+        #: node not leading shard 0) does not pay a connection of its own.
+        self.channels = ChannelCache(credentials=credentials)
         self.config = config
         self.node_id = node_id
         self.fsm_config = fsm_config(config.settings)
@@ -210,11 +214,17 @@ class ShardRouter:
         if self.authorizer.enabled:  # the leader checks the caller's rights too
             metadata += acting_for(self.caller(context))
         try:
-            with open_channel(leader.grpc, self.credentials) as channel:
-                stub = coordinator_pb2_grpc.TransactionCoordinatorStub(channel)
-                return getattr(stub, method)(request, timeout=FORWARD_TIMEOUT_S, metadata=metadata)
+            stub = self.channels.coordinator(leader.grpc)
+        except RuntimeError as exc:  # the node is stopping
+            raise NotForwarded(str(exc)) from exc
+        try:
+            return getattr(stub, method)(request, timeout=FORWARD_TIMEOUT_S, metadata=metadata)
         except grpc.RpcError as exc:
             raise NotForwarded(exc.code().name) from exc
+
+    def close(self) -> None:
+        """Close the channels to the other coordinators (the node is stopping)."""
+        self.channels.close()
 
     def security_refusal(self, context: Any, operation: Operation) -> Outcome | None:
         """The refusal of a request about the cluster's security (ACLs, SASL
