@@ -43,9 +43,10 @@ descriptor (no mmap), so the fsync points are explicit:
 * ``setCurrentTerm`` (term and vote) writes ``<journal>.meta.tmp``, fsyncs it,
   ``os.replace``-s it onto ``<journal>.meta`` and fsyncs the directory before
   returning. The commit index (``setRaftCommitIndex``) is stored lazily by
-  ``onOneSecondTimer`` like pysyncobj does, with the same fsyncs, and only
-  after any unsynced journal data (so a stored commit index never points past
-  the durable log).
+  ``onOneSecondTimer`` like pysyncobj does, with the same fsyncs, only when
+  it changed (followers are told it with every heartbeat), and only after
+  any unsynced journal data (so a stored commit index never points past the
+  durable log).
 
 Policies
 --------
