@@ -75,9 +75,8 @@ class ShardRouter:
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.shards = shards
-        #: TLS credentials of the node's calls to other coordinators (forwarding).
-        self.credentials = credentials
-        #: One channel per other coordinator, kept: a forwarded request
+        #: One channel per other coordinator (with ``credentials``, the node's
+        #: TLS identity), kept: a forwarded request
         #: (a partition-log node's heartbeat or metadata read that reached a
         #: node not leading shard 0) does not pay a connection of its own.
         self.channels = ChannelCache(credentials=credentials)
