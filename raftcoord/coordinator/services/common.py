@@ -76,9 +76,9 @@ class ShardRouter:
     ) -> None:
         self.shards = shards
         #: One channel per other coordinator (with ``credentials``, the node's
-        #: TLS identity), kept: a forwarded request
-        #: (a partition-log node's heartbeat or metadata read that reached a
-        #: node not leading shard 0) does not pay a connection of its own.
+        #: TLS identity), kept: a forwarded request (say a partition-log
+        #: node's Metadata read, every second, that reached a node not
+        #: leading shard 0) does not pay a connection of its own.
         self.channels = ChannelCache(credentials=credentials)
         self.config = config
         self.node_id = node_id
