@@ -101,8 +101,7 @@ def list_nodes(cluster: Cluster, kind: str) -> list[NodeFiles]:
                 stub = data_files_pb2_grpc.DataFilesStub(channel)
                 request = data_files_pb2.ListDataFilesRequest()
                 answer = _read(
-                    channel,
-                    functools.partial(stub.ListDataFiles, request, timeout=LIST_TIMEOUT_S),
+                    functools.partial(stub.ListDataFiles, request, timeout=LIST_TIMEOUT_S)
                 )
         except grpc.RpcError as exc:
             listed.append(
@@ -140,7 +139,6 @@ class Fetcher:
         request = data_files_pb2.ReadDataFileRequest(name=name, offset=0, length=size)
         try:
             data = _read(
-                self.channel,
                 lambda: b"".join(
                     c.data for c in self.stub.ReadDataFile(request, timeout=FETCH_TIMEOUT_S)
                 ),
@@ -155,19 +153,13 @@ class Fetcher:
         self.channel.close()
 
 
-def _read(channel: grpc.Channel, call: Callable[[], T]) -> T:
-    """``call()``, tried again while it fails with UNAVAILABLE, for up to
-    :data:`UNAVAILABLE_WINDOW_S` (each try waits for ``channel`` to connect
-    within what is left of it); then its last error is raised."""
+def _read(call: Callable[[], T]) -> T:
+    """``call()``, tried again every :data:`UNAVAILABLE_PAUSE_S` while it
+    fails with UNAVAILABLE, for up to :data:`UNAVAILABLE_WINDOW_S`; then its
+    last error is raised. (The channel reconnects by itself meanwhile, within
+    a second: ``CHANNEL_POLICY``.)"""
     deadline = time.monotonic() + UNAVAILABLE_WINDOW_S
     while True:
-        ready = grpc.channel_ready_future(channel)
-        try:
-            ready.result(timeout=max(0.0, deadline - time.monotonic()))
-        except grpc.FutureTimeoutError:
-            pass  # the call says why
-        finally:
-            ready.cancel()
         try:
             return call()
         except grpc.RpcError as exc:

@@ -6,7 +6,7 @@ and only the very last line of a transitions log may be torn."""
 from __future__ import annotations
 
 import struct
-import threading
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -294,9 +294,9 @@ def test_a_node_that_cannot_be_listed_is_unreadable_data(
 
 
 def test_a_node_that_refuses_a_first_connection_is_read_once_it_accepts(tmp_path: Path) -> None:
-    """A fetch whose first connection fails (the node is not listening yet)
-    tries again and reads the file once the node accepts: one failed
-    connection attempt is not an unreadable file."""
+    """A fetch whose first call finds no node listening (UNAVAILABLE) tries
+    again and reads the file once the node accepts: one failed connection
+    attempt is not an unreadable file."""
     (tmp_path / "events-0").mkdir()
     (tmp_path / "events-0" / f"{0:020d}.log").write_bytes(b"segment bytes")
     (port,) = free_ports(1)
@@ -304,19 +304,25 @@ def test_a_node_that_refuses_a_first_connection_is_read_once_it_accepts(tmp_path
     service = DataFilesService(tmp_path, 101, PARTITION_LOG, lambda context: None)
     data_files_pb2_grpc.add_DataFilesServicer_to_server(service, server)
     fetcher = Fetcher(Cluster(tmp_path / "unused.toml"), f"127.0.0.1:{port}")
-    refused = threading.Event()
+    read = fetcher.stub.ReadDataFile
+    codes: list[grpc.StatusCode | None] = []
 
-    def watch(state: grpc.ChannelConnectivity) -> None:
-        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE and not refused.is_set():
-            refused.set()  # the first attempt failed: now the node listens
-            server.add_insecure_port(f"127.0.0.1:{port}")
-            server.start()
+    def first_refused(request: Any, timeout: float) -> Iterator[Any]:
+        """The real call; once the first has failed, the node starts listening."""
+        try:
+            yield from read(request, timeout=timeout)
+            codes.append(None)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+            if len(codes) == 1:
+                server.add_insecure_port(f"127.0.0.1:{port}")
+                server.start()
+            raise
 
-    fetcher.channel.subscribe(watch)
+    fetcher.stub.ReadDataFile = first_refused
     try:
         assert fetcher.fetch(f"events-0/{0:020d}.log", 13) == b"segment bytes"
-        assert refused.is_set()
+        assert codes[0] is grpc.StatusCode.UNAVAILABLE and codes[-1] is None, codes
     finally:
-        fetcher.channel.unsubscribe(watch)
         fetcher.close()
         server.stop(None)
