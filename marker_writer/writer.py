@@ -10,14 +10,19 @@ MarkersWritten once a transaction's every participant has acknowledged.
 Threads: one dispatcher thread routes due markers and hands calls to a small
 pool; each destination has at most one call in flight, so calls to different
 destinations run concurrently and markers that arrive meanwhile share the
-next call. The dispatcher sleeps on a condition until work is due or new
-work arrives. :meth:`MarkerWriter.stop` (leadership lost, node stopping)
-discards everything: the next leader resends from its own replicated state.
+next call. The pool thread that gets an answer goes on with what the answer
+made possible (the next call to that destination, the transactions it
+finished, whose completion it runs itself); the dispatcher is woken only for
+new markers and for work due earlier than it planned to look (a retry). The
+dispatcher sleeps on a condition until work is due or new work arrives.
+:meth:`MarkerWriter.stop` (leadership lost, node stopping) discards
+everything: the next leader resends from its own replicated state.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -93,6 +98,9 @@ class MarkerWriter:
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._kicked = False
+        #: When the dispatcher looks at the book next by itself (-inf: it is
+        #: awake and looks again before sleeping).
+        self._wake_at = -math.inf
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._next_summary = clock() + summary_interval_s
@@ -256,7 +264,9 @@ class MarkerWriter:
                     due = self._book.next_due()
                     sleep = _MAX_SLEEP_S if due is None else min(_MAX_SLEEP_S, due - now)
                     if sleep > 0:
+                        self._wake_at = now + sleep
                         self._wakeup.wait(sleep)
+                        self._wake_at = -math.inf
                 self._kicked = False
                 if self._stopped:
                     return
@@ -289,10 +299,34 @@ class MarkerWriter:
                 return
             report = self._book.on_response(batch, responses, self._clock(), failure or "")
             self._active_since_summary = True
-            self._kick()
         self._log_response(batch, report, failure)
+        self._follow_up()
 
     def _complete(self, batch: CompletionBatch) -> None:
+        self._run_completion(batch)
+        self._follow_up()
+
+    def _follow_up(self) -> None:
+        """After an answer, in the pool thread that got it: start the calls
+        of markers queued meanwhile, run the due completions here (one batch
+        at a time, as many as come due), and wake the dispatcher only if some
+        work (a retry) is due before it would look by itself."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                batches = self._book.take_batches(self._max_requests)
+                completions = self._book.take_completions(self._clock(), self._max_completions)
+                due = self._book.next_due()
+                if due is not None and due < self._wake_at:
+                    self._kick()
+            for batch in batches:
+                self._submit(self._send, batch)
+            if completions is None:
+                return
+            self._run_completion(completions)
+
+    def _run_completion(self, batch: CompletionBatch) -> None:
         completions = batch.completions
         with self._lock:
             if self._stopped:  # a stopped writer never completes anything
@@ -308,7 +342,6 @@ class MarkerWriter:
             if self._stopped:
                 return
             report = self._book.on_completed(batch, codes, self._clock())
-            self._kick()
         self._log_completion(report)
         if report.leadership_lost:
             self._log.info("%s event=marker_writer_leadership_lost", self._prefix)

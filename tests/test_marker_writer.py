@@ -43,6 +43,7 @@ from marker_writer import (
     classify_completion,
     classify_marker_error,
 )
+from marker_writer import writer as writer_module
 from marker_writer.book import PendingMarker, TxnEntry
 
 TERM = 7
@@ -225,10 +226,13 @@ def test_markers_queued_while_a_call_is_in_flight_go_out_together_next(
     assert len(held) == 1, "a destination has one call in flight at a time"
     assert writer.metrics()["queued_markers"] == {"partition_log-1": 3}
     held.pop()()  # the first call returns
+    # The thread that got the answer starts the call of the three queued and
+    # completes tx-a itself.
+    assert len(held) == 1
+    assert transport.completed_ids() == ["tx-a"]
     writer.dispatch()
-    assert len(held) == 2  # one call for the three queued, and tx-a's completion
-    for job in list(held):
-        job()
+    assert len(held) == 1, "nothing left for the dispatcher"
+    held.pop()()
     assert [[m.transactional_id for m in call] for _, call in transport.sends] == [
         ["tx-a"],
         ["tx-b", "tx-c", "tx-d"],
@@ -671,12 +675,16 @@ def test_a_completion_due_when_the_writer_stops_is_never_proposed(
     writer = MarkerWriter(0, TERM, transport, clock=clock, executor=HeldExecutor())
     writer.add(markers("tx"), TERM)
     writer.dispatch()
-    held.pop()()  # the markers are acknowledged
+    transport.complete_codes = [int(ErrorCode.REQUEST_TIMED_OUT)]
+    held.pop()()  # the markers are acknowledged; completing them timed out
+    assert len(transport.completions) == 1
+    transport.complete_codes = None
+    clock.advance(10)
     writer.dispatch()
-    [complete] = held  # the completion is about to run
+    [complete] = held  # the retried completion is about to run
     writer.stop()
     complete()
-    assert transport.completions == []
+    assert len(transport.completions) == 1
 
 
 # --- metrics --------------------------------------------------------------------------
@@ -743,6 +751,37 @@ def test_the_dispatcher_thread_delivers_and_completes(transport: FakeTransport) 
         writer.stop(timeout_s=5)
     assert sorted(transport.completed_ids()) == sorted(f"tx-{i}" for i in range(20))
     assert writer.metrics()["pending_transactions"] == 0
+
+
+def test_a_failed_call_wakes_the_dispatcher_for_its_retry(
+    transport: FakeTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The dispatcher would sleep a minute: only the failed call's thread can
+    # wake it for the retry, due 10 ms later.
+    monkeypatch.setattr(writer_module, "_MAX_SLEEP_S", 60.0)
+    transport.fail_destinations.add(PLOG_1)
+    sent_twice = threading.Event()
+    pause = threading.Event()
+
+    def on_send() -> None:
+        if len(transport.sends) == 1:
+            # The first call fails once the dispatcher sleeps.
+            for _ in range(1000):
+                if writer._wake_at > 0:
+                    break
+                pause.wait(0.01)
+        if len(transport.sends) == 2:
+            transport.fail_destinations.clear()
+            sent_twice.set()
+
+    transport.on_send = on_send
+    writer = MarkerWriter(0, TERM, transport, backoff=Backoff(0.01, 0.01))
+    writer.start()
+    try:
+        writer.add(markers("tx"), TERM)
+        assert sent_twice.wait(10), writer.metrics()
+    finally:
+        writer.stop(timeout_s=5)
 
 
 def test_stop_ends_the_dispatcher_promptly_while_markers_back_off(
