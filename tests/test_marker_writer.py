@@ -10,10 +10,12 @@ and fixtures.
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import json
 import logging
+import random
 import subprocess
 import sys
 import threading
@@ -751,6 +753,64 @@ def test_the_dispatcher_thread_delivers_and_completes(transport: FakeTransport) 
         writer.stop(timeout_s=5)
     assert sorted(transport.completed_ids()) == sorted(f"tx-{i}" for i in range(20))
     assert writer.metrics()["pending_transactions"] == 0
+
+
+def test_every_transaction_completes_once_under_random_failures(
+    transport: FakeTransport,
+) -> None:
+    # Real threads: answers and completions go on in whichever pool thread
+    # got them, while the dispatcher routes new markers and retries.
+    seed = random.randrange(2**32)
+    print(f"seed={seed}")  # replay: set this seed
+    rng = random.Random(seed)
+    lock = threading.Lock()
+
+    def chance(p: float) -> bool:
+        with lock:
+            return rng.random() < p
+
+    send = transport.send
+
+    def flaky_send(
+        destination: Destination, requests: Sequence[MarkerRequest]
+    ) -> Sequence[MarkerResponse]:
+        if chance(0.15):
+            raise TransportError("UNAVAILABLE")
+        return send(destination, requests)
+
+    completed: collections.Counter[str] = collections.Counter()
+    count = 200
+    done = threading.Event()
+
+    def flaky_complete(completions: Sequence[Completion]) -> Sequence[int]:
+        codes = []
+        for c in completions:
+            if chance(0.15):
+                codes.append(int(ErrorCode.REQUEST_TIMED_OUT))
+            else:
+                codes.append(0)
+                with lock:
+                    completed[c.transactional_id] += 1
+                    if len(completed) == count:
+                        done.set()
+        return codes
+
+    transport.send = flaky_send  # type: ignore[method-assign]
+    transport.complete = flaky_complete  # type: ignore[method-assign]
+    transport.answer = lambda destination, request, participant: (
+        int(ErrorCode.NOT_LEADER_OR_FOLLOWER) if chance(0.1) else 0
+    )
+    writer = MarkerWriter(0, TERM, transport, backoff=Backoff(0.001, 0.005))
+    writer.start()
+    try:
+        for i in range(count):
+            partitions = [("orders", i % 4), ("orders", (i + 1) % 4)]
+            writer.add(markers(f"tx-{i}", partitions, ["g"] if i % 5 == 0 else []), TERM)
+        assert done.wait(30), (seed, writer.metrics())
+    finally:
+        writer.stop(timeout_s=5)
+    assert sorted(completed) == sorted(f"tx-{i}" for i in range(count)), seed
+    assert set(completed.values()) == {1}, seed
 
 
 def test_a_failed_call_wakes_the_dispatcher_for_its_retry(
