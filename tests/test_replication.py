@@ -340,3 +340,21 @@ def test_a_partition_goes_back_to_its_preferred_leader_at_a_later_check(tmp_path
             producer.send(TOPIC, b"at the preferred leader", partition=0).result(30)
         logs = "".join(p.read_text() for p in cluster.data_dir.glob("*.log"))
         assert "event=preferred_leaders_elected" in logs
+
+
+def test_under_tls_the_followers_fetch_and_hold_the_leaders_log(tmp_path: Path) -> None:
+    """The replication connections under ``[tls]`` (mutual TLS, the nodes'
+    certificates): acks=all writes are acknowledged, every replica stays in
+    the ISR and holds the leader's bytes."""
+    with running_cluster(tmp_path / "cluster", shards=1, tls=True) as cluster:
+        tls = cluster.client_tls()
+        with Admin(cluster.bootstrap(), **tls) as admin:
+            admin.create_topics({TOPIC: 1}, replication_factor=3, min_insync_replicas=3)
+        with Producer(cluster.bootstrap(), **tls) as producer:
+            for i in range(20):
+                producer.send(TOPIC, b"v%d" % i, partition=0)
+            producer.flush()
+        with Admin(cluster.bootstrap(), **tls) as admin:
+            (partition,) = admin.describe_topics([TOPIC])[TOPIC].partitions
+        assert sorted(partition.isr) == sorted(partition.replicas) and len(partition.isr) == 3
+        assert b"v19" in wait_identical(cluster, 0, list(partition.replicas))
