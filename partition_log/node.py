@@ -47,7 +47,7 @@ from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.metrics import PartitionCollector
 from partition_log.partition import Partition
 from partition_log.replica_fetcher import GrpcLink, Link, ReplicaFetchers
-from partition_log.replication_link import ReplicationLink, ReplicationListener, host_port
+from partition_log.replication_link import ReplicationLink, ReplicationListener
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
@@ -696,9 +696,10 @@ class PartitionNode:
         in-sync replicas holds a worker of the main server until the
         followers fetch, so fetches answered there could all wait behind
         such Produces)."""
+        host, _, port = address.rpartition(":")
         allowed = None if self.config.tls is None else cluster_principals(self.config)
         listener = ReplicationListener(
-            host_port(address),
+            (host.strip("[]"), int(port)),
             service.replica_fetch,
             tls=node_ssl_context(self.config, self.node_id, server=True),
             allowed=lambda who: allowed is None or who in allowed,

@@ -22,8 +22,7 @@ answer, CLUSTER_AUTHORIZATION_FAILED, and the connection is closed. Without
 that has not finished its TLS handshake in :data:`HANDSHAKE_TIMEOUT_S` is
 closed. The listener holds at most :data:`MAX_HANDSHAKES` connections that
 are not yet authenticated and ``max_connections`` authenticated ones (those
-of the cluster): under ``[tls]`` a stranger's connections cannot take the
-followers' places.
+of the cluster): a stranger's connections cannot take the followers' places.
 
 A failed fetch (refused, cut, timed out) raises :class:`LinkError`; the
 fetcher backs off and the next fetch dials again.
@@ -75,12 +74,6 @@ def response_limit(request: Any) -> int:
     return RESPONSE_OVERHEAD_BYTES + partitions * (
         int(request.partition_max_bytes) + PER_PARTITION_OVERHEAD_BYTES
     )
-
-
-def host_port(address: str) -> tuple[str, int]:
-    """(host, port) of a ``host:port`` address (an IPv6 host in brackets)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def frame(message: Any) -> bytes:
@@ -262,7 +255,8 @@ class ReplicationLink:
     address, dialled on the first fetch and again after a failure."""
 
     def __init__(self, address: str, tls: ssl.SSLContext | None) -> None:
-        self._host, self._port = host_port(address)
+        host, _, port = address.rpartition(":")
+        self._host, self._port = host.strip("[]"), int(port)
         self._tls = tls
         self._socket: socket.socket | None = None
         self._lock = threading.Lock()
