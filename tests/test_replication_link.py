@@ -7,18 +7,15 @@ the follower's side into a LinkError."""
 from __future__ import annotations
 
 import socket
-import ssl
 import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from partition_log import replication_link
-from partition_log.replica_fetcher import GrpcLink
 from partition_log.replication_link import (
     LinkError,
     ReplicationLink,
@@ -187,6 +184,8 @@ def test_a_silent_connection_is_closed_after_the_handshake_timeout(
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import ssl
+
     directory = tmp_path_factory.mktemp("certs")
     ca = certs.make_ca(directory)
     certs.issue(ca, directory, "node-1", "node-1", ["127.0.0.1"])
@@ -276,25 +275,3 @@ def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
             stranger.close()
         node.close()
         running.stop()
-
-
-def test_the_grpc_link_of_a_config_without_replication_addresses() -> None:
-    class Unavailable(grpc.RpcError):
-        pass
-
-    class Stub:
-        def __init__(self) -> None:
-            self.fail = False
-
-        def ReplicaFetch(self, request: Any, timeout: float) -> Any:
-            if self.fail:
-                raise Unavailable("UNAVAILABLE")
-            return Echo()(request)
-
-    stub = Stub()
-    link = GrpcLink(lambda: stub)
-    assert link.fetch(request(4), timeout_s=1).partitions[0].partition == 4
-    stub.fail = True
-    with pytest.raises(LinkError, match="UNAVAILABLE"):
-        link.fetch(request(4), timeout_s=1)
-    link.close()
