@@ -558,21 +558,15 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     # --- ReplicaFetch ---------------------------------------------------------------
 
     def ReplicaFetch(self, request: Any, context: Any) -> Any:
-        """A follower's fetch over gRPC (a config without replication
-        addresses): :meth:`replica_fetch`, for the cluster only."""
+        """A follower's fetch: answered at once when a partition has batches,
+        an error or a divergence for it, else parked until one does or
+        ``max_wait_ms`` is over."""
         refused = self.cluster_refusal(context)
         if refused is not None:
             return partition_log_pb2.ReplicaFetchResponse(
                 error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
                 error_message=refused,
             )
-        return self.replica_fetch(request)
-
-    def replica_fetch(self, request: Any) -> Any:
-        """A follower's fetch (its caller checked that it comes from the
-        cluster): answered at once when a partition has batches, an error or
-        a divergence for it, else parked until one does or ``max_wait_ms`` is
-        over."""
         if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS or request.partition_max_bytes < 0:
             return partition_log_pb2.ReplicaFetchResponse(
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
