@@ -343,9 +343,9 @@ def test_a_partition_goes_back_to_its_preferred_leader_at_a_later_check(tmp_path
 
 
 def test_under_tls_the_followers_fetch_and_hold_the_leaders_log(tmp_path: Path) -> None:
-    """The replication connections under ``[tls]`` (mutual TLS, the nodes'
-    certificates): acks=all writes are acknowledged, every replica stays in
-    the ISR and holds the leader's bytes."""
+    """Replication under ``[tls]`` (the followers' fetches over mutual TLS,
+    the nodes' certificates): acks=all writes are acknowledged, every
+    replica stays in the ISR and holds the leader's bytes."""
     with running_cluster(tmp_path / "cluster", shards=1, tls=True) as cluster:
         tls = cluster.client_tls()
         with Admin(cluster.bootstrap(), **tls) as admin:
