@@ -416,16 +416,24 @@ class Partition:
             wanted = frozenset(keep | join)
             return None if wanted == self.in_sync_followers else wanted
 
-    def follow(self, leader_epoch: int) -> None:
+    def follow(self, leader_epoch: int) -> bool:
         """Another node leads the partition at ``leader_epoch``: appends come
         from it (:meth:`append_replicated`); writes waiting here for their
-        replication give up."""
-        if not self.leading and leader_epoch <= self.leader_epoch:
-            return
+        replication give up. Returns False, changing nothing, when this
+        replica knows a newer epoch: the placement that names that leader is
+        stale, and a replica that appended at a newer epoch (as leader) must
+        not be cut back to the log of an older one."""
+        if leader_epoch < self.leader_epoch:
+            return False
+        if not self.leading and leader_epoch == self.leader_epoch:
+            return True
         with self.lock:
-            self.leader_epoch = max(self.leader_epoch, leader_epoch)
+            if leader_epoch < self.leader_epoch:
+                return False
+            self.leader_epoch = leader_epoch
             self.leading = False
             self._replication.notify_all()
+        return True
 
     def _advance_high_watermark(self, wake_fetches: bool = True) -> None:
         """While leading: the lowest log end of the in-sync replicas, which only

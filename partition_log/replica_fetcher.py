@@ -134,8 +134,9 @@ class LeaderFetcher(threading.Thread):
         replicas: list[tuple[Followed, Partition]] = []
         for f in followed:
             partition = self._follower(f)
-            if partition is not None:
-                partition.follow(f.leader_epoch)
+            # A placement older than this replica's own epoch is not followed
+            # (a newer one comes with the next metadata refresh).
+            if partition is not None and partition.follow(f.leader_epoch):
                 replicas.append((f, partition))
         if not replicas:
             return False

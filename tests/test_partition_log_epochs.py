@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fsm.errors import ErrorCode
 from partition_log import codec, epochs
+from partition_log.cluster_view import Followed
 from partition_log.codec import RecordData, encode_batch, parse_header, set_partition_leader_epoch
 from partition_log.epochs import UNDEFINED, EpochEnd, EpochEntry, LeaderEpochs
 from partition_log.log import FsyncPolicy, PartitionLogStore
 from partition_log.partition import BatchSpec, Partition
+from partition_log.replica_fetcher import LeaderFetcher
 from tests.reserved import reserved
 
 CHECKPOINT = "leader-epoch-checkpoint"
@@ -319,6 +323,41 @@ def test_the_high_watermark_is_the_in_sync_replicas_lowest_log_end(tmp_path: Pat
         assert leader.wait_replicated(4, 1.0)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
     finally:
         leader.close()
+
+
+def test_a_replica_never_follows_a_leader_of_an_older_epoch(tmp_path: Path) -> None:
+    """A placement naming a leader at an older epoch than this replica knows
+    is stale: the replica keeps leading, and its fetcher does not ask that
+    leader (whose answer could cut back what was appended at the newer
+    epoch)."""
+    part = open_partition(tmp_path / "p")
+    try:
+        part.lead(2, frozenset(), 1, frozenset())
+        send(part, -1, -1, b"a", txn=False)
+        assert not part.follow(1)
+        assert part.leading and part.leader_epoch == 2
+        asked: list[Any] = []
+
+        class Stub:
+            def ReplicaFetch(self, request: Any, timeout: float) -> Any:
+                asked.append(request)
+                raise AssertionError("a stale leader was asked")
+
+        fetcher = LeaderFetcher(
+            1,
+            2,
+            None,
+            lambda: Stub(),
+            lambda f: part,
+            threading.Event(),  # type: ignore[arg-type]
+        )
+        assert fetcher.fetch_once([Followed("t", 0, 1, 1)]) is False
+        assert asked == [] and part.leading
+        # A newer leader is followed; the same epoch again changes nothing.
+        assert part.follow(3) and not part.leading and part.leader_epoch == 3
+        assert part.follow(3) and not part.follow(2)
+    finally:
+        part.close()
 
 
 def test_followers_leave_the_isr_when_they_lag_and_join_when_they_catch_up(
