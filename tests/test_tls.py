@@ -214,6 +214,12 @@ def test_only_the_cluster_reads_a_nodes_data_files_and_only_those(cluster: Local
         producer.begin_transaction()
         producer.send(TP.topic, b"on-disk", partition=TP.partition)
         producer.commit_transaction()
+    # The commit is acknowledged before its marker is appended: read the
+    # segment once a read_committed consumer sees the record, so that
+    # nothing is appended to it while the test compares its bytes.
+    cluster.wait_until(
+        lambda: b"on-disk" in read_committed(cluster), 30, "the commit marker was not written"
+    )
     (node,) = cluster.partition_nodes()
     coordinator = cluster.coordinators()[0]
     segment = f"{TP.topic}-{TP.partition}/{0:020d}.log"
