@@ -248,17 +248,19 @@ class PartitionNode:
                 f"partition {topic}-{index} may lack acknowledged records on partition-log "
                 f"node {self.node_id}: it leads it no more once the coordinators fenced it; retry",
             )
-        if partition is not None:
-            self._lead(partition, placement)
-            return partition
-        opened = self._open(topic, index)
+        opened = partition if partition is not None else self._open(topic, index)
         if opened is None:
             return (
                 ErrorCode.KAFKA_STORAGE_ERROR,
                 f"partition {topic}-{index} is damaged on this node: "
                 f"{self.damaged[(topic, index)]}",
             )
-        self._lead(opened, placement)
+        if not self._lead(opened, placement):
+            return (
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"{topic}-{index} has moved on from leader epoch {placement.leader_epoch} "
+                f"on partition-log node {self.node_id}; retry",
+            )
         if opened.ceiling is None:  # new here: its first offsets are reserved now
             self.reserve_due()
         return opened
@@ -286,9 +288,11 @@ class PartitionNode:
         found = self.partitions.get((followed.topic, followed.partition))
         return found if found is not None else self._open(followed.topic, followed.partition)
 
-    def _lead(self, partition: Partition, placement: Placement) -> None:
-        """The partition is led here as ``placement`` (this node's view) records."""
-        partition.lead(
+    def _lead(self, partition: Partition, placement: Placement) -> bool:
+        """The partition is led here as ``placement`` (this node's view)
+        records; False when the partition knows it is stale
+        (:meth:`Partition.lead`)."""
+        return partition.lead(
             placement.leader_epoch,
             placement.in_sync_followers,
             placement.min_insync_replicas,
@@ -491,7 +495,8 @@ class PartitionNode:
             placement = self.view.placement(partition.topic, partition.index)
             if placement.error is not ErrorCode.NONE:
                 continue  # not led here (now): its leader settles it
-            self._lead(partition, placement)
+            if not self._lead(partition, placement):
+                continue  # led elsewhere by now
             for txn in txns:
                 owed = owed_marker(txn.producer_id, txn.producer_epoch, txn.marker_txn, described)
                 if owed is None or owed.epoch > KAFKA_MAX_PRODUCER_EPOCH:

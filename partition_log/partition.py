@@ -126,7 +126,9 @@ class Partition:
         a block of reserved offsets remain (:meth:`reservation_due`)."""
         self.topic = topic
         self.index = index
-        self.lock = threading.Lock()
+        #: Reentrant: a follower's fetcher holds it across checking that an
+        #: answer still fits the log and applying it (:meth:`fetch_applies`).
+        self.lock = threading.RLock()
         self._on_change = on_change
         self._on_reservation_due = on_reservation_due
         #: Offsets below it may be handed out; None until the first grant.
@@ -156,6 +158,10 @@ class Partition:
         #: Whether this node leads the partition (:meth:`lead`) or follows it
         #: (:meth:`follow`); a partition opened from disk does neither yet.
         self.leading = False
+        #: The newest leader epoch at which this replica followed another
+        #: leader or stopped leading (-1: none since it opened): a placement
+        #: naming it leader at that epoch or an older one is stale.
+        self.followed_epoch = -1
         #: While leading: the other replicas and those of them in sync, the
         #: topic's min.insync.replicas, the log end each follower fetched from
         #: last, when (monotonic) each last had the leader's log (Kafka's
@@ -263,8 +269,16 @@ class Partition:
             self.may_have_lost = False
             self.store.settle()
 
-    def _unreserved(self, count: int) -> str | None:
-        """Why ``count`` more offsets cannot be handed out now, or None."""
+    def _append_refusal(self, count: int) -> str | None:
+        """Why ``count`` more offsets cannot be handed out now, or None: this
+        replica does not lead (a follower's log takes only its leader's
+        batches), or its offsets are not reserved (the caller holds the
+        lock)."""
+        if not self.leading:
+            return (
+                f"partition {self.topic}-{self.index} is not led here (leader epoch "
+                f"{self.leader_epoch}); retry"
+            )
         if self.ceiling is None:
             return (
                 f"partition {self.topic}-{self.index} is opening (its offsets are not "
@@ -360,19 +374,25 @@ class Partition:
         in_sync_followers: frozenset[int] = frozenset(),
         min_insync_replicas: int = 1,
         followers: frozenset[int] = frozenset(),
-    ) -> None:
-        """This node leads the partition at ``leader_epoch`` (epochs only grow),
-        with these other replicas, ``in_sync_followers`` of them in sync."""
+    ) -> bool:
+        """This node leads the partition at ``leader_epoch``, with these other
+        replicas, ``in_sync_followers`` of them in sync. Returns False,
+        changing nothing, for a stale placement: an epoch older than this
+        replica knows, or one at which it followed or stopped leading (a
+        request that looked the placement up before a refresh moved the
+        leadership must not make a second leader of a newer epoch)."""
         if (
             self.leading
-            and leader_epoch <= self.leader_epoch
+            and leader_epoch == self.leader_epoch
             and in_sync_followers == self.in_sync_followers
             and min_insync_replicas == self.min_insync_replicas
             and followers == self.followers
         ):
-            return
+            return True
         with self.lock:
-            self.leader_epoch = max(self.leader_epoch, leader_epoch)
+            if leader_epoch < self.leader_epoch or leader_epoch <= self.followed_epoch:
+                return False
+            self.leader_epoch = leader_epoch
             if not self.leading:
                 self.follower_ends, self.caught_up_at, self._last_fetch = {}, {}, {}
                 self._leading_since = time.monotonic()
@@ -385,6 +405,7 @@ class Partition:
             self._replication.notify_all()
             if joined:  # their fetches may have parked while the appends woke none
                 self._on_change(True)
+            return True
 
     def wanted_in_sync(self, now: float, lag_s: float) -> frozenset[int] | None:
         """While leading, the followers that should be in sync now when that
@@ -425,12 +446,17 @@ class Partition:
         not be cut back to the log of an older one."""
         if leader_epoch < self.leader_epoch:
             return False
-        if not self.leading and leader_epoch == self.leader_epoch:
+        if (
+            not self.leading
+            and leader_epoch == self.leader_epoch
+            and leader_epoch <= self.followed_epoch
+        ):
             return True
         with self.lock:
             if leader_epoch < self.leader_epoch:
                 return False
             self.leader_epoch = leader_epoch
+            self.followed_epoch = max(self.followed_epoch, leader_epoch)
             self.leading = False
             self._replication.notify_all()
         return True
@@ -524,9 +550,9 @@ class Partition:
             check = self._check(spec, verified)
             if not check.ok or check.verdict is not Verdict.APPEND:
                 return check
-            unreserved = self._unreserved(spec.record_count)
-            if unreserved is not None:
-                return AppendCheck(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, unreserved)
+            refused = self._append_refusal(spec.record_count)
+            if refused is not None:
+                return AppendCheck(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, refused)
             try:
                 base = self._append(batch)
             except (OSError, StoreFailed) as exc:
@@ -576,9 +602,9 @@ class Partition:
                     f"coordinator epoch {coordinator_epoch} is older than {seen}",
                 )
             if action is MarkerAction.WRITE:
-                unreserved = self._unreserved(1)
-                if unreserved is not None:
-                    return ErrorCode.NOT_LEADER_OR_FOLLOWER, unreserved
+                refused = self._append_refusal(1)
+                if refused is not None:
+                    return ErrorCode.NOT_LEADER_OR_FOLLOWER, refused
                 batch = codec.encode_control_batch(
                     commit=commit,
                     producer_id=producer_id,
@@ -689,6 +715,17 @@ class Partition:
             self.store.skip_to(header.base_offset)
         self._store(bytearray(data), sync=False, replicated=True)
         self._replay(header, bytes(data) if header.is_control else None)
+
+    def follows_from(self, leader_epoch: int, log_end: int, last_epoch: int) -> bool:
+        """Whether this replica follows the leader of ``leader_epoch`` and its
+        log ends at ``log_end`` after a batch of ``last_epoch``: what a fetch
+        asked from, so that its answer applies (the caller holds the lock
+        across this and the applying)."""
+        return (
+            not self.leading
+            and self.leader_epoch == leader_epoch
+            and self.follower_state() == (log_end, last_epoch)
+        )
 
     def follower_state(self) -> tuple[int, int]:
         """(log end offset, leader epoch of the last batch or -1): what a

@@ -145,8 +145,10 @@ class LeaderFetcher(threading.Thread):
             max_wait_ms=FETCH_WAIT_MS,
             partition_max_bytes=FETCH_MAX_BYTES,
         )
+        asked: list[tuple[int, int]] = []
         for f, partition in replicas:
             end, last_epoch = partition.follower_state()
+            asked.append((end, last_epoch))
             request.partitions.add(
                 topic=f.topic,
                 partition=f.partition,
@@ -176,12 +178,33 @@ class LeaderFetcher(threading.Thread):
             )
             return False
         healthy = True
-        for (f, partition), result in zip(replicas, answer.partitions, strict=False):
-            healthy = self._apply(f, partition, result) and healthy
+        for (f, partition), state, result in zip(replicas, asked, answer.partitions, strict=False):
+            healthy = self._apply(f, partition, state, result) and healthy
         return healthy
 
-    def _apply(self, f: Followed, partition: Partition, result: Any) -> bool:
-        """Take one partition's answer; False when it was an error."""
+    def _apply(
+        self, f: Followed, partition: Partition, asked: tuple[int, int], result: Any
+    ) -> bool:
+        """Take one partition's answer to a fetch that asked from ``asked``
+        (log end, last epoch), unless the replica changed since: another
+        fetcher (of a newer leader, or of the old one still answering) may
+        have appended, cut or re-led it meanwhile, and an answer for another
+        log end would leave a gap or a foreign batch in it (Kafka's fetcher
+        checks the same). False when it was an error."""
+        with partition.lock:
+            if not partition.follows_from(f.leader_epoch, *asked):
+                log.debug(
+                    "node=%d event=replica_answer_dropped partition=%s-%d leader=%d: the "
+                    "replica changed while the fetch was out",
+                    self.node_id,
+                    f.topic,
+                    f.partition,
+                    f.leader,
+                )
+                return True
+            return self._apply_current(f, partition, result)
+
+    def _apply_current(self, f: Followed, partition: Partition, result: Any) -> bool:
         code = _code(result.error_code)
         try:
             if code is ErrorCode.NONE and result.HasField("diverging_epoch"):

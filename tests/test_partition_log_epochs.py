@@ -20,6 +20,7 @@ from partition_log.epochs import UNDEFINED, EpochEnd, EpochEntry, LeaderEpochs
 from partition_log.log import FsyncPolicy, PartitionLogStore
 from partition_log.partition import BatchSpec, Partition
 from partition_log.replica_fetcher import LeaderFetcher
+from raftcoord.protocol.v1 import partition_log_pb2
 from tests.reserved import reserved
 
 CHECKPOINT = "leader-epoch-checkpoint"
@@ -358,6 +359,93 @@ def test_a_replica_never_follows_a_leader_of_an_older_epoch(tmp_path: Path) -> N
         assert part.follow(3) and not part.follow(2)
     finally:
         part.close()
+
+
+def test_a_stale_placement_never_makes_a_second_leader_of_an_epoch(tmp_path: Path) -> None:
+    """A request that looked its placement up (this node leads at epoch 1)
+    before a refresh moved the leadership (another node at epoch 2) must not
+    lead the replica again: it would append batches stamped with the new
+    leader's epoch, which no divergence check tells apart from that leader's
+    (a demo run showed two replicas with different first batches of epoch
+    2). Nor may a replica that stopped leading append."""
+    part = open_partition(tmp_path / "p")
+    try:
+        assert part.lead(1)
+        send(part, -1, -1, b"as-leader", txn=False)
+        # The refresh came first: the stale placement is refused.
+        assert part.follow(2)
+        assert not part.lead(1) and not part.lead(2)
+        assert not part.leading and part.leader_epoch == 2
+        # The lookup came first: the append after the refresh is refused.
+        batch = codec.encode_batch(
+            [codec.RecordData(None, b"late", (), 1)],
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            transactional=False,
+        )
+        refused = part.append(BatchSpec(-1, -1, -1, 1, False), batch, verified=True)
+        assert refused.error is ErrorCode.NOT_LEADER_OR_FOLLOWER, refused
+        assert part.write_marker(7, 0, 0, True, 0)[0] is ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert part.log_end() == 1 and part.store.epochs.entries == [EpochEntry(1, 0)]
+        # A placement of a newer epoch leads it again.
+        assert part.lead(3)
+        assert send(part, -1, -1, b"new-leader", txn=False) == 1
+    finally:
+        part.close()
+    # Restarted, a replica leads again at the epoch of its last batch.
+    again = open_partition(tmp_path / "p")
+    try:
+        assert again.leader_epoch == 3 and again.lead(3)
+    finally:
+        again.close()
+
+
+def test_a_fetch_answered_after_the_replica_changed_is_dropped(tmp_path: Path) -> None:
+    """Fetchers of two leader nodes may fetch one partition at once while the
+    placement moves: an answer for a log end the replica no longer has (the
+    other fetcher appended or cut meanwhile) is dropped, never appended
+    past a gap or over another leader's batches."""
+    leader = open_partition(tmp_path / "leader")
+    follower = open_partition(tmp_path / "follower")
+    try:
+        assert leader.lead(1)
+        for value in (b"a", b"b", b"c"):
+            send(leader, -1, -1, value, txn=False)
+        assert follower.follow(1)
+        replicate(leader, follower)  # offsets 0..2
+        send(leader, -1, -1, b"d", txn=False)
+
+        class Stub:
+            def ReplicaFetch(self, request: Any, timeout: float) -> Any:
+                # Meanwhile another fetcher cut the replica back to offset 1.
+                follower.truncate_to(1)
+                entry = request.partitions[0]
+                read = leader.replica_read(2, entry.fetch_offset, entry.last_fetched_epoch, 1 << 20)
+                answer = partition_log_pb2.ReplicaFetchResponse()
+                answer.partitions.add(
+                    topic="t",
+                    partition=0,
+                    high_watermark=read.high_watermark,
+                    log_start_offset=read.log_start_offset,
+                    records=read.records,
+                )
+                return answer
+
+        fetcher = LeaderFetcher(
+            1,
+            2,
+            None,  # type: ignore[arg-type]
+            lambda: Stub(),
+            lambda f: follower,
+            threading.Event(),
+        )
+        assert fetcher.fetch_once([Followed("t", 0, 1, 1)])
+        assert follower.log_end() == 1  # not 4 over a gap at 1..2
+        assert [h.base_offset for h, _ in follower.store.batches()] == [0]
+    finally:
+        leader.close()
+        follower.close()
 
 
 def test_followers_leave_the_isr_when_they_lag_and_join_when_they_catch_up(

@@ -14,7 +14,8 @@ BIG = 1 << 40
 
 
 def open_partition(path: Path, *, clean_start: bool = True) -> Partition:
-    return Partition(
+    """The partition opened and led here, as a node's lookup leaves it."""
+    part = Partition(
         "t",
         0,
         path,
@@ -23,6 +24,8 @@ def open_partition(path: Path, *, clean_start: bool = True) -> Partition:
         fsync=FsyncPolicy.ALWAYS,
         clean_start=clean_start,
     )
+    assert part.lead(part.leader_epoch)
+    return part
 
 
 def send(part: Partition, pid: int, seq: int) -> int:
