@@ -46,7 +46,8 @@ from partition_log.cluster_view import (
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.metrics import PartitionCollector
 from partition_log.partition import Partition
-from partition_log.replica_fetcher import ReplicaFetchers
+from partition_log.replica_fetcher import GrpcLink, Link, ReplicaFetchers
+from partition_log.replication_link import ReplicationLink, ReplicationListener, host_port
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
@@ -57,7 +58,14 @@ from raftcoord.protocol.health import Health
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.metrics import Metrics, RpcMetrics
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, fail_stop, serve
-from raftcoord.protocol.tls import Authorizer, add_port, cluster_refusal, node_identity
+from raftcoord.protocol.tls import (
+    Authorizer,
+    add_port,
+    cluster_principals,
+    cluster_refusal,
+    node_identity,
+    node_ssl_context,
+)
 from raftcoord.protocol.v1 import (
     data_files_pb2,
     data_files_pb2_grpc,
@@ -76,9 +84,10 @@ GRPC_WORKERS = 32
 #: Fetches parked at once; the other workers stay free for Produce, markers and
 #: Fetches answered at once.
 MAX_PARKED_FETCHES = GRPC_WORKERS // 2
-#: Worker threads of the replication listener, at least (one more per node of
-#: the cluster): a follower keeps one ReplicaFetch in flight per leader node.
-REPLICATION_WORKERS = 4
+#: Connections the replication listener holds at once beyond two per node of
+#: the cluster (a follower keeps one connection per leader node; a restarted
+#: one may dial before the listener has seen its old connection close).
+REPLICATION_CONNECTIONS = 4
 _PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
 #: Left in the data directory by a clean stop, removed at start.
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
@@ -121,14 +130,10 @@ class PartitionNode:
         )
         self.view = ClusterView(channels, coordinators, node_id)
         #: The threads that fetch this node's follower replicas from their leaders.
-        self.fetchers = ReplicaFetchers(
-            node_id,
-            self.view,
-            lambda leader: channels.partition_log(
-                config.partition_node(leader).replication_address
-            ),
-            self._follower,
-        )
+        self._channels = channels
+        #: The TLS of this node's replication links (None: plaintext, no [tls]).
+        self._replication_tls = node_ssl_context(config, node_id, server=False)
+        self.fetchers = ReplicaFetchers(node_id, self.view, self._link_to, self._follower)
         self.adder = TxnPartitionAdder(
             channels,
             coordinators,
@@ -160,7 +165,7 @@ class PartitionNode:
         self._threads: list[threading.Thread] = []
         self._flusher: LogFlusher | None = None
         self._server: grpc.Server | None = None
-        self._replication_server: grpc.Server | None = None
+        self._replication: ReplicationListener | None = None
         #: The node's Prometheus metrics, when its config gives it an address.
         self.metrics: Metrics | None = None
         if self.me.metrics is not None:
@@ -673,9 +678,7 @@ class PartitionNode:
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         if self.me.replication is not None:
-            self._replication_server = self._serve_replication(
-                service, self.me.replication, interceptors
-            )
+            self._replication = self._serve_replication(service, self.me.replication)
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
         if self.metrics is not None and self.me.metrics is not None:
@@ -692,31 +695,31 @@ class PartitionNode:
             self.data_dir,
         )
 
-    def _serve_replication(
-        self, service: PartitionLogService, address: str, interceptors: list[RpcMetrics]
-    ) -> grpc.Server:
-        """The listener of the followers' fetches, with threads of its own:
-        a Produce waiting for its in-sync replicas holds a worker of the main
-        server until the followers fetch, so followers fetching there could
-        find every worker held by such waits (they would all time out)."""
-
-        class ReplicationService(partition_log_pb2_grpc.PartitionLogServicer):
-            def ReplicaFetch(self, request: Any, context: Any) -> Any:
-                return service.ReplicaFetch(request, context)
-
-        server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=REPLICATION_WORKERS + len(self.config.partition_nodes),
-                thread_name_prefix="replication",
-            ),
-            interceptors=interceptors,
-            options=[("grpc.so_reuseport", 0)],
+    def _serve_replication(self, service: PartitionLogService, address: str) -> ReplicationListener:
+        """The listener of the followers' fetches (one thread per follower
+        connection, apart from the gRPC workers: a Produce waiting for its
+        in-sync replicas holds a worker of the main server until the
+        followers fetch, so fetches answered there could all wait behind
+        such Produces)."""
+        allowed = None if self.config.tls is None else cluster_principals(self.config)
+        listener = ReplicationListener(
+            host_port(address),
+            service.replica_fetch,
+            tls=node_ssl_context(self.config, self.node_id, server=True),
+            allowed=lambda who: allowed is None or who in allowed,
+            max_connections=REPLICATION_CONNECTIONS + 2 * len(self.config.partition_nodes),
+            label=f"node={self.node_id}",
         )
-        partition_log_pb2_grpc.add_PartitionLogServicer_to_server(ReplicationService(), server)
-        if add_port(server, address, self.tls_identity) == 0:
-            raise OSError(f"cannot listen on {address}")
-        server.start()
-        return server
+        listener.start()
+        return listener
+
+    def _link_to(self, leader: int) -> Link:
+        """How this node's fetcher reaches ``leader``: its replication
+        address, or its gRPC address in a config without one."""
+        node = self.config.partition_node(leader)
+        if node.replication is None:
+            return GrpcLink(lambda: self._channels.partition_log(node.grpc))
+        return ReplicationLink(node.replication, self._replication_tls)
 
     def can_serve(self) -> bool:
         """The node's health: its data directory is the one on record and it
@@ -825,9 +828,10 @@ class PartitionNode:
         self._stopping.set()
         self._reservation_due.set()
         self.changes.close()
-        for server in (self._server, self._replication_server):
-            if server is not None:
-                server.stop(grace=1.0).wait(2.0)
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(2.0)
+        if self._replication is not None:
+            self._replication.stop()
         if self._flusher is not None:
             self._flusher.stop()
         for thread in self._threads:

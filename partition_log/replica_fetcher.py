@@ -13,16 +13,19 @@ watermark alone) and fetches again. Each fetch also tells the leader the
 follower's log end, which moves the leader's high watermark.
 
 :class:`ReplicaFetchers` starts a thread for each leader node followed and
-lets it end when nothing is followed there any more.
+lets it end when nothing is followed there any more. A fetcher asks through
+a :class:`Link`: the leader's replication address
+(:class:`partition_log.replication_link.ReplicationLink`), or, in a config
+without one, a ReplicaFetch call to the leader's gRPC address
+(:class:`GrpcLink`).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -31,6 +34,7 @@ from partition_log.cluster_view import CALL_TIMEOUT_S, ClusterView, Followed
 from partition_log.epochs import UNDEFINED_EPOCH, EpochEnd
 from partition_log.log import StoreFailed
 from partition_log.partition import Partition
+from partition_log.replication_link import LinkError
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import partition_log_pb2
 
@@ -84,6 +88,35 @@ def truncation_offset(partition: Partition, diverging: EpochEnd) -> int:
     return min(diverging.end_offset, mine.end_offset, end)
 
 
+class Link(Protocol):
+    """How a fetcher reaches one leader node."""
+
+    def fetch(self, request: Any, timeout_s: float) -> Any:
+        """The leader's ReplicaFetchResponse to ``request``.
+
+        Raises:
+            LinkError: no answer.
+        """
+
+    def close(self) -> None: ...
+
+
+class GrpcLink:
+    """A ReplicaFetch call per fetch, to the leader's gRPC address."""
+
+    def __init__(self, stub: Callable[[], Any]) -> None:
+        self._stub = stub
+
+    def fetch(self, request: Any, timeout_s: float) -> Any:
+        try:
+            return self._stub().ReplicaFetch(request, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise LinkError(str(exc)) from None
+
+    def close(self) -> None:
+        pass  # the channel is the node's, shared
+
+
 def _code(value: int) -> ErrorCode:
     try:
         return ErrorCode(value)
@@ -99,7 +132,7 @@ class LeaderFetcher(threading.Thread):
         leader: int,
         node_id: int,
         view: ClusterView,
-        stub: Callable[[], Any],
+        link: Link,
         follower: Callable[[Followed], Partition | None],
         stopping: threading.Event,
     ) -> None:
@@ -107,13 +140,19 @@ class LeaderFetcher(threading.Thread):
         self.leader = leader
         self.node_id = node_id
         self._view = view
-        self._stub = stub
+        self._link = link
         self._follower = follower
         self._stopping = stopping
         #: Set when nothing is followed on the leader any more (the thread ends).
         self.done = False
 
     def run(self) -> None:
+        try:
+            self._fetch_while_followed()
+        finally:
+            self._link.close()
+
+    def _fetch_while_followed(self) -> None:
         while not self._stopping.is_set():
             followed = [f for f in self._view.followed() if f.leader == self.leader]
             if not followed:
@@ -157,10 +196,8 @@ class LeaderFetcher(threading.Thread):
                 last_fetched_epoch=last_epoch,
             )
         try:
-            answer = self._stub().ReplicaFetch(
-                request, timeout=FETCH_WAIT_MS / 1000 + CALL_TIMEOUT_S
-            )
-        except grpc.RpcError as exc:
+            answer = self._link.fetch(request, FETCH_WAIT_MS / 1000 + CALL_TIMEOUT_S)
+        except LinkError as exc:
             log.debug(
                 "node=%d event=replica_fetch_unanswered leader=%d %s",
                 self.node_id,
@@ -282,12 +319,12 @@ class ReplicaFetchers:
         self,
         node_id: int,
         view: ClusterView,
-        stub_for: Callable[[int], Any],
+        link_for: Callable[[int], Link],
         follower: Callable[[Followed], Partition | None],
     ) -> None:
         self._node_id = node_id
         self._view = view
-        self._stub_for = stub_for
+        self._link_for = link_for
         self._follower = follower
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -307,7 +344,7 @@ class ReplicaFetchers:
                     leader,
                     self._node_id,
                     self._view,
-                    functools.partial(self._stub_for, leader),
+                    self._link_for(leader),
                     self._follower,
                     self._stopping,
                 )

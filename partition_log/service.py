@@ -26,7 +26,7 @@ import grpc
 
 from partition_log import codec, produced
 from partition_log.cluster_view import MAX_FLUSH_PARTITIONS, TxnPartitionAdder
-from partition_log.partition import BatchSpec, Partition
+from partition_log.partition import BatchSpec, Partition, ReplicaRead
 from partition_log.producer_state import AppendCheck, Verdict
 from raftcoord.protocol.acl import Operation, ResourceType
 from raftcoord.protocol.errors import ErrorCode
@@ -558,15 +558,21 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     # --- ReplicaFetch ---------------------------------------------------------------
 
     def ReplicaFetch(self, request: Any, context: Any) -> Any:
-        """A follower's fetch: answered at once when a partition has batches,
-        an error or a divergence for it, else parked until one does or
-        ``max_wait_ms`` is over."""
+        """A follower's fetch over gRPC (a config without replication
+        addresses): :meth:`replica_fetch`, for the cluster only."""
         refused = self.cluster_refusal(context)
         if refused is not None:
             return partition_log_pb2.ReplicaFetchResponse(
                 error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
                 error_message=refused,
             )
+        return self.replica_fetch(request)
+
+    def replica_fetch(self, request: Any) -> Any:
+        """A follower's fetch (its caller checked that it comes from the
+        cluster): answered at once when a partition has batches, an error or
+        a divergence for it, else parked until one does or ``max_wait_ms`` is
+        over."""
         if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS or request.partition_max_bytes < 0:
             return partition_log_pb2.ReplicaFetchResponse(
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
@@ -577,27 +583,31 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         deadline = time.monotonic() + request.max_wait_ms / 1000
         while True:
             appended = self.changes.appended
-            answers = [
+            reads = [
                 self._replica_read(request.replica_id, entry, max_bytes)
                 for entry in request.partitions
             ]
             left = deadline - time.monotonic()
             done = any(
-                a.records or a.error_code != ErrorCode.NONE or a.HasField("diverging_epoch")
-                for a in answers
+                r.records or r.error is not ErrorCode.NONE or r.diverging is not None for r in reads
             )
             if done or left <= 0 or self.changes.closed:
-                return partition_log_pb2.ReplicaFetchResponse(partitions=answers)
+                return partition_log_pb2.ReplicaFetchResponse(
+                    partitions=[
+                        _replica_answer(entry, read)
+                        for entry, read in zip(request.partitions, reads, strict=True)
+                    ]
+                )
             self.changes.wait_appended_past(appended, left)
 
-    def _replica_read(self, replica: int, entry: Any, max_bytes: int) -> Any:
-        answer = partition_log_pb2.ReplicaFetchPartitionResponse(
-            topic=entry.topic, partition=entry.partition, high_watermark=-1, log_start_offset=-1
-        )
+    def _replica_read(self, replica: int, entry: Any, max_bytes: int) -> ReplicaRead:
         if entry.fetch_offset < 0 or entry.last_fetched_epoch < -1:
-            answer.error_code = wire_error(ErrorCode.INVALID_REQUEST)
-            answer.error_message = "fetch_offset must be >= 0 and last_fetched_epoch >= -1"
-            return answer
+            return ReplicaRead(
+                ErrorCode.INVALID_REQUEST,
+                "fetch_offset must be >= 0 and last_fetched_epoch >= -1",
+                -1,
+                -1,
+            )
         found: Partition | tuple[ErrorCode, str] = (
             (ErrorCode.NOT_LEADER_OR_FOLLOWER, "this node serves no replicas")
             if self.replica_lookup is None
@@ -606,16 +616,8 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
             )
         )
         if isinstance(found, tuple):
-            answer.error_code, answer.error_message = wire_error(found[0]), found[1]
-            return answer
-        read = found.replica_read(replica, entry.fetch_offset, entry.last_fetched_epoch, max_bytes)
-        answer.error_code, answer.error_message = wire_error(read.error), read.message
-        answer.high_watermark, answer.log_start_offset = read.high_watermark, read.log_start_offset
-        answer.records = read.records
-        if read.diverging is not None:
-            answer.diverging_epoch.epoch = read.diverging.epoch
-            answer.diverging_epoch.end_offset = read.diverging.end_offset
-        return answer
+            return ReplicaRead(found[0], found[1], -1, -1)
+        return found.replica_read(replica, entry.fetch_offset, entry.last_fetched_epoch, max_bytes)
 
     # --- DescribeProducers ---------------------------------------------------------
 
@@ -750,6 +752,24 @@ def _refuse_all(request: Any, code: ErrorCode, message: str) -> Any:
             for e in request.partitions
         ]
     )
+
+
+def _replica_answer(entry: Any, read: ReplicaRead) -> Any:
+    """One partition's part of a ReplicaFetch answer (made only once the
+    fetch is answered: a parked fetch reads its partitions again and again)."""
+    answer = partition_log_pb2.ReplicaFetchPartitionResponse(
+        topic=entry.topic,
+        partition=entry.partition,
+        error_code=wire_error(read.error),
+        error_message=read.message,
+        high_watermark=read.high_watermark,
+        log_start_offset=read.log_start_offset,
+        records=read.records,
+    )
+    if read.diverging is not None:
+        answer.diverging_epoch.epoch = read.diverging.epoch
+        answer.diverging_epoch.end_offset = read.diverging.end_offset
+    return answer
 
 
 def _produce_result(

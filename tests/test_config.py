@@ -137,8 +137,8 @@ def test_files(tmp_path: Path) -> None:
     assert all(len(n.raft) == 4 for n in config.coordinators)
     assert config.settings.fsync == "batch"
     # Followers fetch from a partition-log node's replication listener.
-    replication = {n.replication_address for n in config.partition_nodes}
-    assert len(replication) == len(config.partition_nodes)
+    replication = {n.replication for n in config.partition_nodes}
+    assert None not in replication and len(replication) == len(config.partition_nodes)
     assert replication.isdisjoint(n.grpc for n in config.partition_nodes)
     # A setting given replaces the template's entry of that name.
     write_config(

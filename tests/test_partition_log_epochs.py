@@ -19,7 +19,7 @@ from partition_log.codec import RecordData, encode_batch, parse_header, set_part
 from partition_log.epochs import UNDEFINED, EpochEnd, EpochEntry, LeaderEpochs
 from partition_log.log import FsyncPolicy, PartitionLogStore
 from partition_log.partition import BatchSpec, Partition
-from partition_log.replica_fetcher import LeaderFetcher
+from partition_log.replica_fetcher import GrpcLink, LeaderFetcher
 from raftcoord.protocol.v1 import partition_log_pb2
 from tests.reserved import reserved
 
@@ -348,7 +348,7 @@ def test_a_replica_never_follows_a_leader_of_an_older_epoch(tmp_path: Path) -> N
             1,
             2,
             None,
-            lambda: Stub(),
+            GrpcLink(lambda: Stub()),
             lambda f: part,
             threading.Event(),  # type: ignore[arg-type]
         )
@@ -436,7 +436,7 @@ def test_a_fetch_answered_after_the_replica_changed_is_dropped(tmp_path: Path) -
             1,
             2,
             None,  # type: ignore[arg-type]
-            lambda: Stub(),
+            GrpcLink(lambda: Stub()),
             lambda f: follower,
             threading.Event(),
         )

@@ -61,12 +61,8 @@ class NodeAddress:
     grpc: str
     raft: tuple[str, ...] = ()
     metrics: str | None = None
+    #: Where followers fetch from this node (None: its gRPC address).
     replication: str | None = None
-
-    @property
-    def replication_address(self) -> str:
-        """Where followers fetch from this node."""
-        return self.replication or self.grpc
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ a super user's call may name one, anyone else's header is ignored.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,27 @@ def node_identity(config: ClusterConfig, node_id: int) -> Identity | None:
         return None
     cert, key = tls.node_files(node_id)
     return Identity.load(tls.ca_file, cert, key)
+
+
+def node_ssl_context(config: ClusterConfig, node_id: int, server: bool) -> ssl.SSLContext | None:
+    """Mutual TLS for the connections that are not gRPC (the followers'
+    fetches): node ``node_id``'s certificate, the cluster's CA, a peer
+    certificate required on both sides (and the server's checked against
+    the address dialled). None without ``[tls]``.
+
+    Raises:
+        OSError, ssl.SSLError: a file of the identity cannot be read.
+    """
+    tls = config.tls
+    if tls is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    cert, key = tls.node_files(node_id)
+    context.load_cert_chain(cert, key)
+    context.load_verify_locations(cafile=tls.ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def principal(context: Any) -> str:

@@ -1,0 +1,300 @@
+"""The followers' fetch connection (partition_log.replication_link) on
+loopback: answers in order over one connection, refuses what it cannot
+trust (oversized or undecodable frames, strangers under TLS, too many
+connections) without stopping for the others, and turns every failure on
+the follower's side into a LinkError."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from partition_log import replication_link
+from partition_log.replica_fetcher import GrpcLink
+from partition_log.replication_link import (
+    LinkError,
+    ReplicationLink,
+    ReplicationListener,
+    response_limit,
+)
+from raftcoord.cluster import certs
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.v1 import partition_log_pb2
+
+NODES = {"User:node-1", "User:node-2"}
+
+
+def request(*partitions: int, max_bytes: int = 1024) -> Any:
+    message = partition_log_pb2.ReplicaFetchRequest(
+        replica_id=2, max_wait_ms=0, partition_max_bytes=max_bytes
+    )
+    for p in partitions:
+        message.partitions.add(topic="t", partition=p, fetch_offset=p * 10)
+    return message
+
+
+class Echo:
+    """Answers each request with its partitions, noting the thread that answered."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.records = b""
+
+    def __call__(self, request: Any) -> Any:
+        self.threads.append(threading.get_ident())
+        answer = partition_log_pb2.ReplicaFetchResponse()
+        for entry in request.partitions:
+            answer.partitions.add(
+                topic=entry.topic,
+                partition=entry.partition,
+                high_watermark=entry.fetch_offset,
+                records=self.records,
+            )
+        return answer
+
+
+def listen(
+    answer: Any, tls: Any = None, allowed: Any = None, max_connections: int = 4
+) -> ReplicationListener:
+    listener = ReplicationListener(
+        ("127.0.0.1", 0),
+        answer,
+        tls=tls,
+        allowed=allowed or (lambda who: True),
+        max_connections=max_connections,
+        label="node=1",
+    )
+    listener.start()
+    return listener
+
+
+@pytest.fixture
+def echo() -> Echo:
+    return Echo()
+
+
+@pytest.fixture
+def listener(echo: Echo) -> Iterator[ReplicationListener]:
+    running = listen(echo)
+    yield running
+    running.stop()
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_fetches_are_answered_in_order_over_one_connection(
+    listener: ReplicationListener, echo: Echo
+) -> None:
+    link = ReplicationLink(f"127.0.0.1:{listener.port}", None)
+    try:
+        for i in range(5):
+            answer = link.fetch(request(i, i + 1), timeout_s=5)
+            assert [(p.partition, p.high_watermark) for p in answer.partitions] == [
+                (i, i * 10),
+                (i + 1, (i + 1) * 10),
+            ]
+    finally:
+        link.close()
+    assert len(set(echo.threads)) == 1, "one connection, one leader thread"
+
+
+def test_an_oversized_or_undecodable_request_ends_only_its_connection(
+    listener: ReplicationListener,
+) -> None:
+    for garbage in (struct.pack(">I", replication_link.MAX_REQUEST_BYTES + 1), b"\0\0\0\2\xff\xff"):
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as stranger:
+            stranger.sendall(garbage)
+            assert closed_by_peer(stranger)
+    link = ReplicationLink(f"127.0.0.1:{listener.port}", None)
+    try:
+        assert link.fetch(request(3), timeout_s=5).partitions[0].partition == 3
+    finally:
+        link.close()
+
+
+def test_an_answer_over_what_the_request_allows_is_not_read(
+    listener: ReplicationListener, echo: Echo
+) -> None:
+    echo.records = b"r" * (response_limit(request(0, max_bytes=10)) + 1)
+    link = ReplicationLink(f"127.0.0.1:{listener.port}", None)
+    try:
+        with pytest.raises(LinkError, match="at most"):
+            link.fetch(request(0, max_bytes=10), timeout_s=5)
+        echo.records = b""
+        assert link.fetch(request(1), timeout_s=5).partitions[0].partition == 1  # dials again
+    finally:
+        link.close()
+
+
+def test_no_listener_or_a_stopped_one_is_a_link_error(echo: Echo) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]  # nobody listens there
+        with pytest.raises(LinkError):
+            ReplicationLink(f"127.0.0.1:{port}", None).fetch(request(0), timeout_s=5)
+    running = listen(echo)
+    link = ReplicationLink(f"127.0.0.1:{running.port}", None)
+    try:
+        link.fetch(request(0), timeout_s=5)
+        running.stop()
+        with pytest.raises(LinkError):
+            link.fetch(request(0), timeout_s=5)
+    finally:
+        link.close()
+
+
+def test_connections_over_the_limit_are_closed_at_once(echo: Echo) -> None:
+    running = listen(echo, max_connections=1)
+    first = ReplicationLink(f"127.0.0.1:{running.port}", None)
+    try:
+        first.fetch(request(0), timeout_s=5)
+        with pytest.raises(LinkError):
+            ReplicationLink(f"127.0.0.1:{running.port}", None).fetch(request(0), timeout_s=5)
+        assert first.fetch(request(1), timeout_s=5).partitions[0].partition == 1
+    finally:
+        first.close()
+        running.stop()
+
+
+def test_a_silent_connection_is_closed_after_the_handshake_timeout(
+    echo: Echo, monkeypatch: pytest.MonkeyPatch, tls_files: dict[str, Any]
+) -> None:
+    monkeypatch.setattr(replication_link, "HANDSHAKE_TIMEOUT_S", 0.2)
+    running = listen(echo, tls=tls_files["server"])
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as silent:
+            assert closed_by_peer(silent)
+    finally:
+        running.stop()
+
+
+# --- TLS -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    directory = tmp_path_factory.mktemp("certs")
+    ca = certs.make_ca(directory)
+    certs.issue(ca, directory, "node-1", "node-1", ["127.0.0.1"])
+    certs.issue(ca, directory, "node-2", "node-2", ["127.0.0.1"])
+    certs.issue(ca, directory, "client", "client", [])
+    other = tmp_path_factory.mktemp("other")
+    certs.issue(certs.make_ca(other, "another CA"), other, "node-2", "node-2", [])
+
+    def context(server: bool, name: str, where: Path = directory) -> ssl.SSLContext:
+        made = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+        made.load_cert_chain(where / f"{name}.pem", where / f"{name}.key")
+        made.load_verify_locations(cafile=directory / "ca.pem")
+        made.verify_mode = ssl.CERT_REQUIRED
+        return made
+
+    return {
+        "server": context(True, "node-1"),
+        "node": context(False, "node-2"),
+        "client": context(False, "client"),
+        "foreign": context(False, "node-2", other),
+    }
+
+
+@pytest.fixture
+def tls_listener(echo: Echo, tls_files: dict[str, Any]) -> Iterator[ReplicationListener]:
+    running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    yield running
+    running.stop()
+
+
+def test_under_tls_a_node_of_the_cluster_fetches(
+    tls_listener: ReplicationListener, tls_files: dict[str, Any]
+) -> None:
+    link = ReplicationLink(f"127.0.0.1:{tls_listener.port}", tls_files["node"])
+    try:
+        for i in range(3):
+            assert link.fetch(request(i), timeout_s=5).partitions[0].partition == i
+    finally:
+        link.close()
+
+
+def test_under_tls_another_principal_is_refused_once_and_cut_off(
+    tls_listener: ReplicationListener, tls_files: dict[str, Any], echo: Echo
+) -> None:
+    link = ReplicationLink(f"127.0.0.1:{tls_listener.port}", tls_files["client"])
+    try:
+        answer = link.fetch(request(0), timeout_s=5)
+        assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        assert "User:client" in answer.error_message and not answer.partitions
+        with pytest.raises(LinkError):
+            link.fetch(request(0), timeout_s=5)
+    finally:
+        link.close()
+    assert echo.threads == [], "nothing was read for a stranger"
+
+
+@pytest.mark.parametrize("who", ["foreign", "plaintext"])
+def test_under_tls_a_peer_without_a_certificate_of_the_ca_gets_nothing(
+    tls_listener: ReplicationListener, tls_files: dict[str, Any], echo: Echo, who: str
+) -> None:
+    link = ReplicationLink(
+        f"127.0.0.1:{tls_listener.port}", None if who == "plaintext" else tls_files[who]
+    )
+    try:
+        with pytest.raises(LinkError):
+            link.fetch(request(0), timeout_s=5)
+    finally:
+        link.close()
+    assert echo.threads == []
+
+
+def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
+    echo: Echo, tls_files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication_link, "MAX_HANDSHAKES", 2)
+    running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    node = ReplicationLink(f"127.0.0.1:{running.port}", tls_files["node"])
+    strangers = []
+    try:
+        node.fetch(request(0), timeout_s=5)
+        # Silent connections fill the handshake places, then one more is turned away.
+        strangers = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(3)]
+        assert closed_by_peer(strangers[-1])
+        assert node.fetch(request(1), timeout_s=5).partitions[0].partition == 1
+    finally:
+        for stranger in strangers:
+            stranger.close()
+        node.close()
+        running.stop()
+
+
+def test_the_grpc_link_of_a_config_without_replication_addresses() -> None:
+    class Unavailable(grpc.RpcError):
+        pass
+
+    class Stub:
+        def __init__(self) -> None:
+            self.fail = False
+
+        def ReplicaFetch(self, request: Any, timeout: float) -> Any:
+            if self.fail:
+                raise Unavailable("UNAVAILABLE")
+            return Echo()(request)
+
+    stub = Stub()
+    link = GrpcLink(lambda: stub)
+    assert link.fetch(request(4), timeout_s=1).partitions[0].partition == 4
+    stub.fail = True
+    with pytest.raises(LinkError, match="UNAVAILABLE"):
+        link.fetch(request(4), timeout_s=1)
+    link.close()
