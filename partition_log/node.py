@@ -46,10 +46,16 @@ from partition_log.cluster_view import (
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
 from partition_log.metrics import PartitionCollector
 from partition_log.partition import Partition
-from partition_log.replica_fetcher import GrpcLink, Link, ReplicaFetchers
-from partition_log.replication_link import ReplicationLink, ReplicationListener, host_port
+from partition_log.replica_fetcher import ConnectionLink, GrpcLink, Link, ReplicaFetchers
 from partition_log.service import LogChanges, PartitionLogService
 from raftcoord.protocol.channels import CHANNEL_POLICY, ChannelCache
+from raftcoord.protocol.cluster_link import (
+    REPLICA_FETCH,
+    WRITE_TXN_MARKERS,
+    ClusterLink,
+    ClusterListener,
+    host_port,
+)
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
 from raftcoord.protocol.data_files import PARTITION_LOG, DataFilesService
@@ -84,9 +90,10 @@ GRPC_WORKERS = 32
 #: Fetches parked at once; the other workers stay free for Produce, markers and
 #: Fetches answered at once.
 MAX_PARKED_FETCHES = GRPC_WORKERS // 2
-#: Connections the replication listener holds at once beyond two per node of
-#: the cluster (a follower keeps one connection per leader node; a restarted
-#: one may dial before the listener has seen its old connection close).
+#: Connections the replication listener holds at once beyond two per caller
+#: (a follower keeps one connection per leader node, a coordinator one per
+#: shard it leads; a restarted one may dial before the listener has seen its
+#: old connection close).
 REPLICATION_CONNECTIONS = 4
 _PARTITION_DIR = re.compile(r"(?P<topic>[a-zA-Z0-9._-]+)-(?P<partition>\d+)")
 #: Left in the data directory by a clean stop, removed at start.
@@ -165,7 +172,7 @@ class PartitionNode:
         self._threads: list[threading.Thread] = []
         self._flusher: LogFlusher | None = None
         self._server: grpc.Server | None = None
-        self._replication: ReplicationListener | None = None
+        self._replication: ClusterListener | None = None
         #: The node's Prometheus metrics, when its config gives it an address.
         self.metrics: Metrics | None = None
         if self.me.metrics is not None:
@@ -695,19 +702,22 @@ class PartitionNode:
             self.data_dir,
         )
 
-    def _serve_replication(self, service: PartitionLogService, address: str) -> ReplicationListener:
-        """The listener of the followers' fetches (one thread per follower
-        connection, apart from the gRPC workers: a Produce waiting for its
-        in-sync replicas holds a worker of the main server until the
-        followers fetch, so fetches answered there could all wait behind
-        such Produces)."""
+    def _serve_replication(self, service: PartitionLogService, address: str) -> ClusterListener:
+        """The listener of the followers' fetches and the coordinators'
+        markers (one thread per connection, apart from the gRPC workers: a
+        Produce waiting for its in-sync replicas holds a worker of the main
+        server until the followers fetch, so fetches answered there could all
+        wait behind such Produces)."""
         allowed = None if self.config.tls is None else cluster_principals(self.config)
-        listener = ReplicationListener(
+        callers = len(self.config.partition_nodes) + len(self.config.coordinators) * (
+            self.config.shard_count
+        )
+        listener = ClusterListener(
             host_port(address),
-            service.replica_fetch,
+            {REPLICA_FETCH: service.replica_fetch, WRITE_TXN_MARKERS: service.write_txn_markers},
             tls=node_ssl_context(self.config, self.node_id, server=True),
             allowed=lambda who: allowed is None or who in allowed,
-            max_connections=REPLICATION_CONNECTIONS + 2 * len(self.config.partition_nodes),
+            max_connections=REPLICATION_CONNECTIONS + 2 * callers,
             label=f"node={self.node_id}",
         )
         listener.start()
@@ -719,7 +729,7 @@ class PartitionNode:
         node = self.config.partition_node(leader)
         if node.replication is None:
             return GrpcLink(lambda: self._channels.partition_log(node.grpc))
-        return ReplicationLink(node.replication, self._replication_tls)
+        return ConnectionLink(ClusterLink(node.replication, self._replication_tls))
 
     def can_serve(self) -> bool:
         """The node's health: its data directory is the one on record and it

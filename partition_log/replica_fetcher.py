@@ -14,9 +14,9 @@ follower's log end, which moves the leader's high watermark.
 
 :class:`ReplicaFetchers` starts a thread for each leader node followed and
 lets it end when nothing is followed there any more. A fetcher asks through
-a :class:`Link`: the leader's replication address
-(:class:`partition_log.replication_link.ReplicationLink`), or, in a config
-without one, a ReplicaFetch call to the leader's gRPC address
+a :class:`Link`: a connection to the leader's replication address
+(:class:`ConnectionLink`, :mod:`raftcoord.protocol.cluster_link`), or, in a
+config without one, a ReplicaFetch call to the leader's gRPC address
 (:class:`GrpcLink`).
 """
 
@@ -34,7 +34,7 @@ from partition_log.cluster_view import CALL_TIMEOUT_S, ClusterView, Followed
 from partition_log.epochs import UNDEFINED_EPOCH, EpochEnd
 from partition_log.log import StoreFailed
 from partition_log.partition import Partition
-from partition_log.replication_link import LinkError
+from raftcoord.protocol.cluster_link import REPLICA_FETCH, ClusterLink, LinkError
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import partition_log_pb2
 
@@ -99,6 +99,19 @@ class Link(Protocol):
         """
 
     def close(self) -> None: ...
+
+
+class ConnectionLink:
+    """Fetches over a connection of their own to the leader's replication address."""
+
+    def __init__(self, link: ClusterLink) -> None:
+        self._link = link
+
+    def fetch(self, request: Any, timeout_s: float) -> Any:
+        return self._link.call(REPLICA_FETCH, request, timeout_s)
+
+    def close(self) -> None:
+        self._link.close()
 
 
 class GrpcLink:

@@ -224,7 +224,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                     check = p.partition.append(p.spec, p.batch, verified=True)
                     results[p.index] = _appended(p.tp, check)
         if acks == ACKS_ALL:
-            deadline = _replication_deadline(context)
+            deadline = _replication_deadline(_time_remaining(context))
             for p in pending:
                 result = results[p.index]
                 if result.error_code != ErrorCode.NONE:
@@ -502,11 +502,19 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     # --- WriteTxnMarkers -----------------------------------------------------------
 
     def WriteTxnMarkers(self, request: Any, context: Any) -> Any:
-        """Each marker is answered once every in-sync replica has it."""
+        """A coordinator's markers over gRPC: :meth:`write_txn_markers`, for
+        the cluster only."""
+        return self.write_txn_markers(
+            request, self.cluster_refusal(context), _time_remaining(context)
+        )
+
+    def write_txn_markers(self, request: Any, refused: str | None, timeout_s: float | None) -> Any:
+        """Each marker is answered once every in-sync replica has it, or
+        when the caller's ``timeout_s`` is about to end; a caller that is
+        not the cluster (``refused``: why) has each refused."""
         now_ms = int(time.time() * 1000)
-        deadline = _replication_deadline(context)
+        deadline = _replication_deadline(timeout_s)
         answers = []
-        refused = self.cluster_refusal(context)
         for marker in request.markers:
             if refused is not None:
                 answers.append(_not_from_cluster(marker, refused))
@@ -560,19 +568,18 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def ReplicaFetch(self, request: Any, context: Any) -> Any:
         """A follower's fetch over gRPC (a config without replication
         addresses): :meth:`replica_fetch`, for the cluster only."""
-        refused = self.cluster_refusal(context)
+        return self.replica_fetch(request, self.cluster_refusal(context))
+
+    def replica_fetch(self, request: Any, refused: str | None, timeout_s: float = 0.0) -> Any:
+        """A follower's fetch: answered at once when a partition has batches,
+        an error or a divergence for it, else parked until one does or
+        ``max_wait_ms`` is over (``timeout_s``, the caller's, plays no part);
+        a caller that is not the cluster (``refused``: why) is refused."""
         if refused is not None:
             return partition_log_pb2.ReplicaFetchResponse(
                 error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
                 error_message=refused,
             )
-        return self.replica_fetch(request)
-
-    def replica_fetch(self, request: Any) -> Any:
-        """A follower's fetch (its caller checked that it comes from the
-        cluster): answered at once when a partition has batches, an error or
-        a divergence for it, else parked until one does or ``max_wait_ms`` is
-        over."""
         if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS or request.partition_max_bytes < 0:
             return partition_log_pb2.ReplicaFetchResponse(
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
@@ -697,13 +704,18 @@ class _AuthorizedLookup:
         return self._service.lookup(topic, partition, leader_epoch)
 
 
-def _replication_deadline(context: Any) -> float:
-    """When (monotonic) a call's acks=all waits give up: its own deadline less
-    the time for the answer to travel, at most :data:`REPLICATION_TIMEOUT_S`."""
+def _time_remaining(context: Any) -> float | None:
+    """Seconds left of a gRPC call's deadline (None: none, or no call)."""
+    return None if context is None else context.time_remaining()
+
+
+def _replication_deadline(timeout_s: float | None) -> float:
+    """When (monotonic) a call's acks=all waits give up: the call's own
+    deadline (``timeout_s`` from now; None: none) less the time for the
+    answer to travel, at most :data:`REPLICATION_TIMEOUT_S`."""
     wait = REPLICATION_TIMEOUT_S
-    remaining = None if context is None else context.time_remaining()
-    if remaining is not None:
-        wait = min(wait, remaining - _ANSWER_MARGIN_S)
+    if timeout_s is not None:
+        wait = min(wait, timeout_s - _ANSWER_MARGIN_S)
     return time.monotonic() + wait
 
 

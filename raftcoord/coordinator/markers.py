@@ -7,7 +7,10 @@ world through a :class:`GrpcMarkerTransport`:
 
 * a data partition's marker goes to the partition-log node that owns it
   (cluster topics replicated by shard 0: topic -> node id per partition;
-  node id -> address from the config), with ``PartitionLog.WriteTxnMarkers``;
+  node id -> address from the config), with ``PartitionLog.WriteTxnMarkers``
+  over a connection of the writer's own to the node's replication address
+  (:mod:`raftcoord.protocol.cluster_link`; a unary gRPC call to its gRPC
+  address in a config without one);
 * a consumer group's marker goes to the coordinator leading the group's
   shard, with ``TransactionCoordinator.WriteTxnMarkers`` (groups only);
 * completion proposes ``MarkersWritten`` on the writer's own shard, only
@@ -17,6 +20,7 @@ world through a :class:`GrpcMarkerTransport`:
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -44,9 +48,11 @@ from marker_writer import (
 from raftcoord.coordinator.leader import Unstamped
 from raftcoord.coordinator.shard import Shard, Shards
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.cluster_link import WRITE_TXN_MARKERS, ClusterLink, LinkError
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
+from raftcoord.protocol.tls import node_ssl_context
 from raftcoord.protocol.types import TopicPartition, WriteMarkers
 from raftcoord.protocol.v1 import (
     common_pb2,
@@ -81,6 +87,7 @@ class GrpcMarkerTransport:
         term: int,
         channels: ChannelCache,
         stopping: threading.Event,
+        link_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.shards = shards
         self.shard_count = config.shard_count
@@ -89,6 +96,14 @@ class GrpcMarkerTransport:
         self.channels = channels
         self.stopping = stopping
         self._partition_nodes = {n.node_id: n.grpc for n in config.partition_nodes}
+        #: node id -> replication address, of the partition-log nodes that have one.
+        self._link_addresses = {
+            n.node_id: n.replication for n in config.partition_nodes if n.replication is not None
+        }
+        self._link_tls = link_tls
+        self._links: dict[int, ClusterLink] = {}
+        self._links_lock = threading.Lock()
+        self._closed = False
 
     # --- where markers go ----------------------------------------------------------
 
@@ -121,16 +136,23 @@ class GrpcMarkerTransport:
         request = partition_log_pb2.WriteTxnMarkersRequest(
             markers=[_txn_marker(m) for m in markers]
         )
-        if destination.kind is DestinationKind.PARTITION_LOG:
-            stub = self.channels.partition_log(destination.address)
+        link = self._link(destination)
+        if link is not None:
+            try:
+                response = link.call(WRITE_TXN_MARKERS, request, CALL_TIMEOUT_S)
+            except LinkError as exc:
+                raise TransportError(str(exc)) from exc
         else:
-            stub = self.channels.coordinator(destination.address)
-        try:
-            response = stub.WriteTxnMarkers(request, timeout=CALL_TIMEOUT_S)
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            name = code.name if isinstance(code, grpc.StatusCode) else "RPC_ERROR"
-            raise TransportError(name) from exc
+            if destination.kind is DestinationKind.PARTITION_LOG:
+                stub = self.channels.partition_log(destination.address)
+            else:
+                stub = self.channels.coordinator(destination.address)
+            try:
+                response = stub.WriteTxnMarkers(request, timeout=CALL_TIMEOUT_S)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                name = code.name if isinstance(code, grpc.StatusCode) else "RPC_ERROR"
+                raise TransportError(name) from exc
         if len(response.markers) != len(markers):
             raise TransportError(f"{len(response.markers)} results for {len(markers)} markers")
         answers = []
@@ -146,6 +168,31 @@ class GrpcMarkerTransport:
             errors.update({ConsumerGroup(g.group_id): int(g.error_code) for g in result.groups})
             answers.append(MarkerResponse(errors))
         return answers
+
+    def _link(self, destination: Destination) -> ClusterLink | None:
+        """This writer's connection to a partition-log node's replication
+        address (None: a coordinator, or a node without one: gRPC)."""
+        if destination.kind is not DestinationKind.PARTITION_LOG:
+            return None
+        address = self._link_addresses.get(destination.node_id)
+        if address is None:
+            return None
+        with self._links_lock:
+            if self._closed:
+                raise _node_stopping()
+            link = self._links.get(destination.node_id)
+            if link is None:
+                link = self._links[destination.node_id] = ClusterLink(address, self._link_tls)
+            return link
+
+    def close(self) -> None:
+        """Close this writer's connections (its leadership ended); a call in
+        flight on one ends at once."""
+        with self._links_lock:
+            self._closed = True
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.close()
 
     # --- completion ----------------------------------------------------------------
 
@@ -222,8 +269,11 @@ class MarkerWriters:
         self.node_id = node_id
         #: One channel per address, shared by every writer of the node.
         self.channels = ChannelCache(closed_error=_node_stopping, credentials=credentials)
+        #: The TLS of the writers' connections to replication addresses.
+        self._link_tls = node_ssl_context(config, node_id, server=False)
         self._lock = threading.Lock()
         self._writers: dict[int, MarkerWriter] = {}
+        self._transports: dict[int, GrpcMarkerTransport] = {}
         self._stopping = threading.Event()
 
     def sync(self, shard: Shard) -> MarkerWriter | None:
@@ -241,24 +291,31 @@ class MarkerWriters:
         if current is not None and leading and current.term == term and not current.stopped:
             return current
         stale: MarkerWriter | None = None
+        stale_transport: GrpcMarkerTransport | None = None
         with self._lock:
             writer = self._writers.get(shard.shard)
             if writer is not None and (not leading or writer.term != term or writer.stopped):
                 stale = self._writers.pop(shard.shard)
+                stale_transport = self._transports.pop(shard.shard, None)
                 writer = None
             created = writer is None and leading and not self._stopping.is_set()
             if created:
-                writer = self._writers[shard.shard] = MarkerWriter(
-                    shard.shard,
+                transport = self._transports[shard.shard] = GrpcMarkerTransport(
+                    self.shards,
+                    self.config,
+                    shard,
                     term,
-                    GrpcMarkerTransport(
-                        self.shards, self.config, shard, term, self.channels, self._stopping
-                    ),
-                    logger=log,
-                    label=f"node={self.node_id}",
+                    self.channels,
+                    self._stopping,
+                    self._link_tls,
+                )
+                writer = self._writers[shard.shard] = MarkerWriter(
+                    shard.shard, term, transport, logger=log, label=f"node={self.node_id}"
                 )
         if stale is not None:
             stale.stop(timeout_s=0)
+        if stale_transport is not None:
+            stale_transport.close()
         if created and writer is not None:
             # Seeded from the applied state, a new writer owes every Prepare*
             # transaction's markers even if a hand-off came before it existed
@@ -297,8 +354,11 @@ class MarkerWriters:
         with self._lock:
             self._stopping.set()
             writers, self._writers = list(self._writers.values()), {}
+            transports, self._transports = list(self._transports.values()), {}
         for writer in writers:
             writer.stop(timeout_s=1.0)
+        for transport in transports:
+            transport.close()
         self.channels.close()
 
     def metrics(self) -> list[dict[str, Any]]:

@@ -130,8 +130,9 @@ def node_identity(config: ClusterConfig, node_id: int) -> Identity | None:
 
 
 def node_ssl_context(config: ClusterConfig, node_id: int, server: bool) -> ssl.SSLContext | None:
-    """Mutual TLS for the connections that are not gRPC (the followers'
-    fetches): node ``node_id``'s certificate, the cluster's CA, a peer
+    """Mutual TLS for the connections that are not gRPC (the cluster links
+    to partition-log nodes' replication addresses: followers' fetches,
+    coordinators' markers): node ``node_id``'s certificate, the cluster's CA, a peer
     certificate required on both sides (and the server's checked against
     the address dialled). None without ``[tls]``.
 

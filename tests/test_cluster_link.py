@@ -1,8 +1,9 @@
-"""The followers' fetch connection (partition_log.replication_link) on
-loopback: answers in order over one connection, refuses what it cannot
-trust (oversized or undecodable frames, strangers under TLS, too many
-connections) without stopping for the others, and turns every failure on
-the follower's side into a LinkError."""
+"""Calls between the cluster's nodes over connections of their own
+(raftcoord.protocol.cluster_link) on loopback: answers in order over one
+connection, each method to its own answer, refuses what it cannot trust
+(oversized or undecodable frames, unknown methods, strangers under TLS, too
+many connections) without stopping for the others, and turns every failure
+on the caller's side into a LinkError."""
 
 from __future__ import annotations
 
@@ -17,15 +18,16 @@ from typing import Any
 import grpc
 import pytest
 
-from partition_log import replication_link
-from partition_log.replica_fetcher import GrpcLink
-from partition_log.replication_link import (
-    LinkError,
-    ReplicationLink,
-    ReplicationListener,
-    response_limit,
-)
+from partition_log.replica_fetcher import ConnectionLink, GrpcLink
 from raftcoord.cluster import certs
+from raftcoord.protocol import cluster_link
+from raftcoord.protocol.cluster_link import (
+    REPLICA_FETCH,
+    WRITE_TXN_MARKERS,
+    ClusterLink,
+    ClusterListener,
+    LinkError,
+)
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import partition_log_pb2
 
@@ -42,14 +44,24 @@ def request(*partitions: int, max_bytes: int = 1024) -> Any:
 
 
 class Echo:
-    """Answers each request with its partitions, noting the thread that answered."""
+    """Answers each fetch with its partitions, noting the thread that answered
+    (a stranger's, ``refused``, gets CLUSTER_AUTHORIZATION_FAILED as the
+    partition-log service answers it) and the timeout each caller named."""
 
     def __init__(self) -> None:
         self.threads: list[int] = []
+        self.refused: list[str] = []
+        self.timeouts: list[float] = []
         self.records = b""
 
-    def __call__(self, request: Any) -> Any:
+    def __call__(self, request: Any, refused: str | None = None, timeout_s: float = 0.0) -> Any:
+        if refused is not None:
+            self.refused.append(refused)
+            return partition_log_pb2.ReplicaFetchResponse(
+                error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=refused
+            )
         self.threads.append(threading.get_ident())
+        self.timeouts.append(timeout_s)
         answer = partition_log_pb2.ReplicaFetchResponse()
         for entry in request.partitions:
             answer.partitions.add(
@@ -61,12 +73,28 @@ class Echo:
         return answer
 
 
+def markers_answer(request: Any, refused: str | None, timeout_s: float) -> Any:
+    """Each marker's partitions answered with NONE."""
+    answer = partition_log_pb2.WriteTxnMarkersResponse()
+    for marker in request.markers:
+        result = answer.markers.add(producer_id=marker.producer_id)
+        for topic in marker.topics:
+            for index in topic.partitions:
+                result.partitions.add(topic=topic.topic, partition=index)
+    return answer
+
+
+def fetch_link(address: str, tls: ssl.SSLContext | None) -> ConnectionLink:
+    """A follower's link to a leader's replication address."""
+    return ConnectionLink(ClusterLink(address, tls))
+
+
 def listen(
     answer: Any, tls: Any = None, allowed: Any = None, max_connections: int = 4
-) -> ReplicationListener:
-    listener = ReplicationListener(
+) -> ClusterListener:
+    listener = ClusterListener(
         ("127.0.0.1", 0),
-        answer,
+        {REPLICA_FETCH: answer, WRITE_TXN_MARKERS: markers_answer},
         tls=tls,
         allowed=allowed or (lambda who: True),
         max_connections=max_connections,
@@ -82,7 +110,7 @@ def echo() -> Echo:
 
 
 @pytest.fixture
-def listener(echo: Echo) -> Iterator[ReplicationListener]:
+def listener(echo: Echo) -> Iterator[ClusterListener]:
     running = listen(echo)
     yield running
     running.stop()
@@ -97,9 +125,9 @@ def closed_by_peer(sock: socket.socket) -> bool:
 
 
 def test_fetches_are_answered_in_order_over_one_connection(
-    listener: ReplicationListener, echo: Echo
+    listener: ClusterListener, echo: Echo
 ) -> None:
-    link = ReplicationLink(f"127.0.0.1:{listener.port}", None)
+    link = fetch_link(f"127.0.0.1:{listener.port}", None)
     try:
         for i in range(5):
             answer = link.fetch(request(i, i + 1), timeout_s=5)
@@ -113,13 +141,17 @@ def test_fetches_are_answered_in_order_over_one_connection(
 
 
 def test_an_oversized_or_undecodable_request_ends_only_its_connection(
-    listener: ReplicationListener,
+    listener: ClusterListener,
 ) -> None:
-    for garbage in (struct.pack(">I", replication_link.MAX_REQUEST_BYTES + 1), b"\0\0\0\2\xff\xff"):
+    for garbage in (
+        struct.pack(">IBI", REPLICA_FETCH.max_request_bytes + 1, REPLICA_FETCH.number, 0),
+        struct.pack(">IBI", 2, REPLICA_FETCH.number, 0) + b"\xff\xff",
+        struct.pack(">IBI", 0, 99, 0),  # no such method
+    ):
         with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as stranger:
             stranger.sendall(garbage)
             assert closed_by_peer(stranger)
-    link = ReplicationLink(f"127.0.0.1:{listener.port}", None)
+    link = fetch_link(f"127.0.0.1:{listener.port}", None)
     try:
         assert link.fetch(request(3), timeout_s=5).partitions[0].partition == 3
     finally:
@@ -127,10 +159,10 @@ def test_an_oversized_or_undecodable_request_ends_only_its_connection(
 
 
 def test_an_answer_over_what_the_request_allows_is_not_read(
-    listener: ReplicationListener, echo: Echo
+    listener: ClusterListener, echo: Echo
 ) -> None:
-    echo.records = b"r" * (response_limit(request(0, max_bytes=10)) + 1)
-    link = ReplicationLink(f"127.0.0.1:{listener.port}", None)
+    echo.records = b"r" * (REPLICA_FETCH.response_limit(request(0, max_bytes=10)) + 1)
+    link = fetch_link(f"127.0.0.1:{listener.port}", None)
     try:
         with pytest.raises(LinkError, match="at most"):
             link.fetch(request(0, max_bytes=10), timeout_s=5)
@@ -145,9 +177,9 @@ def test_no_listener_or_a_stopped_one_is_a_link_error(echo: Echo) -> None:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]  # nobody listens there
         with pytest.raises(LinkError):
-            ReplicationLink(f"127.0.0.1:{port}", None).fetch(request(0), timeout_s=5)
+            fetch_link(f"127.0.0.1:{port}", None).fetch(request(0), timeout_s=5)
     running = listen(echo)
-    link = ReplicationLink(f"127.0.0.1:{running.port}", None)
+    link = fetch_link(f"127.0.0.1:{running.port}", None)
     try:
         link.fetch(request(0), timeout_s=5)
         running.stop()
@@ -159,11 +191,11 @@ def test_no_listener_or_a_stopped_one_is_a_link_error(echo: Echo) -> None:
 
 def test_connections_over_the_limit_are_closed_at_once(echo: Echo) -> None:
     running = listen(echo, max_connections=1)
-    first = ReplicationLink(f"127.0.0.1:{running.port}", None)
+    first = fetch_link(f"127.0.0.1:{running.port}", None)
     try:
         first.fetch(request(0), timeout_s=5)
         with pytest.raises(LinkError):
-            ReplicationLink(f"127.0.0.1:{running.port}", None).fetch(request(0), timeout_s=5)
+            fetch_link(f"127.0.0.1:{running.port}", None).fetch(request(0), timeout_s=5)
         assert first.fetch(request(1), timeout_s=5).partitions[0].partition == 1
     finally:
         first.close()
@@ -173,7 +205,7 @@ def test_connections_over_the_limit_are_closed_at_once(echo: Echo) -> None:
 def test_a_silent_connection_is_closed_after_the_handshake_timeout(
     echo: Echo, monkeypatch: pytest.MonkeyPatch, tls_files: dict[str, Any]
 ) -> None:
-    monkeypatch.setattr(replication_link, "HANDSHAKE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(cluster_link, "HANDSHAKE_TIMEOUT_S", 0.2)
     running = listen(echo, tls=tls_files["server"])
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=5) as silent:
@@ -211,16 +243,16 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture
-def tls_listener(echo: Echo, tls_files: dict[str, Any]) -> Iterator[ReplicationListener]:
+def tls_listener(echo: Echo, tls_files: dict[str, Any]) -> Iterator[ClusterListener]:
     running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
     yield running
     running.stop()
 
 
 def test_under_tls_a_node_of_the_cluster_fetches(
-    tls_listener: ReplicationListener, tls_files: dict[str, Any]
+    tls_listener: ClusterListener, tls_files: dict[str, Any]
 ) -> None:
-    link = ReplicationLink(f"127.0.0.1:{tls_listener.port}", tls_files["node"])
+    link = fetch_link(f"127.0.0.1:{tls_listener.port}", tls_files["node"])
     try:
         for i in range(3):
             assert link.fetch(request(i), timeout_s=5).partitions[0].partition == i
@@ -229,9 +261,9 @@ def test_under_tls_a_node_of_the_cluster_fetches(
 
 
 def test_under_tls_another_principal_is_refused_once_and_cut_off(
-    tls_listener: ReplicationListener, tls_files: dict[str, Any], echo: Echo
+    tls_listener: ClusterListener, tls_files: dict[str, Any], echo: Echo
 ) -> None:
-    link = ReplicationLink(f"127.0.0.1:{tls_listener.port}", tls_files["client"])
+    link = fetch_link(f"127.0.0.1:{tls_listener.port}", tls_files["client"])
     try:
         answer = link.fetch(request(0), timeout_s=5)
         assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
@@ -240,14 +272,15 @@ def test_under_tls_another_principal_is_refused_once_and_cut_off(
             link.fetch(request(0), timeout_s=5)
     finally:
         link.close()
-    assert echo.threads == [], "nothing was read for a stranger"
+    assert echo.threads == [], "nothing was answered for a stranger"
+    assert len(echo.refused) == 1 and "User:client" in echo.refused[0]
 
 
 @pytest.mark.parametrize("who", ["foreign", "plaintext"])
 def test_under_tls_a_peer_without_a_certificate_of_the_ca_gets_nothing(
-    tls_listener: ReplicationListener, tls_files: dict[str, Any], echo: Echo, who: str
+    tls_listener: ClusterListener, tls_files: dict[str, Any], echo: Echo, who: str
 ) -> None:
-    link = ReplicationLink(
+    link = fetch_link(
         f"127.0.0.1:{tls_listener.port}", None if who == "plaintext" else tls_files[who]
     )
     try:
@@ -261,9 +294,9 @@ def test_under_tls_a_peer_without_a_certificate_of_the_ca_gets_nothing(
 def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
     echo: Echo, tls_files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(replication_link, "MAX_HANDSHAKES", 2)
+    monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES", 2)
     running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
-    node = ReplicationLink(f"127.0.0.1:{running.port}", tls_files["node"])
+    node = fetch_link(f"127.0.0.1:{running.port}", tls_files["node"])
     strangers = []
     try:
         node.fetch(request(0), timeout_s=5)
@@ -298,3 +331,61 @@ def test_the_grpc_link_of_a_config_without_replication_addresses() -> None:
     with pytest.raises(LinkError, match="UNAVAILABLE"):
         link.fetch(request(4), timeout_s=1)
     link.close()
+
+
+def test_each_method_is_answered_by_its_own_answer_on_one_connection(
+    listener: ClusterListener, echo: Echo
+) -> None:
+    """A coordinator's markers and a fetch share a listener; each request
+    carries the caller's timeout to its answer."""
+    link = ClusterLink(f"127.0.0.1:{listener.port}", None)
+    markers = partition_log_pb2.WriteTxnMarkersRequest()
+    marker = markers.markers.add(producer_id=7)
+    marker.topics.add(topic="t", partitions=[0, 1])
+    try:
+        answered = link.call(WRITE_TXN_MARKERS, markers, 5.0)
+        assert [(p.topic, p.partition) for p in answered.markers[0].partitions] == [
+            ("t", 0),
+            ("t", 1),
+        ]
+        fetched = link.call(REPLICA_FETCH, request(2), 2.5)
+        assert fetched.partitions[0].partition == 2
+    finally:
+        link.close()
+    assert echo.timeouts == [2.5]
+
+
+def test_closing_a_link_ends_a_call_in_flight_at_once(echo: Echo) -> None:
+    """A coordinator whose leadership ended closes its writer's links from
+    another thread: the call waiting for its answer ends, and none follows."""
+    answering = threading.Event()
+    release = threading.Event()
+
+    def slow(request: Any, refused: str | None, timeout_s: float) -> Any:
+        answering.set()
+        release.wait(10)
+        return echo(request, refused, timeout_s)
+
+    running = listen(slow)
+    link = fetch_link(f"127.0.0.1:{running.port}", None)
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            link.fetch(request(0), timeout_s=30)
+        except LinkError as exc:
+            failed.append(exc)
+
+    caller = threading.Thread(target=call)
+    try:
+        caller.start()
+        assert answering.wait(10)
+        link.close()
+        caller.join(5)
+        assert not caller.is_alive() and len(failed) == 1
+        with pytest.raises(LinkError, match="closed"):
+            link.fetch(request(0), timeout_s=5)
+    finally:
+        release.set()
+        caller.join(5)
+        running.stop()

@@ -1,0 +1,377 @@
+"""Calls between the cluster's nodes over a TCP connection of their own.
+
+Two calls go between nodes often enough that a unary gRPC call's cost
+shows: a follower's ``ReplicaFetch`` to its leader (each append of a
+replicated partition) and a coordinator's ``WriteTxnMarkers`` to a
+partition-log node (each transaction's markers). A unary gRPC call hands
+every request and answer through gRPC's poll and event engine threads and
+a fresh worker on both sides; here the caller's thread and one listener
+thread per connection do all of it. A partition-log node's replication
+address serves both (:class:`ClusterListener`); each caller keeps one
+connection per (caller, node) and sends one request after the other on it
+(:class:`ClusterLink`).
+
+**Frames.** A request is a 9-byte header (its length, its method's number,
+the caller's timeout in milliseconds; big-endian) and the serialized
+protobuf request of the method's gRPC counterpart; an answer is a 4-byte
+length and the serialized protobuf answer. A request over its method's
+``max_request_bytes``, an answer over what the request allows
+(``response_limit``), an unknown method, a message that does not parse,
+and a connection that sends nothing for :data:`IDLE_TIMEOUT_S` end the
+connection before more is read.
+
+**Who may call.** With the cluster's ``[tls]`` the connection is mutual TLS
+against the cluster's CA, as on every gRPC port, and only the cluster's
+principals (its nodes and super users) are answered; anyone else gets one
+answer, the method's refusal (CLUSTER_AUTHORIZATION_FAILED), and the
+connection is closed. Without ``[tls]`` (a lab), like the gRPC ports,
+nothing is checked. A connection that has not finished its TLS handshake
+in :data:`HANDSHAKE_TIMEOUT_S` is closed. The listener holds at most
+:data:`MAX_HANDSHAKES` connections that are not yet authenticated and
+``max_connections`` authenticated ones (those of the cluster): under
+``[tls]`` a stranger's connections cannot take the cluster's places.
+
+A failed call (refused, cut, timed out) raises :class:`LinkError`; the
+caller backs off or retries, and the next call dials again.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from google.protobuf.message import DecodeError
+
+from raftcoord.protocol.v1 import partition_log_pb2
+
+log = logging.getLogger("raftcoord.cluster_link")
+
+_LENGTH = struct.Struct(">I")
+_REQUEST_HEADER = struct.Struct(">IBI")
+#: Room in an answer beyond its batches (per partition: names, offsets, errors).
+RESPONSE_OVERHEAD_BYTES = 64 << 10
+PER_PARTITION_OVERHEAD_BYTES = 512
+#: A connection that sends nothing for this long is closed.
+IDLE_TIMEOUT_S = 60.0
+#: How long a connecting peer has to finish its TLS handshake.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Connections not authenticated yet (in their TLS handshake), at most.
+MAX_HANDSHAKES = 16
+#: How long a caller waits for a connection to open.
+CONNECT_TIMEOUT_S = 5.0
+#: The longest timeout a request may name.
+MAX_TIMEOUT_MS = 600_000
+
+
+class LinkError(Exception):
+    """A call got no answer: the connection failed, timed out or was refused."""
+
+
+class Method(NamedTuple):
+    """A call the link carries: its number on the wire, its protobuf
+    messages (those of its gRPC counterpart) and the sizes it allows."""
+
+    number: int
+    name: str
+    request: type
+    response: type
+    max_request_bytes: int
+    #: The largest answer a request may be given.
+    response_limit: Callable[[Any], int]
+
+
+def _fetch_response_limit(request: Any) -> int:
+    """Every partition's ``partition_max_bytes`` of batches and room for the rest."""
+    partitions = len(request.partitions)
+    return RESPONSE_OVERHEAD_BYTES + partitions * (
+        int(request.partition_max_bytes) + PER_PARTITION_OVERHEAD_BYTES
+    )
+
+
+def _markers_response_limit(request: Any) -> int:
+    """A result (and a message) for each partition and group a marker names."""
+    named = sum(len(m.groups) + sum(len(t.partitions) for t in m.topics) for m in request.markers)
+    return RESPONSE_OVERHEAD_BYTES + (len(request.markers) + named) * PER_PARTITION_OVERHEAD_BYTES
+
+
+#: A follower's fetch from its leader (a request names each partition
+#: followed on the leader in about 40 bytes).
+REPLICA_FETCH = Method(
+    1,
+    "ReplicaFetch",
+    partition_log_pb2.ReplicaFetchRequest,
+    partition_log_pb2.ReplicaFetchResponse,
+    1 << 20,
+    _fetch_response_limit,
+)
+#: A coordinator's markers for a partition-log node (gRPC's default limit).
+WRITE_TXN_MARKERS = Method(
+    2,
+    "WriteTxnMarkers",
+    partition_log_pb2.WriteTxnMarkersRequest,
+    partition_log_pb2.WriteTxnMarkersResponse,
+    4 << 20,
+    _markers_response_limit,
+)
+
+#: How a listener answers a method: ``answer(request, refused, timeout_s)``,
+#: ``refused`` the reason a stranger is refused (None for the cluster),
+#: ``timeout_s`` what the caller waits.
+Answer = Callable[[Any, "str | None", float], Any]
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """(host, port) of a ``host:port`` address (an IPv6 host in brackets)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def request_frame(method: Method, message: Any, timeout_s: float) -> bytes:
+    data: bytes = message.SerializeToString()
+    timeout_ms = max(0, min(MAX_TIMEOUT_MS, int(timeout_s * 1000)))
+    return _REQUEST_HEADER.pack(len(data), method.number, timeout_ms) + data
+
+
+def response_frame(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return _LENGTH.pack(len(data)) + data
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    chunks = []
+    while count:
+        chunk = sock.recv(min(count, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_body(sock: socket.socket, length: int, limit: int) -> bytes:
+    if length > limit:
+        raise ConnectionError(f"a message of {length} bytes (at most {limit})")
+    return _read_exactly(sock, length)
+
+
+def _parse(message_type: type, data: bytes) -> Any:
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except DecodeError as exc:
+        raise ValueError(f"a message that does not parse ({exc})") from None
+    return message
+
+
+def _principal(sock: socket.socket) -> str | None:
+    """``User:<common name>`` of a TLS peer's certificate, None without one."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return None
+    certificate: dict[str, Any] = dict(sock.getpeercert() or {})
+    for attributes in certificate.get("subject", ()):
+        for attribute in attributes:
+            if attribute[0] == "commonName":
+                return f"User:{attribute[1]}"
+    return None
+
+
+class ClusterListener:
+    """The answering side: one thread per connection, each answering the
+    requests that arrive on it with the ``answers`` of their methods (which
+    may wait, a parked fetch up to its ``max_wait_ms``)."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        answers: Mapping[Method, Answer],
+        *,
+        tls: ssl.SSLContext | None,
+        allowed: Callable[[str | None], bool],
+        max_connections: int,
+        label: str,
+    ) -> None:
+        """``allowed``: whether a peer of that principal (None: no TLS) is answered."""
+        self._answers = {method.number: (method, answer) for method, answer in answers.items()}
+        self._tls = tls
+        self._allowed = allowed
+        self._label = label
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._stopping = threading.Event()
+        self._socket = socket.create_server(address, backlog=64)
+        self.port: int = self._socket.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, name="cluster-link", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting and close every connection (their threads end)."""
+        self._stopping.set()
+        _close(self._socket)  # shutdown wakes the thread blocked in accept()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            _close(connection)
+        self._thread.join(timeout=2.0)
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, peer = self._socket.accept()
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                continue
+            if not self._handshakes.acquire(blocking=False):
+                log.warning(
+                    "%s event=link_connection_refused peer=%s: too many connections "
+                    "in their handshake",
+                    self._label,
+                    peer,
+                )
+                _close(connection)
+                continue
+            threading.Thread(
+                target=self._serve, args=(connection, peer), name="cluster-link", daemon=True
+            ).start()
+
+    def _serve(self, connection: socket.socket, peer: Any) -> None:
+        with self._lock:
+            self._connections.add(connection)
+        slot: threading.BoundedSemaphore | None = self._handshakes
+        try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                connection.settimeout(HANDSHAKE_TIMEOUT_S)
+                wrapped = self._tls.wrap_socket(connection, server_side=True)
+                with self._lock:  # the TLS socket owns the connection from now on
+                    self._connections.discard(connection)
+                    self._connections.add(wrapped)
+                connection = wrapped
+            who = _principal(connection)
+            if not self._allowed(who):
+                self._refuse(connection, peer, who)
+                return
+            self._handshakes.release()
+            slot = None
+            if not self._slots.acquire(blocking=False):
+                raise ConnectionError(f"over {self._label}'s limit of cluster connections")
+            slot = self._slots
+            self._converse(connection)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            if not self._stopping.is_set():
+                log.info("%s event=link_connection_closed peer=%s: %s", self._label, peer, exc)
+        finally:
+            with self._lock:
+                self._connections.discard(connection)
+            _close(connection)
+            if slot is not None:
+                slot.release()
+
+    def _converse(self, connection: socket.socket) -> None:
+        connection.settimeout(IDLE_TIMEOUT_S)
+        while not self._stopping.is_set():
+            answer, request, timeout_s = self._request(connection)
+            connection.sendall(response_frame(answer(request, None, timeout_s)))
+
+    def _refuse(self, connection: socket.socket, peer: Any, who: str | None) -> None:
+        """Answer the first request of a peer that is not of the cluster with
+        its method's refusal (the connection is closed then)."""
+        log.warning("%s event=link_refused peer=%s principal=%s", self._label, peer, who or "-")
+        answer, request, timeout_s = self._request(connection)
+        refused = f"{who} may not call this: only the cluster's nodes and super users may"
+        connection.sendall(response_frame(answer(request, refused, timeout_s)))
+
+    def _request(self, connection: socket.socket) -> tuple[Answer, Any, float]:
+        """The next request on ``connection``: how to answer it, it, and its timeout.
+
+        Raises:
+            ValueError: an unknown method, or a request that does not parse.
+            ConnectionError, OSError: the connection closed, failed or timed
+                out, or announced a request over its method's limit.
+        """
+        length, number, timeout_ms = _REQUEST_HEADER.unpack(
+            _read_exactly(connection, _REQUEST_HEADER.size)
+        )
+        known = self._answers.get(number)
+        if known is None:
+            raise ValueError(f"a request of unknown method {number}")
+        method, answer = known
+        request = _parse(method.request, _read_body(connection, length, method.max_request_bytes))
+        return answer, request, min(timeout_ms, MAX_TIMEOUT_MS) / 1000
+
+
+class ClusterLink:
+    """The calling side: one connection to one node's address, dialled on
+    the first call and again after a failure; one call at a time."""
+
+    def __init__(self, address: str, tls: ssl.SSLContext | None) -> None:
+        self._host, self._port = host_port(address)
+        self._tls = tls
+        self._socket: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def call(self, method: Method, request: Any, timeout_s: float) -> Any:
+        """The node's answer to ``request``.
+
+        Raises:
+            LinkError: no answer within ``timeout_s`` (the connection is closed).
+        """
+        with self._lock:
+            try:
+                if self._closed:
+                    raise ConnectionError("the link is closed")
+                connection = self._connected()
+                connection.settimeout(timeout_s)
+                connection.sendall(request_frame(method, request, timeout_s))
+                (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
+                data = _read_body(connection, length, method.response_limit(request))
+                return _parse(method.response, data)
+            except (OSError, ValueError) as exc:
+                self._drop()
+                raise LinkError(f"{self._host}:{self._port}: {exc}") from None
+
+    def close(self) -> None:
+        """Close the connection and call no more; a call in flight ends at
+        once with :class:`LinkError` (this does not wait for it)."""
+        self._closed = True
+        connection = self._socket
+        if connection is not None:
+            _close(connection)
+
+    def _connected(self) -> socket.socket:
+        if self._socket is None:
+            connection = socket.create_connection(
+                (self._host, self._port), timeout=CONNECT_TIMEOUT_S
+            )
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                try:
+                    connection = self._tls.wrap_socket(connection, server_hostname=self._host)
+                except OSError:
+                    _close(connection)
+                    raise
+            self._socket = connection
+        return self._socket
+
+    def _drop(self) -> None:
+        if self._socket is not None:
+            _close(self._socket)
+            self._socket = None
+
+
+def _close(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    connection.close()
