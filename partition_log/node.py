@@ -54,6 +54,7 @@ from raftcoord.protocol.cluster_link import (
     WRITE_TXN_MARKERS,
     ClusterLink,
     ClusterListener,
+    Method,
     host_port,
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
@@ -685,7 +686,7 @@ class PartitionNode:
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         if self.me.replication is not None:
-            self._replication = self._serve_replication(service, self.me.replication)
+            self._replication = self._serve_replication(service, self.me.replication, interceptors)
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
         if self.metrics is not None and self.me.metrics is not None:
@@ -702,19 +703,28 @@ class PartitionNode:
             self.data_dir,
         )
 
-    def _serve_replication(self, service: PartitionLogService, address: str) -> ClusterListener:
+    def _serve_replication(
+        self, service: PartitionLogService, address: str, interceptors: list[RpcMetrics]
+    ) -> ClusterListener:
         """The listener of the followers' fetches and the coordinators'
         markers (one thread per connection, apart from the gRPC workers: a
         Produce waiting for its in-sync replicas holds a worker of the main
         server until the followers fetch, so fetches answered there could all
-        wait behind such Produces)."""
+        wait behind such Produces), counted in the RPC metrics as the gRPC
+        calls are."""
+        answers: dict[Method, Any] = {
+            REPLICA_FETCH: service.replica_fetch,
+            WRITE_TXN_MARKERS: service.write_txn_markers,
+        }
+        for rpc in interceptors:
+            answers = {method: rpc.measure(method.name, a) for method, a in answers.items()}
         allowed = None if self.config.tls is None else cluster_principals(self.config)
         callers = len(self.config.partition_nodes) + len(self.config.coordinators) * (
             self.config.shard_count
         )
         listener = ClusterListener(
             host_port(address),
-            {REPLICA_FETCH: service.replica_fetch, WRITE_TXN_MARKERS: service.write_txn_markers},
+            answers,
             tls=node_ssl_context(self.config, self.node_id, server=True),
             allowed=lambda who: allowed is None or who in allowed,
             max_connections=REPLICATION_CONNECTIONS + 2 * callers,

@@ -127,7 +127,7 @@ class Partition:
         self.topic = topic
         self.index = index
         #: Reentrant: a follower's fetcher holds it across checking that an
-        #: answer still fits the log and applying it (:meth:`fetch_applies`).
+        #: answer still fits the log and applying it (:meth:`follows_from`).
         self.lock = threading.RLock()
         self._on_change = on_change
         self._on_reservation_due = on_reservation_due

@@ -179,17 +179,17 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
     def __init__(self, metrics: Metrics) -> None:
         self._requests = metrics.counter(
             "raftcoord_rpc_requests_total",
-            "gRPC calls answered, by method and error code",
+            "Calls answered (gRPC, or a cluster link), by method and error code",
             ["method", "code"],
         )
         self._latency = metrics.histogram(
-            "raftcoord_rpc_duration_seconds", "Time to answer a gRPC call, by method", ["method"]
+            "raftcoord_rpc_duration_seconds", "Time to answer a call, by method", ["method"]
         )
         self._received = metrics.counter(
-            "raftcoord_rpc_received_bytes_total", "Bytes of gRPC requests, by method", ["method"]
+            "raftcoord_rpc_received_bytes_total", "Bytes of requests, by method", ["method"]
         )
         self._sent = metrics.counter(
-            "raftcoord_rpc_sent_bytes_total", "Bytes of gRPC answers, by method", ["method"]
+            "raftcoord_rpc_sent_bytes_total", "Bytes of answers, by method", ["method"]
         )
         self._readers: dict[str, Callable[[Any], int]] = {}
         self._unreadable: set[str] = set()
@@ -217,8 +217,8 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         self._handlers[details.method] = handler
         return handler
 
-    def _measured(self, handler: Any, method: str) -> Any:
-        behavior = handler.unary_unary
+    def _counter(self, method: str) -> tuple[Any, Callable[[str | None, Any, Any], None]]:
+        """``method``'s latency histogram, and how to count one of its calls."""
         latency = self._latency.labels(method)
         received = self._received.labels(method)
         sent = self._sent.labels(method)
@@ -241,6 +241,33 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
             if requests is None:
                 requests = by_code[code] = self._requests.labels(method, code)
             requests.inc()
+
+        return latency, count
+
+    def measure(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        """``behavior(request, ...)`` counted and timed as a call of
+        ``method``: the calls that arrive over a cluster link, not gRPC
+        (:mod:`raftcoord.protocol.cluster_link`); one that raises is
+        counted ``RAISED``."""
+        latency, count = self._counter(method)
+
+        def measured(request: Any, *rest: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                response = behavior(request, *rest)
+            except BaseException:
+                count("RAISED", request, None)
+                latency.observe(time.perf_counter() - started)
+                raise
+            latency.observe(time.perf_counter() - started)
+            count(None, request, response)
+            return response
+
+        return measured
+
+    def _measured(self, handler: Any, method: str) -> Any:
+        behavior = handler.unary_unary
+        latency, count = self._counter(method)
 
         def measured(request: Any, context: Any) -> Any:
             started = time.perf_counter()
