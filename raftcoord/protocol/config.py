@@ -55,13 +55,14 @@ class NodeAddress:
     """One node: its id, gRPC address, (coordinators) one Raft address per
     shard, the address of its Prometheus metrics endpoint (None: none) and
     (partition-log nodes) the address where it serves its followers'
-    fetches (None: its gRPC address)."""
+    fetches and the coordinators' markers (None: its gRPC address)."""
 
     node_id: int
     grpc: str
     raft: tuple[str, ...] = ()
     metrics: str | None = None
-    #: Where followers fetch from this node (None: its gRPC address).
+    #: Where followers fetch from this node and coordinators write markers
+    #: to it, over cluster links (None: its gRPC address, as gRPC calls).
     replication: str | None = None
 
 
