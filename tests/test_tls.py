@@ -12,6 +12,7 @@ answer at all.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from raftcoord.client import (
 from raftcoord.client.errors import ClusterAuthorizationFailedError
 from raftcoord.cluster import certs
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.cluster_link import WRITE_TXN_MARKERS, ClusterLink, LinkError
+from raftcoord.protocol.config import load_config
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import (
     admin_pb2,
@@ -105,6 +108,23 @@ def test_a_client_cannot_forge_markers_and_the_owner_decides(cluster: LocalClust
                 forged, timeout=10
             )
         assert answer.markers[0].groups[0].error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        # The replication address, where coordinators write markers, refuses too.
+        files = cluster.client_tls()
+        context = ssl.create_default_context(cafile=files["ssl_cafile"])
+        context.load_cert_chain(files["ssl_certfile"], files["ssl_keyfile"])
+        assert cluster.state is not None
+        address = load_config(cluster.state.config).partition_node(node.node_id).replication
+        assert address is not None
+        link = ClusterLink(address, context)
+        try:
+            answer = link.call(WRITE_TXN_MARKERS, forged, 10)
+            result = answer.markers[0].partitions[0]
+            assert result.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            assert "User:client" in result.error_message
+            with pytest.raises(LinkError):  # and the connection is closed
+                link.call(WRITE_TXN_MARKERS, forged, 10)
+        finally:
+            link.close()
         assert read_committed(cluster) == []  # the forged COMMIT changed nothing
         victim.abort_transaction()
     assert read_committed(cluster) == []

@@ -1,9 +1,9 @@
-"""Marker delivery on a coordinator node: the gRPC/Raft side of :mod:`marker_writer`.
+"""Marker delivery on a coordinator node: the network and Raft side of :mod:`marker_writer`.
 
 :class:`MarkerWriters` keeps one :class:`marker_writer.MarkerWriter` per shard
 this node leads, created when the shard becomes a ready leader and stopped
 when that leadership ends (or the node stops). Each writer talks to the
-world through a :class:`GrpcMarkerTransport`:
+world through a :class:`NodeMarkerTransport`:
 
 * a data partition's marker goes to the partition-log node that owns it
   (cluster topics replicated by shard 0: topic -> node id per partition;
@@ -76,7 +76,7 @@ def _node_stopping() -> TransportError:
     return TransportError("the node is stopping")
 
 
-class GrpcMarkerTransport:
+class NodeMarkerTransport:
     """:class:`marker_writer.MarkerTransport` for one shard leadership (shard, term)."""
 
     def __init__(
@@ -273,7 +273,7 @@ class MarkerWriters:
         self._link_tls = node_ssl_context(config, node_id, server=False)
         self._lock = threading.Lock()
         self._writers: dict[int, MarkerWriter] = {}
-        self._transports: dict[int, GrpcMarkerTransport] = {}
+        self._transports: dict[int, NodeMarkerTransport] = {}
         self._stopping = threading.Event()
 
     def sync(self, shard: Shard) -> MarkerWriter | None:
@@ -291,7 +291,7 @@ class MarkerWriters:
         if current is not None and leading and current.term == term and not current.stopped:
             return current
         stale: MarkerWriter | None = None
-        stale_transport: GrpcMarkerTransport | None = None
+        stale_transport: NodeMarkerTransport | None = None
         with self._lock:
             writer = self._writers.get(shard.shard)
             if writer is not None and (not leading or writer.term != term or writer.stopped):
@@ -300,7 +300,7 @@ class MarkerWriters:
                 writer = None
             created = writer is None and leading and not self._stopping.is_set()
             if created:
-                transport = self._transports[shard.shard] = GrpcMarkerTransport(
+                transport = self._transports[shard.shard] = NodeMarkerTransport(
                     self.shards,
                     self.config,
                     shard,
