@@ -757,11 +757,15 @@ class PartitionNode:
                     self._open(topic, index)
             # Leaders learn their in-sync replicas' changes; a replica that no
             # longer leads stops acknowledging (its waiting writes give up).
+            # One that does not lead is left alone: marked as following at
+            # its own epoch, it could never lead at that epoch, and a view
+            # that lacks its topic for now (a lagging coordinator answered
+            # first after a restart) would wedge it.
             for partition in list(self.partitions.values()):
                 placement = self.view.placement(partition.topic, partition.index)
                 if placement.error is ErrorCode.NONE and partition not in self._lost:
                     self._lead(partition, placement)
-                else:
+                elif partition.leading:
                     partition.follow(partition.leader_epoch)
             self.fetchers.sync()
 
