@@ -240,7 +240,9 @@ class LeaderFetcher(threading.Thread):
         fetcher (of a newer leader, or of the old one still answering) may
         have appended, cut or re-led it meanwhile, and an answer for another
         log end would leave a gap or a foreign batch in it (Kafka's fetcher
-        checks the same). False when it was an error."""
+        checks the same). False when it was an error. The lock is held only
+        while the answer is applied; the metadata refresh an error asks for
+        comes after."""
         with partition.lock:
             if not partition.follows_from(f.leader_epoch, *asked):
                 log.debug(
@@ -252,9 +254,32 @@ class LeaderFetcher(threading.Thread):
                     f.leader,
                 )
                 return True
-            return self._apply_current(f, partition, result)
+            applied = self._apply_current(f, partition, result)
+        if applied is not None:
+            return applied
+        code = _code(result.error_code)
+        if code in (
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            ErrorCode.FENCED_LEADER_EPOCH,
+            ErrorCode.UNKNOWN_LEADER_EPOCH,
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ):
+            self._view.refresh(wanted=f.topic)
+        log.info(
+            "node=%d event=replica_fetch_error partition=%s-%d leader=%d error=%s %s",
+            self.node_id,
+            f.topic,
+            f.partition,
+            f.leader,
+            code.name,
+            result.error_message,
+        )
+        return False
 
-    def _apply_current(self, f: Followed, partition: Partition, result: Any) -> bool:
+    def _apply_current(self, f: Followed, partition: Partition, result: Any) -> bool | None:
+        """Apply an answer to the replica (the caller holds its lock): True
+        when applied, False when applying failed, None when the answer is an
+        error that changes nothing here."""
         code = _code(result.error_code)
         try:
             if code is ErrorCode.NONE and result.HasField("diverging_epoch"):
@@ -306,23 +331,7 @@ class LeaderFetcher(threading.Thread):
                 exc,
             )
             return False
-        if code in (
-            ErrorCode.NOT_LEADER_OR_FOLLOWER,
-            ErrorCode.FENCED_LEADER_EPOCH,
-            ErrorCode.UNKNOWN_LEADER_EPOCH,
-            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ):
-            self._view.refresh(wanted=f.topic)
-        log.info(
-            "node=%d event=replica_fetch_error partition=%s-%d leader=%d error=%s %s",
-            self.node_id,
-            f.topic,
-            f.partition,
-            f.leader,
-            code.name,
-            result.error_message,
-        )
-        return False
+        return None
 
 
 class ReplicaFetchers:
