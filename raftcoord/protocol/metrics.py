@@ -217,8 +217,16 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         self._handlers[details.method] = handler
         return handler
 
-    def _counter(self, method: str) -> tuple[Any, Callable[[str | None, Any, Any], None]]:
-        """``method``'s latency histogram, and how to count one of its calls."""
+    def measure(
+        self,
+        method: str,
+        behavior: Callable[..., Any],
+        failure: Callable[..., str] = lambda *call: "RAISED",
+    ) -> Callable[..., Any]:
+        """``behavior(request, ...)`` counted and timed as a call of
+        ``method``; one that raises is counted with the code ``failure``
+        names for its arguments (``RAISED``: the calls that arrive over a
+        cluster link, :mod:`raftcoord.protocol.cluster_link`)."""
         latency = self._latency.labels(method)
         received = self._received.labels(method)
         sent = self._sent.labels(method)
@@ -242,21 +250,12 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
                 requests = by_code[code] = self._requests.labels(method, code)
             requests.inc()
 
-        return latency, count
-
-    def measure(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
-        """``behavior(request, ...)`` counted and timed as a call of
-        ``method``: the calls that arrive over a cluster link, not gRPC
-        (:mod:`raftcoord.protocol.cluster_link`); one that raises is
-        counted ``RAISED``."""
-        latency, count = self._counter(method)
-
         def measured(request: Any, *rest: Any) -> Any:
             started = time.perf_counter()
             try:
                 response = behavior(request, *rest)
             except BaseException:
-                count("RAISED", request, None)
+                count(failure(request, *rest), request, None)
                 latency.observe(time.perf_counter() - started)
                 raise
             latency.observe(time.perf_counter() - started)
@@ -266,22 +265,11 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         return measured
 
     def _measured(self, handler: Any, method: str) -> Any:
-        behavior = handler.unary_unary
-        latency, count = self._counter(method)
+        def failure(request: Any, context: Any) -> str:
+            status = context.code()  # set by abort(); None: the handler raised
+            return f"grpc_{getattr(status, 'name', 'UNKNOWN')}"
 
-        def measured(request: Any, context: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                response = behavior(request, context)
-            except BaseException:
-                status = context.code()  # set by abort(); None: the handler raised
-                count(f"grpc_{getattr(status, 'name', 'UNKNOWN')}", request, None)
-                latency.observe(time.perf_counter() - started)
-                raise
-            latency.observe(time.perf_counter() - started)
-            count(None, request, response)
-            return response
-
+        measured = self.measure(method, handler.unary_unary, failure)
         return grpc.unary_unary_rpc_method_handler(
             measured,
             request_deserializer=handler.request_deserializer,
