@@ -179,7 +179,7 @@ class NodeMarkerTransport:
             return None
         with self._links_lock:
             if self._closed:
-                raise _node_stopping()
+                raise TransportError("this writer's leadership ended: its connections are closed")
             link = self._links.get(destination.node_id)
             if link is None:
                 link = self._links[destination.node_id] = ClusterLink(address, self._link_tls)
