@@ -5,6 +5,7 @@ change wake when an entry applies."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -172,3 +173,26 @@ def test_a_follower_that_knows_its_leader_waits_longer_between_ticks(
     monkeypatch.setattr(shard.replica, "leader_address", lambda: None)
     shard.tick(0.005)
     assert waits == [0.005, 0.075, 0.005]
+
+
+def test_stopping_answers_the_requests_of_an_entry_not_yet_applied(shard: Shard) -> None:
+    """The node stops while an entry is in flight (its tick thread has ended,
+    so the entry never applies here): its requests are answered
+    NOT_COORDINATOR at once, not when their handlers' wait times out (a
+    handler still waiting holds up the process's exit)."""
+    joined = shard.submit(first_join)
+    shard.tick(0)  # proposed, not yet applied
+    assert not joined.done()
+    shard.stop()
+    assert joined.result(timeout=0).error is ErrorCode.NOT_COORDINATOR
+
+
+def test_stopping_wakes_the_waiters_for_a_change(shard: Shard) -> None:
+    seen = shard.change_count()
+    waited: list[int] = []
+    waiter = threading.Thread(target=lambda: waited.append(shard.await_change(seen, 30)))
+    waiter.start()
+    shard.stop()
+    waiter.join(10)
+    assert waited and waited[0] > seen
+    assert shard.submit(first_join).result(timeout=0).error is ErrorCode.NOT_COORDINATOR

@@ -705,19 +705,18 @@ class LocalCluster:
         """Start a stopped node again with the same data dir and ports."""
         record = self._require().node(node_id)
         if self.alive(node_id):
-            raise ClusterError(f"node {node_id} is running (pid {record.pid})")
+            raise ClusterError(
+                f"node {node_id} is running (pid {record.pid}); the end of {record.log}:\n"
+                + _log_tail(record, 40)
+            )
         self._spawn(record)
         self._save()
 
         def answered() -> bool:
             if not self.alive(node_id):
-                try:
-                    lines = Path(record.log).read_text(errors="replace").splitlines()[-5:]
-                except OSError as exc:
-                    lines = [f"(unreadable: {exc})"]
                 raise ClusterError(
                     f"node {node_id} exited while starting; the end of {record.log}:\n"
-                    + "\n".join(lines)
+                    + _log_tail(record, 5)
                 )
             return self.node_status(node_id) is not None
 
@@ -1124,3 +1123,11 @@ def _serving(status: Any) -> str:
         names = ", ".join(f"{r.topic}-{r.partition}" for r in status.refused[:3])
         return f"serving; REFUSING {len(status.refused)} damaged: {names}"
     return "serving"
+
+
+def _log_tail(record: NodeRecord, lines: int) -> str:
+    """The last ``lines`` lines of ``record``'s log, for an error message."""
+    try:
+        return "\n".join(Path(record.log).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(unreadable: {exc})"

@@ -341,6 +341,8 @@ class Shard:
         self.marker_sink = marker_sink
         self.is_leader = False
         self.ready = False
+        #: Set once the node stops (:meth:`stop`): nothing is queued after it.
+        self._stopped = False
         #: Requests queued together go out in the same entry.
         self._queue: queue.SimpleQueue[list[Request]] = queue.SimpleQueue()
         self._waiting: list[Request] = []
@@ -479,6 +481,10 @@ class Shard:
                 request.future.set_result(Outcome(error=error, message=error.name))
             return
         self._queue.put(requests)
+        if self._stopped:  # stop() drained the queue before this put
+            for request in requests:
+                _fail(request, ErrorCode.NOT_COORDINATOR)
+            return
         self.wake()
 
     # --- the tick thread -----------------------------------------------------------
@@ -534,10 +540,13 @@ class Shard:
         here, queued, parked or in an entry not yet applied, is answered
         NOT_COORDINATOR at once (its caller retries on the next leader), and
         so is every request submitted after this (a gRPC handler still running
-        would otherwise wait out its timeout, and hold up the process's exit)."""
+        would otherwise wait out its timeout, and hold up the process's exit);
+        waiters for a change (:meth:`await_change`) wake and find no leader."""
         self.is_leader = self.ready = False
+        self._stopped = True
         for request in self._drain() + self._parked.drain():
             _fail(request, ErrorCode.NOT_COORDINATOR)
+        self._count_change()
         self.replica.destroy()
         self.transitions.close()
 

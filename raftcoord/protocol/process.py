@@ -4,10 +4,12 @@ end of a node whose storage cannot be trusted."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,6 +40,11 @@ def fail_stop(log: logging.Logger, status: int, event: str, message: str) -> NoR
 EXIT_WITH_ENV = "RAFTCOORD_EXIT_WITH_PID"
 #: How long a node told to stop that way may take before it is killed.
 EXIT_WITH_GRACE_S = 10.0
+
+
+#: How long a node may take to stop (and its process to end) before it
+#: writes every thread's stack to its standard error, the node's log.
+STOP_REPORT_S = 5.0
 
 
 class Node(Protocol):
@@ -148,6 +155,8 @@ def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger, schedul
     node.start()
     (data_dir / "pid").write_text(str(os.getpid()))
     stop.wait()
+    # A stop that hangs leaves its cause: every thread's stack, in the log.
+    faulthandler.dump_traceback_later(STOP_REPORT_S, file=sys.stderr)
     node.stop()
     return 0
 
