@@ -23,9 +23,10 @@
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -34,6 +35,7 @@ import grpc
 from partition_log.coalescing import CoalescingSender
 from raftcoord.protocol.acl import Acl
 from raftcoord.protocol.channels import ChannelCache
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, LinkError, LinkPool
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import TopicPartition
@@ -44,6 +46,9 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: Deadline of every call to a coordinator.
 CALL_TIMEOUT_S = 3.0
+#: Cluster links a node keeps at most to one coordinator: the batched adds
+#: go one call at a time, each wait for a completion on a link of its own.
+LINKS_PER_COORDINATOR = 8
 #: The most partitions of a producer's flush (a Produce request's
 #: ``transaction_partitions``) added with a node's own.
 MAX_FLUSH_PARTITIONS = 1000
@@ -584,11 +589,20 @@ class TxnPartitionAdder:
         coordinators: Sequence[str],
         view: ClusterView,
         *,
+        links: Mapping[str, str] | None = None,
+        link_tls: ssl.SSLContext | None = None,
         retry_max_s: float = 0.1,
     ) -> None:
+        """``links``: coordinator gRPC address -> its link address; the adds
+        to a coordinator with one go over cluster links (TLS ``link_tls``),
+        to the others as gRPC calls."""
         self._channels = channels
         self._addresses = list(coordinators)
         self._view = view
+        self._link_addresses = dict(links or {})
+        self._link_tls = link_tls
+        self._links: dict[str, LinkPool] = {}
+        self._closed = False
         self._leaders: dict[int, str] = {}
         self._lock = threading.Lock()
         self._sender: CoalescingSender[Any, Any] = CoalescingSender(self._send)
@@ -608,13 +622,14 @@ class TxnPartitionAdder:
         completing transaction would hold up the others)."""
         wait_ms = round(min(SOLE_ADD_WAIT_S, self._retry_max_s) * 1000)
         waits = len(requests) == 1 and wait_ms > 0
-        answer = self._channels.coordinator(address).AddPartitionsToTxn(
+        answer = self._call(
+            address,
             coordinator_pb2.AddPartitionsToTxnRequest(
                 transactions=requests,
                 wait_for_completion=waits,
                 wait_for_completion_ms=wait_ms if waits else 0,
             ),
-            timeout=CALL_TIMEOUT_S,
+            CALL_TIMEOUT_S,
         )
         if answer.error_code != ErrorCode.NONE:  # the whole request was refused
             refused = coordinator_pb2.AddPartitionsToTxnResponse(
@@ -627,17 +642,54 @@ class TxnPartitionAdder:
         """``request`` alone, held by the coordinator while its previous
         transaction completes, answered by ``until`` (the coordinator
         answers :data:`PARK_MARGIN_S` before the call's deadline)."""
-        answer = self._channels.coordinator(address).AddPartitionsToTxn(
+        answer = self._call(
+            address,
             coordinator_pb2.AddPartitionsToTxnRequest(
                 transactions=[request], wait_for_completion=True
             ),
-            timeout=max(until - time.monotonic(), 0.0) + PARK_MARGIN_S,
+            max(until - time.monotonic(), 0.0) + PARK_MARGIN_S,
         )
         if answer.error_code != ErrorCode.NONE:
             return answer
         if len(answer.transactions) != 1:
             raise RuntimeError(f"{len(answer.transactions)} answers to one transaction")
         return answer.transactions[0]
+
+    def _call(self, address: str, request: Any, timeout_s: float) -> Any:
+        """The answer of the coordinator at ``address`` (its gRPC address)
+        to a batched add: over a cluster link when it has a link address.
+
+        Raises:
+            grpc.RpcError, LinkError: no answer.
+        """
+        link = self._link(address)
+        if link is None:
+            return self._channels.coordinator(address).AddPartitionsToTxn(
+                request, timeout=timeout_s
+            )
+        return link.call(ADD_PARTITIONS_TO_TXN, request, timeout_s)
+
+    def _link(self, address: str) -> LinkPool | None:
+        link_address = self._link_addresses.get(address)
+        if link_address is None:
+            return None
+        with self._lock:
+            if self._closed:
+                raise LinkError("the node is stopping")
+            pool = self._links.get(address)
+            if pool is None:
+                pool = self._links[address] = LinkPool(
+                    link_address, self._link_tls, LINKS_PER_COORDINATOR
+                )
+            return pool
+
+    def close(self) -> None:
+        """Close the links (the node is stopping): calls in flight end at once."""
+        with self._lock:
+            self._closed = True
+            pools, self._links = list(self._links.values()), {}
+        for pool in pools:
+            pool.close()
 
     def add_partitions(
         self,
@@ -691,6 +743,10 @@ class TxnPartitionAdder:
             except grpc.RpcError as exc:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {exc.code().name}"
+                continue
+            except LinkError as exc:
+                self._forget(transactional_id)
+                problem = f"coordinator {address}: {exc}"
                 continue
             except RuntimeError as exc:  # an answer that does not match the request
                 problem = f"coordinator {address}: {exc}"

@@ -139,13 +139,15 @@ class PartitionNode:
         self.view = ClusterView(channels, coordinators, node_id)
         #: The threads that fetch this node's follower replicas from their leaders.
         self._channels = channels
-        #: The TLS of this node's replication links (None: plaintext, no [tls]).
-        self._replication_tls = node_ssl_context(config, node_id, server=False)
+        #: The TLS of this node's cluster links (None: plaintext, no [tls]).
+        self._link_tls = node_ssl_context(config, node_id, server=False)
         self.fetchers = ReplicaFetchers(node_id, self.view, self._link_to, self._follower)
         self.adder = TxnPartitionAdder(
             channels,
             coordinators,
             self.view,
+            links={n.grpc: n.link for n in config.coordinators if n.link is not None},
+            link_tls=self._link_tls,
             retry_max_s=config.settings.add_partitions_to_txn_retry_backoff_max_ms / 1000,
         )
         self.partitions: dict[tuple[str, int], Partition] = {}
@@ -739,7 +741,7 @@ class PartitionNode:
         node = self.config.partition_node(leader)
         if node.replication is None:
             return GrpcLink(lambda: self._channels.partition_log(node.grpc))
-        return ConnectionLink(ClusterLink(node.replication, self._replication_tls))
+        return ConnectionLink(ClusterLink(node.replication, self._link_tls))
 
     def can_serve(self) -> bool:
         """The node's health: its data directory is the one on record and it
@@ -854,6 +856,7 @@ class PartitionNode:
         self.changes.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
+        self.adder.close()
         if self._replication is not None:
             self._replication.stop()
         if self._flusher is not None:

@@ -105,6 +105,18 @@ def test_partition_verification_switch() -> None:
             },
             "used twice",
         ),
+        (
+            {"partition_nodes": [{"id": 101, "grpc": "127.0.0.1:7300", "link": "127.0.0.1:7320"}]},
+            "unknown keys \\['link'\\]",
+        ),
+        (
+            {
+                "coordinators": [
+                    {"id": 1, "grpc": "127.0.0.1:1", "raft": ["h:2", "h:3"], "link": "h:2"}
+                ]
+            },
+            "used twice",
+        ),
     ],
 )
 def test_invalid_configs_are_clear_errors(changes: dict[str, Any], message: str) -> None:
@@ -140,6 +152,10 @@ def test_files(tmp_path: Path) -> None:
     replication = {n.replication for n in config.partition_nodes}
     assert None not in replication and len(replication) == len(config.partition_nodes)
     assert replication.isdisjoint(n.grpc for n in config.partition_nodes)
+    # Partition-log nodes add partitions at a coordinator's link listener.
+    links = {n.link for n in config.coordinators}
+    assert None not in links and len(links) == len(config.coordinators)
+    assert links.isdisjoint(n.grpc for n in config.coordinators)
     # A setting given replaces the template's entry of that name.
     write_config(
         written, coordinators=3, shards=4, settings={"raft.tick.ms": 25, "pid.block.size": 50}

@@ -123,6 +123,8 @@ def test_the_numbers_follow_a_transaction(cluster: LocalCluster) -> None:
     assert value(samples, "raftcoord_partition_log_end_offset", **where) == 2  # record, marker
     assert value(samples, "raftcoord_partition_last_stable_offset", **where) == 2
     assert value(samples, "raftcoord_rpc_requests_total", method="WriteTxnMarkers") >= 1
+    # The partition node's add of the partition, over the coordinator's link.
+    assert coordinator_sum("raftcoord_rpc_requests_total", method="AddPartitionsToTxn") >= 1
     assert value(samples, "raftcoord_fsync_duration_seconds_count") > fsyncs
     # Every replica applies the completion, followers a heartbeat after the leader.
     LocalCluster.wait_until(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -29,7 +30,12 @@ from raftcoord.client import (
 from raftcoord.client.errors import ClusterAuthorizationFailedError
 from raftcoord.cluster import certs
 from raftcoord.cluster.launcher import LocalCluster
-from raftcoord.protocol.cluster_link import WRITE_TXN_MARKERS, ClusterLink, LinkError
+from raftcoord.protocol.cluster_link import (
+    ADD_PARTITIONS_TO_TXN,
+    WRITE_TXN_MARKERS,
+    ClusterLink,
+    LinkError,
+)
 from raftcoord.protocol.config import load_config
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import (
@@ -82,6 +88,20 @@ def forged_commit(producer_id: int, epoch: int) -> partition_log_pb2.WriteTxnMar
     )
 
 
+def forged_add(state: Any) -> coordinator_pb2.AddPartitionsToTxnRequest:
+    """A partition node's batched add, for the victim's transaction."""
+    return coordinator_pb2.AddPartitionsToTxnRequest(
+        transactions=[
+            coordinator_pb2.AddPartitionsToTxnRequest(
+                transactional_id="victim",
+                producer_id=state.producer_id,
+                producer_epoch=state.producer_epoch,
+                topics=[common_pb2.TopicPartitions(topic=TP.topic, partitions=[TP.partition])],
+            )
+        ]
+    )
+
+
 def test_a_client_cannot_forge_markers_and_the_owner_decides(cluster: LocalCluster) -> None:
     (node,) = cluster.partition_nodes()
     (leader,) = [r for r in cluster.coordinators() if r.node_id == cluster.leaders()[0]]
@@ -123,6 +143,19 @@ def test_a_client_cannot_forge_markers_and_the_owner_decides(cluster: LocalClust
             assert "User:client" in result.error_message
             with pytest.raises(LinkError):  # and the connection is closed
                 link.call(WRITE_TXN_MARKERS, forged, 10)
+        finally:
+            link.close()
+        # A coordinator's link address, where partition-log nodes add
+        # partitions to transactions, refuses the client's add the same way.
+        link_address = load_config(cluster.state.config).coordinator(leader.node_id).link
+        assert link_address is not None
+        link = ClusterLink(link_address, context)
+        try:
+            added = link.call(ADD_PARTITIONS_TO_TXN, forged_add(state), 10)
+            assert added.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            assert "User:client" in added.error_message
+            with pytest.raises(LinkError):
+                link.call(ADD_PARTITIONS_TO_TXN, forged_add(state), 10)
         finally:
             link.close()
         assert read_committed(cluster) == []  # the forged COMMIT changed nothing

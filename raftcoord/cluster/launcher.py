@@ -85,10 +85,12 @@ TLS_CLIENTS = (TLS_ADMIN, TLS_CLIENT)
 PARTITION_NODE_BASE_ID = 101
 #: The ports of a node that has an address of its own (a namespace, a host of
 #: deploy/cluster.toml): a coordinator's gRPC port, shard S's Raft port
-#: (RAFT_BASE_PORT + S), a partition-log node's gRPC port and the port where
-#: it serves its followers' fetches, a Kafka gateway's listener (Kafka's own
-#: port).
+#: (RAFT_BASE_PORT + S) and the port where it serves the partition-log
+#: nodes' adds to transactions, a partition-log node's gRPC port and the port
+#: where it serves its followers' fetches, a Kafka gateway's listener (Kafka's
+#: own port).
 COORDINATOR_PORT = 7100
+COORDINATOR_LINK_PORT = 7120
 RAFT_BASE_PORT = 7201
 PARTITION_NODE_PORT = 7300
 PARTITION_NODE_REPLICATION_PORT = 7320
@@ -321,7 +323,7 @@ def write_config(
     template's own entry of the same name. Nodes listen on
     127.0.0.1 with free ports, or, given ``hosts`` (node id -> IP address),
     each on its own address with the fixed ports COORDINATOR_PORT,
-    RAFT_BASE_PORT + shard, PARTITION_NODE_PORT and
+    RAFT_BASE_PORT + shard, COORDINATOR_LINK_PORT, PARTITION_NODE_PORT and
     PARTITION_NODE_REPLICATION_PORT. ``kafka_listeners``
     Kafka gateways listen the same way (on KAFKA_PORT given ``hosts``), with
     ``kafka_security`` (their ``security_protocol``). With ``metrics`` every
@@ -331,7 +333,7 @@ def write_config(
     if hosts is None:
         ports = iter(
             free_ports(
-                coordinators * (1 + shards) + 2 * partition_nodes + kafka_listeners + processes
+                coordinators * (2 + shards) + 2 * partition_nodes + kafka_listeners + processes
             )
         )
 
@@ -353,6 +355,7 @@ def write_config(
         raft = ", ".join(address(node_id, RAFT_BASE_PORT + s) for s in range(shards))
         blocks.append(
             f"[[coordinators]]\nid = {node_id}\ngrpc = {grpc_address}\nraft = [{raft}]\n"
+            f"link = {address(node_id, COORDINATOR_LINK_PORT)}\n"
             + metrics_line(node_id, COORDINATOR_METRICS_PORT)
         )
     partition_blocks = [

@@ -42,14 +42,15 @@ from raftcoord.coordinator.replica import (
 from raftcoord.coordinator.services import AdminService, CoordinatorService
 from raftcoord.coordinator.settings import fsm_config
 from raftcoord.coordinator.shard import (
-    CALLER_DEADLINE,
     FOLLOWER_WAIT_SHARE,
     Reader,
     Shard,
     ShardStatus,
     ShardTimers,
     TransitionsLog,
+    caller_waits,
 )
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener, host_port
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
 from raftcoord.protocol.data_files import COORDINATOR, DataFilesService
@@ -63,7 +64,13 @@ from raftcoord.protocol.process import (
     serve,
 )
 from raftcoord.protocol.routing import preferred_leader
-from raftcoord.protocol.tls import add_port, cluster_refusal, node_identity
+from raftcoord.protocol.tls import (
+    add_port,
+    cluster_principals,
+    cluster_refusal,
+    node_identity,
+    node_ssl_context,
+)
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import (
     admin_pb2,
@@ -79,6 +86,9 @@ log = logging.getLogger("raftcoord.coordinator.node")
 #: The exit status of a node that met a committed entry it cannot apply
 #: (EX_SOFTWARE): restarting it replays the same entry, so it needs a fix.
 EXIT_APPLY_FAILED = 70
+#: Cluster-link connections a partition-log node may hold to one coordinator
+#: (its pool of links: partition_log.cluster_view.LINKS_PER_COORDINATOR).
+LINK_CONNECTIONS_PER_NODE = 16
 
 T = TypeVar("T")
 
@@ -107,6 +117,9 @@ class CoordinatorNode:
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
         self._service: CoordinatorService | None = None
+        #: Where the partition-log nodes' adds arrive over cluster links
+        #: (None: the config gives this node no link address).
+        self._link: ClusterListener | None = None
         #: What the node presents and trusts on gRPC (None: plaintext, no [tls]).
         self.tls_identity = node_identity(config, node_id)
         self.credentials = (
@@ -339,17 +352,17 @@ class CoordinatorNode:
                 self._stopping.wait(tick_s)
 
     def _make_server(self) -> grpc.Server:
+        rpc = None if self.metrics is None else RpcMetrics(self.metrics)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="grpc"),
-            interceptors=[
-                *([] if self.metrics is None else [RpcMetrics(self.metrics)]),
-                CallerDeadlines(),
-            ],
+            interceptors=[*([] if rpc is None else [rpc]), CallerDeadlines()],
             options=[("grpc.so_reuseport", 0)],
         )
         self._service = CoordinatorService(
             self, self.config, self.node_id, self.markers, self.leases, self.credentials
         )
+        if self.me.link is not None:
+            self._link = self._serve_link(self.me.link, self._service, rpc)
         coordinator_pb2_grpc.add_TransactionCoordinatorServicer_to_server(self._service, server)
         admin_pb2_grpc.add_CoordinatorAdminServicer_to_server(
             AdminService(self, self.config, self.node_id), server
@@ -385,10 +398,35 @@ class CoordinatorNode:
             for shard, replica in enumerate(self.shards)
         )
 
+    def _serve_link(
+        self, address: str, service: CoordinatorService, rpc: RpcMetrics | None
+    ) -> ClusterListener:
+        """The listener of the partition-log nodes' adds to transactions (one
+        thread per connection), counted in the RPC metrics as the gRPC calls
+        are; with ``[tls]`` only the cluster's principals are answered."""
+        answer = service.transactions.add_partitions_over_link
+        if rpc is not None:
+            answer = rpc.measure(ADD_PARTITIONS_TO_TXN.name, answer)
+        allowed = None if self.config.tls is None else cluster_principals(self.config)
+        listener = ClusterListener(
+            host_port(address),
+            {ADD_PARTITIONS_TO_TXN: answer},
+            tls=node_ssl_context(self.config, self.node_id, server=True),
+            allowed=lambda who: allowed is None or who in allowed,
+            # A partition-log node's adds go out one call at a time per
+            # coordinator, and its waits for a completion each on its own.
+            max_connections=LINK_CONNECTIONS_PER_NODE * max(1, len(self.config.partition_nodes)),
+            label=f"node={self.node_id}",
+        )
+        listener.start()
+        return listener
+
     def stop(self) -> None:
         """Stop serving, stop ticking, close journals (SIGTERM path)."""
         self._stopping.set()
         self.markers.stop()
+        if self._link is not None:
+            self._link.stop()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
         if self._service is not None:
@@ -419,12 +457,8 @@ class CallerDeadlines(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is 
         behavior = handler.unary_unary
 
         def with_deadline(request: Any, context: Any) -> Any:
-            remaining = context.time_remaining()
-            token = CALLER_DEADLINE.set(None if remaining is None else time.monotonic() + remaining)
-            try:
+            with caller_waits(context.time_remaining()):
                 return behavior(request, context)
-            finally:
-                CALLER_DEADLINE.reset(token)
 
         return grpc.unary_unary_rpc_method_handler(
             with_deadline,

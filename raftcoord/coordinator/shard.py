@@ -75,10 +75,23 @@ Reader = Callable[[TransactionStateMachine], T]
 MarkerSink = Callable[[int, WriteMarkers], None]
 
 
-#: The deadline (:func:`time.monotonic`, seconds) of the gRPC call the
-#: current thread serves, None outside a call or without a deadline; set by
-#: the node's server.
+#: The deadline (:func:`time.monotonic`, seconds) of the call (gRPC or
+#: cluster link) the current thread serves, None outside a call or without a
+#: deadline; set through :func:`caller_waits`.
 CALLER_DEADLINE: ContextVar[float | None] = ContextVar("caller_deadline", default=None)
+
+
+@contextmanager
+def caller_waits(timeout_s: float | None) -> Iterator[None]:
+    """Within it, the current thread serves a call whose caller waits
+    ``timeout_s`` from now (None: no deadline): requests it submits are
+    never parked beyond that."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    token = CALLER_DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        CALLER_DEADLINE.reset(token)
 
 
 @contextmanager

@@ -1,15 +1,16 @@
 """Calls between the cluster's nodes over a TCP connection of their own.
 
-Two calls go between nodes often enough that a unary gRPC call's cost
+Three calls go between nodes often enough that a unary gRPC call's cost
 shows: a follower's ``ReplicaFetch`` to its leader (each append of a
-replicated partition) and a coordinator's ``WriteTxnMarkers`` to a
-partition-log node (each transaction's markers). A unary gRPC call hands
-every request and answer through gRPC's poll and event engine threads and
-a fresh worker on both sides; here the caller's thread and one listener
-thread per connection do all of it. A partition-log node's replication
-address serves both (:class:`ClusterListener`); each caller keeps one
-connection per (caller, node) and sends one request after the other on it
-(:class:`ClusterLink`).
+replicated partition), a coordinator's ``WriteTxnMarkers`` to a
+partition-log node (each transaction's markers) and a partition-log node's
+``AddPartitionsToTxn`` to a coordinator (each transaction's first write to
+a partition). A unary gRPC call hands every request and answer through
+gRPC's poll and event engine threads and a fresh worker on both sides;
+here the caller's thread and one listener thread per connection do all of
+it. A partition-log node's replication address serves the first two, a
+coordinator's link address the third (:class:`ClusterListener`); a caller
+sends one request after the other on a connection (:class:`ClusterLink`).
 
 **Frames.** A request is a 9-byte header (its length, its method's number,
 the caller's timeout in milliseconds; big-endian) and the serialized
@@ -42,12 +43,13 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from raftcoord.protocol.v1 import partition_log_pb2
+from raftcoord.protocol.v1 import coordinator_pb2, partition_log_pb2
 
 log = logging.getLogger("raftcoord.cluster_link")
 
@@ -117,6 +119,27 @@ WRITE_TXN_MARKERS = Method(
     partition_log_pb2.WriteTxnMarkersResponse,
     4 << 20,
     _markers_response_limit,
+)
+
+
+def _adds_response_limit(request: Any) -> int:
+    """A result (and a message) for each transaction and partition named."""
+    named = sum(
+        1 + sum(len(t.partitions) for t in transaction.topics)
+        for transaction in request.transactions
+    )
+    return RESPONSE_OVERHEAD_BYTES + named * PER_PARTITION_OVERHEAD_BYTES
+
+
+#: A partition-log node's adds of partitions to transactions (Kafka's v4+
+#: form: ``transactions``), for a coordinator (gRPC's default limit).
+ADD_PARTITIONS_TO_TXN = Method(
+    3,
+    "AddPartitionsToTxn",
+    coordinator_pb2.AddPartitionsToTxnRequest,
+    coordinator_pb2.AddPartitionsToTxnResponse,
+    4 << 20,
+    _adds_response_limit,
 )
 
 #: How a listener answers a method: ``answer(request, refused, timeout_s)``,
@@ -375,3 +398,53 @@ def _close(connection: socket.socket) -> None:
     except OSError:
         pass
     connection.close()
+
+
+class LinkPool:
+    """Up to ``size`` links to one node's address, for callers whose calls
+    may run at once (a call that waits does not hold up the others): a call
+    takes an idle link, dials a new one while there are fewer than
+    ``size``, or waits for one to be free within its timeout."""
+
+    def __init__(self, address: str, tls: ssl.SSLContext | None, size: int) -> None:
+        self._address = address
+        self._tls = tls
+        self._free = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._idle: list[ClusterLink] = []
+        self._all: list[ClusterLink] = []
+        self._closed = False
+
+    def call(self, method: Method, request: Any, timeout_s: float) -> Any:
+        """The node's answer to ``request`` over one of the links.
+
+        Raises:
+            LinkError: no link free within ``timeout_s``, or no answer.
+        """
+        deadline = time.monotonic() + timeout_s
+        if not self._free.acquire(timeout=max(0.0, timeout_s)):
+            raise LinkError(f"{self._address}: every link is busy")
+        try:
+            with self._lock:
+                if self._closed:
+                    raise LinkError(f"{self._address}: the links are closed")
+                if self._idle:
+                    link = self._idle.pop()
+                else:
+                    link = ClusterLink(self._address, self._tls)
+                    self._all.append(link)
+            try:
+                return link.call(method, request, max(0.0, deadline - time.monotonic()))
+            finally:
+                with self._lock:
+                    self._idle.append(link)
+        finally:
+            self._free.release()
+
+    def close(self) -> None:
+        """Close every link; calls in flight end at once with :class:`LinkError`."""
+        with self._lock:
+            self._closed = True
+            links, self._all, self._idle = self._all, [], []
+        for link in links:
+            link.close()

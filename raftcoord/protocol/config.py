@@ -53,9 +53,11 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class NodeAddress:
     """One node: its id, gRPC address, (coordinators) one Raft address per
-    shard, the address of its Prometheus metrics endpoint (None: none) and
+    shard, the address of its Prometheus metrics endpoint (None: none),
     (partition-log nodes) the address where it serves its followers'
-    fetches and the coordinators' markers (None: its gRPC address)."""
+    fetches and the coordinators' markers and (coordinators) the address
+    where it serves the partition-log nodes' adds to transactions (None:
+    its gRPC address)."""
 
     node_id: int
     grpc: str
@@ -64,6 +66,9 @@ class NodeAddress:
     #: Where followers fetch from this node and coordinators write markers
     #: to it, over cluster links (None: its gRPC address, as gRPC calls).
     replication: str | None = None
+    #: Where partition-log nodes add partitions to this coordinator's
+    #: transactions, over cluster links (None: its gRPC address, as gRPC calls).
+    link: str | None = None
 
 
 @dataclass(frozen=True)
@@ -555,6 +560,7 @@ def parse_config(raw: dict[str, Any]) -> ClusterConfig:
     addresses = [n.grpc for n in coordinators + partition_nodes]
     addresses += [a for n in coordinators for a in n.raft]
     addresses += [n.replication for n in partition_nodes if n.replication is not None]
+    addresses += [n.link for n in coordinators if n.link is not None]
     topic_config = _topic_config(raw.get("topic_config", {}), settings)
     kafka_listeners = _kafka_listeners(raw.get("kafka_listeners", []))
     addresses += [k.address for k in kafka_listeners]
@@ -699,7 +705,7 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a table")
         allowed = {"id", "grpc", "metrics"} | (
-            {"raft"} if shard_count is not None else {"replication"}
+            {"raft", "link"} if shard_count is not None else {"replication"}
         )
         if set(entry) - allowed:
             raise ConfigError(f"{where}: unknown keys {sorted(set(entry) - allowed)}")
@@ -715,7 +721,7 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
                     f"{where}.raft must list {shard_count} addresses (one per shard), got {ports!r}"
                 )
             raft = tuple(_address(a, f"{where}.raft[{j}]") for j, a in enumerate(ports))
-        replication = entry.get("replication")
+        replication, link = entry.get("replication"), entry.get("link")
         nodes.append(
             NodeAddress(
                 node_id,
@@ -723,6 +729,7 @@ def _nodes(raw: Any, key: str, shard_count: int | None) -> tuple[NodeAddress, ..
                 raft,
                 _metrics_address(entry, where),
                 None if replication is None else _address(replication, f"{where}.replication"),
+                None if link is None else _address(link, f"{where}.link"),
             )
         )
     ids = [n.node_id for n in nodes]

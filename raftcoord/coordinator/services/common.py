@@ -195,22 +195,23 @@ class ShardRouter:
             raise Refused(result.error, result.message)
         return result
 
-    def forward(self, shard: int, context: Any, method: str, request: Any) -> Any:
+    def forward(self, shard: int, context: Any | None, method: str, request: Any) -> Any:
         """The answer of ``shard``'s leader, another node, to ``method`` with
         ``request``. A request that was itself forwarded is not forwarded
-        again (no loops).
+        again (no loops). ``context`` is None for a call of a cluster node
+        over a cluster link: this node then asks as itself.
 
         Raises:
             NotForwarded: already forwarded, no other node leads ``shard``
                 as far as this node knows, or the call failed.
         """
-        if dict(context.invocation_metadata()).get(FORWARDED_HEADER):
+        if context is not None and dict(context.invocation_metadata()).get(FORWARDED_HEADER):
             raise NotForwarded("already forwarded")
         leader = self.shards.leader_of(shard)
         if leader is None or leader.node_id == self.node_id:
             raise NotForwarded("no leader")
         metadata = [(FORWARDED_HEADER, str(self.node_id))]
-        if self.authorizer.enabled:  # the leader checks the caller's rights too
+        if self.authorizer.enabled and context is not None:  # the leader checks them too
             metadata += acting_for(self.caller(context))
         try:
             stub = self.channels.coordinator(leader.grpc)

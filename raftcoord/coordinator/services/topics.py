@@ -51,7 +51,7 @@ class TopicRPCs:
         return self.router.shards.query(METADATA_SHARD, lambda machine: dict(machine.state.topics))
 
     def leader_topics(
-        self, context: Any, read_barrier: bool
+        self, context: Any | None, read_barrier: bool
     ) -> dict[str, TopicRegistration] | None:
         """Topic placement as shard 0's leader has it (topics live in shard 0),
         or None when no leader answers.
@@ -87,7 +87,7 @@ class TopicRPCs:
         }
 
     def unknown_partitions(
-        self, partitions: tuple[TopicPartition, ...], context: Any
+        self, partitions: tuple[TopicPartition, ...], context: Any | None
     ) -> dict[TopicPartition, str]:
         """The partitions that do not exist, with why.
 

@@ -29,7 +29,7 @@ from raftcoord.coordinator.services.common import (
     wait,
 )
 from raftcoord.coordinator.services.topics import TopicRPCs
-from raftcoord.coordinator.shard import parked_at_most
+from raftcoord.coordinator.shard import caller_waits, parked_at_most
 from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceType
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import wire_error
@@ -189,22 +189,7 @@ class TransactionRPCs:
         and then at most ``wait_for_completion_ms`` when it says so.
         """
         if request.transactions:
-            refused = self.router.cluster_refusal(context)
-            if refused is not None:  # Kafka's v4+ needs ClusterAction
-                return coordinator_pb2.AddPartitionsToTxnResponse(
-                    error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
-                    error_message=refused,
-                )
-            parkable = request.wait_for_completion
-            limit_s = request.wait_for_completion_ms / 1000
-            with parked_at_most(limit_s) if parkable and limit_s else nullcontext():
-                answers = [
-                    self._start_add(t, context, parkable=parkable) for t in request.transactions
-                ]
-            return coordinator_pb2.AddPartitionsToTxnResponse(
-                error_code=wire_error(ErrorCode.NONE),
-                transactions=[answer() for answer in answers],
-            )
+            return self._add_batched(request, self.router.cluster_refusal(context), context)
         who = self.router.caller(context)
         denied = self.router.denied(
             who, (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)
@@ -225,7 +210,41 @@ class TransactionRPCs:
             )
         return self._start_add(request, context)()
 
-    def _start_add(self, request: Any, context: Any, parkable: bool = True) -> Callable[[], Any]:
+    def add_partitions_over_link(self, request: Any, refused: str | None, timeout_s: float) -> Any:
+        """A partition-log node's batched AddPartitionsToTxn over a cluster
+        link (:data:`raftcoord.protocol.cluster_link.ADD_PARTITIONS_TO_TXN`),
+        answered as over gRPC; ``refused``: why a caller that is not the
+        cluster is refused. Only the batched form (``transactions``) is
+        answered here; a producer's own add goes over gRPC."""
+        if not request.transactions:
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=wire_error(ErrorCode.INVALID_REQUEST),
+                error_message="a cluster link carries only batched adds (transactions)",
+            )
+        with caller_waits(timeout_s):
+            return self._add_batched(request, refused, None)
+
+    def _add_batched(self, request: Any, refused: str | None, context: Any | None) -> Any:
+        """A batched add (Kafka's v4+, sent by partition-log nodes): each
+        transaction checked and queued on its shard, then the answers
+        awaited. ``context`` is None over a cluster link."""
+        if refused is not None:  # Kafka's v4+ needs ClusterAction
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                error_message=refused,
+            )
+        parkable = request.wait_for_completion
+        limit_s = request.wait_for_completion_ms / 1000
+        with parked_at_most(limit_s) if parkable and limit_s else nullcontext():
+            answers = [self._start_add(t, context, parkable=parkable) for t in request.transactions]
+        return coordinator_pb2.AddPartitionsToTxnResponse(
+            error_code=wire_error(ErrorCode.NONE),
+            transactions=[answer() for answer in answers],
+        )
+
+    def _start_add(
+        self, request: Any, context: Any | None, parkable: bool = True
+    ) -> Callable[[], Any]:
         """Check one transaction's AddPartitionsToTxn and queue its command;
         returns the function that waits for and builds its answer. An add
         that is not ``parkable`` (of a batched request that did not ask to
