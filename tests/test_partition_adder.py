@@ -2,7 +2,8 @@
 coordinator stub on a fake clock: CONCURRENT_TRANSACTIONS is asked again
 once, alone and waiting for the completion, for ``retry_max_s`` counted
 from that answer, however long the call that brought it took; a call of
-one transaction waits for the completion a little, one of many does not."""
+one transaction waits for the completion a little, one of many does not;
+the adds go over the coordinator's link when it has a link address."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from partition_log import cluster_view
 from partition_log.cluster_view import TxnPartitionAdder
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
@@ -150,3 +152,49 @@ def test_without_a_retry_window_a_call_of_one_does_not_wait(
     answer = made.add_partitions("tx", 1, 0, [TP])
     assert answer[TP][0] is ErrorCode.CONCURRENT_TRANSACTIONS
     assert coordinator.asked[0] == (1, False, 0, cluster_view.CALL_TIMEOUT_S)
+
+
+class FindOnly(ScriptedCoordinator):
+    """A coordinator's gRPC stub that only finds: its adds must go over the link."""
+
+    def AddPartitionsToTxn(self, request: Any, timeout: float) -> Any:
+        raise AssertionError("an add over gRPC to a coordinator with a link address")
+
+
+def test_adds_to_a_coordinator_with_a_link_address_go_over_the_link() -> None:
+    """The batched adds go to the coordinator's link listener (a real one on
+    loopback); once it is gone, the add fails as any call does (the
+    producer's retriable REQUEST_TIMED_OUT naming the coordinator)."""
+    answering = ScriptedCoordinator(FakeClock(), [ErrorCode.NONE], took_s=0.0)
+    listener = ClusterListener(
+        ("127.0.0.1", 0),
+        {
+            ADD_PARTITIONS_TO_TXN: lambda request, refused, timeout_s: answering.AddPartitionsToTxn(
+                request, timeout_s
+            )
+        },
+        tls=None,
+        allowed=lambda who: True,
+        max_connections=4,
+        label="coordinator",
+    )
+    listener.start()
+    made = TxnPartitionAdder(
+        Channels(FindOnly(FakeClock(), [], took_s=0.0)),  # type: ignore[arg-type]
+        ["coordinator"],
+        View(),  # type: ignore[arg-type]
+        links={"coordinator": f"127.0.0.1:{listener.port}"},
+    )
+    try:
+        assert made.add_partitions("tx", 1, 0, [TP]) == {TP: (ErrorCode.NONE, "")}
+        sole_wait_ms = round(cluster_view.SOLE_ADD_WAIT_S * 1000)
+        ((count, waits, wait_ms, timeout_s),) = answering.asked
+        assert (count, waits, wait_ms) == (1, True, sole_wait_ms)
+        assert cluster_view.CALL_TIMEOUT_S - 0.5 < timeout_s <= cluster_view.CALL_TIMEOUT_S
+    finally:
+        listener.stop()
+    code, message = made.add_partitions("tx", 1, 0, [TP])[TP]
+    assert code is ErrorCode.REQUEST_TIMED_OUT and "coordinator coordinator" in message
+    made.close()
+    code, message = made.add_partitions("tx", 1, 0, [TP])[TP]
+    assert code is ErrorCode.REQUEST_TIMED_OUT and "stopping" in message
