@@ -27,7 +27,10 @@ from spark import audit
 from tests import plog_client
 from tests.local_cluster import running_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+#: A test here runs a Spark audit: 90 s with its cluster, over 240 s on a
+#: slow hour with the standalone Spark cluster of tests/test_audit_network.py
+#: running beside it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TOPIC = "replicated"
 PARTITIONS = 2
