@@ -54,8 +54,7 @@ from raftcoord.protocol.cluster_link import (
     WRITE_TXN_MARKERS,
     ClusterLink,
     ClusterListener,
-    Method,
-    host_port,
+    serve_cluster,
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
@@ -68,7 +67,6 @@ from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED, f
 from raftcoord.protocol.tls import (
     Authorizer,
     add_port,
-    cluster_principals,
     cluster_refusal,
     node_identity,
     node_ssl_context,
@@ -642,10 +640,10 @@ class PartitionNode:
                 self.config.settings.log_flush_interval_ms / 1000.0,
             )
             self._flusher.start()
-        interceptors = [] if self.metrics is None else [RpcMetrics(self.metrics)]
+        rpc = None if self.metrics is None else RpcMetrics(self.metrics)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
-            interceptors=interceptors,
+            interceptors=[] if rpc is None else [rpc],
             options=[
                 ("grpc.so_reuseport", 0),
                 # A batch over message.max.bytes must reach the service to be
@@ -688,7 +686,7 @@ class PartitionNode:
         if add_port(self._server, self.me.grpc, self.tls_identity) == 0:
             raise OSError(f"cannot listen on {self.me.grpc}")
         if self.me.replication is not None:
-            self._replication = self._serve_replication(service, self.me.replication, interceptors)
+            self._replication = self._serve_replication(service, self.me.replication, rpc)
         self._server.start()
         self._threads.append(self.health.start(self._stopping))
         if self.metrics is not None and self.me.metrics is not None:
@@ -706,7 +704,7 @@ class PartitionNode:
         )
 
     def _serve_replication(
-        self, service: PartitionLogService, address: str, interceptors: list[RpcMetrics]
+        self, service: PartitionLogService, address: str, rpc: RpcMetrics | None
     ) -> ClusterListener:
         """The listener of the followers' fetches and the coordinators'
         markers (one thread per connection, apart from the gRPC workers: a
@@ -714,26 +712,17 @@ class PartitionNode:
         server until the followers fetch, so fetches answered there could all
         wait behind such Produces), counted in the RPC metrics as the gRPC
         calls are."""
-        answers: dict[Method, Any] = {
-            REPLICA_FETCH: service.replica_fetch,
-            WRITE_TXN_MARKERS: service.write_txn_markers,
-        }
-        for rpc in interceptors:
-            answers = {method: rpc.measure(method.name, a) for method, a in answers.items()}
-        allowed = None if self.config.tls is None else cluster_principals(self.config)
         callers = len(self.config.partition_nodes) + len(self.config.coordinators) * (
             self.config.shard_count
         )
-        listener = ClusterListener(
-            host_port(address),
-            answers,
-            tls=node_ssl_context(self.config, self.node_id, server=True),
-            allowed=lambda who: allowed is None or who in allowed,
-            max_connections=REPLICATION_CONNECTIONS + 2 * callers,
-            label=f"node={self.node_id}",
+        return serve_cluster(
+            self.config,
+            self.node_id,
+            address,
+            {REPLICA_FETCH: service.replica_fetch, WRITE_TXN_MARKERS: service.write_txn_markers},
+            rpc,
+            REPLICATION_CONNECTIONS + 2 * callers,
         )
-        listener.start()
-        return listener
 
     def _link_to(self, leader: int) -> Link:
         """How this node's fetcher reaches ``leader``: its replication

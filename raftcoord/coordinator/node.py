@@ -50,7 +50,7 @@ from raftcoord.coordinator.shard import (
     TransitionsLog,
     caller_waits,
 )
-from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener, host_port
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener, serve_cluster
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
 from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
 from raftcoord.protocol.data_files import COORDINATOR, DataFilesService
@@ -66,10 +66,8 @@ from raftcoord.protocol.process import (
 from raftcoord.protocol.routing import preferred_leader
 from raftcoord.protocol.tls import (
     add_port,
-    cluster_principals,
     cluster_refusal,
     node_identity,
-    node_ssl_context,
 )
 from raftcoord.protocol.types import WriteMarkers
 from raftcoord.protocol.v1 import (
@@ -404,22 +402,16 @@ class CoordinatorNode:
         """The listener of the partition-log nodes' adds to transactions (one
         thread per connection), counted in the RPC metrics as the gRPC calls
         are; with ``[tls]`` only the cluster's principals are answered."""
-        answer = service.transactions.add_partitions_over_link
-        if rpc is not None:
-            answer = rpc.measure(ADD_PARTITIONS_TO_TXN.name, answer)
-        allowed = None if self.config.tls is None else cluster_principals(self.config)
-        listener = ClusterListener(
-            host_port(address),
-            {ADD_PARTITIONS_TO_TXN: answer},
-            tls=node_ssl_context(self.config, self.node_id, server=True),
-            allowed=lambda who: allowed is None or who in allowed,
+        return serve_cluster(
+            self.config,
+            self.node_id,
+            address,
+            {ADD_PARTITIONS_TO_TXN: service.transactions.add_partitions_over_link},
+            rpc,
             # A partition-log node's adds go out one call at a time per
             # coordinator, and its waits for a completion each on its own.
-            max_connections=LINK_CONNECTIONS_PER_NODE * max(1, len(self.config.partition_nodes)),
-            label=f"node={self.node_id}",
+            LINK_CONNECTIONS_PER_NODE * max(1, len(self.config.partition_nodes)),
         )
-        listener.start()
-        return listener
 
     def stop(self) -> None:
         """Stop serving, stop ticking, close journals (SIGTERM path)."""

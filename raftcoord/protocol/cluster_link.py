@@ -49,6 +49,9 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from raftcoord.protocol.config import ClusterConfig
+from raftcoord.protocol.metrics import RpcMetrics
+from raftcoord.protocol.tls import cluster_principals, node_ssl_context
 from raftcoord.protocol.v1 import coordinator_pb2, partition_log_pb2
 
 log = logging.getLogger("raftcoord.cluster_link")
@@ -330,6 +333,33 @@ class ClusterListener:
         method, answer = known
         request = _parse(method.request, _read_body(connection, length, method.max_request_bytes))
         return answer, request, min(timeout_ms, MAX_TIMEOUT_MS) / 1000
+
+
+def serve_cluster(
+    config: ClusterConfig,
+    node_id: int,
+    address: str,
+    answers: Mapping[Method, Answer],
+    rpc: RpcMetrics | None,
+    max_connections: int,
+) -> ClusterListener:
+    """A started listener of node ``node_id`` at ``address``: under the
+    config's ``[tls]`` mutual TLS with the node's certificate, answering only
+    the cluster's principals; each call counted in the RPC metrics (``rpc``;
+    None: the node has none) as its gRPC counterpart is."""
+    if rpc is not None:
+        answers = {method: rpc.measure(method.name, a) for method, a in answers.items()}
+    allowed = None if config.tls is None else cluster_principals(config)
+    listener = ClusterListener(
+        host_port(address),
+        answers,
+        tls=node_ssl_context(config, node_id, server=True),
+        allowed=lambda who: allowed is None or who in allowed,
+        max_connections=max_connections,
+        label=f"node={node_id}",
+    )
+    listener.start()
+    return listener
 
 
 class ClusterLink:
