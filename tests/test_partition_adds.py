@@ -40,16 +40,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def coordinator_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The methods the client library calls on shard leaders, in order."""
-    calls: list[str] = []
+def coordinator_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The methods the client library calls on shard leaders, in order, with
+    their requests."""
+    calls: list[tuple[str, Any]] = []
     original = CoordinatorClient.call
 
     def spy(
-        self: CoordinatorClient, key_type: int, key: str, method: str, *a: Any, **k: Any
+        self: CoordinatorClient,
+        key_type: int,
+        key: str,
+        method: str,
+        request: Any,
+        *a: Any,
+        **k: Any,
     ) -> Any:
-        calls.append(method)
-        return original(self, key_type, key, method, *a, **k)
+        calls.append((method, request))
+        return original(self, key_type, key, method, request, *a, **k)
 
     monkeypatch.setattr(CoordinatorClient, "call", spy)
     return calls
@@ -87,7 +94,7 @@ def describe(cluster: LocalCluster, transactional_id: str) -> tuple[str, set[tup
 
 
 def test_a_producer_commits_and_aborts_without_adding_partitions(
-    cluster: LocalCluster, coordinator_calls: list[str]
+    cluster: LocalCluster, coordinator_calls: list[tuple[str, Any]]
 ) -> None:
     partitions = create(cluster, "adds-eos", 3)
     with TransactionalProducer(cluster.bootstrap(), transactional_id="adds-eos") as producer:
@@ -104,8 +111,9 @@ def test_a_producer_commits_and_aborts_without_adding_partitions(
             producer.send(tp.topic, value=b"a-%d" % tp.partition, partition=tp.partition)
         producer.flush()
         producer.abort_transaction()
-    assert "AddPartitionsToTxn" not in coordinator_calls
-    assert coordinator_calls.count("EndTxn") == 4
+    methods = [method for method, _ in coordinator_calls]
+    assert "AddPartitionsToTxn" not in methods
+    assert methods.count("EndTxn") == 4
     committed = sorted(read(cluster, partitions, committed=True))
     assert committed == sorted(b"c%d-%d" % (r, p) for r in range(3) for p in range(3))
     everything = read(cluster, partitions, committed=False)
@@ -212,7 +220,7 @@ def unverified(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 def test_without_verification_the_producer_adds_its_partitions(
-    unverified: LocalCluster, coordinator_calls: list[str]
+    unverified: LocalCluster, coordinator_calls: list[tuple[str, Any]]
 ) -> None:
     partitions = create(unverified, "adds-off", 2)
     with TransactionalProducer(unverified.bootstrap(), transactional_id="adds-off") as producer:
@@ -226,7 +234,19 @@ def test_without_verification_the_producer_adds_its_partitions(
             producer.send(tp.topic, value=b"abort-%d" % tp.partition, partition=tp.partition)
         producer.flush()
         producer.abort_transaction()
-    assert coordinator_calls.count("AddPartitionsToTxn") == 2
+    # Per transaction, each partition is added once, before its batch: in
+    # one call when both batches are ready together, in one call each when
+    # the sender finds the first batch ready (lingered) before the second
+    # record is sent.
+    methods = [method for method, _ in coordinator_calls]
+    assert methods[0] == "InitProducerId" and methods.count("EndTxn") == 2, methods
+    added: list[list[tuple[str, int]]] = [[]]
+    for method, request in coordinator_calls[1:]:
+        if method == "EndTxn":
+            added.append([])
+        elif method == "AddPartitionsToTxn":
+            added[-1] += [(t.topic, p) for t in request.topics for p in t.partitions]
+    assert added == [sorted(partitions)] * 2 + [[]], methods
     assert sorted(read(unverified, partitions, committed=True)) == [b"commit-0", b"commit-1"]
     assert len(read(unverified, partitions, committed=False)) == 4
 
