@@ -5,6 +5,7 @@ fails over and stops in namespaces (raftcoord.cluster.netns, cluster up --netns)
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -228,6 +229,35 @@ def test_a_number_whose_namespaces_were_left_behind_is_not_reused(
         assert other.bridge != f"rcbr{number}" and other.hosts[0].namespace != leaked
     finally:
         subprocess.run(["ip", "netns", "del", leaked], check=True)
+
+
+@pytest.mark.slow
+@needs_netns
+def test_removal_is_checked_before_another_process_may_take_the_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a network's names are gone, another process may create a network
+    of the same number and names; destroy checks what is left under the lock
+    that creation takes, so that one is not taken for this one's remains."""
+    held: list[bool] = []
+    exists = netns.exists
+
+    def lock_held(namespace: str) -> bool:
+        with netns.LOCK_FILE.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+            else:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                held.append(False)
+        return exists(namespace)
+
+    network = netns.create(["lock-a", "lock-b"])
+    monkeypatch.setattr(netns, "exists", lock_held)
+    netns.destroy(network)
+    assert held == [True, True]
+    assert not any(exists(h.namespace) for h in network.hosts)
 
 
 @pytest.mark.slow

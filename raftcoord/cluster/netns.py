@@ -282,7 +282,7 @@ def create(labels: Sequence[str]) -> Network:
                     namespace=host.namespace,
                 )
         except NetnsError:
-            destroy(network)
+            _destroy(network)
             raise
     return network
 
@@ -292,9 +292,19 @@ def destroy(network: Network) -> None:
     of them exists). Processes still running in a namespace keep it alive,
     unreachable, until they exit: stop them first.
 
+    Under the lock :func:`create` takes: once the names are gone another
+    process may pick the same subnet and names, and what it creates must not
+    be taken for something of this network left behind.
+
     Raises:
         NetnsError: something of ``network`` is still there afterwards.
     """
+    with _locked():
+        _destroy(network)
+
+
+def _destroy(network: Network) -> None:
+    """:func:`destroy`, the lock held."""
     commands = []
     for host in network.hosts:
         commands += [f"link del {host.veth}", f"netns del {host.namespace}"]
