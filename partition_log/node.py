@@ -843,9 +843,11 @@ class PartitionNode:
         self._stopping.set()
         self._reservation_due.set()
         self.changes.close()
+        # Produce handlers waiting for their adds end at once, not at the
+        # gRPC server's grace.
+        self.adder.close()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(2.0)
-        self.adder.close()
         if self._replication is not None:
             self._replication.stop()
         if self._flusher is not None:

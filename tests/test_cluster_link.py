@@ -18,10 +18,15 @@ from typing import Any
 import grpc
 import pytest
 
+from fsm.metadata import TopicPartition
+from fsm.partitions import PartitionRegistration, TopicRegistration
 from partition_log.replica_fetcher import ConnectionLink, GrpcLink
 from raftcoord.cluster import certs
+from raftcoord.coordinator.services.common import partition_result
+from raftcoord.coordinator.services.topics import _missing
 from raftcoord.protocol import cluster_link
 from raftcoord.protocol.cluster_link import (
+    ADD_PARTITIONS_TO_TXN,
     REPLICA_FETCH,
     WRITE_TXN_MARKERS,
     ClusterLink,
@@ -30,7 +35,7 @@ from raftcoord.protocol.cluster_link import (
     LinkPool,
 )
 from raftcoord.protocol.errors import ErrorCode
-from raftcoord.protocol.v1 import partition_log_pb2
+from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
 
 NODES = {"User:node-1", "User:node-2"}
 
@@ -441,3 +446,91 @@ def test_a_pool_answers_a_call_while_another_waits_and_refuses_past_its_size(
         release.set()
         caller.join(5)
         running.stop()
+
+
+def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
+    echo: Echo, tls_files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stranger's refused request is read under one deadline from its
+    accept: one byte at a time, each within the socket's timeout, it still
+    loses its connection (and its handshake place) at the deadline."""
+    monkeypatch.setattr(cluster_link, "HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES", 1)
+    running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    raw = socket.create_connection(("127.0.0.1", running.port), timeout=5)
+    stranger = tls_files["client"].wrap_socket(raw, server_hostname="127.0.0.1")
+    try:
+        body = request(0).SerializeToString()
+        stranger.sendall(struct.pack(">IBI", len(body), REPLICA_FETCH.number, 1000))
+        cut = False
+        for i in range(len(body)):  # 0.1 s a byte: a whole second or more in all
+            try:
+                stranger.sendall(body[i : i + 1])
+            except OSError:
+                cut = True
+                break
+            threading.Event().wait(0.1)
+        assert cut or closed_by_peer(stranger)
+        assert echo.refused == [] and echo.threads == []
+        # Its place is free: a node of the cluster gets in.
+        node = fetch_link(f"127.0.0.1:{running.port}", tls_files["node"])
+        try:
+            assert node.fetch(request(1), timeout_s=5).partitions[0].partition == 1
+        finally:
+            node.close()
+    finally:
+        stranger.close()
+        running.stop()
+
+
+def test_a_call_dialling_a_peer_that_never_answers_ends_at_its_timeout(
+    tls_files: dict[str, Any],
+) -> None:
+    """The connect and TLS handshake of a call count against its timeout,
+    not only :data:`CONNECT_TIMEOUT_S`."""
+    mute = socket.create_server(("127.0.0.1", 0))  # connections queue, nobody speaks
+    link = ClusterLink(f"127.0.0.1:{mute.getsockname()[1]}", tls_files["node"])
+    try:
+        failed = threading.Event()
+
+        def call() -> None:
+            with pytest.raises(LinkError):
+                link.call(REPLICA_FETCH, request(0), 0.3)
+            failed.set()
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        assert failed.wait(cluster_link.CONNECT_TIMEOUT_S / 2)
+    finally:
+        link.close()
+        mute.close()
+
+
+def test_a_refused_add_of_long_topic_names_fits_its_answers_limit() -> None:
+    """A producer's flush names up to 1,000 partitions of topics up to 249
+    characters; refused, each partition's result and its part of the message
+    name the topic. Two such transactions in one batched add (other
+    producers' beside them) are answered within the limit the caller reads."""
+    topic = "t" * 249
+    registered = {topic: TopicRegistration((PartitionRegistration((1,), (1,), 1),))}
+    wanted = tuple(TopicPartition(topic, p) for p in range(1, 1001))
+    missing = _missing(registered, wanted)
+    assert len(missing) == 1000
+    refused = coordinator_pb2.AddPartitionsToTxnResponse(
+        error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        error_message="; ".join(missing.values()) + "; nothing was added",
+        results=[partition_result(tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) for tp in wanted],
+    )
+    adds = coordinator_pb2.AddPartitionsToTxnRequest(
+        transactions=[
+            coordinator_pb2.AddPartitionsToTxnRequest(
+                transactional_id=f"id-{i}",
+                producer_id=i,
+                producer_epoch=0,
+                topics=[common_pb2.TopicPartitions(topic=topic, partitions=range(1, 1001))],
+            )
+            for i in range(2)
+        ]
+    )
+    answer = coordinator_pb2.AddPartitionsToTxnResponse(transactions=[refused, refused])
+    assert answer.ByteSize() <= ADD_PARTITIONS_TO_TXN.response_limit(adds)

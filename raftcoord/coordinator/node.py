@@ -84,8 +84,10 @@ log = logging.getLogger("raftcoord.coordinator.node")
 #: The exit status of a node that met a committed entry it cannot apply
 #: (EX_SOFTWARE): restarting it replays the same entry, so it needs a fix.
 EXIT_APPLY_FAILED = 70
-#: Cluster-link connections a partition-log node may hold to one coordinator
-#: (its pool of links: partition_log.cluster_view.LINKS_PER_COORDINATOR).
+#: Cluster-link connections a coordinator answers per node of the cluster:
+#: twice a partition-log node's pool of links to it
+#: (partition_log.cluster_view.LINKS_PER_COORDINATOR), room for links being
+#: redialled while their old connections are still being closed.
 LINK_CONNECTIONS_PER_NODE = 16
 
 T = TypeVar("T")

@@ -21,8 +21,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
-from contextlib import contextmanager
+from concurrent.futures import Future, InvalidStateError
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -885,5 +885,8 @@ def _state_of(machine: TransactionStateMachine, transactional_id: str) -> TxnSta
 
 
 def _fail(request: Request, code: ErrorCode) -> None:
-    if not request.future.done():
+    """Answer ``request`` with ``code`` unless it is answered already (by
+    now, or by another thread meanwhile: a stop drains the queue that a
+    handler's :meth:`Shard._enqueue` may fail as well)."""
+    with suppress(InvalidStateError):
         request.future.set_result(Outcome(error=code, message=code.name))

@@ -26,8 +26,9 @@ against the cluster's CA, as on every gRPC port, and only the cluster's
 principals (its nodes and super users) are answered; anyone else gets one
 answer, the method's refusal (CLUSTER_AUTHORIZATION_FAILED), and the
 connection is closed. Without ``[tls]`` (a lab), like the gRPC ports,
-nothing is checked. A connection that has not finished its TLS handshake
-in :data:`HANDSHAKE_TIMEOUT_S` is closed. The listener holds at most
+nothing is checked. A connection that is not let in within
+:data:`HANDSHAKE_TIMEOUT_S` of its accept (its TLS handshake, and a
+stranger's request and refusal, as a whole) is closed. The listener holds at most
 :data:`MAX_HANDSHAKES` connections that are not yet authenticated and
 ``max_connections`` authenticated ones (those of the cluster): under
 ``[tls]`` a stranger's connections cannot take the cluster's places.
@@ -63,11 +64,12 @@ RESPONSE_OVERHEAD_BYTES = 64 << 10
 PER_PARTITION_OVERHEAD_BYTES = 512
 #: A connection that sends nothing for this long is closed.
 IDLE_TIMEOUT_S = 60.0
-#: How long a connecting peer has to finish its TLS handshake.
+#: How long a connecting peer has, from its accept, to be let in (its TLS
+#: handshake) or refused (its request read and answered).
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Connections not authenticated yet (in their TLS handshake), at most.
 MAX_HANDSHAKES = 16
-#: How long a caller waits for a connection to open.
+#: How long a caller waits for a connection to open (within its call's timeout).
 CONNECT_TIMEOUT_S = 5.0
 #: The longest timeout a request may name.
 MAX_TIMEOUT_MS = 600_000
@@ -98,10 +100,22 @@ def _fetch_response_limit(request: Any) -> int:
     )
 
 
+def _named_bytes(topics: Any) -> int:
+    """Room for a result (and a message) of each partition of ``topics``
+    (TopicPartitions): each may name its topic twice."""
+    return sum(
+        len(t.partitions) * (PER_PARTITION_OVERHEAD_BYTES + 2 * len(t.topic.encode()))
+        for t in topics
+    )
+
+
 def _markers_response_limit(request: Any) -> int:
     """A result (and a message) for each partition and group a marker names."""
-    named = sum(len(m.groups) + sum(len(t.partitions) for t in m.topics) for m in request.markers)
-    return RESPONSE_OVERHEAD_BYTES + (len(request.markers) + named) * PER_PARTITION_OVERHEAD_BYTES
+    named = sum(
+        (1 + len(m.groups)) * PER_PARTITION_OVERHEAD_BYTES + _named_bytes(m.topics)
+        for m in request.markers
+    )
+    return RESPONSE_OVERHEAD_BYTES + named
 
 
 #: A follower's fetch from its leader (a request names each partition
@@ -126,12 +140,14 @@ WRITE_TXN_MARKERS = Method(
 
 
 def _adds_response_limit(request: Any) -> int:
-    """A result (and a message) for each transaction and partition named."""
+    """A result (and a message) for each transaction and partition named; a
+    partition's result and the message of a refused one each name its topic
+    (up to 249 characters, or what the request sent)."""
     named = sum(
-        1 + sum(len(t.partitions) for t in transaction.topics)
+        PER_PARTITION_OVERHEAD_BYTES + _named_bytes(transaction.topics)
         for transaction in request.transactions
     )
-    return RESPONSE_OVERHEAD_BYTES + named * PER_PARTITION_OVERHEAD_BYTES
+    return RESPONSE_OVERHEAD_BYTES + named
 
 
 #: A partition-log node's adds of partitions to transactions (Kafka's v4+
@@ -168,9 +184,26 @@ def response_frame(message: Any) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
-def _read_exactly(sock: socket.socket, count: int) -> bytes:
+def _remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (monotonic). A socket timeout of 0
+    would make it non-blocking: none left is a timeout.
+
+    Raises:
+        TimeoutError: the deadline has passed.
+    """
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+def _read_exactly(sock: socket.socket, count: int, deadline: float | None = None) -> bytes:
+    """``count`` bytes; by ``deadline`` (monotonic) as a whole when given,
+    else within the socket's timeout for each read."""
     chunks = []
     while count:
+        if deadline is not None:
+            sock.settimeout(_remaining(deadline))
         chunk = sock.recv(min(count, 1 << 20))
         if not chunk:
             raise ConnectionError("the peer closed the connection")
@@ -179,10 +212,12 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_body(sock: socket.socket, length: int, limit: int) -> bytes:
+def _read_body(
+    sock: socket.socket, length: int, limit: int, deadline: float | None = None
+) -> bytes:
     if length > limit:
         raise ConnectionError(f"a message of {length} bytes (at most {limit})")
-    return _read_exactly(sock, length)
+    return _read_exactly(sock, length, deadline)
 
 
 def _parse(message_type: type, data: bytes) -> Any:
@@ -273,6 +308,7 @@ class ClusterListener:
         with self._lock:
             self._connections.add(connection)
         slot: threading.BoundedSemaphore | None = self._handshakes
+        expiry = _Expiry(connection, HANDSHAKE_TIMEOUT_S)
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
@@ -282,10 +318,13 @@ class ClusterListener:
                     self._connections.discard(connection)
                     self._connections.add(wrapped)
                 connection = wrapped
+                expiry.follow(connection)
             who = _principal(connection)
             if not self._allowed(who):
                 self._refuse(connection, peer, who)
                 return
+            if not expiry.disarm():
+                raise ConnectionError("not let in within the handshake's time")
             self._handshakes.release()
             slot = None
             if not self._slots.acquire(blocking=False):
@@ -296,6 +335,7 @@ class ClusterListener:
             if not self._stopping.is_set():
                 log.info("%s event=link_connection_closed peer=%s: %s", self._label, peer, exc)
         finally:
+            expiry.disarm()
             with self._lock:
                 self._connections.discard(connection)
             _close(connection)
@@ -379,15 +419,17 @@ class ClusterLink:
         Raises:
             LinkError: no answer within ``timeout_s`` (the connection is closed).
         """
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             try:
                 if self._closed:
                     raise ConnectionError("the link is closed")
-                connection = self._connected()
-                connection.settimeout(timeout_s)
+                connection = self._connected(deadline)
+                connection.settimeout(_remaining(deadline))
                 connection.sendall(request_frame(method, request, timeout_s))
-                (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
-                data = _read_body(connection, length, method.response_limit(request))
+                (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size, deadline))
+                limit = method.response_limit(request)
+                data = _read_body(connection, length, limit, deadline)
                 return _parse(method.response, data)
             except (OSError, ValueError) as exc:
                 self._drop()
@@ -401,25 +443,68 @@ class ClusterLink:
         if connection is not None:
             _close(connection)
 
-    def _connected(self) -> socket.socket:
+    def _connected(self, deadline: float) -> socket.socket:
+        """The connection, dialled (and its TLS handshake done) by the
+        earlier of ``deadline`` and :data:`CONNECT_TIMEOUT_S` from now if
+        there is none."""
         if self._socket is None:
+            dial_by = min(deadline, time.monotonic() + CONNECT_TIMEOUT_S)
             connection = socket.create_connection(
-                (self._host, self._port), timeout=CONNECT_TIMEOUT_S
+                (self._host, self._port), timeout=_remaining(dial_by)
             )
-            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
-                try:
+            try:
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._tls is not None:
+                    connection.settimeout(_remaining(dial_by))
                     connection = self._tls.wrap_socket(connection, server_hostname=self._host)
-                except OSError:
-                    _close(connection)
-                    raise
+            except OSError:
+                _close(connection)
+                raise
             self._socket = connection
+            if self._closed:  # closed while dialling: close() did not see this socket
+                self._drop()
+                raise ConnectionError("the link is closed")
         return self._socket
 
     def _drop(self) -> None:
         if self._socket is not None:
             _close(self._socket)
             self._socket = None
+
+
+class _Expiry:
+    """Closes a connection that is not let in (:meth:`disarm`) within
+    ``seconds``: a bound on the handshake and on a stranger's refused
+    request as a whole, where socket timeouts bound each read alone."""
+
+    def __init__(self, connection: socket.socket, seconds: float) -> None:
+        self._lock = threading.Lock()
+        self._connection = connection
+        self._armed = True
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def follow(self, connection: socket.socket) -> None:
+        """The connection is ``connection`` from now on (wrapped in TLS)."""
+        with self._lock:
+            self._connection = connection
+
+    def disarm(self) -> bool:
+        """Whether it was still armed (the connection not closed for its
+        time); it closes nothing from now on."""
+        with self._lock:
+            armed, self._armed = self._armed, False
+        self._timer.cancel()
+        return armed
+
+    def _expire(self) -> None:
+        with self._lock:
+            if not self._armed:
+                return
+            self._armed = False
+            connection = self._connection
+        _close(connection)
 
 
 def _close(connection: socket.socket) -> None:

@@ -215,8 +215,9 @@ class TransactionRPCs:
         link (:data:`raftcoord.protocol.cluster_link.ADD_PARTITIONS_TO_TXN`),
         answered as over gRPC; ``refused``: why a caller that is not the
         cluster is refused. Only the batched form (``transactions``) is
-        answered here; a producer's own add goes over gRPC."""
-        if not request.transactions:
+        answered here; a producer's own add goes over gRPC. A stranger is
+        refused whatever it sent."""
+        if refused is None and not request.transactions:
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
                 error_message="a cluster link carries only batched adds (transactions)",
