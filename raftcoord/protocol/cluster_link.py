@@ -486,9 +486,13 @@ class _Expiry:
         self._timer.start()
 
     def follow(self, connection: socket.socket) -> None:
-        """The connection is ``connection`` from now on (wrapped in TLS)."""
+        """The connection is ``connection`` from now on (wrapped in TLS;
+        closed now if the time ran out while the old one was being wrapped)."""
         with self._lock:
             self._connection = connection
+            expired = not self._armed
+        if expired:
+            _close(connection)
 
     def disarm(self) -> bool:
         """Whether it was still armed (the connection not closed for its
