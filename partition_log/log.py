@@ -247,6 +247,9 @@ class PartitionLogStore:
         :meth:`append`, :meth:`truncate_to` and retention."""
         self._segments: list[_Segment] = []
         self._bases: list[int] = []
+        #: Whether recovery read a checkpoint of the leader epochs (then a
+        #: header naming a newer epoch is damage).
+        self._epochs_read = False
         self._dirty = False
         self._index_dirty = False
         self._failure: BaseException | None = None
@@ -574,15 +577,20 @@ class PartitionLogStore:
     def batches(self, from_offset: int = 0) -> Iterator[tuple[BatchHeader, bytes | None]]:
         """Every batch from the one containing ``from_offset`` to the end of the log, in order.
 
-        Data batches come as ``(header, None)``: only their header is read.
-        Control batches come as ``(header, batch_bytes)`` so the caller can read
-        the marker (:func:`partition_log.codec.control_is_commit`). Used at
-        start-up to rebuild producer and transaction state. Offsets below
+        Data batches come as ``(header, None)``, control batches as
+        ``(header, batch_bytes)`` so the caller can read the marker
+        (:func:`partition_log.codec.control_is_commit`). Used to rebuild
+        producer and transaction state (at start-up without a usable
+        snapshot, and after a truncation): each batch's CRC-32C is checked
+        first, closed segments' too (they are opened without), since a
+        flipped bit in a header's producer fields or a marker's type would
+        change a transaction's outcome. Offsets below
         :attr:`log_start_offset` start at the first batch.
 
         Raises:
             StoreFailed: an earlier write or fsync failed.
-            CorruptLog: the index or a batch header does not match the log.
+            CorruptLog: the index or a batch header does not match the log,
+                or a batch fails its CRC.
         """
         self._check_usable()
         from_offset = max(from_offset, self.log_start_offset)
@@ -591,11 +599,14 @@ class PartitionLogStore:
             segment = self._segments[i]
             reader = _SegmentReader(segment.log_fd, _READAHEAD)
             for pos, header in self._headers_from(segment, reader, from_offset):
-                if header.is_control:
-                    buf, rel = reader.window(pos, header.size)
-                    yield header, buf[rel : rel + header.size]
-                else:
-                    yield header, None
+                buf, rel = reader.window(pos, header.size)
+                batch = memoryview(buf)[rel : rel + header.size]
+                if not crc_ok(batch):
+                    raise CorruptLog(
+                        f"{self._log_path(segment.base_offset)}: the batch at position {pos} "
+                        f"(offset {header.base_offset}) fails its CRC"
+                    )
+                yield header, bytes(batch) if header.is_control else None
             i += 1
 
     def _headers_from(
@@ -605,18 +616,26 @@ class PartitionLogStore:
         starting the scan at the closest index entry at or below ``from_offset``."""
         entry = bisect.bisect_right(segment.index_offsets, from_offset) - 1
         pos = segment.index_positions[entry] if entry >= 0 else 0
-        expected: int | None = segment.index_offsets[entry] if entry >= 0 else segment.base_offset
+        expected = segment.index_offsets[entry] if entry >= 0 else segment.base_offset
+        says = "the index says" if entry >= 0 else "the segment starts at"
         while pos < segment.size:
             header = self._header_at(reader, pos)
-            if expected is not None:
-                if header.base_offset != expected:
-                    raise CorruptLog(
-                        f"segment {segment.base_offset}: batch at position {pos} has base "
-                        f"offset {header.base_offset}, the index says {expected}"
-                    )
-                expected = None
+            # A segment's batches follow each other (recovery holds the active
+            # one to it): a length or offset field that was damaged since
+            # would otherwise skip batches without a word.
+            if header.base_offset != expected:
+                raise CorruptLog(
+                    f"segment {segment.base_offset}: batch at position {pos} has base "
+                    f"offset {header.base_offset}, {says} {expected}"
+                )
+            if pos + header.size > segment.size:
+                raise CorruptLog(
+                    f"segment {segment.base_offset}: the batch at position {pos} declares "
+                    f"{header.size} bytes, past the segment's end ({segment.size})"
+                )
             if header.next_offset > from_offset:
                 yield pos, header
+            expected, says = header.next_offset, "the previous batch ends at"
             pos += header.size
 
     def _header_at(self, reader: _SegmentReader, pos: int) -> BatchHeader:
@@ -733,6 +752,7 @@ class PartitionLogStore:
             (self.directory / _EPOCHS_FILE).unlink(missing_ok=True)
             return RecoveryReport(1, 0, 0, 0, time.monotonic() - started, created)
         on_disk = self._read_epochs()
+        self._epochs_read = on_disk is not None
         gaps = self._read_gaps()
         scanned = truncated = rebuilt = 0
         expected = bases[0]
@@ -929,6 +949,9 @@ class PartitionLogStore:
                         os.close(fd)
                 self._log_path(dropped.base_offset).unlink()
                 self._index_path(dropped.base_offset).unlink(missing_ok=True)
+            # The later segments' removal is durable before the holder is cut:
+            # else a crash between could bring them back after a shorter holder.
+            fsync_directory(self.directory)
             if holder.index_fd is None:  # it was closed: reopen it for appends
                 os.close(holder.log_fd)
                 holder.log_fd = os.open(self._log_path(holder.base_offset), os.O_RDWR | os.O_APPEND)
@@ -1131,9 +1154,16 @@ class PartitionLogStore:
                 offsets.append(header.base_offset)
                 positions.append(pos)
                 last_indexed = pos
-            # Segments are recovered in order: a batch of a newer epoch than the
-            # checkpoint names (written before it, if the checkpoint was lost) adds it.
-            self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+            # The checkpoint is written before the first batch of a new epoch
+            # (and a truncation cuts the log before it): with a readable one,
+            # a newer epoch in a header (a field outside the CRC) is damage.
+            # Without one it is rebuilt from the headers (_recover_epochs).
+            if self._epochs_read and self.epochs.is_new(header.partition_leader_epoch):
+                problem = (
+                    f"the batch at offset {header.base_offset} names leader epoch "
+                    f"{header.partition_leader_epoch}, newer than the checkpoint's"
+                )
+                break
             batches += 1
             expected = header.next_offset
             pos += header.size

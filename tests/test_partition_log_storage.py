@@ -690,6 +690,86 @@ def test_a_gap_between_segments_is_refused(tmp_path: Path) -> None:
         open_store(tmp_path)
 
 
+def closed_marker_store(directory: Path) -> tuple[int, int]:
+    """A store whose first, closed, segment holds a transaction's batch and
+    its COMMIT marker, then data in later segments, every batch indexed (so
+    that opening reads only each closed segment's last batch); returns the
+    marker's position in the first segment and its length."""
+    store = PartitionLogStore(directory, segment_bytes=400, index_interval_bytes=1)
+    store.append(
+        encode_batch(
+            [RecordData(b"k", b"v", (), 1)],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+            transactional=True,
+        )
+    )
+    marker = encode_control_batch(
+        commit=True, producer_id=7, producer_epoch=0, coordinator_epoch=0, timestamp_ms=2
+    )
+    position = store._segments[-1].size
+    store.append(marker)
+    fill(store, 10, pad=50)
+    assert len(store.segment_base_offsets) > 1
+    store.close()
+    return position, len(marker)
+
+
+def test_a_flipped_marker_in_a_closed_segment_is_refused_not_replayed(tmp_path: Path) -> None:
+    """Closed segments open without their CRCs read; the state rebuilt from
+    them (no snapshot here) reads each batch's CRC: a COMMIT whose type bit
+    turned it into an ABORT is damage, not an aborted transaction."""
+    position, length = closed_marker_store(tmp_path)
+    first = segment_files(tmp_path, ".log")[0]
+    data = bytearray(first.read_bytes())
+    assert read_marker(bytes(data[position : position + length])).commit
+    data[position + length - 1 - 4] ^= 0x01  # inside the control record's value
+    first.write_bytes(data)
+    store = PartitionLogStore(tmp_path, segment_bytes=400, index_interval_bytes=1)
+    with pytest.raises(CorruptLog, match="fails its CRC"):
+        list(store.batches())
+    store.close()
+
+
+def test_a_damaged_batch_length_in_a_closed_segment_is_refused_not_skipped(
+    tmp_path: Path,
+) -> None:
+    """A length field that now points past the next batches would make reads
+    skip them without a word; each batch must follow the one before."""
+    closed_marker_store(tmp_path)
+    first = segment_files(tmp_path, ".log")[0]
+    data = bytearray(first.read_bytes())
+    second = parse_header(data).size
+    data[second + 8] ^= 0x01  # the second batch's length: 16 MiB more
+    first.write_bytes(data)
+    store = PartitionLogStore(tmp_path, segment_bytes=400, index_interval_bytes=1)
+    with pytest.raises(CorruptLog, match="past the segment's end"):
+        store.read(0, BIG, 1 << 20)
+    with pytest.raises(CorruptLog):
+        list(store.batches())
+    store.close()
+
+
+def test_a_leader_epoch_newer_than_the_checkpoint_is_damage(tmp_path: Path) -> None:
+    """The checkpoint is written before a new epoch's first batch: with a
+    readable one, a header naming a newer epoch (a field outside the CRC)
+    was damaged, and the batch is not taken as appended by that epoch."""
+    store = PartitionLogStore(tmp_path)
+    for label in ("a", "b", "c"):
+        batch = data_batch(label)
+        set_partition_leader_epoch(batch, 3)
+        store.append(batch)
+    store.close()
+    (log,) = segment_files(tmp_path, ".log")
+    data = bytearray(log.read_bytes())
+    second = parse_header(data).size
+    data[second + 12] ^= 0x40  # the second batch's partition leader epoch
+    log.write_bytes(data)
+    with pytest.raises(CorruptLog, match="newer than the checkpoint"):
+        PartitionLogStore(tmp_path)
+
+
 # -- fsync policies ------------------------------------------------------------------------------
 
 
