@@ -6,7 +6,11 @@ tests/test_produced_batches.py)."""
 from __future__ import annotations
 
 import io
+import os
 import re
+import struct
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from raftcoord.kafka import messages as m
+
+ROOT = Path(__file__).resolve().parents[1]
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -88,6 +94,55 @@ def test_unsupported_and_truncated_requests_are_refused() -> None:
         m.decode_request(b"\x00\x12\x00\x03\x00\x00")  # ApiVersions v3, cut short
     with pytest.raises(m.MalformedRequest):
         m.api_of(b"\x00")
+
+
+# A request header: api key, version, correlation id, client id "c"; then,
+# for flexible versions, no tagged fields.
+def _header(key: int, version: int, flexible: bool) -> bytes:
+    return struct.pack(">hhih", key, version, 7, 1) + b"c" + (b"\x00" if flexible else b"")
+
+
+@pytest.mark.parametrize(
+    ("what", "frame"),
+    [
+        # DescribeGroups v5: a compact array of 2**32 - 2 group ids.
+        ("compact", _header(15, 5, True) + b"\xff\xff\xff\xff\x0f"),
+        # Metadata v1: a legacy array of 2**31 - 1 topics.
+        ("legacy", _header(3, 1, False) + struct.pack(">i", 2**31 - 1)),
+        # Produce v9: one topic whose partitions array counts 2**31 - 2.
+        (
+            "nested",
+            _header(0, 9, True)
+            + b"\x00"
+            + struct.pack(">hi", -1, 1000)
+            + b"\x02\x02t"
+            + b"\xff\xff\xff\xff\x07",
+        ),
+    ],
+    ids=["compact", "legacy", "nested"],
+)
+def test_an_array_count_over_the_bytes_left_is_refused_before_kio_reads_it(
+    what: str, frame: bytes
+) -> None:
+    """kio's native reader reserves room for an array's count before it reads
+    any element: such a count from a frame of a few bytes would end the
+    process (an allocation failure aborts). Decoded in a child process, so
+    that a regression fails this test instead of ending the run."""
+    code = (
+        "import sys; from raftcoord.kafka import messages as m\n"
+        "try:\n    m.decode_request(bytes.fromhex(sys.argv[1]))\n"
+        "except m.MalformedRequest as exc:\n    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, frame.hex()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, (what, done.returncode, done.stderr[-500:])
+    assert "refused: a count of" in done.stdout, (what, done.stdout)
 
 
 def test_build_drops_fields_of_other_versions_and_fills_defaults() -> None:

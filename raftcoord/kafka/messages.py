@@ -26,6 +26,20 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import (
+    EntityTupleField,
+    PrimitiveField,
+    classify_field,
+    get_schema_field_type,
+    is_optional,
+)
+from kio.serial._parse import get_field_reader, get_reader
+from kio.serial.readers import (
+    read_compact_array_length,
+    read_int8,
+    read_legacy_array_length,
+    read_unsigned_varint,
+)
 
 # API keys, Kafka's numbers.
 PRODUCE = 0
@@ -150,10 +164,109 @@ def decode_request(frame: bytes) -> Request:
     schema = load_request_schema(key, version)
     try:
         header, used = entity_reader(schema.__header_schema__)(frame, 0)
+        _check_counts(schema, memoryview(frame), used)
         body, _ = entity_reader(schema)(frame, used)
+    except MalformedRequest:
+        raise
     except Exception as exc:  # kio raises several kinds for bytes that do not decode
         raise MalformedRequest(f"api {key} version {version}: {exc}") from exc
     return Request(key, version, header.correlation_id, header.client_id, body)
+
+
+def _check_counts(entity: type, frame: memoryview, offset: int) -> int:
+    """Walk a body of ``entity`` at ``offset`` as kio's reader will, refusing
+    an array whose count is more than the bytes left (kio's native reader
+    reserves room for a count before it reads any element: a count of 2**32
+    from a 20-byte frame ends the process); returns the offset after it.
+    Request headers hold no arrays: their reader runs first, as it is.
+
+    Raises:
+        MalformedRequest: an array's count is over the bytes left.
+        Exception: what kio's readers raise for bytes that do not decode.
+    """
+    flexible, fields, tagged = _walk_plan(entity)
+    for step in fields:
+        offset = _check_field(step, frame, offset, flexible)
+    if flexible:
+        count, size = read_unsigned_varint(frame, offset)
+        offset += size
+        _check_count(count, frame, offset)
+        for _ in range(count):
+            tag, size = read_unsigned_varint(frame, offset)
+            offset += size
+            length, size = read_unsigned_varint(frame, offset)
+            offset += size
+            _check_count(length, frame, offset)
+            known = tagged.get(tag)
+            if known is not None:  # its value alone: a field cannot read past its size
+                _check_field(known, frame[: offset + length], offset, flexible)
+            offset += length
+    return offset
+
+
+#: How a field is walked: ("value", its reader), ("array", the element's
+#: reader or entity), ("struct", its entity, whether it is nullable).
+_Step = tuple[str, Any, bool]
+
+
+@cache
+def _walk_plan(entity: type) -> tuple[bool, tuple[_Step, ...], dict[int, _Step]]:
+    """(flexible, the steps of the untagged fields in order, the tagged
+    fields' steps by tag) of ``entity``."""
+    flexible = bool(entity.__flexible__)  # type: ignore[attr-defined]
+    fields: list[_Step] = []
+    tagged: dict[int, _Step] = {}
+    for field in dataclasses.fields(entity):
+        is_tagged = "tag" in field.metadata
+        kind = classify_field(field)
+        step: _Step
+        if isinstance(kind, PrimitiveField):
+            step = ("value", get_field_reader(entity, field, False, is_tagged), False)
+        elif isinstance(kind, EntityTupleField):
+            step = ("array", kind.type_, True)
+        elif kind.is_array:
+            step = ("array", get_reader(get_schema_field_type(field), flexible, False), False)
+        else:
+            step = ("struct", kind.type_, is_optional(field))
+        if is_tagged:
+            tagged[field.metadata["tag"]] = step
+        else:
+            fields.append(step)
+    return flexible, tuple(fields), tagged
+
+
+def _check_field(step: _Step, frame: memoryview, offset: int, flexible: bool) -> int:
+    what, reader, flag = step
+    if what == "value":
+        return offset + int(reader(frame, offset)[1])
+    if what == "struct":
+        if flag:  # a nullable struct: -1, or 1 and the struct
+            present, size = read_int8(frame, offset)
+            offset += size
+            if present < 0:
+                return offset
+        return _check_counts(reader, frame, offset)
+    if flexible:
+        count, size = read_compact_array_length(frame, offset)
+    else:
+        count, size = read_legacy_array_length(frame, offset)
+    offset += size
+    if count is None or count < 0:  # a null array
+        return offset
+    _check_count(count, frame, offset)
+    for _ in range(count):
+        if flag:  # of entities
+            offset = _check_counts(reader, frame, offset)
+        else:
+            offset += reader(frame, offset)[1]
+    return offset
+
+
+def _check_count(count: int, frame: memoryview, offset: int) -> None:
+    """Every element (or byte) of a count takes at least one byte of the frame."""
+    left = len(frame) - offset
+    if count > left:
+        raise MalformedRequest(f"a count of {count} with {left} bytes left")
 
 
 def encode_response(
