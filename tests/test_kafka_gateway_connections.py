@@ -6,7 +6,9 @@ connection instead of leaving it hanging."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +17,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from raftcoord.cluster.launcher import free_ports
+from raftcoord.kafka import gateway as gateway_module
 from raftcoord.kafka import messages as m
 from raftcoord.kafka.gateway import Gateway
 from raftcoord.protocol.config import ClusterConfig, KafkaListener, NodeAddress
@@ -130,5 +133,47 @@ def test_an_answer_that_cannot_be_encoded_closes_its_connection() -> None:
         answer = await asyncio.wait_for(read_frame(reader), WAIT_S)
         assert answer[:4] == (2).to_bytes(4, "big")
         writer.close()
+
+    asyncio.run(with_gateway(test))
+
+
+def test_a_client_that_never_reads_its_answers_is_disconnected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that keeps sending and reads nothing fills the socket's
+    buffers; once an answer waits longer than the write timeout to be taken
+    the connection is closed, and what it held with it."""
+    monkeypatch.setattr(gateway_module, "FRAME_WRITE_TIMEOUT_S", 0.3)
+
+    async def test(gateway: Gateway, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.setblocking(False)
+        _, writer = await asyncio.open_connection(sock=sock)
+        request = request_frame(m.API_VERSIONS, 0, 1, {})
+
+        async def flood() -> None:
+            with contextlib.suppress(ConnectionError):
+                for _ in range(200_000):  # far more answers than any buffer holds
+                    writer.write(request)
+                    await writer.drain()
+
+        sending = asyncio.create_task(flood())
+
+        async def disconnected() -> None:
+            while not gateway._connections:  # connected first
+                await asyncio.sleep(0.01)
+            while gateway._connections:
+                await asyncio.sleep(0.01)
+
+        try:
+            await asyncio.wait_for(disconnected(), WAIT_S)
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+            writer.close()
 
     asyncio.run(with_gateway(test))

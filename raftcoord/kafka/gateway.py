@@ -47,12 +47,17 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 #: Largest request frame accepted (Kafka's socket.request.max.bytes).
 MAX_REQUEST_BYTES = 100 * 1024 * 1024
-#: Requests of one connection handled at once before reading waits.
-MAX_IN_FLIGHT = 64
 #: A request frame's body must arrive within this many seconds of its size
 #: (and of room for it in the budget), else the connection is closed: a
 #: client trickling a frame cannot hold its share of memory for long.
 FRAME_READ_TIMEOUT_S = 30.0
+#: An answer must be taken by the client (written to the socket) within this
+#: many seconds, else the connection is closed: a client that sends and never
+#: reads cannot pin its answers, and its share of memory, for good.
+FRAME_WRITE_TIMEOUT_S = 30.0
+#: Requests of one connection handled or answered and waiting to be sent,
+#: at most, before reading waits.
+MAX_IN_FLIGHT = 64
 #: Frames up to this size draw on a share of ``queued.max.request.bytes`` of
 #: their own (:data:`SMALL_SHARE`), so that big frames waiting for room never
 #: hold up small requests.
@@ -371,7 +376,9 @@ class Gateway:
                 frame = await (await answers.get())
                 if frame is not None:
                     writer.write(frame)
-                    await writer.drain()
+                    await asyncio.wait_for(writer.drain(), FRAME_WRITE_TIMEOUT_S)
+        except TimeoutError:
+            _connection_log(logging.INFO, "event=connection_closed reason=answers_not_read")
         except CloseConnection as exc:
             _connection_log(logging.INFO, "event=connection_closed reason=%r", str(exc))
         except ConnectionError as exc:
