@@ -40,6 +40,10 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: Fetch limits when the request leaves them 0.
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
+#: The most a Fetch answers, whatever its ``max_bytes`` (Kafka's broker
+#: ``fetch.max.bytes``, 55 MiB; as there, a first batch over it still goes).
+#: Partitions named twice draw on it twice.
+FETCH_MAX_BYTES = 55 << 20
 
 
 #: A partition lookup: the partition this node leads, or the error code and
@@ -398,7 +402,8 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         returned (at least 1 per record; with ``raw``, the batches' bytes), whether
         some partition answered an error)."""
         read_committed = request.isolation_level == common_pb2.READ_COMMITTED
-        budget = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        asked = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        budget = min(asked, FETCH_MAX_BYTES)
         size = 0
         failed = False
         answers = []

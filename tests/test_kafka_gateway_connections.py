@@ -21,6 +21,8 @@ from raftcoord.kafka import gateway as gateway_module
 from raftcoord.kafka import messages as m
 from raftcoord.kafka.gateway import Gateway
 from raftcoord.protocol.config import ClusterConfig, KafkaListener, NodeAddress
+from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.v1 import coordinator_pb2
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -175,5 +177,54 @@ def test_a_client_that_never_reads_its_answers_is_disconnected(
             with contextlib.suppress(asyncio.CancelledError):
                 await sending
             writer.close()
+
+    asyncio.run(with_gateway(test))
+
+
+def test_ids_named_many_times_are_asked_once_and_a_few_at_a_time() -> None:
+    """DescribeGroups and DescribeTransactions answer every id named, in
+    order, but ask the coordinators about each distinct id once, at most
+    MAX_CALLS_PER_REQUEST at a time."""
+    asked: list[str] = []
+    running = [0, 0]  # now, most
+
+    async def call(key: str) -> dict[str, Any]:
+        asked.append(key)
+        running[0] += 1
+        running[1] = max(running)
+        await asyncio.sleep(0.001)
+        running[0] -= 1
+        return {"id": key}
+
+    keys = [f"g{i % 50}" for i in range(1_000)]
+    answers = asyncio.run(gateway_module._each_once(keys, call))
+    assert [a["id"] for a in answers] == keys
+    assert sorted(asked) == sorted(set(keys))
+    assert running[1] == gateway_module.MAX_CALLS_PER_REQUEST
+
+
+def test_a_missing_topic_named_many_times_is_looked_up_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Fetch or Produce naming the partitions of a topic that does not
+    exist asks the coordinators about it once, not once per partition."""
+
+    async def test(gateway: Gateway, address: str) -> None:
+        lookups: list[Any] = []
+
+        async def metadata(topics: Any) -> Any:
+            lookups.append(topics)
+            return coordinator_pb2.MetadataResponse()
+
+        monkeypatch.setattr(gateway.backend, "metadata", metadata)
+
+        async def never(stub: Any, payloads: list[int]) -> Any:
+            raise AssertionError("no partition-log node to call")
+
+        items = [("absent", p, p) for p in range(500)]
+        done, failed = await gateway.backend.per_owner(items, never)
+        assert done == [] and len(failed) == 500
+        assert {code for _, _, code in failed} == {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        assert lookups == [["absent"]]
 
     asyncio.run(with_gateway(test))

@@ -15,6 +15,7 @@ import pytest
 
 from fsm.errors import ErrorCode
 from partition_log import codec
+from partition_log import service as service_module
 from partition_log.cluster_view import TopicPartition
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
@@ -238,3 +239,28 @@ def test_appends_to_a_partition_without_other_replicas_wake_no_replica_fetch(
     send(part, b"two")
     assert part.high_watermark == 2
     assert (changes.generation, changes.appended) == (2, 0)
+
+
+def test_a_fetch_answers_at_most_the_nodes_bound_whatever_it_asks(
+    node: tuple[Partition, LogChanges], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Fetch's max_bytes (up to 2 GiB) and a partition named many times
+    cannot make the answer bigger than FETCH_MAX_BYTES (and its first batch)."""
+    part, changes = node
+    for i in range(20):
+        send(part, b"%02d" % i + b"x" * 1000)
+    monkeypatch.setattr(service_module, "FETCH_MAX_BYTES", 4096)
+    request = partition_log_pb2.FetchRequest(
+        max_bytes=2**31 - 1,
+        raw=True,
+        partitions=[
+            partition_log_pb2.FetchPartition(
+                topic="t", partition=0, fetch_offset=0, partition_max_bytes=2**31 - 1
+            )
+        ]
+        * 100,
+    )
+    answer = service_for(part, changes).Fetch(request, None)
+    sizes = [len(p.raw_batches) for p in answer.partitions]
+    assert len(sizes) == 100 and sizes[0] > 0
+    assert sum(sizes) <= 4096 + 1100  # the bound, and the batch that crossed it

@@ -333,10 +333,16 @@ class Backend:
         """
         groups: dict[str, list[tuple[str, int, T]]] = {}
         failed: list[tuple[str, int, ErrorCode]] = []
+        missing: set[str] = set()  # asked about once here, and unknown
         for topic, partition, payload in items:
+            if topic in missing:
+                failed.append((topic, partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
             address = await self.owner(topic, partition)
             if isinstance(address, ErrorCode):
                 failed.append((topic, partition, address))
+                if address is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and topic not in self._topics:
+                    missing.add(topic)
             else:
                 groups.setdefault(address, []).append((topic, partition, payload))
 

@@ -743,7 +743,7 @@ class Gateway:
                 ],
             }
 
-        return {"transaction_states": await asyncio.gather(*(describe(i) for i in ids))}
+        return {"transaction_states": await _each_once(ids, describe)}
 
     async def list_transactions(self, request: m.Request) -> Data:
         """The transactions of the shards led by the coordinators this gateway
@@ -1073,7 +1073,7 @@ class Gateway:
                 "authorized_operations": _NO_AUTHORIZED_OPERATIONS,
             }
 
-        return {"groups": await asyncio.gather(*(describe(g) for g in request.body.groups))}
+        return {"groups": await _each_once(list(request.body.groups), describe)}
 
     async def create_topics(self, request: m.Request) -> Data:
         body = request.body
@@ -1501,6 +1501,25 @@ def _acl_filter(body: Any) -> common_pb2.AclBindingFilter:
     if body.host_filter is not None:
         acl_filter.host = body.host_filter
     return acl_filter
+
+
+#: Coordinator calls one request makes at once when it names many ids.
+MAX_CALLS_PER_REQUEST = 16
+
+
+async def _each_once(keys: list[str], call: Callable[[str], Awaitable[Data]]) -> list[Data]:
+    """``call`` of each key, in the keys' order, each distinct key asked once
+    and at most :data:`MAX_CALLS_PER_REQUEST` at a time (a request of half a
+    million ids, a megabyte, would otherwise start as many calls at once)."""
+    room = asyncio.Semaphore(MAX_CALLS_PER_REQUEST)
+
+    async def bounded(key: str) -> Data:
+        async with room:
+            return await call(key)
+
+    distinct = list(dict.fromkeys(keys))
+    answers = dict(zip(distinct, await asyncio.gather(*map(bounded, distinct)), strict=True))
+    return [answers[key] for key in keys]
 
 
 async def _ready(frame: bytes) -> bytes:
