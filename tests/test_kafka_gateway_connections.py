@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 import socket
+import types
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -228,3 +229,13 @@ def test_a_missing_topic_named_many_times_is_looked_up_once(
         assert lookups == [["absent"]]
 
     asyncio.run(with_gateway(test))
+
+
+@pytest.mark.parametrize("value", ["2", "0", "-1", "two", "99999999999", str(2**31)])
+def test_min_insync_replicas_of_a_new_topic_is_a_positive_int32_or_refused(value: str) -> None:
+    """Out of range (past int32) is refused like any value that is not a
+    positive number (INVALID_CONFIG), not an error building the call."""
+    config = types.SimpleNamespace(name="min.insync.replicas", value=value)
+    wanted = gateway_module._min_insync_replicas([config])
+    assert wanted == (2 if value == "2" else -1)
+    coordinator_pb2.CreatableTopic(name="t", min_insync_replicas=wanted)  # fits the field

@@ -1414,7 +1414,8 @@ def _current_leader_epoch(partition: Any) -> int | None:
 
 def _min_insync_replicas(configs: Iterable[Any]) -> int:
     """A CreateTopics topic's ``min.insync.replicas`` config: 0 when it names
-    none (the default), -1 when it is not a positive number (refused as INVALID_CONFIG)."""
+    none (the default), -1 when it is not a positive int32 (refused as
+    INVALID_CONFIG)."""
     value = next((c.value for c in configs if c.name == "min.insync.replicas"), None)
     if value is None:
         return 0
@@ -1422,7 +1423,7 @@ def _min_insync_replicas(configs: Iterable[Any]) -> int:
         wanted = int(value)
     except ValueError:
         return -1
-    return wanted if wanted > 0 else -1
+    return wanted if 0 < wanted < 2**31 else -1
 
 
 def _produce_error(partition: int, code: int, message: str) -> Data:
