@@ -19,7 +19,7 @@ The newest segment is the *active* one; appends go to it through an
 cache and survives the death of the process. The :class:`FsyncPolicy` decides
 when it reaches the disk, i.e. what a machine crash can lose.
 
-One file on purpose (about 930 lines): :class:`PartitionLogStore` owns the
+One file on purpose (about 1,300 lines): :class:`PartitionLogStore` owns the
 segment files, their index and their recovery; append, read, roll,
 retention and recovery all keep the same on-disk invariants.
 """
@@ -748,6 +748,12 @@ class PartitionLogStore:
             if index.stem.isdigit() and int(index.stem) not in bases:
                 index.unlink()  # its log was deleted by retention just before a crash
         if not bases:
+            past = [offset for offset in self.snapshot_offsets() if offset > 0]
+            if past:  # taken at a roll: records below them were in the log
+                raise CorruptLog(
+                    f"{self.directory}: no segment file, but a producer-state snapshot "
+                    f"at offset {past[-1]}: the log's files are missing"
+                )
             self._add_segment(self._create_segment(0))
             (self.directory / _EPOCHS_FILE).unlink(missing_ok=True)
             return RecoveryReport(1, 0, 0, 0, time.monotonic() - started, created)

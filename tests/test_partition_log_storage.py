@@ -770,6 +770,20 @@ def test_a_leader_epoch_newer_than_the_checkpoint_is_damage(tmp_path: Path) -> N
         PartitionLogStore(tmp_path)
 
 
+def test_a_log_whose_segment_files_are_gone_is_refused_not_restarted(tmp_path: Path) -> None:
+    """A snapshot at a roll's offset proves records below it: with every
+    segment file missing the log is damaged, not new (a new log would hand
+    out those offsets again)."""
+    store = PartitionLogStore(tmp_path, segment_bytes=400)
+    fill(store, 10, pad=50)
+    store.write_snapshot(store.log_end_offset, b"state")
+    store.close()
+    for log in segment_files(tmp_path, ".log"):
+        log.unlink()
+    with pytest.raises(CorruptLog, match="no segment file"):
+        PartitionLogStore(tmp_path, segment_bytes=400)
+
+
 # -- fsync policies ------------------------------------------------------------------------------
 
 
