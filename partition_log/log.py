@@ -166,6 +166,9 @@ class _Segment:
     index_positions: list[int]
     index_fd: int | None  # open for appends only while the segment is active
     max_timestamp: int | None = None  # of a closed segment, read when retention first asks
+    # Every batch in it passed its CRC in this process: created here (appends
+    # are checked before), or the active segment recovery scanned with CRCs.
+    verified: bool = False
 
     @property
     def last_indexed_position(self) -> int:
@@ -581,10 +584,10 @@ class PartitionLogStore:
         ``(header, batch_bytes)`` so the caller can read the marker
         (:func:`partition_log.codec.control_is_commit`). Used to rebuild
         producer and transaction state (at start-up without a usable
-        snapshot, and after a truncation): each batch's CRC-32C is checked
-        first, closed segments' too (they are opened without), since a
-        flipped bit in a header's producer fields or a marker's type would
-        change a transaction's outcome. Offsets below
+        snapshot, and after a truncation): the CRC-32C of each batch of a
+        segment recovery opened without checking them (the closed ones) is
+        checked first, since a flipped bit in a header's producer fields or
+        a marker's type would change a transaction's outcome. Offsets below
         :attr:`log_start_offset` start at the first batch.
 
         Raises:
@@ -599,14 +602,17 @@ class PartitionLogStore:
             segment = self._segments[i]
             reader = _SegmentReader(segment.log_fd, _READAHEAD)
             for pos, header in self._headers_from(segment, reader, from_offset):
-                buf, rel = reader.window(pos, header.size)
-                batch = memoryview(buf)[rel : rel + header.size]
-                if not crc_ok(batch):
-                    raise CorruptLog(
-                        f"{self._log_path(segment.base_offset)}: the batch at position {pos} "
-                        f"(offset {header.base_offset}) fails its CRC"
-                    )
-                yield header, bytes(batch) if header.is_control else None
+                body: bytes | None = None
+                if header.is_control or not segment.verified:
+                    buf, rel = reader.window(pos, header.size)
+                    batch = buf[rel : rel + header.size]
+                    if not segment.verified and not crc_ok(batch):
+                        raise CorruptLog(
+                            f"{self._log_path(segment.base_offset)}: the batch at position "
+                            f"{pos} (offset {header.base_offset}) fails its CRC"
+                        )
+                    body = batch if header.is_control else None
+                yield header, body
             i += 1
 
     def _headers_from(
@@ -717,7 +723,7 @@ class PartitionLogStore:
             os.close(index_fd)
             raise
         fsync_directory(self.directory)
-        return _Segment(base_offset, log_fd, 0, base_offset, [], [], index_fd)
+        return _Segment(base_offset, log_fd, 0, base_offset, [], [], index_fd, verified=True)
 
     def _add_segment(self, segment: _Segment) -> None:
         self._segments.append(segment)
@@ -1097,6 +1103,7 @@ class PartitionLogStore:
                 scan.index_offsets,
                 scan.index_positions,
                 index_fd,
+                verified=True,
             )
             return segment, scan.batches, rebuilt, cut
         except BaseException:

@@ -24,11 +24,13 @@ import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from partition_log import log as log_module
 from partition_log.codec import (
     HEADER_SIZE,
     CorruptBatch,
@@ -729,6 +731,29 @@ def test_a_flipped_marker_in_a_closed_segment_is_refused_not_replayed(tmp_path: 
     store = PartitionLogStore(tmp_path, segment_bytes=400, index_interval_bytes=1)
     with pytest.raises(CorruptLog, match="fails its CRC"):
         list(store.batches())
+    store.close()
+
+
+def test_replay_checks_the_crcs_of_closed_segments_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The active segment's batches passed their CRCs when recovery scanned
+    it (and appends are checked before they are written): replay reads its
+    data batches' headers alone, the closed segments' batches whole."""
+    closed_marker_store(tmp_path)
+    store = PartitionLogStore(tmp_path, segment_bytes=400, index_interval_bytes=1)
+    checked: list[int] = []
+    real = log_module.crc_ok
+
+    def counting(batch: Any) -> bool:
+        checked.append(parse_header(bytes(batch)).base_offset)
+        return real(batch)
+
+    monkeypatch.setattr(log_module, "crc_ok", counting)
+    replayed = [header.base_offset for header, _ in store.batches()]
+    active = store.segment_base_offsets[-1]
+    assert checked == [offset for offset in replayed if offset < active]
+    assert len(checked) < len(replayed)
     store.close()
 
 
