@@ -1510,16 +1510,17 @@ MAX_CALLS_PER_REQUEST = 16
 
 async def _each_once(keys: list[str], call: Callable[[str], Awaitable[Data]]) -> list[Data]:
     """``call`` of each key, in the keys' order, each distinct key asked once
-    and at most :data:`MAX_CALLS_PER_REQUEST` at a time (a request of half a
-    million ids, a megabyte, would otherwise start as many calls at once)."""
-    room = asyncio.Semaphore(MAX_CALLS_PER_REQUEST)
+    by one of at most :data:`MAX_CALLS_PER_REQUEST` workers (a request of
+    half a million ids, a megabyte, would otherwise start as many calls, or
+    tasks waiting for their turn, at once)."""
+    answers: dict[str, Data] = {}
+    pending = iter(dict.fromkeys(keys))
 
-    async def bounded(key: str) -> Data:
-        async with room:
-            return await call(key)
+    async def worker() -> None:
+        for key in pending:  # shared: each key goes to the first worker free
+            answers[key] = await call(key)
 
-    distinct = list(dict.fromkeys(keys))
-    answers = dict(zip(distinct, await asyncio.gather(*map(bounded, distinct)), strict=True))
+    await asyncio.gather(*(worker() for _ in range(min(MAX_CALLS_PER_REQUEST, len(keys)))))
     return [answers[key] for key in keys]
 
 
