@@ -836,7 +836,7 @@ def _history_row(line: bytes, pos: int) -> tuple[Any, ...]:
             None if e.get("detail") is None else str(e["detail"]),
             None if e.get("hold_s") is None else float(e["hold_s"]),
             _map(e.get("end_offsets")),
-            _map(e.get("committed")),
+            _map(e.get("committed"), nullable=True),
             _map(e.get("topics")),
             e.get("input_topic"),
             e.get("output_topic"),
@@ -863,8 +863,12 @@ def _tuples(items: Any, types: tuple[type, ...]) -> list[tuple[Any, ...]] | None
     return [tuple(t(v) for t, v in zip(types, item, strict=True)) for item in items]
 
 
-def _map(obj: Any) -> dict[str, int] | None:
-    return None if obj is None else {str(k): int(v) for k, v in obj.items()}
+def _map(obj: Any, nullable: bool = False) -> dict[str, int | None] | None:
+    """A JSON object of ints; with ``nullable``, a value may be null (the workers'
+    committed offset of an input partition where the group committed none)."""
+    if obj is None:
+        return None
+    return {str(k): None if v is None and nullable else int(v) for k, v in obj.items()}
 
 
 def register(spark: SparkSession) -> None:

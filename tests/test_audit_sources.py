@@ -231,6 +231,24 @@ def test_every_history_line_that_cannot_be_read_is_a_row_with_its_problem(tmp_pa
     assert rows[1]["problem"].startswith("empty line")
 
 
+def test_a_final_event_with_inputs_the_group_never_committed_is_read(tmp_path: Path) -> None:
+    """Workers with nothing to copy commit no offset: the final event's
+    ``committed`` holds null for those input partitions (docs/history.md)."""
+    path = tmp_path / "history.jsonl"
+    path.write_text(
+        '{"index":0,"process":"workload","type":"ok","op":"final","reads":[],'
+        '"end_offsets":{"in/0":0,"in/1":3},"committed":{"in/0":null,"in/1":3}}\n'
+    )
+    reader = HistoryReader(str(path), 1 << 20)
+    columns = _columns(HISTORY_SCHEMA)
+    (row,) = [
+        dict(zip(columns, r, strict=True)) for p in reader.partitions() for r in reader.read(p)
+    ]
+    assert row["problem"] is None
+    assert row["committed"] == {"in/0": None, "in/1": 3}
+    assert row["end_offsets"] == {"in/0": 0, "in/1": 3}
+
+
 def test_a_jump_the_partition_log_recorded_as_an_offset_gap_is_no_problem(
     tmp_path: Path,
 ) -> None:

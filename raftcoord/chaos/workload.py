@@ -73,8 +73,8 @@ WORKER_FETCH_BYTES = 4096
 #: The pre-fill's batch size: fetches return whole batches, so small ones
 #: let WORKER_FETCH_BYTES bound a poll.
 INPUT_BATCH_BYTES = 4096
-#: How long the final read may go without reading anything before it gives
-#: up (its total time grows with the data of the run).
+#: How long the final read may go without moving before it gives up (its
+#: total time grows with the data of the run).
 FINAL_READ_STALL_S = 60.0
 #: ``--client``: raftcoord's client library, or Kafka's client through the
 #: Kafka gateways (:func:`client_module`).
@@ -973,15 +973,25 @@ class Workload:
             for tp in tps:
                 reader.seek(tp, 0)
             reads: list[list[Any]] = []
-            while any(reader.position(tp) < stable[tp] for tp in tps):
-                # A long poll: its deadline is also each Fetch's, and a node
-                # filtering a long log may need seconds to answer one.
-                polled = _reads(reader.poll(timeout_ms=int(FINAL_READ_STALL_S * 1000)))
-                if not polled and any(reader.position(tp) < stable[tp] for tp in tps):
+            wait_ms = POLL_MS
+            while behind := {
+                tp: reader.position(tp) for tp in tps if reader.position(tp) < stable[tp]
+            }:
+                # A poll returns when it has records or at its deadline, which is
+                # also each Fetch's: after a poll that moved no position the next
+                # is given twice as long (a node filtering a long log may need
+                # seconds to answer a Fetch), up to FINAL_READ_STALL_S. Polls
+                # start short: one that moved the positions to the end over
+                # aborted data and markers alone returns nothing, at its deadline.
+                polled = _reads(reader.poll(timeout_ms=wait_ms))
+                reads += polled
+                if polled or any(reader.position(tp) > at for tp, at in behind.items()):
+                    continue
+                if wait_ms >= FINAL_READ_STALL_S * 1000:
                     raise KafkaTimeoutError(
                         f"the final read got nothing for {FINAL_READ_STALL_S} s"
                     )
-                reads += polled
+                wait_ms = min(2 * wait_ms, int(FINAL_READ_STALL_S * 1000))
         committed: dict[str, int | None] = {}
         if self.options.workers:
             inputs = [tp for tp in tps if tp.topic == r.input_topic]
