@@ -5,6 +5,13 @@ the password. Pure: no I/O.
 The Kafka gateways run the SCRAM exchange with the ``scramp`` library from
 these; a SASL PLAIN password is checked against the same credential
 (:func:`password_matches`), so one store serves both mechanisms.
+
+The keys are derived here, and only here: AlterUserScramCredentials carries
+the salted password, not the password (Kafka's admin client salts it), and
+``scramp.ScramMechanism.make_auth_info`` starts from the password; the pure
+core checks credentials too, and importing ``scramp`` would bring ``ssl``
+and ``asn1crypto`` into it. A test holds the keys to scramp's for the same
+password, salt and iterations.
 """
 
 from __future__ import annotations
