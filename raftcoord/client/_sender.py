@@ -9,7 +9,8 @@ metadata refresh) resend the batch with the same sequence numbers until
 ``delivery_timeout_s`` after the batch was created; the partition
 deduplicates a retried batch.
 
-Without a :class:`~raftcoord.client._transactions.TransactionManager` the
+Without a transaction manager (:class:`Transactions`, which
+:class:`~raftcoord.client._transactions.TransactionManager` is) the
 sender is an idempotent producer's: it gets its producer id with
 InitProducerId and bumps the epoch itself when a partition's sequence is
 lost (KIP-360). With one, the manager owns the producer id and decides when
@@ -24,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -61,12 +62,33 @@ from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.limits import KAFKA_MAX_PRODUCER_EPOCH
 from raftcoord.protocol.v1 import coordinator_pb2
 
-if TYPE_CHECKING:
-    from raftcoord.client._transactions import TransactionManager
-
-__all__ = ["Sender", "SenderSettings", "now"]
+__all__ = ["Sender", "SenderSettings", "Transactions", "now"]
 
 log = logging.getLogger("raftcoord.client.producer")
+
+
+class Transactions(Protocol):
+    """What the sender asks of a transactional producer's transaction manager
+    (methods ending in ``_locked`` run under the producer's lock)."""
+
+    transactional_id: str
+    #: The partitions added to the transaction since the last flush.
+    flush_partitions: tuple[TopicPartition, ...]
+
+    def check_in_transaction_locked(self, operation: str) -> None: ...
+
+    def may_send_locked(self) -> bool: ...
+
+    def has_partition(self, tp: TopicPartition) -> bool: ...
+
+    def add_queued_partitions(self) -> bool: ...
+
+    def produce_error(self, code: int, message: str) -> KafkaError: ...
+
+    def not_retried_error(self, error: KafkaError) -> KafkaError: ...
+
+    def batch_failed(self, error: KafkaError) -> None: ...
+
 
 FINAL_FAILURES = frozenset({ProduceAction.FAIL, ProduceAction.FAIL_BUMP_EPOCH, ProduceAction.FATAL})
 #: Longest the sender thread sleeps when nothing is due (it is woken on news).
@@ -106,7 +128,7 @@ class Sender:
         channels: ChannelCache,
         coordinators: CoordinatorClient,
         metadata: MetadataCache,
-        transactions: TransactionManager | None,
+        transactions: Transactions | None,
     ) -> None:
         self.settings = settings
         self.channels = channels

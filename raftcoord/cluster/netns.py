@@ -54,10 +54,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from raftcoord.cluster.launcher import LocalCluster
+from typing import Any, Protocol
 
 #: Each cluster takes one /24 of this range: 10.201.K.0/24.
 SUPERNET = ipaddress.IPv4Network("10.201.0.0/16")
@@ -167,12 +164,43 @@ def unavailable() -> str | None:
     return None
 
 
-def enabled(cluster: LocalCluster) -> bool:
+class NodeHost(Protocol):
+    """A node of a cluster's record, as the network sees it."""
+
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def host(self) -> str: ...
+
+
+class NetworkRecord(Protocol):
+    """What a cluster's record holds of its nodes and namespaces."""
+
+    @property
+    def nodes(self) -> Sequence[NodeHost]: ...
+
+    @property
+    def network(self) -> Network | None: ...
+
+
+class NamespaceCluster(Protocol):
+    """What cutting and healing a cluster's network needs of it (a
+    :class:`~raftcoord.cluster.launcher.LocalCluster` is one)."""
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def state(self) -> NetworkRecord | None: ...
+
+
+def enabled(cluster: NamespaceCluster) -> bool:
     """Whether ``cluster`` runs its nodes in namespaces of their own."""
     return cluster.state is not None and cluster.state.network is not None
 
 
-def partition(cluster: LocalCluster, groups: list[list[int]]) -> None:
+def partition(cluster: NamespaceCluster, groups: list[list[int]]) -> None:
     """Cut the network so that nodes (ids) in different groups can no longer
     exchange packets, replacing any earlier cut; nodes in no group keep
     talking to everyone, and the root namespace (clients) reaches every node.
@@ -211,12 +239,12 @@ def partition(cluster: LocalCluster, groups: list[list[int]]) -> None:
     network.cut(host_groups)
 
 
-def heal(cluster: LocalCluster) -> None:
+def heal(cluster: NamespaceCluster) -> None:
     """Remove every cut of ``cluster``'s network."""
     _network(cluster).heal()
 
 
-def _network(cluster: LocalCluster) -> Network:
+def _network(cluster: NamespaceCluster) -> Network:
     if cluster.state is None or cluster.state.network is None:
         raise NetnsError(
             f"the cluster in {cluster.data_dir} does not run in network namespaces "
