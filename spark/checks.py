@@ -37,6 +37,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+#: examples kept per check, and per kind of violation for the checks of :data:`KINDS`
 EXAMPLES = 5
 #: the fault kinds whose end restarts a partition-log node (docs/history.md)
 _PLOG_RESTARTS = ("plog-restart", "plog-leader-kill", "plog-wipe", "disk", "heal-restart")
@@ -72,6 +73,18 @@ CHECKS: list[tuple[str, str]] = [
     ("unreadable-data", "a batch, transition or history event that cannot be decoded"),
 ]
 DESCRIPTIONS = dict(CHECKS)
+#: The checks whose violations come in kinds, and the column naming the kind:
+#: each kind keeps :data:`EXAMPLES` examples of its own, so that one kind's
+#: many violations do not hide another's few.
+KINDS = {
+    "duplicate": "kind",
+    "torn-transaction": "where",
+    "one-decision": "problem",
+    "replica-divergence": "problem",
+    "exactly-once-pipeline": "problem",
+    "order": "kind",
+    "liveness": "where",
+}
 
 
 @dataclass
@@ -81,10 +94,26 @@ class CheckResult:
     examples: list[dict[str, Any]] = field(default_factory=list)
     #: why the check could not run (then ``count`` is 0)
     skipped: str | None = None
+    #: what the check ran on too little to judge: the inputs of :meth:`Audit.needs`
+    #: it saw none of (a check that found nothing in nothing proves nothing)
+    lacked: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        return "SKIP" if self.skipped else ("PASS" if self.count == 0 else "FAIL")
+        if self.skipped:
+            return "SKIP"
+        if self.count:
+            return "FAIL"
+        return "INCOMPLETE" if self.lacked else "PASS"
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the check does not count as passed, when it found nothing."""
+        if self.skipped:
+            return self.skipped
+        if self.lacked and not self.count:
+            return "nothing to judge: saw no " + ", and no ".join(self.lacked)
+        return None
 
     @property
     def description(self) -> str:
@@ -377,31 +406,194 @@ class Audit:
         }
         found: list[DataFrame] = []
         skipped: dict[str, str] = {}
+        needs: dict[str, list[str]] = {}
         for name, _ in CHECKS:
             check = checks[name]()
             if isinstance(check, str):
                 skipped[name] = check
-            else:
-                row = F.to_json(F.struct(*check.columns)).alias("row")
-                found.append(check.select(F.lit(name).alias("check"), row))
-        # One job for every check: each violation becomes (check, row as JSON); the driver
-        # gets the count and the first few rows of each check.
+                continue
+            row = F.to_json(F.struct(*check.columns)).alias("row")
+            kind = F.col(KINDS[name]) if name in KINDS else F.lit(None)
+            found.append(
+                check.select(
+                    F.lit(name).alias("check"),
+                    row,
+                    kind.cast("string").alias("kind"),
+                    F.lit(None).cast("int").alias("need"),
+                )
+            )
+            needs[name] = []
+            for i, (what, seen) in enumerate(self.needs(name)):
+                needs[name].append(what)
+                found.append(
+                    seen.limit(1).select(
+                        F.lit(name).alias("check"),
+                        F.lit(None).cast("string").alias("row"),
+                        F.lit(None).cast("string").alias("kind"),
+                        F.lit(i).alias("need"),
+                    )
+                )
+        # One job for every check: each violation becomes (check, row as JSON, its kind),
+        # each input a check needs one row (check, need); the driver gets the count, the
+        # first few rows of each check (and kind), and which needs were met.
         everything = functools.reduce(DataFrame.unionByName, found)
         per_check = Window.partitionBy("check")
+        per_kind = Window.partitionBy("check", "kind").orderBy(F.col("row").asc_nulls_last())
         firsts = (
-            everything.withColumn("n", F.count("*").over(per_check))
-            .withColumn("rank", F.row_number().over(per_check.orderBy("row")))
-            .where(F.col("rank") <= EXAMPLES)
+            everything.withColumn("n", F.count("row").over(per_check))
+            .withColumn("rank", F.row_number().over(per_kind))
+            .where(F.col("need").isNotNull() | (F.col("rank") <= EXAMPLES))
             .collect()
         )
         counts = {r["check"]: r["n"] for r in firsts}
+        met = {(r["check"], r["need"]) for r in firsts if r["need"] is not None}
         examples: dict[str, list[dict[str, Any]]] = {}
-        for r in sorted(firsts, key=lambda r: r["rank"]):
-            examples.setdefault(r["check"], []).append(json.loads(r["row"]))
+        for r in sorted(firsts, key=lambda r: (r["rank"], r["kind"] or "")):
+            if r["need"] is None:
+                examples.setdefault(r["check"], []).append(json.loads(r["row"]))
         return [
-            CheckResult(name, counts.get(name, 0), examples.get(name, []), skipped.get(name))
+            CheckResult(
+                name,
+                counts.get(name, 0),
+                examples.get(name, []),
+                skipped.get(name),
+                [what for i, what in enumerate(needs.get(name, [])) if (name, i) not in met],
+            )
             for name, _ in CHECKS
         ]
+
+    def needs(self, name: str) -> list[tuple[str, DataFrame]]:
+        """What check ``name`` must have seen to mean something: (what, its rows), each
+        of which must hold a row, or the check is INCOMPLETE. Called for a check that
+        runs (its inputs are there)."""
+        if name in ("lost-write", "unseen"):
+            return [
+                (
+                    "write of a committed transaction (commit ok) in the history",
+                    self.writes.where(F.col("outcome") == "committed"),
+                )
+            ]
+        if name == "duplicate":
+            return [("record visible to read_committed in the logs", self.visible)]
+        if name == "aborted-read":
+            return [
+                (
+                    "write of an aborted transaction in the history",
+                    self.writes.where(F.col("outcome") == "aborted"),
+                ),
+                (
+                    "record read with read_committed (a poll or the final read)",
+                    self._committed_reads(),
+                ),
+            ]
+        if name == "torn-transaction":
+            return [
+                (
+                    "transactional data batch in the logs",
+                    self.data_batches.where(F.col("status") != "PLAIN"),
+                )
+            ]
+        if name == "uncommitted-read":
+            return [
+                (
+                    "record returned by a read_committed poll",
+                    self.poll_reads.where(F.col("isolation") == "read_committed"),
+                )
+            ]
+        if name == "one-decision":
+            return [("COMMIT or ABORT marker in the logs", self.markers)]
+        if name == "zombie-write":
+            return [
+                (
+                    "committed transactional data in the logs",
+                    self.data_batches.where(F.col("status") == "COMMITTED"),
+                )
+            ]
+        if name == "epoch-order":
+            return [
+                ("batch with a producer id in the logs", self.batches.where("producer_id >= 0"))
+            ]
+        if name == "leader-epoch-order":
+            return [("batch in the logs", self.batches)]
+        if name == "inconsistent-offsets":
+            return [("record in the logs", self.records)]
+        if name == "nonmonotonic-poll":
+            return [("two reads of one partition by one poller", self._poller_pairs())]
+        if name == "skipped-poll":
+            return [
+                (
+                    "two read_committed reads of one partition by one poller",
+                    self._poller_pairs().where(F.col("isolation") == "read_committed"),
+                ),
+                ("record visible to read_committed in the logs", self.visible),
+            ]
+        if name == "replica-divergence":
+            return [("two replicas of a shard or of a partition", self._replicated())]
+        if name == "exactly-once-pipeline":
+            return [
+                (
+                    "input record below the workers' committed offsets",
+                    self._consumed_inputs(self._committed_offsets()),
+                ),
+                ("visible output of the workers", self._visible_outputs()),
+            ]
+        if name == "order":
+            return [("two records of one producer in one partition", self._ordered_pairs())]
+        if name == "liveness":
+            return [
+                (
+                    "transaction in the coordinators' transitions or the logs",
+                    self.unique_transitions.select(F.lit(1).alias("seen")).unionByName(
+                        self.data_batches.where(F.col("status") != "PLAIN").select(
+                            F.lit(1).alias("seen")
+                        )
+                    ),
+                )
+            ]
+        if name == "unreadable-data":
+            return [
+                (
+                    "row of the partition logs or the transitions",
+                    self.replica_segments.select(F.lit(1).alias("seen")).unionByName(
+                        self.transitions.select(F.lit(1).alias("seen"))
+                    ),
+                )
+            ]
+        raise KeyError(name)
+
+    def _replicated(self) -> DataFrame:
+        """One row per shard and per partition held by two replicas or more."""
+        shards = (
+            self.replica_transitions.groupBy("shard")
+            .agg(F.countDistinct("node").alias("replicas"))
+            .select("replicas")
+        )
+        partitions = (
+            self.replica_batches.groupBy(*_tp())
+            .agg(F.countDistinct("node").alias("replicas"))
+            .select("replicas")
+        )
+        return shards.unionByName(partitions).where(F.col("replicas") >= 2)
+
+    def _ordered_pairs(self) -> DataFrame:
+        """One row per producer with two data batches (its id and epoch, in the logs)
+        or two visible writes (its process, in the history) in one partition: what
+        ``order`` compares."""
+        in_logs = (
+            self.batches.where(~F.col("control") & (F.col("producer_id") >= 0))
+            .groupBy(*_tp(), "producer_id", "producer_epoch")
+            .agg(F.count("*").alias("n"))
+            .select("n")
+        )
+        if self.history is None:
+            return in_logs.where(F.col("n") >= 2)
+        sent = (
+            self.sends.join(self.visible.select(*_tp(), "value"), [*_tp(), "value"], "left_semi")
+            .groupBy("process", *_tp())
+            .agg(F.count("*").alias("n"))
+            .select("n")
+        )
+        return in_logs.unionByName(sent).where(F.col("n") >= 2)
 
     def _needs_history(self) -> str | None:
         return "no history given" if self.history is None else None
@@ -844,19 +1036,14 @@ class Audit:
         if not self.has_final:
             return "the history has no final read"
         source_t = self.input_topic
-        committed = self.final.select(F.explode("committed").alias("tp", "next_offset")).select(
-            F.split("tp", "/").getItem(0).alias("topic"),
-            F.split("tp", "/").getItem(1).cast("int").alias("partition"),
-            "next_offset",
-        )
-        inputs = self.visible.where(F.col("topic") == source_t).join(committed, _tp(), "left")
+        committed = self._committed_offsets()
         outputs = self._visible_outputs()
         made = outputs.select(
             F.col("source.topic").alias("topic"),
             F.col("source.partition").alias("partition"),
             F.col("source.offset").alias("offset"),
         ).distinct()
-        consumed = inputs.where(F.col("offset") < F.col("next_offset"))
+        consumed = self._consumed_inputs(committed)
         untransformed = consumed.join(made, [*_tp(), "offset"], "left_anti").select(
             F.lit("consumed input without an output").alias("problem"),
             *_tp(),
@@ -937,6 +1124,23 @@ class Audit:
             ).alias("value"),
         )
         return untransformed.unionByName(beyond).unionByName(not_held).unionByName(not_at_end)
+
+    def _committed_offsets(self) -> DataFrame:
+        """The workers' committed offsets of the final event: (topic, partition,
+        next_offset), ``next_offset`` null where the group committed none."""
+        return self.final.select(F.explode("committed").alias("tp", "next_offset")).select(
+            F.split("tp", "/").getItem(0).alias("topic"),
+            F.split("tp", "/").getItem(1).cast("int").alias("partition"),
+            "next_offset",
+        )
+
+    def _consumed_inputs(self, committed: DataFrame) -> DataFrame:
+        """The visible input records below the workers' committed offsets."""
+        return (
+            self.visible.where(F.col("topic") == F.lit(self.input_topic))
+            .join(committed, _tp())
+            .where(F.col("offset") < F.col("next_offset"))
+        )
 
     def order(self) -> DataFrame:
         """Per partition, each producer's records in the order it sent them. From the

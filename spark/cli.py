@@ -12,8 +12,10 @@ are read from the nodes the config lists, over their DataFiles RPC
 executors calling the nodes with a node's or a super user's certificate
 (by default the config's ``[tls]`` directory's ``admin``). Prints the checks and the verdict,
 writes ``audit.json`` and ``audit.html`` into the report directory, and
-exits 0 on PASS, 1 on FAIL, 2 on INCOMPLETE (a check did not run; also
-argparse's usage errors), 64 when the inputs are not a run's.
+exits with the verdict (:mod:`raftcoord.chaos.verdict`, which also holds the
+run's fault report to its rule): 0 on PASS, 1 on FAIL, 2 on INCOMPLETE (a
+check did not run or had nothing to judge, a fault kind asked for changed
+nothing); 64 on a command line it cannot parse or inputs that are not a run's.
 
 This module does not import pyspark until the audit runs, so that the rest of
 the ``raftcoord`` command line starts fast.
@@ -27,20 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raftcoord.chaos.arguments import HISTORY_FILE
+from raftcoord.chaos.verdict import EXIT_STATUS, EXIT_USAGE, UsageParser
 
 if TYPE_CHECKING:
     from spark.nodes import Cluster
 
-#: The exit status of each verdict.
-EXIT_STATUS = {"PASS": 0, "FAIL": 1, "INCOMPLETE": 2}
-#: The inputs given are not a run's (EX_USAGE).
-EXIT_BAD_INPUTS = 64
-
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="raftcoord audit", description="Spark exactly-once audit of a run"
-    )
+    p = UsageParser(prog="raftcoord audit", description="Spark exactly-once audit of a run")
     add_arguments(p)
     return p
 
@@ -90,7 +86,7 @@ def command(args: argparse.Namespace) -> int:
         found = _network_inputs(args, history)
         if isinstance(found, str):
             print(f"raftcoord audit: {found}", file=sys.stderr)
-            return EXIT_BAD_INPUTS
+            return EXIT_USAGE
         cluster = found
         report_dir = Path(args.report or "audit").resolve()
     else:
@@ -101,12 +97,12 @@ def command(args: argparse.Namespace) -> int:
         problem = _check_inputs(cluster, history)
         if problem is not None:
             print(f"raftcoord audit: {problem}", file=sys.stderr)
-            return EXIT_BAD_INPUTS
+            return EXIT_USAGE
         report_dir = Path(args.report).resolve() if args.report else cluster / "audit"
     from rich.console import Console
 
     from spark.audit import run_audit, session
-    from spark.report import print_table
+    from spark.report import print_table, print_verdict
 
     console = Console()
     spark = session(args.master, args.shuffle_partitions)
@@ -115,6 +111,9 @@ def command(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print_table(outcome.results, console)
+    if outcome.document["stats"].get("faults") == []:
+        console.print("faults: none (the history records no fault)")
+    print_verdict(outcome.document, console)
     console.print(f"audit: {outcome.seconds:.0f} s")
     print(f"report: {outcome.html_path}\njson:   {outcome.json_path}")
     return EXIT_STATUS[outcome.verdict]

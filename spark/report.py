@@ -25,24 +25,29 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from raftcoord.chaos.verdict import run_problems, verdict
 from spark.checks import CheckResult
 
 _COLOURS = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INCOMPLETE": "bold yellow"}
 
 
-def verdict(results: list[CheckResult]) -> str:
-    """FAIL when a check found a violation; else INCOMPLETE when a check did
-    not run (a run that nobody fully checked proves nothing); else PASS."""
-    if any(r.status == "FAIL" for r in results):
-        return "FAIL"
-    if not results or any(r.status != "PASS" for r in results):
-        return "INCOMPLETE"
-    return "PASS"
-
-
-def incomplete_reasons(results: list[CheckResult]) -> list[str]:
-    """``check: why it did not run`` for every check that did not run."""
-    return [f"{r.name}: {r.skipped or 'did not run'}" for r in results if r.status == "SKIP"]
+def judge(
+    results: list[CheckResult], summary: dict[str, Any] | None = None
+) -> tuple[str, list[str], list[str]]:
+    """The verdict of the checks and of the run's summary (the last ``run``
+    event's, when the history has one), by the rule of
+    :mod:`raftcoord.chaos.verdict`: (verdict, what failed, what is incomplete).
+    A check failed when it found a violation; incomplete when it did not run or
+    had nothing to judge (a run that nobody fully checked proves nothing), and
+    with no check at all."""
+    run_failures, shortfalls = run_problems(summary or {})
+    failed = [f"{r.name}: {r.count} violations" for r in results if r.status == "FAIL"]
+    incomplete = [f"{r.name}: {r.incomplete}" for r in results if r.incomplete and not r.count]
+    if not results:
+        incomplete.append("no check ran")
+    failed += run_failures
+    incomplete += shortfalls
+    return verdict(failed, incomplete), failed, incomplete
 
 
 def print_table(results: list[CheckResult], console: Console | None = None) -> None:
@@ -51,17 +56,23 @@ def print_table(results: list[CheckResult], console: Console | None = None) -> N
     table.add_column("check")
     table.add_column("result")
     table.add_column("count", justify="right")
-    table.add_column("first example / why skipped", overflow="fold", max_width=70)
+    table.add_column("first example / why not judged", overflow="fold", max_width=70)
     for r in results:
-        note = r.skipped or (json.dumps(r.examples[0], default=str)[:200] if r.examples else "")
+        note = r.incomplete or (json.dumps(r.examples[0], default=str)[:200] if r.examples else "")
         table.add_row(r.name, f"[{_COLOURS[r.status]}]{r.status}[/]", str(r.count), note)
     console.print(table)
-    v = verdict(results)
+
+
+def print_verdict(document: dict[str, Any], console: Console | None = None) -> None:
+    """The verdict of a report's document, with what failed and what is incomplete."""
+    console = console or Console()
+    v = document["verdict"]
     console.print(f"verdict: [{_COLOURS[v]}]{v}[/]")
-    if v == "INCOMPLETE":
-        console.print(f"{len(incomplete_reasons(results))} of {len(results)} checks did not run:")
-        for reason in incomplete_reasons(results):
-            console.print(f"  {reason}")
+    for what, reasons in (("failed", document["failed"]), ("incomplete", document["incomplete"])):
+        if reasons and (v == "FAIL" or what == "incomplete"):
+            console.print(f"{what}:")
+            for reason in reasons:
+                console.print(f"  {reason}")
 
 
 def to_json(
@@ -73,9 +84,11 @@ def to_json(
     """The report's document; ``cluster`` is what the cluster directory says
     of the cluster (``shards``, ``nodes``, ``shard_count``, ``settings``;
     each may be missing)."""
+    verdict_, failed, incomplete = judge(results, stats.get("run", {}).get("summary"))
     return {
-        "verdict": verdict(results),
-        "incomplete": incomplete_reasons(results),
+        "verdict": verdict_,
+        "failed": failed,
+        "incomplete": incomplete,
         "inputs": inputs,
         "cluster": cluster or {},
         "checks": [
@@ -86,6 +99,8 @@ def to_json(
                 "count": r.count,
                 "examples": r.examples,
                 "skipped": r.skipped,
+                "lacked": r.lacked,
+                "incomplete": r.incomplete,
             }
             for r in results
         ],
@@ -290,6 +305,20 @@ td.held, #faults td:first-child { white-space: nowrap; }
 """
 
 
+def _verdict_reasons(doc: dict[str, Any]) -> str:
+    """Under the verdict: what failed (on FAIL) and what was not judged."""
+    parts = []
+    for key, heading in (
+        ("failed", "What failed:"),
+        ("incomplete", "Not everything was judged, so this run is not proven exactly-once:"),
+    ):
+        reasons = doc.get(key) or []
+        if reasons and (doc["verdict"] == "FAIL" or key == "incomplete"):
+            items = "".join(f"<li>{html.escape(r)}</li>" for r in reasons)
+            parts.append(f"<p>{heading}</p><ul id='{key}'>{items}</ul>")
+    return "".join(parts)
+
+
 def _html(doc: dict[str, Any]) -> str:
     stats = doc["stats"]
     t0, end = _span(stats)
@@ -299,21 +328,15 @@ def _html(doc: dict[str, Any]) -> str:
         f"<style>{_STYLE}</style></head><body>",
         "<h1>raftcoord exactly-once audit</h1>",
         f"<div id='verdict' class='verdict {doc['verdict']}'>{doc['verdict']}</div>",
-        *(
-            [
-                "<p>Not every check ran, so this run is not proven exactly-once:</p><ul>",
-                *(f"<li>{html.escape(r)}</li>" for r in doc.get("incomplete", ())),
-                "</ul>",
-            ]
-            if doc["verdict"] == "INCOMPLETE"
-            else []
-        ),
+        _verdict_reasons(doc),
         _run_section(doc),
         "<h2>Checks</h2><table id='checks'><tr><th>check</th><th>result</th><th>count</th>"
         "<th>meaning</th><th>examples</th></tr>",
     ]
     for c in doc["checks"]:
-        examples = c["skipped"] or "\n".join(json.dumps(e, default=str) for e in c["examples"])
+        examples = c.get("incomplete") or "\n".join(
+            json.dumps(e, default=str) for e in c["examples"]
+        )
         parts.append(
             f"<tr><td>{c['name']}</td><td class='{c['status']}'>{c['status']}</td>"
             f"<td class='n'>{c['count']}</td><td>{html.escape(c['description'])}</td>"
@@ -423,6 +446,8 @@ def _run_section(doc: dict[str, Any]) -> str:
     happened = _fault_report(summary)
     if happened:
         rows.append(("happened", "faults, per kind", happened))
+    if "faults" in stats and not stats["faults"]:
+        rows.append(("no-faults", "faults", "none: the history records no fault"))
     for key, label in (("crashed", "client processes crashed"), ("unfinished", "unfinished")):
         if summary.get(key):
             rows.append((key, label, html.escape(", ".join(map(str, summary[key])))))

@@ -29,6 +29,7 @@ SERIAL_MODULES = frozenset(
     {
         "test_audit",
         "test_audit_arrow",
+        "test_audit_empty_run",
         "test_audit_network",
         "test_audit_progress",
         "test_chaos",

@@ -783,8 +783,8 @@ def test_a_run_audited_without_its_history_is_incomplete(
     document = json.loads(outcome.json_path.read_text())
     assert [r.split(":")[0] for r in document["incomplete"]] == skipped
     page = outcome.html_path.read_text()
-    assert "INCOMPLETE" in page and "Not every check ran" in page
-    assert page.index("Not every check ran") < page.index("<h2>Checks</h2>")
+    assert "INCOMPLETE" in page and "Not everything was judged" in page
+    assert page.index("Not everything was judged") < page.index("<h2>Checks</h2>")
 
 
 def test_each_planted_anomaly_is_found_by_its_check_only(
@@ -857,3 +857,48 @@ def test_a_session_leaves_no_temporary_files_when_it_stops(tmp_path: Path) -> No
     assert before  # shipped while the session ran
     assert after == []
     assert list(temp.glob("raftcoord-audit-*")) == []
+
+
+def test_each_kind_of_divergence_shows_among_many_of_another_and_faults_are_judged(
+    spark: Any, clean: Run, tmp_path: Path
+) -> None:
+    """replica-divergence keeps examples per kind: seven replicas' different
+    transitions (whose rows sort first) do not hide a partition replica's
+    other record nor a replica's missing entry. The same audit holds the
+    run's fault report (the history's summary) to the verdict rule: a kind
+    asked for that changed nothing is named among what is incomplete."""
+    run = copy.deepcopy(clean)
+    pick = Picker(run)
+    transitions = run.transitions[0]
+    lines = [i for i, t in enumerate(transitions) if t["to"] == "COMPLETE_COMMIT"][:7]
+    assert len(lines) == 7
+    run.replica_edits[(2, 0)] = {
+        i: dict(transitions[i], time_ms=transitions[i]["time_ms"] + 5) for i in lines
+    }
+    plant_partition_replicas(pick)
+    plant_replica_hole(pick)
+    summary = run.events[-1]["summary"]
+    summary["fault_report"] = [
+        {"fault": "leader-kill", "happened": 1, "changed": 1, "not_run": ""},
+        {"fault": "pause", "happened": 1, "changed": 0, "not_run": ""},
+    ]
+    cluster, history = run.write(tmp_path)
+    outcome = audit.run_audit(spark, cluster, history, tmp_path / "report")
+    (divergence,) = [r for r in outcome.results if r.name == "replica-divergence"]
+    assert divergence.count == 9, divergence
+    kinds = [e["problem"] for e in divergence.examples]
+    assert sorted(set(kinds)) == [
+        "different transitions",
+        "entry missing from a replica",
+        "partition replicas differ",
+    ], kinds
+    assert kinds.count("different transitions") == 5  # checks.EXAMPLES of that kind
+    document = outcome.document
+    assert document["verdict"] == "FAIL"
+    assert document["failed"] == ["replica-divergence: 9 violations"]
+    assert document["incomplete"] == [
+        "fault pause never changed anything the cluster or the clients saw (1 ended)"
+    ]
+    page = outcome.html_path.read_text()
+    assert "data-fault='pause'" in page and "data-fault='leader-kill'" in page
+    assert "none: the history records no fault" not in page

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from raftcoord.chaos.arguments import HISTORY_FILE
 from spark.cli import history_of
 
@@ -20,19 +22,83 @@ def test_the_workloads_history_in_the_cluster_directory_is_audited(tmp_path: Pat
 
 
 def test_a_skipped_check_makes_the_verdict_incomplete_not_pass() -> None:
+    from raftcoord.chaos.verdict import EXIT_STATUS
     from spark.checks import CHECKS, CheckResult
-    from spark.cli import EXIT_STATUS
-    from spark.report import incomplete_reasons, verdict
+    from spark.report import judge
 
     passing = [CheckResult(name, 0) for name, _ in CHECKS]
-    assert verdict(passing) == "PASS" and incomplete_reasons(passing) == []
+    assert judge(passing) == ("PASS", [], [])
     one_skipped = [*passing[:-1], CheckResult(passing[-1].name, 0, skipped="no history given")]
-    assert verdict(one_skipped) == "INCOMPLETE"
-    assert incomplete_reasons(one_skipped) == [f"{passing[-1].name}: no history given"]
+    assert judge(one_skipped) == ("INCOMPLETE", [], [f"{passing[-1].name}: no history given"])
     failing = [CheckResult(passing[0].name, 2), *one_skipped[1:]]
-    assert verdict(failing) == "FAIL"  # a violation outweighs a check that did not run
-    assert verdict([]) == "INCOMPLETE"  # nothing checked proves nothing
+    # a violation outweighs a check that did not run
+    assert judge(failing)[:2] == ("FAIL", [f"{passing[0].name}: 2 violations"])
+    assert judge([])[0] == "INCOMPLETE"  # nothing checked proves nothing
     assert EXIT_STATUS == {"PASS": 0, "FAIL": 1, "INCOMPLETE": 2}
+
+
+def test_a_check_with_nothing_to_judge_is_incomplete_naming_what_it_lacked() -> None:
+    """A run in which nothing committed: lost-write found no lost write among
+    no writes, which proves nothing."""
+    from spark.checks import CHECKS, CheckResult
+    from spark.report import judge
+
+    lacked = "write of a committed transaction (commit ok) in the history"
+    empty = CheckResult("lost-write", 0, lacked=[lacked])
+    assert empty.status == "INCOMPLETE"
+    results = [empty if name == "lost-write" else CheckResult(name, 0) for name, _ in CHECKS]
+    assert judge(results) == ("INCOMPLETE", [], [f"lost-write: nothing to judge: saw no {lacked}"])
+    # what it found is what counts when it found something
+    assert CheckResult("lost-write", 1, lacked=[lacked]).status == "FAIL"
+
+
+def test_one_verdict_rule_holds_the_faults_to_having_changed_something() -> None:
+    """The rule of the demo, the audit and chaos: a fault kind asked for that
+    never changed anything the cluster or the clients saw (the nemesis's
+    ``changed``) makes a run INCOMPLETE, naming the kind, even when every
+    check passed; a crashed client makes it FAIL."""
+    from spark.checks import CHECKS, CheckResult
+    from spark.report import judge
+
+    passing = [CheckResult(name, 0) for name, _ in CHECKS]
+    report = [
+        {"fault": "leader-kill", "happened": 2, "changed": 2, "not_run": ""},
+        {"fault": "pause", "happened": 3, "changed": 0, "not_run": ""},
+        {"fault": "disk", "happened": 0, "changed": 0, "not_run": ""},
+        {"fault": "partition", "happened": 0, "changed": 0, "not_run": "not run: no netns"},
+    ]
+    summary = {"crashed": [], "unfinished": [], "fault_report": report}
+    assert judge(passing, summary) == (
+        "INCOMPLETE",
+        [],
+        [
+            "fault pause never changed anything the cluster or the clients saw (3 ended)",
+            "fault disk asked for and never happened",
+            "fault partition asked for and not run: no netns",
+        ],
+    )
+    assert judge(passing, {**summary, "fault_report": report[:1]}) == ("PASS", [], [])
+    assert judge(passing, {**summary, "fault_report": []}) == ("PASS", [], [])  # none asked
+    crashed = {**summary, "crashed": ["txn-0: ValueError: x"]}
+    assert judge(passing, crashed)[:2] == ("FAIL", ["crashed: txn-0: ValueError: x"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--cluster-dir", "x", "--cluster-config", "y"], ["--cluster-dir", "x", "--nope"]],
+)
+def test_a_usage_error_exits_64_not_2_which_is_incomplete(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raftcoord.chaos.verdict import EXIT_USAGE
+    from raftcoord.cli.main import main
+    from spark.cli import parser
+
+    for run in (lambda: parser().parse_args(argv), lambda: main(["audit", *argv])):
+        with pytest.raises(SystemExit) as exited:
+            run()
+        assert exited.value.code == EXIT_USAGE == 64
+        assert "usage: raftcoord audit" in capsys.readouterr().err
 
 
 def _config(directory: Path, tls: bool) -> Path:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from raftcoord.chaos.arguments import FAULTS as NODE_FAULTS
+from raftcoord.chaos.verdict import run_problems, verdict
 from raftcoord.chaos.workload import Options, Workload
-from raftcoord.cli.demo import demo_verdict
 from raftcoord.client import Admin, TransactionListing
 from raftcoord.cluster import netns
 from tests.history_checker import check
@@ -176,8 +176,8 @@ def test_faults_ran_one_at_a_time_and_each_kind_is_accounted_for(chaos_run: Chao
 
 def test_a_fault_asked_for_that_cannot_act_makes_the_demo_incomplete(tmp_path: Path) -> None:
     """A cluster outside network namespaces cannot be partitioned: the run
-    says so, and the demo's verdict on it is INCOMPLETE even though the
-    audit passed."""
+    says so, and the verdict on it (the demo's and the audit's) is
+    INCOMPLETE whatever the checks found."""
     with running_cluster(tmp_path / "cluster", shards=1, partition_nodes=1) as cluster:
         options = Options(
             seed=SEED,
@@ -194,9 +194,10 @@ def test_a_fault_asked_for_that_cannot_act_makes_the_demo_incomplete(tmp_path: P
     (row,) = summary["fault_report"]
     assert row["fault"] == "partition" and row["happened"] == 0
     assert "network namespaces" in row["not_run"]
-    assert demo_verdict("PASS", summary) == ("INCOMPLETE", ["fault partition never happened"])
-    assert demo_verdict("INCOMPLETE", summary)[0] == "INCOMPLETE"
-    assert demo_verdict("FAIL", summary)[0] == "FAIL"
+    failures, shortfalls = run_problems(summary)
+    assert failures == []
+    assert shortfalls == [f"fault partition asked for and {row['not_run']}"]
+    assert verdict(failures, shortfalls) == "INCOMPLETE"
 
 
 def test_requests_failed_and_were_retried(chaos_run: ChaosRun) -> None:

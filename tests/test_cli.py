@@ -62,7 +62,7 @@ def test_help_exits_zero_and_lists_demo() -> None:
 
 def test_no_command_is_a_usage_error() -> None:
     result = _cli()
-    assert result.returncode == 2
+    assert result.returncode == 64  # EX_USAGE: 2 is INCOMPLETE
     assert "usage: raftcoord" in result.stderr
 
 
@@ -75,7 +75,7 @@ def test_workload_without_a_cluster_says_so(tmp_path: Path) -> None:
 
 def test_workload_refuses_an_unknown_fault() -> None:
     result = _cli("workload", "--nemesis", "leader-kill,meteor")
-    assert result.returncode == 2
+    assert result.returncode == 64
     assert "unknown fault(s) ['meteor']" in result.stderr
 
 
@@ -87,7 +87,7 @@ def test_workload_and_chaos_are_listed() -> None:
 
 def test_workload_refuses_bad_options_before_touching_a_cluster(tmp_path: Path) -> None:
     result = _cli("workload", "--cluster-dir", str(tmp_path), "--duration", "0")
-    assert result.returncode == 2
+    assert result.returncode == 64
     assert "--duration: 0 must be a positive number of seconds" in result.stderr
     assert not list(tmp_path.iterdir())
 
@@ -111,7 +111,8 @@ def test_demo_help_says_what_the_demo_does() -> None:
     assert "3 coordinators x 3 shards, 3 partition-log nodes" in text
     assert "without the partition fault" in text  # where namespaces are not available
     assert "Spark exactly-once audit" in text and "PASS (exit 0)" in text
-    assert "INCOMPLETE (2: a check did not run, or a fault asked for never happened" in text
+    assert "INCOMPLETE (2: a check did not run or had nothing to judge, or a fault" in text
+    assert "asked for never changed anything" in text and "64 on a command line" in text
     assert "(default: 60.0)" in text and "(default: 2000)" in text
     assert "(default: all)" in text  # --nemesis
 
@@ -133,7 +134,7 @@ def test_nonsense_lengths_are_refused_before_anything_starts(
 
     with pytest.raises(SystemExit) as exited:
         main(args)
-    assert exited.value.code == 2
+    assert exited.value.code == 64
     assert refusal in capsys.readouterr().err
 
 
@@ -174,7 +175,7 @@ def test_a_flag_typo_is_told_with_the_subcommands_usage(
 
     with pytest.raises(SystemExit) as exited:
         main(args)
-    assert exited.value.code == 2
+    assert exited.value.code == 64
     err = capsys.readouterr().err
     assert f"usage: {usage}" in err and f"{usage}: error: unrecognized arguments" in err
 

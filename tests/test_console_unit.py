@@ -685,6 +685,6 @@ def test_a_directory_without_a_cluster_is_told(tmp_path: Path) -> None:
 def test_bad_options_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["console", "--refresh", "0"])
-    assert exited.value.code == 2
+    assert exited.value.code == 64
     assert "--refresh: 0 must be a positive number of seconds" in capsys.readouterr().err
     assert main(["console", "--max-transaction-timeout", "-1"]) == 2

@@ -23,6 +23,7 @@ from raftcoord.chaos.arguments import (
 )
 from raftcoord.chaos.history import History
 from raftcoord.chaos.nemesis import run_alone
+from raftcoord.chaos.verdict import EXIT_STATUS, fault_shortfalls, verdict
 from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
 from raftcoord.client import KafkaError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
@@ -213,12 +214,6 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def missing_faults(report: list[dict[str, Any]]) -> list[str]:
-    """The fault kinds of a nemesis report (Nemesis.report) that were asked
-    for and never happened."""
-    return [r["fault"] for r in report if not r["happened"]]
-
-
 def fault_report_table(report: list[dict[str, Any]]) -> Table:
     """Per fault kind asked for: how many happened, how many of them changed
     something (a leader moved, requests failed, a node stopped on its disk),
@@ -230,7 +225,7 @@ def fault_report_table(report: list[dict[str, Any]]) -> Table:
         )
     for row in report:
         note = row["not_run"] or ("" if row["happened"] else "did not happen in the run's time")
-        style = "red" if not row["happened"] else ""
+        style = "red" if not row["changed"] else ""
         table.add_row(row["fault"], str(row["happened"]), str(row["changed"]), note, style=style)
     return table
 
@@ -260,10 +255,21 @@ def _chaos(args: argparse.Namespace) -> int:
                 args.duration,
                 console.print,
             )
-            history.event("workload", "ok", "run", summary={"seed": seed, "faults": nemesis.done})
+            report = nemesis.report()
+            history.event(
+                "workload",
+                "ok",
+                "run",
+                summary={"seed": seed, "faults": nemesis.done, "fault_report": report},
+            )
     except ClusterError as exc:
         console.print(f"raftcoord chaos: {exc}", style="red")
         return 1
-    console.print(fault_report_table(nemesis.report()))
+    console.print(fault_report_table(report))
     console.print(f"history: {path}")
-    return 0
+    shortfalls = fault_shortfalls(report)
+    for reason in shortfalls:
+        console.print(f"  {reason}")
+    outcome = verdict([], shortfalls)
+    console.print(f"VERDICT: {outcome}")
+    return EXIT_STATUS[outcome]

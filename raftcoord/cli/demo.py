@@ -10,10 +10,13 @@ Spark audit over the cluster's logs and the workload's history. Prints the
 faults asked for and what they did, the audit's checks and time, the
 verdict, and the path of the HTML report.
 
-The verdict: FAIL when the audit found a violation or a client crashed or
-did not finish; INCOMPLETE when a check of the audit did not run or a fault
-asked for never happened (here, a partition fault without network
-namespaces); else PASS. Exit status 0 on PASS, 1 on FAIL, 2 on INCOMPLETE.
+The verdict is the audit's, by the rule of :mod:`raftcoord.chaos.verdict`
+(the audit reads the workload's summary from the history): FAIL when the
+audit found a violation or a client crashed or did not finish; INCOMPLETE
+when a check of the audit did not run or had nothing to judge, or a fault
+kind asked for never changed anything (here, a partition fault without
+network namespaces never runs); else PASS. Exit status 0 on PASS, 1 on
+FAIL, 2 on INCOMPLETE.
 """
 
 from __future__ import annotations
@@ -26,16 +29,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from raftcoord.chaos.commands import (
-    fault_report_table,
-    missing_faults,
-    run_with_progress,
-    summary_table,
-)
+from raftcoord.chaos.commands import fault_report_table, run_with_progress, summary_table
+from raftcoord.chaos.verdict import EXIT_STATUS
 from raftcoord.chaos.workload import Options, Workload
 from raftcoord.cluster import netns, node_faults
 from raftcoord.cluster.launcher import LocalCluster
-from spark.cli import EXIT_STATUS
 
 #: Quiet time between one fault's recovery and the next fault: short, so that
 #: every kind fits in the demo's minute.
@@ -89,7 +87,7 @@ def run_demo(
 
     console.rule("3. the Spark audit of the logs and the history")
     from spark.audit import run_audit, session
-    from spark.report import print_table
+    from spark.report import print_table, print_verdict
 
     spark = session()
     try:
@@ -100,28 +98,10 @@ def run_demo(
     console.print(f"audit:   {outcome.seconds:.0f} s")
     console.print(f"history: {history}")
     console.print(f"report:  {outcome.html_path}")
-    verdict, reasons = demo_verdict(outcome.verdict, summary)
-    for reason in reasons:
-        console.print(f"  {reason}")
-    style = {"PASS": "bold green", "FAIL": "bold red", "INCOMPLETE": "bold yellow"}[verdict]
-    console.print(f"VERDICT: {verdict}", style=style)
-    return EXIT_STATUS[verdict]
-
-
-def demo_verdict(audit: str, summary: dict[str, Any]) -> tuple[str, list[str]]:
-    """The demo's verdict from the audit's and the workload's summary, with
-    the reasons when it is not PASS."""
-    failed = [f"{what}: {entry}" for what in ("crashed", "unfinished") for entry in summary[what]]
-    if audit == "FAIL":
-        failed.insert(0, "the audit found violations")
-    if failed:
-        return "FAIL", failed
-    missing = [f"fault {kind} never happened" for kind in missing_faults(summary["fault_report"])]
-    if audit == "INCOMPLETE":
-        missing.insert(0, "not every check of the audit ran")
-    if missing:
-        return "INCOMPLETE", missing
-    return "PASS", []
+    print_verdict(outcome.document, console)
+    style = {"PASS": "bold green", "FAIL": "bold red", "INCOMPLETE": "bold yellow"}
+    console.print(f"VERDICT: {outcome.verdict}", style=style[outcome.verdict])
+    return EXIT_STATUS[outcome.verdict]
 
 
 def _faults_table(history: Path) -> Table:

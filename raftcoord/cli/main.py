@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from raftcoord.chaos.arguments import FAULTS, fault_list, positive_seconds
+from raftcoord.chaos.verdict import EXIT_USAGE, UsageParser
 from raftcoord.protocol.process import exit_with_watched_process
 
 
@@ -273,7 +274,7 @@ def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Argume
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raftcoord`` console script."""
-    parser = argparse.ArgumentParser(prog="raftcoord", description=__doc__)
+    parser = UsageParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo",
@@ -287,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         "let the workload finish, stop the cluster and run the Spark exactly-once audit of "
         "the partition logs and the workload's history. Prints the faults and what they "
         "did, the audit's checks and the verdict: PASS (exit 0), FAIL (1: a violation, a "
-        "crash), INCOMPLETE (2: a check did not run, or a fault asked for never happened, "
-        "e.g. a partition without network namespaces).",
+        "crash), INCOMPLETE (2: a check did not run or had nothing to judge, or a fault "
+        "asked for never changed anything, e.g. a partition without network namespaces); "
+        "64 on a command line it cannot parse.",
     )
     demo.add_argument(
         "--nemesis",
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if not hasattr(args, "func"):  # a command that was not built (options before it)
         parser.print_usage(sys.stderr)
-        return 2
+        return EXIT_USAGE
     if unknown:  # told with the usage of the subcommand that was given them
         _chosen(parser, given).error(f"unrecognized arguments: {' '.join(unknown)}")
     result: int = args.func(args)
