@@ -29,7 +29,7 @@ from raftcoord.client import (
 )
 from raftcoord.client.errors import ClusterAuthorizationFailedError
 from raftcoord.cluster import certs
-from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.cluster.launcher import ClusterError, LocalCluster
 from raftcoord.protocol.cluster_link import (
     ADD_PARTITIONS_TO_TXN,
     WRITE_TXN_MARKERS,
@@ -220,6 +220,17 @@ def test_a_connection_without_a_certificate_of_the_cluster_gets_no_answer(
                 partition_log_pb2.ListOffsetsRequest(), timeout=5
             )
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE, what
+
+
+def test_a_client_is_never_handed_a_nodes_certificate(cluster: LocalCluster) -> None:
+    """The nodes' certificates are in the same directory as the clients':
+    asked for one by a node's name, the launcher refuses instead of handing
+    a client the node's own certificate."""
+    node = cluster.coordinators()[0]
+    name = f"node-{node.node_id}"
+    assert Path(cluster.client_tls()["ssl_cafile"]).with_name(f"{name}.pem").is_file()
+    with pytest.raises(ClusterError, match="is a node's name"):
+        cluster.client_tls(name)
 
 
 def test_a_node_cannot_forge_a_coordinator_epoch_no_leader_had(cluster: LocalCluster) -> None:

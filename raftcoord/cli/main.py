@@ -187,6 +187,10 @@ def _certs(args: argparse.Namespace) -> int:
     from raftcoord.cluster import certs
 
     directory = Path(args.dir)
+    refused = certs.client_name_refusal(args.name) if args.certs_command == "client" else None
+    if refused is not None:
+        print(f"raftcoord certs client: --name {refused}", file=sys.stderr)
+        return 2
     try:
         if args.certs_command == "ca":
             if (directory / certs.CA_KEY).exists():

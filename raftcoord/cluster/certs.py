@@ -7,13 +7,15 @@ valid for 5 years, the others for 397 days (the longest a public CA may
 issue). A node's certificate names the hosts it is reached at (IP addresses
 or DNS names, as the cluster config writes them) and serves as its client
 certificate too; a client certificate names only its principal (common
-name ``NAME``: principal ``User:NAME``).
+name ``NAME``: principal ``User:NAME``), which is never a node's
+(:func:`client_name_refusal`).
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,8 @@ CA_DAYS = 5 * 365
 LEAF_DAYS = 397
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
+#: The name of a node's certificate (``node-<id>``): its principal is the cluster's.
+_NODE_NAME = re.compile(r"node-\d+")
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,25 @@ def load_ca(directory: Path) -> Authority:
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise ValueError(f"{directory / CA_KEY} is not an EC private key")
     return Authority(cert, key)
+
+
+def is_node_name(name: str) -> bool:
+    """Whether ``name`` is a node's certificate's (``node-<id>``)."""
+    return _NODE_NAME.fullmatch(name) is not None
+
+
+def client_name_refusal(name: str) -> str | None:
+    """Why ``name`` cannot name a client certificate, or None: a node's name
+    (``node-<id>``, whatever the config: a client holding it would act as
+    that node, with the cluster's rights), or not a plain file name."""
+    if is_node_name(name):
+        return (
+            f"{name!r} is a node's name (node-<id>): its principal acts as the cluster, "
+            "so a client certificate never takes it"
+        )
+    if not name or name.startswith(".") or "/" in name or "\0" in name:
+        return f"{name!r} is not a plain file name"
+    return None
 
 
 def issue(

@@ -834,12 +834,24 @@ class LocalCluster:
         ``ssl_keyfile``) for the client certificate ``name`` (``client``:
         allowed everything a workload does; ``admin``: a super user; another
         name: a certificate made now, with no rights until ACLs grant them);
-        empty without ``--tls``."""
+        empty without ``--tls``.
+
+        Raises:
+            ClusterError: ``name`` is a node's (``node-<id>``) or not a file name.
+        """
+        refused = certs.client_name_refusal(name)
+        if refused is not None:
+            raise ClusterError(f"no client certificate {name!r}: {refused}")
+        return self._tls_files(name, issue=True)
+
+    def _tls_files(self, name: str, issue: bool) -> SslFiles:
+        """The TLS files of certificate ``name`` (made now when ``issue`` and
+        missing); empty without ``--tls``."""
         state = self._require()
         if state.tls is None:
             return {}
         directory = Path(state.tls)
-        if not (directory / f"{name}.pem").exists():
+        if issue and not (directory / f"{name}.pem").exists():
             certs.issue(certs.load_ca(directory), directory, name, name, [])
         return {
             "ssl_cafile": str(directory / certs.CA_CERT),
@@ -849,8 +861,11 @@ class LocalCluster:
 
     def channel(self, address: str, name: str = TLS_ADMIN) -> grpc.Channel:
         """A gRPC channel to ``address`` as the client certificate ``name``
-        (the super user ``admin`` by default) with ``--tls``, else plaintext."""
-        files = self.client_tls(name)
+        (the super user ``admin`` by default), or as a node with its own
+        certificate (``node-<id>``: tests of what a node may do), with
+        ``--tls``; else plaintext."""
+        is_node = certs.is_node_name(name)
+        files = self._tls_files(name, issue=False) if is_node else self.client_tls(name)
         if not files:
             return open_channel(address)
         identity = Identity.load(
