@@ -246,3 +246,63 @@ def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     ports = free_ports(40)
     assert len(set(ports)) == 40
     assert all(LOWEST_FREE_PORT <= p < ephemeral_ports_start() for p in ports), ports
+
+
+_NODE_CONFIG = (
+    'raft_key_file = "raft.key"\n\n[[coordinators]]\nid = 1\ngrpc = "127.0.0.1:1"\n'
+    'raft = ["127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"]\n\n'
+    '[[partition_nodes]]\nid = 101\ngrpc = "127.0.0.1:5"\n'
+)
+
+
+_SETTINGS_REFUSED = [
+    ('[settings]\n"raft.heartbeat.ms" = 500\n', "raft.heartbeat.ms must be below a third"),
+    ('[settings]\n"raft.heartbeat.ms" = 5000\n', "raft.heartbeat.ms must be below a third"),
+    (
+        '[settings]\n"raft.election.timeout.ms" = [600, 300]\n',
+        "raft.election.timeout.ms must be [low, high] with low < high",
+    ),
+    (
+        '[settings]\n"raft.election.timeout.ms" = [1000, 2000]\n',
+        "raft.election.timeout.ms: its high end must be at most 1000",
+    ),
+]
+_TLS_REFUSED = [
+    ('[tls]\nca_file = "nope/ca.pem"\ncert_dir = "nope"\n', "[tls] ca_file: cannot read"),
+    ('[tls]\nca_file = "ca.pem"\ncert_dir = "certs"\n', "[tls] cert_dir: cannot read"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "node_id", "table", "refusal"),
+    [("node", "1", *case) for case in _SETTINGS_REFUSED + _TLS_REFUSED]
+    + [("partition-node", "101", *case) for case in _TLS_REFUSED],
+)
+def test_a_config_no_node_can_run_with_is_one_line_naming_the_key(
+    tmp_path: Path, command: str, node_id: str, table: str, refusal: str
+) -> None:
+    """pysyncobj would assert (a traceback, exit 1: a restart loop under
+    systemd) or a file be missing at the first connection: refused before
+    anything starts, with exit status 2 and one line naming the key."""
+    config = tmp_path / "cluster.toml"
+    config.write_text(_NODE_CONFIG + "\n" + table)
+    (tmp_path / "raft.key").write_text("00" * 32)
+    (tmp_path / "raft.key").chmod(0o600)
+    (tmp_path / "ca.pem").write_text("PEM")
+    result = raftcoord(command, "--config", str(config), "--id", node_id)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"raftcoord {command}: ") and refusal in line, line
+    assert not (tmp_path / f"{command}-{node_id}").exists()  # no data directory made
+
+
+def test_cluster_up_refuses_a_setting_no_node_can_run_with_before_starting(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "c"
+    result = raftcoord("cluster", "up", "--cluster-dir", str(data), "--setting",
+                       "raft.heartbeat.ms=500")  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "raft.heartbeat.ms must be below a third" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(data.glob("*node-*")) and not (data / "cluster.json").exists()

@@ -52,7 +52,7 @@ def test_kafka_named_settings() -> None:
                 "transactional.id.expiration.ms": 5000,
                 "transaction.abort.timed.out.transaction.cleanup.interval.ms": 250,
                 "raft.fsync": "batch",
-                "raft.election.timeout.ms": [100, 200],
+                "raft.election.timeout.ms": [200, 400],
                 "node.scheduling": "normal",
             }
         )
@@ -60,7 +60,7 @@ def test_kafka_named_settings() -> None:
     s = config.settings
     assert (s.transaction_max_timeout_ms, s.transactional_id_expiration_ms) == (1000, 5000)
     assert s.abort_timed_out_cleanup_interval_ms == 250 and s.fsync == "batch"
-    assert s.raft_election_timeout_ms == (100.0, 200.0)
+    assert s.raft_election_timeout_ms == (200.0, 400.0)
     assert s.node_scheduling == "normal"
     assert fsm_config(s).transaction_max_timeout_ms == 1000
 

@@ -241,7 +241,10 @@ def _run(args: argparse.Namespace) -> int:
         elif args.cluster_command == "heal":
             namespaces.heal(cluster)
             print("healed the network")
-    except (ClusterError, ConfigError, namespaces.NetnsError) as exc:
+    except ConfigError as exc:  # a config (or --setting) no node could run with
+        print(f"raftcoord cluster: {exc}", file=sys.stderr)
+        return 2
+    except (ClusterError, namespaces.NetnsError) as exc:
         print(f"raftcoord cluster: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -7,10 +7,14 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raftcoord.chaos.arguments import FAULTS, fault_list, positive_seconds
 from raftcoord.chaos.verdict import EXIT_USAGE, UsageParser
 from raftcoord.protocol.process import exit_with_watched_process
+
+if TYPE_CHECKING:
+    from raftcoord.protocol.config import ClusterConfig
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -28,6 +32,16 @@ def _data_dir(args: argparse.Namespace, kind: str) -> Path:
     return Path(args.data_dir) if args.data_dir else Path(args.config).parent / f"{kind}-{args.id}"
 
 
+def _check_tls_files(config: ClusterConfig, node_id: int) -> None:
+    """Raises ConfigError when node ``node_id`` cannot read its ``[tls]`` files."""
+    from raftcoord.protocol.config import ConfigError
+    from raftcoord.protocol.tls import node_files_error
+
+    problem = node_files_error(config, node_id)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def _node(args: argparse.Namespace) -> int:
     from raftcoord.coordinator.node import run_node
     from raftcoord.protocol.config import ConfigError, check_shape, load_config, read_raft_key
@@ -36,6 +50,7 @@ def _node(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         config.coordinator(args.id)
+        _check_tls_files(config, args.id)
         check_shape(data_dir, config)
         if args.insecure_raft:
             raft_key = None
@@ -62,6 +77,7 @@ def _partition_node(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         config.partition_node(args.id)
+        _check_tls_files(config, args.id)
         check_shape(data_dir, config)
     except ConfigError as exc:
         print(f"raftcoord partition-node: {exc}", file=sys.stderr)
@@ -79,6 +95,7 @@ def _kafka_gateway(args: argparse.Namespace) -> int:
         listener = next((k for k in config.kafka_listeners if k.node_id == args.id), None)
         if listener is None:
             raise ConfigError(f"no [[kafka_listeners]] entry with id {args.id}")
+        _check_tls_files(config, args.id)
     except ConfigError as exc:
         print(f"raftcoord kafka-gateway: {exc}", file=sys.stderr)
         return 2

@@ -270,6 +270,10 @@ _SETTING_NAMES = {
 #: up to about 2.5 times the batch's encoded size (tiny records): the gRPC
 #: limit must leave room for the largest legal batch.
 REQUEST_BYTES_PER_BATCH_BYTE = 3
+#: How long a coordinator's Raft transport waits for a peer's connection
+#: (pysyncobj's connectionTimeout, 1 s as the coordinator sets it): pysyncobj
+#: refuses an election timeout longer than this.
+RAFT_CONNECTION_TIMEOUT_MS = 1000
 _CHOICES = {
     "fsync": FSYNC_POLICIES,
     "log_flush_policy": LOG_FLUSH_POLICIES,
@@ -788,6 +792,22 @@ def _settings(raw: Any) -> Settings:
         raise ConfigError("leader.imbalance.per.broker.percentage must be in 1..100")
     if settings.broker_heartbeat_interval_ms >= settings.broker_session_timeout_ms:
         raise ConfigError("broker.heartbeat.interval.ms must be below broker.session.timeout.ms")
+    low, high = settings.raft_election_timeout_ms
+    if low >= high:
+        raise ConfigError(
+            f"raft.election.timeout.ms must be [low, high] with low < high, got [{low:g}, {high:g}]"
+        )
+    if high > RAFT_CONNECTION_TIMEOUT_MS:
+        raise ConfigError(
+            f"raft.election.timeout.ms: its high end must be at most {RAFT_CONNECTION_TIMEOUT_MS} "
+            f"(the Raft transport's connection timeout), got {high:g}"
+        )
+    if 3 * settings.raft_heartbeat_ms >= low:
+        raise ConfigError(
+            f"raft.heartbeat.ms must be below a third of raft.election.timeout.ms's low end "
+            f"({low:g}: a follower must hear three heartbeats before it campaigns), "
+            f"got {settings.raft_heartbeat_ms:g}"
+        )
     if settings.group_min_session_timeout_ms > settings.group_max_session_timeout_ms:
         raise ConfigError("group.min.session.timeout.ms exceeds group.max.session.timeout.ms")
     if (

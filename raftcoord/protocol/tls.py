@@ -129,6 +129,22 @@ def node_identity(config: ClusterConfig, node_id: int) -> Identity | None:
     return Identity.load(tls.ca_file, cert, key)
 
 
+def node_files_error(config: ClusterConfig, node_id: int) -> str | None:
+    """Why node ``node_id`` cannot read the files of its identity, naming the
+    ``[tls]`` key that points at the one it cannot read; None when it can
+    (or without ``[tls]``)."""
+    tls = config.tls
+    if tls is None:
+        return None
+    cert, key = tls.node_files(node_id)
+    for where, path in (("ca_file", tls.ca_file), ("cert_dir", cert), ("cert_dir", key)):
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            return f"[tls] {where}: cannot read {path} ({exc.strerror or exc})"
+    return None
+
+
 def node_ssl_context(config: ClusterConfig, node_id: int, server: bool) -> ssl.SSLContext | None:
     """Mutual TLS for the connections that are not gRPC (the cluster links
     to partition-log nodes' replication addresses: followers' fetches,
