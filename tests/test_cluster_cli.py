@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from raftcoord.cli.main import EXIT_BROKEN_PIPE
 from raftcoord.cluster.launcher import LOWEST_FREE_PORT, ephemeral_ports_start, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,47 @@ def raftcoord(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[st
         text=True,
         timeout=timeout,
     )
+
+
+def into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """``raftcoord ARGS`` with its stdout a pipe nobody reads any more (the
+    end of ``raftcoord ... | head``, deterministically)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "raftcoord.cli", *args],
+            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly() -> None:
+    """Every command: a BrokenPipeError anywhere in it ends it with the exit
+    status of SIGPIPE and no traceback (here a command made to print more
+    than a pipe holds)."""
+    probe = (
+        "import sys\n"
+        "import raftcoord.cli\n"
+        "cli = sys.modules['raftcoord.cli.main']\n"
+        "def chatty(args):\n"
+        "    for i in range(20000):\n"
+        "        print('a line of status', i)\n"
+        "    return 0\n"
+        "cli._certs = chatty\n"
+        "sys.exit(cli.main(['certs', 'ca', '--dir', 'unused']))\n"
+    )
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (EXIT_BROKEN_PIPE, "")
 
 
 def running(pid: int) -> bool:
@@ -94,6 +137,9 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         assert made.returncode == 0, made.stderr
         summary = raftcoord("cluster", "status", "--cluster-dir", data).stdout
         assert "partitions: 3 in 1 topics; leaders: node 101 1, node 102 1, node 103 1" in summary
+        # `cluster status | head`: the reader gone, the status ends quietly.
+        cut = into_a_closed_pipe("cluster", "status", "--cluster-dir", data)
+        assert (cut.returncode, cut.stderr) == (EXIT_BROKEN_PIPE, "")
         assert "without a leader: 0" in summary and "under-replicated: 0" in summary
         # A stopped gateway still takes connections (the kernel does), but answers nothing.
         assert (

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -293,8 +295,26 @@ def _chosen(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Argume
     return parser
 
 
+#: The exit status of a command whose output's reader went away, as of one
+#: killed by SIGPIPE (a shell's 128 + 13).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``raftcoord`` console script."""
+    """Entry point of the ``raftcoord`` console script. A reader of its
+    output that goes away (``raftcoord cluster status | head``) ends it
+    quietly, with :data:`EXIT_BROKEN_PIPE`."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # What is still buffered would fail again at exit: stdout goes nowhere now.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     parser = UsageParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
