@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import pty
 import re
+import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +208,129 @@ def test_cluster_help_loads_neither_spark_nor_the_kafka_codec() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+#: A line of gRPC's C core log (severity, date, time, thread, file).
+GRPC_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
+
+
+class Terminal:
+    """``raftcoord ARGS`` on a pseudo-terminal of its own, as a user runs it:
+    its session's controlling terminal, so that a Ctrl-C typed on it
+    (:meth:`interrupt`) is the SIGINT the terminal sends."""
+
+    def __init__(self, *args: str) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
+
+        def take_the_terminal() -> None:
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "raftcoord.cli", *args],
+            cwd=REPO_ROOT,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=take_the_terminal,
+            env={**os.environ, "TERM": "dumb", "COLUMNS": "250"},
+        )
+        os.close(slave)
+        self.output = ""
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {text!r} within {timeout_s} s:\n{self.output[-3000:]}"
+            if not self._read(min(left, 1.0)) and self.process.poll() is not None:
+                raise AssertionError(f"exited before {text!r}:\n{self.output[-3000:]}")
+
+    def interrupt(self) -> None:
+        os.write(self.master, b"\x03")
+
+    def exit_status(self, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None:
+            assert time.monotonic() < deadline, f"still running:\n{self.output[-3000:]}"
+            self._read(0.5)
+        while self._read(0.1):
+            pass
+        return self.process.returncode
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+        os.close(self.master)
+
+    def _read(self, timeout_s: float) -> bool:
+        ready, _, _ = select.select([self.master], [], [], timeout_s)
+        if not ready:
+            return False
+        try:
+            data = os.read(self.master, 65536)
+        except OSError:  # EIO: the other side is closed
+            return False
+        self.output += data.decode(errors="replace")
+        return bool(data)
+
+
+def _cluster_stopped(cluster_dir: Path) -> bool:
+    state = json.loads((cluster_dir / "cluster.json").read_text())
+    return not any(Path(f"/proc/{n['pid']}").exists() for n in state["nodes"] if n["pid"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_interrupted_heals_drains_and_skips_the_audit(tmp_path: Path) -> None:
+    """Ctrl-C during the traffic: the run heals and drains, the cluster
+    stops, the Spark audit does not start, and the demo says where the run
+    is and how to audit it (exit status 130)."""
+    cluster_dir = tmp_path / "demo"
+    terminal = Terminal(
+        "demo", "--duration", "120", "--seed", "5", "--nemesis", "leader-kill",
+        "--input-records", "100", "--cluster-dir", str(cluster_dir),
+    )  # fmt: skip
+    try:
+        terminal.wait_for("2. the workload", 300)
+        terminal.wait_for("nemesis: leader-kill", 120)  # the traffic is going
+        terminal.interrupt()
+        assert terminal.exit_status(400) == 128 + signal.SIGINT
+    finally:
+        terminal.close()
+    out = terminal.output
+    assert "interrupted: healing and draining" in out
+    assert "the audit is skipped" in out
+    assert " ".join(out.split()).count(f"raftcoord audit --cluster-dir {cluster_dir}") == 1
+    assert "3. the Spark audit" not in out and "Traceback" not in out
+    events = [json.loads(line) for line in (cluster_dir / "history.jsonl").read_text().splitlines()]
+    assert [e["op"] for e in events if e["process"] == "workload"][-2:] == ["final", "run"]
+    assert _cluster_stopped(cluster_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_interrupted_twice_stops_at_once_with_one_line(tmp_path: Path) -> None:
+    cluster_dir = tmp_path / "demo"
+    terminal = Terminal(
+        "demo", "--duration", "120", "--seed", "6", "--nemesis", "leader-kill",
+        "--input-records", "100", "--cluster-dir", str(cluster_dir),
+    )  # fmt: skip
+    try:
+        terminal.wait_for("2. the workload", 300)
+        terminal.wait_for("nemesis: leader-kill", 120)
+        terminal.interrupt()
+        terminal.wait_for("interrupt again to stop at once", 60)
+        terminal.interrupt()
+        assert terminal.exit_status(300) == 128 + signal.SIGINT
+    finally:
+        terminal.close()
+    after = terminal.output.split("interrupt again to stop at once", 1)[1]
+    # gRPC's own log lines (its channels to the stopped nodes) are not the demo's
+    lines = [line.removeprefix("^C") for line in after.splitlines()[1:]]  # the echoed Ctrl-C
+    said = [line for line in lines if line.strip() and not GRPC_LOG.match(line)]
+    assert said == [f"interrupted: stopped at once; the cluster's files are in {cluster_dir}"]
+    assert "Traceback" not in terminal.output and "3. the Spark audit" not in terminal.output
+    assert _cluster_stopped(cluster_dir)

@@ -763,6 +763,8 @@ class Workload:
         )
         self.threads: list[threading.Thread] = []
         self.summary: dict[str, Any] = {}
+        #: Whether an interrupt (Ctrl-C) ended the traffic early.
+        self.interrupted = False
 
     # --- phases --------------------------------------------------------------------
 
@@ -899,6 +901,7 @@ class Workload:
                 if end is None and not any(t.is_alive() for t in producers):
                     break  # every producer crashed: the budget can never be spent
         except KeyboardInterrupt:
+            self.interrupted = True
             self.say("interrupted: healing and draining (interrupt again to stop at once)")
         finally:
             r.traffic_over.set()

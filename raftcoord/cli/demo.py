@@ -17,11 +17,17 @@ when a check of the audit did not run or had nothing to judge, or a fault
 kind asked for never changed anything (here, a partition fault without
 network namespaces never runs); else PASS. Exit status 0 on PASS, 1 on
 FAIL, 2 on INCOMPLETE.
+
+An interrupt (Ctrl-C) during the traffic heals, drains and stops the
+cluster, then skips the audit and says how to run it on the cluster's
+directory; a second interrupt (or one before the traffic, or during the
+audit) stops at once with one line. Exit status 130 either way.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,8 @@ from raftcoord.cluster.launcher import LocalCluster
 #: Quiet time between one fault's recovery and the next fault: short, so that
 #: every kind fits in the demo's minute.
 FAULT_INTERVAL_S = 2.0
+#: The exit status of an interrupted demo, as of a program SIGINT ended (128 + 2).
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
 def run_demo(
@@ -50,6 +58,64 @@ def run_demo(
     console = Console()
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="raftcoord-demo-"))
     history = data_dir / "history.jsonl"
+    later = f"raftcoord audit --cluster-dir {data_dir}"
+    try:
+        summary, interrupted = _run(
+            console, data_dir, history, duration_s, seed, input_records, faults
+        )
+    except KeyboardInterrupt:  # a second interrupt, or one before the traffic
+        console.print(
+            f"interrupted: stopped at once; the cluster's files are in {data_dir}", soft_wrap=True
+        )
+        return EXIT_INTERRUPTED
+    console.print(summary_table(summary))
+    console.print(_faults_table(history))
+    console.print(fault_report_table(summary["fault_report"]))
+    if interrupted:
+        console.print(
+            "interrupted: healed, drained and stopped; the audit is skipped. The cluster's "
+            f"files and the history are in {data_dir}: audit them with `{later}`",
+            soft_wrap=True,
+        )
+        return EXIT_INTERRUPTED
+
+    console.rule("3. the Spark audit of the logs and the history")
+    from spark.audit import run_audit, session
+    from spark.report import print_table, print_verdict
+
+    try:
+        spark = session()
+        try:
+            outcome = run_audit(spark, data_dir, history, data_dir / "audit", console)
+        finally:
+            spark.stop()
+    except KeyboardInterrupt:
+        console.print(
+            f"interrupted: the audit stopped; run it again with `{later}`", soft_wrap=True
+        )
+        return EXIT_INTERRUPTED
+    print_table(outcome.results, console)
+    console.print(f"audit:   {outcome.seconds:.0f} s")
+    console.print(f"history: {history}")
+    console.print(f"report:  {outcome.html_path}")
+    print_verdict(outcome.document, console)
+    style = {"PASS": "bold green", "FAIL": "bold red", "INCOMPLETE": "bold yellow"}
+    console.print(f"VERDICT: {outcome.verdict}", style=style[outcome.verdict])
+    return EXIT_STATUS[outcome.verdict]
+
+
+def _run(
+    console: Console,
+    data_dir: Path,
+    history: Path,
+    duration_s: float,
+    seed: int,
+    input_records: int,
+    faults: tuple[str, ...],
+) -> tuple[dict[str, Any], bool]:
+    """Start the cluster, run the workload, stop the cluster (whatever
+    happens); returns the workload's summary and whether an interrupt ended
+    its traffic early (the workload then healed and drained)."""
     why_not = netns.unavailable()
     no_faults = node_faults.unavailable()
     console.rule("1. a local cluster")
@@ -81,27 +147,7 @@ def run_demo(
         summary = run_with_progress(workload, console)
     finally:
         cluster.down()
-    console.print(summary_table(summary))
-    console.print(_faults_table(history))
-    console.print(fault_report_table(summary["fault_report"]))
-
-    console.rule("3. the Spark audit of the logs and the history")
-    from spark.audit import run_audit, session
-    from spark.report import print_table, print_verdict
-
-    spark = session()
-    try:
-        outcome = run_audit(spark, data_dir, history, data_dir / "audit", console)
-    finally:
-        spark.stop()
-    print_table(outcome.results, console)
-    console.print(f"audit:   {outcome.seconds:.0f} s")
-    console.print(f"history: {history}")
-    console.print(f"report:  {outcome.html_path}")
-    print_verdict(outcome.document, console)
-    style = {"PASS": "bold green", "FAIL": "bold red", "INCOMPLETE": "bold yellow"}
-    console.print(f"VERDICT: {outcome.verdict}", style=style[outcome.verdict])
-    return EXIT_STATUS[outcome.verdict]
+    return summary, workload.interrupted
 
 
 def _faults_table(history: Path) -> Table:
