@@ -69,7 +69,7 @@ def print_verdict(document: dict[str, Any], console: Console | None = None) -> N
     v = document["verdict"]
     console.print(f"verdict: [{_COLOURS[v]}]{v}[/]")
     for what, reasons in (("failed", document["failed"]), ("incomplete", document["incomplete"])):
-        if reasons and (v == "FAIL" or what == "incomplete"):
+        if reasons:
             console.print(f"{what}:")
             for reason in reasons:
                 console.print(f"  {reason}")
@@ -306,14 +306,14 @@ td.held, #faults td:first-child { white-space: nowrap; }
 
 
 def _verdict_reasons(doc: dict[str, Any]) -> str:
-    """Under the verdict: what failed (on FAIL) and what was not judged."""
+    """Under the verdict: what failed and what was not judged."""
     parts = []
     for key, heading in (
         ("failed", "What failed:"),
         ("incomplete", "Not everything was judged, so this run is not proven exactly-once:"),
     ):
         reasons = doc.get(key) or []
-        if reasons and (doc["verdict"] == "FAIL" or key == "incomplete"):
+        if reasons:
             items = "".join(f"<li>{html.escape(r)}</li>" for r in reasons)
             parts.append(f"<p>{heading}</p><ul id='{key}'>{items}</ul>")
     return "".join(parts)
