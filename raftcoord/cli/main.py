@@ -331,7 +331,8 @@ def _main(argv: list[str] | None) -> int:
         "did, the audit's checks and the verdict: PASS (exit 0), FAIL (1: a violation, a "
         "crash), INCOMPLETE (2: a check did not run or had nothing to judge, or a fault "
         "asked for never changed anything, e.g. a partition without network namespaces); "
-        "64 on a command line it cannot parse.",
+        "64 on a command line it cannot parse; 130 when interrupted (Ctrl-C during the "
+        "traffic heals, drains and stops, then skips the audit and says how to run it).",
     )
     demo.add_argument(
         "--nemesis",
