@@ -26,6 +26,17 @@ things pysyncobj does on loading a snapshot are fixed here:
   follower would campaign at once although it has just heard from the
   leader. The replica restarts the election timer once the install is done.
 
+Directory identity
+------------------
+The replica keeps the shard's voters record in force
+(:mod:`raftcoord.coordinator.voters`): before pysyncobj sees a vote, a vote
+request or an acknowledgement, :meth:`ShardReplica._counted` drops it, or
+takes it without granting or counting, when its directory is not the
+recorded one; a learner holds its election timer; the leader proposes the
+next record from its tick, and leaves learners out of its commit count
+(:meth:`raftcoord.coordinator.raft.RaftGroup.tick`). The record applied goes
+into snapshots.
+
 AppendEntries on a follower
 ---------------------------
 pysyncobj's follower deletes every entry after ``prevLogIdx`` whenever its
@@ -281,7 +292,9 @@ class ShardReplica(RaftGroup):
         if counts(record, node.address, directory):
             if kind != "request_vote" or counts(record, self.selfNode.address, self.directory_id):
                 return message
-            self._report(node.address, directory, "raft_learner_does_not_vote", record)
+            self._report(
+                self.selfNode.address, self.directory_id, "raft_learner_does_not_vote", record
+            )
         elif kind == "next_node_idx":
             # A learner: followed and answered, never counted (uncounted_members).
             self._report(node.address, directory, "raft_learner", record)
