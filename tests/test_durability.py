@@ -36,6 +36,7 @@ from raftcoord.client import (
 from raftcoord.client.errors import InvalidTxnStateError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 from raftcoord.coordinator import raft_journal
+from raftcoord.protocol.data_dir import META_FILE, parse
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED
 from tests import plog_client
@@ -168,13 +169,22 @@ def test_a_flipped_bit_in_a_follower_journal_stops_it_and_repair_rejoins_it(
     args = [*base, "--id", str(follower), "--shard", "0"]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--yes" in refused.stderr
+    meta = cluster.data_dir / f"node-{follower}" / META_FILE
+    before = parse(meta.read_text()).directory_id
     repaired = subprocess.run([*args, "--yes"], capture_output=True, text=True, timeout=60)
     assert repaired.returncode == 0, repaired.stderr
     assert "journal.damaged-" in repaired.stdout
+    renewed = parse(meta.read_text()).directory_id
+    assert renewed != before  # a learner until it has caught up
 
+    seen = len(log_path(cluster, follower).read_text())
     cluster.start(follower)
     commit_offsets(cluster, "after-repair")
     agreed(cluster)
+    deadline = time.monotonic() + 30
+    while "voter=True" not in log_path(cluster, follower).read_text()[seen:]:
+        assert time.monotonic() < deadline, "the repaired replica was not recorded again"
+        time.sleep(0.1)
 
 
 def _damage(shard_dir: Path, damage: str) -> str:
@@ -229,6 +239,10 @@ def test_a_damaged_journal_end_or_a_lost_vote_stops_the_node_under_fsync_always(
         cluster.start(follower)
         commit_offsets(cluster, f"after-{damage}")
         agreed(cluster)
+
+
+def log_path(cluster: LocalCluster, node_id: int) -> Path:
+    return cluster.data_dir / f"node-{node_id}.log"
 
 
 def read_committed(cluster: LocalCluster, tp: TopicPartition) -> list[bytes]:

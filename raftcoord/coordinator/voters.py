@@ -46,7 +46,7 @@ import msgpack
 
 from raftcoord.protocol.limits import is_directory_id
 
-__all__ = ["VOTERS_ENTRY", "Record", "decode_record", "encode_record", "proposal"]
+__all__ = ["VOTERS_ENTRY", "Record", "counts", "decode_record", "encode_record", "proposal"]
 
 #: The byte after pysyncobj's command type that marks a voters record.
 VOTERS_ENTRY: Final = b"V"
