@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from raftcoord.protocol.data_dir import META_FILE, DirectoryRefused, load_or_create, parse
+from raftcoord.protocol.data_dir import (
+    META_FILE,
+    DirectoryRefused,
+    load_or_create,
+    parse,
+    renew,
+)
 
 
 def test_the_first_start_writes_the_identity_and_later_starts_read_it(tmp_path: Path) -> None:
@@ -16,6 +22,15 @@ def test_the_first_start_writes_the_identity_and_later_starts_read_it(tmp_path: 
     assert (again, created) == (first, False)
     text = (tmp_path / "d" / META_FILE).read_text()
     assert "node.id=101\n" in text and f"directory.id={first.directory_id}\n" in text
+
+
+def test_a_renewed_directory_keeps_its_node_and_gets_a_new_id(tmp_path: Path) -> None:
+    assert renew(tmp_path) is None  # none yet: its node writes one
+    old, _ = load_or_create(tmp_path, "coordinator", 2)
+    new = renew(tmp_path)
+    assert new is not None and new.directory_id != old.directory_id
+    assert (new.kind, new.node_id) == (old.kind, old.node_id)
+    assert load_or_create(tmp_path, "coordinator", 2) == (new, False)
 
 
 def test_a_new_directory_gets_a_new_id(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """Disks that lie and disks that fail, under real clusters.
 
-One flipped bit in the middle of a replica's Raft journal is never applied
-and never silently cut: the node stops with ``event=journal_damaged`` (exit
-status 65), the shard goes on with the other replicas, and ``raftcoord
+One flipped bit in a replica's Raft journal (in the middle, in its last
+record, or in its header's end of the log) is never applied and never
+silently cut, and a term/vote file deleted beside its journal is never
+started without: the node stops with ``event=journal_damaged`` (exit status
+65), the shard goes on with the other replicas, and ``raftcoord
 repair-shard`` lets the replica catch up from the leader to the very same
 state. A node whose fsync fails (``cluster up --faults``: EIO from a
 preloaded shim over the C library) stops at once with ``event=fsync_failed`` (exit status
@@ -34,6 +36,7 @@ from raftcoord.client import (
 from raftcoord.client.errors import InvalidTxnStateError
 from raftcoord.cluster.launcher import ClusterError, LocalCluster
 from raftcoord.coordinator import raft_journal
+from raftcoord.protocol.data_dir import META_FILE, parse
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import EXIT_DATA_DAMAGED, EXIT_STORAGE_FAILED
 from tests import plog_client
@@ -41,7 +44,7 @@ from tests.local_cluster import commit_offsets, running_cluster
 
 pytestmark = pytest.mark.slow
 
-HEADER = 40  # the journal's header
+HEADER = raft_journal.HEADER_SIZE
 
 
 @pytest.fixture
@@ -166,13 +169,80 @@ def test_a_flipped_bit_in_a_follower_journal_stops_it_and_repair_rejoins_it(
     args = [*base, "--id", str(follower), "--shard", "0"]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--yes" in refused.stderr
+    meta = cluster.data_dir / f"node-{follower}" / META_FILE
+    before = parse(meta.read_text()).directory_id
     repaired = subprocess.run([*args, "--yes"], capture_output=True, text=True, timeout=60)
     assert repaired.returncode == 0, repaired.stderr
     assert "journal.damaged-" in repaired.stdout
+    renewed = parse(meta.read_text()).directory_id
+    assert renewed != before  # a learner until it has caught up
 
+    seen = len(log_path(cluster, follower).read_text())
     cluster.start(follower)
     commit_offsets(cluster, "after-repair")
     agreed(cluster)
+    deadline = time.monotonic() + 30
+    while "voter=True" not in log_path(cluster, follower).read_text()[seen:]:
+        assert time.monotonic() < deadline, "the repaired replica was not recorded again"
+        time.sleep(0.1)
+
+
+def _damage(shard_dir: Path, damage: str) -> str:
+    """Damage a stopped replica's shard directory; the phrase of its refusal."""
+    journal = shard_dir / "journal"
+    if damage == "meta-deleted":
+        (shard_dir / "journal.meta").unlink()
+        return "missing beside its journal"
+    if damage == "last-record":
+        offset = record_starts(journal)[-1] + 20  # one bit of its command
+        phrase = "the last record"
+    else:  # the header's last-record offset (which ends the log)
+        offset = HEADER - 8
+        phrase = "header fails its checksum"
+    with journal.open("r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 0x04]))
+    return phrase
+
+
+def test_a_damaged_journal_end_or_a_lost_vote_stops_the_node_under_fsync_always(
+    cluster: LocalCluster,
+) -> None:
+    """Under fsync=always a follower's last record, or its header's end of
+    the log, with a flipped bit, or its term/vote file deleted: the node
+    exits with status 65 and says why, instead of dropping acknowledged
+    entries as a torn tail (or voting again in a term); put back, the same
+    files start and agree with the others."""
+    for i in range(5):
+        commit_offsets(cluster, f"before-{i}")
+    leader = cluster.leaders()[0]
+    follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
+    shard_dir = cluster.data_dir / f"node-{follower}" / "shard-0"
+    log_path = cluster.data_dir / f"node-{follower}.log"
+    for damage in ("last-record", "header-offset", "meta-deleted"):
+        cluster.kill(follower, "TERM")
+        kept = {p.name: p.read_bytes() for p in shard_dir.iterdir() if p.is_file()}
+        seen = len(log_path.read_text())
+        phrase = _damage(shard_dir, damage)
+        with pytest.raises(ClusterError):
+            cluster.start(follower, timeout_s=5.0)
+        wait_for_exit(cluster, follower)
+        log = log_path.read_text()[seen:]
+        assert "event=journal_damaged" in log, (damage, log[-2000:])
+        assert f"exit_status={EXIT_DATA_DAMAGED}" in log and phrase in log, (damage, log[-2000:])
+        assert "torn journal tail" not in log
+        commit_offsets(cluster, f"while-{damage}")  # the other two replicas serve
+        for name, data in kept.items():
+            (shard_dir / name).write_bytes(data)
+        cluster.start(follower)
+        commit_offsets(cluster, f"after-{damage}")
+        agreed(cluster)
+
+
+def log_path(cluster: LocalCluster, node_id: int) -> Path:
+    return cluster.data_dir / f"node-{node_id}.log"
 
 
 def read_committed(cluster: LocalCluster, tp: TopicPartition) -> list[bytes]:

@@ -27,7 +27,7 @@ from raftcoord.coordinator.raft import raft_conf
 from raftcoord.coordinator.raft_journal import DurableFileJournal
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER = journal.FIRST_RECORD_OFFSET
+HEADER = raft_journal.HEADER_SIZE
 
 
 def cmd(i: int) -> bytes:
@@ -211,9 +211,9 @@ def test_policy_always_syncs_every_change(tmp_path: Path) -> None:
         assert j.fsync_count - fs0 == 20
         assert raft_journal.fsync_total() - total0 == 20
 
-        before = j.fsync_count
+        before, metas = j.fsync_count, j.meta_sync_count
         j.setCurrentTerm(2, "x")  # meta file + its directory
-        assert j.fsync_count - before == 2 and j.meta_sync_count == 1
+        assert j.fsync_count - before == 2 and j.meta_sync_count == metas + 1
 
         ops: list[Callable[[], None]] = [
             lambda: j.deleteEntriesFrom(15),
@@ -299,7 +299,8 @@ def test_batch_meta_store_syncs_pending_entries_first(tmp_path: Path) -> None:
         fill(j, 10)
         j.setRaftCommitIndex(10)
         j.onOneSecondTimer()  # interval not over, but the commit index must not outrun the log
-        assert j.entry_sync_count == 1 and j.meta_sync_count == 1
+        # (and the meta file written when the journal was created)
+        assert j.entry_sync_count == 1 and j.meta_sync_count == 2
     finally:
         j._destroy()
 
@@ -418,19 +419,100 @@ def test_a_flipped_bit_before_the_last_record_stops_the_journal(tmp_path: Path, 
     assert "repair-shard" in str(raised.value)
 
 
-def test_a_flipped_bit_in_the_last_record_drops_only_it(tmp_path: Path) -> None:
-    """The last record is the one a power loss can tear: dropped, with a
-    warning, as a torn tail (its write was not acknowledged under always)."""
+@pytest.mark.parametrize("where", ["command", "term", "length", "checksum", "trailer"])
+def test_a_flipped_bit_in_the_last_record_stops_the_journal(tmp_path: Path, where: str) -> None:
+    """Under always the last record was fsynced in full before it could be
+    acknowledged: a bit of it flipped (even its length, which then points
+    past the log's end) is damage, never a torn tail to drop."""
     path = tmp_path / "journal"
     entries = _write_five(path)
     start = HEADER + sum(record_size(c) for c, _, _ in entries[:4])
-    _flip(path, start + 20 + 1)
-    j = DurableFileJournal(str(path))
+    offset = {
+        "length": start + 3,
+        "term": start + 4 + 8,
+        "command": start + 20 + 1,
+        "checksum": start + 20 + len(entries[4][0]),
+        "trailer": start + record_size(entries[4][0]) - 1,
+    }[where]
+    _flip(path, offset, 0x10)
+    with pytest.raises(raft_journal.JournalCorruptError, match="damaged, not torn") as raised:
+        DurableFileJournal(str(path))
+    assert "the last record" in str(raised.value) and "repair-shard" in str(raised.value)
+    j = DurableFileJournal(str(path), "batch")  # what batch risks anyway: dropped
     try:
         assert j[:] == entries[:4]
-        assert j.dropped_tail_bytes == record_size(entries[4][0])
     finally:
         j._destroy()
+
+
+@pytest.mark.parametrize("bit", [0x01, 0x02, 0x10, 0x80])
+@pytest.mark.parametrize("byte", [0, 1, 2, 3])
+def test_a_flipped_bit_in_the_header_offset_stops_the_journal(
+    tmp_path: Path, byte: int, bit: int
+) -> None:
+    """The header's last-record offset is covered by its checksum: a flipped
+    bit there neither drops acknowledged records nor reads garbage as records,
+    whatever the policy."""
+    path = tmp_path / "journal"
+    _write_five(path)
+    _flip(path, journal.LAST_RECORD_OFFSET_OFFSET + byte, bit)
+    for policy in raft_journal.POLICIES:
+        with pytest.raises(raft_journal.JournalCorruptError, match="header fails its checksum"):
+            DurableFileJournal(str(path), policy)
+
+
+def test_a_blank_header_before_records_is_damage(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    _write_five(path)
+    with open(path, "r+b") as f:
+        f.write(bytes(HEADER))
+    with pytest.raises(raft_journal.JournalCorruptError, match="header is blank"):
+        DurableFileJournal(str(path))
+
+
+def test_a_journal_of_format_2_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    _write_five(path)
+    with open(path, "r+b") as f:
+        f.seek(journal.LAST_RECORD_OFFSET_OFFSET - 4)
+        f.write(struct.pack("<I", 2))
+    with pytest.raises(raft_journal.JournalCorruptError, match="journal format 2"):
+        DurableFileJournal(str(path))
+
+
+@pytest.mark.parametrize("entries", [0, 5])
+def test_a_missing_meta_file_beside_a_journal_is_refused(tmp_path: Path, entries: int) -> None:
+    """The term/vote file is written before the journal is created: a journal
+    found without it (even one without records: its node may have voted) has
+    lost its vote, and starting would risk a second vote in that term."""
+    path = tmp_path / "journal"
+    j = DurableFileJournal(str(path))
+    assert Path(str(path) + ".meta").exists()
+    fill(j, entries)
+    j._destroy()
+    Path(str(path) + ".meta").unlink()
+    with pytest.raises(raft_journal.JournalCorruptError, match="missing beside its journal"):
+        DurableFileJournal(str(path))
+    never = DurableFileJournal(str(path), "never")  # pysyncobj's behaviour: start blank
+    assert never.getCurrentTerm() == 0 and len(never) == entries
+    never._destroy()
+
+
+def test_a_repaired_journal_keeps_its_meta_file(tmp_path: Path) -> None:
+    """A journal set aside (repair) with its term/vote file kept: the new
+    journal starts with the term and vote it had."""
+    path = tmp_path / "journal"
+    j = DurableFileJournal(str(path))
+    fill(j, 3)
+    j.setCurrentTerm(4, "peer:1")
+    j._destroy()
+    path.rename(tmp_path / "journal.damaged")
+    again = DurableFileJournal(str(path))
+    try:
+        assert len(again) == 0
+        assert again.getCurrentTerm() == 4 and again.getVotedForNodeId() == "peer:1"
+    finally:
+        again._destroy()
 
 
 def test_a_flipped_bit_under_batch_drops_the_tail_from_there(tmp_path: Path) -> None:
@@ -474,22 +556,45 @@ def test_garbage_after_last_record_offset_is_ignored_and_overwritten(tmp_path: P
     again._destroy()
 
 
-@pytest.mark.parametrize(
-    "damage",
-    ["zeroed", "bad-trailer", "stale-index", "length-past-offset"],
-)
-def test_header_pointing_at_a_torn_record_ends_the_log_there(tmp_path: Path, damage: str) -> None:
-    # What a power loss can leave when the header page reached the disk but the
-    # record's pages did not (or only partly).
+@pytest.mark.parametrize("policy", raft_journal.POLICIES)
+@pytest.mark.parametrize("written", ["none", "zeroed", "cut"])
+def test_a_last_record_never_fully_written_is_dropped(
+    tmp_path: Path, policy: str, written: str
+) -> None:
+    """What a power loss can leave under any policy when the header reached
+    the disk but the record's bytes did not: zeros (the file is grown and cut
+    to zeros), or a file that ends before the header's offset."""
+    path = tmp_path / "journal"
+    entries = _write_five(path)
+    last_start = HEADER + sum(record_size(c) for c, _, _ in entries[:4])
+    size = record_size(entries[4][0])
+    if written == "cut":
+        os.truncate(path, last_start + size - 1)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(last_start)
+            f.write(bytes(size if written == "zeroed" else 1))
+            if written == "none":  # the length's first byte zero, the rest intact
+                f.seek(last_start + 4)
+                f.write(bytes(size - 4))
+    j = DurableFileJournal(str(path), policy)
+    try:
+        assert j[:] == entries[:4]
+        assert j.dropped_tail_bytes == size
+    finally:
+        j._destroy()
+
+
+@pytest.mark.parametrize("damage", ["bad-trailer", "stale-index", "length-past-offset"])
+def test_a_complete_last_record_that_fails_is_dropped_only_under_batch(
+    tmp_path: Path, damage: str
+) -> None:
     path = tmp_path / "journal"
     entries = _write_five(path)
     last_start = HEADER + sum(record_size(c) for c, _, _ in entries[:4])
     size = record_size(entries[4][0])
     with open(path, "r+b") as f:
-        if damage == "zeroed":
-            f.seek(last_start)
-            f.write(bytes(size))
-        elif damage == "bad-trailer":
+        if damage == "bad-trailer":
             f.seek(last_start + size - 4)
             f.write(struct.pack("<I", 12345))
         elif damage == "stale-index":
@@ -498,12 +603,44 @@ def test_header_pointing_at_a_torn_record_ends_the_log_there(tmp_path: Path, dam
         else:
             f.seek(last_start)
             f.write(struct.pack("<I", 10_000))
-    j = DurableFileJournal(str(path))
+    with pytest.raises(raft_journal.JournalCorruptError, match="damaged, not torn"):
+        DurableFileJournal(str(path))
+    j = DurableFileJournal(str(path), "batch")
     try:
         assert j[:] == entries[:4]
         assert j.dropped_tail_bytes == size
     finally:
         j._destroy()
+
+
+def test_truncations_leave_zeros_past_the_log(tmp_path: Path) -> None:
+    """deleteEntriesFrom and clear cut the file at the log's end, so a record
+    written there later and cut short reads back as never written."""
+    path = tmp_path / "journal"
+    j = DurableFileJournal(str(path))
+    entries = fill(j, 10)
+    j.deleteEntriesFrom(6)
+    assert path.stat().st_size == last_record_offset(path)
+    j.add(b"x" * 600, 7, 2)
+    j._destroy()
+    end = last_record_offset(path)
+    # the new record's write was cut after its first bytes (a power loss)
+    with open(path, "r+b") as f:
+        start = end - record_size(b"x" * 600)
+        f.seek(start + 20)
+        f.write(bytes(end - start - 20))
+    with pytest.raises(raft_journal.JournalCorruptError):
+        DurableFileJournal(str(path))  # partly written: not zeros throughout
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(20))
+    again = DurableFileJournal(str(path))
+    try:
+        assert again[:] == entries[:6]
+        again.clear()
+        assert path.stat().st_size == HEADER
+    finally:
+        again._destroy()
 
 
 def test_empty_or_zero_header_file_opens_as_empty_journal(tmp_path: Path) -> None:
@@ -652,13 +789,13 @@ def test_the_same_commit_index_again_is_not_stored_again(tmp_path: Path) -> None
         fill(j, 10)
         j.setRaftCommitIndex(10)
         j.onOneSecondTimer()
-        assert j.meta_sync_count == 1
+        assert j.meta_sync_count == 2  # and the one of its creation
         for _ in range(3):
             j.setRaftCommitIndex(10)
             j.onOneSecondTimer()
-        assert j.meta_sync_count == 1
+        assert j.meta_sync_count == 2  # and the one of its creation
         j.setRaftCommitIndex(9)  # a new value, even a lower one, is stored
         j.onOneSecondTimer()
-        assert j.meta_sync_count == 2 and j.getRaftCommitIndex() == 9
+        assert j.meta_sync_count == 3 and j.getRaftCommitIndex() == 9
     finally:
         j._destroy()

@@ -29,6 +29,8 @@ from tests.seeds import chosen_seed
 
 CAP = 1 << 20
 
+DIRECTORY = "0123456789abcdef0123456789abcdef"
+
 MESSAGES: list[dict[str, Any]] = [
     {
         "type": "append_entries",
@@ -48,9 +50,21 @@ MESSAGES: list[dict[str, Any]] = [
     },
     {"type": "append_entries", "term": 2, "commit_index": 9, "serialized": (b"snap", True, False)},
     {"type": "append_entries", "term": 2, "commit_index": 9, "serialized": None},
-    {"type": "next_node_idx", "next_node_idx": 12, "reset": False, "success": True},
-    {"type": "request_vote", "term": MAX_TERM, "last_log_index": 3, "last_log_term": 2},
-    {"type": "response_vote", "term": 4},
+    {
+        "type": "next_node_idx",
+        "next_node_idx": 12,
+        "reset": False,
+        "success": True,
+        "directory": "",
+    },
+    {
+        "type": "request_vote",
+        "term": MAX_TERM,
+        "last_log_index": 3,
+        "last_log_term": 2,
+        "directory": DIRECTORY,
+    },
+    {"type": "response_vote", "term": 4, "directory": DIRECTORY},
     {"type": "timeout_now", "term": 4},
 ]
 
@@ -68,13 +82,13 @@ def test_messages_that_are_not_raft_traffic_have_no_encoding(kind: str | None) -
 
 def test_a_term_past_the_coordinator_epoch_is_neither_sent_nor_accepted() -> None:
     with pytest.raises(WireError):
-        encode_message({"type": "response_vote", "term": MAX_TERM + 1})
+        encode_message({"type": "response_vote", "term": MAX_TERM + 1, "directory": ""})
     # 2**64 and beyond have no msgpack encoding: the largest that can arrive is 2**64 - 1.
     for term in (MAX_TERM + 1, 2**31 + 10, 2**64 - 1, -1, -(2**63)):
         for body in (
-            [raft_wire.RESPONSE_VOTE, term],
+            [raft_wire.RESPONSE_VOTE, term, ""],
             [raft_wire.APPEND, term, 1, 1, 1, []],
-            [raft_wire.REQUEST_VOTE, 1, 1, term],
+            [raft_wire.REQUEST_VOTE, 1, 1, term, ""],
             [raft_wire.APPEND, 1, 1, 1, 1, [[b"x", 2, term]]],
         ):
             with pytest.raises(WireError):
@@ -90,9 +104,14 @@ def test_a_term_past_the_coordinator_epoch_is_neither_sent_nor_accepted() -> Non
         [raft_wire.APPEND, True, 1, 1, 1, []],
         [raft_wire.APPEND, 1, 1, None, None, None, [b"x", 1, 1]],
         [raft_wire.APPEND, 1, 1, 1, None, None, None],
-        [raft_wire.NEXT_INDEX, 1, 0, 1],
-        [raft_wire.NEXT_INDEX, -1, False, True],
+        [raft_wire.NEXT_INDEX, 1, 0, 1, ""],
+        [raft_wire.NEXT_INDEX, -1, False, True, ""],
+        [raft_wire.NEXT_INDEX, 1, False, True],
+        [raft_wire.NEXT_INDEX, 1, False, True, "not-a-directory"],
+        [raft_wire.NEXT_INDEX, 1, False, True, b"0123456789abcdef0123456789abcdef"],
+        [raft_wire.REQUEST_VOTE, 1, 1, 1],
         [raft_wire.RESPONSE_VOTE, 1, 2],
+        [raft_wire.RESPONSE_VOTE, 1],
         [99, 1],
         ["append_entries", 1],
         {"type": "append_entries"},

@@ -28,7 +28,7 @@ from fsm import (
 from raftcoord.cluster.launcher import free_ports
 from raftcoord.coordinator import raft_journal
 from raftcoord.coordinator import replica as replica_module
-from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf
+from raftcoord.coordinator.raft import RaftTransportSettings, raft_conf, voters_data
 from raftcoord.coordinator.replica import (
     EntryNotApplied,
     ShardReplica,
@@ -38,6 +38,8 @@ from raftcoord.coordinator.replica import (
 
 #: The members' Raft key (any 32 bytes; every member of a test uses it).
 RAFT_KEY = bytes(range(32))
+#: The data directory id of the replicas.
+DIRECTORY = "d" * 32
 
 pytestmark = pytest.mark.usefixtures("pysyncobj_restored")
 
@@ -63,16 +65,27 @@ def make_replica(
         machine,
         lambda index, term, outcomes: applied.append(index),
         node_id=1,
-        transport=RaftTransportSettings(RAFT_KEY),
+        transport=RaftTransportSettings(RAFT_KEY, directory_id=DIRECTORY),
         on_snapshot=None if snapshots is None else lambda i, t: snapshots.append((i, t)),
     )
 
 
-def tick_until(replica: ShardReplica, condition: Callable[[], bool], timeout_s: float = 10) -> None:
+def tick_until(
+    replica: ShardReplica,
+    condition: Callable[[], bool],
+    timeout_s: float = 10,
+    *,
+    leader_duties: bool = False,
+) -> None:
+    """Tick until ``condition``; ``leader_duties``: with the replica's own
+    duties (its voters record), not only pysyncobj's."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
-        replica.doTick(0.005)
+        if leader_duties:
+            replica.tick(0.005)
+        else:
+            replica.doTick(0.005)
 
 
 def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
@@ -82,6 +95,10 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
     results: list[list[Outcome]] = []
     try:
         tick_until(replica, replica.is_leader)
+        # The voters record, then the log's prefix that holds it compacted:
+        # the snapshot carries the record.
+        tick_until(replica, lambda: replica._applied_record is not None, leader_duties=True)
+        assert replica.voters_record() == {address: DIRECTORY}
         term = replica.raftCurrentTerm
 
         def done(result: list[Outcome] | None, error: ErrorCode) -> None:
@@ -98,8 +115,9 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
         replica.forceLogCompaction()
         tick_until(replica, lambda: (tmp_path / "snapshot").exists())
         payload = read_snapshot_file(str(tmp_path / "snapshot"))
-        assert set(payload) == {"v", "fsm", "last", "previous"}
+        assert set(payload) == {"v", "voters", "fsm", "last", "previous"}
         assert TransactionStateMachine.restore(payload["fsm"]).snapshot() == expected
+        tick_until(replica, lambda: replica.log_entry_count() < 5)
     finally:
         replica.destroy()
     applied.clear()
@@ -107,6 +125,8 @@ def test_compaction_writes_msgpack_and_restart_restores(tmp_path: Path) -> None:
     try:
         tick_until(again, lambda: again.machine.snapshot() == expected)
         assert len(again.machine.state.transactions) == 20
+        assert not any(voters_data(c) for c, _i, _t in again._log_entries()[:])
+        assert again.voters_record() == {address: DIRECTORY}
     finally:
         again.destroy()
 

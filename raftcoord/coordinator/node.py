@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -202,6 +203,9 @@ class CoordinatorNode:
                 identity.directory_id,
                 self.data_dir,
             )
+        # Votes and acknowledgements go out with the directory id: a shard
+        # counts them only from the directory it recorded for this node.
+        self.raft_transport = replace(self.raft_transport, directory_id=identity.directory_id)
         raft_journal.install()
         settings = self.config.settings
         self.shards = [self._make_shard(number) for number in range(self.config.shard_count)]

@@ -12,10 +12,12 @@ Nothing of a group is pickled. Its messages travel over
 authenticated first). Its log entries are not pysyncobj's ``@replicated``
 calls (a pickle of the method's id and arguments, unpickled by every replica
 when it applies the entry) but :data:`ENTRY_FORMAT` followed by the
-proposer's term and the entry's bytes, handed to :meth:`RaftGroup.apply_command`;
-an entry of another form (pysyncobj's membership and code-version commands,
-which these groups never propose, or a journal written before this format)
-goes to :meth:`RaftGroup.apply_unknown`, which stops the member.
+proposer's term and the entry's bytes, handed to :meth:`RaftGroup.apply_command`,
+or a voters record (:data:`raftcoord.coordinator.voters.VOTERS_ENTRY`, see
+that module), handed to :meth:`RaftGroup.apply_voters`; an entry of another
+form (pysyncobj's membership and code-version commands, which these groups
+never propose, or a journal written before this format) goes to
+:meth:`RaftGroup.apply_unknown`, which stops the member.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+from pysyncobj.monotonic import monotonic
 from pysyncobj.pipe_notifier import PipeNotifier
 
 from fsm import ErrorCode
 from raftcoord.coordinator import raft_wire
 from raftcoord.coordinator.raft_transport import RaftTransport, RaftTransportSettings
+from raftcoord.coordinator.voters import VOTERS_ENTRY
 
 __all__ = [
     "RaftGroup",
@@ -40,6 +44,7 @@ __all__ = [
     "UnknownEntry",
     "proposal_error",
     "raft_conf",
+    "voters_data",
 ]
 
 #: pysyncobj's command types (the first byte of every log entry).
@@ -108,6 +113,13 @@ def raft_conf(
     )
 
 
+def voters_data(command: bytes) -> bytes | None:
+    """The record's bytes when the log entry ``command`` is a voters record."""
+    if command[:1] == bytes([REGULAR_COMMAND]) and command[1:2] == VOTERS_ENTRY:
+        return command[2:]
+    return None
+
+
 def proposal_error(reason: Any) -> ErrorCode:
     """The answer to a request whose entry ended with pysyncobj's ``reason``:
     NONE when it was applied, REQUEST_TIMED_OUT when pysyncobj's queue was
@@ -136,12 +148,15 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     ) -> None:
         #: An entry applied in this round asked to tell the followers at once.
         self._announce = False
+        #: The term and match indexes taken out of this tick's commit count.
+        self._left_out: tuple[int, dict[Any, int]] = (0, {})
         super().__init__(
             self_address,
             partner_addresses,
             conf,
             transportClass=functools.partial(RaftTransport, settings=transport),
         )
+        self.addOnTickCallback(self._count_in)
 
     def propose_command(self, term: int, data: bytes, callback: Callable[[Any, Any], None]) -> None:
         """Append ``data``, proposed in ``term``, to the log (on the leader);
@@ -156,6 +171,14 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         the tick thread of every member, in log order."""
         raise NotImplementedError
 
+    def propose_voters(self, data: bytes, callback: Callable[[Any, Any], None]) -> None:
+        """Append a voters record (``data``) to the log (on the leader)."""
+        self._applyCommand(VOTERS_ENTRY + data, callback, REGULAR_COMMAND)
+
+    def apply_voters(self, data: bytes) -> None:
+        """Apply one committed voters record's ``data``; like :meth:`apply_command`."""
+        raise NotImplementedError
+
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
         # Replaces pysyncobj's private apply step, which unpickles the entry;
         # pysyncobj calls it for every committed entry, in order.
@@ -165,6 +188,9 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if kind == REGULAR_COMMAND and command[1:2] == ENTRY_FORMAT and len(command) >= _DATA_AT:
             (term,) = _TERM.unpack_from(command, 2)
             return self.apply_command(term, command[_DATA_AT:])
+        voters = voters_data(command)
+        if voters is not None:
+            return self.apply_voters(voters)
         return self.apply_unknown(
             UnknownEntry(
                 f"log entry of type {kind} ({len(command)} bytes) is not a coordinator entry "
@@ -242,7 +268,11 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         return answers == [FAIL_REASON.SUCCESS]
 
     def tick(self, wait_s: float) -> None:
-        """One pysyncobj tick: waits up to ``wait_s`` for I/O or :meth:`waker`."""
+        """One pysyncobj tick: waits up to ``wait_s`` for I/O or :meth:`waker`.
+        On the leader, the acknowledgements of :meth:`uncounted_members` do not
+        count towards committing in it."""
+        if self.is_leader():
+            self._leave_out(self.uncounted_members())
         self.doTick(wait_s)
 
     def waker(self) -> Callable[[], None]:
@@ -278,6 +308,48 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         # Built by SyncObj.__init__ from the config, with no way to pass one in;
         # it is first used on the first tick.
         self._SyncObj__serializer = serializer
+
+    def _hold_election(self) -> None:
+        """Keep this member from campaigning for another election timeout."""
+        # pysyncobj campaigns once its private election deadline has passed.
+        self._SyncObj__raftElectionDeadline = monotonic() + self._SyncObj__conf.raftMaxTimeout
+
+    def uncounted_members(self) -> list[Any]:
+        """The members whose acknowledgements the leader does not count
+        towards committing (none here; see :meth:`tick`)."""
+        return []
+
+    def _leave_out(self, nodes: list[Any]) -> None:
+        # pysyncobj's leader commits, at the start of its tick, what a majority
+        # of its private match indexes reach: the members left out have theirs
+        # at 0 for that, and back (_count_in, a tick callback that runs just
+        # before pysyncobj polls) before their answers are read, which move
+        # their next index only while their match index grows.
+        match = self._SyncObj__raftMatchIndex
+        saved = {node: match[node] for node in nodes if node in match}
+        for node in saved:
+            match[node] = 0
+        self._left_out = (int(self.raftCurrentTerm), saved)
+
+    def _count_in(self) -> None:
+        term, saved = self._left_out
+        self._left_out = (0, {})
+        if saved and term == self.raftCurrentTerm and self.is_leader():
+            match = self._SyncObj__raftMatchIndex
+            for node, value in saved.items():
+                if node in match:
+                    match[node] = max(match[node], value)
+
+    def match_indexes(self) -> dict[str, int]:
+        """On the leader: each member's Raft address and the last index it is
+        known to hold (0 until it answers)."""
+        return {node.address: int(i) for node, i in self._SyncObj__raftMatchIndex.items()}
+
+    def entry_term(self, index: int) -> int | None:
+        """The term of this member's log entry ``index``, if it holds it."""
+        raft_log = self._log_entries()
+        position = index - raft_log[0][1]
+        return int(raft_log[position][2]) if 0 <= position < len(raft_log) else None
 
     def _acknowledge(self, node: Any, next_index: int) -> None:
         """Answer ``node``'s AppendEntries with success and ``next_index``, as

@@ -16,11 +16,13 @@ Approach
 --------
 This module *reimplements* the small ``FileJournal`` instead of subclassing it
 and reaching into its name-mangled ``mmap``/file objects. Its format is
-pysyncobj's with a checksum per record (format 2; pysyncobj's format 1 is
-refused by name)::
+pysyncobj's with a checksum per record and one over the header (format 3;
+pysyncobj's format 1 and the header without a checksum, format 2, are refused
+by name)::
 
-    header (40 bytes): b"PYSYNCOBJ" padded to 24 | pysyncobj version padded to 8
-                       | uint32 format version (2) | uint32 last-record offset
+    header (44 bytes): b"PYSYNCOBJ" padded to 24 | pysyncobj version padded to 8
+                       | uint32 format version (3) | uint32 last-record offset
+                       | uint32 crc32c(the 40 bytes before it)
     records:           uint32 n | uint64 idx | uint64 term | command (n - 16 bytes)
                        | uint32 crc32c(n, idx, term, command) | uint32 n
 
@@ -28,11 +30,14 @@ refused by name)::
 msgpack map and the CRC32C of both. Writes go through ``os.pwrite`` on a plain file
 descriptor (no mmap), so the fsync points are explicit:
 
-* ``add`` writes the record, then the header's last-record offset; one
-  ``fdatasync`` (``fsync`` when the file was grown since the last sync) makes
-  both durable. The file grows by preallocation (``posix_fallocate``, doubling,
-  at most 16 MiB per step), so most syncs overwrite already-allocated blocks.
-* ``deleteEntriesFrom`` / ``clear`` rewrite the header offset and sync.
+* ``add`` writes the record, then the header's last-record offset and
+  checksum; one ``fdatasync`` (``fsync`` when the file was grown since the
+  last sync) makes both durable. The file grows by preallocation
+  (``posix_fallocate``, doubling, at most 16 MiB per step), so most syncs
+  overwrite already-allocated blocks; what lies past the log's end always
+  reads as zeros (see Torn tails).
+* ``deleteEntriesFrom`` / ``clear`` rewrite the header's offset, cut the
+  file there and sync.
 * ``deleteEntriesTo`` (log compaction) writes the kept suffix to
   ``<journal>.compact.tmp``, fsyncs it, renames it over the journal and fsyncs
   the directory: crash-atomic, unlike pysyncobj's clear-then-re-add, where a
@@ -72,21 +77,30 @@ Policies
 
 Torn tails
 ----------
-The header's last-record offset is the authority: bytes after it (garbage, or
-records removed by ``deleteEntriesFrom``) are ignored and later overwritten.
-Records before it are validated when the journal is opened: each record's
-leading and trailing lengths must agree, fit in the file and before the
-offset, its checksum must match, and indexes must be consecutive with
-non-decreasing terms. The first record that fails ends the log when it is a
-torn tail (a crash during its write, e.g. a file truncated in the middle of
-its last record): it and everything after it are dropped, a warning is
-logged, ``dropped_tail_bytes`` records how much, and the header is
-rewritten. Under ``always`` such a record was never acknowledged (its sync
-had not returned), and only the last record can be torn: a failing record
-with an intact one after it is damage, and opening raises
-:class:`JournalCorruptError` instead of applying or dropping fsynced
-records. Under ``batch`` and ``never`` several unsynced records can be torn
-in any order, so the log ends at the first failing one, as a torn tail.
+The header's last-record offset is the authority, and its checksum makes a
+flipped bit in it damage, not a shorter log: records before it are
+validated when the journal is opened (each record's leading and trailing
+lengths must agree, fit before the offset, its checksum must match, and
+indexes must be consecutive with non-decreasing terms); bytes after it (a
+record whose header update never reached the disk) are cut off. When a
+record fails, what may be dropped depends on the policy:
+
+* Under ``always``, each add is durable before the next one starts (and
+  before pysyncobj acknowledges it), so only the last record can be torn,
+  and only if its bytes never fully reached the file: the file ends before
+  the header's offset (an add that grew the file was cut), or the record's
+  bytes up to that offset read as zeros (the header reached the disk, the
+  record did not; the file past the log's end is always zeros, as it is
+  grown by preallocation and cut on truncation and on open). Such a tail is
+  dropped with a warning, ``dropped_tail_bytes`` says how much, and the
+  header is rewritten. Any other failing record (one with intact records
+  after it, or a last record the file holds in full) may have been
+  acknowledged: opening raises :class:`JournalCorruptError` instead of
+  applying or dropping it. So does a header whose checksum fails, and a
+  term/vote file that is missing beside a journal (it is written before the
+  journal is created, so a journal without one has lost its vote).
+* Under ``batch`` and ``never``, several unsynced records can be torn in any
+  order, so the log ends at the first failing one, as a torn tail.
 
 Integration
 -----------
@@ -105,7 +119,7 @@ Fsyncs are counted per journal (``fsync_count``, ``entry_sync_count``,
 ``meta_sync_count``) and for the process (:func:`fsync_total`), so tests can
 check that a policy is honoured.
 
-One file on purpose (about 700 lines): one class implements pysyncobj's
+One file on purpose (about 900 lines): one class implements pysyncobj's
 journal interface over one file format, and its recovery, append, truncate
 and fsync paths must agree on that format byte for byte.
 """
@@ -156,10 +170,14 @@ _NAME_SIZE: Final[int] = pysyncobj.journal.NAME_SIZE
 _VERSION_SIZE: Final[int] = pysyncobj.journal.VERSION_SIZE
 _APP_NAME: Final[bytes] = pysyncobj.journal.APP_NAME
 _APP_VERSION: Final[bytes] = pysyncobj.journal.APP_VERSION
-#: 1 is pysyncobj's (no checksums, pickled entries); 2 adds a CRC32C per record.
-_FORMAT_VERSION: Final[int] = 2
-_FIRST_RECORD_OFFSET: Final[int] = pysyncobj.journal.FIRST_RECORD_OFFSET
+#: 1 is pysyncobj's (no checksums, pickled entries); 2 added a CRC32C per
+#: record; 3 adds one over the header's fields.
+_FORMAT_VERSION: Final[int] = 3
 _LAST_RECORD_OFFSET_OFFSET: Final[int] = pysyncobj.journal.LAST_RECORD_OFFSET_OFFSET
+#: Where the header's checksum is: after the last-record offset.
+_HEADER_CRC_OFFSET: Final[int] = _LAST_RECORD_OFFSET_OFFSET + 4
+#: The header's size: pysyncobj's 40 bytes and the CRC32C of them.
+HEADER_SIZE: Final[int] = _HEADER_CRC_OFFSET + 4
 _RECORD_HEAD: Final = struct.Struct("<IQQ")  # n, idx, term
 _RECORD_TAIL: Final = struct.Struct("<II")  # crc32c of head and command, n
 _U32: Final = struct.Struct("<I")
@@ -204,10 +222,31 @@ class JournalCorruptError(Exception):
     """The journal or its meta file cannot be read safely."""
 
 
-def _default_header(last_record_offset: int = _FIRST_RECORD_OFFSET) -> bytes:
-    app_name = _APP_NAME + b"\0" * (_NAME_SIZE - len(_APP_NAME))
-    app_version = _APP_VERSION + b"\0" * (_VERSION_SIZE - len(_APP_VERSION))
-    return app_name + app_version + struct.pack("<II", _FORMAT_VERSION, last_record_offset)
+_HEADER_PREFIX: Final = (
+    _APP_NAME
+    + b"\0" * (_NAME_SIZE - len(_APP_NAME))
+    + _APP_VERSION
+    + b"\0" * (_VERSION_SIZE - len(_APP_VERSION))
+    + _U32.pack(_FORMAT_VERSION)
+)
+
+
+_REPAIR: Final = (
+    "Repair: with this shard's other replicas serving, `raftcoord repair-shard` (see "
+    "docs/coordinator.md, Durability) sets this replica's log aside and it catches up "
+    "from the leader."
+)
+
+
+def _offset_and_crc(last_record_offset: int) -> bytes:
+    """The header's last 8 bytes: the last-record offset and the CRC32C of
+    the header up to it."""
+    offset = _U32.pack(last_record_offset)
+    return offset + _U32.pack(crc32c.crc32c(_HEADER_PREFIX + offset))
+
+
+def _default_header(last_record_offset: int = HEADER_SIZE) -> bytes:
+    return _HEADER_PREFIX + _offset_and_crc(last_record_offset)
 
 
 def _encode_record(command: Any, idx: int, term: int) -> bytes:
@@ -314,7 +353,7 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
 
         self._entries: list[Entry] = []
         self._offsets: list[int] = []
-        self._end = _FIRST_RECORD_OFFSET
+        self._end = HEADER_SIZE
         self._dirty = False
         self._grown = False
         self._closed = False
@@ -324,45 +363,67 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             if os.path.exists(leftover):
                 os.remove(leftover)
 
+        self._meta: dict[str, Any] = {}
+        self._meta_dirty = False
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self._file_size = os.fstat(self._fd).st_size
-            self._load()
-            self._meta = self._read_meta()
+            created = self._load()
+            self._meta = self._read_meta(required=not created)
         except BaseException:
             os.close(self._fd)
             raise
-        self._meta_dirty = False
 
     # ----------------------------------------------------------------- opening
 
-    def _load(self) -> None:
-        header = os.pread(self._fd, _FIRST_RECORD_OFFSET, 0)
-        if len(header) < _FIRST_RECORD_OFFSET or header == bytes(_FIRST_RECORD_OFFSET):
+    def _load(self) -> bool:
+        """Read the records; whether the journal was created now."""
+        header = os.pread(self._fd, HEADER_SIZE, 0)
+        if len(header) < HEADER_SIZE or header == bytes(HEADER_SIZE):
             # A new file, or one whose header never (fully) reached the disk, so
             # no record can have been written after it either: start empty.
             # (pysyncobj reads an all-zero header as an empty journal too.)
             if header.strip(b"\0") and not _default_header().startswith(header):
                 raise JournalCorruptError(f"{self.path}: truncated journal header")
+            if self._file_size > HEADER_SIZE and os.pread(
+                self._fd, self._file_size - HEADER_SIZE, HEADER_SIZE
+            ).strip(b"\0"):
+                raise JournalCorruptError(
+                    f"{self.path}: the journal header is blank but records follow it: "
+                    "the header is damaged. " + _REPAIR
+                )
+            if not os.path.exists(self._meta_path):
+                # The term/vote file first: a journal found without one later
+                # is a journal whose term and vote were lost.
+                self._store_meta()
             _pwrite_all(self._fd, _default_header(), 0)
-            self._file_size = max(self._file_size, _FIRST_RECORD_OFFSET)
+            self._truncate(HEADER_SIZE)
             if self._durable:
                 self._fsync_fd(self._fd, full=True)
                 self._fsync_dir(self._dir)
-            return
+            return True
         if header[:_NAME_SIZE].rstrip(b"\0") != _APP_NAME:
             raise JournalCorruptError(f"{self.path}: not a pysyncobj journal")
-        fmt, last = struct.unpack_from("<II", header, _NAME_SIZE + _VERSION_SIZE)
+        fmt = _U32.unpack_from(header, _LAST_RECORD_OFFSET_OFFSET - 4)[0]
         if fmt != _FORMAT_VERSION:
             raise JournalCorruptError(
                 f"{self.path}: journal format {fmt}, this version reads format "
                 f"{_FORMAT_VERSION} (format 1, pysyncobj's, has no checksums and "
-                "pickled entries; a data directory written before them cannot be used)"
+                "pickled entries; format 2 has no checksum over its header; a data "
+                "directory written before them cannot be used)"
             )
-        last = max(last, _FIRST_RECORD_OFFSET)
+        if _U32.unpack_from(header, _HEADER_CRC_OFFSET)[0] != crc32c.crc32c(
+            header[:_HEADER_CRC_OFFSET]
+        ):
+            raise JournalCorruptError(
+                f"{self.path}: the journal header fails its checksum: where the log "
+                "ends is unknown, so no record after the header can be trusted to be "
+                "the last one. " + _REPAIR
+            )
+        last = max(_U32.unpack_from(header, _LAST_RECORD_OFFSET_OFFSET)[0], HEADER_SIZE)
         limit = min(last, self._file_size)
-        data = os.pread(self._fd, limit - _FIRST_RECORD_OFFSET, _FIRST_RECORD_OFFSET)
-        base = _FIRST_RECORD_OFFSET
+        data = os.pread(self._fd, limit - HEADER_SIZE, HEADER_SIZE)
+        base = HEADER_SIZE
         pos = 0
         prev_idx: int | None = None
         prev_term = -1
@@ -378,40 +439,76 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             prev_idx, prev_term = idx, term
             pos = end
         self._end = base + pos
-        if self._end == last:
-            return
-        # Under "batch" and "never" several unsynced records can be torn, in any
-        # order: the tail is dropped from the first bad one, as before.
-        intact = _intact_record_after(data, pos, prev_idx) if self.policy == "always" else None
-        if intact is not None:
-            # Only the last record can be torn (each add is fsynced before the
-            # next): a bad record with intact ones after it is damage.
-            raise JournalCorruptError(
-                f"{self.path}: the record at offset {base + pos} (after index "
-                f"{prev_idx}) fails its checksum or framing, and intact records follow "
-                f"it (one at offset {base + intact}): the journal is damaged, not torn. "
-                "Refusing to apply or to drop acknowledged entries. Repair: with this "
-                "shard's other replicas serving, `raftcoord repair-shard` (see "
-                "docs/coordinator.md, Durability) sets this replica's log aside and it "
-                "catches up from the leader."
+        if self._end < last:
+            self._check_torn(data, pos, last, prev_idx)
+            self.dropped_tail_bytes = last - self._end
+            logger.warning(
+                "%s: torn journal tail, dropped %d bytes after offset %d (%d records kept)",
+                self.path,
+                self.dropped_tail_bytes,
+                self._end,
+                len(self._entries),
             )
-        self.dropped_tail_bytes = last - self._end
-        logger.warning(
-            "%s: torn journal tail, dropped %d bytes after offset %d (%d records kept)",
-            self.path,
-            self.dropped_tail_bytes,
-            self._end,
-            len(self._entries),
-        )
-        self._write_last_offset(self._end)
-        if self._durable:
-            self._sync_journal()
+            self._write_last_offset(self._end)
+        # Bytes after the log (a record whose write was cut, one that the
+        # header never pointed at) go: the next record is written over zeros
+        # only, so that a write of it cut short reads back as never written.
+        if self._end < last or self._file_size > self._end:
+            self._truncate(self._end)
+            if self._durable:
+                self._sync_journal()
+        return False
 
-    def _read_meta(self) -> dict[str, Any]:
+    def _check_torn(self, data: bytes, pos: int, last: int, prev_idx: int | None) -> None:
+        """Raise JournalCorruptError unless the record at ``pos`` in ``data``
+        (the records' bytes up to the header's ``last``), which fails its
+        checks, and what follows it up to ``last`` may be dropped as a torn
+        tail."""
+        at = HEADER_SIZE + pos
+        if self.policy != "always":
+            # Under "batch" and "never" several unsynced records can be torn,
+            # in any order: the log ends at the first bad one.
+            return
+        # Each add is fsynced before the next one starts, so only the last
+        # record can be torn: a bad record with intact ones after it is damage.
+        intact = _intact_record_after(data, pos, prev_idx)
+        if intact is not None:
+            raise JournalCorruptError(
+                f"{self.path}: the record at offset {at} (after index {prev_idx}) fails "
+                f"its checksum or framing, and intact records follow it (one at offset "
+                f"{HEADER_SIZE + intact}): the journal is damaged, not torn. Refusing to "
+                "apply or to drop acknowledged entries. " + _REPAIR
+            )
+        # The last record may be dropped only when its bytes were never fully
+        # written: the file ends before the header's end of the log (an add
+        # that grew the file and was cut), or they read back as the zeros the
+        # file was grown with (the header reached the disk, the record did
+        # not). A complete record that fails its checksum may have been
+        # acknowledged: the node must not go on without it.
+        if last > self._file_size or not data[pos:].strip(b"\0"):
+            return
+        raise JournalCorruptError(
+            f"{self.path}: the last record, at offset {at} (after index {prev_idx}), "
+            f"fails its checksum or framing although all its bytes up to the header's "
+            f"end of the log ({last}) are in the file: under fsync=always it was written "
+            "in full and may have been acknowledged, so the journal is damaged, not "
+            "torn. Refusing to drop it. " + _REPAIR
+        )
+
+    def _read_meta(self, *, required: bool) -> dict[str, Any]:
+        """The term/vote file's map. A journal that was not created now has
+        one (it is written before the journal); ``required``: a missing one
+        is refused under the durable policies (the vote it held is lost)."""
         try:
             with open(self._meta_path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
+            if required and self._durable:
+                raise JournalCorruptError(
+                    f"{self._meta_path} is missing beside its journal: this node's term "
+                    "and vote are lost, and starting without them could vote twice in a "
+                    "term. " + _REPAIR
+                ) from None
             return {}
         try:
             meta = decode_meta(raw)
@@ -419,8 +516,7 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             if self._durable:
                 raise JournalCorruptError(
                     f"{self._meta_path}: unreadable term/vote file ({exc!r}); refusing to "
-                    "start with a forgotten vote. Remove it only if this node cannot have "
-                    "voted in the current term."
+                    "start with a forgotten vote. " + _REPAIR
                 ) from exc
             logger.warning("%s: unreadable meta file ignored (%r)", self._meta_path, exc)
             return {}
@@ -466,7 +562,13 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
         self._last_sync = self._clock()
 
     def _write_last_offset(self, offset: int) -> None:
-        _pwrite_all(self._fd, _U32.pack(offset), _LAST_RECORD_OFFSET_OFFSET)
+        _pwrite_all(self._fd, _offset_and_crc(offset), _LAST_RECORD_OFFSET_OFFSET)
+
+    def _truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (synced with the next journal sync)."""
+        os.ftruncate(self._fd, size)
+        self._file_size = size
+        self._grown = True
 
     def _ensure_capacity(self, needed: int) -> None:
         if needed <= self._file_size:
@@ -539,8 +641,9 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
         with self._lock:
             self._check_open()
             self._sync_snapshot()
-            self._write_last_offset(_FIRST_RECORD_OFFSET)
-            self._end = _FIRST_RECORD_OFFSET
+            self._write_last_offset(HEADER_SIZE)
+            self._truncate(HEADER_SIZE)
+            self._end = HEADER_SIZE
             self._entries = []
             self._offsets = []
             self._after_write()
@@ -553,6 +656,8 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
                 return
             self._end = self._offsets[start]
             self._write_last_offset(self._end)
+            # The next record is written over zeros (see _check_torn).
+            self._truncate(self._end)
             del self._entries[start:]
             del self._offsets[start:]
             self._after_write()
@@ -566,7 +671,7 @@ class DurableFileJournal(pysyncobj.journal.Journal):  # type: ignore[misc]  # py
             kept = self._entries[keep_from:]
             records = [_encode_record(*entry) for entry in kept]
             offsets: list[int] = []
-            end = _FIRST_RECORD_OFFSET
+            end = HEADER_SIZE
             for rec in records:
                 offsets.append(end)
                 end += len(rec)

@@ -36,6 +36,10 @@ throughout).
   once a connection opens. The ceiling stays below the election timeout:
   a member that restarts must hear from its leader before it campaigns
   (pysyncobj has no pre-vote), or its election deposes a working leader.
+* **Directory ids.** Votes, vote requests and acknowledgements go out with
+  this member's data directory id (:attr:`RaftTransportSettings.directory_id`),
+  inside the authenticated frames; the shard decides what they count for
+  (:mod:`raftcoord.coordinator.voters`).
 * **A follower never forwards a command to the leader** (pysyncobj's
   ``apply_command``): the coordinator proposes only on the leader, and a
   proposal that meets a leadership change in the queue is answered
@@ -76,14 +80,20 @@ RECV_BYTES = 256 << 10
 LOGS_PER_S = 5.0
 
 CONNECTING, HANDSHAKE, OPEN, CLOSED = "connecting", "handshake", "open", "closed"
+#: pysyncobj's messages that go out with the sender's directory id.
+DIRECTORY_MESSAGES = frozenset({"next_node_idx", "request_vote", "response_vote"})
 
 
 @dataclass(frozen=True)
 class RaftTransportSettings:
     """How a shard's Raft members talk: the cluster key (None: unauthenticated,
-    ``--insecure-raft``) and the bounds."""
+    ``--insecure-raft``), this member's data directory id and the bounds."""
 
     key: bytes | None
+    #: The member's data directory id, sent with its votes, vote requests and
+    #: acknowledgements (empty: a member without one, as in tests of plain
+    #: pysyncobj groups).
+    directory_id: str = ""
     #: The largest message (an AppendEntries with its entries) reassembled from
     #: frames: above the largest entry the shard proposes (32 request threads
     #: of at most 4 MiB each), and a few MiB more.
@@ -195,6 +205,8 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             message = self._joined_entry(node, message)
             if message is None:
                 return True
+        elif kind in DIRECTORY_MESSAGES:
+            message = {**message, "directory": self._settings.directory_id}
         conn = self._open.get(node)
         if conn is None:
             return False

@@ -14,11 +14,17 @@ APPEND          term, commit index, prev index, prev term, entries
                 (``[command bytes, index, term]`` each); or, for a snapshot chunk,
                 prev index and prev term nil, entries nil, chunk
                 (``[data, first, last]`` or nil)
-NEXT_INDEX      next index, reset, success (a follower's answer)
-REQUEST_VOTE    term, last log index, last log term
-RESPONSE_VOTE   term
+NEXT_INDEX      next index, reset, success (a follower's answer), directory
+REQUEST_VOTE    term, last log index, last log term, directory
+RESPONSE_VOTE   term, directory
 TIMEOUT_NOW     term (leadership transfer)
 =============== =====================================================================
+
+``directory`` is the sender's data directory id (the empty string for a
+member without one): a shard counts a vote or an acknowledgement only from
+the directory it recorded for that member (see
+:mod:`raftcoord.coordinator.voters`). The transport adds it to what
+pysyncobj sends.
 
 pysyncobj's other messages are not Raft traffic of ours: a follower
 forwarding a command to the leader (``apply_command``) is answered locally by
@@ -54,13 +60,15 @@ from typing import Any
 
 import msgpack
 
+from raftcoord.protocol.limits import is_directory_id
+
 #: The coordinator epoch is Kafka's int32; a Raft term is a shard's epoch.
 MAX_TERM = 2**31 - 1
 #: From this term on a shard logs that its epochs are running out.
 TERM_WARNING = 2**30
 MAX_INDEX = 2**63 - 1
 
-PROTOCOL = "raftcoord-raft/1"
+PROTOCOL = "raftcoord-raft/2"
 NONCE_BYTES = 32
 TAG_BYTES = 16
 HEADER = struct.Struct(">I")
@@ -122,11 +130,18 @@ def encode_message(message: dict[str, Any]) -> bytes:
             message["next_node_idx"],
             bool(message["reset"]),
             bool(message["success"]),
+            message["directory"],
         ]
     elif kind == "request_vote":
-        body = [REQUEST_VOTE, message["term"], message["last_log_index"], message["last_log_term"]]
+        body = [
+            REQUEST_VOTE,
+            message["term"],
+            message["last_log_index"],
+            message["last_log_term"],
+            message["directory"],
+        ]
     elif kind == "response_vote":
-        body = [RESPONSE_VOTE, message["term"]]
+        body = [RESPONSE_VOTE, message["term"], message["directory"]]
     elif kind == "timeout_now":
         body = [TIMEOUT_NOW, message["term"]]
     else:
@@ -184,6 +199,12 @@ def _entries(value: Any) -> list[tuple[bytes, int, int]]:
     return entries
 
 
+def _directory(value: Any) -> str:
+    if type(value) is not str or (value and not is_directory_id(value)):
+        raise WireError(f"a directory id must be one or empty, got {value!r:.40}")
+    return value
+
+
 def _chunk(value: Any) -> tuple[bytes, bool, bool] | None:
     if value is None:
         return None
@@ -219,22 +240,24 @@ def decode_message(data: bytes, max_bytes: int) -> dict[str, Any]:
             "commit_index": _index(body[2], "commit index"),
             "serialized": _chunk(body[6]),
         }
-    if kind == NEXT_INDEX and n == 4:
+    if kind == NEXT_INDEX and n == 5:
         return {
             "type": "next_node_idx",
             "next_node_idx": _index(body[1], "next index"),
             "reset": _bool(body[2], "reset"),
             "success": _bool(body[3], "success"),
+            "directory": _directory(body[4]),
         }
-    if kind == REQUEST_VOTE and n == 4:
+    if kind == REQUEST_VOTE and n == 5:
         return {
             "type": "request_vote",
             "term": _term(body[1]),
             "last_log_index": _index(body[2], "last log index"),
             "last_log_term": _term(body[3]),
+            "directory": _directory(body[4]),
         }
-    if kind == RESPONSE_VOTE and n == 2:
-        return {"type": "response_vote", "term": _term(body[1])}
+    if kind == RESPONSE_VOTE and n == 3:
+        return {"type": "response_vote", "term": _term(body[1]), "directory": _directory(body[2])}
     if kind == TIMEOUT_NOW and n == 2:
         return {"type": "timeout_now", "term": _term(body[1])}
     raise WireError(f"unknown message kind {kind} with {n} fields")

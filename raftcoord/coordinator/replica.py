@@ -26,6 +26,17 @@ things pysyncobj does on loading a snapshot are fixed here:
   follower would campaign at once although it has just heard from the
   leader. The replica restarts the election timer once the install is done.
 
+Directory identity
+------------------
+The replica keeps the shard's voters record in force
+(:mod:`raftcoord.coordinator.voters`): before pysyncobj sees a vote, a vote
+request or an acknowledgement, :meth:`ShardReplica._counted` drops it, or
+takes it without granting or counting, when its directory is not the
+recorded one; a learner holds its election timer; the leader proposes the
+next record from its tick, and leaves learners out of its commit count
+(:meth:`raftcoord.coordinator.raft.RaftGroup.tick`). The record applied goes
+into snapshots.
+
 AppendEntries on a follower
 ---------------------------
 pysyncobj's follower deletes every entry after ``prevLogIdx`` whenever its
@@ -96,8 +107,11 @@ from raftcoord.coordinator.raft import (
     SyncObjConf,
     UnknownEntry,
     proposal_error,
+    voters_data,
 )
+from raftcoord.coordinator.raft_transport import DIRECTORY_MESSAGES
 from raftcoord.coordinator.snapshots import SnapshotFile
+from raftcoord.coordinator.voters import Record, counts, decode_record, encode_record, proposal
 
 #: 2: the msgpack payload is followed by its CRC32C (1 had none).
 SNAPSHOT_FILE_VERSION = 2
@@ -172,6 +186,23 @@ class ShardReplica(RaftGroup):
         self._on_snapshot = on_snapshot
         self._refused_conflict: tuple[int, int] | None = None  # (index, term) logged
         self._damaged: SnapshotDamaged | None = None
+        # --- directory identity (raftcoord.coordinator.voters)
+        self.directory_id = transport.directory_id
+        self.members = sorted([self_address, *partner_addresses])
+        #: The directory each member last reported (this one's own included).
+        self.heard: dict[str, str] = {self_address: transport.directory_id}
+        #: The record applied (what a snapshot of the applied state holds).
+        self._applied_record: Record | None = None
+        #: The record of the snapshot the log starts from.
+        self._snapshot_record: Record | None = None
+        #: The record in force and the log position it was found at: the
+        #: (index, term) of the last entry looked at, the index of the record's
+        #: entry (0: the snapshot's or none) and the record.
+        self._scan: tuple[tuple[int, int], int, Record | None] | None = None
+        #: The term in which this member proposed a record not applied yet.
+        self._voters_pending: int | None = None
+        #: (member, directory, what) already logged, so each is logged once.
+        self._reported: set[tuple[str, str, str]] = set()
         if conf.fullDumpFile is None:
             raise ValueError("a shard replica needs a snapshot file (fullDumpFile)")
         self._snapshots = SnapshotFile(
@@ -194,6 +225,11 @@ class ShardReplica(RaftGroup):
                 from the leader) did not read back.
         """
         heap.settle()
+        record = self.voters_record()
+        if not counts(record, self.selfNode.address, self.directory_id):
+            self._hold_election()  # a learner does not campaign
+        elif self.is_leader():
+            self._record_voters(record)
         super().tick(wait_s)
         if self._damaged is not None:
             raise self._damaged
@@ -203,9 +239,149 @@ class ShardReplica(RaftGroup):
         self._snapshots.close()
         super().destroy()
 
+    # --- directory identity ----------------------------------------------------------
+
+    def voters_record(self) -> Record | None:
+        """The voters record in force: the latest in the log, else the one of
+        the snapshot the log starts from, else None (every member counts)."""
+        raft_log = self._log_entries()
+        first, last = raft_log[0][1], (raft_log[-1][1], raft_log[-1][2])
+        scan = self._scan
+        if scan is not None and scan[0] == last:
+            return scan[2]
+        if scan is not None and first <= scan[0][0] <= last[0]:
+            seen_index, seen_term = scan[0]
+            if raft_log[seen_index - first][2] == seen_term:
+                # The log only grew since: look at the new entries.
+                found_at, record = scan[1], scan[2]
+                for command, index, _term in raft_log[seen_index - first + 1 :]:
+                    found = self._decode_voters(command)
+                    if found is not None:
+                        found_at, record = index, found
+                self._scan = (last, found_at, record)
+                return record
+        # A new log, or one truncated or compacted since: from its end back.
+        found_at, record = 0, self._snapshot_record
+        for command, index, _term in reversed(raft_log[:]):
+            found = self._decode_voters(command)
+            if found is not None:
+                found_at, record = index, found
+                break
+        self._scan = (last, found_at, record)
+        return record
+
+    def _decode_voters(self, command: bytes) -> Record | None:
+        data = voters_data(command)
+        return None if data is None else decode_record(data, self.members)
+
+    def uncounted_members(self) -> list[Any]:
+        record = self.voters_record()
+        return [
+            node
+            for node in self.otherNodes
+            if not counts(record, node.address, self.heard.get(node.address, ""))
+        ]
+
+    def _counted(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """A vote, vote request or acknowledgement of ``node`` as pysyncobj may
+        see it, or None when it does not count; notes the directory it came
+        from."""
+        kind, directory = message["type"], message.get("directory", "")
+        self.heard[node.address] = directory
+        record = self.voters_record()
+        if counts(record, node.address, directory):
+            if kind != "request_vote" or counts(record, self.selfNode.address, self.directory_id):
+                return message
+            self._report(
+                self.selfNode.address, self.directory_id, "raft_learner_does_not_vote", record
+            )
+        elif kind == "next_node_idx":
+            # A learner: followed and answered, never counted (uncounted_members).
+            self._report(node.address, directory, "raft_learner", record)
+            return message
+        else:
+            self._report(node.address, directory, f"raft_{kind}_not_counted", record)
+        if kind == "request_vote":
+            # Not granted (no log is older than term -1), but its term is
+            # taken as any term is: a member whose directory is new has an
+            # empty log that does not know it is a learner, and campaigns; left
+            # in a term above the leader's it would never hear from it again.
+            return {**message, "last_log_term": -1}
+        return None
+
+    def _report(self, address: str, directory: str, event: str, record: Record | None) -> None:
+        if (address, directory, event) in self._reported:
+            return
+        self._reported.add((address, directory, event))
+        log.warning(
+            "node=%d shard=%d event=%s member=%s directory=%s recorded=%s: a member whose "
+            "data directory is not the recorded one does not vote, and its votes and "
+            "acknowledgements do not count, until it has caught up and is recorded again",
+            self.node_id,
+            self.shard,
+            event,
+            address,
+            directory or "-",
+            (record or {}).get(address, "-"),
+        )
+
+    def _record_voters(self, record: Record | None) -> None:
+        """On the leader, once its term has an entry committed (all earlier
+        ones are then committed too) and the record in force is committed:
+        propose the next record, if any (raftcoord.coordinator.voters)."""
+        term = int(self.raftCurrentTerm)
+        if self._voters_pending == term:
+            return
+        commit = int(self.raftCommitIndex)
+        if self.entry_term(commit) != term or self._scan is None or self._scan[1] > commit:
+            return
+        caught_up = [a for a, index in self.match_indexes().items() if index >= commit]
+        wanted = proposal(record, self.members, self.heard, [self.selfNode.address, *caught_up])
+        if wanted is None:
+            return
+        self._voters_pending = term
+        log.info(
+            "node=%d shard=%d event=voters_proposed term=%d voters=%s",
+            self.node_id,
+            self.shard,
+            term,
+            ",".join(f"{a}={d}" for a, d in sorted(wanted.items())),
+        )
+
+        def done(_result: Any, reason: Any) -> None:
+            if self._voters_pending == term:
+                self._voters_pending = None
+
+        self.propose_voters(encode_record(wanted), done)
+
+    def apply_voters(self, data: bytes) -> None:
+        record = decode_record(data, self.members)
+        if record is None:
+            # Every replica decodes the same bytes alike: all skip it.
+            log.error(
+                "node=%d shard=%d event=voters_record_ignored index=%d bytes=%d",
+                self.node_id,
+                self.shard,
+                self.raftLastApplied + 1,
+                len(data),
+            )
+            return
+        self._applied_record = record
+        log.info(
+            "node=%d shard=%d event=voters_recorded index=%d voter=%s",
+            self.node_id,
+            self.shard,
+            self.raftLastApplied + 1,
+            counts(record, self.selfNode.address, self.directory_id),
+        )
+
     # --- AppendEntries on a follower -----------------------------------------------
 
     def _on_message(self, node: Any, message: Any) -> None:
+        if message.get("type") in DIRECTORY_MESSAGES:
+            message = self._counted(node, message)
+            if message is None:
+                return
         if message.get("type") != APPEND_ENTRIES or message["term"] < self.raftCurrentTerm:
             self._pysyncobj_on_message(node, message)
             return
@@ -345,6 +521,9 @@ class ShardReplica(RaftGroup):
         snapshot file's bytes."""
         with self.lock:
             state = self.machine.frozen_state()
+        # The record as of the snapshot's last entry: the one in force once
+        # the journal's prefix, which may hold the record's entry, is dropped.
+        voters = self._snapshot_record = self._applied_record
 
         def encode() -> bytes:
             pieces = []
@@ -353,6 +532,7 @@ class ShardReplica(RaftGroup):
                 time.sleep(0)  # hand the GIL to a shard thread waiting for it
             payload = {
                 "v": SNAPSHOT_FILE_VERSION,
+                "voters": None if voters is None else encode_record(voters),
                 "fsm": b"".join(pieces),
                 "last": [bytes(last[0]), last[1], last[2]],
                 "previous": [bytes(previous[0]), previous[1], previous[2]],
@@ -373,6 +553,11 @@ class ShardReplica(RaftGroup):
             raise
         with self.lock:
             self.machine = restored
+        voters = payload.get("voters")
+        self._applied_record = self._snapshot_record = (
+            None if voters is None else decode_record(voters, self.members)
+        )
+        self._scan = None
         last = (payload["last"][0], payload["last"][1], payload["last"][2])
         previous = (payload["previous"][0], payload["previous"][1], payload["previous"][2])
         self._trim_journal_to(previous, last)

@@ -71,6 +71,28 @@ def load_or_create(data_dir: Path, kind: str, node_id: int) -> tuple[DirectoryId
     return identity, False
 
 
+def renew(data_dir: Path) -> DirectoryIdentity | None:
+    """Give the directory a new directory id (its node and kind kept), as if
+    it were new; the new identity, or None when it has none yet (its node
+    writes one at its next start).
+
+    Raises:
+        DirectoryRefused: its identity file is damaged.
+        OSError: the file cannot be read or written.
+    """
+    path = data_dir / META_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise DirectoryRefused(f"{path} is damaged (not UTF-8 text)") from None
+    old = parse(text, path)
+    identity = DirectoryIdentity(old.kind, old.node_id, uuid.uuid4().hex)
+    write_durably(path, render(identity).encode("utf-8"))
+    return identity
+
+
 def parse(text: str, path: Path | str = META_FILE) -> DirectoryIdentity:
     """The identity in ``text`` (a ``meta.properties`` file's contents).
 
