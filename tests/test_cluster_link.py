@@ -32,7 +32,6 @@ from raftcoord.protocol.cluster_link import (
     ClusterLink,
     ClusterListener,
     LinkError,
-    LinkPool,
 )
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
@@ -150,9 +149,9 @@ def test_an_oversized_or_undecodable_request_ends_only_its_connection(
     listener: ClusterListener,
 ) -> None:
     for garbage in (
-        struct.pack(">IBI", REPLICA_FETCH.max_request_bytes + 1, REPLICA_FETCH.number, 0),
-        struct.pack(">IBI", 2, REPLICA_FETCH.number, 0) + b"\xff\xff",
-        struct.pack(">IBI", 0, 99, 0),  # no such method
+        struct.pack(">IIBI", REPLICA_FETCH.max_request_bytes + 1, 1, REPLICA_FETCH.number, 0),
+        struct.pack(">IIBI", 2, 1, REPLICA_FETCH.number, 0) + b"\xff\xff",
+        struct.pack(">IIBI", 0, 1, 99, 0),  # no such method
     ):
         with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as stranger:
             stranger.sendall(garbage)
@@ -397,57 +396,6 @@ def test_closing_a_link_ends_a_call_in_flight_at_once(echo: Echo) -> None:
         running.stop()
 
 
-def test_a_pool_answers_a_call_while_another_waits_and_refuses_past_its_size(
-    echo: Echo,
-) -> None:
-    """A partition node's adds to one coordinator: a call parked at the
-    coordinator holds one link, the next call goes over another; with every
-    link busy a call fails within its timeout; closing the pool ends the
-    call in flight."""
-    release = threading.Event()
-    answering = threading.Event()
-
-    def parks_partition_9(request: Any, refused: str | None, timeout_s: float) -> Any:
-        if request.partitions[0].partition == 9:
-            answering.set()
-            release.wait(10)
-        return echo(request, refused, timeout_s)
-
-    running = listen(parks_partition_9)
-    pool = LinkPool(f"127.0.0.1:{running.port}", None, 2)
-    failed: list[BaseException] = []
-
-    def parked() -> None:
-        try:
-            pool.call(REPLICA_FETCH, request(9), 30)
-        except LinkError as exc:
-            failed.append(exc)
-
-    caller = threading.Thread(target=parked)
-    try:
-        caller.start()
-        assert answering.wait(10)
-        assert pool.call(REPLICA_FETCH, request(1), 5).partitions[0].partition == 1
-        assert pool.call(REPLICA_FETCH, request(2), 5).partitions[0].partition == 2
-        assert len(echo.threads) == 2  # answered while the first call is parked
-        answering.clear()
-        second = threading.Thread(target=parked)
-        second.start()
-        assert answering.wait(10)
-        with pytest.raises(LinkError, match="busy"):
-            pool.call(REPLICA_FETCH, request(3), 0.2)
-        pool.close()
-        caller.join(5)
-        second.join(5)
-        assert not caller.is_alive() and not second.is_alive() and len(failed) == 2
-        with pytest.raises(LinkError, match="closed"):
-            pool.call(REPLICA_FETCH, request(4), 5)
-    finally:
-        release.set()
-        caller.join(5)
-        running.stop()
-
-
 def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
     echo: Echo, tls_files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -461,7 +409,7 @@ def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
     stranger = tls_files["client"].wrap_socket(raw, server_hostname="127.0.0.1")
     try:
         body = request(0).SerializeToString()
-        stranger.sendall(struct.pack(">IBI", len(body), REPLICA_FETCH.number, 1000))
+        stranger.sendall(struct.pack(">IIBI", len(body), 1, REPLICA_FETCH.number, 1000))
         cut = False
         for i in range(len(body)):  # 0.1 s a byte: a whole second or more in all
             try:
