@@ -618,9 +618,10 @@ class TxnPartitionAdder:
     def _send(self, address: str, requests: Sequence[Any], deliver: Deliver[Any]) -> None:
         """One batched AddPartitionsToTxn to ``address``, each request's answer
         handed to ``deliver``. Over a cluster link every transaction may wait
-        ``retry_max_s`` for its previous transaction's completion, parked by
-        the coordinator, and is answered on its own (this returns once each
-        is answered or parked). As a gRPC call, answered whole, a request
+        ``retry_max_s`` (from the coordinator's first finding it completing)
+        for its previous transaction's completion, parked by the
+        coordinator, and is answered on its own (this returns once each is
+        answered or parked). As a gRPC call, answered whole, a request
         that goes alone may wait :data:`SOLE_ADD_WAIT_S` (of many, none
         waits: one completing transaction would hold up the others)."""
         link = self._link(address)
@@ -640,7 +641,9 @@ class TxnPartitionAdder:
                 request, timeout=CALL_TIMEOUT_S
             )
         else:
-            answer = link.call_items(ADD_PARTITIONS_TO_TXN, request, CALL_TIMEOUT_S, deliver)
+            answer = link.call_items(
+                ADD_PARTITIONS_TO_TXN, request, CALL_TIMEOUT_S + wait_ms / 1000, deliver
+            )
             if answer is None:  # answered (or being answered) transaction by transaction
                 return
         if answer.error_code != ErrorCode.NONE:  # the whole request was refused

@@ -28,7 +28,7 @@ everything that world does:
   again when the completion applies, answered CONCURRENT_TRANSACTIONS at
   their park deadline and NOT_COORDINATOR when the leadership ends. A
   partition's add comes, at random, as over a cluster link (parked as a
-  client's request is, within the node's wait, ``ADD_WAIT_MS``) or as in
+  client's request is, for the node's wait, ``ADD_WAIT_MS``, at most) or as in
   a batched gRPC call that did not ask to wait (answered
   CONCURRENT_TRANSACTIONS before proposing, never parked), as the
   coordinator's service treats them. ``block_not_applied`` is never needed:
@@ -97,7 +97,6 @@ from marker_writer.book import CompletionBatch, MarkerBatch, MarkerBook
 from partition_log.producer_state import MarkerAction, ProducerStates, Verdict
 from raftcoord.coordinator.leader import (
     CHECK_ONLY,
-    PARK_MARGIN_MS,
     LeaderCore,
     Parking,
     Unstamped,
@@ -202,8 +201,9 @@ class Request:
     #: Whether it may be parked (a client's request, a partition's add over
     #: a cluster link; not one of a batched gRPC call that did not ask to wait).
     parkable: bool = True
-    #: Its caller's deadline (ms), None when it has none.
-    caller_deadline: int | None = None
+    #: How long it may stay parked from its first parking, if shorter than
+    #: the park timeout (a partition's add over a cluster link).
+    park_ms: int | None = None
     #: Set when first parked: until when it may stay parked.
     park_deadline: int | None = None
 
@@ -608,7 +608,7 @@ class Simulation:
         build: Unstamped,
         reply: Callable[[Outcome], None],
         parkable: bool = True,
-        caller_deadline: int | None = None,
+        park_ms: int | None = None,
     ) -> None:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
@@ -617,7 +617,7 @@ class Simulation:
         elif not leadership.ready:
             reply(Outcome(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
         else:
-            leadership.queue.append(Request(build, reply, parkable, caller_deadline))
+            leadership.queue.append(Request(build, reply, parkable, park_ms))
 
     def propose(
         self,
@@ -805,9 +805,8 @@ class Simulation:
         """Park ``request`` behind ``tid`` unless its time to stay parked is
         over; whether it was parked."""
         if request.park_deadline is None:
-            request.park_deadline = park_deadline(
-                self.now, PARK_TIMEOUT_MS, request.caller_deadline
-            )
+            timeout_ms = PARK_TIMEOUT_MS if request.park_ms is None else request.park_ms
+            request.park_deadline = park_deadline(self.now, min(timeout_ms, PARK_TIMEOUT_MS), None)
         if self.now >= request.park_deadline:
             return False
         leadership.parked.park(tid, request, request.park_deadline)
@@ -1116,8 +1115,8 @@ class Simulation:
             if refused is not None:
                 added(refused)
                 return
-        if over_link:  # as parked_at_most bounds the call's deadline
-            self.submit(build, added, True, self.now + ADD_WAIT_MS + PARK_MARGIN_MS)
+        if over_link:
+            self.submit(build, added, True, ADD_WAIT_MS)
         else:
             self.submit(build, added, parkable=False)
 

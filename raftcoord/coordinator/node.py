@@ -158,8 +158,9 @@ class CoordinatorNode:
         build: Unstamped,
         parkable: bool = True,
         parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
     ) -> Future[Outcome]:
-        return self.shards[shard].submit(build, parkable, parked)
+        return self.shards[shard].submit(build, parkable, parked, park_ms)
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         return self.shards[shard].replica.query(reader)

@@ -137,12 +137,15 @@ class Shards(Protocol):
         build: Unstamped,
         parkable: bool = True,
         parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
     ) -> Future[Outcome]:
         """Replicate the command of ``build`` on ``shard`` (a ready leader's),
         stamped when it is proposed; the future holds its :class:`Outcome`,
         or the refusal. Not ``parkable``: never parked behind a completing
         transaction (answered CONCURRENT_TRANSACTIONS instead). ``parked``
-        is called (on the shard's thread) each time the request is parked."""
+        is called (on the shard's thread) each time the request is parked;
+        ``park_ms``: it stays parked at most that long from its first
+        parking (None: the park timeout)."""
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from this node's replica of ``shard`` as it is
@@ -198,6 +201,9 @@ class Request:
     #: Called (on the tick thread) each time it is parked: its caller may
     #: learn that its answer waits for a completion.
     parked: Callable[[], None] | None = None
+    #: How long it may stay parked from its first parking, if shorter than
+    #: the park timeout (None: the park timeout).
+    park_ms: int | None = None
 
 
 #: A follower that hears from its leader waits for Raft messages this share
@@ -418,13 +424,22 @@ class Shard:
     # --- called from gRPC threads --------------------------------------------------
 
     def submit(
-        self, build: Unstamped, parkable: bool = True, parked: Callable[[], None] | None = None
+        self,
+        build: Unstamped,
+        parkable: bool = True,
+        parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
     ) -> Future[Any]:
         """Queue the command of ``build``, stamped when it is proposed; the
         future resolves to its :class:`Outcome`. Not ``parkable``: never
-        parked (:attr:`Request.parkable`); ``parked``: :attr:`Request.parked`."""
+        parked (:attr:`Request.parkable`); ``parked``, ``park_ms``:
+        :attr:`Request.parked`, :attr:`Request.park_ms`."""
         request = Request(
-            build, caller_deadline=CALLER_DEADLINE.get(), parkable=parkable, parked=parked
+            build,
+            caller_deadline=CALLER_DEADLINE.get(),
+            parkable=parkable,
+            parked=parked,
+            park_ms=park_ms,
         )
         self._enqueue([request])
         return request.future
@@ -785,7 +800,9 @@ class Shard:
         if request.park_deadline_ms is None:
             request.park_deadline_ms = park_deadline(
                 now,
-                self.timers.park_timeout_ms,
+                self.timers.park_timeout_ms
+                if request.park_ms is None
+                else min(request.park_ms, self.timers.park_timeout_ms),
                 None
                 if request.caller_deadline is None
                 else self.clock.deadline_ms(request.caller_deadline),

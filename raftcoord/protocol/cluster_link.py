@@ -392,9 +392,13 @@ class ClusterListener:
         conversation = _Conversation(connection, self._label)
         try:
             while not self._stopping.is_set():
-                if not conversation.wait_for_request():
+                frame = conversation.next_request(self._request_limit)
+                if frame is None:
                     continue
-                request_id, method, answer, request, timeout_s = self._request(connection)
+                (_length, request_id, number, timeout_ms), body = frame
+                method, answer = self._answers[number]
+                request = _parse(method.request, body)
+                timeout_s = min(timeout_ms, MAX_TIMEOUT_MS) / 1000
                 if method.items is None:
                     whole = answer(request, None, timeout_s)
                 else:
@@ -419,6 +423,17 @@ class ClusterListener:
             whole = answer(request, refused, timeout_s, None)
         connection.sendall(answer_frame(request_id, WHOLE, 0, whole))
 
+    def _request_limit(self, header: tuple[int, ...]) -> int:
+        """The largest request of the method a request ``header`` names.
+
+        Raises:
+            ValueError: an unknown method.
+        """
+        known = self._answers.get(header[2])
+        if known is None:
+            raise ValueError(f"a request of unknown method {header[2]}")
+        return known[0].max_request_bytes
+
     def _request(self, connection: socket.socket) -> tuple[int, Method, Answer, Any, float]:
         """The next request on ``connection``: its id, its method, how to
         answer it, it, and its timeout.
@@ -437,6 +452,68 @@ class ClusterListener:
         method, answer = known
         request = _parse(method.request, _read_body(connection, length, method.max_request_bytes))
         return request_id, method, answer, request, min(timeout_ms, MAX_TIMEOUT_MS) / 1000
+
+
+class _FrameReader:
+    """The frames that have arrived on a connection, read without waiting
+    (a connection's own thread also has answers to send): each
+    :meth:`fill` takes what is there, :meth:`frame` gives the next frame
+    once it is whole. A frame's length is checked against its limit as soon
+    as its header is in, before its body is waited for."""
+
+    def __init__(self, connection: socket.socket, header: struct.Struct, timeout_s: float) -> None:
+        self._connection = connection
+        self._header = header
+        #: The socket's timeout for everything else (sends).
+        self._timeout_s = timeout_s
+        self._buffer = bytearray()
+        connection.settimeout(timeout_s)
+
+    def pending(self) -> bool:
+        """Whether TLS holds decrypted bytes not read yet (the socket may not
+        show them as readable)."""
+        return isinstance(self._connection, ssl.SSLSocket) and self._connection.pending() > 0
+
+    def fill(self) -> bool:
+        """Read what has arrived; whether anything had.
+
+        Raises:
+            ConnectionError: the peer closed the connection.
+            OSError: the connection failed.
+        """
+        self._connection.settimeout(0.0)
+        try:
+            chunk = self._connection.recv(1 << 16)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False  # nothing yet, or only TLS's own records
+        finally:
+            self._connection.settimeout(self._timeout_s)
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        self._buffer += chunk
+        return True
+
+    def frame(
+        self, limit: Callable[[tuple[int, ...]], int]
+    ) -> tuple[tuple[int, ...], bytes] | None:
+        """The next frame, its header and body, once whole; None before.
+
+        Raises:
+            ValueError: a frame over ``limit(header)`` bytes (``limit`` may
+                raise it too).
+        """
+        if len(self._buffer) < self._header.size:
+            return None
+        header: tuple[int, ...] = self._header.unpack_from(self._buffer)
+        length, allowed = header[0], limit(header)
+        if length > allowed:
+            raise ValueError(f"a message of {length} bytes (at most {allowed})")
+        end = self._header.size + length
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[self._header.size : end])
+        del self._buffer[:end]
+        return header, body
 
 
 class Replies:
@@ -495,35 +572,42 @@ class _Conversation:
         self._selector.register(self._wake_out, selectors.EVENT_READ)
         self._full = selectors.DefaultSelector()
         self._full.register(self._wake_out, selectors.EVENT_READ)
+        self._reader = _FrameReader(connection, _REQUEST_HEADER, IDLE_TIMEOUT_S)
         self._idle_since = time.monotonic()
 
-    def wait_for_request(self) -> bool:
-        """Send the answers queued meanwhile, and whether a request can be
-        read now (a timeout of the wait: False, to look again).
+    def next_request(
+        self, limit: Callable[[tuple[int, ...]], int]
+    ) -> tuple[tuple[int, ...], bytes] | None:
+        """Send the answers queued meanwhile, and the next request (its
+        header and body) if one has come whole (None: look again). While
+        :data:`MAX_OUTSTANDING` requests are under way, none is read.
 
         Raises:
-            ConnectionError: the connection was idle for
+            ConnectionError: the connection closed, or was idle for
                 :data:`IDLE_TIMEOUT_S` (no request under way).
-            OSError: sending failed.
+            ValueError: a request of an unknown method (``limit`` raised)
+                or over its method's limit.
+            OSError: the connection failed.
         """
-        self._connection.settimeout(IDLE_TIMEOUT_S)
         with self._lock:
             full = len(self._open) >= MAX_OUTSTANDING
-        readable = (
-            not full
-            and isinstance(self._connection, ssl.SSLSocket)
-            and self._connection.pending() > 0
-        )
-        timeout = 0.0 if readable else self._next_timeout()
+        if not full:
+            frame = self._reader.frame(limit)
+            if frame is not None:
+                return frame
+        timeout = 0.0 if not full and self._reader.pending() else self._next_timeout()
         events = (self._full if full else self._selector).select(timeout)
         self._send_queued()
         self._expire()
-        if readable or any(key.fileobj is self._connection for key, _ in events):
-            self._idle_since = time.monotonic()
-            return True
+        if not full and (
+            self._reader.pending() or any(key.fileobj is self._connection for key, _ in events)
+        ):
+            if self._reader.fill():
+                self._idle_since = time.monotonic()
+            return self._reader.frame(limit)
         if not self._open and time.monotonic() - self._idle_since >= IDLE_TIMEOUT_S:
             raise ConnectionError(f"no request for {IDLE_TIMEOUT_S:.0f} s")
-        return False
+        return None
 
     def _next_timeout(self) -> float:
         """How long to wait for the socket or a queued frame: to the first
@@ -946,15 +1030,15 @@ class _LinkConnection:
 
     def _run(self) -> None:
         try:
-            self._connection.settimeout(IO_TIMEOUT_S)
+            reader = _FrameReader(self._connection, _ANSWER_HEADER, IO_TIMEOUT_S)
             while self._failed is None:
-                pending = isinstance(self._connection, ssl.SSLSocket) and (
-                    self._connection.pending() > 0
-                )
+                while (frame := reader.frame(self._room)) is not None:
+                    self._take(*frame)
+                pending = reader.pending()
                 events = self._selector.select(0.0 if pending else self._next_timeout())
                 self._send_outbox()
                 if pending or any(key.fileobj is self._connection for key, _ in events):
-                    self._read_frame()
+                    reader.fill()
                 self.expire(time.monotonic())
         except (OSError, ValueError) as exc:
             self.fail(exc)
@@ -980,31 +1064,38 @@ class _LinkConnection:
         for frame in frames:
             self._connection.sendall(frame)
 
-    def _read_frame(self) -> None:
-        """Read one answer frame and hand it to its call.
+    def _room(self, header: tuple[int, ...]) -> int:
+        """The room the answers of the request an answer ``header`` names
+        have left.
 
         Raises:
-            ValueError: a frame for a request never sent, of a kind or item
-                it cannot have, over the room its answers have, or that does
-                not parse.
-            OSError: the connection failed, closed or took too long.
+            ValueError: a request never sent (or past its timeout long ago).
         """
-        length, request_id, kind, item = _ANSWER_HEADER.unpack(
-            _read_exactly(self._connection, _ANSWER_HEADER.size)
-        )
+        request_id = header[1]
         with self._lock:
             entry = self._calls.get(request_id)
+            if entry is not None:
+                return entry[0].room
             late_room = self._late.get(request_id)
-        if entry is None:
-            if late_room is None:
-                raise ValueError(f"an answer frame for request {request_id}, not in flight")
-            _read_body(self._connection, length, late_room)
-            with self._lock:
+        if late_room is None:
+            raise ValueError(f"an answer frame for request {request_id}, not in flight")
+        return late_room
+
+    def _take(self, header: tuple[int, ...], data: bytes) -> None:
+        """Hand an answer frame to its call (one past its timeout: dropped).
+
+        Raises:
+            ValueError: a frame of a kind or item its request cannot have,
+                or that does not parse.
+        """
+        length, request_id, kind, item = header
+        with self._lock:
+            entry = self._calls.get(request_id)
+            if entry is None:
                 if request_id in self._late:
-                    self._late[request_id] = late_room - length
-            return
+                    self._late[request_id] -= length
+                return
         call, release = entry
-        data = _read_body(self._connection, length, call.room)
         call.room -= length
         if kind == WHOLE:
             self._finish(request_id)

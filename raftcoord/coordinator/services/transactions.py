@@ -254,19 +254,27 @@ class TransactionRPCs:
         """Check and queue each transaction of a batched add (Kafka's v4+,
         sent by partition-log nodes) on its shard: their futures and how to
         answer each. ``context`` is None over a cluster link; ``replies``:
-        the link's, told of each transaction parked."""
+        the link's, told of each transaction parked. A transaction asked to
+        wait (``wait_for_completion``) stays parked at most
+        ``wait_for_completion_ms`` (when set): over a link, counted from its
+        first parking (Kafka's brokers count their retries from the first
+        CONCURRENT_TRANSACTIONS); over gRPC, where one parked transaction
+        holds up the answer of all, from now."""
         parkable = request.wait_for_completion
-        limit_s = request.wait_for_completion_ms / 1000
-        with parked_at_most(limit_s) if parkable and limit_s else nullcontext():
+        limit_ms = request.wait_for_completion_ms if parkable else 0
+        if replies is not None:
             return [
                 self._start_add(
                     t,
                     context,
                     parkable=parkable,
-                    parked=None if replies is None else partial(replies.parked, item),
+                    parked=partial(replies.parked, item),
+                    park_ms=limit_ms or None,
                 )
                 for item, t in enumerate(request.transactions)
             ]
+        with parked_at_most(limit_ms / 1000) if limit_ms else nullcontext():
+            return [self._start_add(t, context, parkable=parkable) for t in request.transactions]
 
     def _start_add(
         self,
@@ -274,13 +282,15 @@ class TransactionRPCs:
         context: Any | None,
         parkable: bool = True,
         parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
     ) -> tuple[Future[Outcome], Callable[[Outcome], Any]]:
         """Check one transaction's AddPartitionsToTxn and queue its command;
         returns the future of its outcome and the function that builds its
         answer from the outcome. An add that is not ``parkable`` (of a
         batched request that did not ask to wait) is answered
         CONCURRENT_TRANSACTIONS at once (:data:`BATCHED_SETTLED_REFUSALS`);
-        ``parked`` is called each time it is parked."""
+        ``parked`` is called each time it is parked, ``park_ms`` bounds its
+        stay from its first parking."""
         partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
         unknown: dict[TopicPartition, str] = {}
@@ -344,7 +354,7 @@ class TransactionRPCs:
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            outcome = self.router.start(shard, command, precheck, parkable, parked)
+            outcome = self.router.start(shard, command, precheck, parkable, parked, park_ms)
 
         def answer(result: Outcome) -> Any:
             return coordinator_pb2.AddPartitionsToTxnResponse(
