@@ -488,12 +488,14 @@ def _add_refused(
 SETTLED_REFUSALS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_ID_MAPPING})
 
 #: The refusals given before proposing to the adds of a batched
-#: AddPartitionsToTxn (partition-log nodes) that did not ask to wait for
-#: completions: also CONCURRENT_TRANSACTIONS, the previous transaction is
-#: still completing. Such adds are not parked (the batch answers only once
-#: all its transactions are answered, and one batch at a time is in flight
-#: from a node): the node asks again for that transaction alone, asking to
-#: wait. An answer the log has overtaken only costs the node that call.
+#: AddPartitionsToTxn over gRPC that did not ask to wait for completions:
+#: also CONCURRENT_TRANSACTIONS, the previous transaction is still
+#: completing. Such adds are not parked (the call answers only once all its
+#: transactions are answered, and one call at a time is in flight from a
+#: node): a partition-log node asks again for that transaction alone,
+#: asking to wait. An answer the log has overtaken only costs the node that
+#: call. (Over a cluster link each transaction is answered on its own, and
+#: such adds are parked.)
 BATCHED_SETTLED_REFUSALS = SETTLED_REFUSALS | {ErrorCode.CONCURRENT_TRANSACTIONS}
 
 
