@@ -389,7 +389,7 @@ class ClusterListener:
         """Answer the connection's requests: those answered whole in turn,
         on this thread; those answered item by item as their items are
         ready (:class:`_Conversation`)."""
-        conversation = _Conversation(connection, self._label)
+        conversation = _Conversation(connection)
         try:
             while not self._stopping.is_set():
                 frame = conversation.next_request(self._request_limit)
@@ -555,9 +555,8 @@ class _Conversation:
     not safe for a read and a write at once from two threads); another
     thread wakes it through a socket pair when it queues a frame."""
 
-    def __init__(self, connection: socket.socket, label: str) -> None:
+    def __init__(self, connection: socket.socket) -> None:
         self._connection = connection
-        self._label = label
         self._lock = threading.Lock()
         self._open: dict[int, _Open] = {}
         self._frames: queue.SimpleQueue[tuple[int, int, int, Callable[[], Any] | None]] = (
@@ -811,7 +810,6 @@ class _Call:
     """A request of a :class:`ConcurrentLink` in flight."""
 
     method: Method
-    request: Any
     frame: bytes
     deadline: float
     #: Room left for its answer frames (``response_limit`` less what came).
@@ -819,6 +817,8 @@ class _Call:
     #: Each item's state (0: not answered, PARKED, ITEM); empty: answered whole.
     states: bytearray
     deliver: Deliver | None
+    #: Frees its place among the link's calls in flight (once, when it ends).
+    release: Callable[[], None]
     #: Items not answered yet, and of those not parked either.
     left: int = 0
     unsettled: int = 0
@@ -907,29 +907,27 @@ class ConcurrentLink:
             items = 0 if method.items is None else method.items(request)
             call = _Call(
                 method,
-                request,
                 request_frame(method, request, timeout_s, request_id),
                 deadline,
                 method.response_limit(request),
                 bytearray(items),
                 deliver,
+                self._slots.release,
                 left=items,
                 unsettled=items,
             )
-            io.add(request_id, call, self._slots.release)
+            io.add(request_id, call)
         except (OSError, ValueError) as exc:
             self._slots.release()
             raise LinkError(f"{where}: {exc}") from None
         return call
 
     def _settle(self, call: _Call) -> None:
-        """Wait until ``call`` settled (the connection's thread ends it at
-        its deadline at the latest)."""
+        """Wait until ``call`` settled: the connection's thread ends it at
+        its deadline, or, should that thread be held up (a send waiting for
+        a slow peer), this does a second later."""
         if not call.settled.wait(max(0.0, call.deadline - time.monotonic()) + 1.0):
-            with self._lock:
-                io = self._io
-            if io is not None:
-                io.expire(time.monotonic() + 1.0)
+            _end(call, LinkError(f"{self._host}:{self._port}: timed out"))
 
     def _connection(self, deadline: float) -> _LinkConnection:
         """The connection's thread, the connection dialled first if there is
@@ -964,7 +962,7 @@ class _LinkConnection:
         self._connection = connection
         self._where = where
         self._lock = threading.Lock()
-        self._calls: dict[int, tuple[_Call, Callable[[], None]]] = {}
+        self._calls: dict[int, _Call] = {}
         #: Requests that timed out here, with the room their answers had
         #: left: frames for them may still come, and are read and dropped.
         self._late: OrderedDict[int, int] = OrderedDict()
@@ -985,8 +983,8 @@ class _LinkConnection:
     def start(self) -> None:
         self._thread.start()
 
-    def add(self, request_id: int, call: _Call, release: Callable[[], None]) -> None:
-        """Send ``call``'s frame; ``release`` once it is done.
+    def add(self, request_id: int, call: _Call) -> None:
+        """Send ``call``'s frame.
 
         Raises:
             ConnectionError: the connection failed meanwhile.
@@ -994,7 +992,7 @@ class _LinkConnection:
         with self._lock:
             if self._failed is not None:
                 raise ConnectionError(str(self._failed))
-            self._calls[request_id] = (call, release)
+            self._calls[request_id] = call
             self._outbox.append(call.frame)
         self._wake()
 
@@ -1007,20 +1005,20 @@ class _LinkConnection:
             calls, self._calls = list(self._calls.values()), {}
         _close(self._connection)
         self._wake()
-        for call, release in calls:
-            _end(call, release, failed)
+        for call in calls:
+            _end(call, failed)
 
     def expire(self, now: float) -> None:
         """Fail the calls whose deadline is before ``now``, each alone."""
         with self._lock:
-            due = [i for i, (call, _) in self._calls.items() if call.deadline <= now]
-            expired = [(self._calls.pop(i), i) for i in due]
-            for (call, _), request_id in expired:
+            due = [i for i, call in self._calls.items() if call.deadline <= now]
+            expired = [self._calls.pop(i) for i in due]
+            for request_id, call in zip(due, expired, strict=True):
                 self._late[request_id] = call.room
                 if len(self._late) > MAX_OUTSTANDING:
                     self._late.popitem(last=False)
-        for (call, release), _ in expired:
-            _end(call, release, LinkError(f"{self._where}: timed out"))
+        for call in expired:
+            _end(call, LinkError(f"{self._where}: timed out"))
 
     def _wake(self) -> None:
         try:
@@ -1050,7 +1048,7 @@ class _LinkConnection:
 
     def _next_timeout(self) -> float | None:
         with self._lock:
-            deadlines = [call.deadline for call, _ in self._calls.values()]
+            deadlines = [call.deadline for call in self._calls.values()]
         return None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
 
     def _send_outbox(self) -> None:
@@ -1073,9 +1071,9 @@ class _LinkConnection:
         """
         request_id = header[1]
         with self._lock:
-            entry = self._calls.get(request_id)
-            if entry is not None:
-                return entry[0].room
+            call = self._calls.get(request_id)
+            if call is not None:
+                return call.room
             late_room = self._late.get(request_id)
         if late_room is None:
             raise ValueError(f"an answer frame for request {request_id}, not in flight")
@@ -1090,19 +1088,18 @@ class _LinkConnection:
         """
         length, request_id, kind, item = header
         with self._lock:
-            entry = self._calls.get(request_id)
-            if entry is None:
+            call = self._calls.get(request_id)
+            if call is None:
                 if request_id in self._late:
                     self._late[request_id] -= length
                 return
-        call, release = entry
         call.room -= length
         if kind == WHOLE:
             self._finish(request_id)
             whole = _parse(call.method.response, data)
             with call.lock:
                 call.whole = whole
-            _end(call, release, None)
+            _end(call, None)
             return
         if kind not in (ITEM, PARKED) or not 0 <= item < len(call.states):
             raise ValueError(f"an answer frame of kind {kind} for item {item}")
@@ -1125,14 +1122,14 @@ class _LinkConnection:
                 call.settled.set()
         if last:
             self._finish(request_id)
-            _end(call, release, None)
+            _end(call, None)
 
     def _finish(self, request_id: int) -> None:
         with self._lock:
             self._calls.pop(request_id, None)
 
 
-def _end(call: _Call, release: Callable[[], None], error: LinkError | None) -> None:
+def _end(call: _Call, error: LinkError | None) -> None:
     """``call`` is done: answered (``error`` None), or failed with ``error``
     (each item not answered yet gets it)."""
     with call.lock:
@@ -1146,7 +1143,7 @@ def _end(call: _Call, release: Callable[[], None], error: LinkError | None) -> N
                     if state != ITEM:
                         call.deliver(item, error)
         call.settled.set()
-    release()
+    call.release()
 
 
 class _Expiry:
