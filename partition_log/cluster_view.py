@@ -14,7 +14,8 @@
   AddPartitionsToTxn itself. The partitions of one Produce request are one
   transaction of the question; the questions of many Produce requests to
   one coordinator go together in one batched AddPartitionsToTxn while one
-  is in flight (:class:`partition_log.coalescing.CoalescingSender`). A
+  is being taken (:class:`partition_log.coalescing.CoalescingSender`);
+  over a cluster link each transaction of it is answered on its own. A
   refusal of the transaction's state is TRANSACTION_ABORTABLE, as Kafka's
   brokers answer producers since KIP-890: the producer aborts the
   transaction and goes on.
@@ -32,10 +33,10 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from partition_log.coalescing import CoalescingSender
+from partition_log.coalescing import CoalescingSender, Deliver
 from raftcoord.protocol.acl import Acl
 from raftcoord.protocol.channels import ChannelCache
-from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, LinkError, LinkPool
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ConcurrentLink, LinkError
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.types import TopicPartition
@@ -46,20 +47,18 @@ log = logging.getLogger("raftcoord.partition_log")
 
 #: Deadline of every call to a coordinator.
 CALL_TIMEOUT_S = 3.0
-#: Cluster links a node keeps at most to one coordinator: the batched adds
-#: go one call at a time, each wait for a completion on a link of its own.
-LINKS_PER_COORDINATOR = 8
 #: The most partitions of a producer's flush (a Produce request's
 #: ``transaction_partitions``) added with a node's own.
 MAX_FLUSH_PARTITIONS = 1000
 #: A coordinator answers a request it holds (parks) this long before the
 #: request's deadline (its PARK_MARGIN_MS).
 PARK_MARGIN_S = 0.1
-#: How long the coordinator may hold a node's add that goes out alone (one
-#: transaction in the call) for its previous transaction's completion,
-#: which takes a few milliseconds: the producer begins its next transaction
-#: as soon as EndTxn answers, so its next first batch usually meets it.
-#: Bounded, since the call holds up the node's next adds to that coordinator.
+#: How long a coordinator without a link address (gRPC calls, answered
+#: whole) may hold a node's add that goes out alone (one transaction in the
+#: call) for its previous transaction's completion, which takes a few
+#: milliseconds: the producer begins its next transaction as soon as EndTxn
+#: answers, so its next first batch usually meets it. Bounded, since the
+#: call holds up the node's next adds to that coordinator.
 SOLE_ADD_WAIT_S = 0.05
 #: A miss of one topic refreshes the metadata at most this often.
 MIN_REFRESH_INTERVAL_S = 0.1
@@ -594,20 +593,21 @@ class TxnPartitionAdder:
         retry_max_s: float = 0.1,
     ) -> None:
         """``links``: coordinator gRPC address -> its link address; the adds
-        to a coordinator with one go over cluster links (TLS ``link_tls``),
-        to the others as gRPC calls."""
+        to a coordinator with one go over a cluster link (TLS ``link_tls``),
+        each transaction answered on its own, to the others as gRPC calls."""
         self._channels = channels
         self._addresses = list(coordinators)
         self._view = view
         self._link_addresses = dict(links or {})
         self._link_tls = link_tls
-        self._links: dict[str, LinkPool] = {}
+        self._links: dict[str, ConcurrentLink] = {}
         self._closed = False
         self._leaders: dict[int, str] = {}
         self._lock = threading.Lock()
         self._sender: CoalescingSender[Any, Any] = CoalescingSender(self._send)
-        #: add.partitions.to.txn.retry.backoff.max.ms: CONCURRENT_TRANSACTIONS
-        #: is asked again, waiting for the completion, for ``retry_max_s`` in all.
+        #: add.partitions.to.txn.retry.backoff.max.ms: how long an add whose
+        #: previous transaction is completing waits for the completion in all
+        #: before CONCURRENT_TRANSACTIONS goes to the producer.
         self._retry_max_s = retry_max_s
 
     @property
@@ -615,39 +615,59 @@ class TxnPartitionAdder:
         """AddPartitionsToTxn calls made so far (each may carry many transactions)."""
         return self._sender.calls
 
-    def _send(self, address: str, requests: Sequence[Any]) -> Sequence[Any]:
-        """One batched AddPartitionsToTxn to ``address``: one answer per request.
-        A request that goes alone may wait :data:`SOLE_ADD_WAIT_S` for its
-        previous transaction's completion (of many, none waits: one
-        completing transaction would hold up the others)."""
-        wait_ms = round(min(SOLE_ADD_WAIT_S, self._retry_max_s) * 1000)
-        waits = len(requests) == 1 and wait_ms > 0
-        answer = self._call(
-            address,
-            coordinator_pb2.AddPartitionsToTxnRequest(
-                transactions=requests,
-                wait_for_completion=waits,
-                wait_for_completion_ms=wait_ms if waits else 0,
-            ),
-            CALL_TIMEOUT_S,
+    def _send(self, address: str, requests: Sequence[Any], deliver: Deliver[Any]) -> None:
+        """One batched AddPartitionsToTxn to ``address``, each request's answer
+        handed to ``deliver``. Over a cluster link every transaction may wait
+        ``retry_max_s`` (from the coordinator's first finding it completing)
+        for its previous transaction's completion, parked by the
+        coordinator, and is answered on its own (this returns once each is
+        answered or parked). As a gRPC call, answered whole, a request
+        that goes alone may wait :data:`SOLE_ADD_WAIT_S` (of many, none
+        waits: one completing transaction would hold up the others)."""
+        link = self._link(address)
+        if link is None:
+            wait_ms = round(min(SOLE_ADD_WAIT_S, self._retry_max_s) * 1000)
+            waits = len(requests) == 1 and wait_ms > 0
+        else:
+            wait_ms = round(self._retry_max_s * 1000)
+            waits = wait_ms > 0
+        request = coordinator_pb2.AddPartitionsToTxnRequest(
+            transactions=requests,
+            wait_for_completion=waits,
+            wait_for_completion_ms=wait_ms if waits else 0,
         )
+        if link is None:
+            answer = self._channels.coordinator(address).AddPartitionsToTxn(
+                request, timeout=CALL_TIMEOUT_S
+            )
+        else:
+            answer = link.call_items(
+                ADD_PARTITIONS_TO_TXN, request, CALL_TIMEOUT_S + wait_ms / 1000, deliver
+            )
+            if answer is None:  # answered (or being answered) transaction by transaction
+                return
         if answer.error_code != ErrorCode.NONE:  # the whole request was refused
             refused = coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=answer.error_code, error_message=answer.error_message
             )
-            return [refused] * len(requests)
-        return list(answer.transactions)
+            answers = [refused] * len(requests)
+        else:
+            answers = list(answer.transactions)
+        if len(answers) != len(requests):
+            raise RuntimeError(f"{address} answered {len(answers)} of {len(requests)} requests")
+        for index, each in enumerate(answers):
+            deliver(index, each)
 
     def _wait_for_completion(self, address: str, request: Any, until: float) -> Any:
-        """``request`` alone, held by the coordinator while its previous
-        transaction completes, answered by ``until`` (the coordinator
-        answers :data:`PARK_MARGIN_S` before the call's deadline)."""
-        answer = self._call(
-            address,
+        """``request`` alone as a gRPC call, held by the coordinator while
+        its previous transaction completes, answered by ``until`` (the
+        coordinator answers :data:`PARK_MARGIN_S` before the call's
+        deadline)."""
+        answer = self._channels.coordinator(address).AddPartitionsToTxn(
             coordinator_pb2.AddPartitionsToTxnRequest(
                 transactions=[request], wait_for_completion=True
             ),
-            max(until - time.monotonic(), 0.0) + PARK_MARGIN_S,
+            timeout=max(until - time.monotonic(), 0.0) + PARK_MARGIN_S,
         )
         if answer.error_code != ErrorCode.NONE:
             return answer
@@ -655,41 +675,31 @@ class TxnPartitionAdder:
             raise RuntimeError(f"{len(answer.transactions)} answers to one transaction")
         return answer.transactions[0]
 
-    def _call(self, address: str, request: Any, timeout_s: float) -> Any:
-        """The answer of the coordinator at ``address`` (its gRPC address)
-        to a batched add: over a cluster link when it has a link address.
+    def _link(self, address: str) -> ConcurrentLink | None:
+        """The cluster link to the coordinator at ``address`` (its gRPC
+        address), None when it has no link address.
 
         Raises:
-            grpc.RpcError, LinkError: no answer.
+            LinkError: the node is stopping.
         """
-        link = self._link(address)
-        if link is None:
-            return self._channels.coordinator(address).AddPartitionsToTxn(
-                request, timeout=timeout_s
-            )
-        return link.call(ADD_PARTITIONS_TO_TXN, request, timeout_s)
-
-    def _link(self, address: str) -> LinkPool | None:
         link_address = self._link_addresses.get(address)
         if link_address is None:
             return None
         with self._lock:
             if self._closed:
                 raise LinkError("the node is stopping")
-            pool = self._links.get(address)
-            if pool is None:
-                pool = self._links[address] = LinkPool(
-                    link_address, self._link_tls, LINKS_PER_COORDINATOR
-                )
-            return pool
+            link = self._links.get(address)
+            if link is None:
+                link = self._links[address] = ConcurrentLink(link_address, self._link_tls)
+            return link
 
     def close(self) -> None:
         """Close the links (the node is stopping): calls in flight end at once."""
         with self._lock:
             self._closed = True
-            pools, self._links = list(self._links.values()), {}
-        for pool in pools:
-            pool.close()
+            links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.close()
 
     def add_partitions(
         self,
@@ -707,14 +717,17 @@ class TxnPartitionAdder:
         same request; the answers are ``partitions``' only.
 
         Coordinator trouble (no leader, timeouts) answers REQUEST_TIMED_OUT,
-        which the producer retries. CONCURRENT_TRANSACTIONS (the producer's
-        previous transaction is completing; the coordinator answers an add
-        batched with others so at once, and one that went alone after
-        :data:`SOLE_ADD_WAIT_S`) is asked again here for ``retry_max_s``
-        from that first answer (Kafka's server-side retry) before it goes to
-        the producer: in a call of its own that waits for the completion
-        (``wait_for_completion``), so that it holds up no other transaction
-        and goes on the moment the completion applies.
+        which the producer retries. An add whose producer's previous
+        transaction is completing waits for the completion up to
+        ``retry_max_s`` in all (Kafka's server-side retry) before
+        CONCURRENT_TRANSACTIONS goes to the producer: over a cluster link
+        the coordinator parks it that long in the batched call itself. A
+        coordinator without a link address answers an add batched with
+        others so at once, and one that went alone after
+        :data:`SOLE_ADD_WAIT_S`: it is asked again here in a gRPC call of
+        its own that waits for the completion (``wait_for_completion``), so
+        that it holds up no other transaction and goes on the moment the
+        completion applies.
         """
         by_topic: dict[str, list[int]] = {}
         asked = dict.fromkeys([*partitions, *flush_partitions])
@@ -758,7 +771,11 @@ class TxnPartitionAdder:
                 self._forget(transactional_id)
                 problem = f"coordinator {address}: {ErrorCode(answer.error_code).name}"
                 continue
-            if answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS and retry_until is None:
+            if (
+                answer.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
+                and retry_until is None
+                and address not in self._link_addresses
+            ):
                 retry_until = time.monotonic() + self._retry_max_s
                 attempts -= 1  # not a failure of the coordinator
                 continue

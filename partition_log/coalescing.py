@@ -1,12 +1,16 @@
-"""Calls to one destination that coalesce while one is in flight.
+"""Calls to one destination that coalesce while one is being taken.
 
 :class:`CoalescingSender` sends requests to destinations through a batch
-function. To each destination at most one batch is in flight: a request
-made meanwhile waits in that destination's queue, and when the batch in
-flight is answered, one waiting caller sends everything queued so far in
-the next batch. One caller alone costs one call; many callers at once cost
-about one call per round trip, however many they are (Kafka's
-AddPartitionsToTxnManager sends the brokers' verifications so).
+function. To each destination at most one batch is being taken at a time:
+a request made meanwhile waits in that destination's queue, and when the
+destination has taken the batch (answered, or set aside to answer later,
+each of its requests), one waiting caller sends everything queued so far
+in the next batch. One caller alone costs one call; many callers at once
+cost about one call per round trip, however many they are (Kafka's
+AddPartitionsToTxnManager sends the brokers' verifications so). Each
+request is answered on its own, as soon as its answer comes: one that the
+destination sets aside holds up neither the others of its batch nor the
+next batch.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ from typing import Generic, TypeVar
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
+#: How a batch function hands over the answer of its ``index``-th item: the
+#: answer, or the exception that failed that item.
+Deliver = Callable[[int, Answer | BaseException], None]
+
 
 @dataclass
 class _Slot(Generic[Item, Answer]):
     item: Item
-    done: bool = False
+    sent: bool = False
     answer: Answer | None = None
     error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -35,16 +44,21 @@ class _Destination(Generic[Item, Answer]):
 
 
 class CoalescingSender(Generic[Item, Answer]):
-    """Sends items to destinations, many per call while a call is in flight.
+    """Sends items to destinations, many per call while a call is being taken.
 
-    ``send(destination, items)`` makes one call and returns one answer per
-    item, in order; it must return (or raise) within a bounded time. An
-    exception it raises, or a wrong number of answers, is raised to every
-    caller of that batch. At most ``max_batch`` items go in one call.
+    ``send(destination, items, deliver)`` makes one call and hands each item
+    its answer, or the exception that failed it, through ``deliver(index,
+    answer)``: once per item, from any thread, before or after it returns,
+    each within a bounded time. It returns once the destination may take
+    the next call (every item answered, or set aside to be answered later),
+    within a bounded time; an exception it raises fails every item not
+    answered yet. At most ``max_batch`` items go in one call.
     """
 
     def __init__(
-        self, send: Callable[[str, Sequence[Item]], Sequence[Answer]], max_batch: int = 1000
+        self,
+        send: Callable[[str, Sequence[Item], Deliver[Answer]], None],
+        max_batch: int = 1000,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -59,25 +73,28 @@ class CoalescingSender(Generic[Item, Answer]):
         """``item``'s answer from ``destination``; blocks until it is answered.
 
         Raises:
-            Exception: what ``send`` raised for the batch that carried ``item``.
+            Exception: what failed the call that carried ``item``.
         """
         slot: _Slot[Item, Answer] = _Slot(item)
         with self._cond:
             place = self._destinations.setdefault(destination, _Destination())
             place.queue.append(slot)
-        while True:
+        while not slot.sent:
             with self._cond:
-                while not slot.done and place.busy:
+                while place.busy and not slot.sent:
                     self._cond.wait()
-                if slot.done:
+                if slot.sent:  # another caller sent it
                     break
-                # Nothing in flight: this caller sends the queue (its own item
-                # is in it, or in a later batch it sends next).
+                # Nothing being taken: this caller sends the queue (its own
+                # item is in it, or in a later batch it sends next).
                 place.busy = True
                 batch = place.queue[: self._max_batch]
                 del place.queue[: self._max_batch]
+                for sent in batch:
+                    sent.sent = True
                 self.calls += 1
             self._send_batch(destination, place, batch)
+        slot.done.wait()
         if slot.error is not None:
             raise slot.error
         return slot.answer  # type: ignore[return-value]  # set with done, error unset
@@ -88,24 +105,26 @@ class CoalescingSender(Generic[Item, Answer]):
         place: _Destination[Item, Answer],
         batch: list[_Slot[Item, Answer]],
     ) -> None:
-        answers: Sequence[Answer] = ()
-        error: BaseException | None = None
-        try:
-            answers = self._send(destination, [s.item for s in batch])
-            if len(answers) != len(batch):
-                error = RuntimeError(
-                    f"{destination} answered {len(answers)} of {len(batch)} requests"
-                )
-        except Exception as exc:  # every caller of the batch gets it
-            error = exc
-        with self._cond:
-            for i, slot in enumerate(batch):
-                if error is None:
-                    slot.answer = answers[i]
+        lock = threading.Lock()
+
+        def deliver(index: int, answer: Answer | BaseException) -> None:
+            slot = batch[index]
+            with lock:
+                if slot.done.is_set():
+                    return
+                if isinstance(answer, BaseException):
+                    slot.error = answer
                 else:
-                    slot.error = error
-                slot.done = True
+                    slot.answer = answer
+                slot.done.set()
+
+        try:
+            self._send(destination, [s.item for s in batch], deliver)
+        except Exception as exc:  # every item not answered yet gets it
+            for index in range(len(batch)):
+                deliver(index, exc)
+        with self._cond:
             place.busy = False
-            if not place.queue:
+            if not place.queue and self._destinations.get(destination) is place:
                 del self._destinations[destination]
             self._cond.notify_all()

@@ -26,9 +26,12 @@ everything that world does:
   seeded from the pending markers and parks clients' requests held up by a
   completing transaction (the core's :class:`Parking`): released to run
   again when the completion applies, answered CONCURRENT_TRANSACTIONS at
-  their park deadline and NOT_COORDINATOR when the leadership ends. The
-  partitions' adds are never parked (as the coordinator's service treats
-  a partition-log node's batched AddPartitionsToTxn). ``block_not_applied`` is never needed:
+  their park deadline and NOT_COORDINATOR when the leadership ends. A
+  partition's add comes, at random, as over a cluster link (parked as a
+  client's request is, for the node's wait, ``ADD_WAIT_MS``, at most) or as in
+  a batched gRPC call that did not ask to wait (answered
+  CONCURRENT_TRANSACTIONS before proposing, never parked), as the
+  coordinator's service treats them. ``block_not_applied`` is never needed:
   in this Raft an entry is lost only with its leadership.
 * Marker calls are delayed, reordered, lost (request or answer) and
   duplicated; a deposed leader's calls still arrive.
@@ -104,7 +107,11 @@ from raftcoord.coordinator.leader import (
 )
 from raftcoord.coordinator.markers import markers_written
 from raftcoord.coordinator.services.groups import group_marker
-from raftcoord.coordinator.services.transactions import BATCHED_SETTLED_REFUSALS, settled_refusal
+from raftcoord.coordinator.services.transactions import (
+    BATCHED_SETTLED_REFUSALS,
+    SETTLED_REFUSALS,
+    settled_refusal,
+)
 from raftcoord.protocol.types import TopicPartition
 
 REPLICAS = 3
@@ -123,6 +130,9 @@ TXN_TIMEOUT_MS = 2_000
 SWEEP_INTERVAL_MS = 500
 #: transaction.park.timeout.ms: short, so that parked requests also expire.
 PARK_TIMEOUT_MS = 300
+#: How long a partition's add over a cluster link may wait for its previous
+#: transaction's completion (add.partitions.to.txn.retry.backoff.max.ms).
+ADD_WAIT_MS = 100
 CALL_TIMEOUT_MS = 500
 MAX_MARKER_REQUESTS = 8
 MAX_COMPLETIONS = 8
@@ -188,8 +198,12 @@ class Request:
 
     build: Unstamped
     reply: Callable[[Outcome], None]
-    #: Whether it may be parked (a client's request; not a partition's add).
+    #: Whether it may be parked (a client's request, a partition's add over
+    #: a cluster link; not one of a batched gRPC call that did not ask to wait).
     parkable: bool = True
+    #: How long it may stay parked from its first parking, if shorter than
+    #: the park timeout (a partition's add over a cluster link).
+    park_ms: int | None = None
     #: Set when first parked: until when it may stay parked.
     park_deadline: int | None = None
 
@@ -590,7 +604,11 @@ class Simulation:
     # --- the leader ----------------------------------------------------------------
 
     def submit(
-        self, build: Unstamped, reply: Callable[[Outcome], None], parkable: bool = True
+        self,
+        build: Unstamped,
+        reply: Callable[[Outcome], None],
+        parkable: bool = True,
+        park_ms: int | None = None,
     ) -> None:
         """A request reaching the shard: queued at a ready leader, else refused."""
         leadership = self.leadership
@@ -599,7 +617,7 @@ class Simulation:
         elif not leadership.ready:
             reply(Outcome(error=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS))
         else:
-            leadership.queue.append(Request(build, reply, parkable))
+            leadership.queue.append(Request(build, reply, parkable, park_ms))
 
     def propose(
         self,
@@ -787,7 +805,8 @@ class Simulation:
         """Park ``request`` behind ``tid`` unless its time to stay parked is
         over; whether it was parked."""
         if request.park_deadline is None:
-            request.park_deadline = park_deadline(self.now, PARK_TIMEOUT_MS, None)
+            timeout_ms = PARK_TIMEOUT_MS if request.park_ms is None else request.park_ms
+            request.park_deadline = park_deadline(self.now, min(timeout_ms, PARK_TIMEOUT_MS), None)
         if self.now >= request.park_deadline:
             return False
         leadership.parked.park(tid, request, request.park_deadline)
@@ -1064,9 +1083,11 @@ class Simulation:
         """KIP-890 part 2: the partition asks the shard's leader to add ``tp``,
         and the partitions the batch ``named`` (its transaction's), to the
         producer's transaction (the coordinator's service for a node's
-        batched request: refusals its applied state settles, among them a
-        previous transaction still completing, are answered before
-        proposing, the rest goes through the log, never parked); once added,
+        batched request: refusals its applied state settles are answered
+        before proposing, the rest goes through the log; over a cluster link
+        an add whose previous transaction is still completing is parked,
+        within ``ADD_WAIT_MS``; in a gRPC call that did not ask to wait it is
+        answered CONCURRENT_TRANSACTIONS before proposing); once added,
         the batch comes again verified, one network hop later (a marker may
         overtake it). The partition's answer goes to ``answer``."""
         partition = self.partitions[tp]
@@ -1084,15 +1105,20 @@ class Simulation:
 
             self.schedule(self.delay(), append)
 
+        over_link = self.rng.random() < 0.5
         leadership = self.leadership
         if leadership is not None and leadership.ready:
             command = build(CHECK_ONLY)
             assert isinstance(command, AddPartitions)
-            refused = settled_refusal(leadership.replica.machine, command, BATCHED_SETTLED_REFUSALS)
+            refusals = SETTLED_REFUSALS if over_link else BATCHED_SETTLED_REFUSALS
+            refused = settled_refusal(leadership.replica.machine, command, refusals)
             if refused is not None:
                 added(refused)
                 return
-        self.submit(build, added, parkable=False)
+        if over_link:
+            self.submit(build, added, True, ADD_WAIT_MS)
+        else:
+            self.submit(build, added, parkable=False)
 
     def commit_offsets(self, client: Client) -> None:
         if self.leadership is None or not self.leadership.ready:

@@ -3,7 +3,11 @@
 connection, each method to its own answer, refuses what it cannot trust
 (oversized or undecodable frames, unknown methods, strangers under TLS, too
 many connections) without stopping for the others, and turns every failure
-on the caller's side into a LinkError."""
+on the caller's side into a LinkError. Many calls at once on one
+connection (ConcurrentLink): items answered as they are ready, a parked
+one later; a connection cut fails every call at once, a timeout only its
+call; calls in flight bounded on both sides; answer limits over all the
+frames of a call; frames for requests never sent refused."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,15 @@ from raftcoord.coordinator.services.topics import _missing
 from raftcoord.protocol import cluster_link
 from raftcoord.protocol.cluster_link import (
     ADD_PARTITIONS_TO_TXN,
+    ITEM,
     REPLICA_FETCH,
     WRITE_TXN_MARKERS,
     ClusterLink,
     ClusterListener,
+    ConcurrentLink,
     LinkError,
-    LinkPool,
+    Replies,
+    request_frame,
 )
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, partition_log_pb2
@@ -150,9 +158,9 @@ def test_an_oversized_or_undecodable_request_ends_only_its_connection(
     listener: ClusterListener,
 ) -> None:
     for garbage in (
-        struct.pack(">IBI", REPLICA_FETCH.max_request_bytes + 1, REPLICA_FETCH.number, 0),
-        struct.pack(">IBI", 2, REPLICA_FETCH.number, 0) + b"\xff\xff",
-        struct.pack(">IBI", 0, 99, 0),  # no such method
+        struct.pack(">IIBI", REPLICA_FETCH.max_request_bytes + 1, 1, REPLICA_FETCH.number, 0),
+        struct.pack(">IIBI", 2, 1, REPLICA_FETCH.number, 0) + b"\xff\xff",
+        struct.pack(">IIBI", 0, 1, 99, 0),  # no such method
     ):
         with socket.create_connection(("127.0.0.1", listener.port), timeout=5) as stranger:
             stranger.sendall(garbage)
@@ -397,57 +405,6 @@ def test_closing_a_link_ends_a_call_in_flight_at_once(echo: Echo) -> None:
         running.stop()
 
 
-def test_a_pool_answers_a_call_while_another_waits_and_refuses_past_its_size(
-    echo: Echo,
-) -> None:
-    """A partition node's adds to one coordinator: a call parked at the
-    coordinator holds one link, the next call goes over another; with every
-    link busy a call fails within its timeout; closing the pool ends the
-    call in flight."""
-    release = threading.Event()
-    answering = threading.Event()
-
-    def parks_partition_9(request: Any, refused: str | None, timeout_s: float) -> Any:
-        if request.partitions[0].partition == 9:
-            answering.set()
-            release.wait(10)
-        return echo(request, refused, timeout_s)
-
-    running = listen(parks_partition_9)
-    pool = LinkPool(f"127.0.0.1:{running.port}", None, 2)
-    failed: list[BaseException] = []
-
-    def parked() -> None:
-        try:
-            pool.call(REPLICA_FETCH, request(9), 30)
-        except LinkError as exc:
-            failed.append(exc)
-
-    caller = threading.Thread(target=parked)
-    try:
-        caller.start()
-        assert answering.wait(10)
-        assert pool.call(REPLICA_FETCH, request(1), 5).partitions[0].partition == 1
-        assert pool.call(REPLICA_FETCH, request(2), 5).partitions[0].partition == 2
-        assert len(echo.threads) == 2  # answered while the first call is parked
-        answering.clear()
-        second = threading.Thread(target=parked)
-        second.start()
-        assert answering.wait(10)
-        with pytest.raises(LinkError, match="busy"):
-            pool.call(REPLICA_FETCH, request(3), 0.2)
-        pool.close()
-        caller.join(5)
-        second.join(5)
-        assert not caller.is_alive() and not second.is_alive() and len(failed) == 2
-        with pytest.raises(LinkError, match="closed"):
-            pool.call(REPLICA_FETCH, request(4), 5)
-    finally:
-        release.set()
-        caller.join(5)
-        running.stop()
-
-
 def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
     echo: Echo, tls_files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -461,7 +418,7 @@ def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
     stranger = tls_files["client"].wrap_socket(raw, server_hostname="127.0.0.1")
     try:
         body = request(0).SerializeToString()
-        stranger.sendall(struct.pack(">IBI", len(body), REPLICA_FETCH.number, 1000))
+        stranger.sendall(struct.pack(">IIBI", len(body), 1, REPLICA_FETCH.number, 1000))
         cut = False
         for i in range(len(body)):  # 0.1 s a byte: a whole second or more in all
             try:
@@ -534,3 +491,348 @@ def test_a_refused_add_of_long_topic_names_fits_its_answers_limit() -> None:
     )
     answer = coordinator_pb2.AddPartitionsToTxnResponse(transactions=[refused, refused])
     assert answer.ByteSize() <= ADD_PARTITIONS_TO_TXN.response_limit(adds)
+
+
+# --- many calls at once on one connection, answered item by item -------------------
+
+
+class Adds:
+    """Answers a batched add item by item, by each transaction's id: ``now``
+    at once, ``park-*`` parked (answered by :meth:`release`), ``never`` not
+    at all (until :meth:`release`), ``big-*`` at once with a message of
+    ``big`` bytes; notes each connection's thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: list[tuple[Replies, int, str]] = []
+        self.threads: set[int] = set()
+        self.refused: list[str] = []
+        self.big = 0
+
+    def __call__(
+        self, request: Any, refused: str | None, timeout_s: float, replies: Replies | None
+    ) -> Any:
+        if refused is not None:
+            self.refused.append(refused)
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=refused
+            )
+        assert replies is not None
+        with self.lock:
+            self.threads.add(threading.get_ident())
+        for item, transaction in enumerate(request.transactions):
+            tid = transaction.transactional_id
+            if tid.startswith("park"):
+                replies.parked(item)
+            if tid.startswith(("park", "never")):
+                with self.lock:
+                    self.held.append((replies, item, tid))
+            else:
+                replies.answer(item, lambda tid=tid: self.answer(tid))
+        return None
+
+    def answer(self, tid: str) -> Any:
+        message = "m" * self.big if tid.startswith("big") else ""
+        return coordinator_pb2.AddPartitionsToTxnResponse(error_message=f"{tid}{message}")
+
+    def release(self) -> None:
+        with self.lock:
+            held, self.held = self.held, []
+        for replies, item, tid in held:
+            replies.answer(item, lambda tid=tid: self.answer(tid))
+
+
+def adds_request(*tids: str) -> Any:
+    return coordinator_pb2.AddPartitionsToTxnRequest(
+        transactions=[
+            coordinator_pb2.AddPartitionsToTxnRequest(
+                transactional_id=tid,
+                topics=[common_pb2.TopicPartitions(topic="t", partitions=[0])],
+            )
+            for tid in tids
+        ]
+    )
+
+
+class Delivered:
+    """What a call's items were handed, by item."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.items: dict[int, Any] = {}
+
+    def __call__(self, item: int, answer: Any) -> None:
+        with self.cond:
+            assert item not in self.items, f"item {item} handed twice"
+            self.items[item] = answer
+            self.cond.notify_all()
+
+    def wait(self, count: int) -> dict[int, Any]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.items) >= count, 10), self.items
+            return dict(self.items)
+
+    def messages(self) -> dict[int, str]:
+        with self.cond:
+            return {
+                i: a.error_message if not isinstance(a, LinkError) else "LinkError"
+                for i, a in self.items.items()
+            }
+
+
+def adds_listener(adds: Adds, tls: Any = None, allowed: Any = None) -> ClusterListener:
+    listener = ClusterListener(
+        ("127.0.0.1", 0),
+        {ADD_PARTITIONS_TO_TXN: adds, REPLICA_FETCH: Echo()},
+        tls=tls,
+        allowed=allowed or (lambda who: True),
+        max_connections=4,
+        label="coordinator",
+    )
+    listener.start()
+    return listener
+
+
+@pytest.fixture
+def adds() -> Adds:
+    return Adds()
+
+
+@pytest.fixture
+def adds_at(adds: Adds) -> Iterator[str]:
+    running = adds_listener(adds)
+    yield f"127.0.0.1:{running.port}"
+    adds.release()
+    running.stop()
+
+
+def test_items_are_answered_as_they_are_ready_a_parked_one_later(adds: Adds, adds_at: str) -> None:
+    """A call returns once each item is answered or parked; the parked one
+    comes later, and meanwhile another call on the same connection is
+    answered whole."""
+    link = ConcurrentLink(adds_at, None)
+    first = Delivered()
+    try:
+        assert (
+            link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("a", "park-b", "c"), 5, first)
+            is None
+        )
+        assert first.messages() == {0: "a", 2: "c"}
+        second = Delivered()
+        assert link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("d"), 5, second) is None
+        assert second.messages() == {0: "d"}
+        assert link.call(REPLICA_FETCH, request(4), 5).partitions[0].partition == 4
+        assert 1 not in first.messages()
+        adds.release()
+        first.wait(3)
+        assert first.messages() == {0: "a", 1: "park-b", 2: "c"}
+    finally:
+        link.close()
+    assert len(adds.threads) == 1, "one connection"
+
+
+def test_a_connection_closed_midway_fails_every_call_in_flight_at_once(adds: Adds) -> None:
+    running = adds_listener(adds)
+    link = ConcurrentLink(f"127.0.0.1:{running.port}", None)
+    calls = [Delivered() for _ in range(3)]
+    try:
+        for i, delivered in enumerate(calls):
+            link.call_items(ADD_PARTITIONS_TO_TXN, adds_request(f"park-{i}", "now"), 30, delivered)
+        assert [d.messages() for d in calls] == [{1: "now"}] * 3
+        running.stop()  # closes the connection: every parked item fails, at once
+        for delivered in calls:
+            assert isinstance(delivered.wait(2)[0], LinkError)
+    finally:
+        link.close()
+        adds.release()
+    closed = Delivered()
+    link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("now"), 5, closed)
+    assert isinstance(closed.wait(1)[0], LinkError)
+
+
+def test_closing_a_concurrent_link_ends_its_calls_in_flight_at_once(
+    adds: Adds, adds_at: str
+) -> None:
+    link = ConcurrentLink(adds_at, None)
+    delivered = Delivered()
+    link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("park-a"), 30, delivered)
+    failed: list[BaseException] = []
+
+    def whole() -> None:
+        try:
+            link.call(REPLICA_FETCH, request(1), 30)
+        except LinkError as exc:
+            failed.append(exc)
+
+    link.close()
+    assert isinstance(delivered.wait(1)[0], LinkError)
+    caller = threading.Thread(target=whole)
+    caller.start()
+    caller.join(5)
+    assert not caller.is_alive() and len(failed) == 1 and "closed" in str(failed[0])
+
+
+def test_a_call_past_its_timeout_fails_alone_and_its_late_answer_is_dropped(
+    adds: Adds, adds_at: str
+) -> None:
+    link = ConcurrentLink(adds_at, None)
+    try:
+        slow = Delivered()
+        started = time.monotonic()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("never", "now"), 0.3, slow)
+        assert isinstance(slow.wait(2)[0], LinkError) and slow.messages()[1] == "now"
+        assert time.monotonic() - started < 5
+        adds.release()  # the answer comes after all: read and dropped
+        for i in range(3):  # the connection goes on
+            fine = Delivered()
+            link.call_items(ADD_PARTITIONS_TO_TXN, adds_request(f"n{i}"), 5, fine)
+            assert fine.messages() == {0: f"n{i}"}
+    finally:
+        link.close()
+    assert len(adds.threads) == 1, "one connection throughout"
+
+
+def test_calls_in_flight_on_a_link_are_bounded(
+    adds: Adds, adds_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster_link, "MAX_OUTSTANDING", 2)
+    link = ConcurrentLink(adds_at, None)
+    try:
+        for i in range(2):
+            link.call_items(ADD_PARTITIONS_TO_TXN, adds_request(f"park-{i}"), 30, Delivered())
+        third = Delivered()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("now"), 0.3, third)
+        assert "2 calls in flight" in str(third.wait(1)[0])
+        adds.release()  # both done: room again
+        fourth = Delivered()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("now"), 5, fourth)
+        assert fourth.messages() == {0: "now"}
+    finally:
+        link.close()
+
+
+def test_a_listener_reads_no_request_past_its_bound_until_one_is_done(
+    adds: Adds, adds_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that sends more requests than the bound (not a
+    ConcurrentLink): the listener leaves the third unread until one of the
+    first two is done."""
+    monkeypatch.setattr(cluster_link, "MAX_OUTSTANDING", 2)
+    host, port = adds_at.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        for request_id, tid in ((1, "never-1"), (2, "never-2"), (3, "now")):
+            raw.sendall(request_frame(ADD_PARTITIONS_TO_TXN, adds_request(tid), 30, request_id))
+        raw.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            raw.recv(1)  # nothing answered: the third request waits unread
+        adds.release()
+        raw.settimeout(10)
+        frames = []
+        while len(frames) < 3:
+            length, request_id, kind, item = struct.unpack(">IIBI", read_exactly(raw, 13))
+            read_exactly(raw, length)
+            frames.append((request_id, kind, item))
+        assert sorted(frames) == [(1, ITEM, 0), (2, ITEM, 0), (3, ITEM, 0)]
+
+
+def read_exactly(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        assert chunk, "closed"
+        data += chunk
+    return data
+
+
+def test_item_answers_past_what_the_request_allows_end_the_connection(
+    adds: Adds, adds_at: str
+) -> None:
+    """Each answer fits alone; together they are over the limit."""
+    limit = ADD_PARTITIONS_TO_TXN.response_limit(adds_request("big-1", "big-2"))
+    adds.big = limit // 2 + 10
+    link = ConcurrentLink(adds_at, None)
+    try:
+        delivered = Delivered()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("big-1", "big-2"), 5, delivered)
+        answers = delivered.wait(2)
+        assert isinstance(answers[1], LinkError) and "at most" in str(answers[1])
+        adds.big = 0
+        fine = Delivered()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("now"), 5, fine)  # dials again
+        assert fine.messages() == {0: "now"}
+    finally:
+        link.close()
+
+
+def test_an_answer_frame_for_a_request_never_sent_ends_the_connection() -> None:
+    """A peer that answers a request id it was never sent (or an item of a
+    call answered whole) is not trusted further: every call in flight fails."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer_wrongly() -> None:
+        connection, _ = server.accept()
+        with connection:
+            read_exactly(connection, 13)
+            body = coordinator_pb2.AddPartitionsToTxnResponse().SerializeToString()
+            connection.sendall(struct.pack(">IIBI", len(body), 999, ITEM, 0) + body)
+            connection.recv(1)
+
+    peer = threading.Thread(target=answer_wrongly, daemon=True)
+    peer.start()
+    link = ConcurrentLink(f"127.0.0.1:{port}", None)
+    try:
+        delivered = Delivered()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("a"), 5, delivered)
+        failure = delivered.wait(1)[0]
+        assert isinstance(failure, LinkError) and "999" in str(failure)
+    finally:
+        link.close()
+        server.close()
+        peer.join(5)
+
+
+def test_under_tls_a_stranger_gets_only_the_whole_refusal_of_its_add(
+    adds: Adds, tls_files: dict[str, Any]
+) -> None:
+    running = adds_listener(adds, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    stranger = ConcurrentLink(f"127.0.0.1:{running.port}", tls_files["client"])
+    node = ConcurrentLink(f"127.0.0.1:{running.port}", tls_files["node"])
+    try:
+        delivered = Delivered()
+        whole = stranger.call_items(
+            ADD_PARTITIONS_TO_TXN, adds_request("now", "park-a"), 5, delivered
+        )
+        assert whole is not None and whole.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        assert delivered.items == {} and adds.held == [] and len(adds.refused) == 1
+        mine = Delivered()
+        node.call_items(ADD_PARTITIONS_TO_TXN, adds_request("now"), 5, mine)
+        assert mine.messages() == {0: "now"}
+    finally:
+        stranger.close()
+        node.close()
+        running.stop()
+
+
+def test_a_call_ends_by_its_timeout_while_its_request_cannot_be_sent() -> None:
+    """A peer that reads nothing: a request of 40 MiB (more than loopback's
+    buffers take) holds the connection's thread in its send, and the call
+    still ends a second after its timeout, not after the send's own."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    peer = threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True)
+    peer.start()
+    link = ConcurrentLink(f"127.0.0.1:{server.getsockname()[1]}", None)
+    try:
+        delivered = Delivered()
+        started = time.monotonic()
+        link.call_items(ADD_PARTITIONS_TO_TXN, adds_request("x" * (40 << 20)), 0.5, delivered)
+        failure = delivered.wait(1)[0]
+        assert isinstance(failure, LinkError) and "timed out" in str(failure)
+        assert time.monotonic() - started < cluster_link.IO_TIMEOUT_S / 2
+    finally:
+        link.close()
+        peer.join(5)
+        for connection in accepted:
+            connection.close()
+        server.close()

@@ -1,5 +1,7 @@
 """The coalescing sender (partition_log/coalescing.py): one call per
-destination in flight, the callers that come meanwhile go out together."""
+destination being taken, the callers that come meanwhile go out together;
+each caller answered as its own answer comes, one set aside by the
+destination holding up neither its batch nor the next."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from partition_log.coalescing import CoalescingSender
+from partition_log.coalescing import CoalescingSender, Deliver
 
 TIMEOUT_S = 10.0
 
@@ -23,17 +25,28 @@ class GatedSend:
         self.entered = threading.Semaphore(0)
         self.gate = threading.Semaphore(0)
         self.fail_with: Exception | None = None
-        self.short = False
+        #: With ``fail_with``: the first item is answered before the failure.
+        self.answer_first = False
+        #: Items answered later (by :meth:`answer_later`), not by the call.
+        self.later: set[int] = set()
+        self.set_aside: list[tuple[str, int, int, Deliver[str]]] = []
 
-    def __call__(self, destination: str, items: Sequence[int]) -> Sequence[str]:
+    def __call__(self, destination: str, items: Sequence[int], deliver: Deliver[str]) -> None:
         self.batches.append((destination, list(items)))
         if destination in self.gated:
             self.entered.release()
             assert self.gate.acquire(timeout=TIMEOUT_S), "the test never opened the gate"
+        for index, item in enumerate(items):
+            if item in self.later:
+                self.set_aside.append((destination, index, item, deliver))
+            elif self.fail_with is None or (self.answer_first and index == 0):
+                deliver(index, f"{destination}:{item}")
         if self.fail_with is not None:
             raise self.fail_with
-        answers = [f"{destination}:{item}" for item in items]
-        return answers[:-1] if self.short else answers
+
+    def answer_later(self) -> None:
+        for destination, index, item, deliver in self.set_aside:
+            deliver(index, f"{destination}:{item}")
 
 
 def in_thread(target: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
@@ -126,12 +139,41 @@ def test_a_failed_call_fails_every_caller_of_its_batch_and_only_them() -> None:
     assert (second_out, third_out) == (["a:1"], ["a:2"])
 
 
-def test_a_wrong_number_of_answers_is_an_error() -> None:
-    send = GatedSend()
-    send.short = True
+def test_a_call_that_fails_midway_fails_only_the_items_not_answered() -> None:
+    send = GatedSend(gated=frozenset({"a"}))
     sender: CoalescingSender[int, str] = CoalescingSender(send)
-    with pytest.raises(RuntimeError, match="answered 0 of 1"):
-        sender.call("a", 1)
+    first, first_out = in_thread(lambda: sender.call("a", 0))
+    assert send.entered.acquire(timeout=TIMEOUT_S)
+    waiting = [in_thread(lambda i=i: sender.call("a", i)) for i in (1, 2)]  # type: ignore[misc]
+    wait_until(lambda: queued(sender, "a", 2))
+    send.gate.release()
+    assert send.entered.acquire(timeout=TIMEOUT_S)
+    send.fail_with = ConnectionError("cut")  # the first item answered, then the call fails
+    send.answer_first = True
+    send.gate.release()
+    for thread, _ in [(first, first_out), *waiting]:
+        thread.join(TIMEOUT_S)
+    first_item = send.batches[1][1][0]
+    outs = {i: out for i, (_, out) in zip((1, 2), waiting, strict=True)}
+    assert outs[first_item] == [f"a:{first_item}"]
+    (other,) = {1, 2} - {first_item}
+    assert len(outs[other]) == 1 and isinstance(outs[other][0], ConnectionError)
+
+
+def test_an_item_set_aside_holds_up_neither_its_batch_nor_the_next() -> None:
+    """The destination answers item 7 later (parked): the other item of its
+    batch is answered, and the next call goes out, meanwhile."""
+    send = GatedSend()
+    send.later = {7}
+    sender: CoalescingSender[int, str] = CoalescingSender(send)
+    parked, parked_out = in_thread(lambda: sender.call("a", 7))
+    wait_until(lambda: len(send.set_aside) == 1)
+    assert sender.call("a", 8) == "a:8"  # a call of its own, while 7 waits
+    assert parked_out == [] and parked.is_alive()
+    send.answer_later()
+    parked.join(TIMEOUT_S)
+    assert parked_out == ["a:7"]
+    assert send.batches == [("a", [7]), ("a", [8])]
 
 
 def test_batches_hold_at_most_max_batch_items() -> None:

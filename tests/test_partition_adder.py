@@ -3,7 +3,8 @@ coordinator stub on a fake clock: CONCURRENT_TRANSACTIONS is asked again
 once, alone and waiting for the completion, for ``retry_max_s`` counted
 from that answer, however long the call that brought it took; a call of
 one transaction waits for the completion a little, one of many does not;
-the adds go over the coordinator's link when it has a link address."""
+the adds go over the coordinator's link when it has a link address, each
+transaction there asking to wait ``retry_max_s`` for a completion."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from partition_log import cluster_view
 from partition_log.cluster_view import TxnPartitionAdder
-from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener, Replies
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.types import TopicPartition
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2
@@ -139,7 +140,9 @@ def test_a_call_of_many_transactions_does_not_wait_for_a_completion(
     made, coordinator = adder(monkeypatch, [ErrorCode.NONE], took_s=0.0)
     one = coordinator_pb2.AddPartitionsToTxnRequest(transactional_id="a")
     other = coordinator_pb2.AddPartitionsToTxnRequest(transactional_id="b")
-    assert len(made._send("coordinator", [one, other])) == 2
+    answered: list[int] = []
+    made._send("coordinator", [one, other], lambda index, _answer: answered.append(index))
+    assert answered == [0, 1]
     assert coordinator.asked == [(2, False, 0, cluster_view.CALL_TIMEOUT_S)]
 
 
@@ -166,13 +169,15 @@ def test_adds_to_a_coordinator_with_a_link_address_go_over_the_link() -> None:
     loopback); once it is gone, the add fails as any call does (the
     producer's retriable REQUEST_TIMED_OUT naming the coordinator)."""
     answering = ScriptedCoordinator(FakeClock(), [ErrorCode.NONE], took_s=0.0)
+
+    def answer(request: Any, refused: str | None, timeout_s: float, replies: Replies) -> None:
+        whole = answering.AddPartitionsToTxn(request, timeout_s)
+        for item, each in enumerate(whole.transactions):
+            replies.answer(item, lambda each=each: each)
+
     listener = ClusterListener(
         ("127.0.0.1", 0),
-        {
-            ADD_PARTITIONS_TO_TXN: lambda request, refused, timeout_s: answering.AddPartitionsToTxn(
-                request, timeout_s
-            )
-        },
+        {ADD_PARTITIONS_TO_TXN: answer},
         tls=None,
         allowed=lambda who: True,
         max_connections=4,
@@ -187,10 +192,9 @@ def test_adds_to_a_coordinator_with_a_link_address_go_over_the_link() -> None:
     )
     try:
         assert made.add_partitions("tx", 1, 0, [TP]) == {TP: (ErrorCode.NONE, "")}
-        sole_wait_ms = round(cluster_view.SOLE_ADD_WAIT_S * 1000)
         ((count, waits, wait_ms, timeout_s),) = answering.asked
-        assert (count, waits, wait_ms) == (1, True, sole_wait_ms)
-        assert cluster_view.CALL_TIMEOUT_S - 0.5 < timeout_s <= cluster_view.CALL_TIMEOUT_S
+        assert (count, waits, wait_ms) == (1, True, 100)  # retry_max_s, parked at most
+        assert cluster_view.CALL_TIMEOUT_S - 0.4 < timeout_s <= cluster_view.CALL_TIMEOUT_S + 0.1
     finally:
         listener.stop()
     code, message = made.add_partitions("tx", 1, 0, [TP])[TP]

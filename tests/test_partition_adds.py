@@ -3,8 +3,9 @@ partition-log node adds a partition to the transaction with the
 transaction's first batch there, so a producer commits and aborts across
 partitions without ever calling AddPartitionsToTxn; a fenced producer's
 batch is refused and changes nothing; the batched (many transactions)
-AddPartitionsToTxn answers each transaction on its own; a transaction
-whose previous one is still completing never holds up another
+AddPartitionsToTxn answers each transaction on its own (over the cluster
+link each as soon as it is ready, a fenced producer failing alone); a
+transaction whose previous one is still completing never holds up another
 transactional id's first batch; and with
 ``transaction.partition.verification.enable=false`` producers add their
 partitions themselves, end to end."""
@@ -22,7 +23,9 @@ import pytest
 
 from raftcoord.client import Admin, TransactionalProducer
 from raftcoord.client._net import CoordinatorClient
-from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.cluster.launcher import CONFIG_FILE, LocalCluster
+from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ConcurrentLink
+from raftcoord.protocol.config import load_config
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import shard_for
 from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
@@ -271,8 +274,8 @@ def test_a_completing_transaction_does_not_hold_up_another_ids_first_batch(
 ) -> None:
     """X's previous transaction cannot complete (the node of one of its
     partitions is paused) while X's next transaction's first batch asks,
-    from another node, to add a partition: that node asks again for X's add
-    alone, which the coordinator parks. Meanwhile Y, whose shard has the
+    from another node, to add a partition: the coordinator parks X's add
+    in that node's batched call over the cluster link. Meanwhile Y, whose shard has the
     same leader, commits a transaction through the same node, before X's
     batch is answered: X's parked add holds up no batch of that node.
     Asked directly, the coordinator holds a batched add of X for the
@@ -394,6 +397,126 @@ def test_a_completing_transaction_does_not_hold_up_another_ids_first_batch(
     assert not thread.is_alive()
     assert x_answers[0].error_code == ErrorCode.NONE, x_answers
     assert describe(cluster, x) == ("Ongoing", {(topic, other)})
+
+
+def test_each_transaction_of_a_shared_link_call_is_answered_on_its_own(
+    stalling: LocalCluster,
+) -> None:
+    """One batched AddPartitionsToTxn over the coordinator's cluster link,
+    as partition-log nodes send it, carries three producers' adds: X's
+    previous transaction cannot complete (the node of its partition is
+    paused), Z's producer is fenced (its id was initialised again), W's is
+    fine. W is added and Z refused PRODUCER_FENCED at once, each in an
+    answer of its own, while X's add is parked (the call is told) and,
+    with no second call, answered once the completion applies: added."""
+    cluster = stalling
+    topic = "adds-shared"
+    nodes = plog_client.create_topic(cluster, topic, 3)
+    other = next(p for p, address in nodes.items() if address != nodes[0])
+    paused_node = next(n.node_id for n in cluster.partition_nodes() if n.grpc == nodes[0])
+    bootstrap = coordinator_pb2_grpc.TransactionCoordinatorStub(
+        grpc.insecure_channel(cluster.bootstrap()[0])
+    )
+    by_shard: dict[int, list[str]] = {}
+    for i in range(400):  # three transactional ids of one shard: one leader, one call
+        found = bootstrap.FindCoordinator(
+            coordinator_pb2.FindCoordinatorRequest(
+                key=f"adds-shared-{i}", key_type=coordinator_pb2.TRANSACTION
+            ),
+            timeout=5,
+        )
+        assert found.error_code == ErrorCode.NONE, found
+        by_shard.setdefault(found.shard, []).append(f"adds-shared-{i}")
+        if len(by_shard[found.shard]) == 3:
+            x, w, z = by_shard[found.shard]
+            break
+    stub = coordinator_pb2_grpc.TransactionCoordinatorStub(grpc.insecure_channel(found.address))
+    config = load_config(cluster.data_dir / CONFIG_FILE)
+    (link_address,) = [n.link for n in config.coordinators if n.grpc == found.address]
+    assert link_address is not None
+    cluster.wait_until(
+        lambda: (
+            plog_client.produce(plog_client.stub(nodes[0]), topic, 0, [b"-"]).error_code
+            == ErrorCode.NONE
+        ),
+        30,
+        "partition 0 refuses",
+    )
+    x_pid, x_epoch = init(stub, x)
+    first = plog_client.produce(
+        plog_client.stub(nodes[0]),
+        topic,
+        0,
+        [b"x"],
+        producer_id=x_pid,
+        epoch=x_epoch,
+        sequence=0,
+        transactional=True,
+        transactional_id=x,
+    )
+    assert first.error_code == ErrorCode.NONE, first
+    w_pid, w_epoch = init(stub, w)
+    z_pid, z_epoch = init(stub, z)
+    assert init(stub, z)[1] > z_epoch  # z's first producer is fenced now
+
+    def add(tid: str, pid: int, epoch: int) -> Any:
+        return coordinator_pb2.AddPartitionsToTxnRequest(
+            transactional_id=tid,
+            producer_id=pid,
+            producer_epoch=epoch,
+            topics=[common_pb2.TopicPartitions(topic=topic, partitions=[other])],
+        )
+
+    answers: dict[int, Any] = {}
+    answered = threading.Condition()
+
+    def deliver(item: int, answer: Any) -> None:
+        with answered:
+            answers[item] = answer
+            answered.notify_all()
+
+    link = ConcurrentLink(link_address, None)
+    cluster.kill(paused_node, "STOP")
+    try:
+        ended = stub.EndTxn(
+            coordinator_pb2.EndTxnRequest(
+                transactional_id=x, producer_id=x_pid, producer_epoch=x_epoch, committed=True
+            ),
+            timeout=10,
+        )
+        assert ended.error_code == ErrorCode.NONE, ended
+        assert describe(cluster, x)[0] == "PrepareCommit"  # its markers wait for the paused node
+        whole = link.call_items(
+            ADD_PARTITIONS_TO_TXN,
+            coordinator_pb2.AddPartitionsToTxnRequest(
+                transactions=[
+                    add(x, ended.producer_id, ended.producer_epoch),
+                    add(w, w_pid, w_epoch),
+                    add(z, z_pid, z_epoch),
+                ],
+                wait_for_completion=True,
+                wait_for_completion_ms=60_000,
+            ),
+            90,
+            deliver,
+        )
+        assert whole is None  # answered transaction by transaction
+        with answered:  # returned with W and Z answered and X parked
+            assert sorted(answers) == [1, 2], answers
+            assert answers[1].error_code == ErrorCode.NONE, answers[1]
+            assert answers[2].error_code == ErrorCode.PRODUCER_FENCED, answers[2]
+        assert describe(cluster, w) == ("Ongoing", {(topic, other)})
+        assert describe(cluster, z) == ("Empty", set())
+        assert describe(cluster, x)[0] == "PrepareCommit"
+    finally:
+        cluster.kill(paused_node, "CONT")
+    try:
+        with answered:
+            assert answered.wait_for(lambda: 0 in answers, 60), "X's add never answered"
+        assert answers[0].error_code == ErrorCode.NONE, answers[0]
+        assert describe(cluster, x) == ("Ongoing", {(topic, other)})
+    finally:
+        link.close()
 
 
 def applied_index(cluster: LocalCluster, node_id: int, shard: int) -> int:

@@ -46,8 +46,9 @@ entry and what the leader stamps into it.
   (``transaction.park.timeout.ms``, and shortly before its caller's
   deadline: :func:`park_deadline`) it gets the CONCURRENT_TRANSACTIONS
   answer. Requests that are not :attr:`Queued.parkable` (the adds of a
-  partition-log node's batched AddPartitionsToTxn, which answers only once
-  all its transactions are answered) get that answer at once.
+  batched AddPartitionsToTxn over gRPC that did not ask to wait, which
+  answers only once all its transactions are answered) get that answer at
+  once.
 
 :class:`LeaderCore` is not thread-safe; its owner serialises calls. The
 clocks are injected, so tests run them on fake ones.

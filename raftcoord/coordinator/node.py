@@ -86,10 +86,9 @@ log = logging.getLogger("raftcoord.coordinator.node")
 #: (EX_SOFTWARE): restarting it replays the same entry, so it needs a fix.
 EXIT_APPLY_FAILED = 70
 #: Cluster-link connections a coordinator answers per node of the cluster:
-#: twice a partition-log node's pool of links to it
-#: (partition_log.cluster_view.LINKS_PER_COORDINATOR), room for links being
+#: a partition-log node's one link to it, and room for links being
 #: redialled while their old connections are still being closed.
-LINK_CONNECTIONS_PER_NODE = 16
+LINK_CONNECTIONS_PER_NODE = 4
 
 T = TypeVar("T")
 
@@ -154,8 +153,15 @@ class CoordinatorNode:
     def availability(self, shard: int) -> ErrorCode:
         return self.shards[shard].availability()
 
-    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
-        return self.shards[shard].submit(build, parkable)
+    def submit(
+        self,
+        shard: int,
+        build: Unstamped,
+        parkable: bool = True,
+        parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
+    ) -> Future[Outcome]:
+        return self.shards[shard].submit(build, parkable, parked, park_ms)
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         return self.shards[shard].replica.query(reader)
@@ -414,8 +420,6 @@ class CoordinatorNode:
             address,
             {ADD_PARTITIONS_TO_TXN: service.transactions.add_partitions_over_link},
             rpc,
-            # A partition-log node's adds go out one call at a time per
-            # coordinator, and its waits for a completion each on its own.
             LINK_CONNECTIONS_PER_NODE * max(1, len(self.config.partition_nodes)),
         )
 

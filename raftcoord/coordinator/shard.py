@@ -131,11 +131,21 @@ class Shards(Protocol):
     def leader_of(self, shard: int) -> NodeAddress | None:
         """The coordinator this node believes leads ``shard``, or None."""
 
-    def submit(self, shard: int, build: Unstamped, parkable: bool = True) -> Future[Outcome]:
+    def submit(
+        self,
+        shard: int,
+        build: Unstamped,
+        parkable: bool = True,
+        parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
+    ) -> Future[Outcome]:
         """Replicate the command of ``build`` on ``shard`` (a ready leader's),
         stamped when it is proposed; the future holds its :class:`Outcome`,
         or the refusal. Not ``parkable``: never parked behind a completing
-        transaction (answered CONCURRENT_TRANSACTIONS instead)."""
+        transaction (answered CONCURRENT_TRANSACTIONS instead). ``parked``
+        is called (on the shard's thread) each time the request is parked;
+        ``park_ms``: it stays parked at most that long from its first
+        parking (None: the park timeout)."""
 
     def query(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from this node's replica of ``shard`` as it is
@@ -188,6 +198,12 @@ class Request:
     park_deadline_ms: int | None = None
     #: Whether it may be parked (:attr:`raftcoord.coordinator.leader.Queued.parkable`).
     parkable: bool = True
+    #: Called (on the tick thread) each time it is parked: its caller may
+    #: learn that its answer waits for a completion.
+    parked: Callable[[], None] | None = None
+    #: How long it may stay parked from its first parking, if shorter than
+    #: the park timeout (None: the park timeout).
+    park_ms: int | None = None
 
 
 #: A follower that hears from its leader waits for Raft messages this share
@@ -407,11 +423,26 @@ class Shard:
 
     # --- called from gRPC threads --------------------------------------------------
 
-    def submit(self, build: Unstamped, parkable: bool = True) -> Future[Any]:
+    def submit(
+        self,
+        build: Unstamped,
+        parkable: bool = True,
+        parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
+    ) -> Future[Any]:
         """Queue the command of ``build``, stamped when it is proposed; the
         future resolves to its :class:`Outcome`. Not ``parkable``: never
-        parked (:attr:`Request.parkable`)."""
-        return self.submit_all([build], parkable)[0]
+        parked (:attr:`Request.parkable`); ``parked``, ``park_ms``:
+        :attr:`Request.parked`, :attr:`Request.park_ms`."""
+        request = Request(
+            build,
+            caller_deadline=CALLER_DEADLINE.get(),
+            parkable=parkable,
+            parked=parked,
+            park_ms=park_ms,
+        )
+        self._enqueue([request])
+        return request.future
 
     def submit_all(self, builds: Sequence[Unstamped], parkable: bool = True) -> list[Future[Any]]:
         """Queue the commands of ``builds`` to go out together, in one entry
@@ -769,7 +800,9 @@ class Shard:
         if request.park_deadline_ms is None:
             request.park_deadline_ms = park_deadline(
                 now,
-                self.timers.park_timeout_ms,
+                self.timers.park_timeout_ms
+                if request.park_ms is None
+                else min(request.park_ms, self.timers.park_timeout_ms),
                 None
                 if request.caller_deadline is None
                 else self.clock.deadline_ms(request.caller_deadline),
@@ -777,6 +810,8 @@ class Shard:
         if now >= request.park_deadline_ms:
             return False
         self._parked.park(transactional_id, request, request.park_deadline_ms)
+        if request.parked is not None:
+            request.parked()
         return True
 
     def _needs_new_producer_id(self, command: InitProducerId | EndTxn) -> bool:

@@ -226,7 +226,9 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         """``behavior(request, ...)`` counted and timed as a call of
         ``method``; one that raises is counted with the code ``failure``
         names for its arguments (``RAISED``: the calls that arrive over a
-        cluster link, :mod:`raftcoord.protocol.cluster_link`)."""
+        cluster link, :mod:`raftcoord.protocol.cluster_link`). One that
+        returns None (a cluster link's call answered item by item, timed to
+        its items' start) is counted ``NONE``."""
         latency = self._latency.labels(method)
         received = self._received.labels(method)
         sent = self._sent.labels(method)
@@ -235,10 +237,11 @@ class RpcMetrics(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc is untyp
         def count(failed: str | None, request: Any, response: Any) -> None:
             """Count one call; a response this cannot read is counted
             ``UNKNOWN`` (and logged once): measuring never fails a call."""
-            code = failed or "UNKNOWN"
+            code = failed or "NONE"
             try:
                 received.inc(request.ByteSize())
                 if response is not None:
+                    code = failed or "UNKNOWN"
                     sent.inc(response.ByteSize())
                     code = error_name(self._reader(response)(response))
             except Exception:

@@ -163,12 +163,16 @@ class ShardRouter:
         build: Unstamped,
         precheck: Callable[[], Outcome | None] | None = None,
         parkable: bool = True,
+        parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
     ) -> Future[Outcome]:
         """:meth:`run` without the wait: the future of the command's outcome
         (resolved already when the request is refused here). Commands started
         one after the other are queued together and usually share one Raft
         entry (group commit). Not ``parkable``: answered at once rather than
-        parked behind a completing transaction."""
+        parked behind a completing transaction; ``parked``: called each time
+        the request is parked; ``park_ms``: how long it may stay parked from
+        its first parking (None: the park timeout)."""
         # A request that breaks a limit is refused by any node, before routing
         # to a leader: it never reaches the log.
         refused_here = self.refusal(build)
@@ -181,7 +185,7 @@ class ShardRouter:
             return answered(Outcome(error=refused.error, message=refused.message))
         if refused_before is not None:
             return answered(refused_before)
-        return self.shards.submit(shard, build, parkable)
+        return self.shards.submit(shard, build, parkable, parked, park_ms)
 
     def read(self, shard: int, reader: Reader[T]) -> T:
         """``reader``'s answer from ``shard``'s leader (this node), through its log.

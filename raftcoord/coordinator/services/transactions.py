@@ -4,7 +4,9 @@ InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 from fsm import (
@@ -31,6 +33,7 @@ from raftcoord.coordinator.services.common import (
 from raftcoord.coordinator.services.topics import TopicRPCs
 from raftcoord.coordinator.shard import caller_waits, parked_at_most
 from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceType
+from raftcoord.protocol.cluster_link import Replies
 from raftcoord.protocol.v1 import coordinator_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -189,7 +192,14 @@ class TransactionRPCs:
         and then at most ``wait_for_completion_ms`` when it says so.
         """
         if request.transactions:
-            return self._add_batched(request, self.router.cluster_refusal(context), context)
+            refused = self.router.cluster_refusal(context)
+            if refused is not None:
+                return _cluster_refused(refused)
+            started = self._start_batched(request, context, None)
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error_code=wire_error(ErrorCode.NONE),
+                transactions=[build(wait(future)) for future, build in started],
+            )
         who = self.router.caller(context)
         denied = self.router.denied(
             who, (Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id)
@@ -208,49 +218,79 @@ class TransactionRPCs:
             return _add_refused(
                 request, outcome, ErrorCode.OPERATION_NOT_ATTEMPTED, set(unwritable)
             )
-        return self._start_add(request, context)()
+        future, build = self._start_add(request, context)
+        return build(wait(future))
 
-    def add_partitions_over_link(self, request: Any, refused: str | None, timeout_s: float) -> Any:
+    def add_partitions_over_link(
+        self, request: Any, refused: str | None, timeout_s: float, replies: Replies | None
+    ) -> Any | None:
         """A partition-log node's batched AddPartitionsToTxn over a cluster
         link (:data:`raftcoord.protocol.cluster_link.ADD_PARTITIONS_TO_TXN`),
-        answered as over gRPC; ``refused``: why a caller that is not the
-        cluster is refused. Only the batched form (``transactions``) is
-        answered here; a producer's own add goes over gRPC. A stranger is
-        refused whatever it sent."""
-        if refused is None and not request.transactions:
+        checked as over gRPC, each transaction answered alone through
+        ``replies`` as soon as its outcome is known (None is returned): those
+        added now with their entry, those parked behind their previous
+        transaction's completion (each reported :meth:`Replies.parked`) when
+        it applies or their park time is over, without holding up the
+        others. ``refused``: why a caller that is not the cluster is
+        refused (answered whole, as is a request without ``transactions``:
+        a producer's own add goes over gRPC). A stranger is refused whatever
+        it sent."""
+        if refused is not None:
+            return _cluster_refused(refused)
+        if replies is None or not request.transactions:
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(ErrorCode.INVALID_REQUEST),
                 error_message="a cluster link carries only batched adds (transactions)",
             )
         with caller_waits(timeout_s):
-            return self._add_batched(request, refused, None)
+            started = self._start_batched(request, None, replies)
+        for item, (future, build) in enumerate(started):
+            future.add_done_callback(partial(_answer_item, replies, item, build))
+        return None
 
-    def _add_batched(self, request: Any, refused: str | None, context: Any | None) -> Any:
-        """A batched add (Kafka's v4+, sent by partition-log nodes): each
-        transaction checked and queued on its shard, then the answers
-        awaited. ``context`` is None over a cluster link."""
-        if refused is not None:  # Kafka's v4+ needs ClusterAction
-            return coordinator_pb2.AddPartitionsToTxnResponse(
-                error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
-                error_message=refused,
-            )
+    def _start_batched(
+        self, request: Any, context: Any | None, replies: Replies | None
+    ) -> list[tuple[Future[Outcome], Callable[[Outcome], Any]]]:
+        """Check and queue each transaction of a batched add (Kafka's v4+,
+        sent by partition-log nodes) on its shard: their futures and how to
+        answer each. ``context`` is None over a cluster link; ``replies``:
+        the link's, told of each transaction parked. A transaction asked to
+        wait (``wait_for_completion``) stays parked at most
+        ``wait_for_completion_ms`` (when set): over a link, counted from its
+        first parking (Kafka's brokers count their retries from the first
+        CONCURRENT_TRANSACTIONS); over gRPC, where one parked transaction
+        holds up the answer of all, from now."""
         parkable = request.wait_for_completion
-        limit_s = request.wait_for_completion_ms / 1000
-        with parked_at_most(limit_s) if parkable and limit_s else nullcontext():
-            answers = [self._start_add(t, context, parkable=parkable) for t in request.transactions]
-        return coordinator_pb2.AddPartitionsToTxnResponse(
-            error_code=wire_error(ErrorCode.NONE),
-            transactions=[answer() for answer in answers],
-        )
+        limit_ms = request.wait_for_completion_ms if parkable else 0
+        if replies is not None:
+            return [
+                self._start_add(
+                    t,
+                    context,
+                    parkable=parkable,
+                    parked=partial(replies.parked, item),
+                    park_ms=limit_ms or None,
+                )
+                for item, t in enumerate(request.transactions)
+            ]
+        with parked_at_most(limit_ms / 1000) if limit_ms else nullcontext():
+            return [self._start_add(t, context, parkable=parkable) for t in request.transactions]
 
     def _start_add(
-        self, request: Any, context: Any | None, parkable: bool = True
-    ) -> Callable[[], Any]:
+        self,
+        request: Any,
+        context: Any | None,
+        parkable: bool = True,
+        parked: Callable[[], None] | None = None,
+        park_ms: int | None = None,
+    ) -> tuple[Future[Outcome], Callable[[Outcome], Any]]:
         """Check one transaction's AddPartitionsToTxn and queue its command;
-        returns the function that waits for and builds its answer. An add
-        that is not ``parkable`` (of a batched request that did not ask to
-        wait) is answered CONCURRENT_TRANSACTIONS at once
-        (:data:`BATCHED_SETTLED_REFUSALS`)."""
+        returns the future of its outcome and the function that builds its
+        answer from the outcome. An add that is not ``parkable`` (of a
+        batched request that did not ask to wait) is answered
+        CONCURRENT_TRANSACTIONS at once (:data:`BATCHED_SETTLED_REFUSALS`);
+        ``parked`` is called each time it is parked, ``park_ms`` bounds its
+        stay from its first parking."""
         partitions = tuple(TopicPartition(t.topic, p) for t in request.topics for p in t.partitions)
         shard = self.router.shard_of(request.transactional_id)
         unknown: dict[TopicPartition, str] = {}
@@ -282,7 +322,7 @@ class TransactionRPCs:
                         for tp, error in errors
                     ],
                 )
-                return lambda: verified
+                return answered(Outcome()), lambda _outcome: verified
         else:
 
             def command(stamp: Stamp) -> AddPartitions:
@@ -314,10 +354,9 @@ class TransactionRPCs:
                     message="; ".join(unknown.values()) + "; nothing was added",
                 )
 
-            outcome = self.router.start(shard, command, precheck, parkable=parkable)
+            outcome = self.router.start(shard, command, precheck, parkable, parked, park_ms)
 
-        def answer() -> Any:
-            result = wait(outcome)
+        def answer(result: Outcome) -> Any:
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error_code=wire_error(result.error),
                 error_message=result.message,
@@ -332,7 +371,7 @@ class TransactionRPCs:
                 ],
             )
 
-        return answer
+        return outcome, answer
 
     def AddOffsetsToTxn(self, request: Any, context: Any) -> Any:
         denied = self.router.denied(
@@ -402,6 +441,22 @@ class TransactionRPCs:
         )
 
 
+def _cluster_refused(refused: str) -> Any:
+    """A batched add of a caller that is not the cluster's (Kafka's v4+
+    needs ClusterAction), refused whole."""
+    return coordinator_pb2.AddPartitionsToTxnResponse(
+        error_code=wire_error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED), error_message=refused
+    )
+
+
+def _answer_item(
+    replies: Replies, item: int, build: Callable[[Outcome], Any], future: Future[Outcome]
+) -> None:
+    """Answer ``item`` of a batched add over a cluster link once its outcome
+    (``future``, done) is known; its answer is built on the link's thread."""
+    replies.answer(item, lambda: build(future.result()))
+
+
 def _add_refused(
     request: Any,
     outcome: Outcome,
@@ -433,12 +488,14 @@ def _add_refused(
 SETTLED_REFUSALS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_ID_MAPPING})
 
 #: The refusals given before proposing to the adds of a batched
-#: AddPartitionsToTxn (partition-log nodes) that did not ask to wait for
-#: completions: also CONCURRENT_TRANSACTIONS, the previous transaction is
-#: still completing. Such adds are not parked (the batch answers only once
-#: all its transactions are answered, and one batch at a time is in flight
-#: from a node): the node asks again for that transaction alone, asking to
-#: wait. An answer the log has overtaken only costs the node that call.
+#: AddPartitionsToTxn over gRPC that did not ask to wait for completions:
+#: also CONCURRENT_TRANSACTIONS, the previous transaction is still
+#: completing. Such adds are not parked (the call answers only once all its
+#: transactions are answered, and one call at a time is in flight from a
+#: node): a partition-log node asks again for that transaction alone,
+#: asking to wait. An answer the log has overtaken only costs the node that
+#: call. (Over a cluster link each transaction is answered on its own, and
+#: such adds are parked.)
 BATCHED_SETTLED_REFUSALS = SETTLED_REFUSALS | {ErrorCode.CONCURRENT_TRANSACTIONS}
 
 
