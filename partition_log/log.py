@@ -48,6 +48,7 @@ from partition_log.codec import (
     BatchHeader,
     CorruptBatch,
     crc_ok,
+    crc_ok_to_end,
     parse_header,
     set_base_offset,
 )
@@ -125,8 +126,9 @@ class CorruptLog(RuntimeError):
     """The log is damaged where recovery may not repair it.
 
     Raised when a closed segment (fsynced when it rolled, so trusted) fails to
-    parse, or when segments are not contiguous. Cutting such a log would drop
-    acknowledged batches, so the store refuses to open instead.
+    parse, when segments are not contiguous, or when a batch of the active
+    segment is damaged where no torn write explains it. Cutting such a log
+    would drop acknowledged batches, so the store refuses to open instead.
     """
 
 
@@ -183,6 +185,9 @@ class _Scan:
     index_offsets: list[int]
     index_positions: list[int]
     problem: str | None  # why the scan stopped before ``file_size``
+    # It stopped at a batch whose bytes run past the end of the file (or at
+    # fewer bytes than a header): a write that never completed.
+    incomplete: bool = False
 
 
 class _SegmentReader:
@@ -1053,6 +1058,16 @@ class PartitionLogStore:
                     f"damaged ({scan.problem}) and intact batches follow it (offset "
                     f"{intact[1]} at position {intact[0]}): refusing to cut acknowledged data"
                 )
+            if cut and self.fsync is FsyncPolicy.ALWAYS and not _never_written(fd, scan, size):
+                # A torn write leaves a batch whose bytes run past the end of
+                # the file. A whole batch that fails its checks (its CRC, its
+                # base offset, its leader epoch) was written and fsynced, so
+                # it may have been acknowledged: that is damage, not a tail.
+                raise CorruptLog(
+                    f"{path}: the last batch, at position {scan.end} (offset "
+                    f"{scan.next_offset}), is damaged ({scan.problem}); under "
+                    "log.flush.policy=always only a batch never written whole is cut"
+                )
             if intact is not None:
                 logger.critical(
                     "%s event=acknowledged_data_lost: cut %d bytes at position %d (%s), "
@@ -1144,19 +1159,22 @@ class PartitionLogStore:
         positions: list[int] = []
         last_indexed = 0
         problem: str | None = None
+        incomplete = False
         while pos < file_size:
             buf, rel = reader.window(pos, HEADER_SIZE)
             try:
                 header = parse_header(buf, rel)
             except CorruptBatch as err:
                 problem = str(err)
+                incomplete = file_size - pos < HEADER_SIZE
                 break
             self.headers_scanned += 1
-            if pos + header.size > file_size:
-                problem = f"incomplete batch: {file_size - pos} of {header.size} bytes"
-                break
             if header.base_offset != expected:
                 problem = f"base offset {header.base_offset}, expected {expected}"
+                break
+            if pos + header.size > file_size:
+                problem = f"incomplete batch: {file_size - pos} of {header.size} bytes"
+                incomplete = True
                 break
             if verify_crc:
                 buf, rel = reader.window(pos, header.size)
@@ -1180,7 +1198,7 @@ class PartitionLogStore:
             batches += 1
             expected = header.next_offset
             pos += header.size
-        return _Scan(pos, expected, batches, offsets, positions, problem)
+        return _Scan(pos, expected, batches, offsets, positions, problem, incomplete)
 
     def _write_index_file(self, base: int, offsets: list[int], positions: list[int]) -> None:
         _write_atomically(self._index_path(base), _pack_index(base, offsets, positions))
@@ -1319,6 +1337,14 @@ def _intact_batch_after(fd: int, position: int, offset: int, size: int) -> tuple
             return position + pos, header.base_offset
         pos = data.find(b"\x02", pos + magic_at + 1) - magic_at
     return None
+
+
+def _never_written(fd: int, scan: _Scan, size: int) -> bool:
+    """Whether the bytes after ``scan`` stopped are a batch whose write never
+    completed: fewer than a header, or a batch at the expected offset whose
+    length runs past the end of the file, unless those bytes are a whole
+    batch with a damaged length field (they match the batch's CRC)."""
+    return scan.incomplete and not crc_ok_to_end(os.pread(fd, size - scan.end, scan.end))
 
 
 def _last_offset_in(fd: int, position: int, size: int) -> int:

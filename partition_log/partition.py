@@ -185,15 +185,16 @@ class Partition:
         self.may_have_lost = (
             self.store.unsettled
             or recovered.created
-            or (
-                fsync is not FsyncPolicy.ALWAYS
-                and (not clean_start or recovered.bytes_truncated > 0)
-            )
+            or recovered.bytes_truncated > 0
+            or (fsync is not FsyncPolicy.ALWAYS and not clean_start)
         )
         """Whether acknowledged records may be missing from the log (it is new,
-        it was not flushed on every append and not closed cleanly, or a start
-        before said so and it was not settled since: the mark is kept on disk
-        until the first grant, :meth:`PartitionLogStore.mark_unsettled`)."""
+        recovery cut a tail, it was not flushed on every append and not
+        closed cleanly, or a start before said so and it was not settled
+        since: the mark is kept on disk until the first grant,
+        :meth:`PartitionLogStore.mark_unsettled`). A tail cut under
+        ``always`` was never written whole here, but followers may hold it
+        whole and readers may have read past it: the followers' copy wins."""
         if self.may_have_lost:
             self.store.mark_unsettled()
         #: Until when (monotonic) the node compares the open transactions with

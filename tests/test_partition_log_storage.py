@@ -540,25 +540,45 @@ def damage_offset_gap(path: Path) -> None:
         f.write(batch)
 
 
+def damage_length_of_last(path: Path) -> None:
+    """The last batch's length field grown past the end of the file: the
+    batch's bytes are all there (they match its CRC), so it is no torn write."""
+    data = bytearray(path.read_bytes())
+    size = len(data_batch("b00", 2))
+    start = len(data) - size
+    length = int.from_bytes(data[start + 8 : start + 12], "big")
+    data[start + 8 : start + 12] = (length + 100).to_bytes(4, "big")
+    path.write_bytes(data)
+
+
+#: Under every policy, the tail of a write that never completed.
+TORN = [
+    (damage_garbage, 0),
+    (damage_half_batch, 0),
+    (damage_header_only, 0),
+    (damage_truncate_last, 1),
+]
+#: A last batch written whole and damaged since: cut only where appends were
+#: not fsynced one by one.
+DAMAGED_LAST = [(damage_crc_of_last, 1), (damage_offset_gap, 0), (damage_length_of_last, 1)]
+
+
 @pytest.mark.parametrize(
-    ("damage", "lost_batches"),
-    [
-        (damage_garbage, 0),
-        (damage_half_batch, 0),
-        (damage_header_only, 0),
-        (damage_crc_of_last, 1),
-        (damage_truncate_last, 1),
-        (damage_offset_gap, 0),
-    ],
+    ("damage", "lost_batches", "policy"),
+    [(*case, FsyncPolicy.ALWAYS) for case in TORN]
+    + [(*case, FsyncPolicy.INTERVAL) for case in TORN + DAMAGED_LAST],
 )
 def test_torn_tail_of_the_active_segment_is_cut(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     damage: Callable[[Path], None],
     lost_batches: int,
+    policy: FsyncPolicy,
 ) -> None:
     size = len(data_batch("b00", 2))
-    open_store = partial(PartitionLogStore, segment_bytes=8 * size, index_interval_bytes=size)
+    open_store = partial(
+        PartitionLogStore, segment_bytes=8 * size, index_interval_bytes=size, fsync=policy
+    )
     with open_store(tmp_path) as store:
         fill(store, 20, n=2)  # three segments, the last one holds batches 16..19
         active = segment_files(tmp_path, ".log")[-1]
@@ -585,6 +605,25 @@ def test_torn_tail_of_the_active_segment_is_cut(
         assert store.log_end_offset == 2 * kept + 1
 
 
+@pytest.mark.parametrize(("damage", "lost_batches"), DAMAGED_LAST)
+def test_under_fsync_always_a_damaged_last_batch_is_refused_not_cut(
+    tmp_path: Path, damage: Callable[[Path], None], lost_batches: int
+) -> None:
+    """Every append was fsynced before it was acknowledged: a last batch
+    whose bytes are all there but fail a check may have been acknowledged,
+    so it is damage and nothing is cut."""
+    size = len(data_batch("b00", 2))
+    open_store = partial(PartitionLogStore, segment_bytes=8 * size, index_interval_bytes=size)
+    with open_store(tmp_path) as store:
+        fill(store, 20, n=2)
+    active = segment_files(tmp_path, ".log")[-1]
+    damage(active)
+    damaged = active.read_bytes()
+    with pytest.raises(CorruptLog, match="the last batch, at position .* is damaged"):
+        open_store(tmp_path)
+    assert active.read_bytes() == damaged
+
+
 def test_a_corrupt_first_batch_empties_the_active_segment(tmp_path: Path) -> None:
     with PartitionLogStore(tmp_path, segment_bytes=200) as store:
         fill(store, 3)
@@ -592,7 +631,9 @@ def test_a_corrupt_first_batch_empties_the_active_segment(tmp_path: Path) -> Non
     data = bytearray(active.read_bytes())
     data[16] = 7  # magic of the first batch
     active.write_bytes(data)
-    with PartitionLogStore(tmp_path, segment_bytes=200) as store:
+    with pytest.raises(CorruptLog, match="is damaged"):
+        PartitionLogStore(tmp_path, segment_bytes=200)  # fsynced, so not torn
+    with PartitionLogStore(tmp_path, segment_bytes=200, fsync=FsyncPolicy.INTERVAL) as store:
         assert store.log_end_offset == int(active.stem)
         assert active.stat().st_size == 0
         assert store.append(data_batch("again")) == int(active.stem)
