@@ -539,7 +539,9 @@ class PartitionLogStore:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def read(self, from_offset: int, max_bytes: int, upto_offset: int) -> list[bytes]:
+    def read(
+        self, from_offset: int, max_bytes: int, upto_offset: int, verify: bool = False
+    ) -> list[bytes]:
         """Whole batches in offset order, starting with the one that contains ``from_offset``.
 
         Only batches that end at or below ``upto_offset`` (``next_offset <=
@@ -549,13 +551,17 @@ class PartitionLogStore:
 
         The segment is found by bisection on base offsets, the start position by
         the sparse offset index; the scan forward from there reads headers only
-        until it reaches ``from_offset``.
+        until it reaches ``from_offset``. With ``verify``, each batch of a
+        segment opened without checking its batches (a closed one) is checked
+        against its CRC-32C. The batches before one that fails a check are
+        returned; a read that starts at it raises.
 
         Raises:
             OffsetOutOfRange: ``from_offset`` is below :attr:`log_start_offset`
                 or above :attr:`log_end_offset`.
             StoreFailed: an earlier write or fsync failed.
-            CorruptLog: the index or a batch header does not match the log.
+            CorruptLog: the index or a batch header does not match the log, or
+                (``verify``) the first batch fails its CRC.
         """
         self._check_usable()
         if not self.log_start_offset <= from_offset <= self.log_end_offset:
@@ -568,18 +574,29 @@ class PartitionLogStore:
             return out
         total = 0
         first = bisect.bisect_right(self._bases, from_offset) - 1
-        for segment in self._segments[first:]:
-            reader = _SegmentReader(segment.log_fd, _READAHEAD)
-            for pos, header in self._headers_from(segment, reader, from_offset):
-                if header.next_offset > upto:
-                    return out
-                if out and total + header.size > max_bytes:
-                    return out
-                buf, rel = reader.window(pos, header.size)
-                out.append(buf[rel : rel + header.size])
-                total += header.size
-                if total >= max_bytes:
-                    return out
+        try:
+            for segment in self._segments[first:]:
+                reader = _SegmentReader(segment.log_fd, _READAHEAD)
+                for pos, header in self._headers_from(segment, reader, from_offset):
+                    if header.next_offset > upto:
+                        return out
+                    if out and total + header.size > max_bytes:
+                        return out
+                    buf, rel = reader.window(pos, header.size)
+                    batch = buf[rel : rel + header.size]
+                    if verify and not segment.verified and not crc_ok(batch):
+                        raise CorruptLog(
+                            f"{self._log_path(segment.base_offset)}: the batch at position "
+                            f"{pos} (offset {header.base_offset}) fails its CRC"
+                        )
+                    out.append(batch)
+                    total += header.size
+                    if total >= max_bytes:
+                        return out
+        except CorruptLog:
+            if out:  # the batches before the damage
+                return out
+            raise
         return out
 
     def batches(self, from_offset: int = 0) -> Iterator[tuple[BatchHeader, bytes | None]]:
