@@ -376,15 +376,12 @@ class ClusterView:
                 if self.node_id in p.replicas
             ]
 
-    def other_in_sync(self, topic: str, partition: int) -> bool:
-        """Whether a replica other than this node is in the ISR of
-        ``topic``/``partition`` (no refresh): one that holds every
-        acknowledged record, which can lead it."""
+    def leadership(self, topic: str, partition: int) -> Leadership | None:
+        """The registration of ``topic``/``partition`` as last refreshed, or
+        None when this node does not know it (no refresh)."""
         with self._lock:
             partitions = self._topics.get(topic, ())
-            return 0 <= partition < len(partitions) and any(
-                r != self.node_id for r in partitions[partition].isr
-            )
+            return partitions[partition] if 0 <= partition < len(partitions) else None
 
     def replica_of(self, topic: str, partition: int, replica: int) -> bool:
         """Whether ``replica`` holds a replica of ``topic``/``partition`` (no refresh)."""

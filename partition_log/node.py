@@ -239,7 +239,7 @@ class PartitionNode:
         reservation thread takes it out of service and sets it aside
         (:meth:`_set_aside_damaged`), and True is returned; otherwise this
         copy stays the one served."""
-        if not self.view.other_in_sync(topic, index):
+        if self._lead_elsewhere(topic, index) is None:
             return False
         with self._damage_lock:
             self._found_damage.setdefault((topic, index), why)
@@ -266,16 +266,27 @@ class PartitionNode:
             partition.discard()
         reopened = []
         for topic, index in list(self.damaged):
-            if self.view.other_in_sync(topic, index):
-                partition = self._set_aside(topic, index)
+            epoch = self._lead_elsewhere(topic, index)
+            if epoch is not None:
+                partition = self._set_aside(topic, index, epoch)
                 if partition is not None:
                     reopened.append(partition)
         return reopened
 
-    def _set_aside(self, topic: str, index: int) -> Partition | None:
-        """Move the damaged partition's directory aside and open it anew;
-        None when it could not be moved (logged; the next round tries
-        again)."""
+    def _lead_elsewhere(self, topic: str, index: int) -> int | None:
+        """The partition's leader epoch as this node knows it when a replica
+        other than this node is in its ISR (one that holds every
+        acknowledged record, which can lead it), else None."""
+        known = self.view.leadership(topic, index)
+        if known is None or not any(r != self.node_id for r in known.isr):
+            return None
+        return known.leader_epoch
+
+    def _set_aside(self, topic: str, index: int, leader_epoch: int) -> Partition | None:
+        """Move the damaged partition's directory aside and open it anew, as
+        a follower at ``leader_epoch`` (so that a placement of that epoch or
+        an older one never makes the empty log a leader); None when it could
+        not be moved (logged; the next round tries again)."""
         name = f"{topic}-{index}"
         aside = self.data_dir / DAMAGED_DIR
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -296,6 +307,7 @@ class PartitionNode:
                     partition_log.log.fsync_directory(aside)
                     partition_log.log.fsync_directory(self.data_dir)
                 partition = self._make_partition(topic, index)
+                partition.follow(leader_epoch)
             except (OSError, CorruptLog) as exc:
                 log.error(
                     "node=%d event=set_aside_failed partition=%s-%d error=%r",
@@ -903,6 +915,10 @@ class PartitionNode:
         if answer is None:
             return
         if lost and answer.error_code == ErrorCode.NONE:
+            # The fence in view before these partitions may be served: the
+            # view held from before could still name this node their leader.
+            if not self.view.refresh(confirmed=True):
+                return  # the next heartbeat asks again
             for partition in lost:
                 partition.settle_replica()
             with self._lost_lock:
@@ -913,8 +929,7 @@ class PartitionNode:
                 self.node_id,
                 ",".join(f"{p.topic}-{p.index}" for p in lost),
             )
-            if self.view.refresh(confirmed=True):
-                self._refresh_placement()
+            self._refresh_placement()
             return
         if answer.error_code != ErrorCode.NONE:
             if answer.error_code != self._heartbeat_refused:
