@@ -258,6 +258,8 @@ class PartitionLogStore:
         #: Whether recovery read a checkpoint of the leader epochs (then a
         #: header naming a newer epoch is damage).
         self._epochs_read = False
+        #: Where :meth:`verify_next` goes on: (segment base offset, offset).
+        self._verify_from: tuple[int, int] | None = None
         self._dirty = False
         self._index_dirty = False
         self._failure: BaseException | None = None
@@ -636,6 +638,42 @@ class PartitionLogStore:
                     body = batch if header.is_control else None
                 yield header, body
             i += 1
+
+    def verify_next(self, max_bytes: int) -> bool:
+        """Check the CRC-32C of about ``max_bytes`` more batches of the oldest
+        segment opened without checking them (a closed one), from where the
+        last call stopped, and each batch to follow the one before; a
+        segment all of whose batches passed counts as checked (reads and
+        :meth:`batches` then check it no more). Returns False when every
+        segment is checked.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            CorruptLog: a batch fails its CRC or does not follow the one before.
+        """
+        self._check_usable()
+        segment = next((s for s in self._segments if not s.verified), None)
+        if segment is None:
+            return False
+        base, offset = self._verify_from or (segment.base_offset, segment.base_offset)
+        if base != segment.base_offset:
+            offset = segment.base_offset
+        reader = _SegmentReader(segment.log_fd, _READAHEAD)
+        checked = 0
+        for pos, header in self._headers_from(segment, reader, offset):
+            if checked >= max_bytes:
+                self._verify_from = (segment.base_offset, header.base_offset)
+                return True
+            buf, rel = reader.window(pos, header.size)
+            if not crc_ok(buf[rel : rel + header.size]):
+                raise CorruptLog(
+                    f"{self._log_path(segment.base_offset)}: the batch at position {pos} "
+                    f"(offset {header.base_offset}) fails its CRC"
+                )
+            checked += header.size
+        segment.verified = True
+        self._verify_from = None
+        return True
 
     def _headers_from(
         self, segment: _Segment, reader: _SegmentReader, from_offset: int

@@ -107,6 +107,11 @@ RESERVATIONS_PER_CALL = 1000
 #: Where the directories of damaged partitions are moved (under the data
 #: directory) when the partition is fetched again from its other replicas.
 DAMAGED_DIR = "damaged"
+#: The check of the closed segments after start: bytes of batches checked
+#: under a partition's lock at a time, and the pause after each (at most
+#: about 100 MiB/s).
+VERIFY_CHUNK_BYTES = 1 << 20
+VERIFY_PAUSE_S = 0.01
 
 
 class DirectoryState(enum.Enum):
@@ -747,8 +752,10 @@ class PartitionNode:
             target=self._reservation_loop, name="reservations", daemon=True
         )
         isr = threading.Thread(target=self._isr_loop, name="isr", daemon=True)
-        self._threads += [metadata, heartbeat, retention, reservations, isr]
+        verify = threading.Thread(target=self._verify_stored, name="verify", daemon=True)
+        self._threads += [metadata, heartbeat, retention, reservations, isr, verify]
         isr.start()
+        verify.start()
         metadata.start()
         heartbeat.start()
         retention.start()
@@ -950,6 +957,16 @@ class PartitionNode:
                 self.node_id,
             )
             self._refresh_placement()
+
+    def _verify_stored(self) -> None:
+        """Check, once, the CRC-32C of every batch in the closed segments of
+        the partitions opened at start (recovery reads only their headers'
+        tail), a little at a time: a damaged one is found now rather than
+        when a reader reaches it (``Partition.verify_stored``). Partitions
+        opened later are new or fetched, checked as they are written."""
+        for partition in list(self.partitions.values()):
+            while not self._stopping.is_set() and partition.verify_stored(VERIFY_CHUNK_BYTES):
+                self._stopping.wait(VERIFY_PAUSE_S)
 
     def _retention_loop(self) -> None:
         interval_s = self.config.settings.log_retention_check_interval_ms / 1000

@@ -1026,6 +1026,23 @@ class Partition:
                 self._on_change(True)
             return deleted
 
+    def verify_stored(self, max_bytes: int) -> bool:
+        """Check about ``max_bytes`` more of the stored batches that were not
+        checked since the partition opened (:meth:`PartitionLogStore.verify_next`);
+        False when none are left, or the log is damaged (reported to
+        ``on_damage``) or failed."""
+        with self.lock:
+            try:
+                return self.store.verify_next(max_bytes)
+            except CorruptLog as exc:
+                log.critical(
+                    "partition=%s-%d event=damage_found error=%s", self.topic, self.index, exc
+                )
+                self._on_damage(str(exc))
+            except (OSError, StoreFailed) as exc:
+                self._log_unreadable(self.store.log_start_offset, exc)
+            return False
+
     def flush(self) -> None:
         with self.lock:
             self.store.flush()

@@ -819,6 +819,36 @@ def test_a_damaged_batch_length_in_a_closed_segment_is_refused_not_skipped(
     store.close()
 
 
+def test_closed_segments_are_checked_a_little_at_a_time_and_damage_is_found(
+    tmp_path: Path,
+) -> None:
+    """``verify_next`` checks the CRC-32C of the closed segments' batches
+    (recovery reads only their headers' tail), about ``max_bytes`` per call;
+    a read with ``verify`` checks them too, returning the batches before a
+    damaged one."""
+    open_store, _, _ = closed_store(tmp_path)
+    size = len(data_batch("b00"))
+    with open_store(tmp_path) as store:
+        calls = 0
+        while store.verify_next(3 * size):
+            calls += 1
+        assert calls >= 40 // 3  # two closed segments of 20 batches, three at a time
+        assert not store.verify_next(3 * size)
+    second = segment_files(tmp_path, ".log")[1]
+    data = bytearray(second.read_bytes())
+    data[5 * size - 1] ^= 0xFF  # the last byte of offset 24
+    second.write_bytes(data)
+    with open_store(tmp_path) as store:
+        assert offsets(store.read(20, BIG, 50, verify=True)) == [20, 21, 22, 23]
+        with pytest.raises(CorruptLog, match=r"\(offset 24\) fails its CRC"):
+            store.read(24, BIG, 50, verify=True)
+        unchecked = store.read(24, 1, 50)  # not checked without verify
+        assert [parse_header(b).base_offset for b in unchecked] == [24]
+        with pytest.raises(CorruptLog, match=r"\(offset 24\) fails its CRC"):
+            while store.verify_next(BIG):
+                pass
+
+
 def test_a_leader_epoch_newer_than_the_checkpoint_is_damage(tmp_path: Path) -> None:
     """The checkpoint is written before a new epoch's first batch: with a
     readable one, a header naming a newer epoch (a field outside the CRC)

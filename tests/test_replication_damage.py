@@ -87,9 +87,7 @@ def wait_identical(cluster: LocalCluster, nodes: list[int], timeout_s: float) ->
     cluster.wait_until(same, timeout_s, f"the replicas never matched: {sizes}")
 
 
-def commit(
-    cluster: LocalCluster, producer: TransactionalProducer, n: int, label: str
-) -> list[bytes]:
+def commit(producer: TransactionalProducer, n: int, label: str) -> list[bytes]:
     values = []
     for i in range(n):
         value = f"{label}-{i}".encode()
@@ -169,6 +167,64 @@ def torn_last_batch(files: list[Path]) -> None:
         f.truncate(files[-1].stat().st_size - 5)
 
 
+def fill(cluster: LocalCluster, producer: TransactionalProducer, node: int) -> list[bytes]:
+    """Commit transactions until ``node``'s log has a closed segment and
+    markers inside its active one, and every replica holds all of it (the
+    last marker too); returns the values committed."""
+    committed = commit(producer, 30, "first")
+    for n in range(20):
+        files = segments(cluster, node)
+        active = batches(files[-1])
+        if len(files) >= 2 and sum(h.is_control for _, h in active[1:-1]) >= 2:
+            break
+        committed += commit(producer, 3, f"more{n}")
+    wait_identical(cluster, sorted(n.node_id for n in cluster.partition_nodes()), 30.0)
+    return committed
+
+
+def read_again(cluster: LocalCluster, committed: list[bytes], since: float) -> dict[int, bytes]:
+    """Every committed value, read within :data:`READABLE_WITHIN_S` of ``since``."""
+    read = read_committed(cluster, set(committed), READABLE_WITHIN_S)
+    took = time.monotonic() - since
+    print(f"every committed value read {took:.1f} s after the damage met the node")
+    unread = set(committed) - set(read.values())
+    assert not unread, f"{len(unread)} committed values unread after {took:.1f} s"
+    assert took <= READABLE_WITHIN_S + 2
+    return read
+
+
+def check_rebuilt(
+    cluster: LocalCluster,
+    producer: TransactionalProducer,
+    node: int,
+    committed: list[bytes],
+    read: dict[int, bytes],
+    kept: dict[str, bytes] | None,
+) -> None:
+    """``node``'s copy was set aside (its files as ``kept``; None: none was)
+    and fetched again: it rejoins the ISR, every replica holds the same log,
+    and later transactions take offsets never handed out before."""
+    cluster.wait_until(
+        lambda: node in describe(cluster).partitions[0].isr, 60.0, "the rebuilt copy in the ISR"
+    )
+    later = commit(producer, 5, "later")
+    wait_identical(cluster, sorted(n.node_id for n in cluster.partition_nodes()), 30.0)
+    after = read_committed(cluster, set(committed + later), READABLE_WITHIN_S)
+    assert {o: v for o, v in after.items() if o in read} == read, "an offset changed its value"
+    assert min(o for o, v in after.items() if v in later) > max(read), "an offset handed out twice"
+    node_log = Path(cluster.state.node(node).log).read_text()  # type: ignore[union-attr]
+    assert "event=fenced_for_lost_data" in node_log
+    aside = cluster.node_dir(node) / "damaged"
+    if kept is None:
+        assert not aside.exists()
+        assert "event=partition_damaged" not in node_log
+        return
+    (moved,) = aside.iterdir()
+    assert moved.name.startswith(f"{TOPIC}-0.")
+    assert {p.name: p.read_bytes() for p in moved.glob("*.log")} == kept
+    assert "event=partition_set_aside" in node_log
+
+
 @pytest.mark.parametrize(
     "damage",
     [middle_batch, middle_marker, closed_segment, base_offset, last_batch, torn_last_batch],
@@ -182,47 +238,58 @@ def test_a_damaged_leader_hands_over_and_is_fetched_again(
     victim = before.leader
     with TransactionalProducer(cluster.bootstrap(), "damage-txn") as producer:
         producer.init_transactions()
-        committed = commit(cluster, producer, 30, "first")
-        for n in range(20):  # until the active segment has markers inside it
-            files = segments(cluster, victim)
-            active = batches(files[-1])
-            if len(files) >= 2 and sum(h.is_control for _, h in active[1:-1]) >= 2:
-                break
-            committed += commit(cluster, producer, 3, f"more{n}")
-        # Every replica holds every batch (the last marker too) before the leader stops.
-        wait_identical(cluster, nodes, 30.0)
+        committed = fill(cluster, producer, victim)
         cluster.kill(victim, "KILL")
         damage(segments(cluster, victim))
+        kept = {p.name: p.read_bytes() for p in segments(cluster, victim)}
         restarted = time.monotonic()
         cluster.start(victim)
-
-        read = read_committed(cluster, set(committed), READABLE_WITHIN_S)
-        took = time.monotonic() - restarted
-        print(f"every committed value read {took:.1f} s after the restart")
-        assert set(committed) <= set(read.values()), (
-            f"{len(set(committed) - set(read.values()))} committed values unread after {took:.1f} s"
-        )
-        assert took <= READABLE_WITHIN_S + 2
+        read = read_again(cluster, committed, restarted)
         moved = describe(cluster).partitions[0]
         assert moved.leader not in (victim, -1) and moved.leader_epoch > before.leader_epoch
-
-        # The damaged copy is fetched again and rejoins the ISR.
-        cluster.wait_until(
-            lambda: victim in describe(cluster).partitions[0].isr, 60.0, "the victim in the ISR"
+        check_rebuilt(
+            cluster, producer, victim, committed, read, None if damage is torn_last_batch else kept
         )
-        later = commit(cluster, producer, 5, "later")
-    wait_identical(cluster, nodes, 30.0)
 
-    after = read_committed(cluster, set(committed + later), READABLE_WITHIN_S)
-    assert {o: v for o, v in after.items() if o in read} == read, "an offset changed its value"
-    assert min(o for o, v in after.items() if v in later) > max(read), "an offset handed out twice"
-    node_log = Path(cluster.state.node(victim).log).read_text()  # type: ignore[union-attr]
-    assert "event=fenced_for_lost_data" in node_log
-    aside = cluster.node_dir(victim) / "damaged"
-    if damage is torn_last_batch:  # a torn write is cut, not damage
-        assert not aside.exists()
-        assert "event=partition_damaged" not in node_log
-    else:
-        (kept,) = aside.iterdir()
-        assert kept.name.startswith(f"{TOPIC}-0.")
-        assert "event=partition_set_aside" in node_log
+
+def test_a_damaged_follower_is_fetched_again(cluster: LocalCluster) -> None:
+    """A follower whose copy was damaged while it was down leaves the ISR
+    at once and is fetched again; the leader stays."""
+    before = describe(cluster).partitions[0]
+    follower = next(n for n in before.replicas if n != before.leader)
+    with TransactionalProducer(cluster.bootstrap(), "damage-txn") as producer:
+        producer.init_transactions()
+        committed = fill(cluster, producer, follower)
+        cluster.kill(follower, "KILL")
+        middle_batch(segments(cluster, follower))
+        kept = {p.name: p.read_bytes() for p in segments(cluster, follower)}
+        restarted = time.monotonic()
+        cluster.start(follower)
+        cluster.wait_until(
+            lambda: (
+                "event=partition_set_aside" in Path(cluster.state.node(follower).log).read_text()
+            ),  # type: ignore[union-attr]
+            10.0,
+            "the damaged copy set aside",
+        )
+        read = read_again(cluster, committed, restarted)
+        assert describe(cluster).partitions[0].leader == before.leader
+        check_rebuilt(cluster, producer, follower, committed, read, kept)
+
+
+def test_damage_a_reader_meets_moves_the_leadership(cluster: LocalCluster) -> None:
+    """A closed segment of a running leader damaged under it (a bad sector):
+    the reader that meets it is answered KAFKA_STORAGE_ERROR, retries at the
+    in-sync replica that takes over, and reads every committed value."""
+    before = describe(cluster).partitions[0]
+    victim = before.leader
+    with TransactionalProducer(cluster.bootstrap(), "damage-txn") as producer:
+        producer.init_transactions()
+        committed = fill(cluster, producer, victim)
+        closed_segment(segments(cluster, victim))
+        kept = {p.name: p.read_bytes() for p in segments(cluster, victim)}
+        damaged = time.monotonic()
+        read = read_again(cluster, committed, damaged)
+        moved = describe(cluster).partitions[0]
+        assert moved.leader not in (victim, -1) and moved.leader_epoch > before.leader_epoch
+        check_rebuilt(cluster, producer, victim, committed, read, kept)
