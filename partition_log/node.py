@@ -597,6 +597,8 @@ class PartitionNode:
                 previous,
                 "its directory is new"
                 if partition.store.recovered.created
+                else "recovery cut a tail of its log"
+                if partition.store.recovered.bytes_truncated
                 else "the node did not stop cleanly and the log is not flushed on every append",
             )
 
