@@ -202,8 +202,9 @@ class Partition:
         closed cleanly, or a start before said so and it was not settled
         since: the mark is kept on disk until the first grant,
         :meth:`PartitionLogStore.mark_unsettled`). A tail cut under
-        ``always`` was never written whole here, but followers may hold it
-        whole and readers may have read past it: the followers' copy wins."""
+        ``always`` was never acknowledged, but this copy cannot tell what it
+        held: the replicas that hold the log whole are followed, and its
+        offsets are not handed out again."""
         if self.may_have_lost:
             self.store.mark_unsettled()
         #: Until when (monotonic) the node compares the open transactions with
@@ -1030,7 +1031,7 @@ class Partition:
         """Check about ``max_bytes`` more of the stored batches that were not
         checked since the partition opened (:meth:`PartitionLogStore.verify_next`);
         False when none are left, or the log is damaged (reported to
-        ``on_damage``) or failed."""
+        ``on_damage``), unreadable (logged) or closed or failed before."""
         with self.lock:
             try:
                 return self.store.verify_next(max_bytes)
@@ -1039,8 +1040,10 @@ class Partition:
                     "partition=%s-%d event=damage_found error=%s", self.topic, self.index, exc
                 )
                 self._on_damage(str(exc))
-            except (OSError, StoreFailed) as exc:
+            except OSError as exc:
                 self._log_unreadable(self.store.log_start_offset, exc)
+            except StoreFailed:
+                pass  # closed (set aside), or its failure was logged when it happened
             return False
 
     def flush(self) -> None:

@@ -1,13 +1,14 @@
-"""A partition leader whose copy of the log is damaged while it is down, on a
-real cluster (3 coordinators, 3 partition-log nodes, 3 replicas,
-``log.flush.policy = always``): one flipped byte in a data batch or a
-marker in the middle of the active segment, in a closed segment, in a
-batch's base offset or in the last batch, or a last batch torn. The node
-comes back within its lease, while the coordinators still record it as
-the leader. Every committed value is readable again within 30 s from the
-healthy replicas, the damaged copy is set aside (kept under ``damaged/``)
-and fetched again until it is back in the ISR, and no offset is handed out
-twice (docs/partition-log.md, "Damage")."""
+"""Damage to one copy of a partition on a real cluster (3 coordinators, 3
+partition-log nodes, 3 replicas, ``log.flush.policy = always``). A
+leader's copy damaged while it is down: one flipped byte in a data batch
+or a marker in the middle of the active segment, in a closed segment, in a
+batch's base offset or in the last batch, or its last batch torn; the node
+comes back within its lease, while the coordinators still record it as the
+leader. A follower's copy damaged the same way, and a closed segment of a
+running leader damaged under it. Every committed value is readable again
+within 30 s from the healthy replicas, the damaged copy is set aside (kept
+under ``damaged/``) and fetched again until it is back in the ISR, and no
+offset is handed out twice (docs/partition-log.md, "Damage")."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.local_cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TOPIC = "damaged"
+TOPIC = "flipped"
 #: Small segments: the log has closed segments after a few dozen transactions.
 SEGMENT_BYTES = 2048
 SETTINGS = {
