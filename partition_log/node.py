@@ -269,8 +269,10 @@ class PartitionNode:
                     continue
                 self._refuse(topic, index, why)
             partition.discard()
+        with self._lock:
+            damaged = list(self.damaged)
         reopened = []
-        for topic, index in list(self.damaged):
+        for topic, index in damaged:
             epoch = self._lead_elsewhere(topic, index)
             if epoch is not None:
                 partition = self._set_aside(topic, index, epoch)

@@ -551,6 +551,14 @@ def damage_length_of_last(path: Path) -> None:
     path.write_bytes(data)
 
 
+def damage_epoch_of_last(path: Path) -> None:
+    """The last batch's leader epoch (outside the CRC) newer than the
+    checkpoint's."""
+    data = bytearray(path.read_bytes())
+    data[len(data) - len(data_batch("b00", 2)) + 12] ^= 0x40
+    path.write_bytes(data)
+
+
 #: Under every policy, the tail of a write that never completed.
 TORN = [
     (damage_garbage, 0),
@@ -560,7 +568,12 @@ TORN = [
 ]
 #: A last batch written whole and damaged since: cut only where appends were
 #: not fsynced one by one.
-DAMAGED_LAST = [(damage_crc_of_last, 1), (damage_offset_gap, 0), (damage_length_of_last, 1)]
+DAMAGED_LAST = [
+    (damage_crc_of_last, 1),
+    (damage_offset_gap, 0),
+    (damage_length_of_last, 1),
+    (damage_epoch_of_last, 1),
+]
 
 
 @pytest.mark.parametrize(
