@@ -375,6 +375,13 @@ class ClusterView:
                 if self.node_id in p.replicas
             ]
 
+    def leadership(self, topic: str, partition: int) -> Leadership | None:
+        """The registration of ``topic``/``partition`` as last refreshed, or
+        None when this node does not know it (no refresh)."""
+        with self._lock:
+            partitions = self._topics.get(topic, ())
+            return partitions[partition] if 0 <= partition < len(partitions) else None
+
     def replica_of(self, topic: str, partition: int, replica: int) -> bool:
         """Whether ``replica`` holds a replica of ``topic``/``partition`` (no refresh)."""
         with self._lock:

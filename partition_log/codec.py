@@ -66,6 +66,7 @@ __all__ = [
     "StoredRecord",
     "control_is_commit",
     "crc_ok",
+    "crc_ok_to_end",
     "encode_batch",
     "encode_control_batch",
     "parse_header",
@@ -383,6 +384,18 @@ def crc_ok(buf: Buffer) -> bool:
     stored: int = _CRC.unpack_from(buf, _CRC_POS)[0]
     with memoryview(buf) as view:
         actual: int = calc_crc32c(view[_ATTRIBUTES_POS:size])
+    return stored == actual
+
+
+def crc_ok_to_end(buf: Buffer) -> bool:
+    """Whether all of ``buf``, taken as one batch whatever its length field
+    says, matches the batch's CRC-32C: a whole batch whose length field
+    (which the CRC does not cover) was damaged."""
+    if len(buf) < HEADER_SIZE:
+        return False
+    stored: int = _CRC.unpack_from(buf, _CRC_POS)[0]
+    with memoryview(buf) as view:
+        actual: int = calc_crc32c(view[_ATTRIBUTES_POS:])
     return stored == actual
 
 

@@ -48,6 +48,7 @@ from partition_log.codec import (
     BatchHeader,
     CorruptBatch,
     crc_ok,
+    crc_ok_to_end,
     parse_header,
     set_base_offset,
 )
@@ -125,8 +126,9 @@ class CorruptLog(RuntimeError):
     """The log is damaged where recovery may not repair it.
 
     Raised when a closed segment (fsynced when it rolled, so trusted) fails to
-    parse, or when segments are not contiguous. Cutting such a log would drop
-    acknowledged batches, so the store refuses to open instead.
+    parse, when segments are not contiguous, or when a batch of the active
+    segment is damaged where no torn write explains it. Cutting such a log
+    would drop acknowledged batches, so the store refuses to open instead.
     """
 
 
@@ -183,6 +185,9 @@ class _Scan:
     index_offsets: list[int]
     index_positions: list[int]
     problem: str | None  # why the scan stopped before ``file_size``
+    # It stopped at a batch whose bytes run past the end of the file (or at
+    # fewer bytes than a header): a write that never completed.
+    incomplete: bool = False
 
 
 class _SegmentReader:
@@ -253,6 +258,8 @@ class PartitionLogStore:
         #: Whether recovery read a checkpoint of the leader epochs (then a
         #: header naming a newer epoch is damage).
         self._epochs_read = False
+        #: Where :meth:`verify_next` goes on: (segment base offset, offset).
+        self._verify_from: tuple[int, int] | None = None
         self._dirty = False
         self._index_dirty = False
         self._failure: BaseException | None = None
@@ -534,7 +541,9 @@ class PartitionLogStore:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def read(self, from_offset: int, max_bytes: int, upto_offset: int) -> list[bytes]:
+    def read(
+        self, from_offset: int, max_bytes: int, upto_offset: int, verify: bool = False
+    ) -> list[bytes]:
         """Whole batches in offset order, starting with the one that contains ``from_offset``.
 
         Only batches that end at or below ``upto_offset`` (``next_offset <=
@@ -544,13 +553,17 @@ class PartitionLogStore:
 
         The segment is found by bisection on base offsets, the start position by
         the sparse offset index; the scan forward from there reads headers only
-        until it reaches ``from_offset``.
+        until it reaches ``from_offset``. With ``verify``, each batch of a
+        segment opened without checking its batches (a closed one) is checked
+        against its CRC-32C. The batches before one that fails a check are
+        returned; a read that starts at it raises.
 
         Raises:
             OffsetOutOfRange: ``from_offset`` is below :attr:`log_start_offset`
                 or above :attr:`log_end_offset`.
             StoreFailed: an earlier write or fsync failed.
-            CorruptLog: the index or a batch header does not match the log.
+            CorruptLog: the index or a batch header does not match the log, or
+                (``verify``) the first batch fails its CRC.
         """
         self._check_usable()
         if not self.log_start_offset <= from_offset <= self.log_end_offset:
@@ -563,18 +576,29 @@ class PartitionLogStore:
             return out
         total = 0
         first = bisect.bisect_right(self._bases, from_offset) - 1
-        for segment in self._segments[first:]:
-            reader = _SegmentReader(segment.log_fd, _READAHEAD)
-            for pos, header in self._headers_from(segment, reader, from_offset):
-                if header.next_offset > upto:
-                    return out
-                if out and total + header.size > max_bytes:
-                    return out
-                buf, rel = reader.window(pos, header.size)
-                out.append(buf[rel : rel + header.size])
-                total += header.size
-                if total >= max_bytes:
-                    return out
+        try:
+            for segment in self._segments[first:]:
+                reader = _SegmentReader(segment.log_fd, _READAHEAD)
+                for pos, header in self._headers_from(segment, reader, from_offset):
+                    if header.next_offset > upto:
+                        return out
+                    if out and total + header.size > max_bytes:
+                        return out
+                    buf, rel = reader.window(pos, header.size)
+                    batch = buf[rel : rel + header.size]
+                    if verify and not segment.verified and not crc_ok(batch):
+                        raise CorruptLog(
+                            f"{self._log_path(segment.base_offset)}: the batch at position "
+                            f"{pos} (offset {header.base_offset}) fails its CRC"
+                        )
+                    out.append(batch)
+                    total += header.size
+                    if total >= max_bytes:
+                        return out
+        except CorruptLog:
+            if out:  # the batches before the damage
+                return out
+            raise
         return out
 
     def batches(self, from_offset: int = 0) -> Iterator[tuple[BatchHeader, bytes | None]]:
@@ -614,6 +638,42 @@ class PartitionLogStore:
                     body = batch if header.is_control else None
                 yield header, body
             i += 1
+
+    def verify_next(self, max_bytes: int) -> bool:
+        """Check the CRC-32C of about ``max_bytes`` more batches of the oldest
+        segment opened without checking them (a closed one), from where the
+        last call stopped, and each batch to follow the one before; a
+        segment all of whose batches passed counts as checked (reads and
+        :meth:`batches` then check it no more). Returns False when every
+        segment is checked.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            CorruptLog: a batch fails its CRC or does not follow the one before.
+        """
+        self._check_usable()
+        segment = next((s for s in self._segments if not s.verified), None)
+        if segment is None:
+            return False
+        base, offset = self._verify_from or (segment.base_offset, segment.base_offset)
+        if base != segment.base_offset:
+            offset = segment.base_offset
+        reader = _SegmentReader(segment.log_fd, _READAHEAD)
+        checked = 0
+        for pos, header in self._headers_from(segment, reader, offset):
+            if checked >= max_bytes:
+                self._verify_from = (segment.base_offset, header.base_offset)
+                return True
+            buf, rel = reader.window(pos, header.size)
+            if not crc_ok(buf[rel : rel + header.size]):
+                raise CorruptLog(
+                    f"{self._log_path(segment.base_offset)}: the batch at position {pos} "
+                    f"(offset {header.base_offset}) fails its CRC"
+                )
+            checked += header.size
+        segment.verified = True
+        self._verify_from = None
+        return True
 
     def _headers_from(
         self, segment: _Segment, reader: _SegmentReader, from_offset: int
@@ -1053,6 +1113,16 @@ class PartitionLogStore:
                     f"damaged ({scan.problem}) and intact batches follow it (offset "
                     f"{intact[1]} at position {intact[0]}): refusing to cut acknowledged data"
                 )
+            if cut and self.fsync is FsyncPolicy.ALWAYS and not _never_written(fd, scan, size):
+                # A torn write leaves a batch whose bytes run past the end of
+                # the file. A whole batch that fails its checks (its CRC, its
+                # base offset, its leader epoch) was written and fsynced, so
+                # it may have been acknowledged: that is damage, not a tail.
+                raise CorruptLog(
+                    f"{path}: the last batch, at position {scan.end} (offset "
+                    f"{scan.next_offset}), is damaged ({scan.problem}); under "
+                    "log.flush.policy=always only a batch never written whole is cut"
+                )
             if intact is not None:
                 logger.critical(
                     "%s event=acknowledged_data_lost: cut %d bytes at position %d (%s), "
@@ -1144,19 +1214,22 @@ class PartitionLogStore:
         positions: list[int] = []
         last_indexed = 0
         problem: str | None = None
+        incomplete = False
         while pos < file_size:
             buf, rel = reader.window(pos, HEADER_SIZE)
             try:
                 header = parse_header(buf, rel)
             except CorruptBatch as err:
                 problem = str(err)
+                incomplete = file_size - pos < HEADER_SIZE
                 break
             self.headers_scanned += 1
-            if pos + header.size > file_size:
-                problem = f"incomplete batch: {file_size - pos} of {header.size} bytes"
-                break
             if header.base_offset != expected:
                 problem = f"base offset {header.base_offset}, expected {expected}"
+                break
+            if pos + header.size > file_size:
+                problem = f"incomplete batch: {file_size - pos} of {header.size} bytes"
+                incomplete = True
                 break
             if verify_crc:
                 buf, rel = reader.window(pos, header.size)
@@ -1180,7 +1253,7 @@ class PartitionLogStore:
             batches += 1
             expected = header.next_offset
             pos += header.size
-        return _Scan(pos, expected, batches, offsets, positions, problem)
+        return _Scan(pos, expected, batches, offsets, positions, problem, incomplete)
 
     def _write_index_file(self, base: int, offsets: list[int], positions: list[int]) -> None:
         _write_atomically(self._index_path(base), _pack_index(base, offsets, positions))
@@ -1319,6 +1392,14 @@ def _intact_batch_after(fd: int, position: int, offset: int, size: int) -> tuple
             return position + pos, header.base_offset
         pos = data.find(b"\x02", pos + magic_at + 1) - magic_at
     return None
+
+
+def _never_written(fd: int, scan: _Scan, size: int) -> bool:
+    """Whether the bytes after ``scan`` stopped are a batch whose write never
+    completed: fewer than a header, or a batch at the expected offset whose
+    length runs past the end of the file, unless those bytes are a whole
+    batch with a damaged length field (they match the batch's CRC)."""
+    return scan.incomplete and not crc_ok_to_end(os.pread(fd, size - scan.end, scan.end))
 
 
 def _last_offset_in(fd: int, position: int, size: int) -> int:

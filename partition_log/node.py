@@ -104,6 +104,14 @@ RESERVATION_CHECK_S = 1.0
 ISR_CHECK_S = 0.5
 #: The most partitions of one ReserveOffsets.
 RESERVATIONS_PER_CALL = 1000
+#: Where the directories of damaged partitions are moved (under the data
+#: directory) when the partition is fetched again from its other replicas.
+DAMAGED_DIR = "damaged"
+#: The check of the closed segments after start: bytes of batches checked
+#: under a partition's lock at a time, and the pause after each (at most
+#: about 100 MiB/s).
+VERIFY_CHUNK_BYTES = 1 << 20
+VERIFY_PAUSE_S = 0.01
 
 
 class DirectoryState(enum.Enum):
@@ -163,6 +171,11 @@ class PartitionNode:
         #: records: until a heartbeat has had the node fenced (KIP-966), they
         #: reserve no offsets, and the node does not serve.
         self._lost: list[Partition] = []
+        self._lost_lock = threading.Lock()
+        #: Partitions whose reads found their log damaged, to be set aside by
+        #: the reservation thread: (topic, index) -> why.
+        self._found_damage: dict[tuple[str, int], str] = {}
+        self._damage_lock = threading.Lock()
         #: Whether the node stopped cleanly before this start.
         self.clean_start = False
         self._reservation_due = threading.Event()
@@ -197,16 +210,7 @@ class PartitionNode:
                 try:
                     partition = self._make_partition(topic, index)
                 except CorruptLog as exc:
-                    self.damaged[(topic, index)] = str(exc)
-                    log.critical(
-                        "node=%d event=partition_damaged partition=%s-%d: %s; the partition "
-                        "is not served (KAFKA_STORAGE_ERROR) until its log is repaired "
-                        "(docs/partition-log.md, Damage)",
-                        self.node_id,
-                        topic,
-                        index,
-                        exc,
-                    )
+                    self._refuse(topic, index, str(exc))
                     return None
                 self.partitions[(topic, index)] = partition
                 self._reservation_due.set()
@@ -218,6 +222,121 @@ class PartitionNode:
                     partition.store.log_end_offset,
                 )
             return partition
+
+    def _refuse(self, topic: str, index: int, why: str) -> None:
+        """Serve the partition no more: its log is damaged (the caller holds
+        :attr:`_lock`)."""
+        self.damaged[(topic, index)] = why
+        log.critical(
+            "node=%d event=partition_damaged partition=%s-%d: %s; the partition is not "
+            "served (KAFKA_STORAGE_ERROR): it is fetched again from an in-sync replica, "
+            "or with none, stays refused until its log is repaired (docs/partition-log.md, "
+            "Damage)",
+            self.node_id,
+            topic,
+            index,
+            why,
+        )
+
+    def _damage_found(self, topic: str, index: int, why: str) -> bool:
+        """A read found the log of ``topic``-``index`` damaged (called with
+        the partition's lock held). With another in-sync replica, the
+        reservation thread takes it out of service and sets it aside
+        (:meth:`_set_aside_damaged`), and True is returned; otherwise this
+        copy stays the one served."""
+        if self._lead_elsewhere(topic, index) is None:
+            return False
+        with self._damage_lock:
+            self._found_damage.setdefault((topic, index), why)
+        self._reservation_due.set()
+        return True
+
+    def _set_aside_damaged(self) -> list[Partition]:
+        """Set aside every damaged partition that has another in-sync replica:
+        its directory moves under :data:`DAMAGED_DIR` (kept for inspection,
+        never deleted), and the partition opens anew, empty, to be fetched
+        again from its leader as a replica that lost its data (it leads none
+        of them until its leaders catch it up). A partition whose reads found
+        damage leaves service first. Returns the partitions opened anew."""
+        if self.directory_state is not DirectoryState.SERVING:
+            return []
+        with self._damage_lock:
+            found, self._found_damage = self._found_damage, {}
+        for (topic, index), why in found.items():
+            with self._lock:
+                partition = self.partitions.pop((topic, index), None)
+                if partition is None:
+                    continue
+                self._refuse(topic, index, why)
+            partition.discard()
+        with self._lock:
+            damaged = list(self.damaged)
+        reopened = []
+        for topic, index in damaged:
+            epoch = self._lead_elsewhere(topic, index)
+            if epoch is not None:
+                partition = self._set_aside(topic, index, epoch)
+                if partition is not None:
+                    reopened.append(partition)
+        return reopened
+
+    def _lead_elsewhere(self, topic: str, index: int) -> int | None:
+        """The partition's leader epoch as this node knows it when a replica
+        other than this node is in its ISR (one that holds every
+        acknowledged record, which can lead it), else None."""
+        known = self.view.leadership(topic, index)
+        if known is None or not any(r != self.node_id for r in known.isr):
+            return None
+        return known.leader_epoch
+
+    def _set_aside(self, topic: str, index: int, leader_epoch: int) -> Partition | None:
+        """Move the damaged partition's directory aside and open it anew, as
+        a follower at ``leader_epoch`` (so that a placement of that epoch or
+        an older one never makes the empty log a leader); None when it could
+        not be moved (logged; the next round tries again)."""
+        name = f"{topic}-{index}"
+        aside = self.data_dir / DAMAGED_DIR
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = aside / f"{name}.{stamp}"
+        n = 1
+        while target.exists():
+            n += 1
+            target = aside / f"{name}.{stamp}.{n}"
+        with self._lock:
+            why = self.damaged.get((topic, index))
+            if why is None:
+                return None
+            try:
+                aside.mkdir(exist_ok=True)
+                partition_log.log.fsync_directory(self.data_dir)
+                if (self.data_dir / name).exists():
+                    os.rename(self.data_dir / name, target)
+                    partition_log.log.fsync_directory(aside)
+                    partition_log.log.fsync_directory(self.data_dir)
+                partition = self._make_partition(topic, index)
+                partition.follow(leader_epoch)
+            except (OSError, CorruptLog) as exc:
+                log.error(
+                    "node=%d event=set_aside_failed partition=%s-%d error=%r",
+                    self.node_id,
+                    topic,
+                    index,
+                    exc,
+                )
+                return None
+            del self.damaged[(topic, index)]
+            self.partitions[(topic, index)] = partition
+        log.critical(
+            "node=%d event=partition_set_aside partition=%s-%d moved_to=%s: its log was "
+            "damaged (%s); it is fetched again from the in-sync replicas, and this node "
+            "leads none of its partitions until its leaders catch it up",
+            self.node_id,
+            topic,
+            index,
+            target,
+            why,
+        )
+        return partition
 
     def _make_partition(self, topic: str, index: int) -> Partition:
         settings = self.config.settings
@@ -231,6 +350,7 @@ class PartitionNode:
             on_change=self.changes.changed,
             clean_start=self.clean_start,
             on_reservation_due=self._reservation_due.set,
+            on_damage=lambda why: self._damage_found(topic, index, why),
         )
 
     def lookup(
@@ -479,6 +599,8 @@ class PartitionNode:
                 previous,
                 "its directory is new"
                 if partition.store.recovered.created
+                else "recovery cut a tail of its log"
+                if partition.store.recovered.bytes_truncated
                 else "the node did not stop cleanly and the log is not flushed on every append",
             )
 
@@ -561,6 +683,11 @@ class PartitionNode:
             try:
                 if self.directory_state is DirectoryState.REPLACED:
                     self._register()  # until an operator accepts the directory
+                reopened = self._set_aside_damaged()
+                if reopened:
+                    with self._lost_lock:
+                        self._lost += reopened
+                    self._heartbeat(CALL_TIMEOUT_S)  # fenced at once: it leads none of them
                 self.reserve_due()
                 self.write_owed_markers()
             except Exception:  # the next round tries again; the thread must live
@@ -614,6 +741,7 @@ class PartitionNode:
         self._refresh_placement()
         if self.directory_state is DirectoryState.REGISTERING:
             self._register()
+        self._set_aside_damaged()  # opened anew: among the replicas that lost data
         self._lost = self._lost_replicas()
         if self._lost:
             self._heartbeat(CALL_TIMEOUT_S)  # fenced first: it leads none of them
@@ -628,8 +756,10 @@ class PartitionNode:
             target=self._reservation_loop, name="reservations", daemon=True
         )
         isr = threading.Thread(target=self._isr_loop, name="isr", daemon=True)
-        self._threads += [metadata, heartbeat, retention, reservations, isr]
+        verify = threading.Thread(target=self._verify_stored, name="verify", daemon=True)
+        self._threads += [metadata, heartbeat, retention, reservations, isr, verify]
         isr.start()
+        verify.start()
         metadata.start()
         heartbeat.start()
         retention.start()
@@ -790,22 +920,27 @@ class PartitionNode:
         asks to be fenced first."""
         if self.directory is None or self.directory_state is not DirectoryState.SERVING:
             return
-        lost = list(self._lost)
+        with self._lost_lock:
+            lost = list(self._lost)
         answer = self.view.heartbeat(self.directory.directory_id, timeout_s, lost_data=bool(lost))
         if answer is None:
             return
         if lost and answer.error_code == ErrorCode.NONE:
+            # The fence in view before these partitions may be served: the
+            # view held from before could still name this node their leader.
+            if not self.view.refresh(confirmed=True):
+                return  # the next heartbeat asks again
             for partition in lost:
                 partition.settle_replica()
-            self._lost = []
+            with self._lost_lock:
+                self._lost = [p for p in self._lost if p not in lost]
             log.warning(
                 "node=%d event=fenced_for_lost_data partitions=%s: their logs here may lack "
                 "acknowledged records; they are followed until their leaders catch them up",
                 self.node_id,
                 ",".join(f"{p.topic}-{p.index}" for p in lost),
             )
-            if self.view.refresh(confirmed=True):
-                self._refresh_placement()
+            self._refresh_placement()
             return
         if answer.error_code != ErrorCode.NONE:
             if answer.error_code != self._heartbeat_refused:
@@ -826,6 +961,16 @@ class PartitionNode:
                 self.node_id,
             )
             self._refresh_placement()
+
+    def _verify_stored(self) -> None:
+        """Check, once, the CRC-32C of every batch in the closed segments of
+        the partitions opened at start (recovery reads only their headers'
+        tail), a little at a time: a damaged one is found now rather than
+        when a reader reaches it (``Partition.verify_stored``). Partitions
+        opened later are new or fetched, checked as they are written."""
+        for partition in list(self.partitions.values()):
+            while not self._stopping.is_set() and partition.verify_stored(VERIFY_CHUNK_BYTES):
+                self._stopping.wait(VERIFY_PAUSE_S)
 
     def _retention_loop(self) -> None:
         interval_s = self.config.settings.log_retention_check_interval_ms / 1000

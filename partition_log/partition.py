@@ -116,6 +116,7 @@ class Partition:
         on_change: Callable[[bool], None] = lambda appended: None,
         clean_start: bool = True,
         on_reservation_due: Callable[[], None] = lambda: None,
+        on_damage: Callable[[str], bool] = lambda reason: False,
     ) -> None:
         """Open (and recover) the partition in ``directory``. ``on_change`` is called
         with the partition's lock held after each change a leader's readers may see,
@@ -123,7 +124,14 @@ class Partition:
         has other replicas, was cut, or gained a replica; :meth:`LogChanges.changed`):
         it wakes parked fetches. ``clean_start``: the node stopped cleanly before (every write
         reached the disk). ``on_reservation_due`` is called when fewer than half
-        a block of reserved offsets remain (:meth:`reservation_due`)."""
+        a block of reserved offsets remain (:meth:`reservation_due`).
+        ``on_damage`` is called, with the lock held, when a read finds the
+        stored log damaged (a batch that fails its CRC-32C or does not follow
+        the one before), with why; it returns True when the partition is
+        then fetched again from another replica (the read answers
+        KAFKA_STORAGE_ERROR, which clients retry at the new leader), False
+        when this copy stays the one served (the read answers
+        CORRUPT_MESSAGE)."""
         self.topic = topic
         self.index = index
         #: Reentrant: a follower's fetcher holds it across checking that an
@@ -131,6 +139,7 @@ class Partition:
         self.lock = threading.RLock()
         self._on_change = on_change
         self._on_reservation_due = on_reservation_due
+        self._on_damage = on_damage
         #: Offsets below it may be handed out; None until the first grant.
         self.ceiling: int | None = None
         self.store = PartitionLogStore(
@@ -185,15 +194,17 @@ class Partition:
         self.may_have_lost = (
             self.store.unsettled
             or recovered.created
-            or (
-                fsync is not FsyncPolicy.ALWAYS
-                and (not clean_start or recovered.bytes_truncated > 0)
-            )
+            or recovered.bytes_truncated > 0
+            or (fsync is not FsyncPolicy.ALWAYS and not clean_start)
         )
         """Whether acknowledged records may be missing from the log (it is new,
-        it was not flushed on every append and not closed cleanly, or a start
-        before said so and it was not settled since: the mark is kept on disk
-        until the first grant, :meth:`PartitionLogStore.mark_unsettled`)."""
+        recovery cut a tail, it was not flushed on every append and not
+        closed cleanly, or a start before said so and it was not settled
+        since: the mark is kept on disk until the first grant,
+        :meth:`PartitionLogStore.mark_unsettled`). A tail cut under
+        ``always`` was never acknowledged, but this copy cannot tell what it
+        held: the replicas that hold the log whole are followed, and its
+        offsets are not handed out again."""
         if self.may_have_lost:
             self.store.mark_unsettled()
         #: Until when (monotonic) the node compares the open transactions with
@@ -801,9 +812,11 @@ class Partition:
                 self.follower_ends[replica] = fetch_offset
                 self._advance_high_watermark()
             try:
-                raw = self.store.read(fetch_offset, max_bytes, end)
+                raw = self.store.read(fetch_offset, max_bytes, end, verify=True)
             except (OSError, StoreFailed, CorruptLog) as exc:
                 self._log_unreadable(fetch_offset, exc)
+                if isinstance(exc, CorruptLog):
+                    self._on_damage(str(exc))
                 return ReplicaRead(
                     ErrorCode.KAFKA_STORAGE_ERROR,
                     f"storage error: {exc}",
@@ -877,7 +890,7 @@ class Partition:
                         break  # serve what precedes it; the next fetch starts here
                     self._log_unreadable(header.base_offset, exc)
                     return FetchResult(
-                        ErrorCode.CORRUPT_MESSAGE,
+                        self._corrupt_answer(data, str(exc)),
                         f"the batch at offsets {header.base_offset}..{header.last_offset} "
                         f"cannot be read: {exc}",
                         end,
@@ -916,7 +929,7 @@ class Partition:
                     break  # serve what precedes it; the next fetch starts here
                 self._log_unreadable(header.base_offset, codec.CorruptBatch("CRC-32C mismatch"))
                 return FetchResult(
-                    ErrorCode.CORRUPT_MESSAGE,
+                    self._corrupt_answer(data, "CRC-32C mismatch"),
                     f"the batch at offsets {header.base_offset}..{header.last_offset} "
                     "does not match its CRC-32C",
                     end,
@@ -958,11 +971,25 @@ class Partition:
                 return failed(ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}")
             except CorruptLog as exc:
                 self._log_unreadable(offset, exc)
+                moved = self._on_damage(str(exc))
                 return failed(
-                    ErrorCode.CORRUPT_MESSAGE, f"the log cannot be read at {offset}: {exc}"
+                    ErrorCode.KAFKA_STORAGE_ERROR if moved else ErrorCode.CORRUPT_MESSAGE,
+                    f"the log cannot be read at {offset}: {exc}",
                 )
             aborted = self.states.aborted_between(offset, upto) if read_committed else []
         return raw, aborted, (hw, lso, start)
+
+    def _corrupt_answer(self, batch: bytes, why: str) -> ErrorCode:
+        """The answer to a read that starts at a stored ``batch`` that cannot
+        be read: KAFKA_STORAGE_ERROR when it fails its CRC-32C (damage since
+        it was appended) and the partition is fetched again from another
+        replica (``on_damage``), else CORRUPT_MESSAGE."""
+        header = codec.parse_header(batch)
+        if not codec.crc_ok(batch) and self._on_damage(
+            f"the batch at offset {header.base_offset} fails its CRC-32C ({why})"
+        ):
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        return ErrorCode.CORRUPT_MESSAGE
 
     def _log_unreadable(self, offset: int, exc: Exception) -> None:
         log.error(
@@ -1000,9 +1027,37 @@ class Partition:
                 self._on_change(True)
             return deleted
 
+    def verify_stored(self, max_bytes: int) -> bool:
+        """Check about ``max_bytes`` more of the stored batches that were not
+        checked since the partition opened (:meth:`PartitionLogStore.verify_next`);
+        False when none are left, or the log is damaged (reported to
+        ``on_damage``), unreadable (logged) or closed or failed before."""
+        with self.lock:
+            try:
+                return self.store.verify_next(max_bytes)
+            except CorruptLog as exc:
+                log.critical(
+                    "partition=%s-%d event=damage_found error=%s", self.topic, self.index, exc
+                )
+                self._on_damage(str(exc))
+            except OSError as exc:
+                self._log_unreadable(self.store.log_start_offset, exc)
+            except StoreFailed:
+                pass  # closed (set aside), or its failure was logged when it happened
+            return False
+
     def flush(self) -> None:
         with self.lock:
             self.store.flush()
+
+    def discard(self) -> None:
+        """Close the store without writing to its directory (its log is
+        damaged and is set aside); writes waiting for their replication give
+        up."""
+        with self.lock:
+            self.leading = False
+            self._replication.notify_all()
+            self.store.close()
 
     def close(self) -> None:
         """Snapshot the state at the log end (a clean shutdown restarts without replay)

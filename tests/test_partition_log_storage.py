@@ -540,25 +540,58 @@ def damage_offset_gap(path: Path) -> None:
         f.write(batch)
 
 
+def damage_length_of_last(path: Path) -> None:
+    """The last batch's length field grown past the end of the file: the
+    batch's bytes are all there (they match its CRC), so it is no torn write."""
+    data = bytearray(path.read_bytes())
+    size = len(data_batch("b00", 2))
+    start = len(data) - size
+    length = int.from_bytes(data[start + 8 : start + 12], "big")
+    data[start + 8 : start + 12] = (length + 100).to_bytes(4, "big")
+    path.write_bytes(data)
+
+
+def damage_epoch_of_last(path: Path) -> None:
+    """The last batch's leader epoch (outside the CRC) newer than the
+    checkpoint's."""
+    data = bytearray(path.read_bytes())
+    data[len(data) - len(data_batch("b00", 2)) + 12] ^= 0x40
+    path.write_bytes(data)
+
+
+#: Under every policy, the tail of a write that never completed.
+TORN = [
+    (damage_garbage, 0),
+    (damage_half_batch, 0),
+    (damage_header_only, 0),
+    (damage_truncate_last, 1),
+]
+#: A last batch written whole and damaged since: cut only where appends were
+#: not fsynced one by one.
+DAMAGED_LAST = [
+    (damage_crc_of_last, 1),
+    (damage_offset_gap, 0),
+    (damage_length_of_last, 1),
+    (damage_epoch_of_last, 1),
+]
+
+
 @pytest.mark.parametrize(
-    ("damage", "lost_batches"),
-    [
-        (damage_garbage, 0),
-        (damage_half_batch, 0),
-        (damage_header_only, 0),
-        (damage_crc_of_last, 1),
-        (damage_truncate_last, 1),
-        (damage_offset_gap, 0),
-    ],
+    ("damage", "lost_batches", "policy"),
+    [(*case, FsyncPolicy.ALWAYS) for case in TORN]
+    + [(*case, FsyncPolicy.INTERVAL) for case in TORN + DAMAGED_LAST],
 )
 def test_torn_tail_of_the_active_segment_is_cut(
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     damage: Callable[[Path], None],
     lost_batches: int,
+    policy: FsyncPolicy,
 ) -> None:
     size = len(data_batch("b00", 2))
-    open_store = partial(PartitionLogStore, segment_bytes=8 * size, index_interval_bytes=size)
+    open_store = partial(
+        PartitionLogStore, segment_bytes=8 * size, index_interval_bytes=size, fsync=policy
+    )
     with open_store(tmp_path) as store:
         fill(store, 20, n=2)  # three segments, the last one holds batches 16..19
         active = segment_files(tmp_path, ".log")[-1]
@@ -585,6 +618,25 @@ def test_torn_tail_of_the_active_segment_is_cut(
         assert store.log_end_offset == 2 * kept + 1
 
 
+@pytest.mark.parametrize(("damage", "lost_batches"), DAMAGED_LAST)
+def test_under_fsync_always_a_damaged_last_batch_is_refused_not_cut(
+    tmp_path: Path, damage: Callable[[Path], None], lost_batches: int
+) -> None:
+    """Every append was fsynced before it was acknowledged: a last batch
+    whose bytes are all there but fail a check may have been acknowledged,
+    so it is damage and nothing is cut."""
+    size = len(data_batch("b00", 2))
+    open_store = partial(PartitionLogStore, segment_bytes=8 * size, index_interval_bytes=size)
+    with open_store(tmp_path) as store:
+        fill(store, 20, n=2)
+    active = segment_files(tmp_path, ".log")[-1]
+    damage(active)
+    damaged = active.read_bytes()
+    with pytest.raises(CorruptLog, match=r"the last batch, at position .* is damaged"):
+        open_store(tmp_path)
+    assert active.read_bytes() == damaged
+
+
 def test_a_corrupt_first_batch_empties_the_active_segment(tmp_path: Path) -> None:
     with PartitionLogStore(tmp_path, segment_bytes=200) as store:
         fill(store, 3)
@@ -592,7 +644,9 @@ def test_a_corrupt_first_batch_empties_the_active_segment(tmp_path: Path) -> Non
     data = bytearray(active.read_bytes())
     data[16] = 7  # magic of the first batch
     active.write_bytes(data)
-    with PartitionLogStore(tmp_path, segment_bytes=200) as store:
+    with pytest.raises(CorruptLog, match="is damaged"):
+        PartitionLogStore(tmp_path, segment_bytes=200)  # fsynced, so not torn
+    with PartitionLogStore(tmp_path, segment_bytes=200, fsync=FsyncPolicy.INTERVAL) as store:
         assert store.log_end_offset == int(active.stem)
         assert active.stat().st_size == 0
         assert store.append(data_batch("again")) == int(active.stem)
@@ -761,19 +815,51 @@ def test_a_damaged_batch_length_in_a_closed_segment_is_refused_not_skipped(
     tmp_path: Path,
 ) -> None:
     """A length field that now points past the next batches would make reads
-    skip them without a word; each batch must follow the one before."""
+    skip them without a word; each batch must follow the one before. The
+    batches before the damaged one are still read."""
     closed_marker_store(tmp_path)
     first = segment_files(tmp_path, ".log")[0]
     data = bytearray(first.read_bytes())
-    second = parse_header(data).size
-    data[second + 8] ^= 0x01  # the second batch's length: 16 MiB more
+    header = parse_header(data)
+    data[header.size + 8] ^= 0x01  # the second batch's length: 16 MiB more
     first.write_bytes(data)
     store = PartitionLogStore(tmp_path, segment_bytes=400, index_interval_bytes=1)
+    assert store.read(0, BIG, 1 << 20) == [bytes(data[: header.size])]
     with pytest.raises(CorruptLog, match="past the segment's end"):
-        store.read(0, BIG, 1 << 20)
+        store.read(header.next_offset, BIG, 1 << 20)
     with pytest.raises(CorruptLog):
         list(store.batches())
     store.close()
+
+
+def test_closed_segments_are_checked_a_little_at_a_time_and_damage_is_found(
+    tmp_path: Path,
+) -> None:
+    """``verify_next`` checks the CRC-32C of the closed segments' batches
+    (recovery reads only their headers' tail), about ``max_bytes`` per call;
+    a read with ``verify`` checks them too, returning the batches before a
+    damaged one."""
+    open_store, _, _ = closed_store(tmp_path)
+    size = len(data_batch("b00"))
+    with open_store(tmp_path) as store:
+        calls = 0
+        while store.verify_next(3 * size):
+            calls += 1
+        assert calls >= 40 // 3  # two closed segments of 20 batches, three at a time
+        assert not store.verify_next(3 * size)
+    second = segment_files(tmp_path, ".log")[1]
+    data = bytearray(second.read_bytes())
+    data[5 * size - 1] ^= 0xFF  # the last byte of offset 24
+    second.write_bytes(data)
+    with open_store(tmp_path) as store:
+        assert offsets(store.read(20, BIG, 50, verify=True)) == [20, 21, 22, 23]
+        with pytest.raises(CorruptLog, match=r"\(offset 24\) fails its CRC"):
+            store.read(24, BIG, 50, verify=True)
+        unchecked = store.read(24, 1, 50)  # not checked without verify
+        assert [parse_header(b).base_offset for b in unchecked] == [24]
+        with pytest.raises(CorruptLog, match=r"\(offset 24\) fails its CRC"):
+            while store.verify_next(BIG):
+                pass
 
 
 def test_a_leader_epoch_newer_than_the_checkpoint_is_damage(tmp_path: Path) -> None:

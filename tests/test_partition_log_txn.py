@@ -367,6 +367,72 @@ def test_a_raw_fetch_checks_every_batch_against_its_crc(partition: Partition) ->
     assert at.error is ErrorCode.CORRUPT_MESSAGE and "CRC" in at.message and at.raw == b""
 
 
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["only-copy", "other-replica"])
+def test_a_damaged_closed_segment_is_reported_and_answered_by_where_the_data_is(
+    tmp_path: Path, elsewhere: bool
+) -> None:
+    """A batch of a closed segment (opened without its CRCs checked) that
+    fails its CRC-32C: reads serve the batches before it, and a read that
+    starts at it reports the damage and answers KAFKA_STORAGE_ERROR when
+    another replica takes over (the client retries there), CORRUPT_MESSAGE
+    when this copy is the only one. The check of the stored batches finds it
+    without a reader."""
+    reports: list[str] = []
+
+    def on_damage(why: str) -> bool:
+        reports.append(why)
+        return elsewhere
+
+    def open_it() -> Partition:
+        return reserved(
+            Partition(
+                "t",
+                0,
+                tmp_path / "t-0",
+                segment_bytes=300,
+                index_interval_bytes=1,
+                fsync=FsyncPolicy.NEVER,
+                on_damage=on_damage,
+            )
+        )
+
+    part = open_it()
+    for i in range(12):
+        send(part, -1, -1, f"value-{i}".encode(), txn=False)
+    bases = part.store.segment_base_offsets
+    assert len(bases) >= 3
+    part.close()
+    first = tmp_path / "t-0" / f"{0:020d}.log"
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF  # the first segment's last batch: offset bases[1] - 1
+    first.write_bytes(data)
+    damaged = bases[1] - 1
+    code = ErrorCode.KAFKA_STORAGE_ERROR if elsewhere else ErrorCode.CORRUPT_MESSAGE
+
+    part = open_it()  # opens: closed segments' batches are checked later
+    try:
+        before = part.fetch(0, 1 << 20, read_committed=False)
+        assert before.error is ErrorCode.NONE and before.next_fetch_offset == damaged
+        assert [r.value for b in before.batches for r in b.records] == [
+            f"value-{i}".encode() for i in range(damaged)
+        ]
+        assert reports == []
+        assert part.fetch(damaged, 1 << 20, read_committed=False).error is code
+        assert part.fetch_raw(damaged, 1 << 20, read_committed=False).error is code
+        served = part.replica_read(2, 0, -1, 1 << 20)
+        assert served.error is ErrorCode.NONE and len(read_raw(served.records)) == damaged
+        at = part.replica_read(2, damaged, -1, 1 << 20)
+        assert at.error is ErrorCode.KAFKA_STORAGE_ERROR and "CRC" in at.message
+        assert len(reports) == 3
+        reports.clear()
+        while part.verify_stored(100):
+            pass
+        (found,) = reports
+        assert f"(offset {damaged}) fails its CRC" in found
+    finally:
+        part.close()
+
+
 def read_raw(data: bytes) -> list[Any]:
     records = MemoryRecords(data)
     batches = []
