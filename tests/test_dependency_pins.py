@@ -29,9 +29,12 @@ KNOWN_SYNCOBJ_MEMBERS = {
     "_SyncObj__applyLogEntries",
     "_SyncObj__commandsQueue",
     "_SyncObj__commandsWaitingCommit",
+    "_SyncObj__conf",
     "_SyncObj__doApplyCommand",
     "_SyncObj__onMessageReceived",
+    "_SyncObj__raftElectionDeadline",
     "_SyncObj__raftLog",
+    "_SyncObj__raftMatchIndex",
     "_SyncObj__sendNextNodeIdx",
     "_SyncObj__serializer",
     "_SyncObj__transport",
@@ -125,6 +128,9 @@ def test_a_removed_syncobj_member_is_named(monkeypatch: pytest.MonkeyPatch) -> N
     def init_without_its_raft_log(self: Any) -> None:
         self.__commandsQueue = None
         self.__commandsWaitingCommit = {}
+        self.__conf = None
+        self.__raftElectionDeadline = 0
+        self.__raftMatchIndex = {}
         self.__transport = None
         self.__serializer = None
         self._poller = None
