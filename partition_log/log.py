@@ -63,6 +63,7 @@ __all__ = [
     "PartitionLogStore",
     "RecoveryReport",
     "StoreFailed",
+    "SyncTicket",
     "fsync_directory",
 ]
 
@@ -175,6 +176,30 @@ class _Segment:
         return self.index_positions[-1] if self.index_positions else 0
 
 
+@dataclass(frozen=True, slots=True)
+class SyncTicket:
+    """An fsync of a store's active segment up to :attr:`end_offset`, begun
+    under the store owner's lock (:meth:`PartitionLogStore.begin_sync`) and
+    run without it."""
+
+    fd: int
+    """A duplicate of the segment's file descriptor, closed by :meth:`run`."""
+    end_offset: int
+    cuts: int
+    directory: Path
+
+    def run(self) -> OSError | None:
+        """Fsync (with the failure handler's fail-stop, :func:`_fsync`) and
+        close the descriptor; returns the error of a failed fsync."""
+        try:
+            _fsync(self.fd, self.directory)
+        except OSError as err:
+            return err
+        finally:
+            os.close(self.fd)
+        return None
+
+
 @dataclass(slots=True)
 class _Scan:
     end: int  # position after the last good batch
@@ -253,7 +278,12 @@ class PartitionLogStore:
         #: Whether recovery read a checkpoint of the leader epochs (then a
         #: header naming a newer epoch is damage).
         self._epochs_read = False
-        self._dirty = False
+        #: The log end as of the last fsync of the active segment: every
+        #: batch below it is on disk (closed segments were fsynced at roll).
+        self._synced_end = 0
+        #: Moves when the log is cut: a sync begun before then covers bytes
+        #: that may no longer be in the log (:meth:`finish_sync`).
+        self._cuts = 0
         self._index_dirty = False
         self._failure: BaseException | None = None
         self._closed = False
@@ -262,6 +292,7 @@ class PartitionLogStore:
         except BaseException:
             self._close_fds()
             raise
+        self._synced_end = self.log_end_offset
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -288,7 +319,13 @@ class PartitionLogStore:
     @property
     def dirty(self) -> bool:
         """Whether log bytes were written since the last fsync of the active segment."""
-        return self._dirty
+        return self._synced_end < self.log_end_offset
+
+    @property
+    def synced_end_offset(self) -> int:
+        """The offset below which every batch is on disk (fsynced); the log end
+        when nothing was written since the last fsync."""
+        return self._synced_end
 
     @property
     def segment_base_offsets(self) -> tuple[int, ...]:
@@ -303,9 +340,10 @@ class PartitionLogStore:
         Rolls to a new segment first when the active one is not empty and the
         batch would take it past ``segment_bytes``. Under
         :attr:`FsyncPolicy.ALWAYS` the segment is fsynced before returning,
-        unless ``sync`` is False: then the caller calls :meth:`sync` before
-        it counts the batch as stored (several appends, one fsync); under
-        every policy the batch is in the page cache once this returns.
+        unless ``sync`` is False: then the caller calls :meth:`sync` (or
+        :meth:`begin_sync`) before it counts the batch as stored (several
+        appends, one fsync); under every policy the batch is in the page
+        cache once this returns.
 
         Returns:
             The batch's base offset.
@@ -338,13 +376,12 @@ class PartitionLogStore:
         self._write_log(active, batch)
         active.size += len(batch)
         active.next_offset = base_offset + header.last_offset_delta + 1
-        self._dirty = True
         try:
             if position - active.last_indexed_position >= self.index_interval_bytes:
                 self._add_index_entry(active, base_offset, position)
             if self.fsync is FsyncPolicy.ALWAYS and sync:
                 _fsync(active.log_fd, self.directory)
-                self._dirty = False
+                self._synced_end = self.log_end_offset
         except OSError as err:
             self._failure = err
             raise
@@ -360,14 +397,42 @@ class PartitionLogStore:
             OSError: fsync failed (the store is failed from then on).
         """
         self._check_usable()
-        if not self._dirty:
+        if not self.dirty:
             return
         try:
             _fsync(self._segments[-1].log_fd, self.directory)
         except OSError as err:
             self._failure = err
             raise
-        self._dirty = False
+        self._synced_end = self.log_end_offset
+
+    def begin_sync(self) -> SyncTicket | None:
+        """Start an fsync of what the active segment holds now, to be run
+        without the owner's lock (:meth:`SyncTicket.run`, then
+        :meth:`finish_sync` under the lock again): appends may go on
+        meanwhile. None when nothing was written since the last fsync.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            OSError: the segment's file could not be duplicated.
+        """
+        self._check_usable()
+        if not self.dirty:
+            return None
+        # A file descriptor of its own: a roll, cut or close may close the
+        # segment's while the fsync runs (the file stays the same).
+        fd = os.dup(self._segments[-1].log_fd)
+        return SyncTicket(fd, self.log_end_offset, self._cuts, self.directory)
+
+    def finish_sync(self, ticket: SyncTicket, error: OSError | None) -> None:
+        """Record the outcome of ``ticket``'s fsync (the owner's lock held):
+        everything below its offset is on disk, unless the log was cut since
+        (the offsets may hold other batches now); a failed fsync fails the
+        store, as one in :meth:`append` does."""
+        if error is not None:
+            self._failure = error
+        elif ticket.cuts == self._cuts and not self._closed:
+            self._synced_end = max(self._synced_end, ticket.end_offset)
 
     def flush(self) -> None:
         """Fsync the active segment (and its index) if anything was written since the last
@@ -380,9 +445,9 @@ class PartitionLogStore:
         self._check_usable()
         active = self._segments[-1]
         try:
-            if self._dirty:
+            if self.dirty:
                 _fsync(active.log_fd, self.directory)
-                self._dirty = False
+                self._synced_end = self.log_end_offset
             if self._index_dirty and active.index_fd is not None:
                 _fsync(active.index_fd, self.directory)
                 self._index_dirty = False
@@ -403,7 +468,8 @@ class PartitionLogStore:
                 _fsync(active.log_fd, self.directory)
                 if active.index_fd is not None:
                     _fsync(active.index_fd, self.directory)
-                self._dirty = self._index_dirty = False
+                self._synced_end = self.log_end_offset
+                self._index_dirty = False
         finally:
             self._closed = True
             self._close_fds()
@@ -701,10 +767,11 @@ class PartitionLogStore:
             _fsync(old.index_fd, self.directory)
             os.close(old.index_fd)
             old.index_fd = None
-            self._dirty = self._index_dirty = False
+            self._index_dirty = False
             self._add_segment(
                 self._create_segment(old.next_offset if base_offset is None else base_offset)
             )
+            self._synced_end = self.log_end_offset
         except OSError as err:
             self._failure = err
             raise
@@ -913,6 +980,7 @@ class PartitionLogStore:
                 self._log_path(empty.base_offset).unlink()
                 self._index_path(empty.base_offset).unlink(missing_ok=True)
                 self._add_segment(self._create_segment(offset))
+                self._synced_end = offset
                 return
             self._write_gaps(self._read_gaps() | {(end, offset)})
             self._roll(offset)
@@ -952,6 +1020,7 @@ class PartitionLogStore:
                 )
             cut = pos
             break
+        self._cuts += 1
         try:
             while self._segments[-1] is not holder:
                 dropped = self._segments.pop()
@@ -981,7 +1050,8 @@ class PartitionLogStore:
             holder.size = cut
             holder.next_offset = min(offset, holder.next_offset)
             holder.max_timestamp = None
-            self._dirty = self._index_dirty = False
+            self._synced_end = holder.next_offset
+            self._index_dirty = False
             fsync_directory(self.directory)
             end = holder.next_offset
             gaps = self._read_gaps()
@@ -1079,6 +1149,9 @@ class PartitionLogStore:
                 )
             if cut:
                 os.ftruncate(fd, scan.end)
+            if cut or (scan.end and self.fsync is FsyncPolicy.ALWAYS):
+                # Under always, also what a process killed between its write
+                # and its fsync left in the page cache: it may be served now.
                 _fsync(fd, path)
             # The active index is always derived from the scan: its file may lag the log
             # (it is fsynced only at roll) or point past a cut tail.
