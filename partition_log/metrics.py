@@ -12,6 +12,9 @@ from prometheus_client.registry import Collector
 
 from partition_log.partition import Partition
 
+#: Of ``raftcoord_partition_log_batches_per_fsync``.
+BATCHES_PER_FSYNC_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
 
 class PartitionCollector(Collector):
     """Reads the offsets and open transactions of every partition that

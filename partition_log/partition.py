@@ -52,6 +52,9 @@ log = logging.getLogger("raftcoord.partition_log")
 #: Offsets a partition reserves at a time; it asks for the next block when
 #: fewer than half remain.
 OFFSET_BLOCK = 1 << 20
+#: Called with the batches (appends and markers) each group fsync of a
+#: leader's log covered (:meth:`Partition.sync_through`; the node's metrics).
+group_commit_observer: Callable[[int], None] | None = None
 #: How long after its first grant a partition that may have lost records
 #: keeps comparing its open transactions with the coordinators' decisions
 #: (elections after a whole-cluster restart can hide a shard for a while).
@@ -189,6 +192,8 @@ class Partition:
         #: (:meth:`sync_through` waits on it); whether one runs now.
         self._durability = threading.Condition(self.lock)
         self._syncing = False
+        #: This replica's own batches appended since the last group fsync began.
+        self._unsynced_batches = 0
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
         recovered = self.store.recovered
@@ -724,8 +729,11 @@ class Partition:
         base = self.store.append(batch, sync=False)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
-        if not replicated and self.store.fsync is not FsyncPolicy.ALWAYS:
-            self._stored()
+        if not replicated:
+            if self.store.fsync is FsyncPolicy.ALWAYS:
+                self._unsynced_batches += 1
+            else:
+                self._stored()
         return base
 
     def _stored_end(self) -> int:
@@ -779,6 +787,7 @@ class Partition:
                 # Leading at the same epoch: the log was not cut below ``offset``.
                 assert ticket is not None
                 self._syncing = True
+                batches, self._unsynced_batches = self._unsynced_batches, 0
             # Until it returns, the fsync counts as failed (the store with it).
             error: OSError | None = OSError("the fsync did not complete")
             try:
@@ -792,6 +801,8 @@ class Partition:
                         self._stored()
             if error is not None:
                 return self._sync_failed(error)
+            if group_commit_observer is not None:
+                group_commit_observer(batches)
 
     def _sync_failed(self, exc: Exception) -> tuple[ErrorCode, str]:
         log.error("partition=%s-%d event=sync_failed error=%r", self.topic, self.index, exc)
