@@ -123,7 +123,8 @@ class FsyncPolicy(enum.Enum):
     """When appended batches are fsynced (``log.flush.policy``)."""
 
     ALWAYS = "always"
-    """Every append is fsynced before it returns."""
+    """Every append is fsynced before it counts as stored: in :meth:`PartitionLogStore.append`,
+    or by a later fsync several appends share (:meth:`PartitionLogStore.begin_sync`)."""
     INTERVAL = "interval"
     """Appends return after write(); :meth:`PartitionLogStore.flush` runs periodically."""
     NEVER = "never"
@@ -342,10 +343,10 @@ class PartitionLogStore:
         return self._synced_end < self.log_end_offset
 
     def has_room(self, size: int) -> bool:
-        """Whether a batch of ``size`` bytes may be written now under
-        :attr:`FsyncPolicy.ALWAYS`: nothing is unsynced, or the unsynced bytes
-        stay within :data:`GROUP_COMMIT_BYTES` with it (always, under the
-        other policies)."""
+        """Whether a batch of ``size`` bytes may be written now: under
+        :attr:`FsyncPolicy.ALWAYS`, when nothing is unsynced or the unsynced
+        bytes stay within :data:`GROUP_COMMIT_BYTES` with it; under the other
+        policies, always."""
         if self.fsync is not FsyncPolicy.ALWAYS or not self.dirty:
             return True
         return self._segments[-1].size - self._synced_size + size <= GROUP_COMMIT_BYTES
