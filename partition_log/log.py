@@ -54,7 +54,6 @@ from partition_log.codec import (
 from partition_log.epochs import LeaderEpochs
 
 __all__ = [
-    "GROUP_COMMIT_BYTES",
     "SNAPSHOTS_KEPT",
     "CorruptLog",
     "Flushable",
@@ -110,13 +109,6 @@ _UNSETTLED_FILE = "offsets-unsettled"
 _EPOCHS_FILE = "leader-epoch-checkpoint"
 #: Producer-state snapshots kept: the newest ones, older ones are deleted.
 SNAPSHOTS_KEPT = 2
-#: Under :attr:`FsyncPolicy.ALWAYS`, the most bytes of the active segment
-#: that may be written and not fsynced yet while appends share fsyncs (a
-#: batch larger than this is written only when nothing else is unsynced,
-#: :meth:`PartitionLogStore.has_room`). Only that tail can be torn by a
-#: machine crash, so recovery cuts a damaged batch with intact ones after it
-#: there, and refuses the log where it is earlier.
-GROUP_COMMIT_BYTES = 1 << 20
 
 
 class FsyncPolicy(enum.Enum):
@@ -194,8 +186,6 @@ class SyncTicket:
     fd: int
     """A duplicate of the segment's file descriptor, closed by :meth:`run`."""
     end_offset: int
-    end_size: int
-    """The segment's size at :attr:`end_offset`."""
     cuts: int
     directory: Path
 
@@ -260,12 +250,8 @@ class PartitionLogStore:
         segment_bytes: int = 64 << 20,
         index_interval_bytes: int = 4096,
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
-        clean_stop: bool = False,
     ) -> None:
         """Open the log in ``directory`` (created if missing) and recover it.
-        ``clean_stop``: the process before closed it (every write reached the
-        disk), so under :attr:`FsyncPolicy.ALWAYS` no tail of appends that
-        shared an fsync can be torn either.
 
         Raises:
             ValueError: ``segment_bytes`` outside [61, 2**31 - 1] or a negative
@@ -278,10 +264,6 @@ class PartitionLogStore:
         if index_interval_bytes < 0:
             raise ValueError("index_interval_bytes must not be negative")
         self.directory = Path(directory)
-        #: The most bytes before the end of the active segment where recovery
-        #: may find a bad batch with intact ones after it and cut there, under
-        #: ALWAYS (where it is further back, it refuses the log).
-        self._torn_tail_bytes = 0 if clean_stop else GROUP_COMMIT_BYTES
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
         self.fsync = fsync
@@ -297,11 +279,9 @@ class PartitionLogStore:
         #: Whether recovery read a checkpoint of the leader epochs (then a
         #: header naming a newer epoch is damage).
         self._epochs_read = False
-        #: The log end as of the last fsync of the active segment, and its
-        #: size then: every batch below it is on disk (closed segments were
-        #: fsynced at roll).
+        #: The log end as of the last fsync of the active segment: every
+        #: batch below it is on disk (closed segments were fsynced at roll).
         self._synced_end = 0
-        self._synced_size = 0
         #: Moves when the log is cut: a sync begun before then covers bytes
         #: that may no longer be in the log (:meth:`finish_sync`).
         self._cuts = 0
@@ -313,7 +293,7 @@ class PartitionLogStore:
         except BaseException:
             self._close_fds()
             raise
-        self._mark_synced()
+        self._synced_end = self.log_end_offset
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -341,15 +321,6 @@ class PartitionLogStore:
     def dirty(self) -> bool:
         """Whether log bytes were written since the last fsync of the active segment."""
         return self._synced_end < self.log_end_offset
-
-    def has_room(self, size: int) -> bool:
-        """Whether a batch of ``size`` bytes may be written now: under
-        :attr:`FsyncPolicy.ALWAYS`, when nothing is unsynced or the unsynced
-        bytes stay within :data:`GROUP_COMMIT_BYTES` with it; under the other
-        policies, always."""
-        if self.fsync is not FsyncPolicy.ALWAYS or not self.dirty:
-            return True
-        return self._segments[-1].size - self._synced_size + size <= GROUP_COMMIT_BYTES
 
     @property
     def synced_end_offset(self) -> int:
@@ -411,7 +382,7 @@ class PartitionLogStore:
                 self._add_index_entry(active, base_offset, position)
             if self.fsync is FsyncPolicy.ALWAYS and sync:
                 _fsync(active.log_fd, self.directory)
-                self._mark_synced()
+                self._synced_end = self.log_end_offset
         except OSError as err:
             self._failure = err
             raise
@@ -434,7 +405,7 @@ class PartitionLogStore:
         except OSError as err:
             self._failure = err
             raise
-        self._mark_synced()
+        self._synced_end = self.log_end_offset
 
     def begin_sync(self) -> SyncTicket | None:
         """Start an fsync of what the active segment holds now, to be run
@@ -452,9 +423,7 @@ class PartitionLogStore:
         # A file descriptor of its own: a roll, cut or close may close the
         # segment's while the fsync runs (the file stays the same).
         fd = os.dup(self._segments[-1].log_fd)
-        return SyncTicket(
-            fd, self.log_end_offset, self._segments[-1].size, self._cuts, self.directory
-        )
+        return SyncTicket(fd, self.log_end_offset, self._cuts, self.directory)
 
     def finish_sync(self, ticket: SyncTicket, error: OSError | None) -> None:
         """Record the outcome of ``ticket``'s fsync (the owner's lock held):
@@ -463,14 +432,8 @@ class PartitionLogStore:
         store, as one in :meth:`append` does."""
         if error is not None:
             self._failure = error
-        elif (
-            ticket.cuts == self._cuts and not self._closed and ticket.end_offset > self._synced_end
-        ):  # (after a roll it is the older segment's, synced by the roll)
-            self._synced_end, self._synced_size = ticket.end_offset, ticket.end_size
-
-    def _mark_synced(self) -> None:
-        """The active segment was fsynced as it is now."""
-        self._synced_end, self._synced_size = self.log_end_offset, self._segments[-1].size
+        elif ticket.cuts == self._cuts and not self._closed:
+            self._synced_end = max(self._synced_end, ticket.end_offset)
 
     def flush(self) -> None:
         """Fsync the active segment (and its index) if anything was written since the last
@@ -485,7 +448,7 @@ class PartitionLogStore:
         try:
             if self.dirty:
                 _fsync(active.log_fd, self.directory)
-                self._mark_synced()
+                self._synced_end = self.log_end_offset
             if self._index_dirty and active.index_fd is not None:
                 _fsync(active.index_fd, self.directory)
                 self._index_dirty = False
@@ -506,7 +469,7 @@ class PartitionLogStore:
                 _fsync(active.log_fd, self.directory)
                 if active.index_fd is not None:
                     _fsync(active.index_fd, self.directory)
-                self._mark_synced()
+                self._synced_end = self.log_end_offset
                 self._index_dirty = False
         finally:
             self._closed = True
@@ -809,7 +772,7 @@ class PartitionLogStore:
             self._add_segment(
                 self._create_segment(old.next_offset if base_offset is None else base_offset)
             )
-            self._mark_synced()
+            self._synced_end = self.log_end_offset
         except OSError as err:
             self._failure = err
             raise
@@ -1018,7 +981,7 @@ class PartitionLogStore:
                 self._log_path(empty.base_offset).unlink()
                 self._index_path(empty.base_offset).unlink(missing_ok=True)
                 self._add_segment(self._create_segment(offset))
-                self._mark_synced()
+                self._synced_end = offset
                 return
             self._write_gaps(self._read_gaps() | {(end, offset)})
             self._roll(offset)
@@ -1088,7 +1051,7 @@ class PartitionLogStore:
             holder.size = cut
             holder.next_offset = min(offset, holder.next_offset)
             holder.max_timestamp = None
-            self._mark_synced()
+            self._synced_end = holder.next_offset
             self._index_dirty = False
             fsync_directory(self.directory)
             end = holder.next_offset
@@ -1151,34 +1114,17 @@ class PartitionLogStore:
             scan = self._scan(fd, 0, base, size, verify_crc=True)
             cut = size - scan.end
             intact = _intact_batch_after(fd, scan.end, scan.next_offset, size) if cut else None
-            always = self.fsync is FsyncPolicy.ALWAYS
-            if intact is not None and always and cut > self._torn_tail_bytes:
-                # Every append was fsynced before the bytes not yet fsynced
-                # passed GROUP_COMMIT_BYTES (and all were, at a clean stop):
-                # only that tail can be torn. A bad batch before it with intact
-                # ones after it is damage, and cutting would drop acknowledged
-                # batches (and reuse their offsets).
+            if intact is not None and self.fsync is FsyncPolicy.ALWAYS:
+                # Every append was fsynced before the next: only the last batch
+                # can be torn. A bad batch with intact ones after it is damage,
+                # and cutting would drop acknowledged batches (and reuse their
+                # offsets).
                 raise CorruptLog(
                     f"{path}: the batch at position {scan.end} (offset {scan.next_offset}) is "
                     f"damaged ({scan.problem}) and intact batches follow it (offset "
-                    f"{intact[1]} at position {intact[0]}), more than "
-                    f"{self._torn_tail_bytes} bytes before the end: refusing to cut "
-                    "acknowledged data"
+                    f"{intact[1]} at position {intact[0]}): refusing to cut acknowledged data"
                 )
-            if intact is not None and always:
-                logger.warning(
-                    "%s: cut %d bytes at position %d (%s), with intact batches from offset %d: "
-                    "appends that shared an fsync the crash interrupted (none acknowledged); "
-                    "kept %d batches, log end offset %d",
-                    path,
-                    cut,
-                    scan.end,
-                    scan.problem,
-                    intact[1],
-                    scan.batches,
-                    scan.next_offset,
-                )
-            elif intact is not None:
+            if intact is not None:
                 logger.critical(
                     "%s event=acknowledged_data_lost: cut %d bytes at position %d (%s), "
                     "offsets %d to %d, of which intact batches from offset %d were unsynced "

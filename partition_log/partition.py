@@ -147,7 +147,6 @@ class Partition:
             segment_bytes=segment_bytes,
             index_interval_bytes=index_interval_bytes,
             fsync=fsync,
-            clean_stop=clean_start,
         )
         #: The high watermark: the offset below which every in-sync replica
         #: holds the log. A leader moves it (:meth:`_advance_high_watermark`),
@@ -568,9 +567,6 @@ class Partition:
         was appended.
         """
         with self.lock:
-            error = self._make_room(len(batch))
-            if error is not None:
-                return AppendCheck(None, *self._sync_failed(error))
             check = self._check(spec, verified)
             if check.ok and check.verdict is Verdict.APPEND:
                 check = self._append_checked(spec, batch)
@@ -625,18 +621,7 @@ class Partition:
         once the log up to its end is stored as the flush policy asks
         (:meth:`sync_through`); without, the caller calls it (one fsync
         for many markers)."""
-        batch = codec.encode_control_batch(
-            commit=commit,
-            producer_id=producer_id,
-            producer_epoch=epoch,
-            coordinator_epoch=coordinator_epoch,
-            timestamp_ms=timestamp_ms,
-            txn_number=txn_number,
-        )
         with self.lock:
-            error = self._make_room(len(batch))
-            if error is not None:
-                return self._sync_failed(error)
             code, message = self._write_marker(
                 producer_id,
                 epoch,
@@ -646,7 +631,6 @@ class Partition:
                 admin_abort,
                 transaction_version,
                 txn_number,
-                batch,
             )
             if code is not ErrorCode.NONE or not sync:
                 return code, message
@@ -663,10 +647,8 @@ class Partition:
         admin_abort: bool,
         transaction_version: int,
         txn_number: int,
-        batch: bytearray,
     ) -> tuple[ErrorCode, str]:
-        """:meth:`write_marker` without the fsync, ``batch`` its control batch
-        (the caller holds the lock)."""
+        """:meth:`write_marker` without the fsync (the caller holds the lock)."""
         if admin_abort:
             code, message = self.states.check_admin_abort(producer_id, epoch, coordinator_epoch)
             if code is not ErrorCode.NONE:
@@ -684,6 +666,14 @@ class Partition:
             refused = self._append_refusal(1)
             if refused is not None:
                 return ErrorCode.NOT_LEADER_OR_FOLLOWER, refused
+            batch = codec.encode_control_batch(
+                commit=commit,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                coordinator_epoch=coordinator_epoch,
+                timestamp_ms=timestamp_ms,
+                txn_number=txn_number,
+            )
             try:
                 offset = self._append(batch)
             except (OSError, StoreFailed) as exc:
@@ -766,77 +756,53 @@ class Partition:
         """Wait until the log below ``offset``, appended while leading at
         ``leader_epoch``, is stored as the flush policy asks (under ``always``:
         fsynced). Group commit: when no other thread is fsyncing the log, this
-        one fsyncs everything written up to now (:meth:`_group_fsync`); the
-        others wait for it and are released once what it synced covers their
-        offset, or fsync next, for what was written after it began.
+        one fsyncs everything written up to now, without the lock, so appends
+        go on meanwhile; the others wait for it and are released once what it
+        synced covers their offset (or fsync next, for what was written after
+        it began).
 
         Returns NONE; NOT_LEADER_OR_FOLLOWER when this replica no longer leads
         at ``leader_epoch`` (what it appended may be cut: retriable); or
         KAFKA_STORAGE_ERROR when the store failed (a failed fsync stops the
         node process before that, through ``fsync_failure_handler``).
         """
-        with self.lock:
-            while True:
-                if not self.leading or self.leader_epoch != leader_epoch:
-                    return (
-                        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                        f"partition-log node no longer leads {self.topic}-{self.index} at "
-                        f"leader epoch {leader_epoch}; the write may or may not be stored",
-                    )
-                if self._stored_end() >= offset:
-                    return ErrorCode.NONE, ""
-                # Leading at the same epoch: the log was not cut below ``offset``.
-                assert offset <= self.store.log_end_offset
-                if self._syncing:
+        while True:
+            with self.lock:
+                while True:
+                    if not self.leading or self.leader_epoch != leader_epoch:
+                        return (
+                            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            f"partition-log node no longer leads {self.topic}-{self.index} at "
+                            f"leader epoch {leader_epoch}; the write may or may not be stored",
+                        )
+                    if self._stored_end() >= offset:
+                        return ErrorCode.NONE, ""
+                    if not self._syncing:
+                        break
                     self._durability.wait()
-                    continue
-                error = self._group_fsync()
-                if error is not None:
-                    return self._sync_failed(error)
-
-    def _make_room(self, size: int) -> Exception | None:
-        """Wait until a batch of ``size`` bytes may be written without the
-        bytes not yet fsynced passing :data:`GROUP_COMMIT_BYTES`
-        (:meth:`PartitionLogStore.has_room`), fsyncing if no other thread is;
-        returns the error of a failed fsync. The caller holds the lock, which
-        is released while it waits: it checks the batch after this."""
-        while not self.store.has_room(size):
-            if self._syncing:
-                self._durability.wait()
-                continue
-            error = self._group_fsync()
+                try:
+                    ticket = self.store.begin_sync()
+                except (OSError, StoreFailed) as exc:
+                    return self._sync_failed(exc)
+                # Leading at the same epoch: the log was not cut below ``offset``.
+                assert ticket is not None
+                self._syncing = True
+                batches, self._unsynced_batches = self._unsynced_batches, 0
+            # Until it returns, the fsync counts as failed (the store with it).
+            error: OSError | None = OSError("the fsync did not complete")
+            try:
+                error = ticket.run()
+            finally:
+                with self.lock:
+                    self.store.finish_sync(ticket, error)
+                    self._syncing = False
+                    self._durability.notify_all()
+                    if error is None:
+                        self._stored()
             if error is not None:
-                return error
-        return None
-
-    def _group_fsync(self) -> Exception | None:
-        """Fsync everything written to the log up to now, releasing the lock
-        while the fsync runs (the caller holds it once), so that appends go
-        on meanwhile; returns the error that failed the store, if any."""
-        try:
-            ticket = self.store.begin_sync()
-        except (OSError, StoreFailed) as exc:
-            return exc
-        if ticket is None:
-            return None
-        self._syncing = True
-        batches, self._unsynced_batches = self._unsynced_batches, 0
-        # Until it returns, the fsync counts as failed (the store with it).
-        error: OSError | None = OSError("the fsync did not complete")
-        self.lock.release()
-        try:
-            error = ticket.run()
-        finally:
-            self.lock.acquire()
-            self.store.finish_sync(ticket, error)
-            self._syncing = False
-            self._durability.notify_all()
-        if error is not None:
-            return error
-        self._stored()
-        if group_commit_observer is not None:
-            group_commit_observer(batches)
-        return None
+                return self._sync_failed(error)
+            if group_commit_observer is not None:
+                group_commit_observer(batches)
 
     def _sync_failed(self, exc: Exception) -> tuple[ErrorCode, str]:
         log.error("partition=%s-%d event=sync_failed error=%r", self.topic, self.index, exc)
@@ -882,8 +848,6 @@ class Partition:
             )
         if header.base_offset > end:
             self.store.skip_to(header.base_offset)
-        if not self.store.has_room(len(data)):
-            self.store.sync()  # the unsynced tail stays within what recovery may cut
         self._store(bytearray(data), replicated=True)
         self._replay(header, bytes(data) if header.is_control else None)
 

@@ -48,7 +48,6 @@ from partition_log.codec import (
     set_partition_leader_epoch,
 )
 from partition_log.log import (
-    GROUP_COMMIT_BYTES,
     CorruptLog,
     FsyncPolicy,
     LogFlusher,
@@ -780,11 +779,10 @@ def test_a_damaged_batch_length_in_a_closed_segment_is_refused_not_skipped(
 def test_a_leader_epoch_newer_than_the_checkpoint_is_damage(tmp_path: Path) -> None:
     """The checkpoint is written before a new epoch's first batch: with a
     readable one, a header naming a newer epoch (a field outside the CRC)
-    was damaged, and the batch is not taken as appended by that epoch (nor,
-    with more than GROUP_COMMIT_BYTES after it, as part of a torn group)."""
+    was damaged, and the batch is not taken as appended by that epoch."""
     store = PartitionLogStore(tmp_path)
     for label in ("a", "b", "c"):
-        batch = data_batch(label, pad=GROUP_COMMIT_BYTES // 2)
+        batch = data_batch(label)
         set_partition_leader_epoch(batch, 3)
         store.append(batch)
     store.close()
@@ -1144,56 +1142,16 @@ def _flip_middle_batch(tmp_path: Path, size: int) -> Path:
 def test_a_damaged_batch_with_intact_ones_after_it_is_refused_under_fsync_always(
     tmp_path: Path,
 ) -> None:
-    """Every append was fsynced before the unsynced bytes passed
-    GROUP_COMMIT_BYTES: only that tail can be torn. A bad batch further back
-    with intact ones after it is damage, and cutting there would drop
-    acknowledged batches and hand their offsets out again."""
-    pad = GROUP_COMMIT_BYTES // 2
-    size = len(data_batch("b00", 2, pad=pad))
-    open_store = partial(PartitionLogStore, segment_bytes=100 * size)
-    with open_store(tmp_path) as store:
-        fill(store, 4, n=2, pad=pad)
-    _flip_middle_batch(tmp_path, size)
-    with pytest.raises(CorruptLog, match="intact batches follow"):
-        open_store(tmp_path)
-
-
-def test_a_torn_group_of_unsynced_appends_is_cut_under_fsync_always(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Appends that shared an fsync a crash interrupted can reach the disk in
-    any order: a bad batch with intact ones after it within the last
-    GROUP_COMMIT_BYTES is such a group, none of it acknowledged: cut."""
+    """Every append was fsynced: only the last batch can be torn. A bad batch
+    in the middle is damage, and cutting there would drop acknowledged
+    batches and hand their offsets out again."""
     size = len(data_batch("b00", 2))
     open_store = partial(PartitionLogStore, segment_bytes=100 * size)
     with open_store(tmp_path) as store:
         fill(store, 4, n=2)
     _flip_middle_batch(tmp_path, size)
     with pytest.raises(CorruptLog, match="intact batches follow"):
-        open_store(tmp_path, clean_stop=True)  # then every write had reached the disk
-    with caplog.at_level(logging.WARNING), open_store(tmp_path) as store:
-        assert store.log_end_offset == 2  # the first batch kept, the three others cut
-    assert "appends that shared an fsync" in caplog.text
-    assert "acknowledged_data_lost" not in caplog.text
-
-
-def test_unsynced_bytes_stay_within_the_group_commit_window(tmp_path: Path) -> None:
-    pad = GROUP_COMMIT_BYTES // 3
-    with PartitionLogStore(tmp_path, fsync=FsyncPolicy.ALWAYS) as store:
-        big = data_batch("big", pad=GROUP_COMMIT_BYTES)
-        assert store.has_room(len(big))  # nothing unsynced: any batch alone
-        store.append(big, sync=False)
-        assert not store.has_room(1)
-        store.sync()
-        for i in range(2):
-            batch = data_batch(f"b{i}", pad=pad)
-            assert store.has_room(len(batch))
-            store.append(batch, sync=False)
-        assert not store.has_room(len(data_batch("b2", pad=pad)))
-        assert store.has_room(1)
-    with PartitionLogStore(tmp_path / "never", fsync=FsyncPolicy.NEVER) as store:
-        store.append(data_batch("big", pad=GROUP_COMMIT_BYTES))
-        assert store.has_room(GROUP_COMMIT_BYTES)
+        open_store(tmp_path)
 
 
 def test_a_damaged_batch_under_fsync_interval_is_cut_and_the_loss_is_critical(
