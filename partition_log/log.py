@@ -64,6 +64,7 @@ __all__ = [
     "PartitionLogStore",
     "RecoveryReport",
     "StoreFailed",
+    "SyncTicket",
     "fsync_directory",
 ]
 
@@ -115,7 +116,8 @@ class FsyncPolicy(enum.Enum):
     """When appended batches are fsynced (``log.flush.policy``)."""
 
     ALWAYS = "always"
-    """Every append is fsynced before it returns."""
+    """Every append is fsynced before it counts as stored: in :meth:`PartitionLogStore.append`,
+    or by a later fsync several appends share (:meth:`PartitionLogStore.begin_sync`)."""
     INTERVAL = "interval"
     """Appends return after write(); :meth:`PartitionLogStore.flush` runs periodically."""
     NEVER = "never"
@@ -175,6 +177,30 @@ class _Segment:
     @property
     def last_indexed_position(self) -> int:
         return self.index_positions[-1] if self.index_positions else 0
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTicket:
+    """An fsync of a store's active segment up to :attr:`end_offset`, begun
+    under the store owner's lock (:meth:`PartitionLogStore.begin_sync`) and
+    run without it."""
+
+    fd: int
+    """A duplicate of the segment's file descriptor, closed by :meth:`run`."""
+    end_offset: int
+    cuts: int
+    directory: Path
+
+    def run(self) -> OSError | None:
+        """Fsync (with the failure handler's fail-stop, :func:`_fsync`) and
+        close the descriptor; returns the error of a failed fsync."""
+        try:
+            _fsync(self.fd, self.directory)
+        except OSError as err:
+            return err
+        finally:
+            os.close(self.fd)
+        return None
 
 
 @dataclass(slots=True)
@@ -260,7 +286,12 @@ class PartitionLogStore:
         self._epochs_read = False
         #: Where :meth:`verify_next` goes on: (segment base offset, offset).
         self._verify_from: tuple[int, int] | None = None
-        self._dirty = False
+        #: The log end as of the last fsync of the active segment: every
+        #: batch below it is on disk (closed segments were fsynced at roll).
+        self._synced_end = 0
+        #: Moves when the log is cut: a sync begun before then covers bytes
+        #: that may no longer be in the log (:meth:`finish_sync`).
+        self._cuts = 0
         self._index_dirty = False
         self._failure: BaseException | None = None
         self._closed = False
@@ -269,6 +300,7 @@ class PartitionLogStore:
         except BaseException:
             self._close_fds()
             raise
+        self._synced_end = self.log_end_offset
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -295,7 +327,13 @@ class PartitionLogStore:
     @property
     def dirty(self) -> bool:
         """Whether log bytes were written since the last fsync of the active segment."""
-        return self._dirty
+        return self._synced_end < self.log_end_offset
+
+    @property
+    def synced_end_offset(self) -> int:
+        """The offset below which every batch is on disk (fsynced); the log end
+        when nothing was written since the last fsync."""
+        return self._synced_end
 
     @property
     def segment_base_offsets(self) -> tuple[int, ...]:
@@ -310,9 +348,10 @@ class PartitionLogStore:
         Rolls to a new segment first when the active one is not empty and the
         batch would take it past ``segment_bytes``. Under
         :attr:`FsyncPolicy.ALWAYS` the segment is fsynced before returning,
-        unless ``sync`` is False: then the caller calls :meth:`sync` before
-        it counts the batch as stored (several appends, one fsync); under
-        every policy the batch is in the page cache once this returns.
+        unless ``sync`` is False: then the caller calls :meth:`sync` (or
+        :meth:`begin_sync`) before it counts the batch as stored (several
+        appends, one fsync); under every policy the batch is in the page
+        cache once this returns.
 
         Returns:
             The batch's base offset.
@@ -345,13 +384,12 @@ class PartitionLogStore:
         self._write_log(active, batch)
         active.size += len(batch)
         active.next_offset = base_offset + header.last_offset_delta + 1
-        self._dirty = True
         try:
             if position - active.last_indexed_position >= self.index_interval_bytes:
                 self._add_index_entry(active, base_offset, position)
             if self.fsync is FsyncPolicy.ALWAYS and sync:
                 _fsync(active.log_fd, self.directory)
-                self._dirty = False
+                self._synced_end = self.log_end_offset
         except OSError as err:
             self._failure = err
             raise
@@ -367,14 +405,42 @@ class PartitionLogStore:
             OSError: fsync failed (the store is failed from then on).
         """
         self._check_usable()
-        if not self._dirty:
+        if not self.dirty:
             return
         try:
             _fsync(self._segments[-1].log_fd, self.directory)
         except OSError as err:
             self._failure = err
             raise
-        self._dirty = False
+        self._synced_end = self.log_end_offset
+
+    def begin_sync(self) -> SyncTicket | None:
+        """Start an fsync of what the active segment holds now, to be run
+        without the owner's lock (:meth:`SyncTicket.run`, then
+        :meth:`finish_sync` under the lock again): appends may go on
+        meanwhile. None when nothing was written since the last fsync.
+
+        Raises:
+            StoreFailed: an earlier write or fsync failed.
+            OSError: the segment's file could not be duplicated.
+        """
+        self._check_usable()
+        if not self.dirty:
+            return None
+        # A file descriptor of its own: a roll, cut or close may close the
+        # segment's while the fsync runs (the file stays the same).
+        fd = os.dup(self._segments[-1].log_fd)
+        return SyncTicket(fd, self.log_end_offset, self._cuts, self.directory)
+
+    def finish_sync(self, ticket: SyncTicket, error: OSError | None) -> None:
+        """Record the outcome of ``ticket``'s fsync (the owner's lock held):
+        everything below its offset is on disk, unless the log was cut since
+        (the offsets may hold other batches now); a failed fsync fails the
+        store, as one in :meth:`append` does."""
+        if error is not None:
+            self._failure = error
+        elif ticket.cuts == self._cuts and not self._closed:
+            self._synced_end = max(self._synced_end, ticket.end_offset)
 
     def flush(self) -> None:
         """Fsync the active segment (and its index) if anything was written since the last
@@ -387,9 +453,9 @@ class PartitionLogStore:
         self._check_usable()
         active = self._segments[-1]
         try:
-            if self._dirty:
+            if self.dirty:
                 _fsync(active.log_fd, self.directory)
-                self._dirty = False
+                self._synced_end = self.log_end_offset
             if self._index_dirty and active.index_fd is not None:
                 _fsync(active.index_fd, self.directory)
                 self._index_dirty = False
@@ -410,7 +476,8 @@ class PartitionLogStore:
                 _fsync(active.log_fd, self.directory)
                 if active.index_fd is not None:
                     _fsync(active.index_fd, self.directory)
-                self._dirty = self._index_dirty = False
+                self._synced_end = self.log_end_offset
+                self._index_dirty = False
         finally:
             self._closed = True
             self._close_fds()
@@ -761,10 +828,11 @@ class PartitionLogStore:
             _fsync(old.index_fd, self.directory)
             os.close(old.index_fd)
             old.index_fd = None
-            self._dirty = self._index_dirty = False
+            self._index_dirty = False
             self._add_segment(
                 self._create_segment(old.next_offset if base_offset is None else base_offset)
             )
+            self._synced_end = self.log_end_offset
         except OSError as err:
             self._failure = err
             raise
@@ -973,6 +1041,7 @@ class PartitionLogStore:
                 self._log_path(empty.base_offset).unlink()
                 self._index_path(empty.base_offset).unlink(missing_ok=True)
                 self._add_segment(self._create_segment(offset))
+                self._synced_end = offset
                 return
             self._write_gaps(self._read_gaps() | {(end, offset)})
             self._roll(offset)
@@ -1012,6 +1081,7 @@ class PartitionLogStore:
                 )
             cut = pos
             break
+        self._cuts += 1
         try:
             while self._segments[-1] is not holder:
                 dropped = self._segments.pop()
@@ -1041,7 +1111,8 @@ class PartitionLogStore:
             holder.size = cut
             holder.next_offset = min(offset, holder.next_offset)
             holder.max_timestamp = None
-            self._dirty = self._index_dirty = False
+            self._synced_end = holder.next_offset
+            self._index_dirty = False
             fsync_directory(self.directory)
             end = holder.next_offset
             gaps = self._read_gaps()
@@ -1104,10 +1175,13 @@ class PartitionLogStore:
             cut = size - scan.end
             intact = _intact_batch_after(fd, scan.end, scan.next_offset, size) if cut else None
             if intact is not None and self.fsync is FsyncPolicy.ALWAYS:
-                # Every append was fsynced before the next: only the last batch
-                # can be torn. A bad batch with intact ones after it is damage,
-                # and cutting would drop acknowledged batches (and reuse their
-                # offsets).
+                # A bad batch with intact ones after it is damage: cutting
+                # would drop batches that may have been acknowledged (and
+                # reuse their offsets). A machine crash may also tear appends
+                # that shared an fsync and were never acknowledged; from here
+                # the two cannot be told apart, so both are refused, and the
+                # node fetches the log anew from a replica that holds it
+                # whole (with no such replica, an operator decides).
                 raise CorruptLog(
                     f"{path}: the batch at position {scan.end} (offset {scan.next_offset}) is "
                     f"damaged ({scan.problem}) and intact batches follow it (offset "
@@ -1116,8 +1190,8 @@ class PartitionLogStore:
             if cut and self.fsync is FsyncPolicy.ALWAYS and not _never_written(fd, scan, size):
                 # A torn write leaves a batch whose bytes run past the end of
                 # the file. A whole batch that fails its checks (its CRC, its
-                # base offset, its leader epoch) was written and fsynced, so
-                # it may have been acknowledged: that is damage, not a tail.
+                # base offset, its leader epoch) may have been fsynced and
+                # acknowledged: that is damage, not a tail.
                 raise CorruptLog(
                     f"{path}: the last batch, at position {scan.end} (offset "
                     f"{scan.next_offset}), is damaged ({scan.problem}); under "
@@ -1149,6 +1223,9 @@ class PartitionLogStore:
                 )
             if cut:
                 os.ftruncate(fd, scan.end)
+            if cut or (scan.end and self.fsync is FsyncPolicy.ALWAYS):
+                # Under always, also what a process killed between its write
+                # and its fsync left in the page cache: it may be served now.
                 _fsync(fd, path)
             # The active index is always derived from the scan: its file may lag the log
             # (it is fsynced only at roll) or point past a cut tail.

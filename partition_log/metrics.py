@@ -11,6 +11,20 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from partition_log.partition import Partition
+from raftcoord.protocol.metrics import Metrics
+
+#: Of ``raftcoord_partition_log_batches_per_fsync``.
+BATCHES_PER_FSYNC_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+
+def batches_per_fsync(metrics: Metrics) -> Callable[[int], None]:
+    """What a node's partitions call with the batches each group fsync covered
+    (``partition_log.partition.group_commit_observer``)."""
+    return metrics.histogram(
+        "raftcoord_partition_log_batches_per_fsync",
+        "Batches (appends and markers) each group fsync of a leader's log covered",
+        buckets=BATCHES_PER_FSYNC_BUCKETS,
+    ).observe
 
 
 class PartitionCollector(Collector):

@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 
 import partition_log.log
+import partition_log.partition
 from partition_log.cluster_view import (
     CALL_TIMEOUT_S,
     ClusterView,
@@ -44,7 +45,7 @@ from partition_log.cluster_view import (
     owed_marker,
 )
 from partition_log.log import CorruptLog, FsyncPolicy, LogFlusher
-from partition_log.metrics import PartitionCollector
+from partition_log.metrics import PartitionCollector, batches_per_fsync
 from partition_log.partition import Partition
 from partition_log.replica_fetcher import ConnectionLink, GrpcLink, Link, ReplicaFetchers
 from partition_log.service import LogChanges, PartitionLogService
@@ -821,6 +822,7 @@ class PartitionNode:
         self._threads.append(self.health.start(self._stopping))
         if self.metrics is not None and self.me.metrics is not None:
             partition_log.log.fsync_observer = self.metrics.fsyncs()
+            partition_log.partition.group_commit_observer = batches_per_fsync(self.metrics)
             self.metrics.serve(self.me.metrics, self.config, self.node_id)
         log.info(
             "node=%d event=started kind=partition-log grpc=%s metrics=%s partitions=%d fsync=%s "

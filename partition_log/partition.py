@@ -3,10 +3,16 @@
 Every append and marker takes the partition's lock, checks the request
 against :class:`ProducerStates`, appends to the log, then updates the state,
 so the LSO and the aborted index change atomically with the append that
-moves them. The state is saved as a snapshot file when the log rolls to a
-new segment and when the partition is closed; opening the partition loads
-the newest readable snapshot and replays only the batch headers (and
-control records) after it, or the whole log when there is none.
+moves them. Under ``log.flush.policy=always`` the fsync comes after, without
+the lock (group commit, :meth:`Partition.sync_through`): one thread fsyncs
+what every append before it wrote while the others wait for it, and
+nothing a leader's readers or followers see, nor its high watermark, passes
+what is on disk (:meth:`Partition._stored_end`).
+
+The state is saved as a snapshot file when the log rolls to a new segment
+and when the partition is closed; opening the partition loads the newest
+readable snapshot and replays only the batch headers (and control records)
+after it, or the whole log when there is none.
 
 Offsets are handed out only below the partition's *ceiling*, reserved in
 the coordinators' metadata by the node (:meth:`Partition.grant`). A
@@ -46,6 +52,9 @@ log = logging.getLogger("raftcoord.partition_log")
 #: Offsets a partition reserves at a time; it asks for the next block when
 #: fewer than half remain.
 OFFSET_BLOCK = 1 << 20
+#: Called with the batches (appends and markers) each group fsync of a
+#: leader's log covered (:meth:`Partition.sync_through`; the node's metrics).
+group_commit_observer: Callable[[int], None] | None = None
 #: How long after its first grant a partition that may have lost records
 #: keeps comparing its open transactions with the coordinators' decisions
 #: (elections after a whole-cluster restart can hide a shard for a while).
@@ -188,6 +197,12 @@ class Partition:
         #: Signalled when the high watermark moves or the leadership changes
         #: (acks=all waits on it).
         self._replication = threading.Condition(self.lock)
+        #: Signalled when a group fsync ends or the leadership changes
+        #: (:meth:`sync_through` waits on it); whether one runs now.
+        self._durability = threading.Condition(self.lock)
+        self._syncing = False
+        #: This replica's own batches appended since the last group fsync began.
+        self._unsynced_batches = 0
         self.snapshot_loaded = start
         """The offset of the snapshot the state was loaded from (0: full replay)."""
         recovered = self.store.recovered
@@ -414,6 +429,7 @@ class Partition:
             self.min_insync_replicas = min_insync_replicas
             self._advance_high_watermark()
             self._replication.notify_all()
+            self._durability.notify_all()
             if joined:  # their fetches may have parked while the appends woke none
                 self._on_change(True)
             return True
@@ -470,15 +486,17 @@ class Partition:
             self.followed_epoch = max(self.followed_epoch, leader_epoch)
             self.leading = False
             self._replication.notify_all()
+            self._durability.notify_all()
         return True
 
     def _advance_high_watermark(self, wake_fetches: bool = True) -> None:
-        """While leading: the lowest log end of the in-sync replicas, which only
-        grows (the caller holds the lock); wakes what waits for it (parked
-        Fetches too, unless the caller does)."""
+        """While leading: the lowest log end of the in-sync replicas (this
+        one's as far as it is on disk, :meth:`_stored_end`), which only grows
+        (the caller holds the lock); wakes what waits for it (parked Fetches
+        too, unless the caller does)."""
         if not self.leading:
             return
-        end = self.store.log_end_offset
+        end = self._stored_end()
         ends = [self.follower_ends.get(r, self.high_watermark) for r in self.in_sync_followers]
         moved = min([end, *ends])
         if moved > self.high_watermark:
@@ -553,34 +571,45 @@ class Partition:
     def append(self, spec: BatchSpec, batch: bytearray, verified: bool) -> AppendCheck:
         """Append ``batch`` (encoded from ``spec``) unless the state refuses it.
 
-        Returns the check; on APPEND and DUPLICATE ``base_offset`` is set. A
+        Returns the check; on APPEND and DUPLICATE ``base_offset`` is set,
+        once the batch is stored as the flush policy asks (under ``always``
+        on disk: :meth:`sync_through`, whose error it returns otherwise). A
         VERIFY verdict means the transaction was not verified yet: nothing
         was appended.
         """
         with self.lock:
             check = self._check(spec, verified)
-            if not check.ok or check.verdict is not Verdict.APPEND:
+            if check.ok and check.verdict is Verdict.APPEND:
+                check = self._append_checked(spec, batch)
+            if check.base_offset < 0:  # refused, failed, or to be verified first
                 return check
-            refused = self._append_refusal(spec.record_count)
-            if refused is not None:
-                return AppendCheck(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, refused)
-            try:
-                base = self._append(batch)
-            except (OSError, StoreFailed) as exc:
-                log.error(
-                    "partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc
-                )
-                return AppendCheck(None, ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}")
-            self.states.on_append(
-                spec.producer_id,
-                spec.producer_epoch,
-                spec.base_sequence,
-                base,
-                base + spec.record_count - 1,
-                spec.transactional,
-                timestamp_ms=codec.parse_header(batch).max_timestamp,
-            )
-            return AppendCheck(Verdict.APPEND, base_offset=base)
+            # A duplicate's original may be waiting for its fsync too.
+            end, epoch = self.store.log_end_offset, self.leader_epoch
+        code, message = self.sync_through(end, epoch)
+        if code is not ErrorCode.NONE:
+            return AppendCheck(None, code, message)
+        return check
+
+    def _append_checked(self, spec: BatchSpec, batch: bytearray) -> AppendCheck:
+        """Append a batch the state accepted (the caller holds the lock)."""
+        refused = self._append_refusal(spec.record_count)
+        if refused is not None:
+            return AppendCheck(None, ErrorCode.NOT_LEADER_OR_FOLLOWER, refused)
+        try:
+            base = self._append(batch)
+        except (OSError, StoreFailed) as exc:
+            log.error("partition=%s-%d event=append_failed error=%r", self.topic, self.index, exc)
+            return AppendCheck(None, ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}")
+        self.states.on_append(
+            spec.producer_id,
+            spec.producer_epoch,
+            spec.base_sequence,
+            base,
+            base + spec.record_count - 1,
+            spec.transactional,
+            timestamp_ms=codec.parse_header(batch).max_timestamp,
+        )
+        return AppendCheck(Verdict.APPEND, base_offset=base)
 
     def write_marker(
         self,
@@ -592,56 +621,88 @@ class Partition:
         admin_abort: bool = False,
         transaction_version: int = 2,
         txn_number: int = -1,
+        *,
+        sync: bool = True,
     ) -> tuple[ErrorCode, str]:
         """Append a COMMIT/ABORT control record for ``producer_id`` (if it is
         due: :meth:`ProducerStates.check_marker`). An ``admin_abort`` (an
         ABORT from an administrator, not the coordinator) is refused unless
         it ends the producer's open transaction here
-        (:meth:`ProducerStates.check_admin_abort`)."""
+        (:meth:`ProducerStates.check_admin_abort`). With ``sync``, answers
+        once the log up to its end is stored as the flush policy asks
+        (:meth:`sync_through`); without, the caller calls it (one fsync
+        for many markers)."""
         with self.lock:
-            if admin_abort:
-                code, message = self.states.check_admin_abort(producer_id, epoch, coordinator_epoch)
-                if code is not ErrorCode.NONE:
-                    return code, message
-            action = self.states.check_marker(
-                producer_id, epoch, coordinator_epoch, transaction_version, txn_number
+            code, message = self._write_marker(
+                producer_id,
+                epoch,
+                coordinator_epoch,
+                commit,
+                timestamp_ms,
+                admin_abort,
+                transaction_version,
+                txn_number,
             )
-            if action is MarkerAction.FENCED:
-                seen = self.states.producers[producer_id].coordinator_epoch
-                return (
-                    ErrorCode.TRANSACTION_COORDINATOR_FENCED,
-                    f"coordinator epoch {coordinator_epoch} is older than {seen}",
+            if code is not ErrorCode.NONE or not sync:
+                return code, message
+            end, leader_epoch = self.store.log_end_offset, self.leader_epoch
+        return self.sync_through(end, leader_epoch)
+
+    def _write_marker(
+        self,
+        producer_id: int,
+        epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        timestamp_ms: int,
+        admin_abort: bool,
+        transaction_version: int,
+        txn_number: int,
+    ) -> tuple[ErrorCode, str]:
+        """:meth:`write_marker` without the fsync (the caller holds the lock)."""
+        if admin_abort:
+            code, message = self.states.check_admin_abort(producer_id, epoch, coordinator_epoch)
+            if code is not ErrorCode.NONE:
+                return code, message
+        action = self.states.check_marker(
+            producer_id, epoch, coordinator_epoch, transaction_version, txn_number
+        )
+        if action is MarkerAction.FENCED:
+            seen = self.states.producers[producer_id].coordinator_epoch
+            return (
+                ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                f"coordinator epoch {coordinator_epoch} is older than {seen}",
+            )
+        if action is MarkerAction.WRITE:
+            refused = self._append_refusal(1)
+            if refused is not None:
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER, refused
+            batch = codec.encode_control_batch(
+                commit=commit,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+                coordinator_epoch=coordinator_epoch,
+                timestamp_ms=timestamp_ms,
+                txn_number=txn_number,
+            )
+            try:
+                offset = self._append(batch)
+            except (OSError, StoreFailed) as exc:
+                log.error(
+                    "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
                 )
-            if action is MarkerAction.WRITE:
-                refused = self._append_refusal(1)
-                if refused is not None:
-                    return ErrorCode.NOT_LEADER_OR_FOLLOWER, refused
-                batch = codec.encode_control_batch(
-                    commit=commit,
-                    producer_id=producer_id,
-                    producer_epoch=epoch,
-                    coordinator_epoch=coordinator_epoch,
-                    timestamp_ms=timestamp_ms,
-                    txn_number=txn_number,
-                )
-                try:
-                    offset = self._append(batch)
-                except (OSError, StoreFailed) as exc:
-                    log.error(
-                        "partition=%s-%d event=marker_failed error=%r", self.topic, self.index, exc
-                    )
-                    return ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}"
-                self._completing(producer_id, offset)
-                self.states.on_marker(
-                    producer_id,
-                    epoch,
-                    coordinator_epoch,
-                    commit,
-                    offset,
-                    timestamp_ms=timestamp_ms,
-                    txn_number=txn_number,
-                )
-            return ErrorCode.NONE, ""
+                return ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}"
+            self._completing(producer_id, offset)
+            self.states.on_marker(
+                producer_id,
+                epoch,
+                coordinator_epoch,
+                commit,
+                offset,
+                timestamp_ms=timestamp_ms,
+                txn_number=txn_number,
+            )
+        return ErrorCode.NONE, ""
 
     def _completing(self, producer_id: int, marker_offset: int) -> None:
         """A marker at ``marker_offset`` ends ``producer_id``'s open transaction
@@ -667,22 +728,96 @@ class Partition:
             self._on_reservation_due()
         return base
 
-    def _store(self, batch: bytearray, sync: bool = True, replicated: bool = False) -> int:
-        """Append to the store (``sync``: :meth:`PartitionLogStore.append`'s);
+    def _store(self, batch: bytearray, replicated: bool = False) -> int:
+        """Append to the store, not fsynced yet (:meth:`sync_through` for this
+        replica's own batches, :meth:`append_replicated` for a follower's);
         when that rolled a new segment, snapshot the state as of the new
         segment's base offset (the batch is not in the state yet), as Kafka
         does at every roll. A batch of this replica's own (not ``replicated``
-        from the leader) moves the high watermark and wakes parked fetches,
-        followers' only when the partition has other replicas; nothing
-        fetches from a follower."""
+        from the leader) is seen by readers once stored (:meth:`_stored`):
+        at once unless the flush policy is ``always``, else at its fsync."""
         active = self.store.active_base_offset
-        base = self.store.append(batch, sync)
+        base = self.store.append(batch, sync=False)
         if self.store.active_base_offset != active:
             self._save_snapshot_at(base)
         if not replicated:
-            self._advance_high_watermark(wake_fetches=False)
-            self._on_change(bool(self.followers))
+            if self.store.fsync is FsyncPolicy.ALWAYS:
+                self._unsynced_batches += 1
+            else:
+                self._stored()
         return base
+
+    def _stored_end(self) -> int:
+        """The end of what this replica's readers and followers may see and its
+        high watermark may reach: the log end, or under the flush policy
+        ``always`` what is on disk of it (the caller holds the lock)."""
+        if self.store.fsync is FsyncPolicy.ALWAYS:
+            return self.store.synced_end_offset
+        return self.store.log_end_offset
+
+    def _stored(self) -> None:
+        """This replica's own batches reached :meth:`_stored_end`: move the high
+        watermark and wake parked fetches, followers' only when the partition
+        has other replicas; nothing fetches from a follower (the caller holds
+        the lock)."""
+        self._advance_high_watermark(wake_fetches=False)
+        self._on_change(bool(self.followers))
+
+    def sync_through(self, offset: int, leader_epoch: int) -> tuple[ErrorCode, str]:
+        """Wait until the log below ``offset``, appended while leading at
+        ``leader_epoch``, is stored as the flush policy asks (under ``always``:
+        fsynced). Group commit: when no other thread is fsyncing the log, this
+        one fsyncs everything written up to now, without the lock, so appends
+        go on meanwhile; the others wait for it and are released once what it
+        synced covers their offset (or fsync next, for what was written after
+        it began).
+
+        Returns NONE; NOT_LEADER_OR_FOLLOWER when this replica no longer leads
+        at ``leader_epoch`` (what it appended may be cut: retriable); or
+        KAFKA_STORAGE_ERROR when the store failed (a failed fsync stops the
+        node process before that, through ``fsync_failure_handler``).
+        """
+        while True:
+            with self.lock:
+                while True:
+                    if not self.leading or self.leader_epoch != leader_epoch:
+                        return (
+                            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            f"partition-log node no longer leads {self.topic}-{self.index} at "
+                            f"leader epoch {leader_epoch}; the write may or may not be stored",
+                        )
+                    if self._stored_end() >= offset:
+                        return ErrorCode.NONE, ""
+                    if not self._syncing:
+                        break
+                    self._durability.wait()
+                try:
+                    ticket = self.store.begin_sync()
+                except (OSError, StoreFailed) as exc:
+                    return self._sync_failed(exc)
+                # Leading at the same epoch: the log was not cut below ``offset``.
+                assert ticket is not None
+                self._syncing = True
+                batches, self._unsynced_batches = self._unsynced_batches, 0
+            # Until it returns, the fsync counts as failed (the store with it).
+            error: OSError | None = OSError("the fsync did not complete")
+            try:
+                error = ticket.run()
+            finally:
+                with self.lock:
+                    self.store.finish_sync(ticket, error)
+                    self._syncing = False
+                    self._durability.notify_all()
+                    if error is None:
+                        self._stored()
+            if error is not None:
+                return self._sync_failed(error)
+            if group_commit_observer is not None:
+                group_commit_observer(batches)
+
+    def _sync_failed(self, exc: Exception) -> tuple[ErrorCode, str]:
+        log.error("partition=%s-%d event=sync_failed error=%r", self.topic, self.index, exc)
+        return ErrorCode.KAFKA_STORAGE_ERROR, f"storage error: {exc}"
 
     # --- replication ---------------------------------------------------------------
 
@@ -724,7 +859,7 @@ class Partition:
             )
         if header.base_offset > end:
             self.store.skip_to(header.base_offset)
-        self._store(bytearray(data), sync=False, replicated=True)
+        self._store(bytearray(data), replicated=True)
         self._replay(header, bytes(data) if header.is_control else None)
 
     def follows_from(self, leader_epoch: int, log_end: int, last_epoch: int) -> bool:
@@ -784,8 +919,9 @@ class Partition:
     ) -> ReplicaRead:
         """A leader's answer to follower ``replica`` fetching from ``fetch_offset``
         after a batch of ``last_fetched_epoch``: where its log diverges from
-        this one, or the stored batches from ``fetch_offset`` (its fetch
-        offset is its log end: the high watermark moves with it)."""
+        this one, or the stored batches from ``fetch_offset``, up to
+        :meth:`_stored_end` (its fetch offset is its log end: the high
+        watermark moves with it)."""
         with self.lock:
             start, end = self.store.log_start_offset, self.store.log_end_offset
             if last_fetched_epoch >= 0:
@@ -801,18 +937,21 @@ class Partition:
                     self.high_watermark,
                     start,
                 )
+            # Followers get what is stored (_stored_end): were the leader's
+            # machine to lose the rest, no replica may hold it in sync.
+            stored = self._stored_end()
             now = time.monotonic()
             previous = self._last_fetch.get(replica)
-            if fetch_offset >= end:
+            if fetch_offset >= stored:
                 self.caught_up_at[replica] = now
             elif previous is not None and fetch_offset >= previous[1]:
                 self.caught_up_at[replica] = max(self.caught_up_at.get(replica, 0.0), previous[0])
-            self._last_fetch[replica] = (now, end)
+            self._last_fetch[replica] = (now, stored)
             if self.follower_ends.get(replica, -1) != fetch_offset:
                 self.follower_ends[replica] = fetch_offset
                 self._advance_high_watermark()
             try:
-                raw = self.store.read(fetch_offset, max_bytes, end, verify=True)
+                raw = self.store.read(fetch_offset, max_bytes, stored, verify=True)
             except (OSError, StoreFailed, CorruptLog) as exc:
                 self._log_unreadable(fetch_offset, exc)
                 if isinstance(exc, CorruptLog):

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -72,6 +72,19 @@ class _Pending:
     partition: Partition
     spec: BatchSpec
     batch: bytearray
+
+
+@dataclass
+class _Written:
+    """A partition that markers of one WriteTxnMarkers went to: the leader
+    epoch before the first, the log end after the last, and the answers of
+    those appended (or found applied already), to give once it is stored and
+    replicated."""
+
+    partition: Partition
+    leader_epoch: int
+    end: int = 0
+    results: list[Any] = field(default_factory=list)
 
 
 class LogChanges:
@@ -516,10 +529,13 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def write_txn_markers(self, request: Any, refused: str | None, timeout_s: float | None) -> Any:
         """Each marker is answered once every in-sync replica has it, or
         when the caller's ``timeout_s`` is about to end; a caller that is
-        not the cluster (``refused``: why) has each refused."""
+        not the cluster (``refused``: why) has each refused. Every marker
+        is appended first; then each partition they went to is fsynced once
+        and waited for once, and its markers get that outcome."""
         now_ms = int(time.time() * 1000)
         deadline = _replication_deadline(timeout_s)
         answers = []
+        written: dict[Partition, _Written] = {}
         for marker in request.markers:
             if refused is not None:
                 answers.append(_not_from_cluster(marker, refused))
@@ -552,6 +568,11 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                     if isinstance(found, tuple):
                         result.error_code, result.error_message = wire_error(found[0]), found[1]
                         continue
+                    # The epoch before the append: a newer one by the time it
+                    # is synced fails the marker (retriable), never the reverse.
+                    target = written.get(found)
+                    if target is None:
+                        target = written[found] = _Written(found, found.leader_epoch)
                     code, message = found.write_marker(
                         marker.producer_id,
                         marker.producer_epoch,
@@ -560,12 +581,22 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
                         now_ms,
                         marker.admin_abort,
                         *marker_identity(marker),
+                        sync=False,
                     )
-                    if code is ErrorCode.NONE:
-                        code, message = found.wait_replicated(
-                            found.log_end(), deadline - time.monotonic()
-                        )
                     result.error_code, result.error_message = wire_error(code), message
+                    if code is ErrorCode.NONE:
+                        target.end = max(target.end, found.log_end())
+                        target.results.append(result)
+        for target in written.values():
+            if not target.results:
+                continue
+            code, message = target.partition.sync_through(target.end, target.leader_epoch)
+            if code is ErrorCode.NONE:
+                code, message = target.partition.wait_replicated(
+                    target.end, deadline - time.monotonic()
+                )
+            for result in target.results:
+                result.error_code, result.error_message = wire_error(code), message
         return partition_log_pb2.WriteTxnMarkersResponse(markers=answers)
 
     # --- ReplicaFetch ---------------------------------------------------------------

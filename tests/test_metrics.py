@@ -21,7 +21,7 @@ from prometheus_client.core import Metric
 
 from marker_writer.book import MarkerBook
 from marker_writer.model import DataPartition, Destination, DestinationKind
-from partition_log.metrics import PartitionCollector
+from partition_log.metrics import PartitionCollector, batches_per_fsync
 from raftcoord.coordinator.metrics import CoordinatorCollector, quantile
 from raftcoord.kafka.metrics import GatewayMetrics, first_error
 from raftcoord.protocol.backoff import Backoff
@@ -78,6 +78,7 @@ def registries() -> dict[str, set[str]]:
     partition = Metrics()
     RpcMetrics(partition)
     partition.fsyncs()
+    batches_per_fsync(partition)
     partition.add(PartitionCollector(lambda: [], lambda: 0))
     gateway = Metrics()
     GatewayMetrics(gateway, lambda: 0, lambda: 0)
