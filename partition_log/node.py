@@ -58,7 +58,12 @@ from raftcoord.protocol.cluster_link import (
     serve_cluster,
 )
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
-from raftcoord.protocol.data_dir import DirectoryIdentity, DirectoryRefused, load_or_create
+from raftcoord.protocol.data_dir import (
+    DirectoryIdentity,
+    DirectoryRefused,
+    DirectoryUnusable,
+    load_or_create,
+)
 from raftcoord.protocol.data_files import PARTITION_LOG, DataFilesService
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.health import Health
@@ -722,6 +727,7 @@ class PartitionNode:
         Raises:
             DirectoryRefused: the data directory is another node's, or its
                 identity file is damaged.
+            DirectoryUnusable: the data directory cannot be used.
         """
         self.directory, created = load_or_create(self.data_dir, "partition-log", self.node_id)
         if created:
@@ -1031,3 +1037,5 @@ def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> i
         return serve(node, node_id, data_dir, log, config.settings.node_scheduling)
     except DirectoryRefused as exc:
         fail_stop(log, EXIT_DATA_DAMAGED, "directory_refused", f"node={node_id} {exc}")
+    except DirectoryUnusable as exc:
+        fail_stop(log, EXIT_STORAGE_FAILED, "directory_unusable", f"node={node_id} {exc}")

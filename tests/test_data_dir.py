@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from raftcoord.protocol.data_dir import (
     META_FILE,
     DirectoryRefused,
+    DirectoryUnusable,
     load_or_create,
     parse,
     renew,
@@ -65,3 +68,18 @@ def test_a_file_without_its_fields_is_refused() -> None:
         parse("version=1\nkind=coordinator\n")
     with pytest.raises(DirectoryRefused, match="damaged"):
         parse("")
+
+
+def test_an_identity_that_cannot_be_written_is_a_storage_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(DirectoryUnusable, match="Input/output error"):
+        load_or_create(tmp_path / "node-1", "coordinator", 1)
+    monkeypatch.undo()
+    # nothing half-written is believed at the next start: a new identity is made
+    identity, created = load_or_create(tmp_path / "node-1", "coordinator", 1)
+    assert created and identity.node_id == 1

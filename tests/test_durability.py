@@ -83,6 +83,7 @@ def test_a_follower_whose_fsync_fails_stops_before_acknowledging(
 ) -> None:
     cluster = failing_cluster
     commit_offsets(cluster, "before")
+    agreed(cluster)  # the follower too is up (a majority commits without it)
     leader = cluster.leaders()[0]
     follower = next(r.node_id for r in cluster.coordinators() if r.node_id != leader)
     cluster.fail_disk(follower)

@@ -53,7 +53,7 @@ from raftcoord.coordinator.shard import (
 )
 from raftcoord.protocol.cluster_link import ADD_PARTITIONS_TO_TXN, ClusterListener, serve_cluster
 from raftcoord.protocol.config import ClusterConfig, NodeAddress
-from raftcoord.protocol.data_dir import DirectoryRefused, load_or_create
+from raftcoord.protocol.data_dir import DirectoryRefused, DirectoryUnusable, load_or_create
 from raftcoord.protocol.data_files import COORDINATOR, DataFilesService
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.health import Health
@@ -200,6 +200,7 @@ class CoordinatorNode:
         Raises:
             DirectoryRefused: the data directory is another node's, or its
                 identity file is damaged.
+            DirectoryUnusable: the data directory cannot be used.
         """
         identity, created = load_or_create(self.data_dir, "coordinator", self.node_id)
         if created:
@@ -487,6 +488,8 @@ def run_node(config: ClusterConfig, node_id: int, data_dir: Path, raft_key: byte
         fail_stop(log, EXIT_DATA_DAMAGED, "journal_damaged", f"node={node_id} {exc}")
     except DirectoryRefused as exc:
         fail_stop(log, EXIT_DATA_DAMAGED, "directory_refused", f"node={node_id} {exc}")
+    except DirectoryUnusable as exc:
+        fail_stop(log, EXIT_STORAGE_FAILED, "directory_unusable", f"node={node_id} {exc}")
 
 
 def _journal_fsync_failed(path: str, exc: OSError) -> None:

@@ -43,24 +43,32 @@ class DirectoryRefused(Exception):
     the message says which and what to do."""
 
 
+class DirectoryUnusable(Exception):
+    """The directory or its identity file could not be made, read or written
+    (a failed fsync among them): the disk failed under the node."""
+
+
 def load_or_create(data_dir: Path, kind: str, node_id: int) -> tuple[DirectoryIdentity, bool]:
     """The directory's identity, written first (with a new directory id) when
     the directory has no ``meta.properties``; and whether it was written now.
 
     Raises:
         DirectoryRefused: the file names another node or kind, or is damaged.
-        OSError: the directory or file cannot be used.
+        DirectoryUnusable: the directory or file cannot be used.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / META_FILE
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        identity = DirectoryIdentity(kind, node_id, uuid.uuid4().hex)
-        write_durably(path, render(identity).encode("utf-8"))
-        return identity, True
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            identity = DirectoryIdentity(kind, node_id, uuid.uuid4().hex)
+            write_durably(path, render(identity).encode("utf-8"))
+            return identity, True
     except UnicodeDecodeError:
         raise DirectoryRefused(f"{path} is damaged (not UTF-8 text)") from None
+    except OSError as exc:
+        raise DirectoryUnusable(f"{path}: {exc}") from exc
     identity = parse(text, path)
     if (identity.kind, identity.node_id) != (kind, node_id):
         raise DirectoryRefused(
