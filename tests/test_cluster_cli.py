@@ -7,11 +7,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from raftcoord.cli.main import EXIT_BROKEN_PIPE
-from raftcoord.cluster.launcher import LOWEST_FREE_PORT, ephemeral_ports_start, free_ports
+from raftcoord.cluster.launcher import (
+    LOWEST_FREE_PORT,
+    _leaders,
+    _leadership_view,
+    ephemeral_ports_start,
+    free_ports,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -352,3 +359,31 @@ def test_cluster_up_refuses_a_setting_no_node_can_run_with_before_starting(
     assert "raft.heartbeat.ms must be below a third" in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(data.glob("*node-*")) and not (data / "cluster.json").exists()
+
+
+def _status(*shards: tuple[int, bool, int, int]) -> SimpleNamespace:
+    return SimpleNamespace(
+        shards=[
+            SimpleNamespace(shard=s, is_leader=leads, term=term, leader_node_id=leader)
+            for s, leads, term, leader in shards
+        ]
+    )
+
+
+def test_a_shard_is_led_by_the_coordinator_of_the_later_term() -> None:
+    """A coordinator that has not heard of the next term yet still says it
+    leads; the one elected in that term is the leader, whatever the order of
+    the answers."""
+    old = _status((0, True, 1, 1), (1, False, 2, 2))
+    new = _status((0, True, 2, 2), (1, True, 2, 2))
+    assert _leaders({1: old, 2: new, 3: None}) == {0: 2, 1: 2}
+    assert _leaders({2: new, 1: old}) == {0: 2, 1: 2}
+
+
+def test_a_preferred_election_that_does_not_happen_says_what_each_coordinator_said() -> None:
+    statuses = {1: _status((0, True, 3, 1), (1, False, 3, 2)), 2: _status((1, True, 3, 2)), 3: None}
+    view = _leadership_view({0: 2, 1: 2, 2: 3}, statuses)
+    assert view == (
+        "shard 0, preferred 2: 1 leader in term 3; "
+        "shard 2, preferred 3: no answer; no answer from coordinator 3"
+    )

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -969,15 +969,14 @@ class LocalCluster:
 
     def leaders(self) -> dict[int, int]:
         """shard -> node id of the ready leader, for shards with one."""
-        found: dict[int, int] = {}
-        for record in self.coordinators():
-            status = self.node_status(record.node_id, timeout_s=0.5)
-            if status is None:
-                continue
-            for shard in status.shards:
-                if shard.is_leader:
-                    found[shard.shard] = record.node_id
-        return found
+        return _leaders(self._coordinator_statuses())
+
+    def _coordinator_statuses(self) -> dict[int, Any | None]:
+        """Each coordinator's NodeStatus (None: it did not answer in 0.5 s)."""
+        return {
+            record.node_id: self.node_status(record.node_id, timeout_s=0.5)
+            for record in self.coordinators()
+        }
 
     def preferred_leaders(self) -> dict[int, int]:
         """shard -> node id of the coordinator the shard prefers as its
@@ -993,11 +992,16 @@ class LocalCluster:
         """Kafka's preferred leader election: ask every coordinator to hand
         the shards it leads to their preferred coordinators now (asked again
         while it has not happened: a leadership that is not ready yet, a
-        follower that is behind), and wait until each shard is led so."""
+        follower that is behind), and wait until each shard is led so. When
+        that does not happen in time, the error says what each coordinator
+        last answered about the shards that are not."""
         preferred = self.preferred_leaders()
+        seen: dict[int, Any | None] = {}
 
         def elected() -> bool:
-            if self.leaders() == preferred:
+            seen.clear()
+            seen.update(self._coordinator_statuses())
+            if _leaders(seen) == preferred:
                 return True
             for record in self.coordinators():
                 with self.channel(record.grpc) as channel, contextlib.suppress(grpc.RpcError):
@@ -1006,11 +1010,11 @@ class LocalCluster:
                     )
             return False
 
-        self.wait_until(
-            elected,
-            timeout_s,
-            "the shards' leaders did not move to their preferred coordinators",
-        )
+        if not self.wait_until(elected, timeout_s, "", raise_on_timeout=False):
+            raise ClusterError(
+                "the shards' leaders did not move to their preferred coordinators within "
+                f"{timeout_s:.0f} s ({_leadership_view(preferred, seen)})"
+            )
         return preferred
 
     def wait_for_leaders(self, timeout_s: float = 30.0) -> dict[int, int]:
@@ -1149,3 +1153,39 @@ def _log_tail(record: NodeRecord, lines: int) -> str:
         return "\n".join(Path(record.log).read_text(errors="replace").splitlines()[-lines:])
     except OSError as exc:
         return f"(unreadable: {exc})"
+
+
+def _leaders(statuses: Mapping[int, Any | None]) -> dict[int, int]:
+    """shard -> node id of the coordinator that says it leads the shard, from
+    the coordinators' NodeStatus answers (node id -> answer or None); of two
+    that say so, the one in the later term (the other has not heard of it yet)."""
+    found: dict[int, tuple[int, int]] = {}
+    for node_id, status in statuses.items():
+        for shard in () if status is None else status.shards:
+            if shard.is_leader and shard.term >= found.get(shard.shard, (-1, 0))[0]:
+                found[shard.shard] = (shard.term, node_id)
+    return {shard: node_id for shard, (_term, node_id) in found.items()}
+
+
+def _leadership_view(preferred: Mapping[int, int], statuses: Mapping[int, Any | None]) -> str:
+    """What the coordinators last said of the shards not led by their
+    preferred coordinator: each one's role and term, and who did not answer."""
+    leaders = _leaders(statuses)
+    parts = []
+    for shard, node_id in sorted(preferred.items()):
+        if leaders.get(shard) == node_id:
+            continue
+        roles = []
+        for member, status in sorted(statuses.items()):
+            if status is None:
+                continue
+            for replica in status.shards:
+                if replica.shard == shard:
+                    leads = replica.is_leader
+                    role = "leader" if leads else f"follower of {replica.leader_node_id}"
+                    roles.append(f"{member} {role} in term {replica.term}")
+        parts.append(f"shard {shard}, preferred {node_id}: " + (", ".join(roles) or "no answer"))
+    silent = [str(n) for n, status in sorted(statuses.items()) if status is None]
+    if silent:
+        parts.append("no answer from coordinator " + ", ".join(silent))
+    return "; ".join(parts)
