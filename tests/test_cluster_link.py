@@ -104,7 +104,11 @@ def fetch_link(address: str, tls: ssl.SSLContext | None) -> ConnectionLink:
 
 
 def listen(
-    answer: Any, tls: Any = None, allowed: Any = None, max_connections: int = 4
+    answer: Any,
+    tls: Any = None,
+    allowed: Any = None,
+    max_connections: int = 4,
+    node_hosts: frozenset[str] = frozenset(),
 ) -> ClusterListener:
     listener = ClusterListener(
         ("127.0.0.1", 0),
@@ -113,6 +117,7 @@ def listen(
         allowed=allowed or (lambda who: True),
         max_connections=max_connections,
         label="node=1",
+        node_hosts=node_hosts,
     )
     listener.start()
     return listener
@@ -308,6 +313,7 @@ def test_under_tls_a_peer_without_a_certificate_of_the_ca_gets_nothing(
 def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
     echo: Echo, tls_files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES_PER_SOURCE", 2)
     monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES", 2)
     running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
     node = fetch_link(f"127.0.0.1:{running.port}", tls_files["node"])
@@ -318,6 +324,51 @@ def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
         strangers = [socket.create_connection(("127.0.0.1", running.port)) for _ in range(3)]
         assert closed_by_peer(strangers[-1])
         assert node.fetch(request(1), timeout_s=5).partitions[0].partition == 1
+    finally:
+        for stranger in strangers:
+            stranger.close()
+        node.close()
+        running.stop()
+
+
+def silent_from(source: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``port`` from address ``source`` that say nothing."""
+    connections = []
+    for _ in range(count):
+        connection = socket.socket()
+        connection.bind((source, 0))
+        connection.connect(("127.0.0.1", port))
+        connections.append(connection)
+    return connections
+
+
+def test_strangers_on_many_addresses_never_take_the_node_hosts_places(
+    echo: Echo, tls_files: dict[str, Any]
+) -> None:
+    """Silent connections from addresses that are not the cluster's fill
+    their places (8 per address, 64 in all: the next is turned away), while
+    a node connecting from the cluster's host (127.0.0.1) still gets in."""
+    running = listen(
+        echo,
+        tls=tls_files["server"],
+        allowed=lambda who: who in NODES,
+        node_hosts=frozenset({"127.0.0.1"}),
+    )
+    strangers: list[socket.socket] = []
+    node = fetch_link(f"127.0.0.1:{running.port}", tls_files["node"])
+    try:
+        per_source = cluster_link.MAX_HANDSHAKES_PER_SOURCE
+        one = silent_from("127.0.0.2", running.port, per_source + 1)
+        strangers += one
+        assert closed_by_peer(one[-1])  # over its address's share
+        sources = cluster_link.MAX_HANDSHAKES // per_source
+        for i in range(1, sources):
+            strangers += silent_from(f"127.0.0.{2 + i}", running.port, per_source)
+        late = silent_from(f"127.0.0.{2 + sources}", running.port, 1)
+        strangers += late
+        assert closed_by_peer(late[0])  # the strangers' places are all taken
+        assert node.fetch(request(3), timeout_s=5).partitions[0].partition == 3
+        assert echo.refused == []
     finally:
         for stranger in strangers:
             stranger.close()
@@ -412,6 +463,7 @@ def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
     accept: one byte at a time, each within the socket's timeout, it still
     loses its connection (and its handshake place) at the deadline."""
     monkeypatch.setattr(cluster_link, "HANDSHAKE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES_PER_SOURCE", 1)
     monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES", 1)
     running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
     raw = socket.create_connection(("127.0.0.1", running.port), timeout=5)

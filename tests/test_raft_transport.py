@@ -28,6 +28,7 @@ import pytest
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.coordinator import raft_journal, raft_wire
 from raftcoord.protocol.config import load_config
+from tests.crowd import Crowd
 from tests.local_cluster import commit_offsets, running_cluster
 from tests.seeds import chosen_seed
 
@@ -236,6 +237,34 @@ def test_forged_higher_terms_from_strangers_and_impostors_change_nothing(
                 assert dropped(sock) == b""
     unchanged(cluster, before, stored)
     commit_offsets(cluster, "after-forged-terms")
+
+
+def test_strangers_holding_every_place_they_may_do_not_keep_members_out(
+    cluster: LocalCluster,
+) -> None:
+    """Strangers on 9 addresses other than the cluster's keep every place
+    for connections in their handshake that they may take on every Raft
+    port full (8 per address, 64 in all, and more asking), dialling again
+    whenever a node closes one; meanwhile a coordinator restarts, its
+    members connect to it and it to them, and transactions commit. (The
+    members' own places are what lets them in at once; without them the
+    Raft handshake's deadline of one connection timeout frees places often
+    enough that members get in too, later.)"""
+    victim = cluster.coordinators()[-1].node_id
+    with Crowd([port for _host, port in raft_ports(cluster)], sources=9, per_source=8) as crowd:
+        cluster.kill(victim, "KILL")
+        commit_offsets(cluster, f"crowded-without-{victim}")
+        cluster.start(victim)
+        cluster.wait_until(
+            lambda: (
+                (status := cluster.node_status(victim)) is not None
+                and all(shard.leader_node_id > 0 for shard in status.shards)
+            ),
+            30,
+            f"coordinator {victim} did not rejoin its shards",
+        )
+        commit_offsets(cluster, f"crowded-after-{victim}")
+        assert crowd.dialled > len(crowd.places)  # the nodes did close them
 
 
 def test_a_rolling_restart_of_every_coordinator_keeps_serving(cluster: LocalCluster) -> None:

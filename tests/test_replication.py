@@ -23,8 +23,10 @@ from raftcoord.client import Admin, Consumer, Producer, TopicPartition, Transact
 from raftcoord.client.errors import KafkaError
 from raftcoord.client.records import TopicDescription
 from raftcoord.cluster.launcher import LocalCluster
+from raftcoord.protocol.config import load_config
 from spark import audit
 from tests import plog_client
+from tests.crowd import Crowd
 from tests.local_cluster import running_cluster
 
 #: A test here runs a Spark audit: 90 s with its cluster, over 240 s on a
@@ -361,3 +363,55 @@ def test_under_tls_the_followers_fetch_and_hold_the_leaders_log(tmp_path: Path) 
             (partition,) = admin.describe_topics([TOPIC])[TOPIC].partitions
         assert sorted(partition.isr) == sorted(partition.replicas) and len(partition.isr) == 3
         assert b"v19" in wait_identical(cluster, 0, list(partition.replicas))
+
+
+#: How long the crowded round may take at most: seconds on a quiet machine;
+#: over two minutes when the strangers can take the nodes' places.
+CROWDED_BOUND_S = 60.0
+
+
+def test_under_tls_strangers_holding_the_link_ports_keep_no_node_out(tmp_path: Path) -> None:
+    """Strangers on 9 addresses other than the cluster's keep every place
+    for connections in their handshake that they may take on every cluster
+    link port (the partition nodes' replication ports, the coordinators'
+    ports for adds) full, dialling again whenever a node closes one. A
+    follower killed and started again meanwhile fetches from its leader
+    again and is back in the ISR, and transactions commit (their adds and
+    markers over links dialled anew)."""
+    with running_cluster(tmp_path / "cluster", shards=1, tls=True) as cluster:
+        tls = cluster.client_tls()
+        with Admin(cluster.bootstrap(), **tls) as admin:
+            admin.create_topics({TOPIC: 1}, replication_factor=3)
+        config = load_config(cluster.data_dir / "cluster.toml")
+        links = [n.replication for n in config.partition_nodes] + [
+            n.link for n in config.coordinators
+        ]
+        assert None not in links
+        ports = [int(str(address).rsplit(":", 1)[1]) for address in links]
+
+        def described() -> Any:
+            with Admin(cluster.bootstrap(), **tls) as admin:
+                return admin.describe_topics([TOPIC])[TOPIC].partitions[0]
+
+        with Crowd(ports, sources=9, per_source=8) as crowd:
+            gathered = time.monotonic()
+            partition = described()
+            follower = next(n for n in partition.replicas if n != partition.leader)
+            cluster.kill(follower, "KILL")
+            cluster.start(follower)
+            with TransactionalProducer(cluster.bootstrap(), "crowded", **tls) as producer:
+                producer.init_transactions()
+                for i in range(3):
+                    producer.begin_transaction()
+                    producer.send(TOPIC, b"crowded-%d" % i, partition=0)
+                    producer.commit_transaction()
+            cluster.wait_until(
+                lambda: len(described().isr) == 3,
+                30.0,
+                f"node {follower} did not come back into the ISR",
+            )
+            assert b"crowded-2" in wait_identical(cluster, 0, list(partition.replicas))
+            assert crowd.dialled > len(crowd.places)
+            # Kept out, the nodes would still get in now and then, when the
+            # deadline frees places: minutes for what takes seconds here.
+            assert time.monotonic() - gathered < CROWDED_BOUND_S

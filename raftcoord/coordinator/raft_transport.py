@@ -19,8 +19,11 @@ throughout).
 * **Bounded.** Frames are capped before they are read
   (:data:`raft_wire.MAX_FRAME_BYTES` once authenticated), a message
   reassembled from fragments at :attr:`RaftTransportSettings.max_message_bytes`,
-  unauthenticated connections at
-  :attr:`RaftTransportSettings.max_handshakes`, and each peer's unsent bytes
+  accepted connections not yet authenticated per source address
+  (:attr:`RaftTransportSettings.max_handshakes_per_source` from one that is
+  not a member's host, :attr:`RaftTransportSettings.max_handshakes` from all
+  of those and from each member's host: strangers cannot take the members'
+  places), and each peer's unsent bytes
   at :attr:`RaftTransportSettings.max_send_queue_bytes`: over it a message
   is not queued and :meth:`send` says so. A dropped AppendEntries costs
   nothing but time: the follower refuses the next one (its log does not
@@ -68,6 +71,7 @@ from pysyncobj.transport import Transport, TransportNotReadyError
 
 from raftcoord.coordinator import raft_wire
 from raftcoord.coordinator.raft_wire import FrameReader, FrameSeal, WireError
+from raftcoord.protocol.admission import HandshakeSlots, host_addresses
 from raftcoord.protocol.process import LogLimiter
 
 log = logging.getLogger("raftcoord.coordinator.raft_transport")
@@ -100,8 +104,11 @@ class RaftTransportSettings:
     max_message_bytes: int = 136 << 20
     #: Unsent bytes per peer; a message that would go past it is not queued.
     max_send_queue_bytes: int = 256 << 20
-    #: Connections not yet authenticated, at most.
-    max_handshakes: int = 16
+    #: Accepted connections not yet authenticated from one address that is
+    #: not a member's host, and from all of those (a member's host has
+    #: ``max_handshakes`` of its own: :class:`HandshakeSlots`).
+    max_handshakes_per_source: int = 8
+    max_handshakes: int = 64
 
 
 class _Connection:
@@ -121,6 +128,9 @@ class _Connection:
         self.seal: FrameSeal | None = None
         self.out = bytearray()
         self.nonce = os.urandom(raft_wire.NONCE_BYTES)
+        #: Accepted: the address holding a place in the handshake slots
+        #: until the connection opens or closes (None once given back).
+        self.source: str | None = None
         self.peer_nonce = b""
         self.fragments: list[bytes] = []
         self.fragment_bytes = 0
@@ -153,6 +163,12 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
         self._server: socket.socket | None = None
         self._bind_failures = 0
         self._log_limit = LogLimiter(LOGS_PER_S)
+        self._handshakes = HandshakeSlots(
+            settings.max_handshakes_per_source,
+            settings.max_handshakes,
+            host_addresses(self._members),
+            settings.max_handshakes,
+        )
         self._destroyed = False
         syncObj.addOnTickCallback(self._on_tick)
 
@@ -342,18 +358,20 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
                 log.warning("event=raft_accept_failed address=%s error=%s", self._address, exc)
                 return
             peer = f"{remote[0]}:{remote[1]}"
-            handshakes = sum(1 for c in self._by_fd.values() if c.state != OPEN)
-            if handshakes >= self._settings.max_handshakes:
+            if not self._handshakes.take(remote[0]):
                 self._log(
                     logging.WARNING,
-                    "event=raft_peer_refused peer=%s reason=too many handshakes",
+                    "event=raft_peer_refused peer=%s reason=too many handshakes from that "
+                    "address, or from addresses that are not the members'",
                     peer,
                 )
                 sock.close()
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._register(_Connection(sock, False, peer, time.monotonic()))
+            conn = _Connection(sock, False, peer, time.monotonic())
+            conn.source = remote[0]
+            self._register(conn)
 
     def _register(self, conn: _Connection) -> None:
         self._by_fd[conn.fd] = conn
@@ -491,6 +509,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             conn.reader.seal = FrameSeal(receive_key)
         conn.reader.max_frame = raft_wire.MAX_FRAME_BYTES
         conn.state = OPEN
+        self._give_back(conn)
         conn.last_read = time.monotonic()
         node = conn.node
         old = self._open.get(node)
@@ -537,6 +556,7 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             return
         was_open = conn.state == OPEN
         conn.state = CLOSED
+        self._give_back(conn)
         self._by_fd.pop(conn.fd, None)
         self._unsent.discard(conn)
         self._poller.unsubscribe(conn.fd)
@@ -558,13 +578,14 @@ class RaftTransport(Transport):  # type: ignore[misc]  # pysyncobj is untyped
             self._chunks.pop(node, None)
             self._onNodeDisconnected(node)
 
+    def _give_back(self, conn: _Connection) -> None:
+        """``conn``'s place among the connections in their handshake, if it holds one."""
+        if conn.source is not None:
+            self._handshakes.give_back(conn.source)
+            conn.source = None
+
     def _log(self, level: int, fmt: str, *args: Any) -> None:
-        if self._log_limit.allow():
-            if self._log_limit.suppressed:
-                fmt += " suppressed=%d"
-                args = (*args, self._log_limit.suppressed)
-                self._log_limit.suppressed = 0
-            log.log(level, fmt, *args)
+        self._log_limit.log(log, level, fmt, *args)
 
 
 def _family(host: str) -> socket.AddressFamily:

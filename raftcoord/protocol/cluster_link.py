@@ -42,10 +42,17 @@ answer, the method's refusal (CLUSTER_AUTHORIZATION_FAILED) as a whole
 answer, and the connection is closed. Without ``[tls]`` (a lab), like the
 gRPC ports, nothing is checked. A connection that is not let in within
 :data:`HANDSHAKE_TIMEOUT_S` of its accept (its TLS handshake, and a
-stranger's request and refusal, as a whole) is closed. The listener holds at most
-:data:`MAX_HANDSHAKES` connections that are not yet authenticated and
-``max_connections`` authenticated ones (those of the cluster): under
-``[tls]`` a stranger's connections cannot take the cluster's places.
+stranger's request and refusal, as a whole) is closed. The listener holds
+``max_connections`` authenticated connections (those of the cluster), and
+connections not yet authenticated counted per source address
+(:class:`raftcoord.protocol.admission.HandshakeSlots`): at most
+:data:`MAX_HANDSHAKES_PER_SOURCE` from one address that is not a host of
+the cluster's nodes and :data:`MAX_HANDSHAKES` from all of those, apart
+from :data:`MAX_HANDSHAKES_PER_NODE_HOST` per host of the cluster's. So
+strangers, however many, cannot take the places of the cluster's own
+connections; the connections turned away and the strangers refused are
+logged at most :data:`REFUSALS_LOGGED_PER_S` times a second, with the
+count of those not logged.
 An authenticated connection has at most :data:`MAX_OUTSTANDING` requests
 answered item by item under way; the listener reads its next request
 once one of them is done or past its timeout.
@@ -73,8 +80,10 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from raftcoord.protocol.admission import HandshakeSlots, cluster_sources
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.metrics import RpcMetrics
+from raftcoord.protocol.process import LogLimiter
 from raftcoord.protocol.tls import cluster_principals, node_ssl_context
 from raftcoord.protocol.v1 import coordinator_pb2, partition_log_pb2
 
@@ -100,9 +109,17 @@ PER_PARTITION_OVERHEAD_BYTES = 512
 IDLE_TIMEOUT_S = 60.0
 #: How long a connecting peer has, from its accept, to be let in (its TLS
 #: handshake) or refused (its request read and answered).
-HANDSHAKE_TIMEOUT_S = 10.0
-#: Connections not authenticated yet (in their TLS handshake), at most.
-MAX_HANDSHAKES = 16
+HANDSHAKE_TIMEOUT_S = 5.0
+#: Connections not authenticated yet (in their TLS handshake) from one
+#: address that is not a host of the cluster's nodes, and from all of them
+#: (:class:`raftcoord.protocol.admission.HandshakeSlots`).
+MAX_HANDSHAKES_PER_SOURCE = 8
+MAX_HANDSHAKES = 64
+#: Connections not authenticated yet from one host of the cluster's nodes
+#: (in a lab, every node of the cluster on one address).
+MAX_HANDSHAKES_PER_NODE_HOST = 64
+#: Refused connections logged per second, at most (the others counted).
+REFUSALS_LOGGED_PER_S = 1.0
 #: How long a caller waits for a connection to open (within its call's timeout).
 CONNECT_TIMEOUT_S = 5.0
 #: The longest timeout a request may name.
@@ -298,13 +315,21 @@ class ClusterListener:
         allowed: Callable[[str | None], bool],
         max_connections: int,
         label: str,
+        node_hosts: frozenset[str] = frozenset(),
     ) -> None:
-        """``allowed``: whether a peer of that principal (None: no TLS) is answered."""
+        """``allowed``: whether a peer of that principal (None: no TLS) is
+        answered; ``node_hosts``: the IP addresses of the cluster's nodes."""
         self._answers = {method.number: (method, answer) for method, answer in answers.items()}
         self._tls = tls
         self._allowed = allowed
         self._label = label
-        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._handshakes = HandshakeSlots(
+            MAX_HANDSHAKES_PER_SOURCE,
+            MAX_HANDSHAKES,
+            node_hosts,
+            MAX_HANDSHAKES_PER_NODE_HOST,
+        )
+        self._refusals = LogLimiter(REFUSALS_LOGGED_PER_S)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -334,10 +359,13 @@ class ClusterListener:
                 if self._stopping.is_set():
                     return
                 continue
-            if not self._handshakes.acquire(blocking=False):
-                log.warning(
+            if not self._handshakes.take(peer[0]):
+                self._refusals.log(
+                    log,
+                    logging.WARNING,
                     "%s event=link_connection_refused peer=%s: too many connections "
-                    "in their handshake",
+                    "in their handshake from that address, or from addresses that are "
+                    "not the cluster's",
                     self._label,
                     peer,
                 )
@@ -350,7 +378,8 @@ class ClusterListener:
     def _serve(self, connection: socket.socket, peer: Any) -> None:
         with self._lock:
             self._connections.add(connection)
-        slot: threading.BoundedSemaphore | None = self._handshakes
+        handshake = True  # its place in self._handshakes is held
+        slot: threading.BoundedSemaphore | None = None
         expiry = _Expiry(connection, HANDSHAKE_TIMEOUT_S)
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -368,20 +397,33 @@ class ClusterListener:
                 return
             if not expiry.disarm():
                 raise ConnectionError("not let in within the handshake's time")
-            self._handshakes.release()
-            slot = None
+            self._handshakes.give_back(peer[0])
+            handshake = False
             if not self._slots.acquire(blocking=False):
                 raise ConnectionError(f"over {self._label}'s limit of cluster connections")
             slot = self._slots
             self._converse(connection)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            if not self._stopping.is_set():
+            if self._stopping.is_set():
+                pass
+            elif handshake:  # a stranger's, maybe one of many
+                self._refusals.log(
+                    log,
+                    logging.INFO,
+                    "%s event=link_connection_closed peer=%s: %s",
+                    self._label,
+                    peer,
+                    exc,
+                )
+            else:
                 log.info("%s event=link_connection_closed peer=%s: %s", self._label, peer, exc)
         finally:
             expiry.disarm()
             with self._lock:
                 self._connections.discard(connection)
             _close(connection)
+            if handshake:
+                self._handshakes.give_back(peer[0])
             if slot is not None:
                 slot.release()
 
@@ -414,7 +456,14 @@ class ClusterListener:
     def _refuse(self, connection: socket.socket, peer: Any, who: str | None) -> None:
         """Answer the first request of a peer that is not of the cluster with
         its method's refusal, whole (the connection is closed then)."""
-        log.warning("%s event=link_refused peer=%s principal=%s", self._label, peer, who or "-")
+        self._refusals.log(
+            log,
+            logging.WARNING,
+            "%s event=link_refused peer=%s principal=%s",
+            self._label,
+            peer,
+            who or "-",
+        )
         request_id, method, answer, request, timeout_s = self._request(connection)
         refused = f"{who} may not call this: only the cluster's nodes and super users may"
         if method.items is None:
@@ -715,6 +764,7 @@ def serve_cluster(
         allowed=lambda who: allowed is None or who in allowed,
         max_connections=max_connections,
         label=f"node={node_id}",
+        node_hosts=cluster_sources(config),
     )
     listener.start()
     return listener

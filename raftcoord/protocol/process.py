@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 #: Exit status of a node whose data on disk is damaged (a checksum does not
 #: match where a crash cannot explain it): restarting cannot help, an
@@ -87,6 +87,16 @@ class LogLimiter:
             return True
         self.suppressed += 1
         return False
+
+    def log(self, logger: logging.Logger, level: int, fmt: str, *args: Any) -> None:
+        """Log the line if :meth:`allow` lets it through, with the count of
+        lines held back since the last one (``suppressed=N``) when there were."""
+        if not self.allow():
+            return
+        if self.suppressed:
+            fmt, args = fmt + " suppressed=%d", (*args, self.suppressed)
+            self.suppressed = 0
+        logger.log(level, fmt, *args)
 
 
 class OneLineFormatter(logging.Formatter):
