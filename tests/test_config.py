@@ -94,6 +94,10 @@ def test_partition_verification_switch() -> None:
         ({"settings": {"transaction.partition.verification.enable": 0}}, "true or false"),
         ({"extra": 1}, "unknown top-level"),
         (
+            {"tls": {"ca_file": "ca.pem", "cert_dir": "tls", "metrics_users": ["prometheus"]}},
+            'metrics_users must be a list of "User:<name>"',
+        ),
+        (
             {"partition_nodes": [{"id": 101, "grpc": "127.0.0.1:7300", "replication": "7320"}]},
             "partition_nodes\\[0\\].replication must be 'host:port'",
         ),
@@ -122,6 +126,13 @@ def test_partition_verification_switch() -> None:
 def test_invalid_configs_are_clear_errors(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(minimal(**changes))
+
+
+def test_metrics_users() -> None:
+    tls = {"ca_file": "ca.pem", "cert_dir": "tls"}
+    assert parse_config(minimal(tls=tls)).tls.metrics_users == ()  # type: ignore[union-attr]
+    config = parse_config(minimal(tls={**tls, "metrics_users": ["User:prometheus"]}))
+    assert config.tls is not None and config.tls.metrics_users == ("User:prometheus",)
 
 
 def test_duplicate_ids_and_addresses() -> None:

@@ -15,7 +15,9 @@ host's places.
 
 :func:`cluster_sources` gives the cluster's own addresses: those of its
 nodes' hosts, as resolved when the listener starts. :class:`HandshakeSlots`
-is thread-safe.
+is thread-safe. :class:`HandshakeDeadline` closes a connection that has
+not authenticated within its time, as a whole (a socket's timeout bounds
+each read alone: a peer trickling a byte at a time would pass it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from collections.abc import Iterable
 
 from raftcoord.protocol.config import ClusterConfig
 
-__all__ = ["HandshakeSlots", "cluster_sources", "host_addresses"]
+__all__ = [
+    "HandshakeDeadline",
+    "HandshakeSlots",
+    "close_connection",
+    "cluster_sources",
+    "host_addresses",
+]
 
 
 def cluster_sources(config: ClusterConfig) -> frozenset[str]:
@@ -100,3 +108,51 @@ class HandshakeSlots:
             if source is not None:
                 return self._held.get(source, 0)
             return sum(self._held.values())
+
+
+class HandshakeDeadline:
+    """Closes a connection that is not let in (:meth:`disarm`) within
+    ``seconds``: a bound on the handshake and on a stranger's refused
+    request as a whole, where socket timeouts bound each read alone."""
+
+    def __init__(self, connection: socket.socket, seconds: float) -> None:
+        self._lock = threading.Lock()
+        self._connection = connection
+        self._armed = True
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def follow(self, connection: socket.socket) -> None:
+        """The connection is ``connection`` from now on (wrapped in TLS;
+        closed now if the time ran out while the old one was being wrapped)."""
+        with self._lock:
+            self._connection = connection
+            expired = not self._armed
+        if expired:
+            close_connection(connection)
+
+    def disarm(self) -> bool:
+        """Whether it was still armed (the connection not closed for its
+        time); it closes nothing from now on."""
+        with self._lock:
+            armed, self._armed = self._armed, False
+        self._timer.cancel()
+        return armed
+
+    def _expire(self) -> None:
+        with self._lock:
+            if not self._armed:
+                return
+            self._armed = False
+            connection = self._connection
+        close_connection(connection)
+
+
+def close_connection(connection: socket.socket) -> None:
+    """Shut ``connection`` down both ways (a thread blocked reading it wakes) and close it."""
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    connection.close()

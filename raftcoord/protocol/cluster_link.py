@@ -80,11 +80,16 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from raftcoord.protocol.admission import HandshakeSlots, cluster_sources
+from raftcoord.protocol.admission import (
+    HandshakeDeadline,
+    HandshakeSlots,
+    close_connection,
+    cluster_sources,
+)
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.metrics import RpcMetrics
 from raftcoord.protocol.process import LogLimiter
-from raftcoord.protocol.tls import cluster_principals, node_ssl_context
+from raftcoord.protocol.tls import certificate_principal, cluster_principals, node_ssl_context
 from raftcoord.protocol.v1 import coordinator_pb2, partition_log_pb2
 
 log = logging.getLogger("raftcoord.cluster_link")
@@ -289,18 +294,6 @@ def _parse(message_type: type, data: bytes) -> Any:
     return message
 
 
-def _principal(sock: socket.socket) -> str | None:
-    """``User:<common name>`` of a TLS peer's certificate, None without one."""
-    if not isinstance(sock, ssl.SSLSocket):
-        return None
-    certificate: dict[str, Any] = dict(sock.getpeercert() or {})
-    for attributes in certificate.get("subject", ()):
-        for attribute in attributes:
-            if attribute[0] == "commonName":
-                return f"User:{attribute[1]}"
-    return None
-
-
 class ClusterListener:
     """The answering side: one thread per connection, each answering the
     requests that arrive on it with the ``answers`` of their methods (which
@@ -344,11 +337,11 @@ class ClusterListener:
     def stop(self) -> None:
         """Stop accepting and close every connection (their threads end)."""
         self._stopping.set()
-        _close(self._socket)  # shutdown wakes the thread blocked in accept()
+        close_connection(self._socket)  # shutdown wakes the thread blocked in accept()
         with self._lock:
             connections = list(self._connections)
         for connection in connections:
-            _close(connection)
+            close_connection(connection)
         self._thread.join(timeout=2.0)
 
     def _accept(self) -> None:
@@ -369,7 +362,7 @@ class ClusterListener:
                     self._label,
                     peer,
                 )
-                _close(connection)
+                close_connection(connection)
                 continue
             threading.Thread(
                 target=self._serve, args=(connection, peer), name="cluster-link", daemon=True
@@ -380,7 +373,7 @@ class ClusterListener:
             self._connections.add(connection)
         handshake = True  # its place in self._handshakes is held
         slot: threading.BoundedSemaphore | None = None
-        expiry = _Expiry(connection, HANDSHAKE_TIMEOUT_S)
+        expiry = HandshakeDeadline(connection, HANDSHAKE_TIMEOUT_S)
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
@@ -391,7 +384,7 @@ class ClusterListener:
                     self._connections.add(wrapped)
                 connection = wrapped
                 expiry.follow(connection)
-            who = _principal(connection)
+            who = _socket_principal(connection)
             if not self._allowed(who):
                 self._refuse(connection, peer, who)
                 return
@@ -421,7 +414,7 @@ class ClusterListener:
             expiry.disarm()
             with self._lock:
                 self._connections.discard(connection)
-            _close(connection)
+            close_connection(connection)
             if handshake:
                 self._handshakes.give_back(peer[0])
             if slot is not None:
@@ -815,7 +808,7 @@ class ClusterLink:
         self._closed = True
         connection = self._socket
         if connection is not None:
-            _close(connection)
+            close_connection(connection)
 
     def _connected(self, deadline: float) -> socket.socket:
         """The connection, dialled (and its TLS handshake done) by the
@@ -830,7 +823,7 @@ class ClusterLink:
 
     def _drop(self) -> None:
         if self._socket is not None:
-            _close(self._socket)
+            close_connection(self._socket)
             self._socket = None
 
 
@@ -845,7 +838,7 @@ def _dial(host: str, port: int, tls: ssl.SSLContext | None, deadline: float) -> 
             connection.settimeout(_remaining(dial_by))
             connection = tls.wrap_socket(connection, server_hostname=host)
     except OSError:
-        _close(connection)
+        close_connection(connection)
         raise
     return connection
 
@@ -1053,7 +1046,7 @@ class _LinkConnection:
                 self._failed = LinkError(f"{self._where}: {error}")
             failed = self._failed
             calls, self._calls = list(self._calls.values()), {}
-        _close(self._connection)
+        close_connection(self._connection)
         self._wake()
         for call in calls:
             _end(call, failed)
@@ -1196,48 +1189,6 @@ def _end(call: _Call, error: LinkError | None) -> None:
     call.release()
 
 
-class _Expiry:
-    """Closes a connection that is not let in (:meth:`disarm`) within
-    ``seconds``: a bound on the handshake and on a stranger's refused
-    request as a whole, where socket timeouts bound each read alone."""
-
-    def __init__(self, connection: socket.socket, seconds: float) -> None:
-        self._lock = threading.Lock()
-        self._connection = connection
-        self._armed = True
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def follow(self, connection: socket.socket) -> None:
-        """The connection is ``connection`` from now on (wrapped in TLS;
-        closed now if the time ran out while the old one was being wrapped)."""
-        with self._lock:
-            self._connection = connection
-            expired = not self._armed
-        if expired:
-            _close(connection)
-
-    def disarm(self) -> bool:
-        """Whether it was still armed (the connection not closed for its
-        time); it closes nothing from now on."""
-        with self._lock:
-            armed, self._armed = self._armed, False
-        self._timer.cancel()
-        return armed
-
-    def _expire(self) -> None:
-        with self._lock:
-            if not self._armed:
-                return
-            self._armed = False
-            connection = self._connection
-        _close(connection)
-
-
-def _close(connection: socket.socket) -> None:
-    try:
-        connection.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    connection.close()
+def _socket_principal(sock: socket.socket) -> str | None:
+    """``User:<common name>`` of a TLS peer's certificate, None without TLS."""
+    return certificate_principal(sock.getpeercert()) if isinstance(sock, ssl.SSLSocket) else None

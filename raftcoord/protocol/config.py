@@ -311,6 +311,9 @@ class TlsConfig:
     #: Kafka's ``allow.everyone.if.no.acl.found``: a resource no ACL names is
     #: open to every principal (off: closed to all but the cluster).
     allow_everyone_if_no_acl_found: bool = False
+    #: Principals (``User:<CN>``) that may read the nodes' metrics endpoints
+    #: besides the cluster's own (a Prometheus server's certificate).
+    metrics_users: tuple[str, ...] = ()
 
     def node_files(self, node_id: int) -> tuple[Path, Path]:
         """(certificate, key) of node ``node_id``."""
@@ -604,7 +607,8 @@ def _tls(raw: Any) -> TlsConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError("[tls] must be a table")
-    unknown = set(raw) - {"ca_file", "cert_dir", "super_users", "allow_everyone_if_no_acl_found"}
+    known = {"ca_file", "cert_dir", "super_users", "metrics_users"}
+    unknown = set(raw) - known - {"allow_everyone_if_no_acl_found"}
     if unknown:
         raise ConfigError(f"[tls]: unknown keys {sorted(unknown)}")
     paths = {}
@@ -613,17 +617,22 @@ def _tls(raw: Any) -> TlsConfig | None:
         if type(value) is not str or not value:
             raise ConfigError(f"[tls].{key} must be a path, got {value!r}")
         paths[key] = Path(value)
-    supers = raw.get("super_users", [])
-    if not isinstance(supers, list) or not all(
-        type(u) is str and u.startswith("User:") and len(u) > 5 for u in supers
-    ):
-        raise ConfigError(f'[tls].super_users must be a list of "User:<name>", got {supers!r}')
+    supers, scrapers = (_principals(raw, key) for key in ("super_users", "metrics_users"))
     open_by_default = raw.get("allow_everyone_if_no_acl_found", False)
     if type(open_by_default) is not bool:
         raise ConfigError(
             f"[tls].allow_everyone_if_no_acl_found must be true or false, got {open_by_default!r}"
         )
-    return TlsConfig(paths["ca_file"], paths["cert_dir"], tuple(supers), open_by_default)
+    return TlsConfig(paths["ca_file"], paths["cert_dir"], supers, open_by_default, scrapers)
+
+
+def _principals(raw: dict[str, Any], key: str) -> tuple[str, ...]:
+    found = raw.get(key, [])
+    if not isinstance(found, list) or not all(
+        type(u) is str and u.startswith("User:") and len(u) > 5 for u in found
+    ):
+        raise ConfigError(f'[tls].{key} must be a list of "User:<name>", got {found!r}')
+    return tuple(found)
 
 
 def _kafka_listeners(raw: Any) -> tuple[KafkaListener, ...]:

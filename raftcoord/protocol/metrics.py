@@ -5,9 +5,13 @@ A process makes one :class:`Metrics` when its config gives it a metrics
 address (``metrics = "host:port"`` in its ``[[coordinators]]``,
 ``[[partition_nodes]]`` or ``[[kafka_listeners]]`` entry) and serves it with
 :meth:`Metrics.serve`: plain HTTP without ``[tls]``; with ``[tls]``, HTTPS
-with the node's certificate, and only for clients that present a
-certificate of the cluster's CA (what the node's metrics say about topics
-and transactional ids is not for everyone who reaches the port).
+with the node's certificate, answered only to clients that present a
+certificate of the cluster's CA naming one of the cluster's principals or
+of ``[tls] metrics_users`` (a Prometheus server's): what the node's
+metrics say about topics and transactional ids is not for every client of
+the cluster (others get 403). Each connection's TLS handshake runs on its
+own thread under a deadline, the connections in their handshake counted
+per source address, so a silent connection holds up no scrape.
 
 What every process exports: the standard ``process_*`` (CPU seconds, RSS,
 open files) and ``python_gc_*`` families, the garbage collector's pauses
@@ -20,20 +24,32 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
+import ssl
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from raftcoord.protocol.admission import (
+    HandshakeDeadline,
+    HandshakeSlots,
+    close_connection,
+    cluster_sources,
+)
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.errors import ErrorCode
+from raftcoord.protocol.process import LogLimiter
+from raftcoord.protocol.tls import certificate_principal, cluster_principals, node_ssl_context
 
 log = logging.getLogger("raftcoord.metrics")
 
@@ -118,18 +134,20 @@ class Metrics:
             OSError: it cannot listen there, or a certificate file is unreadable.
         """
         host, port = address.rsplit(":", 1)
-        tls: dict[str, Any] = {}
+        host = host.strip("[]")
+        tls = None
         if config.tls is not None:
-            cert, key = config.tls.node_files(node_id)
-            tls = {
-                "certfile": str(cert),
-                "keyfile": str(key),
-                "client_cafile": str(config.tls.ca_file),
-                "client_auth_required": True,
-            }
-        self._server, _thread = start_http_server(
-            int(port), addr=host, registry=self.registry, **tls
+            context = node_ssl_context(config, node_id, server=True)
+            assert context is not None  # [tls] is set
+            tls = (context, cluster_principals(config) | set(config.tls.metrics_users))
+        slots = HandshakeSlots(
+            HANDSHAKES_PER_SOURCE, MAX_HANDSHAKES, cluster_sources(config), MAX_HANDSHAKES
         )
+        server_class = _MetricsServer6 if ":" in host else _MetricsServer
+        server = server_class((host, int(port)), tls, slots)
+        server.set_app(make_wsgi_app(self.registry))
+        self._server = server
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
         gc.callbacks.append(self._on_gc)
 
     def close(self) -> None:
@@ -140,6 +158,90 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+#: How long a metrics connection has, from its accept, to finish its TLS
+#: handshake (as a whole); then the rest of its request, each read.
+HANDSHAKE_TIMEOUT_S = 5.0
+IO_TIMEOUT_S = 10.0
+#: Connections in their TLS handshake from one address that is not a host of
+#: the cluster's nodes, from all of those, and from each node host.
+HANDSHAKES_PER_SOURCE = 4
+MAX_HANDSHAKES = 32
+
+_REFUSAL = b"only the cluster's principals and [tls] metrics_users may read metrics\n"
+_FORBIDDEN = (
+    b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL)
+)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # the base's name
+        """Requests are not logged (Prometheus scrapes every few seconds)."""
+
+
+class _MetricsServer(ThreadingWSGIServer):
+    """The metrics endpoint: one thread per connection; with ``tls`` set
+    (the node's context and the principals answered) each connection's TLS
+    handshake runs on its own thread under :data:`HANDSHAKE_TIMEOUT_S`, not
+    in the accept, and the connections in their handshake are counted per
+    source address (``slots``): a silent connection holds up nobody."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        tls: tuple[ssl.SSLContext, frozenset[str]] | None,
+        slots: HandshakeSlots,
+    ) -> None:
+        super().__init__(address, _QuietHandler)
+        self.tls = tls
+        self.slots = slots
+        self.refusals = LogLimiter(1.0)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self.tls is None or self.slots.take(client_address[0]):
+            return True
+        self.refusals.log(
+            log,
+            logging.WARNING,
+            "event=metrics_connection_refused peer=%s: too many connections in their handshake",
+            client_address,
+        )
+        return False
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        context, scrapers = self.tls
+        deadline = HandshakeDeadline(request, HANDSHAKE_TIMEOUT_S)
+        try:
+            request.settimeout(HANDSHAKE_TIMEOUT_S)
+            connection = context.wrap_socket(request, server_side=True)
+            deadline.follow(connection)
+            if not deadline.disarm():
+                connection.close()
+                return
+        except (OSError, ValueError):  # ssl.SSLError is an OSError
+            return
+        finally:
+            deadline.disarm()
+            self.slots.give_back(client_address[0])
+        try:
+            connection.settimeout(IO_TIMEOUT_S)
+            if certificate_principal(connection.getpeercert()) not in scrapers:
+                connection.sendall(_FORBIDDEN)
+                return
+            super().finish_request(connection, client_address)
+        except OSError:
+            return
+        finally:
+            close_connection(connection)
+
+
+class _MetricsServer6(_MetricsServer):
+    address_family = socket.AF_INET6
 
 
 def error_name(code: int) -> str:

@@ -167,6 +167,17 @@ def node_ssl_context(config: ClusterConfig, node_id: int, server: bool) -> ssl.S
     return context
 
 
+def certificate_principal(peercert: Any) -> str | None:
+    """``User:<CN>`` of a verified peer certificate (``getpeercert()``), or None."""
+    if not peercert:
+        return None
+    for rdn in peercert.get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName":
+                return f"User:{value}"
+    return None
+
+
 def principal(context: Any) -> str:
     """The principal of the caller of a gRPC call (its ``context``)."""
     names = context.auth_context().get("x509_common_name")
