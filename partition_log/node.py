@@ -796,7 +796,7 @@ class PartitionNode:
             MAX_PARKED_FETCHES,
             verify_transactions=self.config.settings.transaction_partition_verification_enable,
             status=self.status,
-            cluster_refusal=lambda context: cluster_refusal(self.config, context),
+            cluster_refusal=lambda context, *kinds: cluster_refusal(self.config, context, *kinds),
             authorizer=Authorizer(self.config, self.view.acls),
             refresh_acls=self.view.refresh_acls,
             confirm_epoch=self.view.confirm_coordinator_epoch,

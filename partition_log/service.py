@@ -145,7 +145,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         *,
         verify_transactions: bool = True,
         status: Callable[[], Any] | None = None,
-        cluster_refusal: Callable[[Any], str | None] = lambda context: None,
+        cluster_refusal: Callable[..., str | None] = lambda context, *kinds: None,
         authorizer: Authorizer | None = None,
         refresh_acls: Callable[[], bool] = lambda: False,
         confirm_epoch: Callable[[str, int], bool] = lambda transactional_id, epoch: True,
@@ -163,8 +163,9 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         #: its way; True when they changed).
         self.authorizer = authorizer
         self.refresh_acls = refresh_acls
-        #: Why a call's caller may not send what only the cluster sends
-        #: (markers), or None (:func:`raftcoord.protocol.tls.cluster_refusal`).
+        #: Why a call's caller may not send what only the cluster's nodes (of
+        #: the kinds named: coordinators' markers, partition nodes' fetches)
+        #: send, or None (:func:`raftcoord.protocol.tls.cluster_refusal`).
         self.cluster_refusal = cluster_refusal
         #: The node's PartitionNodeStatus answer (None: not served).
         self.status = status
@@ -523,7 +524,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
         """A coordinator's markers over gRPC: :meth:`write_txn_markers`, for
         the cluster only."""
         return self.write_txn_markers(
-            request, self.cluster_refusal(context), _time_remaining(context)
+            request, self.cluster_refusal(context, "coordinators"), _time_remaining(context)
         )
 
     def write_txn_markers(self, request: Any, refused: str | None, timeout_s: float | None) -> Any:
@@ -604,7 +605,7 @@ class PartitionLogService(partition_log_pb2_grpc.PartitionLogServicer):
     def ReplicaFetch(self, request: Any, context: Any) -> Any:
         """A follower's fetch over gRPC (a config without replication
         addresses): :meth:`replica_fetch`, for the cluster only."""
-        return self.replica_fetch(request, self.cluster_refusal(context))
+        return self.replica_fetch(request, self.cluster_refusal(context, "partition_nodes"))
 
     def replica_fetch(self, request: Any, refused: str | None, timeout_s: float = 0.0) -> Any:
         """A follower's fetch: answered at once when a partition has batches,

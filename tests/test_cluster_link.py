@@ -114,7 +114,7 @@ def listen(
         ("127.0.0.1", 0),
         {REPLICA_FETCH: answer, WRITE_TXN_MARKERS: markers_answer},
         tls=tls,
-        allowed=allowed or (lambda who: True),
+        allowed=allowed or (lambda method, who: True),
         max_connections=max_connections,
         label="node=1",
         node_hosts=node_hosts,
@@ -263,7 +263,7 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture
 def tls_listener(echo: Echo, tls_files: dict[str, Any]) -> Iterator[ClusterListener]:
-    running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    running = listen(echo, tls=tls_files["server"], allowed=lambda method, who: who in NODES)
     yield running
     running.stop()
 
@@ -315,7 +315,7 @@ def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
 ) -> None:
     monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES_PER_SOURCE", 2)
     monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES", 2)
-    running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    running = listen(echo, tls=tls_files["server"], allowed=lambda method, who: who in NODES)
     node = fetch_link(f"127.0.0.1:{running.port}", tls_files["node"])
     strangers = []
     try:
@@ -328,6 +328,26 @@ def test_strangers_in_their_handshake_do_not_take_a_connected_nodes_place(
         for stranger in strangers:
             stranger.close()
         node.close()
+        running.stop()
+
+
+def test_a_node_is_refused_a_method_it_does_not_send(echo: Echo, tls_files: dict[str, Any]) -> None:
+    """A node let in for some methods (a coordinator's markers) is refused,
+    as a whole answer, a method its kind does not send (a follower's fetch),
+    and nothing of it reaches the method's work."""
+    running = listen(
+        echo,
+        tls=tls_files["server"],
+        allowed=lambda method, who: who in NODES and method is WRITE_TXN_MARKERS,
+    )
+    link = fetch_link(f"127.0.0.1:{running.port}", tls_files["node"])
+    try:
+        answer = link.fetch(request(0), timeout_s=5)
+        assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        assert echo.threads == [] and len(echo.refused) == 1
+        assert "may not call this" in echo.refused[0]
+    finally:
+        link.close()
         running.stop()
 
 
@@ -351,7 +371,7 @@ def test_strangers_on_many_addresses_never_take_the_node_hosts_places(
     running = listen(
         echo,
         tls=tls_files["server"],
-        allowed=lambda who: who in NODES,
+        allowed=lambda method, who: who in NODES,
         node_hosts=frozenset({"127.0.0.1"}),
     )
     strangers: list[socket.socket] = []
@@ -465,7 +485,7 @@ def test_a_strangers_trickled_request_is_cut_off_within_the_handshake_time(
     monkeypatch.setattr(cluster_link, "HANDSHAKE_TIMEOUT_S", 0.5)
     monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES_PER_SOURCE", 1)
     monkeypatch.setattr(cluster_link, "MAX_HANDSHAKES", 1)
-    running = listen(echo, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    running = listen(echo, tls=tls_files["server"], allowed=lambda method, who: who in NODES)
     raw = socket.create_connection(("127.0.0.1", running.port), timeout=5)
     stranger = tls_files["client"].wrap_socket(raw, server_hostname="127.0.0.1")
     try:
@@ -637,7 +657,7 @@ def adds_listener(adds: Adds, tls: Any = None, allowed: Any = None) -> ClusterLi
         ("127.0.0.1", 0),
         {ADD_PARTITIONS_TO_TXN: adds, REPLICA_FETCH: Echo()},
         tls=tls,
-        allowed=allowed or (lambda who: True),
+        allowed=allowed or (lambda method, who: True),
         max_connections=4,
         label="coordinator",
     )
@@ -847,7 +867,7 @@ def test_an_answer_frame_for_a_request_never_sent_ends_the_connection() -> None:
 def test_under_tls_a_stranger_gets_only_the_whole_refusal_of_its_add(
     adds: Adds, tls_files: dict[str, Any]
 ) -> None:
-    running = adds_listener(adds, tls=tls_files["server"], allowed=lambda who: who in NODES)
+    running = adds_listener(adds, tls=tls_files["server"], allowed=lambda method, who: who in NODES)
     stranger = ConcurrentLink(f"127.0.0.1:{running.port}", tls_files["client"])
     node = ConcurrentLink(f"127.0.0.1:{running.port}", tls_files["node"])
     try:

@@ -234,10 +234,10 @@ def test_a_client_is_never_handed_a_nodes_certificate(cluster: LocalCluster) -> 
 
 
 def test_a_node_cannot_forge_a_coordinator_epoch_no_leader_had(cluster: LocalCluster) -> None:
-    """Even a node's certificate (here the partition node's own) cannot
-    wedge a producer with a coordinator epoch above its shard's term: the
-    partition and the group's coordinator refuse it (retriably: a new
-    leader's term may not be known yet), and the owner's commit stands."""
+    """Even a coordinator's certificate cannot wedge a producer with a
+    coordinator epoch above its shard's term: the partition and the group's
+    coordinator refuse it (retriably: a new leader's term may not be known
+    yet), and the owner's commit stands."""
     (node,) = cluster.partition_nodes()
     leader = cluster.coordinators()[0]
     with TransactionalProducer(cluster.bootstrap(), "wedged", **cluster.client_tls()) as victim:
@@ -249,7 +249,7 @@ def test_a_node_cannot_forge_a_coordinator_epoch_no_leader_had(cluster: LocalClu
         forged.markers[0].result = common_pb2.ABORT
         forged.markers[0].transactional_id = "wedged"
         del forged.markers[0].groups[:]
-        as_node = f"node-{node.node_id}"
+        as_node = f"node-{cluster.coordinators()[-1].node_id}"
         with cluster.channel(node.grpc, as_node) as channel:
             answer = partition_log_pb2_grpc.PartitionLogStub(channel).WriteTxnMarkers(
                 forged, timeout=10
@@ -266,6 +266,49 @@ def test_a_node_cannot_forge_a_coordinator_epoch_no_leader_had(cluster: LocalClu
         assert answer.markers[0].groups[0].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
         victim.commit_transaction()
     assert b"committed-despite-a-forged-epoch" in read_committed(cluster)
+
+
+def test_a_partition_nodes_certificate_writes_no_marker(cluster: LocalCluster) -> None:
+    """Markers come from coordinators only: a partition node's certificate
+    sending a COMMIT with the shard's real term and a transaction number far
+    ahead, for an open transaction, is refused (CLUSTER_AUTHORIZATION_FAILED),
+    over gRPC and over the partition node's cluster link alike; the
+    transaction's data stays invisible, and the owner's abort stands."""
+    (node,) = cluster.partition_nodes()
+    status = cluster.node_status(cluster.coordinators()[0].node_id)
+    assert status is not None
+    term = max(shard.term for shard in status.shards)
+    with TransactionalProducer(cluster.bootstrap(), "kept-out", **cluster.client_tls()) as victim:
+        victim.init_transactions()
+        victim.begin_transaction()
+        victim.send(TP.topic, b"aborted-despite-a-forged-commit", partition=TP.partition)
+        victim.flush()
+        forged = forged_commit(victim.producer_id, victim.producer_epoch)
+        forged.markers[0].coordinator_epoch = term
+        forged.markers[0].txn_number = 2**62
+        forged.markers[0].transactional_id = "kept-out"
+        del forged.markers[0].groups[:]
+        as_node = f"node-{node.node_id}"
+        with cluster.channel(node.grpc, as_node) as channel:
+            answer = partition_log_pb2_grpc.PartitionLogStub(channel).WriteTxnMarkers(
+                forged, timeout=10
+            )
+        result = answer.markers[0].partitions[0]
+        assert result.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED, result
+        assert cluster.state is not None and cluster.state.tls is not None
+        files = Path(cluster.state.tls)
+        context = ssl.create_default_context(cafile=str(files / certs.CA_CERT))
+        context.load_cert_chain(files / f"{as_node}.pem", files / f"{as_node}.key")
+        replication = load_config(cluster.state.config).partition_node(node.node_id).replication
+        assert replication is not None
+        link = ClusterLink(replication, context)
+        try:
+            answer = link.call(WRITE_TXN_MARKERS, forged, 10)
+        finally:
+            link.close()
+        assert answer.markers[0].partitions[0].error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        victim.abort_transaction()
+    assert b"aborted-despite-a-forged-commit" not in read_committed(cluster)
 
 
 def test_only_the_cluster_reads_a_nodes_data_files_and_only_those(cluster: LocalCluster) -> None:

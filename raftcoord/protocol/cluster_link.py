@@ -89,7 +89,13 @@ from raftcoord.protocol.admission import (
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.metrics import RpcMetrics
 from raftcoord.protocol.process import LogLimiter
-from raftcoord.protocol.tls import certificate_principal, cluster_principals, node_ssl_context
+from raftcoord.protocol.tls import (
+    NodeKind,
+    certificate_principal,
+    node_ssl_context,
+    sender_refusal,
+    senders,
+)
 from raftcoord.protocol.v1 import coordinator_pb2, partition_log_pb2
 
 log = logging.getLogger("raftcoord.cluster_link")
@@ -146,6 +152,8 @@ class Method(NamedTuple):
     max_request_bytes: int
     #: The largest answer a request may be given (all its frames together).
     response_limit: Callable[[Any], int]
+    #: Which of the cluster's nodes send it (with the super users).
+    senders: tuple[NodeKind, ...] = ()
     #: How many items a request has, each answered alone (:data:`ITEM`);
     #: None: answered whole.
     items: Callable[[Any], int] | None = None
@@ -186,6 +194,7 @@ REPLICA_FETCH = Method(
     partition_log_pb2.ReplicaFetchResponse,
     1 << 20,
     _fetch_response_limit,
+    ("partition_nodes",),
 )
 #: A coordinator's markers for a partition-log node (gRPC's default limit).
 WRITE_TXN_MARKERS = Method(
@@ -195,6 +204,7 @@ WRITE_TXN_MARKERS = Method(
     partition_log_pb2.WriteTxnMarkersResponse,
     4 << 20,
     _markers_response_limit,
+    ("coordinators",),
 )
 
 
@@ -218,12 +228,13 @@ ADD_PARTITIONS_TO_TXN = Method(
     coordinator_pb2.AddPartitionsToTxnResponse,
     4 << 20,
     _adds_response_limit,
+    ("partition_nodes",),
     lambda request: len(request.transactions),
 )
 
 #: How a listener answers a method answered whole: ``answer(request,
-#: refused, timeout_s)``, ``refused`` the reason a stranger is refused (None
-#: for the cluster), ``timeout_s`` what the caller waits. A method answered
+#: refused, timeout_s)``, ``refused`` the reason the caller is refused (None
+#: for the nodes that send the method), ``timeout_s`` what the caller waits. A method answered
 #: item by item (:attr:`Method.items`) is answered ``answer(request,
 #: refused, timeout_s, replies)``: it returns the whole answer (a refusal
 #: of the request), or None once it has arranged for every item to be
@@ -305,13 +316,15 @@ class ClusterListener:
         answers: Mapping[Method, Answer],
         *,
         tls: ssl.SSLContext | None,
-        allowed: Callable[[str | None], bool],
+        allowed: Callable[[Method, str | None], bool],
         max_connections: int,
         label: str,
         node_hosts: frozenset[str] = frozenset(),
     ) -> None:
         """``allowed``: whether a peer of that principal (None: no TLS) is
-        answered; ``node_hosts``: the IP addresses of the cluster's nodes."""
+        answered a method (a peer allowed none is refused whole, its
+        connection closed); ``node_hosts``: the IP addresses of the
+        cluster's nodes."""
         self._answers = {method.number: (method, answer) for method, answer in answers.items()}
         self._tls = tls
         self._allowed = allowed
@@ -385,7 +398,7 @@ class ClusterListener:
                 connection = wrapped
                 expiry.follow(connection)
             who = _socket_principal(connection)
-            if not self._allowed(who):
+            if not any(self._allowed(method, who) for method, _ in self._answers.values()):
                 self._refuse(connection, peer, who)
                 return
             if not expiry.disarm():
@@ -395,7 +408,7 @@ class ClusterListener:
             if not self._slots.acquire(blocking=False):
                 raise ConnectionError(f"over {self._label}'s limit of cluster connections")
             slot = self._slots
-            self._converse(connection)
+            self._converse(connection, who)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             if self._stopping.is_set():
                 pass
@@ -420,10 +433,11 @@ class ClusterListener:
             if slot is not None:
                 slot.release()
 
-    def _converse(self, connection: socket.socket) -> None:
-        """Answer the connection's requests: those answered whole in turn,
-        on this thread; those answered item by item as their items are
-        ready (:class:`_Conversation`)."""
+    def _converse(self, connection: socket.socket, who: str | None) -> None:
+        """Answer the connection's requests (of principal ``who``): those
+        answered whole in turn, on this thread; those answered item by item
+        as their items are ready (:class:`_Conversation`); those of a method
+        ``who`` does not send, refused whole."""
         conversation = _Conversation(connection)
         try:
             while not self._stopping.is_set():
@@ -434,7 +448,13 @@ class ClusterListener:
                 method, answer = self._answers[number]
                 request = _parse(method.request, body)
                 timeout_s = min(timeout_ms, MAX_TIMEOUT_MS) / 1000
-                if method.items is None:
+                if not self._allowed(method, who):
+                    refused = sender_refusal(who)
+                    if method.items is None:
+                        whole = answer(request, refused, timeout_s)
+                    else:
+                        whole = answer(request, refused, timeout_s, None)
+                elif method.items is None:
                     whole = answer(request, None, timeout_s)
                 else:
                     replies = conversation.begin(request_id, method.items(request), timeout_s)
@@ -458,7 +478,7 @@ class ClusterListener:
             who or "-",
         )
         request_id, method, answer, request, timeout_s = self._request(connection)
-        refused = f"{who} may not call this: only the cluster's nodes and super users may"
+        refused = sender_refusal(who)
         if method.items is None:
             whole = answer(request, refused, timeout_s)
         else:
@@ -744,17 +764,22 @@ def serve_cluster(
     max_connections: int,
 ) -> ClusterListener:
     """A started listener of node ``node_id`` at ``address``: under the
-    config's ``[tls]`` mutual TLS with the node's certificate, answering only
-    the cluster's principals; each call counted in the RPC metrics (``rpc``;
-    None: the node has none) as its gRPC counterpart is."""
+    config's ``[tls]`` mutual TLS with the node's certificate, answering each
+    method only to the principals of the nodes that send it
+    (:attr:`Method.senders`) and the super users; each call counted in the
+    RPC metrics (``rpc``; None: the node has none) as its gRPC counterpart is."""
     if rpc is not None:
         answers = {method: rpc.measure(method.name, a) for method, a in answers.items()}
-    allowed = None if config.tls is None else cluster_principals(config)
+    allowed = {method: senders(config, *method.senders) for method in answers}
+
+    def may_send(method: Method, who: str | None) -> bool:
+        return config.tls is None or who in allowed[method]
+
     listener = ClusterListener(
         host_port(address),
         answers,
         tls=node_ssl_context(config, node_id, server=True),
-        allowed=lambda who: allowed is None or who in allowed,
+        allowed=may_send,
         max_connections=max_connections,
         label=f"node={node_id}",
         node_hosts=cluster_sources(config),

@@ -31,7 +31,7 @@ import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 from urllib.parse import quote, unquote
 
 import grpc
@@ -200,12 +200,40 @@ def node_refusal(config: ClusterConfig, who: str, node_id: int) -> str | None:
     return f"{who} may not act for node {node_id} (CLUSTER_AUTHORIZATION_FAILED)"
 
 
+#: The node lists of a cluster config.
+NodeKind = Literal["coordinators", "partition_nodes", "kafka_listeners"]
+
+
 def cluster_principals(config: ClusterConfig) -> frozenset[str]:
     """The principals that act as the cluster: every node's and the super users'."""
-    ids = [n.node_id for n in (*config.coordinators, *config.partition_nodes)]
-    ids += [k.node_id for k in config.kafka_listeners]
+    return senders(config, "coordinators", "partition_nodes", "kafka_listeners")
+
+
+def senders(config: ClusterConfig, *kinds: NodeKind) -> frozenset[str]:
+    """The principals of the nodes of ``kinds`` (the config's lists:
+    ``coordinators``, ``partition_nodes``, ``kafka_listeners``) and the super
+    users': who may send what only those nodes send."""
+    ids = [n.node_id for kind in kinds for n in getattr(config, kind)]
     supers = config.tls.super_users if config.tls is not None else ()
     return frozenset({node_principal(i) for i in ids} | set(supers))
+
+
+def _for_whom(config: ClusterConfig, own: str, acting: tuple[str, str] | None) -> str:
+    """Whom a call of principal ``own`` naming ``acting`` (:func:`acting_for`)
+    is for. Only a node of the cluster acts for another principal, and a node
+    speaks only for itself: the principal of a node other than the caller is
+    named only by a coordinator (forwarding the call of that node); named
+    by any other, the call is the caller's own."""
+    if acting is None or own not in cluster_principals(config):
+        return own
+    named = acting[0]
+    if named != own and _is_node(config, named) and own not in senders(config, "coordinators"):
+        return own
+    return named
+
+
+def _is_node(config: ClusterConfig, who: str) -> bool:
+    return who in cluster_principals(config) and who not in senders(config)
 
 
 def peer_host(context: Any) -> str:
@@ -234,23 +262,26 @@ def _acting(context: Any) -> tuple[str, str] | None:
     return unquote(str(name)), unquote(str(metadata.get(CLIENT_HOST_HEADER) or ""))
 
 
-def cluster_refusal(config: ClusterConfig, context: Any) -> str | None:
-    """Why the caller of a gRPC call may not send what only the cluster sends
-    (answered CLUSTER_AUTHORIZATION_FAILED), or None when it may: anyone
-    without ``[tls]``; else a node's principal or a super user's, unless it
-    acts for another principal (:data:`PRINCIPAL_HEADER`) that is neither."""
+def cluster_refusal(config: ClusterConfig, context: Any, *kinds: NodeKind) -> str | None:
+    """Why the caller of a gRPC call may not send what only the cluster's
+    nodes of ``kinds`` send (all kinds when none is named), answered
+    CLUSTER_AUTHORIZATION_FAILED, or None when it may: anyone without
+    ``[tls]``; else a principal of those nodes or a super user, the one the
+    call is for when a node acts for another (:data:`PRINCIPAL_HEADER`,
+    :func:`_for_whom`)."""
     if config.tls is None:
         return None
-    cluster = cluster_principals(config)
-    who = principal(context)
-    if who in cluster:
-        acting = _acting(context)
-        if acting is None or acting[0] in cluster:
-            return None
-        who = acting[0]
+    who = _for_whom(config, principal(context), _acting(context))
+    if who in (senders(config, *kinds) if kinds else cluster_principals(config)):
+        return None
+    return sender_refusal(who)
+
+
+def sender_refusal(who: str | None) -> str:
+    """The refusal of a call that principal ``who`` may not send."""
     return (
-        f"{who} may not call this: only the cluster's nodes and super users "
-        "may (CLUSTER_AUTHORIZATION_FAILED)"
+        f"{who or 'an unauthenticated caller'} may not call this: only the cluster's nodes "
+        "that send it and super users may (CLUSTER_AUTHORIZATION_FAILED)"
     )
 
 
@@ -298,10 +329,10 @@ class Authorizer:
             return Principal(ANONYMOUS, "")
         host = peer_host(context)
         own = principal(context)
-        if own in self._cluster:
-            acting = _acting(context)
-            if acting is not None:
-                return Principal(acting[0], acting[1] or host)
+        acting = _acting(context)
+        who = _for_whom(self.config, own, acting)
+        if who != own and acting is not None:
+            return Principal(who, acting[1] or host)
         return Principal(own, host)
 
     def acts_as_cluster(self, who: Principal) -> bool:

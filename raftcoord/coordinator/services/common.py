@@ -31,7 +31,7 @@ from raftcoord.protocol.acl import CLUSTER_NAME, Operation, Principal, ResourceT
 from raftcoord.protocol.channels import ChannelCache
 from raftcoord.protocol.config import ClusterConfig
 from raftcoord.protocol.routing import shard_for
-from raftcoord.protocol.tls import Authorizer, acting_for, cluster_refusal
+from raftcoord.protocol.tls import Authorizer, NodeKind, acting_for, cluster_refusal
 from raftcoord.protocol.v1 import common_pb2
 from raftcoord.protocol.wire import wire_error
 
@@ -112,10 +112,11 @@ class ShardRouter:
                 )
         return None
 
-    def cluster_refusal(self, context: Any) -> str | None:
-        """Why the caller may not send what only the cluster sends, or None
+    def cluster_refusal(self, context: Any, *kinds: NodeKind) -> str | None:
+        """Why the caller may not send what only the cluster's nodes (of
+        ``kinds``, all without) send, or None
         (:func:`raftcoord.protocol.tls.cluster_refusal`)."""
-        return cluster_refusal(self.config, context)
+        return cluster_refusal(self.config, context, *kinds)
 
     def shard_of(self, key: str) -> int:
         return shard_for(key, self.config.shard_count)

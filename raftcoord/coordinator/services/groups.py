@@ -251,7 +251,7 @@ class GroupRPCs:
         lists some gets INVALID_REQUEST for each."""
         answers = []
         waiting: list[tuple[Any, Future[Any]]] = []
-        refused = self.router.cluster_refusal(context)
+        refused = self.router.cluster_refusal(context, "coordinators")
         if refused is not None:
             return partition_log_pb2.WriteTxnMarkersResponse(
                 markers=[

@@ -192,7 +192,7 @@ class TransactionRPCs:
         and then at most ``wait_for_completion_ms`` when it says so.
         """
         if request.transactions:
-            refused = self.router.cluster_refusal(context)
+            refused = self.router.cluster_refusal(context, "partition_nodes")
             if refused is not None:
                 return _cluster_refused(refused)
             started = self._start_batched(request, context, None)
