@@ -1,8 +1,8 @@
 """A local cluster, as ``raftcoord cluster up|status|down|kill|start`` runs it
 (the command line is :mod:`raftcoord.cli.cluster`).
 
-The launcher writes the cluster config from ``deploy/cluster.toml.template``
-and a new Raft key beside it (``raft.key``, mode 600), starts every node as
+The launcher writes the cluster config from ``cluster.toml.template`` (beside
+this module) and a new Raft key beside the config (``raft.key``, mode 600), starts every node as
 its own OS process (same data dir and ports on a restart), and records
 what it started in ``<data-dir>/cluster.json``: addresses, pids, log files
 and, with ``--netns``, the network namespaces.
@@ -70,7 +70,8 @@ from raftcoord.protocol.v1 import (
 )
 from raftcoord.protocol.wire import acl_from_proto
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "cluster.toml.template"
+#: The config a local cluster is given, filled in by :func:`write_config` (package data).
+TEMPLATE = Path(__file__).with_name("cluster.toml.template")
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
 #: The cluster's Raft key, beside its config (mode 600).
