@@ -9,8 +9,10 @@ import collections
 import json
 import sys
 import tomllib
+from pathlib import Path
 from typing import Any
 
+from raftcoord.chaos.arguments import CHAOS_HISTORY_FILE, HISTORY_FILE
 from raftcoord.client import Admin, KafkaError
 from raftcoord.cluster import netns as namespaces
 from raftcoord.cluster.launcher import SIGNALS, ClusterError, LocalCluster
@@ -112,6 +114,13 @@ def configure(cluster: argparse.ArgumentParser) -> None:
         "clock on demand (needs a C compiler); the chaos workload's disk fault uses it",
     )
     up.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start anew: first remove the nodes' data and logs, the histories and the audit "
+        "report a stopped cluster left in the cluster's directory (only one that "
+        "`cluster up` made); without it, the nodes resume their data",
+    )
+    up.add_argument(
         "--config",
         help="with --netns: start the nodes of this multi-host config (e.g. "
         "deploy/cluster.toml), each host a namespace; its shape and settings replace "
@@ -157,6 +166,20 @@ def configure(cluster: argparse.ArgumentParser) -> None:
     cluster.set_defaults(func=_run)
 
 
+#: What runs against a cluster leave in its directory beside the nodes' data:
+#: the workload's and the chaos command's histories, the audit's report
+#: (``raftcoord audit``'s default report directory there).
+RUN_FILES = (HISTORY_FILE, CHAOS_HISTORY_FILE, "audit")
+
+
+def _described(paths: list[Path]) -> str:
+    """``paths`` of a cluster directory in a few words: how many nodes'
+    data, then the names of the others ("" for none)."""
+    nodes = {p.name.removesuffix(".log") for p in paths if p.name not in RUN_FILES}
+    said = [f"the data of {len(nodes)} nodes"] if nodes else []
+    return ", ".join(said + [p.name for p in paths if p.name in RUN_FILES])
+
+
 def _setting(text: str) -> tuple[str, Any]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -192,6 +215,24 @@ def _run(args: argparse.Namespace) -> int:
                 f"{args.partition_nodes} partition-log nodes"
             )
             where = " in network namespaces" if args.netns else ""
+            if args.fresh:
+                removed = _described(cluster.wipe(RUN_FILES))
+                if removed:
+                    print(f"--fresh: removed {removed} from {cluster.data_dir}")
+            left = _described(
+                [p for p in cluster.node_data() if p.is_dir()]
+                + [cluster.data_dir / n for n in RUN_FILES if (cluster.data_dir / n).exists()]
+            )
+
+            def starting() -> None:
+                if left:
+                    print(
+                        f"resuming {left} in {cluster.data_dir} (the topics, transactions "
+                        "and terms of the cluster stopped there, and what `raftcoord audit` "
+                        "reads there); --fresh starts anew"
+                    )
+                print(f"starting {what}{where} in {cluster.data_dir} ...", flush=True)
+
             cluster.up(
                 args.coordinators,
                 args.shards,
@@ -206,9 +247,7 @@ def _run(args: argparse.Namespace) -> int:
                 faults=args.faults,
                 tls=args.tls,
                 kafka_security=args.kafka_security,
-                starting=lambda: print(
-                    f"starting {what}{where} in {cluster.data_dir} ...", flush=True
-                ),
+                starting=starting,
             )
             print(cluster.status_table())
             if args.kafka_listeners:

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -156,6 +157,10 @@ class ClusterState:
             f"no node {node_id} in {self.data_dir} (nodes: {[n.node_id for n in self.nodes]})"
         )
 
+
+#: The names of what nodes keep in the cluster directory: each node's data
+#: directory (``KIND-ID``, :data:`NODE_COMMANDS`) and its log (``KIND-ID.log``).
+_NODE_FILE = re.compile(r"(node|partition-node|kafka-gateway)-\d+(\.log)?")
 
 #: The lowest port :func:`free_ports` hands out.
 LOWEST_FREE_PORT = 10_000
@@ -592,6 +597,44 @@ class LocalCluster:
                 raise ClusterError(f"{exc}; stopped the nodes started") from None
             raise
         return self.state
+
+    def node_data(self) -> list[Path]:
+        """The data directories and logs of nodes in the cluster directory,
+        left by an earlier ``up``: what the next ``up`` starts its nodes on."""
+        if not self.data_dir.is_dir():
+            return []
+        return sorted(p for p in self.data_dir.iterdir() if _NODE_FILE.fullmatch(p.name))
+
+    def wipe(self, also: tuple[str, ...] = ()) -> list[Path]:
+        """Remove :meth:`node_data` and the files and directories named
+        ``also`` (a workload's history, an audit's report) from the cluster
+        directory of a stopped cluster, so that the next ``up`` starts anew;
+        what was removed.
+
+        Raises:
+            ClusterError: a node of the cluster runs, or the directory holds
+                files but is not one ``up`` made (it has no cluster.json).
+        """
+        if self.state is not None and any(self.alive(n.node_id) for n in self.state.nodes):
+            raise ClusterError(
+                f"a cluster is running in {self.data_dir}; run `raftcoord cluster down` first"
+            )
+        if not self.data_dir.is_dir() or not any(self.data_dir.iterdir()):
+            return []
+        if self.state is None:
+            raise ClusterError(
+                f"{self.data_dir} has no {STATE_FILE}, so it is not a directory of "
+                "`raftcoord cluster up`: nothing removed"
+            )
+        removed = self.node_data() + [
+            self.data_dir / name for name in also if (self.data_dir / name).exists()
+        ]
+        for path in removed:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        return removed
 
     def _check_data_dir(self) -> None:
         """Create the data directory and check that files can be written there.
