@@ -150,6 +150,7 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         )
         stopped = raftcoord("cluster", "status", "--cluster-dir", data)
         assert stopped.returncode == 1 and "kafka-gateway, no answer" in stopped.stdout
+        assert stopped.stderr == "raftcoord cluster status: nodes not answering: 201\n"
         assert (
             raftcoord(
                 "cluster", "kill", "201", "--signal", "CONT", "--cluster-dir", data
@@ -179,6 +180,10 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     # --data-dir, the option's older name, still works; every node down: status 1
     dead = raftcoord("cluster", "status", "--data-dir", data)
     assert dead.returncode == 1 and dead.stdout.count(" no ") >= 7
+    assert dead.stderr == (
+        "raftcoord cluster status: nodes not answering: 1, 2, 3, 101, 102, 103, 201 "
+        "(not running: 1, 2, 3, 101, 102, 103, 201); shards without a leader: 0, 1\n"
+    )
 
 
 @pytest.mark.slow

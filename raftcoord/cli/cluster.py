@@ -10,13 +10,14 @@ import json
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftcoord.chaos.arguments import CHAOS_HISTORY_FILE, HISTORY_FILE
-from raftcoord.client import Admin, KafkaError
 from raftcoord.cluster import netns as namespaces
-from raftcoord.cluster.launcher import SIGNALS, ClusterError, LocalCluster
 from raftcoord.protocol.config import ConfigError
+
+if TYPE_CHECKING:  # the launcher and the client are imported where they are used
+    from raftcoord.cluster.launcher import LocalCluster
 
 _CLUSTER_DIR_HELP = (
     "the cluster's directory: config, node data and logs (default: %(default)s); "
@@ -118,7 +119,7 @@ def configure(cluster: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start anew: first remove the nodes' data and logs, the histories and the audit "
         "report a stopped cluster left in the cluster's directory (only one that "
-        "`cluster up` made); without it, the nodes resume their data",
+        "'cluster up' made); without it, the nodes resume their data",
     )
     up.add_argument(
         "--config",
@@ -141,13 +142,15 @@ def configure(cluster: argparse.ArgumentParser) -> None:
     status = sub.add_parser(
         "status",
         help="node, role and term per shard, pid, alive; exits 1 unless every node answers "
-        "and every shard has a leader",
+        "and every shard has a leader (saying which do not on stderr)",
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     down = sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound")
     kill = sub.add_parser("kill", help="send a signal to one node")
     kill.add_argument("node", type=int)
-    kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
+    kill.add_argument(
+        "--signal", default="KILL", type=_signal, help="KILL (default), STOP, CONT or TERM"
+    )
     start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
     start.add_argument("node", type=int)
     elect = sub.add_parser(
@@ -191,6 +194,14 @@ def _setting(text: str) -> tuple[str, Any]:
     return name, parsed
 
 
+def _signal(name: str) -> str:
+    from raftcoord.cluster.launcher import SIGNALS
+
+    if name not in SIGNALS:
+        raise argparse.ArgumentTypeError(f"{name!r} is not one of {sorted(SIGNALS)}")
+    return name
+
+
 def _group(text: str) -> list[int]:
     try:
         return [int(node) for node in text.split(",")]
@@ -199,6 +210,8 @@ def _group(text: str) -> list[int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from raftcoord.cluster.launcher import ClusterError, LocalCluster
+
     cluster = LocalCluster(args.cluster_dir)
     try:
         if args.cluster_command == "up":
@@ -260,7 +273,9 @@ def _run(args: argparse.Namespace) -> int:
                 print(cluster.status_table(nodes))
                 print()
                 print(_partition_summary(cluster))
-            if not cluster.healthy(nodes):
+            problem = cluster.unhealthy(nodes)
+            if problem is not None:
+                print(f"raftcoord cluster status: {problem}", file=sys.stderr)
                 return 1
         elif args.cluster_command == "down":
             cluster.down()
@@ -299,6 +314,8 @@ def _partition_summary(cluster: LocalCluster) -> str:
     """The partitions as the coordinators' controller records them: how many
     each partition-log node leads, and those without a leader or with fewer
     in-sync replicas than replicas (`raftcoord topic describe` has them all)."""
+    from raftcoord.client import Admin, KafkaError
+
     try:
         with Admin(
             cluster.bootstrap(), request_timeout_ms=SUMMARY_TIMEOUT_MS, **cluster.client_tls()

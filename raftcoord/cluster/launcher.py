@@ -1157,12 +1157,25 @@ class LocalCluster:
         ]
         return "\n".join(lines)
 
-    @staticmethod
-    def healthy(nodes: list[dict[str, Any]]) -> bool:
-        """Whether every node of :meth:`status` answers and every shard has a leader."""
+    def unhealthy(self, nodes: list[dict[str, Any]]) -> str | None:
+        """Why the cluster of :meth:`status` (``nodes``) is not healthy, in
+        one line: the nodes that do not answer (and which of them are not
+        running), the shards without a leader; None when every node answers
+        and every shard has a leader."""
+        said = []
+        silent = [n for n in nodes if not n["answers"]]
+        if silent:
+            stopped = [str(n["node"]) for n in silent if not n["alive"]]
+            said.append(
+                "nodes not answering: "
+                + ", ".join(str(n["node"]) for n in silent)
+                + (f" (not running: {', '.join(stopped)})" if stopped else "")
+            )
         led = {s["shard"] for n in nodes for s in n.get("shards", ()) if s["role"] == "leader"}
-        shards = {s["shard"] for n in nodes for s in n.get("shards", ())}
-        return all(n["answers"] for n in nodes) and bool(shards) and led == shards
+        leaderless = sorted(set(range(self._require().shard_count)) - led)
+        if leaderless:
+            said.append("shards without a leader: " + ", ".join(map(str, leaderless)))
+        return "; ".join(said) or None
 
 
 #: An ApiVersions v0 request (api key 18, version 0, correlation id, client
