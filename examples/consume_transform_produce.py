@@ -14,8 +14,11 @@ Run against a local cluster (`raftcoord cluster up`)::
         --input input --output output --group copier
 
 Topics that do not exist are created first (the output with the input's
-partition count); an input created here is empty, so the run copies
-nothing and says so: produce records to it and run again.
+partition count). ``--fill N`` first writes N records to the input (one
+transaction); without it an input created here is empty, so the run copies
+nothing and says so::
+
+    python examples/consume_transform_produce.py --cluster-dir .raftcoord --fill 100
 """
 
 from __future__ import annotations
@@ -113,6 +116,19 @@ def copy_topic(
                 on_commit(copied)
 
 
+def fill(bootstrap: Sequence[str], topic: str, count: int, tls: SslFiles | None = None) -> None:
+    """Write ``count`` records (``record-0``, ...) to ``topic`` in one transaction."""
+    with TransactionalProducer(
+        bootstrap, transactional_id=f"{topic}-filler", **(tls or SslFiles())
+    ) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(count):
+            value = b"record-%d" % i
+            producer.send(topic, key=value, value=value)
+        producer.commit_transaction()
+
+
 def ensure_topics(
     bootstrap: Sequence[str],
     input_topic: str,
@@ -143,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         "--partitions", type=int, default=3, help="partitions of a topic created here (3)"
     )
     parser.add_argument(
+        "--fill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first write N records to the input, in a transaction (0)",
+    )
+    parser.add_argument(
         "--die-in-transaction",
         type=int,
         help="kill -9 this worker in the middle of transaction N (to test recovery)",
@@ -154,8 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap, tls = cluster.bootstrap(), cluster.client_tls()
     for topic in ensure_topics(bootstrap, args.input, args.output, args.partitions, tls):
         print(f"topic {topic!r} did not exist: created it", flush=True)
-        if topic == args.input:
-            print(f"{args.input!r} is empty: produce records to it and run again", flush=True)
+        if topic == args.input and not args.fill:
+            print(
+                f"{args.input!r} is empty: produce records to it (--fill N) and run again",
+                flush=True,
+            )
+    if args.fill:
+        fill(bootstrap, args.input, args.fill, tls)
+        print(f"wrote {args.fill} records to {args.input}", flush=True)
     copied = copy_topic(
         bootstrap,
         args.input,

@@ -85,7 +85,12 @@ def read_topic(bootstrap: Sequence[str], topic: str, isolation_level: str) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster-dir", default=".raftcoord", help="a `raftcoord cluster up` dir")
-    parser.add_argument("--topic", default="orders")
+    parser.add_argument(
+        "--topic",
+        default="aborted-orders-example",
+        help="a topic of its own: its count is of this program's records only "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--transactional-id", default="orders-producer")
     args = parser.parse_args(argv)
     from raftcoord.cluster.launcher import LocalCluster

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from raftcoord.client import Admin, PreparedTxnState, TransactionalProducer
+from raftcoord.client.errors import TransactionalIdAuthorizationFailedError
 
 
 def open_db(path: Path) -> sqlite3.Connection:
@@ -101,7 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap, transactional_id=args.transactional_id, enable_two_phase_commit=True
     )
     try:
-        producer.init_transactions(keep_prepared_txn=True)
+        try:
+            producer.init_transactions(keep_prepared_txn=True)
+        except TransactionalIdAuthorizationFailedError as exc:
+            print(
+                "two_phase_commit.py: the cluster refuses two-phase commit; start it with "
+                "`raftcoord cluster up --setting transaction.two.phase.commit.enable=true` "
+                f"({exc})",
+                file=sys.stderr,
+            )
+            return 1
         print(f"recovery: {recover(producer, db)}", flush=True)
         for n in range(args.transfers):
             crash = args.crash_after if n == args.transfers - 1 else None

@@ -210,6 +210,65 @@ def test_cluster_help_loads_neither_spark_nor_the_kafka_codec() -> None:
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_the_admin_and_cluster_commands_help_loads_neither_grpc_nor_cryptography() -> None:
+    """`raftcoord txn describe --help` and the others answer without loading
+    gRPC and cryptography (a third of a second of CPU): their modules import
+    the client and the launcher where they use them."""
+    commands = [
+        *(["cluster", c] for c in ("up", "status", "down", "kill", "start", "partition")),
+        *(["txn", c] for c in ("list", "describe", "describe-producers", "find-hanging", "abort")),
+        *(["topic", c] for c in ("create", "list", "describe")),
+        *(["acl", c] for c in ("add", "list", "remove")),
+        *(["user", c] for c in ("add", "list", "remove")),
+        ["console"],
+    ]
+    probe = (
+        "import sys\n"
+        "from raftcoord.cli.main import main\n"
+        f"for command in {commands!r}:\n"
+        "    try:\n"
+        "        main([*command, '--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ('grpc', 'cryptography')\n"
+        "print(sorted(m for m in sys.modules\n"
+        "             if any(m == h or m.startswith(h + '.') for h in heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "[]"
+    assert sum(line.startswith("usage: raftcoord ") for line in lines) == len(commands)
+
+
+def test_an_empty_bootstrap_server_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from raftcoord.cli.main import main
+
+    for given in ("", " , "):
+        with pytest.raises(SystemExit) as exited:
+            main(["txn", "list", "--bootstrap-server", given])
+        assert exited.value.code == 64
+        assert "--bootstrap-server: " in capsys.readouterr().err
+
+
+def test_a_table_into_a_file_keeps_each_row_on_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from raftcoord.cli.connection import print_record, print_table
+
+    columns = [(f"Column{i}", f"c{i}") for i in range(12)]
+    row = {f"c{i}": f"value-{i}-" + "x" * 20 for i in range(12)}
+    print_table([row], columns)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5  # top, header, rule, the row, bottom
+    assert all(f"value-{i}-" + "x" * 20 in lines[3] for i in range(12))
+    print_record(row, columns)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Column0:  value-0-" + "x" * 20 and lines[11].startswith("Column11: ")
+
+
 #: A line of gRPC's C core log (severity, date, time, thread, file).
 GRPC_LOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
 

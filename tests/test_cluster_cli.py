@@ -157,6 +157,7 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         )
         stopped = raftcoord("cluster", "status", "--cluster-dir", data)
         assert stopped.returncode == 1 and "kafka-gateway, no answer" in stopped.stdout
+        assert stopped.stderr == "raftcoord cluster status: nodes not answering: 201\n"
         assert (
             raftcoord(
                 "cluster", "kill", "201", "--signal", "CONT", "--cluster-dir", data
@@ -186,6 +187,10 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
     # --data-dir, the option's older name, still works; every node down: status 1
     dead = raftcoord("cluster", "status", "--data-dir", data)
     assert dead.returncode == 1 and dead.stdout.count(" no ") >= 7
+    assert dead.stderr == (
+        "raftcoord cluster status: nodes not answering: 1, 2, 3, 101, 102, 103, 201 "
+        "(not running: 1, 2, 3, 101, 102, 103, 201); shards without a leader: 0, 1\n"
+    )
 
 
 @pytest.mark.slow
@@ -387,3 +392,56 @@ def test_a_preferred_election_that_does_not_happen_says_what_each_coordinator_sa
         "shard 0, preferred 2: 1 leader in term 3; "
         "shard 2, preferred 3: no answer; no answer from coordinator 3"
     )
+
+
+def test_fresh_removes_nothing_from_a_directory_cluster_up_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "node-1").mkdir()
+    (tmp_path / "history.jsonl").write_text("{}\n")
+    result = raftcoord("cluster", "up", "--fresh", "--cluster-dir", str(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "no cluster.json" in result.stderr and "nothing removed" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.jsonl", "node-1"]
+
+
+@pytest.mark.slow
+def test_cluster_up_says_it_resumes_a_stopped_cluster_and_fresh_starts_anew(
+    tmp_path: Path,
+) -> None:
+    data = str(tmp_path / "c")
+    small = ("--coordinators", "1", "--shards", "1", "--partition-nodes", "1", "--cluster-dir")
+
+    def topics() -> str:
+        listed = raftcoord("topic", "list", "--json", "--cluster-dir", data)
+        assert listed.returncode == 0, listed.stderr
+        return listed.stdout
+
+    try:
+        first = raftcoord("cluster", "up", *small, data)
+        assert first.returncode == 0, first.stderr
+        assert "resuming" not in first.stdout
+        made = raftcoord(
+            "topic", "create", "kept", "--partitions", "1", "--replication-factor", "1",
+            "--cluster-dir", data,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        (Path(data) / "history.jsonl").write_text("{}\n")  # as a workload leaves it
+        assert raftcoord("cluster", "down", "--cluster-dir", data).returncode == 0
+
+        again = raftcoord("cluster", "up", *small, data)
+        assert again.returncode == 0, again.stderr
+        [said] = [line for line in again.stdout.splitlines() if "resuming" in line]
+        assert "the data of 2 nodes, history.jsonl" in said and "--fresh" in said
+        assert '"kept"' in topics()
+        assert raftcoord("cluster", "down", "--cluster-dir", data).returncode == 0
+
+        fresh = raftcoord("cluster", "up", "--fresh", *small, data)
+        assert fresh.returncode == 0, fresh.stderr
+        assert f"--fresh: removed the data of 2 nodes, history.jsonl from {data}" in fresh.stdout
+        assert "resuming" not in fresh.stdout
+        assert not (Path(data) / "history.jsonl").exists()
+        assert '"kept"' not in topics()
+        refused = raftcoord("cluster", "up", "--fresh", *small, data)  # it runs: nothing removed
+        assert refused.returncode == 1 and "cluster down" in refused.stderr
+        assert '"kept"' not in topics()
+    finally:
+        raftcoord("cluster", "down", "--cluster-dir", data)

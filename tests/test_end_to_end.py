@@ -401,11 +401,59 @@ def test_the_copy_example_creates_missing_topics_and_says_so(shared_cluster: Loc
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert "'fresh-in' is empty: produce records to it and run again" in result.stdout
+    assert "'fresh-in' is empty: produce records to it (--fill N) and run again" in result.stdout
     assert "copied 0 records" in result.stdout
     with Admin(shared_cluster.bootstrap()) as admin:
         topics = admin.list_topics()
     assert topics["fresh-in"] == topics["fresh-out"] == 3
+    # --fill writes its input first.
+    filled = run_example(
+        "consume_transform_produce.py", shared_cluster, "--input", "filled-in", "--output",
+        "filled-out", "--group", "filled", "--fill", "40",
+    )  # fmt: skip
+    assert filled.returncode == 0, filled.stderr
+    assert "wrote 40 records to filled-in" in filled.stdout and "is empty" not in filled.stdout
+    assert "done: copied 40 records from filled-in to filled-out" in filled.stdout
+
+
+def run_example(name: str, cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``examples/NAME ARGS`` against ``cluster``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / name),
+            "--cluster-dir",
+            str(cluster.data_dir),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_producer_example_counts_only_its_own_topic(shared_cluster: LocalCluster) -> None:
+    """By default it writes a topic of its own, not the "orders" of the
+    README's example: its count is its own records'."""
+    with Admin(shared_cluster.bootstrap()) as admin:
+        admin.create_topics({"orders": 3}, exist_ok=True)
+    with TransactionalProducer(shared_cluster.bootstrap(), "readme-like") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("orders", key=b"k", value=b"paid")
+        producer.commit_transaction()
+    result = run_example("transactional_producer.py", shared_cluster)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "read_committed sees 5 records" in result.stdout
+
+
+def test_the_two_phase_commit_example_says_what_the_cluster_lacks(
+    shared_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    result = run_example("two_phase_commit.py", shared_cluster, "--db", str(tmp_path / "t.db"))
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert "transaction.two.phase.commit.enable=true" in result.stderr
 
 
 def test_two_phase_commit_needs_the_cluster_setting(shared_cluster: LocalCluster) -> None:

@@ -229,6 +229,36 @@ def test_bootstrap_server_and_clear_errors(cluster_dir: Path) -> None:
         "--producer-epoch", "0",
     )  # fmt: skip
     table = raftcoord("txn", "list", "--cluster-dir", str(cluster_dir))
-    assert table.returncode == 0 and "TransactionalId" in table.stdout
+    assert table.returncode == 0
+    # Into a pipe: each row on one line, however wide, never wrapped.
+    [header] = [line for line in table.stdout.splitlines() if "TransactionalId" in line]
+    assert "TransactionState" in header and "TransactionDurationMs" in header
+    empty = raftcoord("txn", "list", "--bootstrap-server", "", "--cluster-dir", str(cluster_dir))
+    assert empty.returncode == 64 and "names no address" in empty.stderr
     nothing = raftcoord("txn", "find-hanging", "--cluster-dir", str(cluster_dir))
     assert nothing.returncode == 0 and nothing.stdout.strip() == "no hanging transaction"
+
+
+def test_describe_prints_one_line_per_field(cluster_dir: Path) -> None:
+    with TransactionalProducer(LocalCluster(cluster_dir).bootstrap(), "described") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(TOPIC, b"v", partition=0)
+        producer.commit_transaction()
+    result = raftcoord("txn", "describe", "described", "--cluster-dir", str(cluster_dir))
+    assert result.returncode == 0, result.stderr
+    fields = dict(line.split(":", 1) for line in result.stdout.splitlines())
+    assert len(fields) == 12
+    assert fields["TransactionalId"].strip() == "described"
+    assert fields["TransactionState"].strip() in ("CompleteCommit", "PrepareCommit")
+    assert fields["TopicPartitions"].strip() in ("", f"{TOPIC}-0")
+
+
+def test_topic_describe_takes_the_topic_as_topic_create_does(cluster_dir: Path) -> None:
+    where = ("--cluster-dir", str(cluster_dir))
+    listed = raftcoord("topic", "describe", TOPIC, "--json", *where)
+    assert listed.returncode == 0, listed.stderr
+    assert {r["topic"] for r in json.loads(listed.stdout)} == {TOPIC}
+    missing = raftcoord("topic", "describe", "absent", *where)
+    assert missing.returncode == 1
+    assert missing.stderr == "raftcoord topic describe: topic 'absent' does not exist\n"

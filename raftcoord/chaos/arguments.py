@@ -8,6 +8,8 @@ import argparse
 #: The history `raftcoord workload` writes into the cluster directory unless
 #: told otherwise (what `raftcoord audit` reads there by default).
 HISTORY_FILE = "history.jsonl"
+#: Where `raftcoord chaos` writes its fault events in the cluster directory.
+CHAOS_HISTORY_FILE = "chaos-history.jsonl"
 
 
 def positive_seconds(text: str) -> float:

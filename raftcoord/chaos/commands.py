@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from raftcoord.chaos.arguments import (
+    CHAOS_HISTORY_FILE,
     FAULT_KINDS,
     GATEWAY_FAULTS,
     HISTORY_FILE,
@@ -117,7 +118,7 @@ def configure_workload(workload: argparse.ArgumentParser) -> None:
 
 def configure_chaos(chaos: argparse.ArgumentParser) -> None:
     """The arguments of ``raftcoord chaos``."""
-    _common(chaos, "all", "chaos-history.jsonl")
+    _common(chaos, "all", CHAOS_HISTORY_FILE)
     chaos.add_argument(
         "--duration", type=positive_seconds, default=60.0, help="seconds of faults (60)"
     )
@@ -235,7 +236,7 @@ def _chaos(args: argparse.Namespace) -> int:
     try:
         cluster = _cluster(args)
         seed = _seed(args, console)
-        path = Path(args.history) if args.history else cluster.data_dir / "chaos-history.jsonl"
+        path = Path(args.history) if args.history else cluster.data_dir / CHAOS_HISTORY_FILE
         with History(path) as history:
             history.event(
                 "workload",

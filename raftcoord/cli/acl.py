@@ -16,10 +16,9 @@ import argparse
 import json
 import sys
 from itertools import product
+from typing import TYPE_CHECKING
 
 from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
-from raftcoord.client import Admin, KafkaError
-from raftcoord.cluster.launcher import ClusterError
 from raftcoord.protocol.acl import (
     CLUSTER_NAME,
     WILDCARD,
@@ -30,6 +29,9 @@ from raftcoord.protocol.acl import (
     Permission,
     ResourceType,
 )
+
+if TYPE_CHECKING:  # the client is imported where it is used (--help needs none)
+    from raftcoord.client import Admin
 
 __all__ = ["configure"]
 
@@ -187,6 +189,9 @@ def _row(acl: Acl) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from raftcoord.client import Admin, KafkaError
+    from raftcoord.cluster.launcher import ClusterError
+
     try:
         timeout_ms = int(args.timeout * 1000)
         with Admin(bootstrap(args), request_timeout_ms=timeout_ms, **ssl_files(args)) as admin:

@@ -9,12 +9,15 @@ import collections
 import json
 import sys
 import tomllib
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from raftcoord.client import Admin, KafkaError
+from raftcoord.chaos.arguments import CHAOS_HISTORY_FILE, HISTORY_FILE
 from raftcoord.cluster import netns as namespaces
-from raftcoord.cluster.launcher import SIGNALS, ClusterError, LocalCluster
 from raftcoord.protocol.config import ConfigError
+
+if TYPE_CHECKING:  # the launcher and the client are imported where they are used
+    from raftcoord.cluster.launcher import LocalCluster
 
 _CLUSTER_DIR_HELP = (
     "the cluster's directory: config, node data and logs (default: %(default)s); "
@@ -112,6 +115,13 @@ def configure(cluster: argparse.ArgumentParser) -> None:
         "clock on demand (needs a C compiler); the chaos workload's disk fault uses it",
     )
     up.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start anew: first remove the nodes' data and logs, the histories and the audit "
+        "report a stopped cluster left in the cluster's directory (only one that "
+        "'cluster up' made); without it, the nodes resume their data",
+    )
+    up.add_argument(
         "--config",
         help="with --netns: start the nodes of this multi-host config (e.g. "
         "deploy/cluster.toml), each host a namespace; its shape and settings replace "
@@ -132,13 +142,15 @@ def configure(cluster: argparse.ArgumentParser) -> None:
     status = sub.add_parser(
         "status",
         help="node, role and term per shard, pid, alive; exits 1 unless every node answers "
-        "and every shard has a leader",
+        "and every shard has a leader (saying which do not on stderr)",
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     down = sub.add_parser("down", help="SIGTERM every node, SIGKILL after a bound")
     kill = sub.add_parser("kill", help="send a signal to one node")
     kill.add_argument("node", type=int)
-    kill.add_argument("--signal", default="KILL", choices=sorted(SIGNALS))
+    kill.add_argument(
+        "--signal", default="KILL", type=_signal, help="KILL (default), STOP, CONT or TERM"
+    )
     start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
     start.add_argument("node", type=int)
     elect = sub.add_parser(
@@ -157,6 +169,20 @@ def configure(cluster: argparse.ArgumentParser) -> None:
     cluster.set_defaults(func=_run)
 
 
+#: What runs against a cluster leave in its directory beside the nodes' data:
+#: the workload's and the chaos command's histories, the audit's report
+#: (``raftcoord audit``'s default report directory there).
+RUN_FILES = (HISTORY_FILE, CHAOS_HISTORY_FILE, "audit")
+
+
+def _described(paths: list[Path]) -> str:
+    """``paths`` of a cluster directory in a few words: how many nodes'
+    data, then the names of the others ("" for none)."""
+    nodes = {p.name.removesuffix(".log") for p in paths if p.name not in RUN_FILES}
+    said = [f"the data of {len(nodes)} nodes"] if nodes else []
+    return ", ".join(said + [p.name for p in paths if p.name in RUN_FILES])
+
+
 def _setting(text: str) -> tuple[str, Any]:
     name, sep, value = text.partition("=")
     if not sep or not name:
@@ -168,6 +194,14 @@ def _setting(text: str) -> tuple[str, Any]:
     return name, parsed
 
 
+def _signal(name: str) -> str:
+    from raftcoord.cluster.launcher import SIGNALS
+
+    if name not in SIGNALS:
+        raise argparse.ArgumentTypeError(f"{name!r} is not one of {sorted(SIGNALS)}")
+    return name
+
+
 def _group(text: str) -> list[int]:
     try:
         return [int(node) for node in text.split(",")]
@@ -176,6 +210,8 @@ def _group(text: str) -> list[int]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from raftcoord.cluster.launcher import ClusterError, LocalCluster
+
     cluster = LocalCluster(args.cluster_dir)
     try:
         if args.cluster_command == "up":
@@ -192,6 +228,24 @@ def _run(args: argparse.Namespace) -> int:
                 f"{args.partition_nodes} partition-log nodes"
             )
             where = " in network namespaces" if args.netns else ""
+            if args.fresh:
+                removed = _described(cluster.wipe(RUN_FILES))
+                if removed:
+                    print(f"--fresh: removed {removed} from {cluster.data_dir}")
+            left = _described(
+                [p for p in cluster.node_data() if p.is_dir()]
+                + [cluster.data_dir / n for n in RUN_FILES if (cluster.data_dir / n).exists()]
+            )
+
+            def starting() -> None:
+                if left:
+                    print(
+                        f"resuming {left} in {cluster.data_dir} (the topics, transactions "
+                        "and terms of the cluster stopped there, and what `raftcoord audit` "
+                        "reads there); --fresh starts anew"
+                    )
+                print(f"starting {what}{where} in {cluster.data_dir} ...", flush=True)
+
             cluster.up(
                 args.coordinators,
                 args.shards,
@@ -206,9 +260,7 @@ def _run(args: argparse.Namespace) -> int:
                 faults=args.faults,
                 tls=args.tls,
                 kafka_security=args.kafka_security,
-                starting=lambda: print(
-                    f"starting {what}{where} in {cluster.data_dir} ...", flush=True
-                ),
+                starting=starting,
             )
             print(cluster.status_table())
             if args.kafka_listeners:
@@ -221,7 +273,9 @@ def _run(args: argparse.Namespace) -> int:
                 print(cluster.status_table(nodes))
                 print()
                 print(_partition_summary(cluster))
-            if not cluster.healthy(nodes):
+            problem = cluster.unhealthy(nodes)
+            if problem is not None:
+                print(f"raftcoord cluster status: {problem}", file=sys.stderr)
                 return 1
         elif args.cluster_command == "down":
             cluster.down()
@@ -260,6 +314,8 @@ def _partition_summary(cluster: LocalCluster) -> str:
     """The partitions as the coordinators' controller records them: how many
     each partition-log node leads, and those without a leader or with fewer
     in-sync replicas than replicas (`raftcoord topic describe` has them all)."""
+    from raftcoord.client import Admin, KafkaError
+
     try:
         with Admin(
             cluster.bootstrap(), request_timeout_ms=SUMMARY_TIMEOUT_MS, **cluster.client_tls()

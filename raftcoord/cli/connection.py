@@ -1,5 +1,10 @@
 """What the admin commands (``raftcoord txn``, ``topic``, ``acl``, ``user``)
-share: how they find and reach the coordinators, and how they print rows."""
+share: how they find and reach the coordinators, and how they print rows.
+
+The client library, the launcher and rich are imported by the functions that
+use them, not by the module: ``raftcoord txn describe --help`` (and every
+other subcommand's help) is answered without loading gRPC and cryptography.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from raftcoord.client import Admin
+    from raftcoord.protocol.tls import SslFiles
 
-from raftcoord.client import Admin, KafkaError
-from raftcoord.cluster.launcher import TLS_ADMIN, ClusterError, LocalCluster
-from raftcoord.protocol.tls import SslFiles
-
+#: A width no table's row reaches: where a table printed to a file is measured.
+UNBOUNDED_WIDTH = 1 << 20
 #: What a command returns: its rows, and the table's (header, key) columns.
 Rows = tuple[list[dict[str, Any]], list[tuple[str, str]]]
 
@@ -32,6 +36,7 @@ def add_connection_options(
     )
     parser.add_argument(
         "--bootstrap-server",
+        type=addresses,
         help="comma-separated coordinator addresses (host:port), instead of --cluster-dir",
     )
     for flag, what in (
@@ -51,15 +56,30 @@ def add_connection_options(
     )
 
 
+def addresses(text: str) -> str:
+    """``--bootstrap-server``'s value, refused (a usage error) when it names no address."""
+    if not any(a.strip() for a in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no address (give host:port,... or leave the option out "
+            "to use --cluster-dir)"
+        )
+    return text
+
+
 def bootstrap(args: argparse.Namespace) -> list[str]:
     """The coordinators' addresses: --bootstrap-server, else the local cluster's."""
-    if args.bootstrap_server:
+    if args.bootstrap_server is not None:
         return [a.strip() for a in args.bootstrap_server.split(",") if a.strip()]
+    from raftcoord.cluster.launcher import LocalCluster
+
     return LocalCluster(args.cluster_dir).bootstrap()
 
 
 def ssl_files(args: argparse.Namespace) -> SslFiles:
     """The client's TLS files: the ones given, else a local TLS cluster's admin's."""
+    from raftcoord.cluster.launcher import TLS_ADMIN, LocalCluster
+    from raftcoord.protocol.tls import SslFiles
+
     given = SslFiles()
     if args.ssl_cafile is not None:
         given["ssl_cafile"] = args.ssl_cafile
@@ -73,11 +93,27 @@ def ssl_files(args: argparse.Namespace) -> SslFiles:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
-    """``rows`` as a table of ``columns`` (header, key)."""
+    """``rows`` as a table of ``columns`` (header, key): as wide as the
+    terminal allows, and when stdout is not a terminal (a file, a pipe) as
+    wide as its rows are, never wrapped."""
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(*(header for header, _ in columns))
     for row in rows:
         table.add_row(*(_cell(row[key]) for _, key in columns))
-    Console(width=200).print(table)
+    console = Console()
+    if not console.is_terminal:  # measured at a width no row reaches
+        console = Console(width=Console(width=UNBOUNDED_WIDTH).measure(table).maximum)
+    console.print(table)
+
+
+def print_record(row: Mapping[str, Any], columns: Sequence[tuple[str, str]]) -> None:
+    """One row as ``header: value`` lines, the values aligned (what a table
+    of many columns for one row would cut)."""
+    width = max(len(header) for header, _ in columns)
+    for header, key in columns:
+        print(f"{header + ':':<{width + 1}} {_cell(row[key])}")
 
 
 def _cell(value: Any) -> str:
@@ -92,11 +128,16 @@ def run_rows_command(
     run: Callable[[Admin, argparse.Namespace], Rows],
     refusal: type[Exception],
     nothing_found: Mapping[str, str],
+    records: frozenset[str] = frozenset(),
 ) -> int:
     """Run ``run`` (a subcommand of ``raftcoord NAME``, ``args.<name>_command``)
     with an Admin client and print its rows: JSON with ``--json``, else a
-    table, or the subcommand's ``nothing_found`` line when it found none. A
-    failure is one line on stderr and exit status 1."""
+    table (for the subcommands in ``records``, which answer one row, its
+    ``header: value`` lines), or the subcommand's ``nothing_found`` line when
+    it found none. A failure is one line on stderr and exit status 1."""
+    from raftcoord.client import Admin, KafkaError
+    from raftcoord.cluster.launcher import ClusterError
+
     command = getattr(args, f"{name}_command")
     try:
         timeout_ms = int(args.timeout * 1000)
@@ -111,5 +152,8 @@ def run_rows_command(
     if not rows and command in nothing_found:
         print(nothing_found[command])
         return 0
-    print_table(rows, columns)
+    if command in records and len(rows) == 1:
+        print_record(rows[0], columns)
+    else:
+        print_table(rows, columns)
     return 0

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from raftcoord.chaos.arguments import positive_seconds
 from raftcoord.cli.connection import add_connection_options, bootstrap, ssl_files
-from raftcoord.cluster.launcher import ClusterError
 from raftcoord.protocol.process import exit_with_watched_process
 
 __all__ = ["configure", "connection_options"]
@@ -73,6 +72,7 @@ def connection_options(args: argparse.Namespace) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from raftcoord.cluster.launcher import ClusterError
     from raftcoord.console.collect import ConsoleOptions
     from raftcoord.console.server import ConsoleError, serve
 

@@ -44,16 +44,76 @@ def _check_tls_files(config: ClusterConfig, node_id: int) -> None:
         raise ConfigError(problem)
 
 
+def _checked_tls(config: ClusterConfig, node_id: int, addresses: list[str | None]) -> str:
+    """What ``--check`` found of node ``node_id``'s ``[tls]`` files: its
+    certificate and key, signed by the cluster's CA, naming the hosts of
+    ``addresses``.
+
+    Raises:
+        ConfigError: a file it could not serve with, and why.
+    """
+    from raftcoord.cluster.certs import host_of, node_certificate_refusal
+    from raftcoord.protocol.config import ConfigError
+
+    if config.tls is None:
+        return "no [tls]"
+    cert, key = config.tls.node_files(node_id)
+    hosts = [host_of(a) for a in addresses if a]
+    refusal = node_certificate_refusal(config.tls.ca_file, cert, key, hosts)
+    if refusal is not None:
+        raise ConfigError(f"[tls]: {refusal}")
+    return f"certificate {cert} (CA {config.tls.ca_file})"
+
+
+def _checked_data_dir(data_dir: Path, config: ClusterConfig, kind: str, node_id: int) -> str:
+    """What ``--check`` found of a node's data directory, writing nothing:
+    one it may write, of its own node and of the config's shape, or none
+    yet (the node makes it).
+
+    Raises:
+        ConfigError: the node could not use it, and why.
+    """
+    from raftcoord.protocol.config import ConfigError, shape_refusal
+    from raftcoord.protocol.data_dir import DirectoryRefused, DirectoryUnusable, inspect
+
+    if not data_dir.exists():
+        return f"data directory {data_dir} (not made yet)"
+    if not data_dir.is_dir():
+        raise ConfigError(f"data directory {data_dir} is not a directory")
+    if not os.access(data_dir, os.R_OK | os.W_OK | os.X_OK):
+        raise ConfigError(f"data directory {data_dir} is not writable by this user")
+    try:
+        inspect(data_dir, kind, node_id)
+    except (DirectoryRefused, DirectoryUnusable) as exc:
+        raise ConfigError(str(exc)) from None
+    refusal = shape_refusal(data_dir, config)
+    if refusal is not None:
+        raise ConfigError(refusal)
+    return f"data directory {data_dir}"
+
+
+def _checked(command: str, node_id: int, config_path: str, found: list[str]) -> int:
+    """``--check``'s line: what was checked of the node; exit status 0."""
+    print(
+        f"raftcoord {command} --id {node_id}: config {config_path}, {', '.join(found)}: "
+        "fine; nothing started"
+    )
+    return 0
+
+
 def _node(args: argparse.Namespace) -> int:
-    from raftcoord.coordinator.node import run_node
     from raftcoord.protocol.config import ConfigError, check_shape, load_config, read_raft_key
 
     data_dir = _data_dir(args, "node")
     try:
         config = load_config(args.config)
-        config.coordinator(args.id)
-        _check_tls_files(config, args.id)
-        check_shape(data_dir, config)
+        address = config.coordinator(args.id)
+        if args.check:
+            found = [_checked_tls(config, args.id, [address.grpc, address.link])]
+            found.append(_checked_data_dir(data_dir, config, "coordinator", args.id))
+        else:
+            _check_tls_files(config, args.id)
+            check_shape(data_dir, config)
         if args.insecure_raft:
             raft_key = None
         elif config.raft_key_file is None:
@@ -67,29 +127,40 @@ def _node(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"raftcoord node: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        key = "no Raft key" if raft_key is None else f"Raft key {config.raft_key_file}"
+        return _checked("node", args.id, args.config, [key, *found])
+    from raftcoord.coordinator.node import run_node
+
     exit_with_watched_process()
     return run_node(config, args.id, data_dir, raft_key)
 
 
 def _partition_node(args: argparse.Namespace) -> int:
-    from partition_log.node import run_partition_node
     from raftcoord.protocol.config import ConfigError, check_shape, load_config
 
     data_dir = _data_dir(args, "partition-node")
     try:
         config = load_config(args.config)
-        config.partition_node(args.id)
-        _check_tls_files(config, args.id)
-        check_shape(data_dir, config)
+        address = config.partition_node(args.id)
+        if args.check:
+            found = [_checked_tls(config, args.id, [address.grpc, address.replication])]
+            found.append(_checked_data_dir(data_dir, config, "partition-log", args.id))
+        else:
+            _check_tls_files(config, args.id)
+            check_shape(data_dir, config)
     except ConfigError as exc:
         print(f"raftcoord partition-node: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        return _checked("partition-node", args.id, args.config, found)
+    from partition_log.node import run_partition_node
+
     exit_with_watched_process()
     return run_partition_node(config, args.id, data_dir)
 
 
 def _kafka_gateway(args: argparse.Namespace) -> int:
-    from raftcoord.kafka.gateway import run_gateway
     from raftcoord.protocol.config import ConfigError, load_config
 
     try:
@@ -97,10 +168,17 @@ def _kafka_gateway(args: argparse.Namespace) -> int:
         listener = next((k for k in config.kafka_listeners if k.node_id == args.id), None)
         if listener is None:
             raise ConfigError(f"no [[kafka_listeners]] entry with id {args.id}")
-        _check_tls_files(config, args.id)
+        if args.check:
+            found = [_checked_tls(config, args.id, [listener.address])]
+        else:
+            _check_tls_files(config, args.id)
     except ConfigError as exc:
         print(f"raftcoord kafka-gateway: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        return _checked("kafka-gateway", args.id, args.config, found)
+    from raftcoord.kafka.gateway import run_gateway
+
     exit_with_watched_process()
     return run_gateway(config, listener)
 
@@ -314,6 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def _check_help(key: str) -> str:
+    return (
+        f"check the config, {key}the TLS certificate and key, and the data directory as this "
+        "user, start nothing: one line saying what was checked (exit 0), or what is wrong "
+        "(exit 2)"
+    )
+
+
 def _main(argv: list[str] | None) -> int:
     parser = UsageParser(prog="raftcoord", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -380,6 +466,7 @@ def _main(argv: list[str] | None) -> int:
         help="accept and send Raft traffic without authentication (no raft_key_file); "
         "anyone who reaches the Raft ports can then act as a member",
     )
+    node.add_argument("--check", action="store_true", help=_check_help("the Raft key, "))
     node.set_defaults(func=_node)
     repair = commands.add_parser(
         "repair-shard",
@@ -445,6 +532,7 @@ def _main(argv: list[str] | None) -> int:
     pnode.add_argument("--config", required=True, help="cluster config (TOML)")
     pnode.add_argument("--id", required=True, type=int, help="this node's id in the config")
     pnode.add_argument("--data-dir", help="partition logs (default: CONFIG_DIR/partition-node-ID)")
+    pnode.add_argument("--check", action="store_true", help=_check_help(""))
     pnode.set_defaults(func=_partition_node)
     gateway = commands.add_parser(
         "kafka-gateway", help="run one Kafka wire-protocol gateway (docs/kafka.md)"
@@ -452,6 +540,12 @@ def _main(argv: list[str] | None) -> int:
     gateway.add_argument("--config", required=True, help="cluster config (TOML)")
     gateway.add_argument(
         "--id", required=True, type=int, help="this gateway's id in [[kafka_listeners]]"
+    )
+    gateway.add_argument(
+        "--check",
+        action="store_true",
+        help="check the config and the TLS certificate and key as this user, start nothing: "
+        "one line saying what was checked (exit 0), or what is wrong (exit 2)",
     )
     gateway.set_defaults(func=_kafka_gateway)
     given = sys.argv[1:] if argv is None else argv

@@ -1,8 +1,9 @@
 """``raftcoord topic``: create, list and describe topics, as Kafka's
 ``kafka-topics.sh``.
 
-``describe`` prints one row per partition in kafka-topics.sh's shape (topic,
-partition, leader, leader epoch, replicas, ISR), with
+``describe [TOPIC]`` (or ``--topic TOPIC``) prints one row per partition in
+kafka-topics.sh's shape (topic, partition, leader, leader epoch, replicas,
+ISR), with
 ``--under-replicated-partitions`` or ``--unavailable-partitions`` only
 those. Every command prints a table (rich), or JSON with ``--json``. Errors
 are one line on stderr and exit status 1.
@@ -11,10 +12,12 @@ are one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftcoord.cli.connection import add_connection_options, run_rows_command
-from raftcoord.client import Admin
+
+if TYPE_CHECKING:  # the client is imported where it is used (--help needs none)
+    from raftcoord.client import Admin
 
 __all__ = ["configure"]
 
@@ -51,8 +54,17 @@ def _list(admin: Admin, args: argparse.Namespace) -> Any:
 
 
 def _describe(admin: Admin, args: argparse.Namespace) -> Any:
+    from raftcoord.client.errors import UnknownTopicOrPartitionError
+
+    if args.name is not None and args.topic is not None and args.name != args.topic:
+        raise TopicCommandError(f"two topics given: {args.name!r} and --topic {args.topic!r}")
+    name = args.name if args.name is not None else args.topic
+    try:
+        described = admin.describe_topics([name] if name else [])
+    except UnknownTopicOrPartitionError:
+        raise TopicCommandError(f"topic {name!r} does not exist") from None
     rows = []
-    for topic in admin.describe_topics([args.topic] if args.topic else []).values():
+    for topic in described.values():
         for p in topic.partitions:
             if args.under_replicated_partitions and not p.under_replicated:
                 continue
@@ -121,7 +133,10 @@ def configure(topic: argparse.ArgumentParser) -> None:
     describe = sub.add_parser(
         "describe", help="each partition's leader, leader epoch, replicas and in-sync replicas"
     )
-    describe.add_argument("--topic", help="only this topic (default: every topic)")
+    describe.add_argument(
+        "name", nargs="?", metavar="TOPIC", help="only this topic (default: every topic)"
+    )
+    describe.add_argument("--topic", help="the same, as kafka-topics.sh takes it")
     only = describe.add_mutually_exclusive_group()
     only.add_argument(
         "--under-replicated-partitions",

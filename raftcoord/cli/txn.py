@@ -8,7 +8,8 @@ offset stays at the transaction's first offset and read_committed consumers
 never get past it. ``find-hanging`` looks for them; ``abort`` ends one by
 writing an ABORT marker straight to the partition.
 
-Every command prints a table (rich), or JSON with ``--json``. Errors are one
+Every command prints a table (rich; ``describe`` one ``header: value`` line
+per column instead), or JSON with ``--json``. Errors are one
 line on stderr and exit status 1.
 """
 
@@ -17,12 +18,12 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftcoord.cli.connection import add_connection_options, run_rows_command
-from raftcoord.client import AbortTransactionSpec, Admin, TopicPartition
-from raftcoord.client.admin import TRANSACTION_STATES
-from raftcoord.client.hanging import find_hanging
+
+if TYPE_CHECKING:  # the others import the client where they use it (--help needs none)
+    from raftcoord.client import Admin
 
 __all__ = ["configure"]
 
@@ -100,6 +101,8 @@ def _describe(admin: Admin, args: argparse.Namespace) -> Any:
 
 
 def _describe_producers(admin: Admin, args: argparse.Namespace) -> Any:
+    from raftcoord.client import TopicPartition
+
     tp = TopicPartition(args.topic, args.partition)
     rows = [asdict(p) for p in admin.describe_producers([tp])[tp]]
     columns = [
@@ -114,6 +117,9 @@ def _describe_producers(admin: Admin, args: argparse.Namespace) -> Any:
 
 
 def _find_hanging(admin: Admin, args: argparse.Namespace) -> Any:
+    from raftcoord.client import TopicPartition
+    from raftcoord.client.hanging import find_hanging
+
     if args.partition is not None and args.topic is None:
         raise TxnCommandError("--partition needs --topic")
     if args.max_transaction_timeout < 0:
@@ -156,6 +162,8 @@ def _find_hanging(admin: Admin, args: argparse.Namespace) -> Any:
 
 
 def _abort(admin: Admin, args: argparse.Namespace) -> Any:
+    from raftcoord.client import AbortTransactionSpec, TopicPartition
+
     tp = TopicPartition(args.topic, args.partition)
     given = [args.producer_id, args.producer_epoch, args.coordinator_epoch]
     if args.start_offset is not None:
@@ -230,6 +238,16 @@ def _force_terminate(admin: Admin, args: argparse.Namespace) -> Any:
     return [row], columns
 
 
+def _state(name: str) -> str:
+    """A transaction state's name, as ``--state`` takes it."""
+    from raftcoord.client.admin import TRANSACTION_STATES
+
+    if name not in TRANSACTION_STATES.values():
+        names = ", ".join(sorted(TRANSACTION_STATES.values()))
+        raise argparse.ArgumentTypeError(f"{name!r} is not a state (one of {names})")
+    return name
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -244,8 +262,9 @@ def configure(txn: argparse.ArgumentParser) -> None:
     listing.add_argument(
         "--state",
         action="append",
-        choices=sorted(TRANSACTION_STATES.values()),
-        help="only transactions in this state; repeatable",
+        type=_state,
+        help="only transactions in this state (Kafka's name: Ongoing, PrepareCommit, "
+        "CompleteAbort, ...); repeatable",
     )
     listing.add_argument(
         "--min-duration", type=int, default=-1, metavar="MS", help="only those open longer"
@@ -309,4 +328,6 @@ def configure(txn: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run_rows_command(args, "txn", args.run, TxnCommandError, NOTHING_FOUND)
+    return run_rows_command(
+        args, "txn", args.run, TxnCommandError, NOTHING_FOUND, records=frozenset({"describe"})
+    )

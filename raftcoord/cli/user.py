@@ -15,13 +15,13 @@ import getpass
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftcoord.cli.connection import add_connection_options, bootstrap, print_table, ssl_files
-from raftcoord.client import Admin, KafkaError
-from raftcoord.client.admin import DEFAULT_SCRAM_ITERATIONS
-from raftcoord.cluster.launcher import ClusterError
 from raftcoord.protocol.scram import MECHANISMS
+
+if TYPE_CHECKING:  # the client is imported where it is used (--help needs none)
+    from raftcoord.client import Admin
 
 __all__ = ["configure"]
 
@@ -53,7 +53,7 @@ def configure(user: argparse.ArgumentParser) -> None:
         "without it the password is asked for on the terminal",
     )
     add.add_argument(
-        "--iterations", type=int, default=DEFAULT_SCRAM_ITERATIONS, help="PBKDF2 iterations"
+        "--iterations", type=int, help="PBKDF2 iterations (default: the admin client's)"
     )
     for p in (add, listing, remove):
         add_connection_options(p)
@@ -78,8 +78,11 @@ def _password(args: argparse.Namespace) -> str:
 
 
 def _add(admin: Admin, args: argparse.Namespace) -> list[dict[str, Any]]:
-    admin.upsert_scram_credential(args.name, args.mechanism, _password(args), args.iterations)
-    return [{"user": args.name, "mechanism": args.mechanism, "iterations": args.iterations}]
+    from raftcoord.client.admin import DEFAULT_SCRAM_ITERATIONS
+
+    iterations = DEFAULT_SCRAM_ITERATIONS if args.iterations is None else args.iterations
+    admin.upsert_scram_credential(args.name, args.mechanism, _password(args), iterations)
+    return [{"user": args.name, "mechanism": args.mechanism, "iterations": iterations}]
 
 
 def _list(admin: Admin, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -96,6 +99,9 @@ def _remove(admin: Admin, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from raftcoord.client import Admin, KafkaError
+    from raftcoord.cluster.launcher import ClusterError
+
     try:
         timeout_ms = int(args.timeout * 1000)
         with Admin(bootstrap(args), request_timeout_ms=timeout_ms, **ssl_files(args)) as admin:

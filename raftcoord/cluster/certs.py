@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -181,3 +182,59 @@ def make_cluster_certs(
 def host_of(address: str) -> str:
     """The host of a ``host:port`` address (an IPv6 one in brackets)."""
     return address.rsplit(":", 1)[0].strip("[]")
+
+
+def node_certificate_refusal(
+    ca_file: Path, cert_file: Path, key_file: Path, hosts: list[str]
+) -> str | None:
+    """Why a node could not serve with ``cert_file`` and ``key_file``: a file
+    that cannot be read or is not PEM, a key that is not the certificate's,
+    a certificate the CA of ``ca_file`` did not sign, one out of its
+    validity, or one that does not name each of ``hosts`` (the hosts the node
+    is reached at). None when it could."""
+    try:
+        ca = x509.load_pem_x509_certificate(_read(ca_file, "certificate"))
+        cert = x509.load_pem_x509_certificate(_read(cert_file, "certificate"))
+        key = serialization.load_pem_private_key(_read(key_file, "key"), password=None)
+    except _Unreadable as exc:
+        return str(exc)
+    except (ValueError, TypeError) as exc:  # the PEM's contents
+        return f"{cert_file} or its CA or key is not valid ({exc})"
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+        return f"{key_file} is not the key of {cert_file}"
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return f"{cert_file} is not signed by the CA of {ca_file}"
+    now = _now()
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        return (
+            f"{cert_file} is valid from {cert.not_valid_before_utc:%Y-%m-%d %H:%M} "
+            f"to {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC only"
+        )
+    try:
+        names = list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        names = []
+    missing = [h for h in dict.fromkeys(hosts) if _general_name(h) not in names]
+    if missing:
+        return (
+            f"{cert_file} does not name {', '.join(missing)}, where the node is reached "
+            "(raftcoord certs node --host)"
+        )
+    return None
+
+
+class _Unreadable(Exception):
+    """A file of a certificate check that cannot be read or holds no PEM block."""
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _Unreadable(f"cannot read {path} ({exc.strerror or exc})") from None
+    if b"-----BEGIN" not in data:
+        raise _Unreadable(f"{path} holds no PEM {what}")
+    return data

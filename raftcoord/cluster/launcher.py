@@ -1,8 +1,8 @@
 """A local cluster, as ``raftcoord cluster up|status|down|kill|start`` runs it
 (the command line is :mod:`raftcoord.cli.cluster`).
 
-The launcher writes the cluster config from ``deploy/cluster.toml.template``
-and a new Raft key beside it (``raft.key``, mode 600), starts every node as
+The launcher writes the cluster config from ``cluster.toml.template`` (beside
+this module) and a new Raft key beside the config (``raft.key``, mode 600), starts every node as
 its own OS process (same data dir and ports on a restart), and records
 what it started in ``<data-dir>/cluster.json``: addresses, pids, log files
 and, with ``--netns``, the network namespaces.
@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -70,7 +71,8 @@ from raftcoord.protocol.v1 import (
 )
 from raftcoord.protocol.wire import acl_from_proto
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "deploy" / "cluster.toml.template"
+#: The config a local cluster is given, filled in by :func:`write_config` (package data).
+TEMPLATE = Path(__file__).with_name("cluster.toml.template")
 STATE_FILE = "cluster.json"
 CONFIG_FILE = "cluster.toml"
 #: The cluster's Raft key, beside its config (mode 600).
@@ -155,6 +157,10 @@ class ClusterState:
             f"no node {node_id} in {self.data_dir} (nodes: {[n.node_id for n in self.nodes]})"
         )
 
+
+#: The names of what nodes keep in the cluster directory: each node's data
+#: directory (``KIND-ID``, :data:`NODE_COMMANDS`) and its log (``KIND-ID.log``).
+_NODE_FILE = re.compile(r"(node|partition-node|kafka-gateway)-\d+(\.log)?")
 
 #: The lowest port :func:`free_ports` hands out.
 LOWEST_FREE_PORT = 10_000
@@ -591,6 +597,44 @@ class LocalCluster:
                 raise ClusterError(f"{exc}; stopped the nodes started") from None
             raise
         return self.state
+
+    def node_data(self) -> list[Path]:
+        """The data directories and logs of nodes in the cluster directory,
+        left by an earlier ``up``: what the next ``up`` starts its nodes on."""
+        if not self.data_dir.is_dir():
+            return []
+        return sorted(p for p in self.data_dir.iterdir() if _NODE_FILE.fullmatch(p.name))
+
+    def wipe(self, also: tuple[str, ...] = ()) -> list[Path]:
+        """Remove :meth:`node_data` and the files and directories named
+        ``also`` (a workload's history, an audit's report) from the cluster
+        directory of a stopped cluster, so that the next ``up`` starts anew;
+        what was removed.
+
+        Raises:
+            ClusterError: a node of the cluster runs, or the directory holds
+                files but is not one ``up`` made (it has no cluster.json).
+        """
+        if self.state is not None and any(self.alive(n.node_id) for n in self.state.nodes):
+            raise ClusterError(
+                f"a cluster is running in {self.data_dir}; run `raftcoord cluster down` first"
+            )
+        if not self.data_dir.is_dir() or not any(self.data_dir.iterdir()):
+            return []
+        if self.state is None:
+            raise ClusterError(
+                f"{self.data_dir} has no {STATE_FILE}, so it is not a directory of "
+                "`raftcoord cluster up`: nothing removed"
+            )
+        removed = self.node_data() + [
+            self.data_dir / name for name in also if (self.data_dir / name).exists()
+        ]
+        for path in removed:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        return removed
 
     def _check_data_dir(self) -> None:
         """Create the data directory and check that files can be written there.
@@ -1117,12 +1161,25 @@ class LocalCluster:
         ]
         return "\n".join(lines)
 
-    @staticmethod
-    def healthy(nodes: list[dict[str, Any]]) -> bool:
-        """Whether every node of :meth:`status` answers and every shard has a leader."""
+    def unhealthy(self, nodes: list[dict[str, Any]]) -> str | None:
+        """Why the cluster of :meth:`status` (``nodes``) is not healthy, in
+        one line: the nodes that do not answer (and which of them are not
+        running), the shards without a leader; None when every node answers
+        and every shard has a leader."""
+        said = []
+        silent = [n for n in nodes if not n["answers"]]
+        if silent:
+            stopped = [str(n["node"]) for n in silent if not n["alive"]]
+            said.append(
+                "nodes not answering: "
+                + ", ".join(str(n["node"]) for n in silent)
+                + (f" (not running: {', '.join(stopped)})" if stopped else "")
+            )
         led = {s["shard"] for n in nodes for s in n.get("shards", ()) if s["role"] == "leader"}
-        shards = {s["shard"] for n in nodes for s in n.get("shards", ())}
-        return all(n["answers"] for n in nodes) and bool(shards) and led == shards
+        leaderless = sorted(set(range(self._require().shard_count)) - led)
+        if leaderless:
+            said.append("shards without a leader: " + ", ".join(map(str, leaderless)))
+        return "; ".join(said) or None
 
 
 #: An ApiVersions v0 request (api key 18, version 0, correlation id, client

@@ -1,6 +1,6 @@
 """Cluster configuration (TOML): coordinator nodes, partition-log nodes, settings.
 
-Example (``deploy/cluster.toml.template`` is what the local launcher writes)::
+Example (``raftcoord/cluster/cluster.toml.template`` is what the local launcher writes)::
 
     shard_count = 3                      # transaction.state.log.num.partitions
     raft_key_file = "raft.key"           # the cluster's Raft key, beside this file

@@ -69,14 +69,44 @@ def load_or_create(data_dir: Path, kind: str, node_id: int) -> tuple[DirectoryId
         raise DirectoryRefused(f"{path} is damaged (not UTF-8 text)") from None
     except OSError as exc:
         raise DirectoryUnusable(f"{path}: {exc}") from exc
-    identity = parse(text, path)
+    return _owned(parse(text, path), data_dir, kind, node_id), False
+
+
+def inspect(data_dir: Path, kind: str, node_id: int) -> DirectoryIdentity | None:
+    """What :func:`load_or_create` would find, writing nothing: the
+    directory's identity, or None when it has none yet.
+
+    Raises:
+        DirectoryRefused: the file names another node or kind, or is damaged.
+        DirectoryUnusable: the file cannot be read.
+    """
+    path = data_dir / META_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise DirectoryRefused(f"{path} is damaged (not UTF-8 text)") from None
+    except OSError as exc:
+        raise DirectoryUnusable(f"{path}: {exc}") from exc
+    return _owned(parse(text, path), data_dir, kind, node_id)
+
+
+def _owned(
+    identity: DirectoryIdentity, data_dir: Path, kind: str, node_id: int
+) -> DirectoryIdentity:
+    """``identity``, when it is ``kind`` node ``node_id``'s.
+
+    Raises:
+        DirectoryRefused: it is another node's.
+    """
     if (identity.kind, identity.node_id) != (kind, node_id):
         raise DirectoryRefused(
             f"{data_dir} belongs to {identity.kind} node {identity.node_id} "
             f"(directory {identity.directory_id}), not to {kind} node {node_id}: "
             "point the node at its own data directory"
         )
-    return identity, False
+    return identity
 
 
 def renew(data_dir: Path) -> DirectoryIdentity | None:
