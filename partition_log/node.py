@@ -1034,7 +1034,7 @@ def run_partition_node(config: ClusterConfig, node_id: int, data_dir: Path) -> i
     partition_log.log.fsync_failure_handler = fsync_failed
     try:
         node = PartitionNode(config, node_id, data_dir)
-        return serve(node, node_id, data_dir, log, config.settings.node_scheduling)
+        return serve(node, config, node_id, data_dir, log)
     except DirectoryRefused as exc:
         fail_stop(log, EXIT_DATA_DAMAGED, "directory_refused", f"node={node_id} {exc}")
     except DirectoryUnusable as exc:

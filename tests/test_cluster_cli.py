@@ -180,6 +180,16 @@ def test_cluster_up_status_kill_start_down(tmp_path: Path) -> None:
         assert elected.stdout.strip() == "shard 0: node 1, shard 1: node 2"
         state = json.loads((Path(data) / "cluster.json").read_text())
         pids = [n["pid"] for n in state["nodes"]]
+        # A node's data is its user's alone; without [tls] each node says so once.
+        for node in state["nodes"][:6]:
+            log = Path(node["log"]).read_text()
+            assert log.count("event=plaintext") >= 1, node["log"]
+        for directory in Path(data).glob("*node-*"):
+            if not directory.is_dir():
+                continue
+            for path in [directory, *directory.rglob("*")]:
+                mode = path.stat().st_mode & 0o777
+                assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
     finally:
         down = raftcoord("cluster", "down", "--cluster-dir", data)
     assert down.returncode == 0, down.stderr

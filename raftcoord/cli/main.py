@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from raftcoord.chaos.arguments import FAULTS, fault_list, positive_seconds
 from raftcoord.chaos.verdict import EXIT_USAGE, UsageParser
-from raftcoord.protocol.process import exit_with_watched_process
+from raftcoord.protocol.process import exit_with_watched_process, private_files
 
 if TYPE_CHECKING:
     from raftcoord.protocol.config import ClusterConfig
@@ -104,6 +104,7 @@ def _checked(command: str, node_id: int, config_path: str, found: list[str]) -> 
 def _node(args: argparse.Namespace) -> int:
     from raftcoord.protocol.config import ConfigError, check_shape, load_config, read_raft_key
 
+    private_files()
     data_dir = _data_dir(args, "node")
     try:
         config = load_config(args.config)
@@ -139,6 +140,7 @@ def _node(args: argparse.Namespace) -> int:
 def _partition_node(args: argparse.Namespace) -> int:
     from raftcoord.protocol.config import ConfigError, check_shape, load_config
 
+    private_files()
     data_dir = _data_dir(args, "partition-node")
     try:
         config = load_config(args.config)
@@ -163,6 +165,7 @@ def _partition_node(args: argparse.Namespace) -> int:
 def _kafka_gateway(args: argparse.Namespace) -> int:
     from raftcoord.protocol.config import ConfigError, load_config
 
+    private_files()
     try:
         config = load_config(args.config)
         listener = next((k for k in config.kafka_listeners if k.node_id == args.id), None)

@@ -483,7 +483,7 @@ def run_node(config: ClusterConfig, node_id: int, data_dir: Path, raft_key: byte
     raft_journal.fsync_failure_handler = _journal_fsync_failed
     node = CoordinatorNode(config, node_id, data_dir, raft_key)
     try:
-        return serve(node, node_id, data_dir, log, config.settings.node_scheduling)
+        return serve(node, config, node_id, data_dir, log)
     except JournalCorruptError as exc:
         fail_stop(log, EXIT_DATA_DAMAGED, "journal_damaged", f"node={node_id} {exc}")
     except DirectoryRefused as exc:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
+from raftcoord.protocol.config import ClusterConfig
+
 #: Exit status of a node whose data on disk is damaged (a checksum does not
 #: match where a crash cannot explain it): restarting cannot help, an
 #: operator repairs it (docs/coordinator.md, "Durability").
@@ -145,15 +147,37 @@ def apply_scheduling(policy: str, log: logging.Logger, node_id: int) -> None:
                 return
 
 
-def serve(node: Node, node_id: int, data_dir: Path, log: logging.Logger, scheduling: str) -> int:
-    """Start ``node`` with its threads under the ``scheduling`` policy
-    (:func:`apply_scheduling`), write ``data_dir/pid``, run until
-    SIGTERM/SIGINT, stop it.
+def private_files() -> None:
+    """The files and directories this process makes are its user's alone
+    (0600, 0700): a node's data (transactional ids, records, keys) is not for
+    the host's other users. Called first thing by a node's command."""
+    os.umask(0o077)
+
+
+def warn_if_plaintext(config: ClusterConfig, log: logging.Logger, node_id: int) -> None:
+    """One WARNING at start when the cluster runs without ``[tls]``."""
+    if config.tls is None:
+        log.warning(
+            "node=%d event=plaintext: the config has no [tls]: every port is plaintext and "
+            "every caller may do what a node does (a lab only; docs/security.md)",
+            node_id,
+        )
+
+
+def serve(
+    node: Node, config: ClusterConfig, node_id: int, data_dir: Path, log: logging.Logger
+) -> int:
+    """Start ``node`` with its threads under the config's scheduling policy
+    (:func:`apply_scheduling`), its data directory its user's alone
+    (:func:`private_files`; one made by an older version too), write
+    ``data_dir/pid``, run until SIGTERM/SIGINT, stop it.
 
     Returns the exit status.
     """
     configure_logging()
-    apply_scheduling(scheduling, log, node_id)
+    warn_if_plaintext(config, log, node_id)
+    data_dir.chmod(0o700)
+    apply_scheduling(config.settings.node_scheduling, log, node_id)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
