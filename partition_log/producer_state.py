@@ -195,7 +195,13 @@ class ProducerStates:
             for batch in entry.batches:
                 if (batch.first_sequence, batch.last_sequence) == (first_sequence, last_sequence):
                     return AppendCheck(Verdict.DUPLICATE, base_offset=batch.base_offset)
-            expected = next_sequence(entry.batches[-1].last_sequence) if entry.batches else 0
+            # No batch of this epoch here (only its markers: a transaction
+            # whose batches were all refused, say as too large, then aborted):
+            # nothing to be in sequence with, nor to duplicate, so any
+            # sequence starts it, as a producer with no state starts.
+            expected = (
+                next_sequence(entry.batches[-1].last_sequence) if entry.batches else first_sequence
+            )
         else:
             expected = 0
         if first_sequence != expected:

@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,3 +179,35 @@ def test_an_abort_while_the_previous_commit_waits_for_a_down_node_waits(
     aborted = kafka_call(cluster, 26, 3, {**end, "committed": False})
     assert int(aborted.error_code) == 0, aborted
     assert state_of(cluster, tid) == "CompleteCommit"
+
+
+def test_a_transaction_after_a_record_refused_as_too_large_commits(
+    cluster: LocalCluster,
+) -> None:
+    """confluent-kafka's record refused as too large (MSG_SIZE_TOO_LARGE:
+    never appended, its sequence spent) makes librdkafka abort; the next
+    transaction goes on at the next sequence of the same epoch, and the
+    partition, which holds only the ABORT marker of the producer, takes it
+    (as Kafka's brokers do), so it commits at once."""
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap(),
+            "transactional.id": "outlives-a-refusal",
+            "message.max.bytes": 10_000_000,
+        }
+    )
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    failed: list[Any] = []
+    producer.produce(
+        TOPIC, value=b"x" * 3_000_000, partition=0, on_delivery=lambda e, _m: failed.append(e)
+    )
+    producer.flush(TIMEOUT_S)
+    assert [e.code() for e in failed] == [confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE]
+    with pytest.raises(confluent_kafka.KafkaException) as refused:
+        producer.commit_transaction(TIMEOUT_S)
+    assert refused.value.args[0].txn_requires_abort()
+    producer.abort_transaction(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(TOPIC, value=b"after-the-refusal", partition=0)
+    producer.commit_transaction(TIMEOUT_S)  # raised OUT_OF_ORDER_SEQUENCE_NUMBER

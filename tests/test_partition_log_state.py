@@ -149,6 +149,22 @@ def test_marker_for_an_unknown_producer_is_written_and_fences_its_old_epoch() ->
     assert states.check_append(PID, 3, 0, 1, True).error is ErrorCode.INVALID_PRODUCER_EPOCH
 
 
+def test_a_producer_with_only_markers_here_may_go_on_at_any_sequence_of_its_epoch() -> None:
+    """A transaction whose only batch here was refused (too large: never
+    appended, its sequence spent) is aborted; the ABORT marker is all the
+    partition holds of the producer. Its next transaction, same epoch
+    (transactions v1), goes on at the next sequence, as Kafka's brokers let
+    it; another epoch starts at 0 as always."""
+    states = ProducerStates()
+    states.on_marker(PID, 0, 0, False, 0)
+    check = states.check_append(PID, 0, 1, 1, True, verified=True)
+    assert check.ok and check.verdict is Verdict.APPEND, check
+    states.on_append(PID, 0, 1, 1, 1, True)
+    assert states.check_append(PID, 0, 1, 1, True).verdict is Verdict.DUPLICATE
+    assert states.check_append(PID, 0, 3, 1, True).error is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert states.check_append(PID, 1, 5, 1, True).error is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
 @pytest.mark.parametrize("transactional", [False, True])
 def test_batches_without_producer_id_are_always_appended(transactional: bool) -> None:
     states = ProducerStates()
