@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from raftcoord.bench import counts
 from raftcoord.bench.load import ClientPool, Outcome, Work, run_load, split
 from raftcoord.bench.progress import Steps, bench_logging
 from raftcoord.bench.stats import (
@@ -130,7 +131,18 @@ RESULTS: dict[str, Any] = {
     },
     "end_to_end": [
         {"producers": 1, "records_per_txn": 2, **_load(60, 15.0, 20.0, 14.0)},
-        {"producers": 32, "records_per_txn": 2, **_load(2400, 30.0, 45.0, 1.2, failed=2)},
+        {
+            "producers": 32,
+            "records_per_txn": 2,
+            **_load(2400, 30.0, 45.0, 1.2, failed=2),
+            "counts": {
+                "calls": {"partition log Produce": 1.5},
+                "raft_entries": 0.25,
+                "fsyncs": {"partition log": 3.5},
+                "context_switches": {"coordinator": 40.0},
+                "batches_per_fsync": 2.0,
+            },
+        },
     ],
     "one_process": {
         "nodes": [
@@ -208,6 +220,7 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
     assert [str(t.title).split(":")[0].split(" (")[0] for t in built] == [
         "ceilings",
         "end to end, public client",
+        "end to end, per committed transaction",
         "one client process, each transaction",
         "replicated partitions",
         "8 producers committing",
@@ -222,6 +235,28 @@ def test_tables_show_every_phase_that_ran_and_the_targets() -> None:
     assert "c1(0,1) %" in text and "c2() %" in text and "p101 %" in text
     assert "1 txn" in text and "1 idempotent" in text
     assert "1 txn, RF 3 / RF 1" in text and "0.62" in text
+    # The counts: Ping's cluster CPU is 0.2 ms, a transaction's 1.2 ms.
+    assert "calls, partition log Produce" in text and "1.50" in text and "6.0" in text
+
+
+def test_a_steps_counts_are_the_differences_per_committed_transaction() -> None:
+    before, after = counts.Reading(), counts.Reading()
+    before.calls[("partition log", "Produce")] = 10
+    after.calls[("partition log", "Produce")] = 50
+    after.calls[("coordinator", "Ping")] = 0  # no call made: left out
+    before.applied, after.applied = {"0": 5, "1": 7}, {"0": 15, "1": 17}
+    before.fsyncs["partition log"], after.fsyncs["partition log"] = 100, 180
+    after.switches["coordinator"] = 400
+    after.batches_synced, after.group_fsyncs = 60, 20
+    spent = counts.per_transaction(before, after, 20)
+    assert spent == {
+        "calls": {"partition log Produce": 2.0},
+        "raft_entries": 1.0,
+        "fsyncs": {"partition log": 4.0},
+        "context_switches": {"coordinator": 20.0},
+        "batches_per_fsync": 3.0,
+    }
+    assert counts.per_transaction(before, after, 0) == {}
 
 
 def test_failed_transactions_leave_out_the_failover_phase() -> None:
@@ -296,6 +331,11 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     for row in loads:
         assert row["completed"] > 0 and row["per_s"] > 0, row
         assert row["p50_ms"] > 0 and row["cluster_cpu_ms_per_op"] > 0, row
+    for row in results["end_to_end"]:
+        spent = row["counts"]
+        assert spent["raft_entries"] > 0 and spent["calls"]["coordinator EndTxn"] > 0, row
+        assert spent["fsyncs"]["partition log"] > 0 and spent["fsyncs"]["coordinator"] > 0, row
+    assert "per committed transaction" in text
     assert {(r["producers"], r["records_per_txn"]) for r in results["end_to_end"]} >= {
         (1, 2),
         (32, 10),

@@ -53,6 +53,7 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from raftcoord.bench import counts
 from raftcoord.bench.load import Actor, ClientPool, LoadResult, Outcome, Work, run_load
 from raftcoord.bench.progress import Steps
 from raftcoord.bench.stats import Target, machine, percentile, rss_bytes, wide_console
@@ -358,8 +359,12 @@ def end_to_end(
     for producers, records in shapes:
         step(f"end to end: {plural(producers, 'producer')}, {records} records per transaction")
         work = txn_work(cluster, f"e2e-{producers}-{records}", records)
+        before = counts.read(cluster)
         figures = load_figures(options.load(work, producers, cluster))
-        rows.append({"producers": producers, "records_per_txn": records, **figures})
+        spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
+        rows.append(
+            {"producers": producers, "records_per_txn": records, **figures, "counts": spent}
+        )
     return rows
 
 
@@ -842,6 +847,7 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 ],
             )
         )
+        out.append(counts_table(results))
     alone = results.get("one_process")
     if alone:
         out.append(one_process_table(alone))
@@ -912,6 +918,31 @@ def tables(results: dict[str, Any]) -> list[Table]:
         )
     )
     return out
+
+
+def counts_table(results: dict[str, Any]) -> Table:
+    """Per committed transaction of each end-to-end step, from the nodes'
+    counters (:mod:`raftcoord.bench.counts`), and its cluster CPU in calls
+    of Ping (the ceilings' cheapest call, when they ran)."""
+    steps = [
+        (f"{f['producers']} x {f['records_per_txn']}", f.get("counts", {}))
+        for f in results["end_to_end"]
+    ]
+    header, rows = counts.rows(steps)
+    ping = results.get("ceilings", {}).get("ping")
+    if ping:
+        unit = max(ping, key=lambda f: f["concurrency"])["cluster_cpu_ms_per_op"]
+        rows.insert(
+            0,
+            [
+                "cluster CPU, in Ping calls",
+                *(
+                    f"{f['cluster_cpu_ms_per_op'] / unit:.1f}" if unit else ""
+                    for f in results["end_to_end"]
+                ),
+            ],
+        )
+    return _table("end to end, per committed transaction (the nodes' own counters)", header, rows)
 
 
 def one_process_table(alone: dict[str, Any]) -> Table:
