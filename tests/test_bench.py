@@ -203,6 +203,11 @@ def test_targets_are_ratios_of_one_run_and_skipped_phases_are_not_measured() -> 
     assert found["32 producers: txn/s / Ping calls/s (32 callers)"].value == 0.4
     assert found["32 producers: txn p99"].met is True
     assert found["32 producers: cluster CPU per txn"].met is True
+    batched = "32 producers (batched path)"
+    assert found[f"{batched}: cluster CPU per txn"].met is True
+    assert found[f"{batched}: txn/s / Ping calls/s (32 callers)"].value == 0.4
+    assert found[f"{batched}: partition-log fsyncs per txn"].value == 3.5
+    assert found[f"{batched}: AddPartitionsToTxn calls per txn"].value is None  # not counted
     assert found["100 ms commits: transactional / idempotent"].met is True
     assert found["failover, median"].met is None
     assert found["coordinator RSS per 10K open txns"].value is None
@@ -347,7 +352,7 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert all(m > 0 for level in opened["levels"] for m in level["rss_mb"])
     assert results["failover"]["median_s"] > 0
     assert [r["shards"] for r in results["scaling"]] == [1, 3]
-    assert len(results["targets"]) == 16
+    assert len(results["targets"]) == 22
     assert all(t["value"] is not None and t["value"] > 0 for t in results["targets"])
     assert "targets" in text
 
