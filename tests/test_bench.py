@@ -28,7 +28,7 @@ from raftcoord.bench.stats import (
     parse_vm_rss_bytes,
     percentile,
 )
-from raftcoord.bench.targets import failed_transactions, tables, targets
+from raftcoord.bench.targets import failed_transactions, mark_moved_steps, tables, targets
 
 # --- pure helpers ----------------------------------------------------------------------
 
@@ -474,3 +474,21 @@ def test_a_client_pool_runs_load_after_load_in_the_same_processes() -> None:
             run_load(Work("ping", ["127.0.0.1:1"]), 1, 0.3, 1, [pid], pool=pool)
         assert pool.closed
     assert not [w for w in workers if Path(f"/proc/{w}").exists()]  # ended and reaped
+
+
+def test_steps_run_at_another_machine_speed_are_marked() -> None:
+    """A step whose machine-speed probe is more than 10 % off the run's at
+    its start is marked, and its rate shows a ``!``."""
+    results = {
+        "machine": {"probe_ms": 10.0},
+        "end_to_end": [
+            {"producers": 1, "records_per_txn": 2, **_load(60, 15, 20, 14), "probe_ms": 10.5},
+            {"producers": 32, "records_per_txn": 2, **_load(99, 30, 45, 1), "probe_ms": 12.0},
+        ],
+    }
+    assert mark_moved_steps(results) == 1
+    assert [f["probe_moved"] for f in results["end_to_end"]] == [False, True]
+    console = Console(file=io.StringIO(), width=200)
+    console.print(tables(results)[0])
+    assert "99!" in console.file.getvalue()  # type: ignore[attr-defined]
+    assert "60!" not in console.file.getvalue()  # type: ignore[attr-defined]

@@ -46,7 +46,13 @@ from typing import Any
 
 import grpc
 
-from raftcoord.bench.stats import cpu_deltas_s, cpu_of
+from raftcoord.bench.stats import (
+    cpu_deltas_s,
+    cpu_of,
+    cpu_ticks,
+    speed_probe_ms,
+    steal_ticks,
+)
 from raftcoord.client import KafkaError, Producer, RecordMetadata, TransactionalProducer
 from raftcoord.protocol.process import LOG_FORMAT, OneLineFormatter
 from raftcoord.protocol.tls import SslFiles
@@ -113,6 +119,11 @@ class LoadResult:
     outcome: Outcome
     #: pid -> CPU seconds of that cluster process over the run.
     node_cpu_s: dict[int, float]
+    #: The machine-speed probe around the run (ms, the slower of before
+    #: and after: :func:`raftcoord.bench.stats.speed_probe_ms`), and the
+    #: share of the machine's CPU time stolen by its hypervisor meanwhile.
+    probe_ms: float = 0.0
+    steal_share: float = 0.0
 
     @property
     def cluster_cpu_s(self) -> float:
@@ -435,8 +446,18 @@ def run_load(
     pool: ClientPool | None = None,
 ) -> LoadResult:
     """``concurrency`` actors over ``processes`` client processes for
-    ``duration_s``: those of ``pool``, or processes started for this load."""
+    ``duration_s``: those of ``pool``, or processes started for this load;
+    with the machine-speed probe and the stolen time around it."""
+    probe_ms, steal = speed_probe_ms(), steal_ticks()
+    ticks = cpu_ticks()
     if pool is not None:
-        return pool.load(work, concurrency, duration_s, processes, cluster_pids, setup_timeout_s)
-    with ClientPool(len(split(concurrency, processes))) as own:
-        return own.load(work, concurrency, duration_s, processes, cluster_pids, setup_timeout_s)
+        result = pool.load(work, concurrency, duration_s, processes, cluster_pids, setup_timeout_s)
+    else:
+        with ClientPool(len(split(concurrency, processes))) as own:
+            result = own.load(
+                work, concurrency, duration_s, processes, cluster_pids, setup_timeout_s
+            )
+    result.probe_ms = max(probe_ms, speed_probe_ms())
+    elapsed = cpu_ticks() - ticks
+    result.steal_share = (steal_ticks() - steal) / elapsed if elapsed > 0 else 0.0
+    return result

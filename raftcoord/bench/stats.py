@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,14 +86,65 @@ def cpu_model() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What the run ran on: cores, CPU model, load average, versions."""
+    """What the run ran on: cores, CPU model, load average, versions, and
+    the machine-speed probe at the start (:func:`speed_probe_ms`)."""
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu_model(),
         "loadavg": list(os.getloadavg()),
         "python": platform.python_version(),
         "system": f"{platform.system()} {platform.release()}",
+        "probe_ms": round(speed_probe_ms(), 3),
     }
+
+
+#: The machine-speed probe's loop: a fixed amount of pure CPU work.
+PROBE_ITERATIONS = 200_000
+#: A step whose probe is further than this from the run's first one ran on a
+#: machine of another speed (other load, frequency, steal): its figures are
+#: flagged.
+PROBE_TOLERANCE = 0.10
+
+
+def speed_probe_ms() -> float:
+    """The best of three timings of a fixed loop, in ms: how fast this
+    machine runs Python for this process now."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for i in range(PROBE_ITERATIONS):
+            total += i & 7
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
+
+
+def _cpu_line() -> list[int]:
+    """The fields of /proc/stat's ``cpu`` line: clock ticks since boot by
+    kind (user, nice, system, idle, iowait, irq, softirq, steal, ...)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return []
+    return [int(f) for f in fields[1:]] if fields and fields[0] == "cpu" else []
+
+
+def steal_ticks() -> int:
+    """The CPU time stolen from this machine by its hypervisor, in clock
+    ticks since boot (0 when the kernel does not say)."""
+    fields = _cpu_line()
+    return fields[7] if len(fields) > 7 else 0
+
+
+def cpu_ticks() -> int:
+    """All the machine's CPU time, in clock ticks since boot."""
+    return sum(_cpu_line()[:8])
+
+
+def probe_moved(step_ms: float, reference_ms: float) -> bool:
+    """Whether a step's probe is more than :data:`PROBE_TOLERANCE` off the run's."""
+    return reference_ms > 0 and abs(step_ms / reference_ms - 1) > PROBE_TOLERANCE
 
 
 @dataclass(frozen=True)

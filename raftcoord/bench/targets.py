@@ -56,7 +56,14 @@ from rich.table import Table
 from raftcoord.bench import counts
 from raftcoord.bench.load import Actor, ClientPool, LoadResult, Outcome, Work, run_load
 from raftcoord.bench.progress import Steps
-from raftcoord.bench.stats import Target, machine, percentile, rss_bytes, wide_console
+from raftcoord.bench.stats import (
+    Target,
+    machine,
+    percentile,
+    probe_moved,
+    rss_bytes,
+    wide_console,
+)
 from raftcoord.client import Admin
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.protocol.errors import ErrorCode
@@ -268,6 +275,8 @@ def load_figures(result: LoadResult) -> dict[str, Any]:
         "cluster_cpu_ms_per_op": round(result.cpu_ms_per_step(result.cluster_cpu_s), 3),
         "client_cpu_ms_per_op": round(result.cpu_ms_per_step(out.client_cpu_s), 3),
         "cluster_cores": round(result.cluster_cpu_s / out.elapsed_s, 2) if out.elapsed_s else 0,
+        "probe_ms": round(result.probe_ms, 3),
+        "steal_share": round(result.steal_share, 4),
     }
 
 
@@ -835,8 +844,10 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> Table:
 
 
 def _load_cells(f: dict[str, Any]) -> list[str]:
+    """A load step's cells; its rate marked ``!`` when the machine's speed
+    moved during it (:func:`mark_moved_steps`)."""
     return [
-        f"{f['per_s']:.0f}",
+        f"{f['per_s']:.0f}" + ("!" if f.get("probe_moved") else ""),
         f"{f['p50_ms']:.1f}",
         f"{f['p99_ms']:.1f}",
         f"{f['p999_ms']:.1f}",
@@ -857,6 +868,29 @@ LOAD_HEADER = [
     "cluster cores",
     "failed",
 ]
+
+
+def mark_moved_steps(results: dict[str, Any]) -> int:
+    """Mark (``probe_moved``) every load step of ``results`` whose
+    machine-speed probe is more than 10 % off the run's at its start;
+    returns how many were."""
+    reference = results.get("machine", {}).get("probe_ms", 0.0)
+    moved = 0
+
+    def visit(value: Any) -> None:
+        nonlocal moved
+        if isinstance(value, dict):
+            if "probe_ms" in value and "per_s" in value:
+                value["probe_moved"] = probe_moved(value["probe_ms"], reference)
+                moved += value["probe_moved"]
+            for child in value.values():
+                visit(child)
+        elif isinstance(value, list):
+            for child in value:
+                visit(child)
+
+    visit({k: v for k, v in results.items() if k != "machine"})
+    return moved
 
 
 def tables(results: dict[str, Any]) -> list[Table]:
@@ -1113,6 +1147,7 @@ def run(args: argparse.Namespace) -> int:
         for t in targets(results)
     ]
     results["machine"]["loadavg_end"] = list(os.getloadavg())
+    results["steps_on_another_speed"] = mark_moved_steps(results)
     results["wall_s"] = round(time.monotonic() - started, 1)
     out = wide_console()
     for table in tables(results):
@@ -1123,7 +1158,9 @@ def run(args: argparse.Namespace) -> int:
         f"{m['loadavg_end'][0]:.2f} at the end; {COORDINATORS} coordinators x {SHARDS} shards, "
         f"{PARTITION_NODES} partition-log nodes, fsync always; clients on the same machine in "
         f"{options.processes} processes; {results['wall_s']:.0f} s; "
-        f"failed transactions: {results['failed_transactions']}"
+        f"failed transactions: {results['failed_transactions']}; machine-speed probe "
+        f"{m['probe_ms']:.1f} ms at the start, "
+        f"{results['steps_on_another_speed']} steps off it by more than 10 % (marked !)"
     )
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2) + "\n")
