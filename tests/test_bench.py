@@ -341,6 +341,11 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
         assert spent["raft_entries"] > 0 and spent["calls"]["coordinator EndTxn"] > 0, row
         assert spent["fsyncs"]["partition log"] > 0 and spent["fsyncs"]["coordinator"] > 0, row
     assert "per committed transaction" in text
+    kafka = results["kafka"]
+    assert [r["producers"] for r in kafka] == [1, 32]
+    for row in kafka:
+        assert row["completed"] > 0 and row["failed"] == 0, row
+        assert row["counts"]["calls"]["gateway EndTxn"] > 0, row
     assert {(r["producers"], r["records_per_txn"]) for r in results["end_to_end"]} >= {
         (1, 2),
         (32, 10),
@@ -352,7 +357,7 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
     assert all(m > 0 for level in opened["levels"] for m in level["rss_mb"])
     assert results["failover"]["median_s"] > 0
     assert [r["shards"] for r in results["scaling"]] == [1, 3]
-    assert len(results["targets"]) == 22
+    assert len(results["targets"]) == 23
     assert all(t["value"] is not None and t["value"] > 0 for t in results["targets"])
     assert "targets" in text
 

@@ -1,13 +1,14 @@
 """What a committed transaction costs, counted from the nodes' own counters.
 
 Before and after a load step the bench reads every node's Prometheus
-endpoint and each node process's context switches (every thread's ``/proc/PID/task/*/status``);
-:func:`per_transaction` divides the differences by the step's committed
-transactions: calls by node kind and method (gRPC and cluster links alike,
-``raftcoord_rpc_requests_total``), Raft entries (the shards' applied
+endpoint and each node process's context switches (every thread's
+``/proc/PID/task/*/status``); :func:`per_transaction` divides the
+differences by the step's committed transactions: calls by node kind and
+method (gRPC and cluster links alike, ``raftcoord_rpc_requests_total``; a
+gateway's Kafka requests by API), Raft entries (the shards' applied
 indexes), fsyncs by node kind, context switches by node kind, and how deep
-the batches were (partition-log batches per fsync, transactions per call of
-each method). Counting, not timing: the figures hold on a noisy machine.
+the batches were (partition-log batches per fsync, transactions per call
+of each method). Counting, not timing: the figures hold on a noisy machine.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def read(cluster: LocalCluster) -> Reading:
 def _note(reading: Reading, kind: str, name: str, labels: dict[str, str], value: float) -> None:
     if name == "raftcoord_rpc_requests_total":
         reading.calls[(kind, labels["method"].rsplit("/", 1)[-1])] += value
+    elif name == "raftcoord_kafka_requests_total":  # a gateway's Kafka requests
+        reading.calls[(kind, labels["api"])] += value
     elif name == "raftcoord_fsync_duration_seconds_count":
         reading.fsyncs[kind] += value
     elif name == "raftcoord_shard_applied_index":

@@ -44,6 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import confluent_kafka
 import grpc
 
 from raftcoord.bench.stats import (
@@ -58,7 +59,9 @@ from raftcoord.protocol.process import LOG_FORMAT, OneLineFormatter
 from raftcoord.protocol.tls import SslFiles
 from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc
 
-KINDS = ("transactions", "idempotent", "ping")
+#: ``kafka``: a confluent-kafka transactional producer through a Kafka
+#: gateway (``Work.bootstrap``: the gateway's address).
+KINDS = ("transactions", "idempotent", "ping", "kafka")
 CALL_TIMEOUT_S = 30.0
 #: How often a client process waiting for work checks that its parent still runs.
 PARENT_CHECK_S = 1.0
@@ -155,6 +158,7 @@ class Actor:
         self.steps = 0
         self.producer: Producer | None = None
         self.channel: grpc.Channel | None = None
+        self.kafka: Any = None  # a confluent_kafka.Producer
         self._open()
 
     def _open(self) -> None:
@@ -163,6 +167,16 @@ class Actor:
             self.channel = grpc.insecure_channel(work.bootstrap[0])
             self.stub = admin_pb2_grpc.CoordinatorAdminStub(self.channel)
             self.stub.Ping(admin_pb2.PingRequest(), timeout=CALL_TIMEOUT_S)
+        elif work.kind == "kafka":
+            kafka = confluent_kafka.Producer(
+                {
+                    "bootstrap.servers": ",".join(work.bootstrap),
+                    "transactional.id": work.transactional_id(self.index),
+                    "linger.ms": 0,
+                }
+            )
+            kafka.init_transactions(CALL_TIMEOUT_S)
+            self.kafka = kafka
         elif work.kind == "idempotent":
             self.producer = Producer(list(work.bootstrap), **work.tls)
             self.producer.partitions_for(work.topic)
@@ -187,19 +201,22 @@ class Actor:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
+        self.kafka = None  # librdkafka's handle ends with its last reference
 
     def step(self, outcome: Outcome) -> bool:
         """One call, transaction or flush; False (counted in ``outcome``) on failure."""
         started = time.perf_counter()
         try:
-            if self.producer is None and self.channel is None:  # the last reopen failed
-                self._open()
+            if self.producer is None and self.channel is None and self.kafka is None:
+                self._open()  # the last reopen failed
             if self.work.kind == "ping":
                 self.stub.Ping(admin_pb2.PingRequest(), timeout=CALL_TIMEOUT_S)
                 committing, sent = started, 0
+            elif self.work.kind == "kafka":
+                committing, sent = self._produce_kafka()
             else:
                 committing, sent = self._produce(started)
-        except (KafkaError, grpc.RpcError) as exc:
+        except (KafkaError, grpc.RpcError, confluent_kafka.KafkaException) as exc:
             outcome.failed += 1
             outcome.errors[type(exc).__name__] += 1
             self._recover()
@@ -241,10 +258,30 @@ class Actor:
                 future.result(timeout=0)  # raises the send's error
         return committing, sent
 
+    def _produce_kafka(self) -> tuple[float, int]:
+        """One transaction of confluent-kafka's: a record on each of the
+        step's partitions, then the commit."""
+        work = self.work
+        partitions = self.partitions()
+        self.steps += 1
+        self.kafka.begin_transaction()
+        for i in range(work.records):
+            self.kafka.produce(work.topic, self.value, partition=partitions[i % len(partitions)])
+        committing = time.perf_counter()
+        self.kafka.commit_transaction(CALL_TIMEOUT_S)
+        return committing, work.records
+
     def _recover(self) -> None:
         """Abort a failed transaction; when even that fails, drop the producer
         (what it still holds fails at once): the next step opens a new one,
         whose InitProducerId fences the old."""
+        if self.kafka is not None:
+            try:
+                self.kafka.abort_transaction(CALL_TIMEOUT_S)
+                return
+            except confluent_kafka.KafkaException:
+                self.close(timeout_s=0)
+                return
         if isinstance(self.producer, TransactionalProducer):
             try:
                 self.producer.abort_transaction()

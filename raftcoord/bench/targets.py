@@ -138,7 +138,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         type=lambda s: set(s.split(",")),
         default=set(),
-        help="phases to leave out: ceilings,e2e,one-process,interval,failover,open,scaling",
+        help="phases to leave out: ceilings,e2e,one-process,interval,failover,kafka,open,scaling",
+    )
+    parser.add_argument(
+        "--kafka",
+        type=_ints,
+        help="confluent-kafka producers through a Kafka gateway (default 1,8,32; --quick 1,32)",
     )
 
 
@@ -152,6 +157,7 @@ class Options:
     open_budget_s: float
     failovers: int
     scale_shards: list[int]
+    kafka: list[int]
     processes: int
     parent: str | None
     skip: set[str]
@@ -174,6 +180,7 @@ class Options:
             open_budget_s=pick(args.open_budget_s, 240.0, 20.0),
             failovers=pick(args.failovers, 5, 1),
             scale_shards=pick(args.scale_shards, [1, 2, 3, 4, 5, 6], [1, 3]),
+            kafka=pick(args.kafka, [1, 8, 32], [1, 32]),
             processes=args.client_processes,
             parent=args.dir,
             skip=args.skip,
@@ -207,11 +214,12 @@ def local_cluster(
     tls: bool = False,
     metrics: bool = True,
     replication_factor: int | None = None,
+    kafka_listeners: int = 0,
 ) -> Iterator[LocalCluster]:
     """A running cluster with the benchmark's topic (with ``tls``, every gRPC
     connection over mutual TLS; ``metrics``: every process serves metrics;
-    ``replication_factor``: the topic's, None for the cluster's default);
-    stopped on the way out."""
+    ``replication_factor``: the topic's, None for the cluster's default;
+    ``kafka_listeners``: Kafka gateways); stopped on the way out."""
     with tempfile.TemporaryDirectory(prefix="raftcoord-bench-", dir=parent) as workdir:
         cluster = LocalCluster(workdir)
         try:
@@ -223,6 +231,7 @@ def local_cluster(
                 timeout_s=60.0,
                 tls=tls,
                 metrics=metrics,
+                kafka_listeners=kafka_listeners,
             )
             with Admin(bootstrap(cluster), **cluster.client_tls()) as admin:
                 admin.create_topics(
@@ -374,6 +383,33 @@ def end_to_end(
         rows.append(
             {"producers": producers, "records_per_txn": records, **figures, "counts": spent}
         )
+    return rows
+
+
+def kafka_phase(
+    cluster: LocalCluster, options: Options, step: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """confluent-kafka transactional producers through the cluster's Kafka
+    gateway, each transaction a record on each of 2 partitions other than
+    the one before, with the end-to-end steps' figures and counts (the
+    cluster's CPU includes the gateway's)."""
+    rows = []
+    gateways = [n.kafka for n in cluster.kafka_gateways()]
+    for producers in options.kafka:
+        step(f"Kafka gateway: {plural(producers, 'confluent-kafka producer')}")
+        work = Work(
+            "kafka",
+            gateways,
+            TOPIC,
+            TOPIC_PARTITIONS,
+            records=2,
+            id_prefix=f"kafka-{producers}",
+            rotate=True,
+        )
+        before = counts.read(cluster)
+        figures = load_figures(options.load(work, producers, cluster))
+        spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
+        rows.append({"producers": producers, "records_per_txn": 2, **figures, "counts": spent})
     return rows
 
 
@@ -706,6 +742,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
     e2e = results.get("end_to_end", [])
     one = _row(e2e, producers=1, records_per_txn=2)
     many = _row(e2e, producers=32, records_per_txn=2)
+    kafka32 = _row(results.get("kafka", []), producers=32)
     ping32 = _row(ceil["ping"], concurrency=32) if ceil else None
     interval = results.get("txn_vs_idempotent")
     opened = results.get("open_transactions")
@@ -739,6 +776,13 @@ def targets(results: dict[str, Any]) -> list[Target]:
             unit="ms",
         ),
         *batched_path_targets(many, ping32),
+        Target(
+            "confluent-kafka through a gateway, 32 producers: cluster CPU per txn",
+            kafka32["cluster_cpu_ms_per_op"] if kafka32 else None,
+            4.5,
+            at_most=True,
+            unit="ms",
+        ),
         *(t for factor in factors(alone) for t in one_process_targets(alone, factor)),
         Target(
             "100 ms commits: transactional / idempotent",
@@ -920,7 +964,20 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 ],
             )
         )
-        out.append(counts_table(results))
+        out.append(counts_table(results, "end_to_end", "end to end"))
+    if results.get("kafka"):
+        out.append(
+            _table(
+                "confluent-kafka through a Kafka gateway (/s: committed txn/s; latency: begin "
+                "to commit; cluster CPU with the gateway's)",
+                ["producers x records", *LOAD_HEADER],
+                [
+                    [f"{f['producers']} x {f['records_per_txn']}", *_load_cells(f)]
+                    for f in results["kafka"]
+                ],
+            )
+        )
+        out.append(counts_table(results, "kafka", "through a Kafka gateway"))
     alone = results.get("one_process")
     if alone:
         out.append(one_process_table(alone))
@@ -993,13 +1050,12 @@ def tables(results: dict[str, Any]) -> list[Table]:
     return out
 
 
-def counts_table(results: dict[str, Any]) -> Table:
-    """Per committed transaction of each end-to-end step, from the nodes'
+def counts_table(results: dict[str, Any], phase: str, title: str) -> Table:
+    """Per committed transaction of each step of ``phase``, from the nodes'
     counters (:mod:`raftcoord.bench.counts`), and its cluster CPU in calls
     of Ping (the ceilings' cheapest call, when they ran)."""
     steps = [
-        (f"{f['producers']} x {f['records_per_txn']}", f.get("counts", {}))
-        for f in results["end_to_end"]
+        (f"{f['producers']} x {f['records_per_txn']}", f.get("counts", {})) for f in results[phase]
     ]
     header, rows = counts.rows(steps)
     ping = results.get("ceilings", {}).get("ping")
@@ -1011,11 +1067,11 @@ def counts_table(results: dict[str, Any]) -> Table:
                 "cluster CPU, in Ping calls",
                 *(
                     f"{f['cluster_cpu_ms_per_op'] / unit:.1f}" if unit else ""
-                    for f in results["end_to_end"]
+                    for f in results[phase]
                 ),
             ],
         )
-    return _table("end to end, per committed transaction (the nodes' own counters)", header, rows)
+    return _table(f"{title}, per committed transaction (the nodes' own counters)", header, rows)
 
 
 def one_process_table(alone: dict[str, Any]) -> Table:
@@ -1117,6 +1173,7 @@ def run(args: argparse.Namespace) -> int:
         "one-process": 4 * len(options.one_process),
         "interval": 2,
         "failover": options.failovers,
+        "kafka": 1 + len(options.kafka),
         "open": 2 * (1 + len(options.open_levels)),
         "scaling": len(options.scale_shards),
     }
@@ -1135,6 +1192,10 @@ def run(args: argparse.Namespace) -> int:
                 results["txn_vs_idempotent"] = interval_commits(cluster, options, step)
             if "failover" not in options.skip:
                 results["failover"] = failover(cluster, options, step)
+        if "kafka" not in options.skip:
+            step("starting a cluster with a Kafka gateway")
+            with local_cluster(options.parent, SHARDS, kafka_listeners=1) as cluster:
+                results["kafka"] = kafka_phase(cluster, options, step)
         if "open" not in options.skip:
             with local_cluster(options.parent, SHARDS) as cluster:
                 results["open_transactions"] = open_transactions(cluster, options, step)
