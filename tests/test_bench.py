@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from raftcoord.bench import counts
-from raftcoord.bench.load import ClientPool, Outcome, Work, run_load, split
+from raftcoord.bench.load import ClientPool, Outcome, Work, run_actor, run_load, split
 from raftcoord.bench.progress import Steps, bench_logging
 from raftcoord.bench.stats import (
     CLK_TCK,
@@ -341,6 +342,8 @@ def test_quick_run_writes_every_section_with_positive_numbers(tmp_path: Path) ->
         assert spent["raft_entries"] > 0 and spent["calls"]["coordinator EndTxn"] > 0, row
         assert spent["fsyncs"]["partition log"] > 0 and spent["fsyncs"]["coordinator"] > 0, row
     assert "per committed transaction" in text
+    assert [r["offered_per_s"] for r in results["offered"]] == [150, 600]
+    assert all(r["completed"] > 0 for r in results["offered"])
     kafka = results["kafka"]
     assert [r["producers"] for r in kafka] == [1, 32]
     for row in kafka:
@@ -497,3 +500,39 @@ def test_steps_run_at_another_machine_speed_are_marked() -> None:
     console.print(tables(results)[0])
     assert "99!" in console.file.getvalue()  # type: ignore[attr-defined]
     assert "60!" not in console.file.getvalue()  # type: ignore[attr-defined]
+
+
+class Stepper:
+    """An actor whose steps take ``step_s`` each, noting when each began
+    and the latency it was given."""
+
+    def __init__(self, index: int, step_s: float) -> None:
+        self.index = index
+        self.step_s = step_s
+        self.began: list[float] = []
+
+    def step(self, outcome: Outcome, scheduled: float | None = None) -> bool:
+        started = time.perf_counter()
+        self.began.append(started)
+        time.sleep(self.step_s)  # the step's own work
+        outcome.latencies.append(time.perf_counter() - (scheduled or started))
+        outcome.completed += 1
+        return True
+
+
+def test_an_open_loop_keeps_its_schedule_and_counts_lateness() -> None:
+    """Steps on a schedule of one every 50 ms for 0.375 s: 8 of them, none
+    begun before it was due; steps slower than the period begin late, their
+    latency counting from when they were due, and what is left of the
+    schedule at twice the duration is counted among the errors, not run."""
+    on_time, outcome = Stepper(0, 0.001), Outcome()
+    t0 = time.perf_counter()
+    run_actor(on_time, outcome, 0.05, t0, 0.375)
+    assert outcome.completed == 8
+    assert all(b >= t0 + 0.05 * i for i, b in enumerate(on_time.began))
+    slow, late = Stepper(0, 0.2), Outcome()
+    t0 = time.perf_counter()
+    run_actor(slow, late, 0.05, t0, 0.375)
+    left = late.errors["not begun: behind the schedule"]
+    assert late.completed + left == 8 and left >= 4
+    assert late.latencies[-1] >= slow.began[-1] + 0.2 - (t0 + 0.05 * (late.completed - 1))

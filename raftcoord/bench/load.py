@@ -63,6 +63,9 @@ from raftcoord.protocol.v1 import admin_pb2, admin_pb2_grpc
 #: gateway (``Work.bootstrap``: the gateway's address).
 KINDS = ("transactions", "idempotent", "ping", "kafka")
 CALL_TIMEOUT_S = 30.0
+#: An open loop's steps not begun by this many times the load's duration
+#: are left out (counted among the errors): the offered load was not kept up.
+BEHIND_FACTOR = 2.0
 #: How often a client process waiting for work checks that its parent still runs.
 PARENT_CHECK_S = 1.0
 
@@ -80,6 +83,11 @@ class Work:
     value_bytes: int = 100
     interval_s: float = 0.0  # > 0: send for this long, then commit (or flush)
     id_prefix: str = "bench"
+    #: > 0: open loop, each actor starting a step every ``period_s`` on a
+    #: schedule (the offered load), its latency counted from the scheduled
+    #: start, however late the step began; 0: the next step as soon as the
+    #: last one ends.
+    period_s: float = 0.0
     rotate: bool = False  # each step writes the next partitions (see the module's doc)
     #: The clients' TLS files (``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``) of
     #: a cluster with TLS; empty: plaintext.
@@ -203,8 +211,10 @@ class Actor:
             self.channel = None
         self.kafka = None  # librdkafka's handle ends with its last reference
 
-    def step(self, outcome: Outcome) -> bool:
-        """One call, transaction or flush; False (counted in ``outcome``) on failure."""
+    def step(self, outcome: Outcome, scheduled: float | None = None) -> bool:
+        """One call, transaction or flush; False (counted in ``outcome``) on
+        failure. Its latency counts from ``scheduled`` when given (an open
+        loop's step that begins late waited that long)."""
         started = time.perf_counter()
         try:
             if self.producer is None and self.channel is None and self.kafka is None:
@@ -222,7 +232,7 @@ class Actor:
             self._recover()
             return False
         ended = time.perf_counter()
-        outcome.latencies.append(ended - started)
+        outcome.latencies.append(ended - (started if scheduled is None else scheduled))
         outcome.commit_latencies.append(ended - committing)
         outcome.completed += 1
         outcome.records += sent
@@ -318,14 +328,11 @@ def _client_process(
     t0 = time.perf_counter()
     outcomes = [Outcome() for _ in actors]
 
-    def loop(actor: Actor, outcome: Outcome) -> None:
-        while time.perf_counter() - t0 < duration_s:
-            actor.step(outcome)
-        outcome.elapsed_s = time.perf_counter() - t0
-
     threads = [
-        threading.Thread(target=loop, args=pair, daemon=True)
-        for pair in zip(actors, outcomes, strict=True)
+        threading.Thread(
+            target=run_actor, args=(actor, outcome, work.period_s, t0, duration_s), daemon=True
+        )
+        for actor, outcome in zip(actors, outcomes, strict=True)
     ]
     for thread in threads:
         thread.start()
@@ -338,6 +345,32 @@ def _client_process(
     results.put(merged)
     for actor in actors:
         actor.close()
+
+
+def run_actor(actor: Any, outcome: Outcome, period_s: float, t0: float, duration_s: float) -> None:
+    """``actor``'s steps from ``t0`` (:func:`time.perf_counter`) for
+    ``duration_s``: one after the other (``period_s`` 0), or in open loop,
+    one every ``period_s`` on a schedule offset by the actor's index (see
+    :attr:`Work.period_s`, :data:`BEHIND_FACTOR`)."""
+    if period_s <= 0:
+        while time.perf_counter() - t0 < duration_s:
+            actor.step(outcome)
+    else:  # spread over the period by the golden ratio, the same each run
+        due = t0 + (actor.index * 0.6180339887 % 1.0) * period_s
+        while due - t0 < duration_s:
+            now = time.perf_counter()
+            if now - t0 >= BEHIND_FACTOR * duration_s:
+                # The cluster does not keep up with the offered load: what is
+                # left of the schedule is counted, not run.
+                while due - t0 < duration_s:
+                    outcome.errors["not begun: behind the schedule"] += 1
+                    due += period_s
+                break
+            if due > now:
+                time.sleep(due - now)  # the schedule is the offered load
+            actor.step(outcome, scheduled=due)
+            due += period_s
+    outcome.elapsed_s = time.perf_counter() - t0
 
 
 def _client_logging() -> None:

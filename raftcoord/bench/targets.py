@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -138,7 +139,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip",
         type=lambda s: set(s.split(",")),
         default=set(),
-        help="phases to leave out: ceilings,e2e,one-process,interval,failover,kafka,open,scaling",
+        help="phases to leave out: "
+        "ceilings,e2e,offered,one-process,interval,failover,kafka,open,scaling",
+    )
+    parser.add_argument(
+        "--offered",
+        type=_ints,
+        help="offered loads of the open-loop phase, txn/s over 32 producers (default 150,600)",
     )
     parser.add_argument(
         "--kafka",
@@ -158,6 +165,7 @@ class Options:
     failovers: int
     scale_shards: list[int]
     kafka: list[int]
+    offered: list[int]
     processes: int
     parent: str | None
     skip: set[str]
@@ -181,6 +189,7 @@ class Options:
             failovers=pick(args.failovers, 5, 1),
             scale_shards=pick(args.scale_shards, [1, 2, 3, 4, 5, 6], [1, 3]),
             kafka=pick(args.kafka, [1, 8, 32], [1, 32]),
+            offered=pick(args.offered, [150, 600], [150, 600]),
             processes=args.client_processes,
             parent=args.dir,
             skip=args.skip,
@@ -382,6 +391,37 @@ def end_to_end(
         spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
         rows.append(
             {"producers": producers, "records_per_txn": records, **figures, "counts": spent}
+        )
+    return rows
+
+
+#: The producers of the open-loop phase.
+OFFERED_PRODUCERS = 32
+
+
+def offered_loads(
+    cluster: LocalCluster, options: Options, step: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """32 producers end to end (2 records per transaction) in open loop at
+    each offered rate: each producer begins a transaction every 32 / rate
+    seconds on a schedule, its latency counted from the scheduled begin."""
+    rows = []
+    for rate in options.offered:
+        step(f"open loop: {rate} txn/s offered over {OFFERED_PRODUCERS} producers")
+        work = dataclasses.replace(
+            txn_work(cluster, f"offered-{rate}"), period_s=OFFERED_PRODUCERS / rate
+        )
+        before = counts.read(cluster)
+        figures = load_figures(options.load(work, OFFERED_PRODUCERS, cluster))
+        spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
+        rows.append(
+            {
+                "producers": OFFERED_PRODUCERS,
+                "records_per_txn": 2,
+                "offered_per_s": rate,
+                **figures,
+                "counts": spent,
+            }
         )
     return rows
 
@@ -965,6 +1005,15 @@ def tables(results: dict[str, Any]) -> list[Table]:
             )
         )
         out.append(counts_table(results, "end_to_end", "end to end"))
+    if results.get("offered"):
+        out.append(
+            _table(
+                f"open loop, {OFFERED_PRODUCERS} producers (/s: committed txn/s; latency: from "
+                "the scheduled begin to commit)",
+                ["offered txn/s", *LOAD_HEADER],
+                [[str(f["offered_per_s"]), *_load_cells(f)] for f in results["offered"]],
+            )
+        )
     if results.get("kafka"):
         out.append(
             _table(
@@ -1174,6 +1223,7 @@ def run(args: argparse.Namespace) -> int:
         "interval": 2,
         "failover": options.failovers,
         "kafka": 1 + len(options.kafka),
+        "offered": len(options.offered),
         "open": 2 * (1 + len(options.open_levels)),
         "scaling": len(options.scale_shards),
     }
@@ -1186,6 +1236,8 @@ def run(args: argparse.Namespace) -> int:
                 results["ceilings"] = ceilings(cluster, options, step)
             if "e2e" not in options.skip:
                 results["end_to_end"] = end_to_end(cluster, options, step)
+            if "offered" not in options.skip:
+                results["offered"] = offered_loads(cluster, options, step)
             if "one-process" not in options.skip:
                 results["one_process"] = one_process(cluster, options, step)
             if "interval" not in options.skip:
