@@ -179,7 +179,7 @@ def test_adds_to_a_coordinator_with_a_link_address_go_over_the_link() -> None:
         ("127.0.0.1", 0),
         {ADD_PARTITIONS_TO_TXN: answer},
         tls=None,
-        allowed=lambda who: True,
+        allowed=lambda method, who: True,
         max_connections=4,
         label="coordinator",
     )
