@@ -46,7 +46,7 @@ from fsm.config import FsmConfig
 from fsm.effects import Effect, Outcome, WriteMarkers, fail
 from fsm.errors import CommandError, ErrorCode, IllegalTransition
 from fsm.limits import topic_error
-from fsm.membership import GroupMembership
+from fsm.membership import GroupMembership, GroupState
 from fsm.metadata import NO_PRODUCER_ID, TopicPartition, TransactionMetadata
 from fsm.offsets import FetchedOffset, GroupOffsets
 from fsm.partitions import (
@@ -711,6 +711,22 @@ class TransactionStateMachine:
     def group(self, group_id: str) -> GroupMembership | None:
         """The membership of one consumer group, or None (never joined)."""
         return self.state.memberships.get(group_id)
+
+    def group_state(self, group_id: str) -> str:
+        """Kafka's state name of a consumer group: its membership's; Empty
+        for a group that only has offsets (committed, or pending in a
+        transaction), as Kafka's group coordinator creates a group on its
+        first offset commit; Dead for a group this shard does not know."""
+        joined = self.state.memberships.get(group_id)
+        if joined is not None:
+            return joined.state.value
+        return GroupState.EMPTY.value if group_id in self.state.groups else "Dead"
+
+    def list_groups(self) -> list[tuple[str, str]]:
+        """ListGroups: (group id, state name) of every group this shard
+        knows (it joined, or it has offsets), by group id."""
+        known = self.state.memberships.keys() | self.state.groups.keys()
+        return [(gid, self.group_state(gid)) for gid in sorted(known)]
 
     # --- snapshots -----------------------------------------------------------------
 

@@ -254,8 +254,14 @@ def test_bob_cannot_touch_alices_transaction_topics_or_groups(cluster: LocalClus
             with pytest.raises(TopicAuthorizationFailedError):
                 admin.create_topics({"alice-more": 1})
 
+        alice.send_offsets_to_transaction({alice_tp: 1}, "alice-group")
         alice.commit_transaction()  # never fenced: her own decision stands
     assert read_committed(cluster, "alice", alice_tp) == [b"alice-1"]
+    # Groups are listed to those who may describe them (Kafka's ListGroups).
+    with Admin(cluster.bootstrap(), **cluster.client_tls("alice")) as admin:
+        assert admin.list_consumer_groups().get("alice-group") == "Empty"
+    with Admin(cluster.bootstrap(), **cluster.client_tls("bob")) as admin:
+        assert "alice-group" not in admin.list_consumer_groups()
     with pytest.raises(KafkaError):
         read_committed(cluster, "bob", alice_tp)
 

@@ -217,7 +217,7 @@ def test_the_abort_command_is_a_shell_command_line() -> None:
 
 
 def test_each_shards_leader_and_replicas_as_the_coordinators_tell_them() -> None:
-    view = model.cluster_view(COORDINATORS, PARTITION_NODES)
+    view = model.cluster_view(snapshot())
     shard0, shard1 = view.shards
     assert (shard0.leader_node_id, shard0.leader_address, shard0.term) == (1, "10.0.0.1:7100", 4)
     assert shard0.transactional_ids == 12
@@ -241,7 +241,25 @@ def test_each_shards_leader_and_replicas_as_the_coordinators_tell_them() -> None
         (102, True, "replaced", ("orders-1: directory replaced",)),
         (103, False, "UNAVAILABLE: down", ()),
     ]
-    assert model.cluster_view(None, None) == model.ClusterView((), (), ())
+    assert (view.coordinators_answering, view.partition_nodes_answering) == (2, 2)
+    assert model.cluster_view(Snapshot(taken_ms=NOW)) == model.ClusterView((), (), ())
+
+
+def test_with_every_coordinator_down_the_nodes_the_cluster_has_are_counted() -> None:
+    """No coordinator answered: each coordinator the cluster listed is down,
+    and its partition-log nodes are not known (nothing asked them), never
+    "0 / 0"."""
+    nodes = {
+        "coordinators": {1: "10.0.0.1:7100", 2: "10.0.0.2:7100", 3: "10.0.0.3:7100"},
+        "partition_nodes": {101: "10.0.0.1:7300", 102: "10.0.0.2:7300"},
+    }
+    down = Snapshot(taken_ms=NOW, cluster_nodes=nodes, errors=["coordinators: no answer"])
+    view = model.cluster_view(down)
+    assert [(n.node_id, n.up) for n in view.coordinators] == [(1, False), (2, False), (3, False)]
+    assert [(n.node_id, n.up) for n in view.partition_nodes] == [(101, None), (102, None)]
+    assert (view.coordinators_answering, view.partition_nodes_answering) == (0, None)
+    page = render("cluster", down, OPTIONS, NOW)
+    assert "0 / 3" in page and "- / 2" in page and "0 / 0" not in page
 
 
 def test_topics_show_offsets_open_and_hanging_transactions_or_a_dash() -> None:
@@ -332,17 +350,46 @@ def test_producers_and_groups() -> None:
     ]
     assert producers[0].last_write_ms == 1_000
     [billing] = model.groups_view(snapshot())
-    assert (billing.state, billing.generation_id, billing.lag) == ("Stable", 3, 5)
-    assert [(o.partition, o.committed, o.last_stable_offset, o.lag) for o in billing.offsets] == [
-        (0, 7, 10, 3),
-        (1, 38, 40, 2),
-    ]
+    assert (billing.state, billing.generation_id, billing.lag) == ("Stable", 3, 15)
+    assert [
+        (o.partition, o.committed, o.log_end_offset, o.last_stable_offset, o.lag, o.held_back)
+        for o in billing.offsets
+    ] == [(0, 7, 10, 10, 3, 0), (1, 38, 50, 40, 12, 10)]
     assert billing.members[0].client_id == "worker-1"
-    # A group with offsets only (never a member described), LSO unknown.
+    # A group with offsets only (never a member described), offsets unknown.
     [lone] = model.groups_view(
-        snapshot(groups={}, group_offsets={"g": {ORDERS_1: 3}}, stable_offsets=None)
+        snapshot(
+            groups={}, group_offsets={"g": {ORDERS_1: 3}}, log_end_offsets=None, stable_offsets=None
+        )
     )
-    assert (lone.state, lone.lag, lone.offsets[0].lag) == ("-", None, None)
+    assert (lone.state, lone.lag, lone.offsets[0].lag, lone.offsets[0].held_back) == (
+        "-",
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("committed", "lag", "held_back", "past_log_end"),
+    [
+        (38, 12, 10, False),  # below the LSO (40): 2 readable now, 10 held back
+        (40, 10, 10, False),  # at the LSO: all of it held back
+        (45, 5, 5, False),  # past the LSO: a lag, not 0 (kafka-consumer-groups says 5)
+        (50, 0, 0, False),  # at the log end
+        (52, None, None, True),  # committed past the log end: no lag, and said so
+    ],
+)
+def test_the_lag_is_kafkas_log_end_minus_committed_never_negative(
+    committed: int, lag: int | None, held_back: int | None, past_log_end: bool
+) -> None:
+    [group] = model.groups_view(snapshot(group_offsets={"billing": {ORDERS_1: committed}}))
+    [row] = group.offsets
+    assert (row.lag, row.held_back, row.past_log_end) == (lag, held_back, past_log_end)
+    page = render(
+        "groups", snapshot(group_offsets={"billing": {ORDERS_1: committed}}), OPTIONS, NOW
+    )
+    assert ("committed past the log end" in page) == past_log_end
 
 
 def test_the_overview_counts() -> None:
@@ -379,7 +426,7 @@ def test_the_pages_show_the_figures() -> None:
     reports = render("reports", snapshot(), OPTIONS, NOW)
     assert 'href="/reports/audit/audit.html"' in reports and "PASS" in reports
     groups = render("groups", snapshot(), OPTIONS, NOW)
-    assert "worker-1" in groups and "lag 5" in groups
+    assert "worker-1" in groups and "lag 15" in groups
 
 
 def test_what_the_cluster_says_is_escaped() -> None:

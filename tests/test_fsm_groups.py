@@ -241,6 +241,20 @@ def test_commits_outside_membership() -> None:
     assert m.apply(TxnOffsetCommit(G, "t", 5, 0, offsets, 500)).ok
 
 
+def test_groups_are_listed_and_one_with_only_offsets_is_empty() -> None:
+    """As Kafka's coordinator: a group exists from its first offset commit,
+    transactional (still pending) or not, Empty while it has no members;
+    only a group neither joined nor with offsets is Dead."""
+    m = machine()
+    offsets = (OffsetEntry("in", 0, 1, ""),)
+    assert m.list_groups() == [] and m.group_state("pending") == "Dead"
+    assert m.apply(TxnOffsetCommit("pending", "t", 5, 0, offsets, 0)).ok
+    assert m.apply(OffsetCommit("plain", offsets, 0)).ok
+    stable_pair(m)
+    assert m.list_groups() == [(G, "Stable"), ("pending", "Empty"), ("plain", "Empty")]
+    assert m.group_state("never") == "Dead"
+
+
 def test_state_survives_a_snapshot() -> None:
     m = machine()
     stable_pair(m)

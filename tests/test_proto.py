@@ -114,6 +114,7 @@ COORDINATOR_RPCS = {
     "Heartbeat",
     "LeaveGroup",
     "DescribeGroups",
+    "ListGroups",
     "RegisterDirectory",
     "ReserveOffsets",
     "NodeHeartbeat",

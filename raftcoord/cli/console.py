@@ -53,7 +53,10 @@ def configure(console: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="GROUP",
-        help="a consumer group to show (repeatable); groups seen in transactions are shown too",
+        help=(
+            "a consumer group to show first (repeatable); every group the coordinators "
+            "list is shown"
+        ),
     )
     console.set_defaults(func=_run)
 

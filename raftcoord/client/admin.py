@@ -546,25 +546,8 @@ class Admin:
             producer_id_filters=list(producer_ids),
             duration_filter_ms=min_duration_ms,
         )
-        try:
-            self._metadata.refresh(deadline)  # learn every coordinator node
-        except KafkaError as exc:
-            log.debug("metadata not refreshed: %s", exc)
         found: dict[str, TransactionListing] = {}
-        failures: list[KafkaError] = []
-        addresses = self._coordinators.addresses()
-        for address in addresses:
-            try:
-                answer = self._coordinators.channels.coordinator(address).ListTransactions(
-                    request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S)
-                )
-            except grpc.RpcError as exc:
-                failures.append(transport_error(exc, address))
-                log.info("list_transactions skips %s", failures[-1])
-                continue
-            if answer.error_code != ErrorCode.NONE:
-                log.info("list_transactions: %s answered %s", address, answer.error_code)
-                continue
+        for answer in self._ask_every_coordinator("ListTransactions", request, deadline):
             for t in answer.transactions:
                 found.setdefault(
                     t.transactional_id,
@@ -575,11 +558,37 @@ class Admin:
                         duration_ms=int(t.duration_ms),
                     ),
                 )
+        return [found[tid] for tid in sorted(found)]
+
+    def _ask_every_coordinator(self, method: str, request: Any, deadline: Deadline) -> list[Any]:
+        """The answers of every coordinator node to ``method`` (each answers
+        for the shards it leads) that answered without an error. A node that
+        cannot be reached is skipped: the shards it led have other leaders
+        once it is gone; when none can, KafkaConnectionError."""
+        try:
+            self._metadata.refresh(deadline)  # learn every coordinator node
+        except KafkaError as exc:
+            log.debug("metadata not refreshed: %s", exc)
+        answers = []
+        failures: list[KafkaError] = []
+        addresses = self._coordinators.addresses()
+        for address in addresses:
+            stub = self._coordinators.channels.coordinator(address)
+            try:
+                answer = getattr(stub, method)(request, timeout=deadline.attempt(ATTEMPT_TIMEOUT_S))
+            except grpc.RpcError as exc:
+                failures.append(transport_error(exc, address))
+                log.info("%s skips %s", method, failures[-1])
+                continue
+            if answer.error_code != ErrorCode.NONE:
+                log.info("%s: %s answered %s", method, address, answer.error_code)
+                continue
+            answers.append(answer)
         if len(failures) == len(addresses):  # no node answered: nothing is known
             raise KafkaConnectionError(
                 f"no coordinator answered: {'; '.join(str(f) for f in failures)}"
             )
-        return [found[tid] for tid in sorted(found)]
+        return answers
 
     def describe_transactions(
         self, transactional_ids: Iterable[str], timeout_ms: int | None = None
@@ -618,7 +627,8 @@ class Admin:
         self, group_ids: Iterable[str], timeout_ms: int | None = None
     ) -> dict[str, ConsumerGroupDescription]:
         """The membership of each consumer group (asked of the group's
-        coordinator). A group that never had a member is described as Dead.
+        coordinator). A group with offsets and no members is Empty; one
+        that neither joined nor has offsets is Dead.
 
         Raises:
             KafkaTimeoutError: not done in time.
@@ -636,6 +646,24 @@ class Admin:
             )
             described[group_id] = _group_description(answer.groups[0])
         return described
+
+    def list_consumer_groups(self, timeout_ms: int | None = None) -> dict[str, str]:
+        """Every consumer group the coordinators know (it joined, or it has
+        offsets) and that this client may describe, with Kafka's state name
+        (Empty for a group with offsets and no members), by group id
+        (Kafka's listConsumerGroups). Every coordinator node is asked, as by
+        :meth:`list_transactions`.
+
+        Raises:
+            KafkaConnectionError: no coordinator answered.
+        """
+        deadline = self._deadline("list_consumer_groups", timeout_ms)
+        request = coordinator_pb2.ListGroupsRequest()
+        found: dict[str, str] = {}
+        for answer in self._ask_every_coordinator("ListGroups", request, deadline):
+            for g in answer.groups:
+                found.setdefault(g.group_id, g.state)
+        return dict(sorted(found.items()))
 
     def list_consumer_group_offsets(
         self, group_id: str, timeout_ms: int | None = None

@@ -123,7 +123,8 @@ class ConsumerGroupDescription:
 
     group_id: str
     #: Kafka's state name: Empty, PreparingRebalance, CompletingRebalance,
-    #: Stable, or Dead for a group that never had a member.
+    #: Stable (Empty too for a group that only has offsets), or Dead for a
+    #: group that neither joined nor has offsets.
     state: str
     protocol_type: str
     #: The chosen protocol (the partition assignor's name); empty without members.

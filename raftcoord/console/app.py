@@ -49,7 +49,7 @@ def _view(name: str, snapshot: Snapshot, options: ConsoleOptions) -> dict[str, A
     """The page's own figures."""
     if name == "cluster":
         return {
-            "cluster": model.cluster_view(snapshot.coordinators, snapshot.partition_nodes),
+            "cluster": model.cluster_view(snapshot),
             "overview": model.overview(snapshot),
         }
     if name == "topics":

@@ -5,9 +5,12 @@
 Everything goes through the client library: the admin client for nodes,
 topics, transactions, producers and groups, and two consumers for the
 offsets (read_uncommitted: the log end offset; read_committed: the last stable
-offset). A question that fails is recorded as an error of the round and the
-others are still asked, so that a node that is down shows as a banner on the
-pages, beside everything else that could be learnt.
+offset). The groups' committed offsets are read before the log end offsets,
+so that a lag (log end offset minus committed offset) is never computed
+against a log end read earlier than the offset. A question that fails is
+recorded as an error of the round and the others are still asked, so that a
+node that is down shows as a banner on the pages, beside everything else
+that could be learnt.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,7 +39,8 @@ T = TypeVar("T")
 #: At most this many open transactions are described in one round (the rest
 #: are listed only).
 MAX_DESCRIBED = 200
-#: At most this many consumer groups are described in one round.
+#: At most this many consumer groups are described in one round (those
+#: given with --group first).
 MAX_GROUPS = 100
 #: At most this many audit reports are listed, newest first.
 MAX_REPORTS = 20
@@ -58,7 +62,7 @@ class ConsoleOptions:
     request_timeout_ms: int = 5_000
     #: find-hanging's longest transaction timeout.
     max_transaction_timeout_ms: int = 15 * 60_000
-    #: Consumer groups to show, beside those seen in transactions.
+    #: Consumer groups to show first, beside those the coordinators list.
     groups: Sequence[str] = ()
     #: Where to look for audit reports; None: nowhere.
     cluster_dir: Path | None = None
@@ -69,13 +73,17 @@ class ConsoleOptions:
 class Collector:
     """Asks the cluster every ``options.refresh_s`` seconds, on a thread of its own."""
 
-    def __init__(self, options: ConsoleOptions) -> None:
+    def __init__(
+        self, options: ConsoleOptions, cluster_nodes: Mapping[str, Mapping[int, str]]
+    ) -> None:
+        """``cluster_nodes``: the nodes the cluster's metadata listed at start
+        (:meth:`Admin.describe_cluster`); each round that reaches the
+        coordinators updates them."""
         self.options = options
         self._admin = admin(options)
         self._log_end = consumer(options, "read_uncommitted")
         self._stable = consumer(options, "read_committed")
-        #: Groups seen in transactions: shown from then on.
-        self._seen_groups: set[str] = set()
+        self._cluster_nodes = dict(cluster_nodes)
         self._latest: Snapshot | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="console-collector", daemon=True)
@@ -127,18 +135,33 @@ class Collector:
             return Snapshot(
                 taken_ms=_now_ms(),
                 took_ms=_since_ms(started),
+                cluster_nodes=dict(self._cluster_nodes),
                 errors=errors,
                 reports=self._reports(errors),
             )
+        self._cluster_nodes["coordinators"] = {n.node_id: n.address for n in coordinators}
         errors.extend(f"coordinator {n.node_id}: {n.error}" for n in coordinators if n.error)
         partition_nodes = ask("partition-log nodes", admin.describe_partition_nodes)
         for node in partition_nodes or ():
             if node.error:
                 errors.append(f"partition-log node {node.node_id}: {node.error}")
+        if partition_nodes is not None:
+            self._cluster_nodes["partition_nodes"] = {n.node_id: n.address for n in partition_nodes}
         topics = ask("topics", admin.list_topics)
         partitions = [
             TopicPartition(t, p) for t, n in sorted((topics or {}).items()) for p in range(n)
         ]
+        listed = ask("list of consumer groups", admin.list_consumer_groups) or {}
+        given = list(dict.fromkeys(self.options.groups))
+        group_ids = (given + [g for g in listed if g not in given])[:MAX_GROUPS]
+        groups = ask("consumer groups", lambda: admin.describe_consumer_groups(group_ids)) or {}
+        group_offsets = {}
+        for group_id in group_ids:
+            offsets = ask(
+                f"offsets of group {group_id}", partial(admin.list_consumer_group_offsets, group_id)
+            )
+            if offsets is not None:
+                group_offsets[group_id] = offsets
         log_end = stable = producers = hanging = None
         if partitions:
             log_end = ask("log end offsets", lambda: self._log_end.end_offsets(partitions))
@@ -158,23 +181,11 @@ class Collector:
         descriptions = self._describe(
             [t.transactional_id for t in transactions or () if t.state in OPEN_STATES], errors
         )
-        for d in descriptions.values():
-            self._seen_groups.update(d.groups)
-        given = list(dict.fromkeys(self.options.groups))
-        seen = sorted(self._seen_groups.difference(given))
-        group_ids = (given + seen)[:MAX_GROUPS]  # those given first
-        groups = ask("consumer groups", lambda: admin.describe_consumer_groups(group_ids)) or {}
-        group_offsets = {}
-        for group_id in group_ids:
-            offsets = ask(
-                f"offsets of group {group_id}", partial(admin.list_consumer_group_offsets, group_id)
-            )
-            if offsets is not None:
-                group_offsets[group_id] = offsets
         return Snapshot(
             taken_ms=now_ms,
             took_ms=_since_ms(started),
             coordinators=coordinators,
+            cluster_nodes=dict(self._cluster_nodes),
             partition_nodes=partition_nodes,
             topics=topics,
             log_end_offsets=log_end,

@@ -73,6 +73,11 @@ class Snapshot:
     #: How long the round took.
     took_ms: int = 0
     coordinators: Sequence[CoordinatorDescription] | None = None
+    #: The cluster's nodes as the coordinators last listed them (at the
+    #: console's start, then in every round they answered):
+    #: {"coordinators": {id: address}, "partition_nodes": {id: address}}.
+    #: The cluster page counts them when no coordinator answers.
+    cluster_nodes: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     partition_nodes: Sequence[PartitionNodeDescription] | None = None
     #: Topic -> partition count.
     topics: Mapping[str, int] | None = None
@@ -169,7 +174,8 @@ class NodeRow:
 
     node_id: int
     address: str
-    up: bool
+    #: None: not known (a partition-log node when no coordinator answered).
+    up: bool | None
     #: The error when down; a partition-log node's directory state when up.
     detail: str
     #: The shards a coordinator leads.
@@ -217,14 +223,29 @@ class ClusterView:
     def leaderless(self) -> tuple[int, ...]:
         return tuple(s.shard for s in self.shards if not s.has_leader)
 
+    @property
+    def coordinators_answering(self) -> int:
+        return sum(1 for n in self.coordinators if n.up)
 
-def cluster_view(
-    coordinators: Sequence[CoordinatorDescription] | None,
-    partition_nodes: Sequence[PartitionNodeDescription] | None,
-) -> ClusterView:
+    @property
+    def partition_nodes_answering(self) -> int | None:
+        """None when not known (the coordinators did not answer)."""
+        if any(n.up is None for n in self.partition_nodes):
+            return None
+        return sum(1 for n in self.partition_nodes if n.up)
+
+
+def cluster_view(snapshot: Snapshot) -> ClusterView:
     """The nodes, and each shard's leader and replicas, from what every
-    coordinator said of its own replicas."""
-    coordinators = coordinators or ()
+    coordinator said of its own replicas. When no coordinator answered,
+    every coordinator the cluster has is down and its partition-log nodes
+    are not known (nothing asked them)."""
+    coordinators = snapshot.coordinators
+    if coordinators is None:
+        coordinators = [
+            CoordinatorDescription(node_id, address, "did not answer")
+            for node_id, address in sorted(snapshot.cluster_nodes.get("coordinators", {}).items())
+        ]
     by_shard: dict[int, dict[int, ShardReplicaDescription]] = {}
     for node in coordinators:
         for replica in node.shards:
@@ -246,16 +267,23 @@ def cluster_view(
         )
         for n in coordinators
     )
-    partition_rows = tuple(
-        NodeRow(
-            node_id=n.node_id,
-            address=n.address,
-            up=n.error is None,
-            detail=n.error or n.directory_state,
-            refused=tuple(f"{_tp_name(tp)}: {why}" for tp, why in n.refused),
+    if snapshot.partition_nodes is None:
+        known = sorted(snapshot.cluster_nodes.get("partition_nodes", {}).items())
+        partition_rows = tuple(
+            NodeRow(node_id, address, None, "not known: the coordinators did not answer")
+            for node_id, address in known
         )
-        for n in partition_nodes or ()
-    )
+    else:
+        partition_rows = tuple(
+            NodeRow(
+                node_id=n.node_id,
+                address=n.address,
+                up=n.error is None,
+                detail=n.error or n.directory_state,
+                refused=tuple(f"{_tp_name(tp)}: {why}" for tp, why in n.refused),
+            )
+            for n in snapshot.partition_nodes
+        )
     return ClusterView(coordinator_rows, shards, partition_rows)
 
 
@@ -583,14 +611,34 @@ class GroupOffsetRow:
     topic: str
     partition: int
     committed: int
+    #: The high watermark, as Kafka's kafka-consumer-groups reads it.
+    log_end_offset: int | None
     last_stable_offset: int | None
 
     @property
     def lag(self) -> int | None:
-        """Records a read_committed member has still to consume."""
-        if self.last_stable_offset is None:
+        """The log end offset minus the committed offset, as
+        kafka-consumer-groups computes LAG: the same figure for
+        read_committed and read_uncommitted members. None when the log end
+        offset is not known, or is below the committed offset (an offset
+        committed past the log's end): never a negative lag."""
+        if self.log_end_offset is None or self.past_log_end:
             return None
-        return max(0, self.last_stable_offset - self.committed)
+        return self.log_end_offset - self.committed
+
+    @property
+    def past_log_end(self) -> bool:
+        """The committed offset is past the log end offset."""
+        return self.log_end_offset is not None and self.committed > self.log_end_offset
+
+    @property
+    def held_back(self) -> int | None:
+        """Of the lag, the offsets at or past the last stable offset: open
+        transactions hold them back from read_committed members, which
+        cannot read them yet however fast they are."""
+        if self.lag is None or self.log_end_offset is None or self.last_stable_offset is None:
+            return None
+        return self.log_end_offset - max(self.committed, self.last_stable_offset)
 
 
 @dataclass(frozen=True)
@@ -612,7 +660,8 @@ class GroupRow:
 
 def groups_view(snapshot: Snapshot) -> tuple[GroupRow, ...]:
     """Each consumer group known: members, generation, committed offsets and
-    lag behind the last stable offset."""
+    lag behind the log end offset."""
+    ends = snapshot.log_end_offsets
     stable = snapshot.stable_offsets
     names = sorted(set(snapshot.groups) | set(snapshot.group_offsets))
     rows = []
@@ -620,7 +669,11 @@ def groups_view(snapshot: Snapshot) -> tuple[GroupRow, ...]:
         group = snapshot.groups.get(name)
         offsets = tuple(
             GroupOffsetRow(
-                tp.topic, tp.partition, committed, None if stable is None else stable.get(tp)
+                tp.topic,
+                tp.partition,
+                committed,
+                None if ends is None else ends.get(tp),
+                None if stable is None else stable.get(tp),
             )
             for tp, committed in sorted(snapshot.group_offsets.get(name, {}).items())
         )

@@ -57,7 +57,7 @@ def serve(options: ConsoleOptions, host: str, port: int) -> int:
     """Serve the console until SIGINT or SIGTERM; 0 then."""
     nodes = check_cluster(options)
     sock = listen(host, port)
-    collector = Collector(options)
+    collector = Collector(options, nodes)
     collector.start()
     app = create_app(lambda: collector.latest, options)
     config = uvicorn.Config(

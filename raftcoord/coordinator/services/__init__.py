@@ -10,7 +10,8 @@ is TransactionCoordinator's, and hands each RPC to the family that serves it:
                    AddOffsetsToTxn, EndTxn
 ``groups``         TxnOffsetCommit, OffsetCommit, OffsetFetch,
                    WriteTxnMarkers (group markers); JoinGroup,
-                   SyncGroup, Heartbeat, LeaveGroup, DescribeGroups
+                   SyncGroup, Heartbeat, LeaveGroup, DescribeGroups,
+                   ListGroups
 ``topics``         Metadata, CreateTopics, RegisterDirectory, ReserveOffsets,
                    NodeHeartbeat, AlterPartition
 ``admin``          DescribeTransactions, ListTransactions; CoordinatorAdmin
@@ -112,6 +113,9 @@ class CoordinatorService(coordinator_pb2_grpc.TransactionCoordinatorServicer):
 
     def DescribeGroups(self, request: Any, context: Any) -> Any:
         return self.groups.DescribeGroups(request, context)
+
+    def ListGroups(self, request: Any, context: Any) -> Any:
+        return self.groups.ListGroups(request, context)
 
     # --- operator queries ------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Consumer-group RPCs of TransactionCoordinator: TxnOffsetCommit,
 OffsetCommit, OffsetFetch, WriteTxnMarkers for groups (the marker writers'
 COMMIT/ABORT of a group's pending offsets), and group membership: JoinGroup,
-SyncGroup, Heartbeat, LeaveGroup, DescribeGroups.
+SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups.
 
 Membership changes are commands replicated like the others
 (:mod:`fsm.membership`). What Kafka's coordinator holds back, this layer
@@ -537,7 +537,7 @@ class GroupRPCs:
                 denied = self.router.denied(who, (Operation.DESCRIBE, ResourceType.GROUP, group_id))
                 if denied is not None:
                     raise Refused(denied.error, denied.message)
-                group = self.router.read(self.router.shard_of(group_id), _group_of(group_id))
+                group, state = self.router.read(self.router.shard_of(group_id), _group_of(group_id))
             except Refused as refused:
                 described.append(
                     coordinator_pb2.DescribedGroup(
@@ -545,8 +545,34 @@ class GroupRPCs:
                     )
                 )
                 continue
-            described.append(_describe(group_id, group))
+            described.append(_describe(group_id, group, state))
         return coordinator_pb2.DescribeGroupsResponse(groups=described)
+
+    def ListGroups(self, request: Any, context: Any) -> Any:
+        """The groups of the shards this node leads that the caller may
+        describe (ask every node for all)."""
+        who = self.router.caller(context)
+        listed: list[tuple[str, str]] = []
+        for shard in range(self.router.config.shard_count):
+            if self.router.shards.availability(shard) is not ErrorCode.NONE:
+                continue
+            try:
+                listed.extend(self.router.read(shard, TransactionStateMachine.list_groups))
+            except Refused:
+                continue
+        visible = set(
+            self.router.authorizer.filter(
+                who, Operation.DESCRIBE, ResourceType.GROUP, (gid for gid, _ in listed)
+            )
+        )
+        return coordinator_pb2.ListGroupsResponse(
+            error_code=wire_error(ErrorCode.NONE),
+            groups=[
+                coordinator_pb2.ListedGroup(group_id=gid, state=state)
+                for gid, state in sorted(listed)
+                if gid in visible
+            ],
+        )
 
     def _group_denied(self, context: Any, group_id: str) -> Outcome | None:
         """The refusal of a membership request whose caller may not READ the group."""
@@ -630,8 +656,11 @@ def _leave(group_id: str, member_id: str, group_instance_id: str) -> Unstamped:
     return lambda stamp: LeaveGroup(group_id, member_id, group_instance_id, stamp.now_ms)
 
 
-def _group_of(group_id: str) -> Callable[[TransactionStateMachine], GroupMembership | None]:
-    return lambda machine: machine.group(group_id)
+def _group_of(
+    group_id: str,
+) -> Callable[[TransactionStateMachine], tuple[GroupMembership | None, str]]:
+    """A group's membership and Kafka's state name of the group."""
+    return lambda machine: (machine.group(group_id), machine.group_state(group_id))
 
 
 def _new_member_id(group_instance_id: str, client_id: str) -> str:
@@ -675,10 +704,10 @@ def _sync_error(error: ErrorCode, message: str) -> Any:
     return coordinator_pb2.SyncGroupResponse(error_code=wire_error(error), error_message=message)
 
 
-def _describe(group_id: str, group: GroupMembership | None) -> Any:
+def _describe(group_id: str, group: GroupMembership | None, state: str) -> Any:
     if group is None:
         return coordinator_pb2.DescribedGroup(
-            error_code=wire_error(ErrorCode.NONE), group_id=group_id, state="Dead"
+            error_code=wire_error(ErrorCode.NONE), group_id=group_id, state=state
         )
     return coordinator_pb2.DescribedGroup(
         error_code=wire_error(ErrorCode.NONE),

@@ -126,6 +126,11 @@ class TransactionCoordinatorStub:
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsRequest.SerializeToString,
                 response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/raftcoord.v1.TransactionCoordinator/ListGroups',
+                request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
         self.RegisterDirectory = channel.unary_unary(
                 '/raftcoord.v1.TransactionCoordinator/RegisterDirectory',
                 request_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.RegisterDirectoryRequest.SerializeToString,
@@ -311,6 +316,14 @@ class TransactionCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """Lists the consumer groups of the shards this node leads (Kafka's
+        ListGroups: ask every node for all).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RegisterDirectory(self, request, context):
         """Records a partition-log node's data directory in shard 0 (sent by the
         node at start; by `raftcoord accept-directory` with replace set).
@@ -480,6 +493,11 @@ def add_TransactionCoordinatorServicer_to_server(servicer, server):
                     servicer.DescribeGroups,
                     request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsRequest.FromString,
                     response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListGroupsRequest.FromString,
+                    response_serializer=raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListGroupsResponse.SerializeToString,
             ),
             'RegisterDirectory': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterDirectory,
@@ -1014,6 +1032,33 @@ class TransactionCoordinator:
             '/raftcoord.v1.TransactionCoordinator/DescribeGroups',
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsRequest.SerializeToString,
             raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftcoord.v1.TransactionCoordinator/ListGroups',
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListGroupsRequest.SerializeToString,
+            raftcoord_dot_protocol_dot_v1_dot_coordinator__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
