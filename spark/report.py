@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from raftcoord.chaos.tables import print_unwrapped
 from raftcoord.chaos.verdict import run_problems, verdict
 from spark.checks import CheckResult
 
@@ -51,16 +52,22 @@ def judge(
 
 
 def print_table(results: list[CheckResult], console: Console | None = None) -> None:
+    """The checks' results; on a terminal the example column is folded at 70
+    columns, into a file or a pipe each check stays on one line."""
     console = console or Console()
     table = Table(title="raftcoord audit")
     table.add_column("check")
     table.add_column("result")
     table.add_column("count", justify="right")
-    table.add_column("first example / why not judged", overflow="fold", max_width=70)
+    table.add_column(
+        "first example / why not judged",
+        overflow="fold",
+        max_width=70 if console.is_terminal else None,
+    )
     for r in results:
         note = r.incomplete or (json.dumps(r.examples[0], default=str)[:200] if r.examples else "")
         table.add_row(r.name, f"[{_COLOURS[r.status]}]{r.status}[/]", str(r.count), note)
-    console.print(table)
+    print_unwrapped(console, table)
 
 
 def print_verdict(document: dict[str, Any], console: Console | None = None) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from raftcoord.chaos.workload import FINAL_READ_STALL_S, Options, Workload
+from raftcoord.chaos.options import Options
+from raftcoord.chaos.workload import FINAL_READ_STALL_S, Workload
 from spark.audit import run_audit
 from tests.history_format import read_history
 from tests.local_cluster import running_cluster

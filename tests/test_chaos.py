@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from raftcoord.chaos.arguments import FAULTS as NODE_FAULTS
+from raftcoord.chaos.options import Options
 from raftcoord.chaos.verdict import run_problems, verdict
-from raftcoord.chaos.workload import Options, Workload
+from raftcoord.chaos.workload import Workload
 from raftcoord.client import Admin, TransactionListing
 from raftcoord.cluster import netns
 from tests.history_checker import check

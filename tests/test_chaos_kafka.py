@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from raftcoord.chaos.workload import Options, Workload
+from raftcoord.chaos.options import Options
+from raftcoord.chaos.workload import Workload
 from raftcoord.cluster import netns
 from raftcoord.cluster.launcher import ClusterError
 from spark.audit import run_audit

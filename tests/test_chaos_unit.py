@@ -15,8 +15,8 @@ import raftcoord.chaos.history as history_module
 from raftcoord.chaos.arguments import FAULTS, parse_faults
 from raftcoord.chaos.history import SLOW_S, History, HistoryError
 from raftcoord.chaos.nemesis import Fault, FaultPlan, effect, plans
+from raftcoord.chaos.options import Options
 from raftcoord.chaos.workload import (
-    Options,
     input_values,
     output_value,
     producer_plans,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import json
 import os
@@ -210,37 +211,48 @@ def test_cluster_help_loads_neither_spark_nor_the_kafka_codec() -> None:
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_the_admin_and_cluster_commands_help_loads_neither_grpc_nor_cryptography() -> None:
-    """`raftcoord txn describe --help` and the others answer without loading
-    gRPC and cryptography (a third of a second of CPU): their modules import
-    the client and the launcher where they use them."""
-    commands = [
-        *(["cluster", c] for c in ("up", "status", "down", "kill", "start", "partition")),
-        *(["txn", c] for c in ("list", "describe", "describe-producers", "find-hanging", "abort")),
-        *(["topic", c] for c in ("create", "list", "describe")),
-        *(["acl", c] for c in ("add", "list", "remove")),
-        *(["user", c] for c in ("add", "list", "remove")),
-        ["console"],
-    ]
+def test_no_commands_help_loads_grpc_or_cryptography() -> None:
+    """`raftcoord workload --help`, `raftcoord bench coordinator --help` and
+    every other command's and subcommand's help answer without loading gRPC
+    and cryptography (a third of a second of CPU): their modules import the
+    client, the launcher and what the benchmarks run where they use them.
+    The commands are found by walking the parsers, so that a new one is
+    checked too."""
     probe = (
-        "import sys\n"
+        "import argparse, sys\n"
         "from raftcoord.cli.main import main\n"
-        f"for command in {commands!r}:\n"
+        "shown = []\n"
+        "print_help = argparse.ArgumentParser.print_help\n"
+        "def record(self, file=None):\n"
+        "    shown.append(self)\n"
+        "    print_help(self, file)\n"
+        "argparse.ArgumentParser.print_help = record\n"
+        "todo, done = [[]], []\n"
+        "while todo:\n"
+        "    command = todo.pop()\n"
         "    try:\n"
         "        main([*command, '--help'])\n"
         "    except SystemExit:\n"
         "        pass\n"
+        "    done.append(' '.join(command))\n"
+        "    for action in shown[-1]._actions:\n"
+        "        if isinstance(action, argparse._SubParsersAction):\n"
+        "            todo.extend([*command, name] for name in action.choices)\n"
         "heavy = ('grpc', 'cryptography')\n"
+        "print(done)\n"
         "print(sorted(m for m in sys.modules\n"
         "             if any(m == h or m.startswith(h + '.') for h in heavy)))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[-1] == "[]"
-    assert sum(line.startswith("usage: raftcoord ") for line in lines) == len(commands)
+    checked = set(ast.literal_eval(lines[-2]))
+    assert {"workload", "chaos", "bench", "bench coordinator", "audit", "demo"} <= checked
+    assert {"txn describe", "certs client", "kafka-gateway", "console", "cluster up"} <= checked
+    assert sum(line.startswith("usage: raftcoord") for line in lines) == len(checked)
 
 
 def test_an_empty_bootstrap_server_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -267,6 +279,49 @@ def test_a_table_into_a_file_keeps_each_row_on_one_line(
     print_record(row, columns)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "Column0:  value-0-" + "x" * 20 and lines[11].startswith("Column11: ")
+
+
+def test_the_workload_demo_and_audit_tables_into_a_file_keep_each_row_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tables of `raftcoord workload`, `chaos`, `demo` and `audit` are
+    printed as the admin commands' are (raftcoord.chaos.tables): into a
+    file or a pipe each row is one line, however long; on a terminal they
+    fit its width."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from raftcoord.chaos.commands import fault_report_table, summary_table
+    from raftcoord.chaos.tables import print_unwrapped
+    from raftcoord.cli.demo import _faults_table
+    from spark.checks import CheckResult
+    from spark.report import print_table as print_audit_table
+
+    long = "y" * 150
+    summary = {
+        "seed": 7,
+        "elapsed_s": 60,
+        "ops": {"txn": {"invoke": 10, "ok": 8, "fail": 1, "info": 1}},
+        "crashed": [f"producer-1: {long}"],
+        "unfinished": [],
+    }
+    report = [{"fault": "kill", "happened": 2, "changed": 0, "not_run": f"because {long}"}]
+    history = tmp_path / "history.jsonl"
+    fault = {"op": "fault", "phase": "start", "fault": "partition", "targets": [1, 2]}
+    history.write_text(json.dumps({**fault, "detail": f"cut {long}"}) + "\n")
+    for table in (summary_table(summary), fault_report_table(report), _faults_table(history)):
+        print_unwrapped(Console(), table)
+        [row] = [line for line in capsys.readouterr().out.splitlines() if long in line]
+        assert row.count("│") >= 3  # the whole row: its cells and borders on one line
+    print_audit_table([CheckResult("no-duplicates", 1, [{"value": long}])], Console())
+    lines = capsys.readouterr().out.splitlines()
+    [row] = [line for line in lines if "no-duplicates" in line]
+    assert long in row and "FAIL" in row
+    terminal = StringIO()
+    on_terminal = Console(file=terminal, force_terminal=True, color_system=None, width=80)
+    print_unwrapped(on_terminal, summary_table(summary))
+    assert max(len(line) for line in terminal.getvalue().splitlines()) <= 80
 
 
 #: A line of gRPC's C core log (severity, date, time, thread, file).

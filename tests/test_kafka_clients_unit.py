@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from raftcoord.chaos.workload import Options, _outcome_known
+from raftcoord.chaos.options import Options
+from raftcoord.chaos.workload import _outcome_known
 from raftcoord.client import FatalError, KafkaError, KafkaTimeoutError, TransactionAbortableError
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

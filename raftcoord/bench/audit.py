@@ -24,14 +24,6 @@ from pathlib import Path
 from spark import audit, stats, synthetic
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--master", default="local[*]")
-    parser.add_argument(
-        "--shuffle-partitions", type=int, help="spark.sql.shuffle.partitions (default: cores)"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     spark = audit.session(args.master, args.shuffle_partitions)
     rows_out = []

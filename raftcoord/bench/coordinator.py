@@ -55,7 +55,6 @@ from raftcoord.protocol.v1 import common_pb2, coordinator_pb2, coordinator_pb2_g
 
 COORDINATORS = 3
 SHARDS = 3
-THREADS = (1, 8, 32)
 CALL_TIMEOUT_S = 15.0
 TXN_TIMEOUT_MS = 900_000  # the maximum: nothing times out during a run
 TOPIC = "bench"
@@ -662,28 +661,6 @@ def report(results: list[PolicyResult], args: argparse.Namespace, total_s: float
         print("errors: none (every answer had error code NONE)")
         print()
     print(f"total run time {total_s:.0f} s")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="smaller counts, one fsync policy")
-    parser.add_argument(
-        "--fsync",
-        "--fsync-policies",
-        dest="fsync",
-        default=None,
-        help="comma-separated fsync policies (default: always,never; --quick: always)",
-    )
-    parser.add_argument("--find-n", type=int, default=None, help="FindCoordinator calls")
-    parser.add_argument("--sync-n", type=int, default=None, help="sync requests per kind")
-    parser.add_argument("--seconds", type=float, default=None, help="per transaction run")
-    parser.add_argument(
-        "--threads",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=list(THREADS),
-        help="client thread counts for transactions (default 1,8,32)",
-    )
-    parser.add_argument("--idle-s", type=float, default=5.0)
-    parser.add_argument("--dir", default=None, help="parent of the cluster dir (default: tmp)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -70,19 +70,6 @@ def _serve(style: str, address: str, stop: Any) -> None:
     asyncio.run(main())
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="1 s per step instead of 4")
-    parser.add_argument("--seconds", type=float, help="per step (default 4; --quick 1)")
-    parser.add_argument(
-        "--callers",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=[1, 8, 32, 128],
-        help="concurrent caller counts (default 1,8,32,128)",
-    )
-    parser.add_argument("--client-processes", type=int, default=4)
-    parser.add_argument("--json", dest="json_path", help="also write the results here as JSON")
-
-
 @contextlib.contextmanager
 def server(style: str) -> Iterator[tuple[str, int]]:
     """A server of ``style`` in a process of its own: (address, pid)."""

@@ -173,11 +173,6 @@ def per_call_us(call: Callable[[], object], iterations: int) -> float:
     return (time.perf_counter() - start) / iterations * 1e6
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--partitions", type=int, default=10)
-
-
 def run(args: argparse.Namespace) -> int:
     cases = [
         (

@@ -137,13 +137,6 @@ def native_run(cluster: LocalCluster, topic: str, args: argparse.Namespace, phas
     return read
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transactions", type=int, default=40)
-    parser.add_argument("--records", type=int, default=200)
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--value-bytes", type=int, default=100)
-
-
 def run(args: argparse.Namespace) -> int:
     expected = args.transactions * args.records
     mib = expected * args.value_bytes / MIB

@@ -39,16 +39,9 @@ from rich.table import Table
 from partition_log import codec
 from partition_log.log import FsyncPolicy
 from partition_log.partition import BatchSpec, Partition
+from raftcoord.bench.arguments import parse_size
 
 PRODUCERS = 8
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in _UNITS:
-        return int(float(text[:-1]) * _UNITS[text[-1]])
-    return int(text)
 
 
 def open_partition(path: Path, segment_bytes: int) -> Partition:
@@ -130,16 +123,6 @@ def machine() -> str:
     except OSError:
         pass
     return f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, {platform.system()}"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default="10M,100M", help="log sizes, e.g. 10M,100M,1G")
-    parser.add_argument("--segment-bytes", type=parse_size, default=64 << 20)
-    parser.add_argument("--records", type=int, default=10, help="records per batch")
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--txn-batches", type=int, default=20, help="batches per transaction")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="where the temporary logs go")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -150,17 +150,6 @@ def run_one(
             raft_journal.unregister_journal(path)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n", type=int, default=200, help="sync commits (aggressive tick)")
-    parser.add_argument(
-        "--n-default-tick", type=int, default=50, help="sync commits (default tick)"
-    )
-    parser.add_argument("--full", action="store_true", help="use --n for both tick settings")
-    parser.add_argument("--tput-s", type=float, default=2.0)
-    parser.add_argument("--idle-s", type=float, default=3.0)
-    parser.add_argument("--dir", default=None, help="directory for journals (default: system tmp)")
-
-
 def run(args: argparse.Namespace) -> int:
 
     raft_journal.install()

@@ -133,16 +133,6 @@ def measure(count: int, directory: Path) -> dict[str, float]:
     }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--sizes",
-        default="10000,50000,100000",
-        help="open transactions in the shard, comma separated (default 10000,50000,100000)",
-    )
-    parser.add_argument("--repeat", type=int, default=3, help="runs per size (default 3)")
-    parser.add_argument("--dir", default=None, help="parent of the temporary directories")
-
-
 def run(args: argparse.Namespace) -> int:
     console = Console()
     table = Table(title="log compaction of one shard against its open transactions")

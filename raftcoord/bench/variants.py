@@ -81,18 +81,6 @@ COMPARISONS: dict[str, tuple[str, Variant, Variant]] = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seconds", type=float, default=10.0, help="per step (10)")
-    parser.add_argument(
-        "--producers", default="1,8", help="producer threads of each step, comma-separated (1,8)"
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=1, help="times the two clusters take turns (1)"
-    )
-    parser.add_argument("--dir", help="where the clusters' temporary directories go")
-    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
-
-
 @contextmanager
 def scraping(cluster: LocalCluster, interval_s: float | None) -> Iterator[list[int]]:
     """Scrape every metrics endpoint of ``cluster`` every ``interval_s``

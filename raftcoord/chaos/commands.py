@@ -1,16 +1,18 @@
 """``raftcoord workload`` and ``raftcoord chaos``: options, live progress and
-the summary table (rich)."""
+the summary table (rich).
+
+The workload, the nemesis, the clients and the launcher are imported by the
+functions that run them, not by the module: ``raftcoord workload --help``
+and ``raftcoord chaos --help`` are answered without loading gRPC and
+cryptography.
+"""
 
 from __future__ import annotations
 
 import argparse
 import secrets
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from raftcoord.chaos.arguments import (
     CHAOS_HISTORY_FILE,
@@ -22,12 +24,16 @@ from raftcoord.chaos.arguments import (
     positive_int,
     positive_seconds,
 )
-from raftcoord.chaos.history import History
-from raftcoord.chaos.nemesis import run_alone
+from raftcoord.chaos.options import CLIENT_KINDS, Options
+from raftcoord.chaos.tables import print_unwrapped
 from raftcoord.chaos.verdict import EXIT_STATUS, fault_shortfalls, verdict
-from raftcoord.chaos.workload import CLIENT_KINDS, Options, Workload
-from raftcoord.client import KafkaError
-from raftcoord.cluster.launcher import ClusterError, LocalCluster
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from raftcoord.chaos.workload import Workload
+    from raftcoord.cluster.launcher import LocalCluster
 
 __all__ = ["configure_chaos", "configure_workload"]
 
@@ -132,6 +138,8 @@ def _seed(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
+    from raftcoord.cluster.launcher import ClusterError, LocalCluster
+
     cluster = LocalCluster(args.cluster_dir)
     if cluster.state is None:
         raise ClusterError(f"no cluster in {cluster.data_dir} (run `raftcoord cluster up`)")
@@ -139,6 +147,12 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
 
 
 def _workload(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from raftcoord.chaos.workload import Workload
+    from raftcoord.client import KafkaError
+    from raftcoord.cluster.launcher import ClusterError
+
     console = Console()
     try:
         options = Options(
@@ -171,15 +185,17 @@ def _workload(args: argparse.Namespace) -> int:
     except (ClusterError, KafkaError, ValueError) as exc:
         console.print(f"raftcoord workload: {exc}", style="red")
         return 1
-    console.print(summary_table(summary))
+    print_unwrapped(console, summary_table(summary))
     if summary["fault_report"]:
-        console.print(fault_report_table(summary["fault_report"]))
+        print_unwrapped(console, fault_report_table(summary["fault_report"]))
     console.print(f"history: {history}")
     return 1 if summary["crashed"] or summary["unfinished"] else 0
 
 
 def run_with_progress(workload: Workload, console: Console) -> dict[str, Any]:
     """Run ``workload`` under a live progress table; returns its summary."""
+    from rich.live import Live
+
     with Live(
         console=console, transient=True, get_renderable=lambda: _progress(workload.progress())
     ):
@@ -187,6 +203,8 @@ def run_with_progress(workload: Workload, console: Console) -> dict[str, Any]:
 
 
 def _progress(progress: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"workload: {progress['phase']}, {progress['elapsed_s']:.0f} s")
     for column in ("commits", "aborts", "failures", "unknown", "faults done", "current faults"):
         table.add_column(column, justify="right" if column != "current faults" else "left")
@@ -204,6 +222,8 @@ def _progress(progress: dict[str, Any]) -> Table:
 def summary_table(summary: dict[str, Any]) -> Table:
     """The run's summary: per op how many invocations ended ok, fail (did not
     happen) and info (unknown), then what crashed or did not finish."""
+    from rich.table import Table
+
     table = Table(title=f"summary (seed {summary['seed']}, {summary['elapsed_s']} s)")
     for column in ("op", "invoked", "ok", "fail", "info (unknown)"):
         table.add_column(column, justify="left" if column == "op" else "right")
@@ -219,6 +239,8 @@ def fault_report_table(report: list[dict[str, Any]]) -> Table:
     """Per fault kind asked for: how many happened, how many of them changed
     something (a leader moved, requests failed, a node stopped on its disk),
     and why a kind did not run."""
+    from rich.table import Table
+
     table = Table(title="faults asked for")
     for column in ("fault", "happened", "changed something", "note"):
         table.add_column(
@@ -232,6 +254,12 @@ def fault_report_table(report: list[dict[str, Any]]) -> Table:
 
 
 def _chaos(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from raftcoord.chaos.history import History
+    from raftcoord.chaos.nemesis import run_alone
+    from raftcoord.cluster.launcher import ClusterError
+
     console = Console()
     try:
         cluster = _cluster(args)
@@ -266,7 +294,7 @@ def _chaos(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         console.print(f"raftcoord chaos: {exc}", style="red")
         return 1
-    console.print(fault_report_table(report))
+    print_unwrapped(console, fault_report_table(report))
     console.print(f"history: {path}")
     shortfalls = fault_shortfalls(report)
     for reason in shortfalls:

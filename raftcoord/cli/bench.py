@@ -44,8 +44,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def configure(bench: argparse.ArgumentParser) -> None:
-    """The arguments of ``raftcoord bench``."""
-    from raftcoord.bench import targets
+    """The arguments of ``raftcoord bench`` (no benchmark's module is
+    imported until one runs)."""
+    from raftcoord.bench.arguments import ADD_ARGUMENTS
 
     bench.description = (
         "With no SUITE: start local clusters (3 coordinators x 3 shards, 3 "
@@ -57,10 +58,10 @@ def configure(bench: argparse.ArgumentParser) -> None:
         "count; prints the figures and the targets (docs/performance.md). A SUITE runs "
         "one of the narrower benchmarks."
     )
-    targets.add_arguments(bench)
+    ADD_ARGUMENTS["targets"](bench)
     bench.set_defaults(func=_run, bench_module="targets")
     suites = bench.add_subparsers(dest="suite", metavar="SUITE")
     for name, (module, text) in SUITES.items():
         suite = suites.add_parser(name, help=text, description=text)
-        _module(module).add_arguments(suite)
+        ADD_ARGUMENTS[module](suite)
         suite.set_defaults(bench_module=module)

@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from raftcoord.client import Admin
     from raftcoord.protocol.tls import SslFiles
 
-#: A width no table's row reaches: where a table printed to a file is measured.
-UNBOUNDED_WIDTH = 1 << 20
 #: What a command returns: its rows, and the table's (header, key) columns.
 Rows = tuple[list[dict[str, Any]], list[tuple[str, str]]]
 
@@ -93,19 +91,17 @@ def ssl_files(args: argparse.Namespace) -> SslFiles:
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
-    """``rows`` as a table of ``columns`` (header, key): as wide as the
-    terminal allows, and when stdout is not a terminal (a file, a pipe) as
-    wide as its rows are, never wrapped."""
+    """``rows`` as a table of ``columns`` (header, key) on stdout, never
+    wrapped (:func:`~raftcoord.chaos.tables.print_unwrapped`)."""
     from rich.console import Console
     from rich.table import Table
+
+    from raftcoord.chaos.tables import print_unwrapped
 
     table = Table(*(header for header, _ in columns))
     for row in rows:
         table.add_row(*(_cell(row[key]) for _, key in columns))
-    console = Console()
-    if not console.is_terminal:  # measured at a width no row reaches
-        console = Console(width=Console(width=UNBOUNDED_WIDTH).measure(table).maximum)
-    console.print(table)
+    print_unwrapped(Console(), table)
 
 
 def print_record(row: Mapping[str, Any], columns: Sequence[tuple[str, str]]) -> None:

@@ -36,8 +36,10 @@ from rich.console import Console
 from rich.table import Table
 
 from raftcoord.chaos.commands import fault_report_table, run_with_progress, summary_table
+from raftcoord.chaos.options import Options
+from raftcoord.chaos.tables import print_unwrapped
 from raftcoord.chaos.verdict import EXIT_STATUS
-from raftcoord.chaos.workload import Options, Workload
+from raftcoord.chaos.workload import Workload
 from raftcoord.cluster import netns, node_faults
 from raftcoord.cluster.launcher import LocalCluster
 
@@ -68,9 +70,9 @@ def run_demo(
             f"interrupted: stopped at once; the cluster's files are in {data_dir}", soft_wrap=True
         )
         return EXIT_INTERRUPTED
-    console.print(summary_table(summary))
-    console.print(_faults_table(history))
-    console.print(fault_report_table(summary["fault_report"]))
+    print_unwrapped(console, summary_table(summary))
+    print_unwrapped(console, _faults_table(history))
+    print_unwrapped(console, fault_report_table(summary["fault_report"]))
     if interrupted:
         console.print(
             "interrupted: healed, drained and stopped; the audit is skipped. The cluster's "
@@ -131,7 +133,7 @@ def _run(
             tls=True,
             settings={"transaction.two.phase.commit.enable": True},
         )
-        console.print(cluster.status_table())
+        console.print(cluster.status_table(), soft_wrap=True)
         asked = ", ".join(faults) or "no faults"
         console.rule(f"2. the workload for {duration_s:.0f} s, with {asked} (seed {seed})")
         options = Options(
