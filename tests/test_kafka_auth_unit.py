@@ -13,7 +13,7 @@ import pytest
 from scramp import ScramClient
 
 from raftcoord.kafka.auth import SaslExchange
-from raftcoord.kafka.gateway import CreationRate
+from raftcoord.kafka.connections import CreationRate
 from raftcoord.protocol.config import ClusterConfig, KafkaListener, NodeAddress, TlsConfig
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.scram import ScramCredential, credential, salted_password

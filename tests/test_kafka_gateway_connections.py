@@ -16,8 +16,9 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from raftcoord.cluster.launcher import free_ports
-from raftcoord.kafka import gateway as gateway_module
+from raftcoord.kafka import connections
 from raftcoord.kafka import messages as m
+from raftcoord.kafka.apis import admin, common
 from raftcoord.kafka.gateway import Gateway
 from raftcoord.protocol.config import ClusterConfig, KafkaListener, NodeAddress
 from raftcoord.protocol.errors import ErrorCode
@@ -145,7 +146,7 @@ def test_a_client_that_never_reads_its_answers_is_disconnected(
     socket's buffers full: here every drain waits for good, as for a client
     that sends and never reads) closes the connection, and frees what it
     held."""
-    monkeypatch.setattr(gateway_module, "FRAME_WRITE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(connections, "FRAME_WRITE_TIMEOUT_S", 0.3)
 
     async def never_drained(self: asyncio.StreamWriter) -> None:
         await asyncio.Event().wait()
@@ -186,10 +187,10 @@ def test_ids_named_many_times_are_asked_once_and_a_few_at_a_time() -> None:
         return {"id": key}
 
     keys = [f"g{i % 50}" for i in range(1_000)]
-    answers = asyncio.run(gateway_module._each_once(keys, call))
+    answers = asyncio.run(common.each_once(keys, call))
     assert [a["id"] for a in answers] == keys
     assert sorted(asked) == sorted(set(keys))
-    assert running[1] == gateway_module.MAX_CALLS_PER_REQUEST
+    assert running[1] == common.MAX_CALLS_PER_REQUEST
 
 
 def test_a_missing_topic_named_many_times_is_looked_up_once(
@@ -224,6 +225,6 @@ def test_min_insync_replicas_of_a_new_topic_is_a_positive_int32_or_refused(value
     """Out of range (past int32) is refused like any value that is not a
     positive number (INVALID_CONFIG), not an error building the call."""
     config = types.SimpleNamespace(name="min.insync.replicas", value=value)
-    wanted = gateway_module._min_insync_replicas([config])
+    wanted = admin._min_insync_replicas([config])
     assert wanted == (2 if value == "2" else -1)
     coordinator_pb2.CreatableTopic(name="t", min_insync_replicas=wanted)  # fits the field

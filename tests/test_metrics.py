@@ -74,7 +74,7 @@ def registries() -> dict[str, set[str]]:
     node = SimpleNamespace(
         shards=[], markers=SimpleNamespace(metrics=lambda: []), data_dir=Path("/nonexistent")
     )
-    coordinator.add(CoordinatorCollector(node))  # type: ignore[arg-type]
+    coordinator.add(CoordinatorCollector(node))
     partition = Metrics()
     RpcMetrics(partition)
     partition.fsyncs()

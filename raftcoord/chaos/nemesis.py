@@ -466,9 +466,8 @@ class Nemesis:
         return f"shard {shard} leader {old} -> {found['new_leader']}", found
 
     def _restart(self, node_ids: Sequence[int]) -> None:
-        for node_id in node_ids:
-            if not self.cluster.alive(node_id):
-                self.cluster.start(node_id)
+        """Start those of ``node_ids`` that are down, all at once."""
+        self.cluster.start(*(n for n in node_ids if not self.cluster.alive(n)))
 
     def _leader_kill(self, plan: FaultPlan) -> Fault:
         shard, leader = self._shard_and_leader(plan)

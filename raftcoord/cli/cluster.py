@@ -151,8 +151,10 @@ def configure(cluster: argparse.ArgumentParser) -> None:
     kill.add_argument(
         "--signal", default="KILL", type=_signal, help="KILL (default), STOP, CONT or TERM"
     )
-    start = sub.add_parser("start", help="start a stopped node again (same data dir, ports)")
-    start.add_argument("node", type=int)
+    start = sub.add_parser(
+        "start", help="start stopped nodes again, all at once (same data dirs, ports)"
+    )
+    start.add_argument("node", type=int, nargs="+")
     elect = sub.add_parser(
         "elect-leaders",
         help="move every shard's leadership to its preferred coordinator now "
@@ -284,8 +286,8 @@ def _run(args: argparse.Namespace) -> int:
             cluster.kill(args.node, args.signal)
             print(f"sent SIG{args.signal} to node {args.node}")
         elif args.cluster_command == "start":
-            cluster.start(args.node)
-            print(f"started node {args.node}")
+            cluster.start(*args.node)
+            print(f"started node(s) {', '.join(map(str, args.node))}")
         elif args.cluster_command == "elect-leaders":
             leaders = cluster.elect_preferred_leaders()
             print(", ".join(f"shard {s}: node {n}" for s, n in sorted(leaders.items())))

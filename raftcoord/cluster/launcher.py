@@ -748,26 +748,35 @@ class LocalCluster:
             raise ClusterError(f"no cluster in {self.data_dir} (run `raftcoord cluster up`)")
         return self.state
 
-    def start(self, node_id: int, timeout_s: float = 15.0) -> None:
-        """Start a stopped node again with the same data dir and ports."""
-        record = self._require().node(node_id)
-        if self.alive(node_id):
-            raise ClusterError(
-                f"node {node_id} is running (pid {record.pid}); the end of {record.log}:\n"
-                + _log_tail(record, 40)
-            )
-        self._spawn(record)
+    def start(self, *node_ids: int, timeout_s: float = 15.0) -> None:
+        """Start stopped nodes again, all at once, with the same data dirs and
+        ports; return once every one answers."""
+        records = [self._require().node(node_id) for node_id in node_ids]
+        for record in records:
+            if self.alive(record.node_id):
+                raise ClusterError(
+                    f"node {record.node_id} is running (pid {record.pid}); the end of "
+                    f"{record.log}:\n" + _log_tail(record, 40)
+                )
+        for record in records:
+            self._spawn(record)
         self._save()
 
-        def answered() -> bool:
-            if not self.alive(node_id):
-                raise ClusterError(
-                    f"node {node_id} exited while starting; the end of {record.log}:\n"
-                    + _log_tail(record, 5)
-                )
-            return self.node_status(node_id) is not None
+        waiting = list(records)
 
-        self.wait_until(answered, timeout_s, f"node {node_id} did not answer")
+        def answered() -> bool:
+            for record in list(waiting):
+                if not self.alive(record.node_id):
+                    raise ClusterError(
+                        f"node {record.node_id} exited while starting; the end of "
+                        f"{record.log}:\n" + _log_tail(record, 5)
+                    )
+                if self.node_status(record.node_id) is not None:
+                    waiting.remove(record)
+            return not waiting
+
+        names = ", ".join(map(str, node_ids))
+        self.wait_until(answered, timeout_s, f"node(s) {names} did not answer")
 
     def kill(self, node_id: int, sig: str = "KILL") -> None:
         """Send ``sig`` (KILL, STOP, CONT or TERM) to one node."""

@@ -16,8 +16,9 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -26,9 +27,8 @@ from fsm import TransactionStateMachine, TxnState
 from fsm.membership import GroupState
 from fsm.metadata import NO_TIMESTAMP
 from fsm.states import IDLE_STATES
-
-if TYPE_CHECKING:
-    from raftcoord.coordinator.node import CoordinatorNode
+from raftcoord.coordinator.markers import MarkerWriters
+from raftcoord.coordinator.shard import Shard
 
 #: The roles of ``raftcoord_shard_role`` (one is 1, the others 0).
 ROLES = ("leader", "follower", "no_leader")
@@ -67,10 +67,23 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+class ScrapedNode(Protocol):
+    """What the collector reads of a coordinator node at each scrape."""
+
+    @property
+    def shards(self) -> Sequence[Shard]: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def markers(self) -> MarkerWriters: ...
+
+
 class CoordinatorCollector(Collector):
     """Reads ``node``'s shards and marker writers at each scrape."""
 
-    def __init__(self, node: CoordinatorNode) -> None:
+    def __init__(self, node: ScrapedNode) -> None:
         self.node = node
 
     def collect(self) -> Iterator[Metric]:

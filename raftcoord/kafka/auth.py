@@ -20,10 +20,12 @@ from typing import Any
 
 from scramp import ScramException, ScramMechanism
 
+from raftcoord.kafka.backend import Backend
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.scram import MECHANISMS, ScramCredential, password_matches
 from raftcoord.protocol.tls import cluster_principals
+from raftcoord.protocol.v1 import coordinator_pb2
 
 #: What a SASL_SSL listener offers its clients.
 SASL_MECHANISMS = ("PLAIN", *sorted(MECHANISMS))
@@ -61,6 +63,21 @@ def certificate_principal(peercert: Any) -> str | None:
         for name, value in rdn:
             if name == "commonName":
                 return f"User:{value}"
+    return None
+
+
+async def stored_credential(backend: Backend, user: str, mechanism: str) -> ScramCredential | None:
+    """``user``'s SCRAM credential for ``mechanism`` from the coordinators, or None."""
+    answer = await backend.accepting_coordinator(
+        "DescribeUserScramCredentials",
+        coordinator_pb2.DescribeUserScramCredentialsRequest(users=[user], include_keys=True),
+    )
+    for described in answer.results:
+        for found in described.credentials:
+            if described.user == user and found.mechanism == mechanism and found.stored_key:
+                return ScramCredential(
+                    found.salt, found.iterations, found.stored_key, found.server_key
+                )
     return None
 
 
