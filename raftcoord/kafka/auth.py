@@ -55,17 +55,6 @@ def server_context(config: ClusterConfig, listener: KafkaListener) -> ssl.SSLCon
     return context
 
 
-def certificate_principal(peercert: Any) -> str | None:
-    """``User:<CN>`` of a verified peer certificate (``getpeercert()``), or None."""
-    if not peercert:
-        return None
-    for rdn in peercert.get("subject", ()):
-        for name, value in rdn:
-            if name == "commonName":
-                return f"User:{value}"
-    return None
-
-
 async def stored_credential(backend: Backend, user: str, mechanism: str) -> ScramCredential | None:
     """``user``'s SCRAM credential for ``mechanism`` from the coordinators, or None."""
     answer = await backend.accepting_coordinator(

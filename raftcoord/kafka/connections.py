@@ -26,7 +26,6 @@ from raftcoord.kafka.apis.common import Data
 from raftcoord.kafka.auth import (
     CredentialLookup,
     SaslExchange,
-    certificate_principal,
     server_context,
 )
 from raftcoord.kafka.backend import CALLER
@@ -35,7 +34,7 @@ from raftcoord.protocol.acl import Principal
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import LogLimiter
-from raftcoord.protocol.tls import ANONYMOUS
+from raftcoord.protocol.tls import ANONYMOUS, certificate_principal
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from raftcoord.kafka.connections import CloseConnection, Connections
 from raftcoord.kafka.metrics import GatewayMetrics
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.metrics import Metrics
-from raftcoord.protocol.process import configure_logging
+from raftcoord.protocol.process import configure_logging, warn_if_plaintext
 from raftcoord.protocol.tls import node_identity
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,7 @@ class Gateway:
 def run_gateway(config: ClusterConfig, listener: KafkaListener) -> int:
     """Serve until SIGTERM or SIGINT."""
     configure_logging()
+    warn_if_plaintext(config, log, listener.node_id)
     _allow_descriptors(config.settings.max_connections + SPARE_DESCRIPTORS)
 
     async def main() -> None:
