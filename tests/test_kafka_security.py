@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 
 import confluent_kafka
@@ -22,11 +23,13 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from raftcoord.client import Admin
 from raftcoord.cluster.launcher import LocalCluster
 from raftcoord.kafka import messages as m
+from raftcoord.kafka.connections import AUTHENTICATION_TIMEOUT_S
 from raftcoord.protocol.acl import Acl, Operation, PatternType, Permission, ResourceType
 from raftcoord.protocol.config import load_config
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.routing import stable_hash
 from tests.local_cluster import running_cluster
+from tests.test_kafka_bounds import rss_bytes
 from tests.test_kafka_gateway import read_frame
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -146,6 +149,93 @@ def test_a_wrong_password_is_refused(sasl_cluster: LocalCluster) -> None:
         confluent_kafka.KafkaError._TRANSPORT,
         confluent_kafka.KafkaError._TIMED_OUT,
     )
+
+
+def gateway_address(cluster: LocalCluster) -> tuple[str, int]:
+    host, port = cluster.kafka_gateways()[0].kafka.rsplit(":", 1)
+    return host, int(port)
+
+
+def strangers(address: tuple[str, int], count: int, source: str) -> list[socket.socket]:
+    """``count`` connections to ``address`` from ``source`` that say nothing."""
+    made = []
+    for _ in range(count):
+        connection = socket.socket()
+        connection.bind((source, 0))
+        connection.connect(address)
+        made.append(connection)
+    return made
+
+
+def test_strangers_announcing_frames_before_sasl_hold_up_no_logged_in_client(
+    sasl_cluster: LocalCluster,
+) -> None:
+    """80 connections that finish TLS and announce a frame before SASL
+    (Kafka's bound, 512 KiB, over this gateway's, or this gateway's 64 KiB),
+    then send one byte of it: the first are closed at once, the others'
+    frames draw on a budget of their own, so alice's logins and
+    transactions go on; and the gateway closes them all by the
+    authentication deadline."""
+    address = gateway_address(sasl_cluster)
+    settings = sasl_cluster.kafka_client_config(sasl=ALICE)
+    context = ssl.create_default_context(cafile=settings["ssl.ca.location"])
+    context.check_hostname = False
+    held = []
+    try:
+        for _ in range(80):
+            raw = socket.create_connection(address, timeout=TIMEOUT_S)
+            wrapped = context.wrap_socket(raw, server_hostname=address[0])
+            announced = (512 if len(held) % 2 else 64) * 1024
+            wrapped.sendall(announced.to_bytes(4, "big") + b"\x00")
+            held.append(wrapped)
+        transactions(settings, "alice-orders", 2, "alice-held-up")
+        closed_by = time.monotonic() + AUTHENTICATION_TIMEOUT_S + 5
+        for connection in held:  # by the deadline (10 s from the accept), each is closed
+            connection.settimeout(max(0.1, closed_by - time.monotonic()))
+            try:
+                assert connection.recv(1) == b""
+            except (ConnectionResetError, ssl.SSLError):
+                pass
+    finally:
+        for connection in held:
+            connection.close()
+
+
+#: What 2,000 connections that never start TLS may cost the gateway, at most:
+#: 256 in their handshake (a 256 KiB buffer each), the rest closed at once.
+MEMORY_BOUND = 128 << 20
+
+
+def test_two_thousand_silent_connections_are_closed_at_the_deadline(
+    sasl_cluster: LocalCluster,
+) -> None:
+    """2,000 TCP connections that never start TLS: counted from the accept
+    (the TLS handshake after), those beyond the places for handshakes (64
+    per address, 256 in all) closed at once, the others by the
+    authentication deadline; the gateway's memory stays bounded (asyncio
+    gives a connection in its TLS handshake a 256 KiB buffer), and logins
+    work again then."""
+    address = gateway_address(sasl_cluster)
+    gateway = sasl_cluster.kafka_gateways()[0]
+    silent: list[socket.socket] = []
+    try:
+        before = rss_bytes(gateway.pid)
+        for source in range(4):
+            silent += strangers(address, 500, f"127.0.0.{10 + source}")
+        grown = rss_bytes(gateway.pid) - before
+        print(f"2,000 connections that never start TLS: the gateway grew {grown >> 10} KiB")
+        assert grown < MEMORY_BOUND
+        closed_by = time.monotonic() + AUTHENTICATION_TIMEOUT_S + 5
+        for connection in silent:
+            connection.settimeout(max(0.1, closed_by - time.monotonic()))
+            try:
+                assert connection.recv(1) == b""
+            except ConnectionResetError:
+                pass
+    finally:
+        for connection in silent:
+            connection.close()
+    transactions(sasl_cluster.kafka_client_config(sasl=ALICE), "alice-orders", 1, "alice-after")
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from raftcoord.kafka.auth import (
 from raftcoord.kafka.backend import CALLER
 from raftcoord.kafka.metrics import GatewayMetrics
 from raftcoord.protocol.acl import Principal
+from raftcoord.protocol.admission import HandshakeSlots
 from raftcoord.protocol.config import ClusterConfig, KafkaListener
 from raftcoord.protocol.errors import ErrorCode
 from raftcoord.protocol.process import LogLimiter
@@ -57,9 +58,24 @@ MAX_IN_FLIGHT = 64
 #: hold up small requests.
 SMALL_FRAME_BYTES = 1 << 20
 SMALL_SHARE = 8
-#: The largest request frame before a connection is authenticated (Kafka's
-#: sasl.server.max.receive.size).
-MAX_UNAUTHENTICATED_FRAME = 512 * 1024
+#: The largest request frame before a connection is authenticated: an
+#: ApiVersions, SaslHandshake or SaslAuthenticate request, well under 1 KiB
+#: from every client (Kafka's sasl.server.max.receive.size is 512 KiB).
+MAX_UNAUTHENTICATED_FRAME = 64 * 1024
+#: The bytes of frames of connections not authenticated yet, all together:
+#: a budget of their own, so that strangers announcing frames they never
+#: send hold up nobody who has logged in (only each other's logins).
+UNAUTHENTICATED_BUDGET = 8 << 20
+#: A connection must be authenticated (its TLS handshake done and, on a
+#: SASL_SSL listener, its SASL exchange) within this many seconds of its
+#: accept, else it is closed.
+AUTHENTICATION_TIMEOUT_S = 10.0
+#: Connections in their TLS handshake from one client address, and from all
+#: (:class:`raftcoord.protocol.admission.HandshakeSlots`); more are closed at
+#: once. asyncio gives each a read buffer of 256 KiB from its accept, so
+#: these bound what connections that never finish TLS hold: about 75 MiB.
+MAX_HANDSHAKES_PER_IP = 64
+MAX_HANDSHAKES = 256
 #: Log lines about single connections (refused, closed, failed to
 #: authenticate) per second, at most: a client that reconnects in a loop
 #: (a gRPC client on the Kafka port) cannot flood the log.
@@ -157,6 +173,8 @@ class Connections:
         small = settings.queued_max_request_bytes // SMALL_SHARE
         self._small_frames = ByteBudget(small)
         self._large_frames = ByteBudget(settings.queued_max_request_bytes - small)
+        self._unauthenticated_frames = ByteBudget(UNAUTHENTICATED_BUDGET)
+        self._handshakes = HandshakeSlots(MAX_HANDSHAKES_PER_IP, MAX_HANDSHAKES)
         self._largest_frame = min(MAX_REQUEST_BYTES, self._large_frames.total)
         self._idle_s = settings.connections_max_idle_ms / 1000
         self._open: set[asyncio.Task[None]] = set()
@@ -170,18 +188,14 @@ class Connections:
 
     def held_bytes(self) -> int:
         """Bytes of request frames held now (read, not yet answered)."""
-        return sum(b.total - b.free for b in (self._small_frames, self._large_frames))
+        budgets = (self._small_frames, self._large_frames, self._unauthenticated_frames)
+        return sum(b.total - b.free for b in budgets)
 
     async def listen(self) -> asyncio.Server:
-        """Serve the listener's address."""
+        """Serve the listener's address (a connection's TLS handshake, if
+        any, is made once it is counted: :meth:`serve`)."""
         host, port = self.listener.address.rsplit(":", 1)
-        return await asyncio.start_server(
-            self.serve,
-            host,
-            int(port),
-            ssl=self._tls,
-            ssl_handshake_timeout=FRAME_READ_TIMEOUT_S if self._tls else None,
-        )
+        return await asyncio.start_server(self.serve, host, int(port))
 
     async def close(self) -> None:
         """Close every open connection."""
@@ -221,6 +235,33 @@ class Connections:
         self._per_ip[ip] += 1
         if self._metrics is not None:
             self._metrics.opened.inc()
+        # Counted from the accept: the TLS handshake and the login come after,
+        # within AUTHENTICATION_TIMEOUT_S of it.
+        deadline = time.monotonic() + AUTHENTICATION_TIMEOUT_S
+        if self._tls is not None:
+            if not self._handshakes.take(ip):
+                self._forget(this, ip)
+                writer.transport.abort()
+                _connection_log(
+                    logging.WARNING,
+                    "event=connection_refused ip=%s reason=tls_handshakes limit=%d",
+                    ip,
+                    MAX_HANDSHAKES_PER_IP,
+                )
+                if self._metrics is not None:
+                    self._metrics.refused.labels("tls.handshakes").inc()
+                return
+            try:
+                await writer.start_tls(self._tls, ssl_handshake_timeout=AUTHENTICATION_TIMEOUT_S)
+            except (OSError, TimeoutError, asyncio.CancelledError) as exc:
+                self._forget(this, ip)
+                writer.transport.abort()
+                _connection_log(
+                    logging.INFO, "event=connection_closed ip=%s reason=tls_handshake %r", ip, exc
+                )
+                return
+            finally:
+                self._handshakes.give_back(ip)
         # Who the client is (raftcoord.kafka.auth): anonymous on a PLAINTEXT
         # listener, its certificate's principal on SSL, SASL's on SASL_SSL.
         protocol = self.listener.security_protocol
@@ -240,7 +281,10 @@ class Connections:
         sender = asyncio.create_task(self._send_in_order(answers, writer))
         try:
             while True:
-                size_bytes = await asyncio.wait_for(reader.readexactly(_SIZE.size), self._idle_s)
+                # Until it is authenticated, a connection's every wait ends by
+                # its deadline.
+                wait_s = self._idle_s if authenticated else deadline - time.monotonic()
+                size_bytes = await asyncio.wait_for(reader.readexactly(_SIZE.size), wait_s)
                 (size,) = _SIZE.unpack(size_bytes)
                 largest = self._largest_frame if authenticated else MAX_UNAUTHENTICATED_FRAME
                 if not 0 < size <= largest:
@@ -253,9 +297,15 @@ class Connections:
                     break
                 small = size <= min(SMALL_FRAME_BYTES, self._small_frames.total)
                 budget = self._small_frames if small else self._large_frames
-                await asyncio.wait_for(budget.take(size), FRAME_READ_TIMEOUT_S)
+                read_s = FRAME_READ_TIMEOUT_S
+                if not authenticated:
+                    budget = self._unauthenticated_frames
+                    read_s = deadline - time.monotonic()
+                await asyncio.wait_for(budget.take(size), read_s)
+                if not authenticated:
+                    read_s = deadline - time.monotonic()
                 try:
-                    frame = await asyncio.wait_for(reader.readexactly(size), FRAME_READ_TIMEOUT_S)
+                    frame = await asyncio.wait_for(reader.readexactly(size), read_s)
                 except BaseException:
                     budget.give(size)
                     raise
@@ -298,16 +348,20 @@ class Connections:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
-            self._open.discard(this)
-            self._per_ip[ip] -= 1
-            if not self._per_ip[ip]:
-                del self._per_ip[ip]
+            self._forget(this, ip)
             writer.transport.abort()
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
             while not answers.empty():
                 answers.get_nowait().cancel()
+
+    def _forget(self, connection: asyncio.Task[None], ip: str) -> None:
+        """``connection`` (from ``ip``) is closed."""
+        self._open.discard(connection)
+        self._per_ip[ip] -= 1
+        if not self._per_ip[ip]:
+            del self._per_ip[ip]
 
     @staticmethod
     async def _send_in_order(
