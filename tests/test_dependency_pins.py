@@ -1,8 +1,9 @@
 """Two dependencies are reached below their public interface, so
 pyproject.toml pins them to the releases tested: the coordinator's Raft
 member (``raftcoord/coordinator/raft.py``) uses private members of
-pysyncobj's ``SyncObj`` (and its private ``_RAFT_STATE``), and the Kafka codec (``raftcoord/kafka/messages.py``)
-imports from kio's private ``kio.serial._introspect`` and ``_parse``. The
+pysyncobj's ``SyncObj`` (and its private ``_RAFT_STATE``), and the Kafka
+codec (``raftcoord/kafka/messages.py``) imports from kio's private
+``kio.serial._introspect`` and ``_parse``. The
 members used are read from those files, so that a new use is checked too,
 and a missing one fails here by name (each check is shown to catch one
 removed: an upgrade fails loudly here instead of misbehaving)."""
