@@ -136,6 +136,8 @@ def raft_conf(
         logCompactionMinTime=60,
         connectionRetryTime=connection_retry_s,
         connectionTimeout=connection_timeout_s,
+        # pysyncobj's own check-quorum, counting learners too; RaftGroup's
+        # (one election timeout, counted members only) acts first.
         leaderFallbackTimeout=max(2.0, 4 * high),
         # Larger entries travel as chunks the transport joins again (see
         # raft_transport); one fragment's worth keeps that rare.
@@ -364,14 +366,15 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 return
             self._step_down(now)
         self._leading = None
+        self._SyncObj__raftElectionDeadline = HELD
+        if not self.votes():
+            return
         term = int(self.raftCurrentTerm)
         won = self._pre_vote is not None and self._pre_vote.term == term + 1 and self._pre_vote.won
-        if self.votes() and (won or self._SyncObj__transferInProgress):
+        if won or self._SyncObj__transferInProgress:
             self._pre_vote = None
             self._SyncObj__raftElectionDeadline = 0.0  # pysyncobj campaigns now
-            return
-        self._SyncObj__raftElectionDeadline = HELD
-        if self.votes() and now >= self._election_due:
+        elif now >= self._election_due:
             self._ask_pre_votes(now, term)
 
     def _new_election_timeout(self, now: float) -> float:
