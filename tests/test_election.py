@@ -156,7 +156,10 @@ def test_a_follower_answers_pre_votes_without_changing_its_term(follower: Follow
     assert follower.replica.is_leader() is False
 
 
-def test_a_learner_neither_grants_nor_asks_for_pre_votes(follower: Follower) -> None:
+def test_a_learner_neither_grants_nor_asks_for_pre_votes(
+    follower: Follower, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connected(follower, monkeypatch)
     replica = follower.replica
     replica.directory_id = DIRECTORY
     others = [m for m in replica.members if m != replica.selfNode.address]
@@ -181,9 +184,18 @@ def test_a_learner_neither_grants_nor_asks_for_pre_votes(follower: Follower) -> 
     assert not pre_vote(follower, 1, (1, 0), OTHER_DIRECTORY, member)["granted"]
 
 
-def test_a_candidate_campaigns_after_a_majority_of_pre_votes_only(follower: Follower) -> None:
+def connected(follower: Follower, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The follower's partners (which never answer) count as connected."""
+    monkeypatch.setattr(follower.replica, "isNodeConnected", lambda node: True)
+
+
+def test_a_candidate_campaigns_after_a_majority_of_pre_votes_only(
+    follower: Follower, monkeypatch: pytest.MonkeyPatch
+) -> None:
     replica = follower.replica
-    replica._election_due = 0.0
+    replica._elect(1e9)
+    assert follower.sent == []  # connected to nobody: nobody to ask yet
+    connected(follower, monkeypatch)
     replica._elect(1e9)
     asked = [m for m in follower.sent if m["type"] == "pre_vote"]
     assert len(asked) == 2 and all(m["term"] == 1 for m in asked)
@@ -209,8 +221,9 @@ def test_a_candidate_campaigns_after_a_majority_of_pre_votes_only(follower: Foll
 
 
 def test_a_refusal_from_a_later_term_brings_the_candidate_to_that_term(
-    follower: Follower,
+    follower: Follower, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    connected(follower, monkeypatch)
     replica = follower.replica
     replica._election_due = 0.0
     replica._elect(1e9)

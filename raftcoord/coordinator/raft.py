@@ -374,8 +374,15 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if won or self._SyncObj__transferInProgress:
             self._pre_vote = None
             self._SyncObj__raftElectionDeadline = 0.0  # pysyncobj campaigns now
-        elif now >= self._election_due:
+        elif now >= self._election_due and self._connected_to_anyone():
             self._ask_pre_votes(now, term)
+
+    def _connected_to_anyone(self) -> bool:
+        """Whether a pre-vote could reach anyone (pysyncobj campaigns only
+        then too: at start, the member asks once its first connection opens
+        instead of an election timeout later)."""
+        others = self.otherNodes
+        return not others or any(self.isNodeConnected(node) for node in others)
 
     def _new_election_timeout(self, now: float) -> float:
         conf = self.conf
