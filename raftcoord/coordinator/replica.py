@@ -294,9 +294,7 @@ class ShardReplica(RaftGroup):
         self.heard[node.address] = directory
         record = self.voters_record()
         if counts(record, node.address, directory):
-            if kind not in VOTE_REQUESTS or counts(
-                record, self.selfNode.address, self.directory_id
-            ):
+            if kind not in VOTE_REQUESTS or self.votes():
                 return message
             self._report(
                 self.selfNode.address, self.directory_id, "raft_learner_does_not_vote", record
