@@ -181,7 +181,11 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         partner_addresses: list[str],
         conf: SyncObjConf,
         transport: RaftTransportSettings,
+        *,
+        where: str = "",
     ) -> None:
+        """``where`` starts the group's log lines (a replica's ``node=N shard=S``)."""
+        self._where = where
         #: An entry applied in this round asked to tell the followers at once.
         self._announce = False
         #: The term and match indexes taken out of this tick's commit count.
@@ -478,8 +482,9 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
 
     def _step_down(self, now: float) -> None:
         log.warning(
-            "event=raft_check_quorum_lost member=%s term=%d timeout_ms=%d: no answer from a "
-            "majority within the election timeout; stepping down",
+            "%s event=raft_check_quorum_lost member=%s term=%d timeout_ms=%d: no answer from "
+            "a majority within the election timeout; stepping down",
+            self._where,
             self.selfNode.address,
             self.raftCurrentTerm,
             round(self.conf.raftMaxTimeout * 1000),

@@ -208,14 +208,15 @@ class ShardReplica(RaftGroup):
         self._reported: set[tuple[str, str, str]] = set()
         if conf.fullDumpFile is None:
             raise ValueError("a shard replica needs a snapshot file (fullDumpFile)")
+        where = f"node={node_id} shard={self.shard}"
         self._snapshots = SnapshotFile(
             conf.fullDumpFile,
             conf.logCompactionBatchSize,
             self._capture_snapshot,
             self._read_snapshot,
-            where=f"node={node_id} shard={self.shard}",
+            where=where,
         )
-        super().__init__(self_address, partner_addresses, conf, transport)
+        super().__init__(self_address, partner_addresses, conf, transport, where=where)
         self._use_serializer(self._snapshots)
 
     def tick(self, wait_s: float) -> None:
