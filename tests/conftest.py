@@ -35,6 +35,7 @@ SERIAL_MODULES = frozenset(
         "test_chaos",
         "test_chaos_kafka",
         "test_cli",
+        "test_coordinator_partition",
         "test_deploy",
         "test_netns",
         "test_report_browser",

@@ -5,8 +5,9 @@ Each shard records the data directory its members vote from
 and C commit transactions; C's directory is emptied while A is down too,
 and C and B are started: B's log is stale and C's is empty, so B would be
 elected with C's vote and the transactions A and C committed would be gone.
-C's vote does not count (its directory is not the recorded one): no leader
-is elected until A is back, every acknowledged value is read once with
+C's answer to B's pre-vote does not count (its directory is not the
+recorded one), so B does not even campaign: no leader is elected until A
+is back, every acknowledged value is read once with
 read_committed, and C, caught up, is recorded again as a voter.
 """
 
@@ -90,12 +91,12 @@ def test_a_wiped_coordinator_does_not_elect_a_stale_one(tmp_path: Path) -> None:
 
         def refused() -> bool:
             return any(
-                "event=raft_response_vote_not_counted" in line and f"directory={wiped}" in line
+                "event=raft_pre_vote_answer_not_counted" in line and f"directory={wiped}" in line
                 for line in log_of(cluster, b).splitlines()
             )
 
-        # B campaigns and the empty C answers: that vote does not count.
-        wait_for("B to campaign with C's answer", lambda: refused() or cluster.leaders())
+        # B asks for pre-votes and the empty C answers: that answer does not count.
+        wait_for("B's pre-vote with C's answer", lambda: refused() or cluster.leaders())
         stale_leader = cluster.leaders()
 
         cluster.start(a)

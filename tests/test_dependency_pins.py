@@ -1,8 +1,9 @@
 """Two dependencies are reached below their public interface, so
 pyproject.toml pins them to the releases tested: the coordinator's Raft
 member (``raftcoord/coordinator/raft.py``) uses private members of
-pysyncobj's ``SyncObj``, and the Kafka codec (``raftcoord/kafka/messages.py``)
-imports from kio's private ``kio.serial._introspect`` and ``_parse``. The
+pysyncobj's ``SyncObj`` (and its private ``_RAFT_STATE``), and the Kafka
+codec (``raftcoord/kafka/messages.py``) imports from kio's private
+``kio.serial._introspect`` and ``_parse``. The
 members used are read from those files, so that a new use is checked too,
 and a missing one fails here by name (each check is shown to catch one
 removed: an upgrade fails loudly here instead of misbehaving)."""
@@ -29,20 +30,25 @@ KNOWN_SYNCOBJ_MEMBERS = {
     "_SyncObj__applyLogEntries",
     "_SyncObj__commandsQueue",
     "_SyncObj__commandsWaitingCommit",
-    "_SyncObj__conf",
     "_SyncObj__doApplyCommand",
     "_SyncObj__onMessageReceived",
     "_SyncObj__raftElectionDeadline",
+    "_SyncObj__raftLeader",
     "_SyncObj__raftLog",
     "_SyncObj__raftMatchIndex",
     "_SyncObj__sendNextNodeIdx",
     "_SyncObj__serializer",
+    "_SyncObj__setState",
+    "_SyncObj__transferInProgress",
     "_SyncObj__transport",
     "_applyCommand",
     "_getLeader",
     "_isLeader",
     "_poller",
 }
+#: SyncObj's private methods that RaftGroup overrides by their own name
+#: (pysyncobj calls them: doTick calls _onTick).
+OVERRIDDEN_SYNCOBJ_METHODS = {"_onTick"}
 
 
 def syncobj_members_used(source: str) -> set[str]:
@@ -86,13 +92,19 @@ def missing_syncobj_members(names: set[str]) -> list[str]:
 
 def private_imports(source: str, package: str) -> set[tuple[str, str]]:
     """(module, name) of every ``from MODULE import NAME`` in ``source`` where
-    MODULE is in ``package`` and one of its parts is private (``_x``)."""
+    MODULE is in ``package`` and one of its parts, or NAME, is private (``_x``)."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
             parts = node.module.split(".")
-            if parts[0] == package and any(p.startswith("_") for p in parts):
-                found.update((node.module, alias.name) for alias in node.names)
+            if parts[0] != package:
+                continue
+            private_module = any(p.startswith("_") for p in parts)
+            found.update(
+                (node.module, alias.name)
+                for alias in node.names
+                if private_module or alias.name.startswith("_")
+            )
     return found
 
 
@@ -117,6 +129,39 @@ def test_every_private_syncobj_member_the_coordinator_uses_exists() -> None:
     assert not missing, f"pysyncobj {version('pysyncobj')} lacks SyncObj's {missing}"
 
 
+def test_the_private_syncobj_methods_the_coordinator_overrides_exist() -> None:
+    """A private method of SyncObj that RaftGroup overrides by its own name is
+    listed (and so checked): renamed in pysyncobj, the override would
+    silently never run."""
+    from pysyncobj import SyncObj
+
+    (group,) = [
+        n
+        for n in ast.walk(ast.parse(RAFT.read_text()))
+        if isinstance(n, ast.ClassDef) and n.name == "RaftGroup"
+    ]
+    overridden = {
+        n.name
+        for n in group.body
+        if isinstance(n, ast.FunctionDef)
+        and n.name.startswith("_")
+        and not n.name.startswith(("__", "_SyncObj__"))
+        and hasattr(SyncObj, n.name)
+    }
+    assert overridden == OVERRIDDEN_SYNCOBJ_METHODS
+    missing = [n for n in OVERRIDDEN_SYNCOBJ_METHODS if not callable(getattr(SyncObj, n, None))]
+    assert not missing, f"pysyncobj {version('pysyncobj')} lacks SyncObj's {missing}"
+
+
+def test_the_private_pysyncobj_names_the_coordinator_imports_exist() -> None:
+    imports = private_imports(RAFT.read_text(), "pysyncobj")
+    assert imports == {("pysyncobj.syncobj", "_RAFT_STATE")}
+    assert not missing_imports(imports)
+    from pysyncobj.syncobj import _RAFT_STATE
+
+    assert _RAFT_STATE.FOLLOWER != _RAFT_STATE.LEADER  # the state _step_down sets
+
+
 def test_a_removed_syncobj_member_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from pysyncobj import SyncObj
 
@@ -130,7 +175,9 @@ def test_a_removed_syncobj_member_is_named(monkeypatch: pytest.MonkeyPatch) -> N
         self.__commandsWaitingCommit = {}
         self.__conf = None
         self.__raftElectionDeadline = 0
+        self.__raftLeader = None
         self.__raftMatchIndex = {}
+        self.__transferInProgress = False
         self.__transport = None
         self.__serializer = None
         self._poller = None

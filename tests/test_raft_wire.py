@@ -66,6 +66,20 @@ MESSAGES: list[dict[str, Any]] = [
     },
     {"type": "response_vote", "term": 4, "directory": DIRECTORY},
     {"type": "timeout_now", "term": 4},
+    {
+        "type": "pre_vote",
+        "term": 9,
+        "last_log_index": 120,
+        "last_log_term": 8,
+        "directory": DIRECTORY,
+    },
+    {
+        "type": "pre_vote_answer",
+        "term": 9,
+        "granted": False,
+        "current_term": MAX_TERM,
+        "directory": "",
+    },
 ]
 
 
@@ -83,6 +97,17 @@ def test_messages_that_are_not_raft_traffic_have_no_encoding(kind: str | None) -
 def test_a_term_past_the_coordinator_epoch_is_neither_sent_nor_accepted() -> None:
     with pytest.raises(WireError):
         encode_message({"type": "response_vote", "term": MAX_TERM + 1, "directory": ""})
+    for answer in ((MAX_TERM + 1, 1), (1, MAX_TERM + 1)):
+        with pytest.raises(WireError):
+            encode_message(
+                {
+                    "type": "pre_vote_answer",
+                    "term": answer[0],
+                    "granted": False,
+                    "current_term": answer[1],
+                    "directory": "",
+                }
+            )
     # 2**64 and beyond have no msgpack encoding: the largest that can arrive is 2**64 - 1.
     for term in (MAX_TERM + 1, 2**31 + 10, 2**64 - 1, -1, -(2**63)):
         for body in (
@@ -90,6 +115,10 @@ def test_a_term_past_the_coordinator_epoch_is_neither_sent_nor_accepted() -> Non
             [raft_wire.APPEND, term, 1, 1, 1, []],
             [raft_wire.REQUEST_VOTE, 1, 1, term, ""],
             [raft_wire.APPEND, 1, 1, 1, 1, [[b"x", 2, term]]],
+            [raft_wire.PRE_VOTE, term, 1, 1, ""],
+            [raft_wire.PRE_VOTE, 1, 1, term, ""],
+            [raft_wire.PRE_VOTE_ANSWER, term, True, 1, ""],
+            [raft_wire.PRE_VOTE_ANSWER, 1, False, term, ""],
         ):
             with pytest.raises(WireError):
                 decode_message(bytes(msgpack.packb(body, use_bin_type=True)), CAP)
@@ -112,6 +141,12 @@ def test_a_term_past_the_coordinator_epoch_is_neither_sent_nor_accepted() -> Non
         [raft_wire.REQUEST_VOTE, 1, 1, 1],
         [raft_wire.RESPONSE_VOTE, 1, 2],
         [raft_wire.RESPONSE_VOTE, 1],
+        [raft_wire.PRE_VOTE, 1, 1, 1],
+        [raft_wire.PRE_VOTE, 1, -1, 1, ""],
+        [raft_wire.PRE_VOTE, 1, 1, 1, "not-a-directory"],
+        [raft_wire.PRE_VOTE_ANSWER, 1, 1, 1, ""],
+        [raft_wire.PRE_VOTE_ANSWER, 1, True, 1],
+        [raft_wire.PRE_VOTE_ANSWER, 1, None, 1, ""],
         [99, 1],
         ["append_entries", 1],
         {"type": "append_entries"},
@@ -223,7 +258,6 @@ def test_handshake_messages_round_trip() -> None:
         b"m" * 32,
     )
     assert raft_wire.decode_auth(raft_wire.encode_auth(b"m" * 32)) == b"m" * 32
-    with pytest.raises(WireError, match="protocol"):
-        raft_wire.decode_hello(
-            bytes(msgpack.packb(["hello", "raftcoord-raft/0", "a", "b", nonce, True]))
-        )
+    for older in ("raftcoord-raft/0", "raftcoord-raft/2"):  # /2 had no pre-vote messages
+        with pytest.raises(WireError, match="protocol"):
+            raft_wire.decode_hello(bytes(msgpack.packb(["hello", older, "a", "b", nonce, True])))

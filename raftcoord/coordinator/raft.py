@@ -18,12 +18,35 @@ that module), handed to :meth:`RaftGroup.apply_voters`; an entry of another
 form (pysyncobj's membership and code-version commands, which these groups
 never propose, or a journal written before this format) goes to
 :meth:`RaftGroup.apply_unknown`, which stops the member.
+
+Elections are pysyncobj's with two additions of the Raft thesis (section
+9.6; the rules in :mod:`raftcoord.coordinator.election`), run by
+:meth:`RaftGroup._elect` before each of pysyncobj's ticks:
+
+* **Pre-vote.** pysyncobj campaigns (raises its term and asks for votes) as
+  soon as its election deadline has passed. The group keeps that deadline
+  out of reach and its own instead (:attr:`RaftGroup._election_due`, taken
+  over whenever pysyncobj restarts its timer: a leader's message, a vote
+  given, an election of its own); when it passes, the member asks the
+  others for pre-votes, and lets pysyncobj campaign only once a majority
+  granted them. A TimeoutNow from the leader (a leadership transfer) lets
+  pysyncobj campaign at once, without a pre-vote, as the thesis says. A
+  pre-vote answer that carries a term above the member's own gives it that
+  term, as an answer to a vote request does in Raft (pysyncobj does not
+  answer a vote request of an older term: without this, a member whose log
+  is the most up to date but whose term is behind could never be elected).
+* **Check-quorum.** A leader that has not had an answer to its
+  AppendEntries from a majority of the members whose answers count (itself
+  included) within the longest election timeout steps down to follower.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
 import queue
+import random
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -31,9 +54,11 @@ from typing import Any
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.monotonic import monotonic
 from pysyncobj.pipe_notifier import PipeNotifier
+from pysyncobj.syncobj import _RAFT_STATE
 
 from fsm import ErrorCode
 from raftcoord.coordinator import raft_wire
+from raftcoord.coordinator.election import PreVoteRound, grants_pre_vote, quorum_heard
 from raftcoord.coordinator.raft_transport import RaftTransport, RaftTransportSettings
 from raftcoord.coordinator.voters import VOTERS_ENTRY
 
@@ -57,6 +82,12 @@ _DATA_AT = 2 + _TERM.size
 
 #: (node, message) -> None: pysyncobj's handler of messages from other nodes.
 MessageHandler = Callable[[Any, Any], None]
+
+#: pysyncobj's election deadline while the group decides when to campaign
+#: (pysyncobj campaigns once its deadline has passed; this one never does).
+HELD = math.inf
+
+log = logging.getLogger("raftcoord.coordinator.raft")
 
 
 def raft_conf(
@@ -105,6 +136,8 @@ def raft_conf(
         logCompactionMinTime=60,
         connectionRetryTime=connection_retry_s,
         connectionTimeout=connection_timeout_s,
+        # pysyncobj's own check-quorum, counting learners too; RaftGroup's
+        # (one election timeout, counted members only) acts first.
         leaderFallbackTimeout=max(2.0, 4 * high),
         # Larger entries travel as chunks the transport joins again (see
         # raft_transport); one fragment's worth keeps that rare.
@@ -139,17 +172,38 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     """A pysyncobj group member, ticked by its owner, talking over
     :class:`RaftTransport`; subclasses apply entries in :meth:`apply_command`."""
 
+    #: pysyncobj's private election deadline (monotonic s), which _elect holds.
+    _SyncObj__raftElectionDeadline: float
+
     def __init__(
         self,
         self_address: str,
         partner_addresses: list[str],
         conf: SyncObjConf,
         transport: RaftTransportSettings,
+        *,
+        where: str = "",
     ) -> None:
+        """``where`` starts the group's log lines (a replica's ``node=N shard=S``)."""
+        self._where = where
         #: An entry applied in this round asked to tell the followers at once.
         self._announce = False
         #: The term and match indexes taken out of this tick's commit count.
         self._left_out: tuple[int, dict[Any, int]] = (0, {})
+        # --- elections (see the module docstring), times of monotonic()
+        #: When this member's election timeout passes.
+        self._election_due = 0.0
+        #: The pre-vote this member asked for, if any.
+        self._pre_vote: PreVoteRound | None = None
+        #: When this member last heard from a leader (an AppendEntries of its
+        #: term or a later one).
+        self._leader_heard_at: float | None = None
+        #: (term, start) of this member's leadership, and when each other
+        #: member (Raft address) last answered its AppendEntries.
+        self._leading: tuple[int, float] | None = None
+        self._answered_at: dict[str, float] = {}
+        #: When the last tick began.
+        self._ticked_at: float | None = None
         super().__init__(
             self_address,
             partner_addresses,
@@ -157,6 +211,10 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             transportClass=functools.partial(RaftTransport, settings=transport),
         )
         self.addOnTickCallback(self._count_in)
+        # pysyncobj's handler of messages from other members; the transport
+        # hands every message to _on_message instead, which ends there.
+        self._pysyncobj_on_message: MessageHandler = self._SyncObj__onMessageReceived
+        self._SyncObj__transport.setOnMessageReceivedCallback(self._on_message)
 
     def propose_command(self, term: int, data: bytes, callback: Callable[[Any, Any], None]) -> None:
         """Append ``data``, proposed in ``term``, to the log (on the leader);
@@ -283,14 +341,183 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         notifier = PipeNotifier(self._poller)
         return notifier.notify  # type: ignore[no-any-return]
 
-    # --- pysyncobj's log handling, for members that fix it ---------------------------
+    # --- elections: pre-vote and check-quorum ---------------------------------------
 
-    def _intercept_messages(self, handler: MessageHandler) -> MessageHandler:
-        """Put ``handler`` in front of pysyncobj's handler of messages from
-        other members; returns pysyncobj's handler for it to call."""
-        ours: MessageHandler = self._SyncObj__onMessageReceived
-        self._SyncObj__transport.setOnMessageReceivedCallback(handler)
-        return ours
+    def votes(self) -> bool:
+        """Whether this member may campaign (a learner may not; every member
+        may here)."""
+        return True
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        # pysyncobj's private tick, which doTick (and its own tick thread, in
+        # groups that let it tick) calls: the group's election rules first.
+        self._elect(monotonic())
+        SyncObj._onTick(self, timeToWait)
+
+    def _elect(self, now: float) -> None:
+        """Before pysyncobj's tick: check-quorum on a leader; elsewhere, ask
+        for pre-votes when the election timeout has passed, and let pysyncobj
+        campaign in this tick only after a TimeoutNow or a pre-vote won."""
+        deadline = self._SyncObj__raftElectionDeadline
+        if deadline != HELD:
+            # pysyncobj restarted its election timer, or took a TimeoutNow (0).
+            self._election_due = deadline
+        ticked, self._ticked_at = self._ticked_at, now
+        if self._isLeader():
+            self._pre_vote = None
+            self._SyncObj__raftElectionDeadline = HELD
+            if self._keeps_quorum(now, ticked):
+                return
+            self._step_down(now)
+        self._leading = None
+        self._SyncObj__raftElectionDeadline = HELD
+        if not self.votes():
+            return
+        term = int(self.raftCurrentTerm)
+        won = self._pre_vote is not None and self._pre_vote.term == term + 1 and self._pre_vote.won
+        if won or self._SyncObj__transferInProgress:
+            self._pre_vote = None
+            self._SyncObj__raftElectionDeadline = 0.0  # pysyncobj campaigns now
+        elif now >= self._election_due and self._connected_to_anyone():
+            self._ask_pre_votes(now, term)
+
+    def _connected_to_anyone(self) -> bool:
+        """Whether a pre-vote could reach anyone (pysyncobj campaigns only
+        then too: at start, the member asks once its first connection opens
+        instead of an election timeout later)."""
+        others = self.otherNodes
+        return not others or any(self.isNodeConnected(node) for node in others)
+
+    def _new_election_timeout(self, now: float) -> float:
+        conf = self.conf
+        return now + random.uniform(conf.raftMinTimeout, conf.raftMaxTimeout)
+
+    def _ask_pre_votes(self, now: float, term: int) -> None:
+        self._election_due = self._new_election_timeout(now)
+        self._pre_vote = PreVoteRound(term + 1, len(self.otherNodes) + 1)
+        self._pre_vote.grant(self.selfNode.address)
+        _command, last_index, last_term = self._log_entries()[-1]
+        for node in self.otherNodes:
+            self._SyncObj__transport.send(
+                node,
+                {
+                    "type": "pre_vote",
+                    "term": term + 1,
+                    "last_log_index": last_index,
+                    "last_log_term": last_term,
+                },
+            )
+
+    def _answer_pre_vote(self, node: Any, message: dict[str, Any], now: float) -> None:
+        if self._isLeader():
+            heard: float | None = 0.0
+        elif self._getLeader() is None or self._leader_heard_at is None:
+            heard = None
+        else:
+            heard = now - self._leader_heard_at
+        _command, last_index, last_term = self._log_entries()[-1]
+        term = int(self.raftCurrentTerm)
+        granted = grants_pre_vote(
+            proposed_term=message["term"],
+            current_term=term,
+            candidate_log=(message["last_log_term"], message["last_log_index"]),
+            own_log=(last_term, last_index),
+            leader_heard_s=heard,
+            min_timeout_s=self.conf.raftMinTimeout,
+        )
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": "pre_vote_answer",
+                "term": message["term"],
+                "granted": granted,
+                "current_term": term,
+            },
+        )
+
+    def _count_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
+        term = int(self.raftCurrentTerm)
+        asked = self._pre_vote
+        if asked is None or asked.term != message["term"] or asked.term != term + 1:
+            return  # not asked, or asked before this member's term changed
+        if message["current_term"] > term:
+            # Behind the answerer's term: take it, as from a vote request
+            # that pysyncobj refuses (no log ends before term -1); the next
+            # pre-vote asks for the term after it.
+            self._pre_vote = None
+            self._pysyncobj_on_message(
+                node,
+                {
+                    "type": "request_vote",
+                    "term": message["current_term"],
+                    "last_log_index": 0,
+                    "last_log_term": -1,
+                },
+            )
+        elif message["granted"]:
+            asked.grant(node.address)
+
+    def _keeps_quorum(self, now: float, ticked: float | None) -> bool:
+        """On the leader: whether a majority answered within the longest
+        election timeout (see :func:`raftcoord.coordinator.election.quorum_heard`)."""
+        term = int(self.raftCurrentTerm)
+        if self._leading is None or self._leading[0] != term:
+            self._leading = (term, now)
+            self._answered_at.clear()
+            return True
+        if ticked is None or now - ticked > self.conf.raftMinTimeout / 2:
+            # This thread did not run for a while: the answers that arrived
+            # meanwhile are not read yet. The next tick decides.
+            return True
+        uncounted = {node.address for node in self.uncounted_members()}
+        counted = [n.address for n in self.otherNodes if n.address not in uncounted]
+        return quorum_heard(
+            now,
+            self._answered_at,
+            counted,
+            len(self.otherNodes) + 1,
+            self._leading[1],
+            self.conf.raftMaxTimeout,
+        )
+
+    def _step_down(self, now: float) -> None:
+        log.warning(
+            "%s event=raft_check_quorum_lost member=%s term=%d timeout_ms=%d: no answer from "
+            "a majority within the election timeout; stepping down",
+            self._where,
+            self.selfNode.address,
+            self.raftCurrentTerm,
+            round(self.conf.raftMaxTimeout * 1000),
+        )
+        # What pysyncobj's own leaderFallbackTimeout does, sooner.
+        self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+        self._SyncObj__raftLeader = None
+        self._election_due = self._new_election_timeout(now)
+
+    def _on_message(self, node: Any, message: Any) -> None:
+        """Every message from another member, as the transport hands it over;
+        a subclass that looks at messages first overrides this and passes
+        them on to :meth:`_receive`."""
+        self._receive(node, message)
+
+    def _receive(self, node: Any, message: Any) -> None:
+        """Pre-votes and their answers are handled here; every other message
+        goes to pysyncobj, noting when a leader or an answer was last heard."""
+        kind = message.get("type")
+        now = monotonic()
+        if kind == "pre_vote":
+            self._answer_pre_vote(node, message, now)
+            return
+        if kind == "pre_vote_answer":
+            self._count_pre_vote(node, message)
+            return
+        if kind == "append_entries" and message["term"] >= self.raftCurrentTerm:
+            self._leader_heard_at = now
+        elif kind == "next_node_idx":
+            self._answered_at[node.address] = now
+        self._pysyncobj_on_message(node, message)
+
+    # --- pysyncobj's log handling, for members that fix it ---------------------------
 
     def _log_entries(self) -> Any:
         """pysyncobj's Raft log: ``(command, index, term)`` entries, the first
@@ -308,11 +535,6 @@ class RaftGroup(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         # Built by SyncObj.__init__ from the config, with no way to pass one in;
         # it is first used on the first tick.
         self._SyncObj__serializer = serializer
-
-    def _hold_election(self) -> None:
-        """Keep this member from campaigning for another election timeout."""
-        # pysyncobj campaigns once its private election deadline has passed.
-        self._SyncObj__raftElectionDeadline = monotonic() + self._SyncObj__conf.raftMaxTimeout
 
     def uncounted_members(self) -> list[Any]:
         """The members whose acknowledgements the leader does not count

@@ -37,11 +37,13 @@ throughout).
   as in pysyncobj) back off from a quarter of ``connectionRetryTime`` to
   ``connectionRetryTime`` (0.2 s), doubling, with jitter, and start over
   once a connection opens. The ceiling stays below the election timeout:
-  a member that restarts must hear from its leader before it campaigns
-  (pysyncobj has no pre-vote), or its election deposes a working leader.
-* **Directory ids.** Votes, vote requests and acknowledgements go out with
-  this member's data directory id (:attr:`RaftTransportSettings.directory_id`),
-  inside the authenticated frames; the shard decides what they count for
+  a member that restarts hears from its leader before its own timeout
+  passes (its pre-vote would be refused while the leader is alive, see
+  :mod:`raftcoord.coordinator.election`, but costs a round of messages).
+* **Directory ids.** Votes, vote requests, pre-votes and their answers, and
+  acknowledgements go out with this member's data directory id
+  (:attr:`RaftTransportSettings.directory_id`), inside the authenticated
+  frames; the shard decides what they count for
   (:mod:`raftcoord.coordinator.voters`).
 * **A follower never forwards a command to the leader** (pysyncobj's
   ``apply_command``): the coordinator proposes only on the leader, and a
@@ -85,7 +87,9 @@ LOGS_PER_S = 5.0
 
 CONNECTING, HANDSHAKE, OPEN, CLOSED = "connecting", "handshake", "open", "closed"
 #: pysyncobj's messages that go out with the sender's directory id.
-DIRECTORY_MESSAGES = frozenset({"next_node_idx", "request_vote", "response_vote"})
+DIRECTORY_MESSAGES = frozenset(
+    {"next_node_idx", "request_vote", "response_vote", "pre_vote", "pre_vote_answer"}
+)
 
 
 @dataclass(frozen=True)
@@ -94,9 +98,9 @@ class RaftTransportSettings:
     ``--insecure-raft``), this member's data directory id and the bounds."""
 
     key: bytes | None
-    #: The member's data directory id, sent with its votes, vote requests and
-    #: acknowledgements (empty: a member without one, as in tests of plain
-    #: pysyncobj groups).
+    #: The member's data directory id, sent with its votes, vote requests,
+    #: pre-votes and acknowledgements (empty: a member without one, as in
+    #: tests of plain pysyncobj groups).
     directory_id: str = ""
     #: The largest message (an AppendEntries with its entries) reassembled from
     #: frames: above the largest entry the shard proposes (32 request threads

@@ -18,7 +18,12 @@ NEXT_INDEX      next index, reset, success (a follower's answer), directory
 REQUEST_VOTE    term, last log index, last log term, directory
 RESPONSE_VOTE   term, directory
 TIMEOUT_NOW     term (leadership transfer)
+PRE_VOTE        term (the candidate's term + 1), last log index, last log term, directory
+PRE_VOTE_ANSWER term (the one asked about), granted, the answerer's term, directory
 =============== =====================================================================
+
+PRE_VOTE and its answer are the coordinators' own (pysyncobj has no
+pre-vote; see :mod:`raftcoord.coordinator.election`).
 
 ``directory`` is the sender's data directory id (the empty string for a
 member without one): a shard counts a vote or an acknowledgement only from
@@ -68,7 +73,7 @@ MAX_TERM = 2**31 - 1
 TERM_WARNING = 2**30
 MAX_INDEX = 2**63 - 1
 
-PROTOCOL = "raftcoord-raft/2"
+PROTOCOL = "raftcoord-raft/3"
 NONCE_BYTES = 32
 TAG_BYTES = 16
 HEADER = struct.Struct(">I")
@@ -82,6 +87,7 @@ MAX_FRAME_BYTES = 1 + FRAGMENT_BYTES + TAG_BYTES
 MORE = 1
 
 APPEND, NEXT_INDEX, REQUEST_VOTE, RESPONSE_VOTE, TIMEOUT_NOW = 1, 2, 3, 4, 5
+PRE_VOTE, PRE_VOTE_ANSWER = 6, 7
 HELLO, CHALLENGE, AUTH = "hello", "challenge", "auth"
 
 
@@ -144,10 +150,28 @@ def encode_message(message: dict[str, Any]) -> bytes:
         body = [RESPONSE_VOTE, message["term"], message["directory"]]
     elif kind == "timeout_now":
         body = [TIMEOUT_NOW, message["term"]]
+    elif kind == "pre_vote":
+        body = [
+            PRE_VOTE,
+            message["term"],
+            message["last_log_index"],
+            message["last_log_term"],
+            message["directory"],
+        ]
+    elif kind == "pre_vote_answer":
+        body = [
+            PRE_VOTE_ANSWER,
+            message["term"],
+            bool(message["granted"]),
+            message["current_term"],
+            message["directory"],
+        ]
     else:
         raise WireError(f"no wire encoding for a {kind!r} message")
     if kind != "next_node_idx" and not 0 <= body[1] <= MAX_TERM:
         raise WireError(f"term {body[1]} is out of the coordinator epoch's range")
+    if kind == "pre_vote_answer" and not 0 <= body[3] <= MAX_TERM:
+        raise WireError(f"term {body[3]} is out of the coordinator epoch's range")
     return bytes(msgpack.packb(body, use_bin_type=True))
 
 
@@ -260,6 +284,22 @@ def decode_message(data: bytes, max_bytes: int) -> dict[str, Any]:
         return {"type": "response_vote", "term": _term(body[1]), "directory": _directory(body[2])}
     if kind == TIMEOUT_NOW and n == 2:
         return {"type": "timeout_now", "term": _term(body[1])}
+    if kind == PRE_VOTE and n == 5:
+        return {
+            "type": "pre_vote",
+            "term": _term(body[1]),
+            "last_log_index": _index(body[2], "last log index"),
+            "last_log_term": _term(body[3]),
+            "directory": _directory(body[4]),
+        }
+    if kind == PRE_VOTE_ANSWER and n == 5:
+        return {
+            "type": "pre_vote_answer",
+            "term": _term(body[1]),
+            "granted": _bool(body[2], "granted"),
+            "current_term": _term(body[3]),
+            "directory": _directory(body[4]),
+        }
     raise WireError(f"unknown message kind {kind} with {n} fields")
 
 

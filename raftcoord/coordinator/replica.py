@@ -29,13 +29,14 @@ things pysyncobj does on loading a snapshot are fixed here:
 Directory identity
 ------------------
 The replica keeps the shard's voters record in force
-(:mod:`raftcoord.coordinator.voters`): before pysyncobj sees a vote, a vote
-request or an acknowledgement, :meth:`ShardReplica._counted` drops it, or
-takes it without granting or counting, when its directory is not the
-recorded one; a learner holds its election timer; the leader proposes the
-next record from its tick, and leaves learners out of its commit count
-(:meth:`raftcoord.coordinator.raft.RaftGroup.tick`). The record applied goes
-into snapshots.
+(:mod:`raftcoord.coordinator.voters`): before the Raft rules see a vote, a
+vote request, a pre-vote, a pre-vote's answer or an acknowledgement,
+:meth:`ShardReplica._counted` drops it, or takes it without granting or
+counting, when its directory is not the recorded one; a learner neither
+campaigns nor asks for pre-votes (:meth:`ShardReplica.votes`); the leader
+proposes the next record from its tick, and leaves learners out of its
+commit count (:meth:`raftcoord.coordinator.raft.RaftGroup.tick`) and of its
+check-quorum. The record applied goes into snapshots.
 
 AppendEntries on a follower
 ---------------------------
@@ -134,6 +135,8 @@ ProposalCallback = Callable[[list[Outcome] | None, ErrorCode], None]
 
 #: pysyncobj's message type for AppendEntries (entries, heartbeats, snapshots).
 APPEND_ENTRIES = "append_entries"
+#: A vote request and a pre-vote: a learner grants neither.
+VOTE_REQUESTS = frozenset({"request_vote", "pre_vote"})
 
 
 class SnapshotDamaged(Exception):
@@ -205,16 +208,16 @@ class ShardReplica(RaftGroup):
         self._reported: set[tuple[str, str, str]] = set()
         if conf.fullDumpFile is None:
             raise ValueError("a shard replica needs a snapshot file (fullDumpFile)")
+        where = f"node={node_id} shard={self.shard}"
         self._snapshots = SnapshotFile(
             conf.fullDumpFile,
             conf.logCompactionBatchSize,
             self._capture_snapshot,
             self._read_snapshot,
-            where=f"node={node_id} shard={self.shard}",
+            where=where,
         )
-        super().__init__(self_address, partner_addresses, conf, transport)
+        super().__init__(self_address, partner_addresses, conf, transport, where=where)
         self._use_serializer(self._snapshots)
-        self._pysyncobj_on_message = self._intercept_messages(self._on_message)
 
     def tick(self, wait_s: float) -> None:
         """One pysyncobj tick, after keeping the garbage collector off the
@@ -225,11 +228,8 @@ class ShardReplica(RaftGroup):
                 from the leader) did not read back.
         """
         heap.settle()
-        record = self.voters_record()
-        if not counts(record, self.selfNode.address, self.directory_id):
-            self._hold_election()  # a learner does not campaign
-        elif self.is_leader():
-            self._record_voters(record)
+        if self.is_leader() and self.votes():
+            self._record_voters(self.voters_record())
         super().tick(wait_s)
         if self._damaged is not None:
             raise self._damaged
@@ -270,6 +270,11 @@ class ShardReplica(RaftGroup):
         self._scan = (last, found_at, record)
         return record
 
+    def votes(self) -> bool:
+        """Whether this member counts under the record in force (a learner
+        neither campaigns nor asks for pre-votes)."""
+        return counts(self.voters_record(), self.selfNode.address, self.directory_id)
+
     def _decode_voters(self, command: bytes) -> Record | None:
         data = voters_data(command)
         return None if data is None else decode_record(data, self.members)
@@ -283,14 +288,14 @@ class ShardReplica(RaftGroup):
         ]
 
     def _counted(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
-        """A vote, vote request or acknowledgement of ``node`` as pysyncobj may
-        see it, or None when it does not count; notes the directory it came
-        from."""
+        """A vote, vote request, pre-vote, pre-vote answer or acknowledgement
+        of ``node`` as the Raft rules may see it, or None when it does not
+        count; notes the directory it came from."""
         kind, directory = message["type"], message.get("directory", "")
         self.heard[node.address] = directory
         record = self.voters_record()
         if counts(record, node.address, directory):
-            if kind != "request_vote" or counts(record, self.selfNode.address, self.directory_id):
+            if kind not in VOTE_REQUESTS or self.votes():
                 return message
             self._report(
                 self.selfNode.address, self.directory_id, "raft_learner_does_not_vote", record
@@ -301,11 +306,12 @@ class ShardReplica(RaftGroup):
             return message
         else:
             self._report(node.address, directory, f"raft_{kind}_not_counted", record)
-        if kind == "request_vote":
-            # Not granted (no log is older than term -1), but its term is
-            # taken as any term is: a member whose directory is new has an
-            # empty log that does not know it is a learner, and campaigns; left
-            # in a term above the leader's it would never hear from it again.
+        if kind in VOTE_REQUESTS:
+            # Not granted (no log is older than term -1), but a vote request's
+            # term is taken as any term is: a member whose directory is new
+            # has an empty log that does not know it is a learner, and
+            # campaigns; left in a term above the leader's it would never hear
+            # from it again. A pre-vote is answered no, with this member's term.
             return {**message, "last_log_term": -1}
         return None
 
@@ -383,13 +389,13 @@ class ShardReplica(RaftGroup):
             if message is None:
                 return
         if message.get("type") != APPEND_ENTRIES or message["term"] < self.raftCurrentTerm:
-            self._pysyncobj_on_message(node, message)
+            self._receive(node, message)
             return
         if "prevLogIdx" in message:
             message = self._append_entries(node, message)
         if message is None:
             return
-        self._pysyncobj_on_message(node, message)
+        self._receive(node, message)
         chunk = message.get("serialized")
         if chunk is not None and chunk[2]:
             # The last chunk of a snapshot: pysyncobj has installed it, maybe
@@ -466,7 +472,7 @@ class ShardReplica(RaftGroup):
     def _follow(self, node: Any, message: dict[str, Any], commit_index: int) -> None:
         """Let pysyncobj take ``message`` as a heartbeat (term, leader, election
         timer) carrying ``commit_index``, without touching the log."""
-        self._pysyncobj_on_message(
+        self._receive(
             node, {"type": APPEND_ENTRIES, "term": message["term"], "commit_index": commit_index}
         )
 
