@@ -176,6 +176,7 @@ def serve(
     """
     configure_logging()
     warn_if_plaintext(config, log, node_id)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     data_dir.chmod(0o700)
     apply_scheduling(config.settings.node_scheduling, log, node_id)
     stop = threading.Event()
