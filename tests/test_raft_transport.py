@@ -274,6 +274,11 @@ def test_a_rolling_restart_of_every_coordinator_keeps_serving(cluster: LocalClus
     for record in cluster.coordinators():
         cluster.kill(record.node_id, "TERM")
         commit_offsets(cluster, f"without-{record.node_id}")
+        cluster.wait_until(  # kill() waits 10 s for the exit; a loaded machine may take longer
+            lambda r=record: not cluster.alive(r.node_id),
+            60,
+            f"node {record.node_id} did not exit on SIGTERM",
+        )
         cluster.start(record.node_id)
         cluster.wait_for_leaders(timeout_s=30)
         commit_offsets(cluster, f"after-restart-{record.node_id}")
