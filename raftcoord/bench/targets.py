@@ -310,6 +310,18 @@ def fsyncs_per_s(directory: Path, seconds: float) -> float:
         path.unlink()
 
 
+def counted_load(
+    cluster: LocalCluster, options: Options, work: Work, concurrency: int
+) -> dict[str, Any]:
+    """One load step's figures (:func:`load_figures`) and, under ``counts``,
+    what a committed transaction cost by the nodes' own counters read
+    around it (:func:`raftcoord.bench.counts.per_transaction`)."""
+    before = counts.read(cluster)
+    figures = load_figures(options.load(work, concurrency, cluster))
+    spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
+    return {**figures, "counts": spent}
+
+
 def end_to_end(
     cluster: LocalCluster, options: Options, step: Callable[[str], None]
 ) -> list[dict[str, Any]]:
@@ -320,12 +332,8 @@ def end_to_end(
     for producers, records in shapes:
         step(f"end to end: {plural(producers, 'producer')}, {records} records per transaction")
         work = txn_work(cluster, f"e2e-{producers}-{records}", records)
-        before = counts.read(cluster)
-        figures = load_figures(options.load(work, producers, cluster))
-        spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
-        rows.append(
-            {"producers": producers, "records_per_txn": records, **figures, "counts": spent}
-        )
+        figures = counted_load(cluster, options, work, producers)
+        rows.append({"producers": producers, "records_per_txn": records, **figures})
     return rows
 
 
@@ -345,16 +353,13 @@ def offered_loads(
         work = dataclasses.replace(
             txn_work(cluster, f"offered-{rate}"), period_s=OFFERED_PRODUCERS / rate
         )
-        before = counts.read(cluster)
-        figures = load_figures(options.load(work, OFFERED_PRODUCERS, cluster))
-        spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
+        figures = counted_load(cluster, options, work, OFFERED_PRODUCERS)
         rows.append(
             {
                 "producers": OFFERED_PRODUCERS,
                 "records_per_txn": 2,
                 "offered_per_s": rate,
                 **figures,
-                "counts": spent,
             }
         )
     return rows
@@ -380,10 +385,8 @@ def kafka_phase(
             id_prefix=f"kafka-{producers}",
             rotate=True,
         )
-        before = counts.read(cluster)
-        figures = load_figures(options.load(work, producers, cluster))
-        spent = counts.per_transaction(before, counts.read(cluster), figures["completed"])
-        rows.append({"producers": producers, "records_per_txn": 2, **figures, "counts": spent})
+        figures = counted_load(cluster, options, work, producers)
+        rows.append({"producers": producers, "records_per_txn": 2, **figures})
     return rows
 
 
