@@ -443,10 +443,4 @@ _CONNECTION_LOG_LIMIT = LogLimiter(CONNECTION_LOGS_PER_S)
 def _connection_log(level: int, message: str, *args: object) -> None:
     """A log line about one connection, within :data:`CONNECTION_LOGS_PER_S`
     (the first line after a quiet spell says how many were left out)."""
-    limit = _CONNECTION_LOG_LIMIT
-    if not limit.allow():
-        return
-    if limit.suppressed:
-        message, args = message + " suppressed=%d", (*args, limit.suppressed)
-        limit.suppressed = 0
-    log.log(level, message, *args)
+    _CONNECTION_LOG_LIMIT.log(log, level, message, *args)
